@@ -1,0 +1,24 @@
+"""loom: a fast LLM inference and serving engine with vLLM's interfaces."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["LLM", "SamplingParams", "CompilationConfig", "PassConfig", "EngineArgs", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy, so that `import loom.sampling_params` in the API process never pulls in torch.
+    if name == "LLM":
+        from loom.entrypoints.llm import LLM
+        return LLM
+    if name == "SamplingParams":
+        from loom.sampling_params import SamplingParams
+        return SamplingParams
+    if name in ("CompilationConfig", "PassConfig"):
+        from loom import config
+        return getattr(config, name)
+    if name == "EngineArgs":
+        from loom.engine.arg_utils import EngineArgs
+        return EngineArgs
+    raise AttributeError(f"module 'loom' has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""The attention backend interface and the per-step metadata every backend reads.
+
+KV cache layout, per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]`
+(index 0 keys, 1 values). A token's slot is `block_id * block_size + offset`.
+The batch is flat: the query tokens of request i are rows
+`query_start_loc[i]:query_start_loc[i+1]`, and they are the last query tokens of its
+`seq_lens[i]` tokens (context already in the cache, then the new ones).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    num_actual_tokens: int
+    """Real tokens in the batch; rows past it are padding (CUDA graphs, TP multiples)."""
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor
+    """[num_reqs + 1] int32, on the device."""
+    seq_lens: torch.Tensor
+    """[num_reqs] int32, on the device."""
+    block_table: torch.Tensor
+    """[num_reqs, max_blocks_per_req] int32, on the device."""
+    slot_mapping: torch.Tensor
+    """[num_tokens] int64, on the device; -1 for padding rows (no write)."""
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(abc.ABC):
+    """Writes new keys/values into the paged cache and attends over it."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        """Store key/value [T, num_kv_heads, head_dim] at slot_mapping[:T] (skip -1)."""
+
+    @abc.abstractmethod
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """Causal attention of query [T, num_heads, head_dim] over each request's cached
+        keys/values (already including this step's); returns [T, num_heads, head_dim].
+        GQA: num_heads is a multiple of num_kv_heads."""

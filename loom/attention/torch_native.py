@@ -1,0 +1,63 @@
+"""The reference backend: plain PyTorch over the paged cache, one request at a time.
+
+It runs anywhere (the CPU included) and is what the GPU backends are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loom.attention.backend import AttentionBackend, AttentionMetadata
+
+
+class TorchNativeBackend(AttentionBackend):
+    name = "torch_native"
+
+    def write_kv(self, key, value, kv_cache, slot_mapping):
+        num_tokens = key.shape[0]
+        slots = slot_mapping[:num_tokens]
+        valid = slots >= 0
+        if not bool(valid.all()):
+            slots, key, value = slots[valid], key[valid], value[valid]
+        flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
+        flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
+        flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
+
+    def forward(self, query, kv_cache, meta: AttentionMetadata, scale):
+        block_size = kv_cache.shape[2]
+        out = torch.zeros_like(query)
+        starts = meta.query_start_loc_cpu.tolist()
+        seq_lens = meta.seq_lens_cpu.tolist()
+        for i in range(meta.num_reqs):
+            q = query[starts[i]:starts[i + 1]]
+            if q.shape[0] == 0:
+                continue
+            k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], block_size)
+            out[starts[i]:starts[i + 1]] = attend(q, k, v, scale)
+        return out
+
+
+def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int,
+              block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first seq_len keys and values of one request, [seq_len, kv_heads, head_dim]."""
+    num_blocks = (seq_len + block_size - 1) // block_size
+    blocks = block_row[:num_blocks].long()
+    k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]
+    v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+    return k, v
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [Q, H, D] are the last Q positions of k/v [S, Hkv, D]; causal."""
+    q_len, seq_len = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+    mask = q_pos >= torch.arange(seq_len, device=q.device)[None, :]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).to(v.dtype), k.transpose(0, 1), v.transpose(0, 1),
+        attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).to(q.dtype)

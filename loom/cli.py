@@ -1,0 +1,78 @@
+"""`loom generate | serve | bench ...`: the command line, vLLM's flags where they exist."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _generate_parser(sub) -> None:
+    from loom.engine.arg_utils import EngineArgs
+    p = sub.add_parser("generate", help="generate text offline for one or more prompts")
+    p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--sampling-seed", type=int, default=None)
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from loom.engine.arg_utils import EngineArgs
+    from loom.entrypoints.llm import LLM
+    from loom.sampling_params import SamplingParams
+    engine_args = EngineArgs.from_cli_args(args)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed)
+    llm = LLM(**vars(engine_args))
+    if args.chat:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
+    else:
+        outputs = llm.generate(args.prompt, params)
+    for prompt, out in zip(args.prompt, outputs):
+        print(f"Prompt: {prompt!r}\nOutput: {out.outputs[0].text!r}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loom", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    for register in _optional_commands():
+        register(sub)
+    return parser
+
+
+def _optional_commands():
+    """Subcommands that live beside their code (serve, bench)."""
+    registers = []
+    try:
+        from loom.entrypoints.openai.cli import register as serve
+        registers.append(serve)
+    except ImportError:
+        pass
+    try:
+        from loom.bench.cli import register as bench
+        registers.append(bench)
+    except ImportError:
+        pass
+    return registers
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"loom {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

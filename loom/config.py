@@ -1,0 +1,182 @@
+"""Engine configuration: frozen dataclasses, composed into one `EngineConfig`.
+
+Each field is documented where it is declared. Validation raises `ValueError` naming the
+field; derived values are properties. Nothing here imports torch, so the API server can
+build and validate a config without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str
+    """Path to a Hugging Face model directory, a `.gguf` file, a `config.json`, or the name
+    of a shipped benchmark config (e.g. `llama-3.1-8b`)."""
+    tokenizer: str | None = None
+    """Tokenizer directory or file; defaults to the model's own."""
+    dtype: str = "auto"
+    """Weight and activation dtype: auto (the checkpoint's, float32 on CPU), bfloat16,
+    float16 or float32."""
+    max_model_len: int | None = None
+    """Longest prompt + output, in tokens; defaults to the model's context length."""
+    load_format: str = "auto"
+    """auto (by file type), safetensors, gguf, or dummy (random weights from the config)."""
+    seed: int = 0
+    """Seed for dummy weights and for requests that give no seed of their own."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model), "model: must name a model path or a shipped config")
+        _check(self.dtype in DTYPES, f"dtype: {self.dtype!r} is not one of {DTYPES}")
+        _check(self.load_format in LOAD_FORMATS,
+               f"load_format: {self.load_format!r} is not one of {LOAD_FORMATS}")
+        _check(self.max_model_len is None or self.max_model_len > 0,
+               f"max_model_len: must be positive, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory loom may use in all (weights, activations, KV cache)."""
+    kv_cache_memory_bytes: int | None = None
+    """Explicit KV-cache budget in bytes; overrides gpu_memory_utilization. On CPU the
+    default is 1 GiB."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV blocks of identical prompt prefixes across requests."""
+
+    def __post_init__(self) -> None:
+        _check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
+               f"block_size: must be a positive power of two, got {self.block_size}")
+        _check(0.0 < self.gpu_memory_utilization <= 1.0,
+               f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+        _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
+               f"kv_cache_memory_bytes: must be positive, got {self.kv_cache_memory_bytes}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 8192
+    """Most tokens (prefill chunks + decodes) in one step; longer prompts are chunked."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_num_seqs > 0, f"max_num_seqs: must be positive, got {self.max_num_seqs}")
+        _check(self.max_num_batched_tokens > 0,
+               f"max_num_batched_tokens: must be positive, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    """Number of devices (or CPU processes) a model is sharded over."""
+
+    def __post_init__(self) -> None:
+        _check(self.tensor_parallel_size > 0,
+               f"tensor_parallel_size: must be positive, got {self.tensor_parallel_size}")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str = "auto"
+    """auto (cuda when available), cuda or cpu."""
+
+    def __post_init__(self) -> None:
+        _check(self.device in DEVICES, f"device: {self.device!r} is not one of {DEVICES}")
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    enable_noop: bool = True
+    """Remove no-op reshapes and slices before the other passes match."""
+    enable_sequence_parallelism: bool = False
+    """Rewrite all_reduce -> RMSNorm into reduce_scatter -> RMSNorm -> all_gather."""
+    enable_async_tp: bool = False
+    """Fuse all_gather/reduce_scatter with the adjacent matmuls (implies sequence
+    parallelism)."""
+
+    def __post_init__(self) -> None:
+        if self.enable_async_tp and not self.enable_sequence_parallelism:
+            object.__setattr__(self, "enable_sequence_parallelism", True)
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    level: int = 0
+    """0 eager; 1-2 plain torch.compile; 3 piecewise Inductor compile + CUDA graphs."""
+    compile_sizes: tuple[int, ...] = ()
+    """Token counts compiled for their static shape, besides the dynamic graph."""
+    splitting_ops: tuple[str, ...] | None = None
+    """Ops the graph is split at; None means attention; () keeps one whole graph."""
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8."""
+    pass_config: PassConfig = field(default_factory=PassConfig)
+    """Custom Inductor passes."""
+
+    def __post_init__(self) -> None:
+        _check(self.level in (0, 1, 2, 3), f"compilation_config.level: must be 0-3, got {self.level}")
+        for name in ("compile_sizes", "cudagraph_capture_sizes", "splitting_ops"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        _check(all(isinstance(s, int) and s > 0 for s in self.compile_sizes),
+               f"compilation_config.compile_sizes: must be positive ints, got {self.compile_sizes}")
+        if isinstance(self.pass_config, dict):
+            object.__setattr__(self, "pass_config", _from_dict(PassConfig, self.pass_config,
+                                                               "compilation_config.pass_config"))
+
+    @classmethod
+    def parse(cls, value: CompilationConfig | dict | str | int | None) -> CompilationConfig:
+        """Accept an object, a dict, a JSON string (`-O '{...}'`) or a bare level (`-O3`)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, int):
+            return cls(level=value)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.isdigit():
+                return cls(level=int(text))
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"compilation_config: not valid JSON ({e.msg}): {text!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"compilation_config: expected a JSON object, got {type(value).__name__}")
+        return _from_dict(cls, value, "compilation_config")
+
+
+def _from_dict(cls, data: dict[str, Any], where: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    _check(not unknown, f"{where}: unknown field(s) {unknown}; known: {sorted(names)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    compilation: CompilationConfig = field(default_factory=CompilationConfig)
+    enforce_eager: bool = False
+    """Run the model eagerly: no torch.compile, no CUDA graphs."""

@@ -1,0 +1,146 @@
+"""Per-request block tables over the block pool, with prefix caching by block hash chains.
+
+A full block is identified by the hash of (hash of the block before it, its token ids), so
+equal hashes mean equal whole prefixes, not just equal blocks. Only full blocks are hashed:
+a partial block is still being written to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from loom.core.block_pool import BlockPool, KVBlock
+from loom.core.request import Request
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    # Python's tuple hash is fast and stable within a process, and the map never leaves
+    # the engine core process. It is 64 bits and not collision-resistant: a collision
+    # would serve another prefix's KV. A cryptographic hash can replace it here alone.
+    return hash((parent_hash, tuple(token_ids)))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size: must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self._req_blocks: dict[str, list[KVBlock]] = {}
+        self._num_hashed: dict[str, int] = {}
+        """Leading blocks of each request already offered to the prefix cache."""
+        self._req_hashes: dict[str, list[int]] = {}
+        """Hash chain of each request's full blocks, grown as tokens arrive (never redone)."""
+        self._pending_lookup: dict[str, tuple[int, int]] = {}
+        """(queries, hits) of a lookup, counted once its request is admitted, so that a
+        request that waits several steps for blocks is counted once."""
+        self._queries = 0
+        self._hits = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._req_blocks.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """The longest cached prefix of the request's tokens, in whole blocks.
+
+        It never covers the last token: the model must run on at least one token to
+        produce the next one's logits.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in self._block_hashes(request)[:max_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        num_hit_tokens = len(hits) * self.block_size
+        self._pending_lookup[request.request_id] = (request.num_tokens, num_hit_tokens)
+        return hits, num_hit_tokens
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: Sequence[KVBlock] = ()) -> list[int] | None:
+        """Grow the request's table to hold its computed tokens, the prefix hits and
+        num_new_tokens more. Returns the ids appended, or None (and changes nothing) when
+        too few blocks are free."""
+        rid = request.request_id
+        held = self._req_blocks.get(rid, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        total = num_computed + num_new_tokens
+        num_needed = max(0, cdiv(total, self.block_size) - len(held) - len(new_computed_blocks))
+        # Hits sitting in the free queue stop being free once touched.
+        num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_needed + num_revived > self.pool.num_free_blocks:
+            return None
+        self.pool.touch(new_computed_blocks)
+        new_blocks = self.pool.get_new_blocks(num_needed)
+        if rid not in self._req_blocks:
+            self._on_first_allocation(rid, len(new_computed_blocks))
+        blocks = self._req_blocks[rid]
+        blocks.extend(new_computed_blocks)
+        blocks.extend(new_blocks)
+        self._cache_full_blocks(request, total)
+        return [b.block_id for b in (*new_computed_blocks, *new_blocks)]
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks and forget it. The tail goes into the free queue
+        first, so that it is evicted before the head: the head is the prefix that other
+        requests are likeliest to share."""
+        rid = request.request_id
+        blocks = self._req_blocks.pop(rid, [])
+        self.pool.free_blocks(reversed(blocks))
+        self._num_hashed.pop(rid, None)
+        self._req_hashes.pop(rid, None)
+        self._pending_lookup.pop(rid, None)
+
+    def make_prefix_cache_stats(self) -> tuple[int, int]:
+        """(queries, hits) in tokens since the last call."""
+        stats = (self._queries, self._hits)
+        self._queries = self._hits = 0
+        return stats
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()
+
+    def _on_first_allocation(self, rid: str, num_hit_blocks: int) -> None:
+        self._req_blocks[rid] = []
+        self._num_hashed[rid] = num_hit_blocks
+        queries, hits = self._pending_lookup.pop(rid, (0, 0))
+        self._queries += queries
+        self._hits += hits
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Offer to the cache every block filled by the first num_tokens tokens."""
+        if not self.enable_prefix_caching:
+            return
+        rid = request.request_id
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        start = self._num_hashed[rid]
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request)
+        self.pool.cache_full_blocks(self._req_blocks[rid][start:num_full], hashes[start:num_full])
+        self._num_hashed[rid] = num_full
+
+    def _block_hashes(self, request: Request) -> list[int]:
+        """The hash chain over all full blocks of the request's known tokens."""
+        hashes = self._req_hashes.setdefault(request.request_id, [])
+        tokens, size = request.all_token_ids, self.block_size
+        for i in range(len(hashes), len(tokens) // size):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tokens[i * size:(i + 1) * size]))
+        return hashes

@@ -1,0 +1,76 @@
+"""A request as the engine core sees it: tokens, progress, and why it ended."""
+
+from __future__ import annotations
+
+import enum
+
+from loom.engine.protocol import EngineCoreRequest, FinishReason
+from loom.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_id: int | None = None, arrival_time: float = 0.0) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        """Tokens whose KV is in the cache (computed or a prefix-cache hit)."""
+        self.num_cached_tokens = -1
+        """Prefix-cache hit length at first scheduling (-1 before)."""
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | None = None
+        self.max_tokens = sampling_params.max_tokens
+
+    @classmethod
+    def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
+        return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
+                   req.eos_token_id, req.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished

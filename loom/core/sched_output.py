@@ -1,0 +1,56 @@
+"""What the scheduler hands the workers each step, and what they hand back.
+
+The scheduler's output is a diff: a request is sent in full once (when first scheduled, or
+when resumed after preemption); afterwards only what changed. Workers keep persistent
+per-request state. These are msgspec Structs so that the multiprocess executor can
+broadcast them to every rank without pickle.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from loom.engine.protocol import Logprobs
+from loom.sampling_params import SamplingParams
+
+
+class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
+    req_id: str
+    token_ids: list[int]
+    """Every token known so far: the prompt, then any outputs (a resumed request)."""
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    """Tokens whose KV is already in the cache (a prefix-cache hit)."""
+    eos_token_id: int | None = None
+
+
+class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
+    req_id: str
+    new_block_ids: list[int]
+    """Blocks appended to the request's block table this step."""
+    num_computed_tokens: int
+
+
+class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    new_reqs: list[NewRequestData] = []
+    cached_reqs: list[CachedRequestData] = []
+    num_scheduled_tokens: dict[str, int] = {}
+    """Tokens to compute this step per request; batch order is new_reqs then cached_reqs."""
+    total_num_scheduled_tokens: int = 0
+    finished_req_ids: list[str] = []
+    """Requests finished, aborted or preempted since the last step: workers drop their state."""
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    req_ids: list[str] = []
+    sampled_token_ids: list[list[int]] = []
+    """Per request in batch order: [] for a prefill chunk that does not reach the end."""
+    logprobs: list[Logprobs | None] = []
+    prompt_logprobs: dict[str, list[Logprobs]] = {}
+    """Prompt logprobs computed this step, per request (a chunk of them under chunked prefill)."""

@@ -1,0 +1,277 @@
+"""Continuous batching with chunked prefill under a per-step token budget.
+
+Each step, running requests are served first (a decode token, or the next chunk of a
+prompt), then waiting requests are admitted first-come first-served while tokens, sequence
+slots and KV blocks last. When blocks run out, the most recently admitted running request
+is preempted: its blocks are freed and it is recomputed later from its tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from loom.config import CacheConfig, SchedulerConfig
+from loom.core.kv_cache_manager import KVCacheManager, cdiv
+from loom.core.request import Request, RequestStatus
+from loom.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
+                                    SchedulerOutput)
+from loom.engine.protocol import EngineCoreOutput, FinishReason, Logprobs, SchedulerStats
+
+
+@dataclass
+class _Step:
+    """What one schedule() call has decided so far."""
+    budget: int
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    new_tokens: dict[str, int] = field(default_factory=dict)
+    cached_tokens: dict[str, int] = field(default_factory=dict)
+    preempted: bool = False
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 num_blocks: int, max_model_len: int) -> None:
+        self.config = scheduler_config
+        self.max_model_len = max_model_len
+        self.block_size = cache_config.block_size
+        self.num_blocks = num_blocks
+        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: list[str] = []
+        """Finished, aborted or preempted since the last schedule(): workers drop them."""
+        self._num_preemptions = 0
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self._validate(request)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
+        outputs = []
+        for rid in request_ids:
+            request = self.requests.pop(rid, None)
+            if request is None:
+                continue  # unknown, or already finished
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = RequestStatus.FINISHED_ABORTED
+            self.kv_cache_manager.free(request)
+            self.finished_req_ids.append(rid)
+            outputs.append(EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT,
+                                            num_cached_tokens=max(0, request.num_cached_tokens)))
+        return outputs
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether the id is waiting or running (finished ones are forgotten)."""
+        return request_id in self.requests
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def _validate(self, request: Request) -> None:
+        """Reject what could never be scheduled, rather than let it block the queue."""
+        rid, n = request.request_id, request.num_prompt_tokens
+        if rid in self.requests:
+            raise ValueError(f"request {rid!r}: id already in use")
+        if n == 0:
+            raise ValueError(f"request {rid!r}: empty prompt")
+        if n > self.max_model_len:
+            raise ValueError(f"request {rid!r}: prompt of {n} tokens exceeds "
+                             f"max_model_len {self.max_model_len}")
+        # Its longest KV: every token but the last sampled one is computed.
+        max_tokens = self.max_model_len if request.max_tokens is None else request.max_tokens
+        longest = min(n + max_tokens - 1, self.max_model_len)
+        if cdiv(longest, self.block_size) > self.num_blocks:
+            raise ValueError(f"request {rid!r}: needs up to {longest} tokens of KV cache, "
+                             f"more than the {self.num_blocks * self.block_size} it holds")
+
+    # -- schedule ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        # Batch order: new requests, then running ones.
+        num_scheduled = {**step.new_tokens, **step.cached_tokens}
+        for rid, n in num_scheduled.items():
+            self.requests[rid].num_computed_tokens += n
+        output = SchedulerOutput(new_reqs=step.new_reqs, cached_reqs=step.cached_reqs,
+                                 num_scheduled_tokens=num_scheduled,
+                                 total_num_scheduled_tokens=sum(num_scheduled.values()),
+                                 finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = []
+        return output
+
+    def _schedule_running(self, step: _Step) -> None:
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            if num_new <= 0:  # nothing to compute until update_from_output appends
+                i += 1
+                continue
+            new_block_ids = self._allocate_or_preempt(request, num_new, step)
+            if new_block_ids is None:
+                return  # it preempted itself, so it was the last one running
+            rid = request.request_id
+            step.cached_reqs.append(
+                CachedRequestData(rid, new_block_ids, request.num_computed_tokens))
+            step.cached_tokens[rid] = num_new
+            step.budget -= num_new
+            i += 1
+
+    def _allocate_or_preempt(self, request: Request, num_new: int,
+                             step: _Step) -> list[int] | None:
+        """Preempt from the back of the running list until the request's blocks fit.
+        Requests before it were already scheduled this step, so they are never the victim."""
+        while True:
+            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_block_ids is not None:
+                return new_block_ids
+            victim = self.running.pop()
+            self._preempt(victim)
+            step.preempted = True
+            if victim is request:
+                return None
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        # In front of the queue, so it resumes before anything newer; several preempted in
+        # one step (last first) keep their arrival order.
+        self.waiting.appendleft(request)
+        self.finished_req_ids.append(request.request_id)
+        self._num_preemptions += 1
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        while (self.waiting and step.budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit, step.budget)
+            if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
+                return  # FCFS: nothing behind it jumps the queue
+            self.waiting.popleft()
+            self._admit(request, num_hit, num_new, step)
+
+    def _admit(self, request: Request, num_hit: int, num_new: int, step: _Step) -> None:
+        rid = request.request_id
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit
+            self._num_prompt_tokens += request.num_prompt_tokens
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        self.running.append(request)
+        step.new_reqs.append(NewRequestData(
+            req_id=rid, token_ids=list(request.all_token_ids),
+            num_prompt_tokens=request.num_prompt_tokens,
+            sampling_params=request.sampling_params,
+            block_ids=self.kv_cache_manager.get_block_ids(rid), num_computed_tokens=num_hit))
+        step.new_tokens[rid] = num_new
+        step.budget -= num_new
+
+    # -- update --------------------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        outputs = []
+        for i, rid in enumerate(runner_output.req_ids):
+            request = self.requests.get(rid)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted after it was scheduled
+            new_token_ids = self._append_tokens(request, runner_output.sampled_token_ids[i])
+            prompt_logprobs = runner_output.prompt_logprobs.get(rid)
+            if new_token_ids or prompt_logprobs or request.is_finished:
+                outputs.append(self._make_output(request, new_token_ids, prompt_logprobs,
+                                                 _logprobs_at(runner_output, i)))
+        if any(r.is_finished for r in self.running):
+            self._remove_finished()
+        return outputs
+
+    def _append_tokens(self, request: Request, sampled: list[int]) -> list[int]:
+        appended = []
+        for token_id in sampled:
+            request.append_output_token(token_id)
+            appended.append(token_id)
+            self._num_generation_tokens += 1
+            if self._check_stop(request, token_id):
+                break
+        return appended
+
+    def _check_stop(self, request: Request, token_id: int) -> bool:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if token_id in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = token_id
+                return True
+            if not params.ignore_eos and token_id == request.eos_token_id:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+        if request.max_tokens is not None and request.num_output_tokens >= request.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+            return True
+        if request.num_tokens >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
+
+    def _make_output(self, request: Request, new_token_ids: list[int],
+                     prompt_logprobs: list[Logprobs] | None,
+                     new_logprobs: Logprobs | None) -> EngineCoreOutput:
+        return EngineCoreOutput(
+            request_id=request.request_id, new_token_ids=new_token_ids,
+            new_logprobs=[new_logprobs] if new_logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
+            stop_reason=request.stop_reason, num_cached_tokens=max(0, request.num_cached_tokens))
+
+    def _remove_finished(self) -> None:
+        still_running = []
+        for request in self.running:
+            if not request.is_finished:
+                still_running.append(request)
+                continue
+            self.kv_cache_manager.free(request)
+            del self.requests[request.request_id]
+            self.finished_req_ids.append(request.request_id)
+        self.running = still_running
+
+    # -- stats and utilities -------------------------------------------------------------
+
+    def make_stats(self) -> SchedulerStats:
+        queries, hits = self.kv_cache_manager.make_prefix_cache_stats()
+        stats = SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=queries, prefix_cache_hits=hits,
+            num_preemptions=self._num_preemptions, num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens)
+        self._num_preemptions = self._num_prompt_tokens = self._num_generation_tokens = 0
+        return stats
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+
+def _logprobs_at(runner_output: ModelRunnerOutput, i: int) -> Logprobs | None:
+    # The runner leaves the list empty when no request in the batch asked for logprobs.
+    if i < len(runner_output.logprobs):
+        return runner_output.logprobs[i]
+    return None

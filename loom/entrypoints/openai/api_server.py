@@ -1,0 +1,211 @@
+"""The API server: a FastAPI app on uvicorn (uvloop), over an `AsyncLLM`.
+
+Routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /tokenize,
+/detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1).
+This module, like everything the API process imports, stays torch-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+
+import msgspec
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from loom import __version__, envs
+from loom.entrypoints.openai.errors import error_response, install_exception_handlers
+from loom.entrypoints.openai.metrics import ServerMetrics
+from loom.entrypoints.openai.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from loom.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                              DetokenizeRequest, DetokenizeResponse, ModelCard,
+                                              ModelList, TokenizeRequest, TokenizeResponse)
+from loom.entrypoints.openai.serving_chat import OpenAIServingChat
+from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from loom.frontend.async_llm import AsyncLLM, EngineDeadError
+from loom.frontend.core_client import EngineCoreClient, InprocClient
+from loom.frontend.tokenizer import Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+_GRACEFUL_SHUTDOWN_S = 5
+
+
+class ServerOptions(msgspec.Struct, frozen=True):
+    """The API server's own settings; msgspec, so they reach spawned API processes as JSON."""
+    model: str
+    served_model_names: list[str]
+    tokenizer: str | None
+    """Path of the tokenizer to load; None serves token ids only."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    chat_template: str | None = None
+    api_key: str | None = None
+    log_stats: bool = True
+    access_log: bool = True
+    max_body_bytes: int = 10 * 1024 * 1024
+    api_server_count: int = 1
+
+
+@dataclass
+class ServerState:
+    options: ServerOptions
+    engine: AsyncLLM
+    metrics: ServerMetrics
+    completions: OpenAIServingCompletion
+    chat: OpenAIServingChat
+
+
+async def run_unless_disconnected(request: Request, work: Coroutine) -> Response:
+    """Run a handler, cancelling it if the client disconnects first (which aborts its
+    requests in the engine). Starlette only watches for that while it streams."""
+    handler = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((handler, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        handler.cancel()
+        await asyncio.gather(handler, watcher, return_exceptions=True)
+    if handler.cancelled():
+        return Response(status_code=499)  # nobody is listening
+    return handler.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body is already read, so the next message is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="loom", version=__version__)
+    install_exception_handlers(app)
+    _add_openai_routes(app, state)
+    _add_server_routes(app, state)
+    if envs.test_introspection():
+        _add_introspection(app, state)
+    if state.options.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=state.options.api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.options.max_body_bytes)
+    return app
+
+
+def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await run_unless_disconnected(request, state.completions.create(body))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await run_unless_disconnected(request, state.chat.create(body))
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=name, root=state.options.model,
+                                         max_model_len=state.engine.max_model_len)
+                               for name in state.options.served_model_names])
+
+
+def _add_server_routes(app: FastAPI, state: ServerState) -> None:
+    engine = state.engine
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await engine.check_health()
+        except EngineDeadError as e:
+            return error_response(503, f"the engine is dead: {e}")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        state.chat.check_model(body.model)
+        if body.messages is not None:
+            ids = state.chat.render(body.messages, body.add_generation_prompt)
+        else:
+            ids = _need_tokenizer(engine.tokenizer).encode(body.prompt, body.add_special_tokens)
+        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.max_model_len)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        state.chat.check_model(body.model)
+        bad = [t for t in body.tokens if t >= engine.vocab_size]
+        if bad:
+            raise ValueError(f"tokens: id(s) {bad[:5]} outside the vocabulary "
+                             f"(0..{engine.vocab_size - 1})")
+        return DetokenizeResponse(prompt=_need_tokenizer(engine.tokenizer).decode(body.tokens))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+
+def _need_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer:
+    if tokenizer is None:
+        raise ValueError("tokenizer: this server has none")
+    return tokenizer
+
+
+def _add_introspection(app: FastAPI, state: ServerState) -> None:
+    engine = state.engine
+
+    @app.get("/_loom/introspect")
+    async def introspect() -> dict:
+        tasks = len(asyncio.all_tasks())  # before this handler awaits anything
+        return {"pid": os.getpid(), "engine_pid": engine.client.engine_pid or os.getpid(),
+                "tasks": tasks, "streams": len(engine.streams),
+                "tracked_engine_requests": len(engine.output_processor.children),
+                "engine_unfinished": await engine.call_utility("get_num_unfinished_requests"),
+                "kv": await engine.call_utility("get_kv_info")}
+
+    @app.post("/_loom/crash_engine")
+    async def crash_engine() -> JSONResponse:
+        """Make an in-process engine's loop fail, as a process engine is killed."""
+        if not isinstance(engine.client, InprocClient):
+            return error_response(400, "the engine is a process: kill it")
+        engine.client.inputs.put((0, RuntimeError("crashed on request (test)")))
+        return JSONResponse({"crashed": True})
+
+
+async def serve(options: ServerOptions, sock: socket.socket,
+                make_client: Callable[[], EngineCoreClient],
+                server_class: type[uvicorn.Server] = uvicorn.Server) -> int:
+    """Serve until stopped; returns the exit code (1 once the engine has died)."""
+    tokenizer = (load_tokenizer(options.tokenizer, chat_template=options.chat_template)
+                 if options.tokenizer else None)
+    metrics = ServerMetrics(options.served_model_names[0])
+    loop = asyncio.get_running_loop()
+    server: uvicorn.Server | None = None
+
+    def on_dead(reason: str) -> None:
+        linger = envs.engine_dead_linger_s()
+        logger.error("engine dead (%s); /health answers 503, exiting in %.1f s", reason, linger)
+        loop.call_later(linger, setattr, server, "should_exit", True)
+
+    engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead)
+    names = options.served_model_names
+    state = ServerState(options, engine, metrics, OpenAIServingCompletion(engine, names),
+                        OpenAIServingChat(engine, names))
+    server = server_class(uvicorn.Config(
+        build_app(state), loop="none", lifespan="off", log_config=None,
+        access_log=options.access_log, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))
+    engine.start()
+    logger.info("API server %d serving %s at http://%s:%d", os.getpid(), ", ".join(names),
+                options.host, options.port)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await engine.close()
+    return 1 if engine.errored else 0

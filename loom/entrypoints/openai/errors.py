@@ -1,0 +1,101 @@
+"""Every error the server returns, in OpenAI's shape: {"error": {message, type, param, code}}.
+
+FastAPI's own 422 for an invalid body becomes a 400, as OpenAI answers; unknown routes and
+methods keep their status with the same body shape.
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from loom.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from loom.frontend.async_llm import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+          405: "MethodNotAllowedError", 413: "RequestTooLargeError",
+          500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_info(status: int, message: str, param: str | None = None) -> ErrorInfo:
+    kind = _TYPES.get(status) or http.HTTPStatus(status).phrase.replace(" ", "") + "Error"
+    return ErrorInfo(message=message, type=kind, param=param, code=status)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> bytes:
+    return ErrorResponse(error=error_info(status, message, param)).model_dump_json().encode()
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=error_info(status, message, param)).model_dump(),
+                        status_code=status)
+
+
+def exception_status(exc: BaseException) -> tuple[int, str, str | None]:
+    """(status, message, param) for an exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc.status, exc.message, exc.param
+    if isinstance(exc, EngineDeadError):
+        return 500, f"the engine is dead: {exc}", None
+    if isinstance(exc, ValueError):
+        message = str(exc)
+        param = message.split(":", 1)[0] if ":" in message and " " not in message.split(":", 1)[0] else None
+        return 400, message, param
+    return 500, f"internal error: {type(exc).__name__}: {exc}", None
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return (f"{param}: {message}" if param else message) + more, param
+
+
+def install_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(APIError)
+    async def _api(_request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(ValueError)
+    async def _value(_request: Request, exc: ValueError) -> JSONResponse:
+        return error_response(*exception_status(exc))
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_request: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(*exception_status(exc))
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error serving a request")
+        return error_response(*exception_status(exc))

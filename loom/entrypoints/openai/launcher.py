@@ -1,0 +1,171 @@
+"""Which processes `loom serve` runs, and how they start and stop together.
+
+- `--disable-frontend-multiprocessing`: one process; the engine core is a thread of it.
+- default: this process is the API server; the engine core is a child process.
+- `--api-server-count N > 1`: this process only supervises. It binds the port once and
+  hands the socket to N API server processes (all accept on it), which all talk to the one
+  engine core process. If any of them dies, the rest are stopped and it exits non-zero.
+
+The listening socket is bound before the engine starts (a busy port fails at once), but
+listened on only when an API server is ready, so early clients are refused, never hung.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+
+import msgspec
+import uvicorn
+import uvloop
+
+from loom import envs
+from loom.config import EngineConfig
+from loom.engine.launcher import EngineEndpoint, EngineProcess
+from loom.entrypoints.openai.api_server import ServerOptions, serve
+from loom.frontend.core_client import EngineCoreClient, InprocClient, MPClient
+
+logger = logging.getLogger(__name__)
+
+_API_STOP_TIMEOUT_S = 15.0
+
+
+def run_server(options: ServerOptions, config: EngineConfig, inproc: bool) -> int:
+    sock = bind_socket(options.host, options.port)
+    options = msgspec.structs.replace(options, port=sock.getsockname()[1])
+    try:
+        if inproc:
+            return run_api(options, sock, lambda: InprocClient(config, options.log_stats))
+        engine = EngineProcess.start(config, options.log_stats)
+        try:
+            if options.api_server_count == 1:
+                return run_api(options, sock, lambda: MPClient(engine.endpoint, 0))
+            return _supervise(options, sock, engine)
+        finally:
+            engine.stop()
+    finally:
+        sock.close()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"port: cannot bind {host}:{port}: {e.strerror}") from None
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, minus re-raising the stop signal once it has shut down (which would kill
+    this process before the engine is stopped in order)."""
+
+    stop_signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        loop = asyncio.get_running_loop()
+        for sig in self.stop_signals:
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in self.stop_signals:
+                loop.remove_signal_handler(sig)
+
+
+def run_api(options: ServerOptions, sock: socket.socket,
+            make_client: Callable[[], EngineCoreClient],
+            stop_signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> int:
+    _Server.stop_signals = stop_signals
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve(options, sock, make_client, server_class=_Server))
+
+
+def run_api_process(options_json: bytes, endpoint_json: bytes, index: int,
+                    sock: socket.socket) -> None:
+    """Target of each API server process (spawned) when there are several."""
+    # Ctrl-C reaches every process of the group; the supervisor alone decides, with SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    options = msgspec.json.decode(options_json, type=ServerOptions)
+    endpoint = msgspec.json.decode(endpoint_json, type=EngineEndpoint)
+    sys.exit(run_api(options, sock, lambda: MPClient(endpoint, index), (signal.SIGTERM,)))
+
+
+def _supervise(options: ServerOptions, sock: socket.socket, engine: EngineProcess) -> int:
+    metrics_dir = _share_metrics()
+    ctx = multiprocessing.get_context("spawn")
+    args = (msgspec.json.encode(options), msgspec.json.encode(engine.endpoint))
+    servers = [ctx.Process(target=run_api_process, name=f"loom-api-{i}", args=(*args, i, sock))
+               for i in range(options.api_server_count)]
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for p in servers:
+            p.start()
+        return _wait(engine, servers)
+    except KeyboardInterrupt:
+        logger.info("stopping %d API servers", len(servers))
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop_all(servers)
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _wait(engine: EngineProcess, servers: list) -> int:
+    """Block until a process exits on its own; that is always a failure."""
+    sentinels = {p.sentinel: p for p in servers}
+    ready = multiprocessing.connection.wait([engine.process.sentinel, *sentinels])
+    if engine.process.sentinel in ready:
+        # Each API server ends its requests with errors and exits by itself; let them.
+        logger.error("engine core died; waiting for the API servers to exit")
+        for p in servers:
+            p.join(envs.engine_dead_linger_s() + _API_STOP_TIMEOUT_S)
+        return 1
+    dead = [sentinels[s] for s in ready]
+    logger.error("API server(s) %s exited (codes %s); stopping the rest",
+                 [p.pid for p in dead], [p.exitcode for p in dead])
+    return 1
+
+
+def _stop_all(servers: list) -> None:
+    for p in servers:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGTERM)
+    for p in servers:
+        p.join(_API_STOP_TIMEOUT_S)
+        if p.is_alive():
+            logger.error("API server %d did not stop; killing it", p.pid)
+            p.kill()
+            p.join()
+
+
+def _share_metrics() -> str | None:
+    """Prometheus multiprocess mode, so any API server's /metrics covers them all. Set
+    before the API servers start (prometheus_client reads it at import); a directory the
+    user chose is kept."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    path = tempfile.mkdtemp(prefix="loom-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,70 @@
+"""Pure ASGI middleware (no BaseHTTPMiddleware, so `receive` reaches the handlers untouched
+and a client's disconnect is still seen): the API key and the request-body size cap."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from loom.entrypoints.openai.errors import error_body
+
+
+async def _send_error(send: Send, status: int, message: str, extra_headers=()) -> None:
+    body = error_body(status, message)
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()), *extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class APIKeyMiddleware:
+    """Every /v1 route needs `Authorization: Bearer <key>`; compared in constant time."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):
+            await _send_error(send, 401, "missing or invalid API key",
+                              [(b"www-authenticate", b"Bearer")])
+            return
+        await self.app(scope, receive, send)
+
+
+class BodySizeLimitMiddleware:
+    """Refuse request bodies over `max_bytes`: by Content-Length up front (413), or while a
+    body without one is read."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await _send_error(send, 413, f"request body over the limit of {self.max_bytes} bytes")
+            return
+        await self.app(scope, self._counting(receive), send)
+
+    def _counting(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise HTTPException(413, f"request body over the limit of {self.max_bytes} bytes")
+            return message
+        return counted

@@ -1,0 +1,317 @@
+"""OpenAI request and response bodies (pydantic), and their mapping onto SamplingParams.
+
+Requests accept OpenAI's fields plus vLLM's extensions (top_k, min_p, repetition_penalty,
+min_tokens, ignore_eos, ...). Unknown fields are ignored, as OpenAI's SDKs send some that
+do not apply here. Features loom lacks (logit_bias, tools, structured output, best_of > n)
+are refused with a 400 rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from loom.sampling_params import SamplingParams
+
+MAX_N = 128
+MAX_LOGPROBS = 20
+
+Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+Float = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+# -- shared request fields --------------------------------------------------------------------
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(OpenAIModel):
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: Int64 | None = None
+    min_p: Float | None = None
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    repetition_penalty: Float | None = None
+    seed: Int64 | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    min_tokens: int = Field(0, ge=0, lt=2**31)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self):
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of: only best_of == n is supported")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
+
+    def _sampling(self, max_tokens: int | None, logprobs: int | None,
+                  prompt_logprobs: int | None) -> SamplingParams:
+        optional = {k: v for k, v in {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty}.items() if v is not None}
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            n=self.n, seed=self.seed, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
+            max_tokens=max_tokens, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output, **optional)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+# -- /v1/completions --------------------------------------------------------------------------
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(16, ge=1)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_prompt(self):
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt: must not be empty")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a string or a token-id list."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        return self._sampling(max_tokens, self.logprobs, prompt_logprobs)
+
+
+class CompletionLogprobs(BaseModel):
+    text_offset: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+# -- /v1/chat/completions ---------------------------------------------------------------------
+
+class ContentPart(OpenAIModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id... reach the template
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            kinds = {p.type for p in self.content} - {"text"}
+            if kinds:
+                raise ValueError(f"messages: content parts of type {sorted(kinds)} are not supported")
+            message["content"] = "".join(p.text or "" for p in self.content)
+        return message
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self):
+        if self.tools:
+            raise ValueError("tools are not supported")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise ValueError("response_format: structured output is not supported")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs to be true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message: set add_generation_prompt to false with it")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling(max_tokens, logprobs, None)
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+# -- models, tokenizer ------------------------------------------------------------------------
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "loom"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeRequest(OpenAIModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

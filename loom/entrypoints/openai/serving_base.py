@@ -1,0 +1,110 @@
+"""What the completion and chat endpoints share: model names, limits, request ids, logprobs,
+SSE framing, and running several prompts' generators at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+
+from pydantic import BaseModel
+
+from loom.entrypoints.openai.errors import APIError, error_info, exception_status
+from loom.entrypoints.openai.protocol import ErrorResponse
+from loom.frontend.async_llm import AsyncLLM
+from loom.outputs import PositionLogprobs, RequestOutput
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str]) -> None:
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.tokenizer = engine.tokenizer
+
+    def check_model(self, model: str | None) -> str:
+        """The name to answer with; a 404 for a model this server does not serve."""
+        if model is None:
+            return self.served_model_names[0]
+        if model not in self.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist.", "model")
+        return model
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    def max_tokens_for(self, num_prompt_tokens: int, requested: int | None) -> int:
+        """The request's max_tokens; a 400 when prompt + output cannot fit the context."""
+        limit = self.engine.max_model_len
+        if num_prompt_tokens >= limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; the "
+                                f"prompt has {num_prompt_tokens} tokens, which leaves no room "
+                                "for output.", "prompt")
+        if requested is None:
+            return limit - num_prompt_tokens
+        if num_prompt_tokens + requested > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, "
+                                f"you requested {num_prompt_tokens + requested} tokens "
+                                f"({num_prompt_tokens} in the prompt, {requested} for the "
+                                "completion). Please reduce the prompt or max_tokens.", "max_tokens")
+        return requested
+
+    def token_text(self, token_id: int, logprobs: PositionLogprobs | None = None) -> str:
+        entry = logprobs.get(token_id) if logprobs else None
+        if entry is not None and entry.decoded_token is not None:
+            return entry.decoded_token
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+# -- server-sent events ---------------------------------------------------------------------
+
+def sse(model: BaseModel) -> str:
+    return f"data: {model.model_dump_json(exclude_none=True)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(exc: BaseException) -> str:
+    status, message, param = exception_status(exc)
+    return f"data: {ErrorResponse(error=error_info(status, message, param)).model_dump_json()}\n\n"
+
+
+def json_bytes(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()
+
+
+# -- several prompts at once ------------------------------------------------------------------
+
+async def merge(generators: Sequence[AsyncIterator[RequestOutput]]
+                ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(index, output) from all generators as they come. One generator needs no tasks;
+    several get one `anext` task each at a time, all cancelled and closed on the way out."""
+    if len(generators) == 1:
+        async with aclosing(generators[0]) as only:
+            async for output in only:
+                yield 0, output
+        return
+    pending: dict[asyncio.Task, int] = {}
+    try:
+        pending = {asyncio.ensure_future(anext(g)): i for i, g in enumerate(generators)}
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    output = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(generators[index]))] = index
+                yield index, output
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for g in generators:
+            await g.aclose()

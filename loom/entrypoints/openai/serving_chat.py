@@ -1,0 +1,152 @@
+"""POST /v1/chat/completions: the chat template, n choices, logprobs/top_logprobs, streamed
+or whole."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import jinja2
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from loom.entrypoints.openai.errors import APIError
+from loom.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
+                                              ChatCompletionRequest, ChatCompletionResponse,
+                                              ChatMessage, ChatMessageOut, ChatStreamChoice,
+                                              ChoiceLogprobs, DeltaMessage, TokenLogprob,
+                                              TopLogprob, UsageInfo)
+from loom.entrypoints.openai.serving_base import SSE_DONE, OpenAIServing, merge, sse, sse_error
+from loom.outputs import CompletionOutput, PositionLogprobs
+
+
+@dataclass
+class _Chat:
+    id: str
+    model: str
+    created: int
+    body: ChatCompletionRequest
+    prompt_ids: list[int]
+
+
+class OpenAIServingChat(OpenAIServing):
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+               continue_final_message: bool = False) -> list[int]:
+        """The prompt's token ids, exactly as `LLM.chat` builds them."""
+        if self.tokenizer is None:
+            raise APIError(400, "chat needs a tokenizer; this server has none", "messages")
+        conversation = [m.for_template() for m in messages]
+        try:
+            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt)
+        except jinja2.TemplateError as e:
+            raise APIError(400, f"messages: the chat template refused them: {e}", "messages") from e
+        if continue_final_message:
+            text = _cut_after_final_message(text, conversation[-1].get("content") or "")
+        # The template writes the special tokens (BOS) itself.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def create(self, body: ChatCompletionRequest) -> Response:
+        prompt_ids = self.render(body.messages, body.add_generation_prompt,
+                                 body.continue_final_message)
+        chat = _Chat(self.new_id("chatcmpl"), self.check_model(body.model), int(time.time()),
+                     body, prompt_ids)
+        params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
+                                                             body.requested_max_tokens))
+        outputs = merge([self.engine.generate(prompt_ids, params, chat.id)])
+        if body.stream:
+            return await self._stream(chat, outputs)
+        return await self._whole(chat, outputs)
+
+    async def _whole(self, chat: _Chat, outputs: AsyncIterator) -> Response:
+        n = chat.body.n
+        texts, tokens = [""] * n, [0] * n
+        logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        finish: list[CompletionOutput | None] = [None] * n
+        async with aclosing(outputs):
+            async for _, output in outputs:
+                for delta in output.outputs:
+                    texts[delta.index] += delta.text
+                    tokens[delta.index] += len(delta.token_ids)
+                    logprobs[delta.index] += self._logprobs(delta, chat.body.top_logprobs or 0)
+                    finish[delta.index] = delta
+        choices = [ChatChoice(index=i, message=ChatMessageOut(content=texts[i]),
+                              logprobs=ChoiceLogprobs(content=logprobs[i]) if chat.body.logprobs else None,
+                              finish_reason=finish[i].finish_reason if finish[i] else None,
+                              stop_reason=finish[i].stop_reason if finish[i] else None)
+                   for i in range(n)]
+        response = ChatCompletionResponse(id=chat.id, created=chat.created, model=chat.model,
+                                          choices=choices, usage=_usage(chat, sum(tokens)))
+        return JSONResponse(response.model_dump(mode="json"))
+
+    async def _stream(self, chat: _Chat, outputs: AsyncIterator) -> Response:
+        try:
+            first = await anext(outputs)  # errors before the first token get a status code
+        except BaseException:
+            await outputs.aclose()
+            raise
+        return StreamingResponse(self._events(chat, first, outputs), media_type="text/event-stream")
+
+    async def _events(self, chat: _Chat, first, outputs: AsyncIterator) -> AsyncIterator[str]:
+        completion_tokens = 0
+        try:
+            for i in range(chat.body.n):  # the role first, as OpenAI streams it
+                yield self._chunk(chat, ChatStreamChoice(
+                    index=i, delta=DeltaMessage(role="assistant", content="")))
+            async with aclosing(outputs):
+                item = first
+                while item is not None:
+                    for delta in item[1].outputs:
+                        completion_tokens += len(delta.token_ids)
+                        if delta.text or delta.finish_reason is not None or delta.token_ids:
+                            yield self._chunk(chat, self._stream_choice(chat, delta))
+                    item = await anext(outputs, None)
+            if chat.body.include_usage:
+                yield sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
+                                              choices=[], usage=_usage(chat, completion_tokens)))
+        except Exception as e:  # noqa: BLE001 - the status is sent; say what went wrong in-band
+            yield sse_error(e)
+        yield SSE_DONE
+
+    def _stream_choice(self, chat: _Chat, delta: CompletionOutput) -> ChatStreamChoice:
+        logprobs = (ChoiceLogprobs(content=self._logprobs(delta, chat.body.top_logprobs or 0))
+                    if chat.body.logprobs else None)
+        return ChatStreamChoice(index=delta.index, delta=DeltaMessage(content=delta.text),
+                                logprobs=logprobs, finish_reason=delta.finish_reason,
+                                stop_reason=delta.stop_reason)
+
+    @staticmethod
+    def _chunk(chat: _Chat, choice: ChatStreamChoice) -> str:
+        return sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
+                                       choices=[choice]))
+
+    def _logprobs(self, delta: CompletionOutput, top_n: int) -> list[TokenLogprob]:
+        if not delta.logprobs:
+            return []
+        return [self._token_logprob(t, p, top_n) for t, p in zip(delta.token_ids, delta.logprobs)]
+
+    def _token_logprob(self, token_id: int, position: PositionLogprobs, top_n: int) -> TokenLogprob:
+        ranked = sorted(position, key=lambda t: -position[t].logprob)[:top_n]
+        chosen = self._top(token_id, position)
+        return TokenLogprob(token=chosen.token, logprob=chosen.logprob, bytes=chosen.bytes,
+                            top_logprobs=[self._top(t, position) for t in ranked])
+
+    def _top(self, token_id: int, position: PositionLogprobs) -> TopLogprob:
+        text = self.token_text(token_id, position)
+        return TopLogprob(token=text, logprob=position[token_id].logprob,
+                          bytes=list(text.encode("utf-8")))
+
+
+def _usage(chat: _Chat, completion_tokens: int) -> UsageInfo:
+    prompt_tokens = len(chat.prompt_ids)
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
+
+
+def _cut_after_final_message(text: str, final_content: str) -> str:
+    """Drop what the template wrote after the last message (its end-of-turn), so that the
+    model continues that message."""
+    if not final_content or final_content not in text:
+        raise APIError(400, "continue_final_message: the final message's content is not in the "
+                            "rendered prompt", "messages")
+    return text[:text.rindex(final_content) + len(final_content)]

@@ -1,0 +1,189 @@
+"""POST /v1/completions: one or more prompts (text or token ids), n choices each, echo and
+logprobs (prompt logprobs when echoed, as lm-eval's local-completions reads them), streamed
+or whole."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from loom.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs,
+                                              CompletionRequest, CompletionResponse, UsageInfo)
+from loom.entrypoints.openai.serving_base import SSE_DONE, OpenAIServing, merge, sse, sse_error
+from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+
+
+@dataclass
+class _Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+@dataclass
+class _Choice:
+    """A choice as it grows over the deltas (whole responses) or as far as streamed."""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    text_offset: int = 0
+    started: bool = False
+
+    def add(self, delta: CompletionOutput) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs or []
+        self.finish_reason = delta.finish_reason
+        self.stop_reason = delta.stop_reason
+
+
+@dataclass
+class _Request:
+    id: str
+    model: str
+    created: int
+    body: CompletionRequest
+    prompts: list[_Prompt]
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create(self, body: CompletionRequest) -> Response:
+        request = _Request(self.new_id("cmpl"), self.check_model(body.model), int(time.time()),
+                           body, [])
+        generators = []
+        for i, prompt in enumerate(body.prompts):
+            text, token_ids = self.engine.tokenize(prompt)
+            params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens))
+            self.engine.processor.process(request.id, token_ids, params)  # all valid, or none runs
+            request.prompts.append(_Prompt(text, token_ids))
+            generators.append((token_ids, params, f"{request.id}-{i}"))
+        outputs = merge([self.engine.generate(*g) for g in generators])
+        if body.stream:
+            return await self._stream(request, outputs)
+        return await self._whole(request, outputs)
+
+    # -- whole response ---------------------------------------------------------------------
+
+    async def _whole(self, request: _Request, outputs: AsyncIterator) -> Response:
+        n = request.body.n
+        choices = [_Choice() for _ in range(len(request.prompts) * n)]
+        prompt_logprobs: dict[int, list] = {}
+        async with aclosing(outputs):
+            async for i, output in outputs:
+                if output.prompt_logprobs is not None:
+                    prompt_logprobs[i] = output.prompt_logprobs
+                for delta in output.outputs:
+                    choices[i * n + delta.index].add(delta)
+        result = [self._finish_choice(request, k, c, prompt_logprobs.get(k // n))
+                  for k, c in enumerate(choices)]
+        response = CompletionResponse(id=request.id, created=request.created, model=request.model,
+                                      choices=result, usage=self._usage(request, choices))
+        return JSONResponse(response.model_dump(mode="json"))
+
+    def _finish_choice(self, request: _Request, index: int, choice: _Choice,
+                       prompt_logprobs: list | None) -> CompletionChoice:
+        prompt = request.prompts[index // request.body.n]
+        text, token_ids, positions = choice.text, choice.token_ids, choice.logprobs
+        if request.body.echo:
+            text = self._echo_text(prompt) + text
+            token_ids = prompt.token_ids + token_ids
+            positions = self._prompt_positions(prompt, prompt_logprobs) + positions
+        logprobs = (self._logprobs(token_ids, positions, 0)
+                    if request.body.logprobs is not None else None)
+        return CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
+
+    # -- stream -------------------------------------------------------------------------------
+
+    async def _stream(self, request: _Request, outputs: AsyncIterator) -> Response:
+        try:
+            first = await anext(outputs)  # errors before the first token get a status code
+        except BaseException:
+            await outputs.aclose()
+            raise
+        return StreamingResponse(self._events(request, first, outputs),
+                                 media_type="text/event-stream")
+
+    async def _events(self, request: _Request, first, outputs: AsyncIterator) -> AsyncIterator[str]:
+        n = request.body.n
+        choices = [_Choice() for _ in range(len(request.prompts) * n)]
+        try:
+            async with aclosing(outputs):
+                item = first
+                while item is not None:
+                    for chunk in self._chunks(request, choices, *item):
+                        yield chunk
+                    item = await anext(outputs, None)
+            if request.body.include_usage:
+                yield sse(CompletionResponse(id=request.id, created=request.created,
+                                             model=request.model, choices=[],
+                                             usage=self._usage(request, choices)))
+        except Exception as e:  # noqa: BLE001 - the status is sent; say what went wrong in-band
+            yield sse_error(e)
+        yield SSE_DONE
+
+    def _chunks(self, request: _Request, choices: list[_Choice], i: int, output: RequestOutput):
+        body = request.body
+        for delta in output.outputs:
+            index = i * body.n + delta.index
+            choice = choices[index]
+            text, token_ids, positions = delta.text, delta.token_ids, delta.logprobs or []
+            if not choice.started and body.echo:
+                prompt = request.prompts[i]
+                text = self._echo_text(prompt) + text
+                token_ids = prompt.token_ids + token_ids
+                positions = self._prompt_positions(prompt, output.prompt_logprobs) + positions
+            choice.started = True
+            choice.add(delta)
+            if not text and not token_ids and delta.finish_reason is None:
+                continue
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = self._logprobs(token_ids, positions, choice.text_offset)
+                choice.text_offset += sum(len(t) for t in logprobs.tokens)
+            yield sse(CompletionResponse(
+                id=request.id, created=request.created, model=request.model,
+                choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                          finish_reason=delta.finish_reason,
+                                          stop_reason=delta.stop_reason)]))
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _echo_text(self, prompt: _Prompt) -> str:
+        if prompt.text is not None:
+            return prompt.text
+        return self.tokenizer.decode(prompt.token_ids, skip_special_tokens=False) if self.tokenizer else ""
+
+    @staticmethod
+    def _prompt_positions(prompt: _Prompt, prompt_logprobs: list | None) -> list:
+        if prompt_logprobs is None:
+            return [None] * len(prompt.token_ids)
+        return list(prompt_logprobs[:len(prompt.token_ids)])
+
+    def _logprobs(self, token_ids: list[int], positions: list, offset: int) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for token_id, position in zip(token_ids, positions):
+            token = self.token_text(token_id, position)
+            out.tokens.append(token)
+            out.text_offset.append(offset)
+            offset += len(token)
+            if position is None or token_id not in position:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
+            out.token_logprobs.append(position[token_id].logprob)
+            out.top_logprobs.append({self.token_text(t, position): lp.logprob
+                                     for t, lp in position.items()})
+        return out
+
+    @staticmethod
+    def _usage(request: _Request, choices: list[_Choice]) -> UsageInfo:
+        prompt_tokens = sum(len(p.token_ids) for p in request.prompts)
+        completion_tokens = sum(len(c.token_ids) for c in choices)
+        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         total_tokens=prompt_tokens + completion_tokens)

@@ -1,0 +1,52 @@
+"""Every LOOM_* environment variable, typed, in one place.
+
+Each is read when asked for (a function, not a module constant), so a test or a launcher
+that sets one before starting a process is seen by that process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    """LOOM_CACHE_DIR: where converted tokenizers are cached (default ~/.cache/loom)."""
+    root = os.environ.get("LOOM_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "loom"
+
+
+def log_stats_interval_s() -> float:
+    """LOOM_LOG_STATS_INTERVAL: seconds between the engine's periodic stats lines (10)."""
+    return _float("LOOM_LOG_STATS_INTERVAL", 10.0)
+
+
+def engine_dead_linger_s() -> float:
+    """LOOM_ENGINE_DEAD_LINGER_S: how long an API server keeps answering (503 on /health,
+    errors elsewhere) after its engine died, before it exits non-zero (2)."""
+    return _float("LOOM_ENGINE_DEAD_LINGER_S", 2.0)
+
+
+def engine_start_timeout_s() -> float:
+    """LOOM_ENGINE_START_TIMEOUT_S: the longest an engine core may take to load (1800)."""
+    return _float("LOOM_ENGINE_START_TIMEOUT_S", 1800.0)
+
+
+def test_introspection() -> bool:
+    """LOOM_TEST_INTROSPECTION=1: the API server adds GET /_loom/introspect (asyncio task
+    count, live request streams, engine request and KV-block counts) for tests."""
+    return _flag("LOOM_TEST_INTROSPECTION")

@@ -1,0 +1,39 @@
+"""The executor interface: how the engine core reaches its workers."""
+
+from __future__ import annotations
+
+import abc
+
+from loom.config import EngineConfig
+from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+
+
+class Executor(abc.ABC):
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    @abc.abstractmethod
+    def determine_num_blocks(self) -> int:
+        """KV blocks every rank can hold (the minimum over ranks)."""
+
+    @abc.abstractmethod
+    def initialize_cache(self, num_blocks: int) -> None: ...
+
+    @abc.abstractmethod
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    def shutdown(self) -> None:
+        pass
+
+    @property
+    def model_info(self) -> dict:
+        """vocab_size and max_model_len as the workers loaded them."""
+        return {}
+
+
+def make_executor(config: EngineConfig) -> Executor:
+    if config.parallel.tensor_parallel_size > 1:
+        from loom.executor.multiproc import MultiprocExecutor
+        return MultiprocExecutor(config)
+    from loom.executor.uniproc import UniprocExecutor
+    return UniprocExecutor(config)

@@ -1,0 +1,33 @@
+"""One worker in the engine core's own process."""
+
+from __future__ import annotations
+
+from loom.config import EngineConfig
+from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.distributed.parallel_state import destroy_distributed
+from loom.executor.base import Executor
+from loom.worker.worker import Worker
+
+
+class UniprocExecutor(Executor):
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.worker = Worker(config)
+
+    def determine_num_blocks(self) -> int:
+        return self.worker.determine_num_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_cache(num_blocks)
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(so)
+
+    def shutdown(self) -> None:
+        destroy_distributed()
+
+    @property
+    def model_info(self) -> dict:
+        arch = self.worker.model_runner.arch
+        return {"vocab_size": arch.vocab_size, "max_position_embeddings": arch.max_position_embeddings,
+                "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None}

@@ -1,0 +1,226 @@
+"""`AsyncLLM`: the API server's engine, one async output stream per request.
+
+Tokenization, detokenization, stop strings and n > 1 fan-out happen here, in the API
+process (through the same `Processor` and `OutputProcessor` as the offline `LLM`); the
+engine core only sees token ids. Engine messages arrive on the event loop thread and are
+sorted into per-request queues without any task per request, so a request that ends, in
+any way, leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from loom.engine.protocol import (AbortRequests, EngineCoreMessage, EngineCoreOutput,
+                                  EngineCoreOutputs, EngineDead, SchedulerStats, UtilityCall,
+                                  UtilityResult)
+from loom.frontend.core_client import EngineCoreClient
+from loom.frontend.output_processor import OutputKind, OutputProcessor
+from loom.frontend.processor import Processor, PromptType
+from loom.frontend.tokenizer import Tokenizer
+from loom.outputs import RequestOutput
+from loom.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core is gone; no request can complete."""
+
+
+class RequestRejectedError(ValueError):
+    """The engine core refused a request as invalid."""
+
+
+class StatsSink(Protocol):
+    """Where AsyncLLM reports what /metrics shows."""
+
+    def on_scheduler_stats(self, stats: SchedulerStats) -> None: ...
+
+    def on_first_token(self, seconds: float) -> None: ...
+
+    def on_inter_token(self, seconds: float) -> None: ...
+
+    def on_finished(self, e2e_seconds: float, finish_reason: str) -> None: ...
+
+
+@dataclass
+class _Stream:
+    """One request's outputs, waiting for its generator to take them."""
+    arrival: float
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    last_token_time: float | None = None
+
+
+class AsyncLLM:
+    def __init__(self, client: EngineCoreClient, tokenizer: Tokenizer | None,
+                 stats: StatsSink | None = None,
+                 on_dead: Callable[[str], None] | None = None) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        info = client.info
+        self.max_model_len = info.max_model_len
+        self.vocab_size = info.vocab_size
+        self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
+                                   info.eos_token_id)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.streams: dict[str, _Stream] = {}
+        self._utility_calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._stats = stats
+        self._on_dead = on_dead
+        self.dead_reason: str | None = None
+
+    def start(self) -> None:
+        self.client.start(self._on_message)
+
+    @property
+    def errored(self) -> bool:
+        return self.dead_reason is not None
+
+    # -- requests -------------------------------------------------------------------------
+
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt given as text or as token ids."""
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ValueError("prompt: text prompts need a tokenizer; send token ids")
+        return self.processor.tokenize(prompt)
+
+    async def generate(self, prompt: PromptType, params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yield what is new for the request at each engine step (text, tokens, logprobs),
+        until it finishes. Closing the generator early aborts the request in the engine."""
+        self._check_alive()
+        if request_id in self.streams:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        text, prompt_ids = self.tokenize(prompt)
+        self.processor.process(request_id, prompt_ids, params)  # validate before any state
+        stream = self.streams[request_id] = _Stream(arrival=time.monotonic())
+        try:
+            children = self.output_processor.add_request(request_id, text, prompt_ids, params,
+                                                         OutputKind.DELTA)
+            for child_id, child_params in children:
+                self.client.send(self.processor.process(child_id, prompt_ids, child_params))
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        """Drop a request's state; abort whatever of it the engine still runs."""
+        self.streams.pop(request_id, None)
+        engine_ids = self.output_processor.abort([request_id])
+        if engine_ids and not self.errored:
+            self.client.send(AbortRequests(engine_ids))
+
+    # -- utilities and health -------------------------------------------------------------
+
+    async def call_utility(self, method: str, *args) -> object:
+        """Call an EngineCore utility method (get_kv_info, reset_prefix_cache, ...)."""
+        self._check_alive()
+        call_id = next(self._call_ids)
+        future = self._utility_calls[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            self.client.send(UtilityCall(call_id, method, list(args)))
+            return await future
+        finally:
+            self._utility_calls.pop(call_id, None)
+
+    async def check_health(self) -> None:
+        self._check_alive()
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # -- engine messages (on the event loop thread) ----------------------------------------
+
+    def _on_message(self, message: EngineCoreMessage) -> None:
+        if isinstance(message, EngineDead):
+            self._engine_died(message.reason)
+            return
+        assert isinstance(message, EngineCoreOutputs)
+        for result in message.utility_results:
+            self._utility_done(result)
+        if message.scheduler_stats is not None and self._stats is not None:
+            self._stats.on_scheduler_stats(message.scheduler_stats)
+        if message.outputs:
+            self._process(message.outputs, message.timestamp)
+
+    def _process(self, outputs: list[EngineCoreOutput], timestamp: float) -> None:
+        accepted = []
+        for out in outputs:
+            if out.error is not None:
+                self._reject(out)
+            else:
+                accepted.append(out)
+        ready, to_abort = self.output_processor.process_outputs(accepted)
+        if to_abort:
+            self.client.send(AbortRequests(to_abort))  # stop strings
+        now = time.monotonic()
+        for output in ready:
+            stream = self.streams.get(output.request_id)
+            if stream is not None:
+                self._record(stream, output, now)
+                stream.queue.put_nowait(output)
+
+    def _reject(self, out: EngineCoreOutput) -> None:
+        child = self.output_processor.children.get(out.request_id)
+        if child is None:
+            return
+        parent_id = child.parent.request_id
+        siblings = [i for i in self.output_processor.abort([parent_id]) if i != out.request_id]
+        if siblings:
+            self.client.send(AbortRequests(siblings))
+        stream = self.streams.get(parent_id)
+        if stream is not None:
+            stream.queue.put_nowait(RequestRejectedError(out.error))
+
+    def _record(self, stream: _Stream, output: RequestOutput, now: float) -> None:
+        if self._stats is None:
+            return
+        if any(c.token_ids for c in output.outputs):
+            if stream.last_token_time is None:
+                self._stats.on_first_token(now - stream.arrival)
+            else:
+                self._stats.on_inter_token(now - stream.last_token_time)
+            stream.last_token_time = now
+        if output.finished:
+            reasons = {c.finish_reason for c in output.outputs if c.finish_reason}
+            self._stats.on_finished(now - stream.arrival, min(reasons) if reasons else "stop")
+
+    def _utility_done(self, result: UtilityResult) -> None:
+        future = self._utility_calls.get(result.call_id)
+        if future is None or future.done():
+            return
+        if result.error is not None:
+            future.set_exception(RuntimeError(f"engine utility failed: {result.error}"))
+        else:
+            future.set_result(result.result)
+
+    def _engine_died(self, reason: str) -> None:
+        if self.dead_reason is not None:
+            return
+        logger.error("engine core is dead: %s", reason)
+        self.dead_reason = reason
+        for stream in self.streams.values():
+            stream.queue.put_nowait(EngineDeadError(reason))
+        for future in self._utility_calls.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
+        if self._on_dead is not None:
+            self._on_dead(reason)

@@ -1,0 +1,48 @@
+"""Turn a user's prompt and SamplingParams into a validated `EngineCoreRequest`.
+
+Runs in the API process (no torch): checks here give the caller a ValueError naming the
+problem before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+from loom.engine.protocol import EngineCoreRequest
+from loom.frontend.tokenizer import Tokenizer
+from loom.sampling_params import SamplingParams
+
+PromptType = str | list[int]
+
+
+class Processor:
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int,
+                 eos_token_id: int | None) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else eos_token_id
+
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError("prompt: must be a string or a list of token ids")
+
+    def process(self, request_id: str, prompt_token_ids: list[int],
+                params: SamplingParams) -> EngineCoreRequest:
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt: must not be empty")
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt: {n} tokens is too long for max_model_len "
+                             f"({self.max_model_len}): no room for output")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt: token id(s) {bad[:5]} outside the vocabulary "
+                             f"(0..{self.vocab_size - 1})")
+        if params.max_tokens is None:
+            params = params.clone(max_tokens=self.max_model_len - n)
+        return EngineCoreRequest(request_id, list(prompt_token_ids), params, time.time(),
+                                 self.eos_token_id)

@@ -1,0 +1,61 @@
+"""Scatter this step's keys and values into the paged KV cache.
+
+Cache layout per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]`; a token's
+slot is `block_id * block_size + offset`, so (block, offset) collapse into one slot index
+when the two inner dims of the block are contiguous, which the wrapper checks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kv_write_kernel(
+    key_ptr, value_ptr, cache_ptr, slot_mapping_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_plane, stride_slot, stride_chead,
+    HEAD_DIM: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # One program per token: all its heads in one vector, so a tiny decode batch still
+    # issues wide, coalesced stores instead of one short store per head.
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:  # padding row (CUDA-graph or TP padding): nothing to store
+        return
+    idx = tl.arange(0, BLOCK)
+    ok = idx < NUM_KV_HEADS * HEAD_DIM
+    head = idx // HEAD_DIM
+    dim = idx % HEAD_DIM
+    src_k = key_ptr + token.to(tl.int64) * stride_kt + head * stride_kh + dim
+    src_v = value_ptr + token.to(tl.int64) * stride_vt + head * stride_vh + dim
+    # int64 slot arithmetic: slot * stride overflows int32 for caches beyond 2 G elements.
+    dst = cache_ptr + slot.to(tl.int64) * stride_slot + head * stride_chead + dim
+    elem = cache_ptr.dtype.element_ty
+    tl.store(dst, tl.load(src_k, mask=ok).to(elem), mask=ok)
+    tl.store(dst + stride_plane, tl.load(src_v, mask=ok).to(elem), mask=ok)
+
+
+def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """Store key/value [T, num_kv_heads, head_dim] at slot_mapping[:T]; slots < 0 are skipped.
+
+    key/value may be strided views (e.g. slices of a fused QKV output) as long as the
+    head dim is contiguous.
+    """
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("write_kv_cache needs a contiguous head dim in key and value")
+    if kv_cache.stride(4) != 1 or kv_cache.stride(1) != kv_cache.stride(2) * kv_cache.shape[2]:
+        raise ValueError("write_kv_cache needs each cache block contiguous in its slots")
+    _kv_write_kernel[(num_tokens,)](
+        key, value, kv_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        HEAD_DIM=head_dim, NUM_KV_HEADS=num_kv_heads,
+        BLOCK=triton.next_power_of_2(num_kv_heads * head_dim),
+    )

@@ -1,0 +1,254 @@
+"""Attention over the paged KV cache: a varlen causal kernel for prefill and mixed batches,
+and split-K flash-decoding for pure decode.
+
+Both kernels put all query heads of one GQA group in the rows of one tile, so each KV tile
+is loaded once per KV head rather than once per query head. Keys are gathered per key
+through the block table, which lets the key tile (BLOCK_N) differ from the cache block size.
+Softmax runs online in fp32 in the log2 domain (the scale is pre-multiplied by log2(e)).
+
+Cache layout per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+# tl.dot needs at least 16 rows; decode pads its GQA group up to this.
+_MIN_DOT_ROWS = 16
+
+
+@triton.jit
+def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v_base,
+                 stride_cblk, stride_cslot, scale_log2,
+                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One step of online softmax over keys [start, start + BLOCK_N)."""
+    k_pos = start + tl.arange(0, BLOCK_N)
+    k_ok = k_pos < kv_end
+    # Block-table indirection per key: BLOCK_N may span several cache blocks.
+    blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+    off = blk * stride_cblk + (k_pos % BLOCK_SIZE) * stride_cslot
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(k_base + off[None, :] + dims[:, None], mask=k_ok[None, :], other=0.0)
+    s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
+    visible = k_ok[None, :]
+    if CAUSAL:
+        visible = visible & (k_pos[None, :] <= q_pos[:, None])
+    # Every row sees key 0 (prefill) or the split's first key (decode) in its first tile,
+    # so m_new is finite from then on and exp2(-inf - m_new) is a clean 0.
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_base + off[:, None] + dims[None, :], mask=k_ok[:, None], other=0.0)
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, cache_ptr, out_ptr, block_table_ptr, query_start_ptr, seq_lens_ptr, scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # grid: (request, query tile, kv head). Rows are BLOCK_Q tokens x GROUP_PAD heads.
+    req = tl.program_id(0)
+    q_tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + req)
+    q_len = tl.load(query_start_ptr + req + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:  # the grid is sized by the longest request
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx_len = seq_len - q_len  # tokens already cached before this step's queries
+
+    rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    tok = q_tile * BLOCK_Q + rows // GROUP_PAD
+    g = rows % GROUP_PAD
+    head = kv_head * GROUP + g
+    row_ok = (tok < q_len) & (g < GROUP)
+    dims = tl.arange(0, HEAD_DIM)
+    q_off = (q_start + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
+    q = tl.load(q_ptr + q_off + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q_pos = ctx_len + tok
+
+    # Keys past this tile's last query are masked for every row: stop there.
+    kv_end = tl.minimum(seq_len, ctx_len + (q_tile + 1) * BLOCK_Q)
+    m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], tl.float32)
+    block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
+    k_base = cache_ptr + kv_head * stride_chead
+    for start in range(0, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base,
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
+            True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
+    out = acc / l_i[:, None]
+    o_off = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
+    tl.store(out_ptr + o_off + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    block_table_ptr, query_start_ptr, seq_lens_ptr, scale_log2, num_heads, num_splits,
+    stride_qt, stride_qh, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
+    # request's own length, so the grid does not depend on sequence lengths (graph-safe).
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + req)
+    if tl.load(query_start_ptr + req + 1) == q_start:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(seq_len, lo + split_len)
+
+    g = tl.arange(0, GROUP_PAD)
+    head = kv_head * GROUP + g
+    g_ok = g < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
+    k_base = cache_ptr + kv_head * stride_chead
+    # An empty split (lo >= hi) leaves m=-inf, l=0, acc=0, which the reduce weighs as 0.
+    for start in range(lo, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
+            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
+    part = (req.to(tl.int64) * num_heads + head) * num_splits + split
+    tl.store(part_m_ptr + part, m_i, mask=g_ok)
+    tl.store(part_l_ptr + part, l_i, mask=g_ok)
+    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=g_ok[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, query_start_ptr, num_heads, num_splits,
+    stride_ot, stride_oh, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    # grid: (request, query head). Rescale each split to the global max, then normalise.
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(query_start_ptr + req)
+    if tl.load(query_start_ptr + req + 1) == q_start:
+        return
+    s = tl.arange(0, SPLITS_PAD)
+    s_ok = s < num_splits
+    part = (req.to(tl.int64) * num_heads + head) * num_splits + s
+    m = tl.load(part_m_ptr + part, mask=s_ok, other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=s_ok, other=0.0)
+    dims = tl.arange(0, HEAD_DIM)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                  mask=s_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))  # split 0 is never empty, so the max is finite
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + o_off + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def _check(query: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int]:
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
+        raise ValueError(f"head_dim {head_dim} must be a power of two in 16..256")
+    if query.stride(2) != 1 or kv_cache.stride(4) != 1:
+        raise ValueError("query and kv_cache need a contiguous head dim")
+    return num_heads // num_kv_heads, num_kv_heads
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 inputs would silently drop to tf32 on tensor cores; keep them exact.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    return kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)
+
+
+def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
+                  block_table: torch.Tensor, query_start_loc: torch.Tensor,
+                  seq_lens: torch.Tensor, num_reqs: int, max_query_len: int, scale: float,
+                  block_m: int = 64, block_n: int = 64, num_warps: int = 4,
+                  num_stages: int = 2) -> torch.Tensor:
+    """Causal varlen attention of query [T, H, D] over the paged cache into out [T, H, D].
+
+    block_m is the tile's row count (query tokens x padded GQA group); block_n its keys.
+    Rows of out that belong to no request are left untouched.
+    """
+    group, num_kv_heads = _check(query, kv_cache)
+    group_pad = triton.next_power_of_2(group)
+    block_q = max(1, block_m // group_pad)
+    block_q = max(block_q, triton.cdiv(_MIN_DOT_ROWS, group_pad))
+    grid = (num_reqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    _prefill_kernel[grid](
+        query, kv_cache, out, block_table, query_start_loc, seq_lens, scale * _LOG2E,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        *_cache_strides(kv_cache), block_table.stride(0),
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=query.shape[2],
+        BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_N=block_n,
+        PRECISION=_precision(query.dtype), num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
+                       target_programs: int = 264, max_splits: int = 32) -> int:
+    """Enough splits to fill the GPU (about 2 programs per SM of an H200) but none that
+    would be empty for the longest request."""
+    want = triton.cdiv(target_programs, max(1, num_reqs * num_kv_heads))
+    return max(1, min(want, max_splits, triton.cdiv(max(1, max_seq_len), block_n)))
+
+
+def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
+                 block_table: torch.Tensor, query_start_loc: torch.Tensor,
+                 seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
+                 block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """Split-K flash-decoding: one query token per request, attending to all its keys.
+
+    The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
+    when capturing CUDA graphs.
+    """
+    group, num_kv_heads = _check(query, kv_cache)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
+                         device=query.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
+                           device=query.device)
+    _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
+        query, kv_cache, part_m, part_l, part_acc, block_table, query_start_loc, seq_lens,
+        scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
+        *_cache_strides(kv_cache), block_table.stride(0), GROUP=group,
+        GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    _decode_reduce_kernel[(num_reqs, num_heads)](
+        part_m, part_l, part_acc, out, query_start_loc, num_heads, num_splits,
+        out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+    )
+    return out

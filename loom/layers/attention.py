@@ -1,0 +1,45 @@
+"""The attention layer: one opaque custom op over the paged KV cache.
+
+`loom::attention` is the op that level-3 compilation splits the graph at; it reads the
+batch's metadata and this layer's cache from the forward context.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from loom.forward_context import get_forward_context
+
+
+@torch.library.custom_op("loom::attention", mutates_args=())
+def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 layer_idx: int, scale: float) -> torch.Tensor:
+    """query [T, Hq*D], key/value [T, Hkv*D] -> [T, Hq*D]; writes key/value to the cache."""
+    ctx = get_forward_context()
+    meta = ctx.attn_metadata
+    head_dim = ctx.kv_caches[layer_idx].shape[-1] if ctx.kv_caches else 1
+    q = query.view(query.shape[0], -1, head_dim)
+    if meta is None:
+        return torch.zeros_like(query)
+    kv_cache = ctx.kv_caches[layer_idx]
+    shape = (key.shape[0], -1, head_dim)
+    ctx.backend.write_kv(key.view(shape), value.view(shape), kv_cache, meta.slot_mapping)
+    return ctx.backend.forward(q, kv_cache, meta, scale).reshape(query.shape)
+
+
+@attention_op.register_fake
+def _(query, key, value, layer_idx, scale):
+    return torch.empty_like(query)
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, layer_idx: int,
+                 scale: float | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
+        self.layer_idx = layer_idx
+        self.scale = scale if scale is not None else head_dim ** -0.5
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.ops.loom.attention(q, k, v, self.layer_idx, self.scale)

@@ -1,0 +1,52 @@
+"""Vocabulary-parallel embedding and LM head.
+
+The vocabulary is padded to a multiple of the TP size and split into contiguous ranges;
+each rank embeds the ids in its range (zeros elsewhere) and an all-reduce completes the
+rows. The LM head computes its range of logits and all-gathers them for sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loom.distributed.ops import tp_all_gather, tp_all_reduce
+from loom.distributed.parallel_state import get_tp_group
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__()
+        tp = get_tp_group()
+        self.tp_rank, self.tp_size = tp.rank, tp.world_size
+        self.vocab_size = vocab_size
+        self.shard_size = -(-vocab_size // self.tp_size)
+        self.start = self.tp_rank * self.shard_size
+        self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        rows = loaded[self.start:self.start + self.shard_size]
+        param.data[:rows.shape[0]].copy_(rows)
+        param.data[rows.shape[0]:].zero_()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        in_range = (local >= 0) & (local < self.shard_size)
+        out = F.embedding(local.clamp(0, self.shard_size - 1), self.weight)
+        out = out * in_range.unsqueeze(-1).to(out.dtype)
+        return tp_all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def tie_weights(self, embed: VocabParallelEmbedding) -> None:
+        self.weight = embed.weight
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)
+        if self.tp_size > 1:
+            logits = tp_all_gather(logits, dim=-1)
+        return logits[..., :self.vocab_size]

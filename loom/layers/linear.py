@@ -1,0 +1,144 @@
+"""Linear layers that shard themselves over the tensor-parallel group.
+
+Column-parallel layers split the output features, row-parallel ones the input features and
+all-reduce the partial sums. Each parameter carries a `weight_loader` that takes the full
+checkpoint tensor (or one stacked shard of it) and copies in this rank's slice, so model
+files read like single-GPU code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loom.distributed.ops import tp_all_gather, tp_all_reduce
+from loom.distributed.parallel_state import get_tp_group
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{what} ({numerator}) is not divisible by the tensor-parallel size "
+                         f"({denominator})")
+    return numerator // denominator
+
+
+def _param(shape: Sequence[int], loader) -> nn.Parameter:
+    p = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    p.weight_loader = loader
+    return p
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        tp = get_tp_group()
+        self.tp_rank, self.tp_size = tp.rank, tp.world_size
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _param((out_features, in_features), self.weight_loader)
+        self.bias = _param((out_features,), self.weight_loader) if bias else None
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    pass
+
+
+class ColumnParallelLinear(LinearBase):
+    """Y = X A with A split by columns: each rank produces out/tp features."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 gather_output: bool = False) -> None:
+        tp_size = get_tp_group().world_size
+        super().__init__(in_features, divide(out_features, tp_size, "output features"), bias)
+        self.gather_output = gather_output
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        size = param.shape[0]
+        param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        return tp_all_gather(y) if self.gather_output else y
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of one input stacked into one matmul
+    (gate and up); checkpoint shard i lands at its own offset within each rank's slice."""
+
+    def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = False) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(in_features, sum(output_sizes), bias)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:
+            raise ValueError("MergedColumnParallelLinear needs a shard index to load a weight")
+        sizes = [s // self.tp_size for s in self.output_sizes]
+        offset, size = sum(sizes[:shard_id]), sizes[shard_id]
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.tp_rank * size, size))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Q, K and V projections in one matmul. With fewer KV heads than ranks, KV heads are
+    replicated: each rank keeps the one KV head its query heads use."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False) -> None:
+        tp_size = get_tp_group().world_size
+        self.head_dim = head_dim
+        self.num_heads = divide(num_heads, tp_size, "attention heads")
+        if num_kv_heads >= tp_size:
+            self.num_kv_heads, self.kv_replicas = divide(num_kv_heads, tp_size, "KV heads"), 1
+        else:
+            self.num_kv_heads, self.kv_replicas = 1, divide(tp_size, num_kv_heads, "KV head replicas")
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
+        super().__init__(hidden_size, out, bias)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id not in ("q", "k", "v"):
+            raise ValueError(f"QKVParallelLinear shard must be q, k or v, got {shard_id!r}")
+        if shard_id == "q":
+            offset, size, rank = 0, self.q_size, self.tp_rank
+        else:
+            offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
+            size, rank = self.kv_size, self.tp_rank // self.kv_replicas
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Y = X A with A split by rows: each rank multiplies its slice of the input features,
+    then the partial outputs are summed over ranks."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 reduce_results: bool = True) -> None:
+        tp_size = get_tp_group().world_size
+        super().__init__(divide(in_features, tp_size, "input features"), out_features, bias)
+        self.reduce_results = reduce_results
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if param.dim() == 1:  # the bias is added once, after the reduction
+            param.data.copy_(loaded)
+            return
+        size = param.shape[1]
+        param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)
+        if self.reduce_results:
+            y = tp_all_reduce(y)
+        return y + self.bias if self.bias is not None else y

@@ -1,0 +1,73 @@
+"""Mixture-of-experts block: softmax top-k routing and experts sharded over the
+intermediate dimension (each rank holds a slice of every expert; one all-reduce after).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loom.distributed.ops import tp_all_reduce
+from loom.distributed.parallel_state import get_tp_group
+from loom.layers.linear import divide
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
+    """Softmax over experts in float32, keep the top k, optionally renormalise them."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                      weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Loop over the experts that got tokens; the reference any fused kernel must match."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    flat_ids = ids.flatten()
+    token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(ids.shape[1])
+    for e in flat_ids.unique().tolist():
+        sel = (flat_ids == e).nonzero().squeeze(1)
+        tokens = token_of[sel]
+        gate, up = F.linear(x[tokens], w13[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[e])
+        out.index_add_(0, tokens, y.float() * weights.flatten()[sel, None])
+    return out.to(x.dtype)
+
+
+class FusedMoE(nn.Module):
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool) -> None:
+        super().__init__()
+        tp = get_tp_group()
+        self.tp_rank = tp.rank
+        self.top_k, self.renormalize = top_k, renormalize
+        self.shard = divide(intermediate_size, tp.world_size, "MoE intermediate size")
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.shard, hidden_size),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.shard), requires_grad=False)
+        self.w13.weight_loader = self.weight_loader
+        self.w2.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
+        """shard_id = (expert, 0 gate | 1 up | None down) for one expert's checkpoint tensor."""
+        expert, which = shard_id
+        start = self.tp_rank * self.shard
+        if which is None:
+            param.data[expert].copy_(loaded.narrow(1, start, self.shard))
+        else:
+            dst = param.data[expert].narrow(0, which * self.shard, self.shard)
+            dst.copy_(loaded.narrow(0, start, self.shard))
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(router_logits, self.top_k, self.renormalize)
+        out = self.experts(x, weights, ids)
+        return tp_all_reduce(out)
+
+    def experts(self, x, weights, ids):
+        if x.is_cuda:
+            from loom.kernels.fused_moe import fused_moe
+            return fused_moe(x, self.w13, self.w2, weights, ids)
+        return experts_reference(x, self.w13, self.w2, weights, ids)

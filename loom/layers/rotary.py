@@ -1,0 +1,56 @@
+"""Rotary position embeddings (rotate-half layout), with Llama 3 frequency scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(mid, smoothed, out)
+
+
+def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
+    # float32 throughout, as the reference implementation computes it, so positions agree bitwise-close.
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind in (None, "default"):
+        return inv_freq
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_position: int, base: float,
+                 scaling: dict | None = None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        inv_freq = _scaled_inv_freq(head_dim, base, scaling)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq.float())
+        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q [T, Hq, D], k [T, Hk, D] rotated at positions [T]."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

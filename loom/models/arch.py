@@ -1,0 +1,101 @@
+"""`ModelArch`: the fields of a Hugging Face config.json that loom's models read, typed.
+
+Config files differ across transformers versions (rope_theta vs rope_parameters,
+num_experts vs num_local_experts, torch_dtype vs dtype); this is the one place that
+knows, so model files never touch a raw dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for name in names:
+        if cfg.get(name) is not None:
+            return cfg[name]
+    return default
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, dict | None]:
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = dict(cfg.get("rope_scaling") or {}) or None
+    theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = params
+    return float(theta), scaling
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (int(value),)
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    dtype: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry: cannot pick a model class")
+        heads = cfg["num_attention_heads"]
+        theta, scaling = _rope(cfg)
+        return cls(
+            architecture=archs[0], hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=_first(cfg, "num_key_value_heads", default=heads),
+            head_dim=_first(cfg, "head_dim", default=cfg["hidden_size"] // heads),
+            vocab_size=cfg["vocab_size"], rms_norm_eps=_first(cfg, "rms_norm_eps", default=1e-6),
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=_first(cfg, "max_position_embeddings", default=2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            dtype=_first(cfg, "torch_dtype", "dtype"), bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
+            num_experts=_first(cfg, "num_experts", "num_local_experts", default=0),
+            num_experts_per_tok=_first(cfg, "num_experts_per_tok", default=0),
+            moe_intermediate_size=_first(cfg, "moe_intermediate_size", default=0),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            decoder_sparse_step=_first(cfg, "decoder_sparse_step", default=1),
+            mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+        )
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of the decoder layers one token's matmuls touch (no embedding, no LM
+        head), for FLOP floors."""
+        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        dense = 3 * self.hidden_size * self.intermediate_size
+        moe = 3 * self.hidden_size * self.moe_intermediate_size * self.num_experts_per_tok
+        mlp = sum(moe if self.is_moe_layer(i) else dense for i in range(self.num_layers))
+        return self.num_layers * attn + mlp

@@ -1,0 +1,134 @@
+"""Llama-family decoders: Llama 2/3/3.1 (and SmolLM2), Qwen2 (QKV bias), Qwen3 (q/k norm).
+
+Reads like single-device code: the parallel layers shard themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loom.layers.attention import Attention
+from loom.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from loom.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from loom.layers.norm import RMSNorm
+from loom.layers.rotary import RotaryEmbedding
+from loom.models.arch import ModelArch
+from loom.models.weights import load_named_weights
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int, rotary_emb: RotaryEmbedding,
+                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        d = arch.head_dim
+        self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads,
+                                          bias=qkv_bias)
+        self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, bias=o_bias)
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.head_dim = d
+        self.rotary_emb = rotary_emb
+        self.attn = Attention(self.qkv_proj.num_heads, d, self.qkv_proj.num_kv_heads, layer_idx)
+        self.q_norm = RMSNorm(d, arch.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(d, arch.rms_norm_eps) if qk_norm else None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(q.shape[0], -1, self.head_dim)
+        k = k.reshape(k.shape[0], -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.flatten(1), k.flatten(1), v.contiguous())
+        return self.o_proj(out)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int, mlp: nn.Module, **attn_opts) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(arch, layer_idx, **attn_opts)
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual):
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, arch: ModelArch, layers: list[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias = False
+    qk_norm = False
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.arch = arch
+        # One table of cos/sin shared by every layer (it is large at 128k positions).
+        self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings,
+                                          arch.rope_theta, arch.rope_scaling)
+        layers = [self.make_layer(arch, i) for i in range(arch.num_layers)]
+        self.model = DecoderModel(arch, layers)
+        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size)
+        if arch.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+
+    def attn_opts(self) -> dict:
+        return dict(rotary_emb=self.rotary_emb, qkv_bias=self.qkv_bias or self.arch.attention_bias,
+                    o_bias=self.arch.attention_bias and not self.qkv_bias, qk_norm=self.qk_norm)
+
+    def make_mlp(self, arch: ModelArch, layer_idx: int) -> nn.Module:
+        return MLP(arch.hidden_size, arch.intermediate_size)
+
+    def make_layer(self, arch: ModelArch, layer_idx: int) -> DecoderLayer:
+        return DecoderLayer(arch, layer_idx, self.make_mlp(arch, layer_idx), **self.attn_opts())
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_named_weights(self, weights)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True

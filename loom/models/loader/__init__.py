@@ -1,0 +1,118 @@
+"""Find a model's config, weights and tokenizer from what the user named.
+
+`--model` may be a Hugging Face directory, a `.gguf` file, a `config.json`, or the name of
+a config shipped with loom's benchmarks (with `--load-format dummy`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loom.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
+
+WeightIter = Iterator[tuple[str, "torch.Tensor"]]
+
+
+@dataclass
+class ModelSource:
+    hf_config: dict
+    load_format: str
+    """safetensors, gguf or dummy: resolved from auto."""
+    weights: Callable[[], WeightIter] | None
+    """None for dummy weights."""
+    tokenizer_path: str | None
+
+
+def shipped_config(name: str) -> Path | None:
+    path = SHIPPED_CONFIGS / f"{name.lower()}.json"
+    return path if path.is_file() else None
+
+
+def resolve(cfg: ModelConfig) -> ModelSource:
+    path = Path(cfg.model)
+    fmt = cfg.load_format
+    if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):
+        return _gguf_source(path, cfg)
+    config_path = _config_path(path)
+    hf_config = json.loads(config_path.read_text())
+    tokenizer = tokenizer_path(cfg)
+    if fmt == "dummy":
+        return ModelSource(hf_config, "dummy", None, tokenizer)
+    if fmt not in ("auto", "safetensors"):
+        raise ValueError(f"load_format: {fmt!r} does not apply to {cfg.model}")
+    files = safetensors_files(config_path.parent)
+    return ModelSource(hf_config, "safetensors", lambda: iter_safetensors(files), tokenizer)
+
+
+def tokenizer_path(cfg: ModelConfig) -> str | None:
+    """Where the tokenizer is, without loading any weights (the API process uses this)."""
+    if cfg.tokenizer:
+        return cfg.tokenizer
+    path = Path(cfg.model)
+    if path.suffix == ".gguf":
+        return str(path)
+    directory = _config_path(path).parent
+    return str(directory) if _has_tokenizer(directory) else None
+
+
+def _gguf_source(path: Path, cfg: ModelConfig) -> ModelSource:
+    from loom.models.loader.gguf import load_gguf
+    if not path.is_file():
+        raise ValueError(f"model: GGUF file {path} does not exist")
+    # Parsing a GGUF's metadata takes seconds: open it once, stream the weights later.
+    hf_config, weights = load_gguf(str(path))
+    return ModelSource(hf_config, "gguf", lambda: weights, cfg.tokenizer or str(path))
+
+
+def _config_path(path: Path) -> Path:
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise ValueError(f"model: {path} has no config.json")
+        return config
+    if path.is_file() and path.suffix == ".json":
+        return path
+    shipped = shipped_config(str(path))
+    if shipped is not None:
+        return shipped
+    known = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
+    raise ValueError(f"model: {str(path)!r} is not a model directory, a .gguf file, a config.json "
+                     f"or a shipped config ({', '.join(known)}); models are never downloaded")
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return (directory / "tokenizer.json").is_file()
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [directory / n for n in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"model: weight files listed in {index.name} are missing: {missing}")
+        return files
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: no *.safetensors weight files in {directory} "
+                         "(use --load-format dummy for random weights)")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> WeightIter:
+    from safetensors import safe_open
+    for file in files:
+        with safe_open(os.fspath(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

@@ -1,0 +1,25 @@
+"""Model classes keyed by the `architectures` entry of a Hugging Face config."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from loom.models.arch import ModelArch
+from loom.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from loom.models.qwen3_moe import Qwen3MoeForCausalLM
+
+MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+}
+
+
+def model_class(arch: ModelArch) -> type[nn.Module]:
+    try:
+        return MODELS[arch.architecture]
+    except KeyError:
+        raise ValueError(f"architecture {arch.architecture!r} is not supported; supported: "
+                         f"{', '.join(sorted(MODELS))}") from None

@@ -1,0 +1,74 @@
+"""Checkpoint names -> loom parameters, for every model in the registry.
+
+Checkpoints keep q/k/v and gate/up (and MoE experts) as separate tensors; loom stacks
+them into one parameter each. A rule maps a checkpoint name fragment to the stacked
+parameter and the shard id its weight_loader expects.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+_STACKED = [  # (checkpoint fragment, loom fragment, shard id)
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+]
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_IGNORED = ("rotary_emb.inv_freq",)
+
+
+def _target(name: str) -> tuple[str, object]:
+    """(loom parameter name, shard id or None) for one checkpoint tensor."""
+    m = _EXPERT.search(name)
+    if m:
+        expert, proj = int(m.group(1)), m.group(2)
+        param = "w2" if proj == "down_proj" else "w13"
+        shard = None if proj == "down_proj" else (0 if proj == "gate_proj" else 1)
+        return f"{name[:m.start()]}.experts.{param}", (expert, shard)
+    for ckpt, ours, shard in _STACKED:
+        if ckpt in name:
+            return name.replace(ckpt, ours), shard
+    return name, None
+
+
+def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Load every tensor; return the names of the parameters that were filled. Raises
+    ValueError for a tensor with no parameter, or a parameter left unfilled."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = getattr(model, "arch", None) is not None and model.arch.tie_word_embeddings
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(_IGNORED) or (tied and name == "lm_head.weight"):
+            continue
+        target, shard = _target(name)
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {name!r} matches no parameter of "
+                             f"{type(model).__name__}")
+        param = params[target]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader(param, tensor.to(param.dtype), shard)
+        loaded.add(target)
+    _check_complete(params, loaded, tied)
+    return loaded
+
+
+def _check_complete(params: dict, loaded: set[str], tied: bool) -> None:
+    missing = sorted(n for n in params
+                     if n not in loaded and not (tied and n == "lm_head.weight"))
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ValueError(f"checkpoint is missing {len(missing)} weight(s): {shown}")
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"weight shape {tuple(loaded.shape)} does not match the parameter's "
+                         f"{tuple(param.shape)}")
+    param.data.copy_(loaded)

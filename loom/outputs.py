@@ -1,0 +1,46 @@
+"""What `LLM.generate` and `AsyncLLM.generate` return, shaped like vLLM's outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PositionLogprobs = dict[int, Logprob]
+"""token id -> Logprob at one position: the chosen token and the top-N alternatives."""
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    """stop, length or abort; None while running."""
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended the request."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    """None for the first prompt token (nothing precedes it), then one entry per token."""
+    num_cached_tokens: int = 0
+    metrics: dict = field(default_factory=dict)

@@ -1,0 +1,77 @@
+"""`SamplingParams`: what a request asks of generation, validated on construction.
+
+A msgspec Struct, so that it crosses the API -> engine ZeroMQ boundary unchanged.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+_GREEDY_EPS = 1e-5
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 or -1: no top-k."""
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    """None: up to the model's context length."""
+    min_tokens: int = 0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    """Number of top logprobs per sampled token (0: only the sampled token's)."""
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        checks = [
+            (self.n >= 1, "n", f"must be at least 1, got {self.n}"),
+            (self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, "top_k", f"must be -1, 0 or positive, got {self.top_k}"),
+            (0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0.0, "repetition_penalty",
+             f"must be positive, got {self.repetition_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+             f"must be in [-2, 2], got {self.presence_penalty}"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+             f"must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+             f"must be at least 1, got {self.max_tokens}"),
+            (self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}"),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+             f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}"),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs",
+             f"must be non-negative, got {self.logprobs}"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
+             f"must be non-negative, got {self.prompt_logprobs}"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop",
+             "must be non-empty strings"),
+        ]
+        for ok, name, msg in checks:
+            if not ok:
+                raise ValueError(f"{name}: {msg}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def clone(self, **changes) -> SamplingParams:
+        return msgspec.structs.replace(self, **changes)

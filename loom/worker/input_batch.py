@@ -1,0 +1,117 @@
+"""Per-request state the worker keeps between steps, and the flat batch built from it.
+
+The scheduler sends a request in full once and then only diffs; `RequestStates` applies
+them. `build_batch` turns one step's schedule into flat tensors with numpy (no per-token
+Python loops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from loom.attention.backend import AttentionMetadata
+from loom.core.sched_output import SchedulerOutput
+from loom.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    block_ids: list[int]
+    eos_token_id: int | None
+    num_computed_tokens: int = 0
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+
+class RequestStates(dict[str, CachedRequestState]):
+    def apply(self, so: SchedulerOutput) -> list[CachedRequestState]:
+        """Apply one step's diff; return the scheduled requests in batch order."""
+        for req_id in so.finished_req_ids:
+            self.pop(req_id, None)
+        for new in so.new_reqs:
+            self[new.req_id] = CachedRequestState(
+                new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
+                list(new.block_ids), new.eos_token_id, new.num_computed_tokens)
+        for cached in so.cached_reqs:
+            state = self[cached.req_id]
+            state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+        return [self[req_id] for req_id in so.num_scheduled_tokens]
+
+
+@dataclass
+class StepBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    sample_rows: list[int]
+    """Index into the batch's requests of those that sample a token this step."""
+    logits_indices: torch.Tensor
+    """Token row of the last scheduled token of each sampling request."""
+    prompt_logprob_rows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """req_id -> (token rows, next prompt token ids) for prompt logprobs this step."""
+
+
+def build_batch(reqs: list[CachedRequestState], num_scheduled: list[int], block_size: int,
+                device: torch.device) -> StepBatch:
+    counts = np.asarray(num_scheduled, dtype=np.int64)
+    computed = np.asarray([r.num_computed_tokens for r in reqs], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    req_of_row = np.repeat(np.arange(len(reqs)), counts)
+    positions = np.arange(starts[-1]) - starts[req_of_row] + computed[req_of_row]
+    input_ids = np.concatenate([np.asarray(r.token_ids[c:c + n], dtype=np.int64)
+                                for r, c, n in zip(reqs, computed, counts)])
+    block_table = _block_table(reqs)
+    slots = block_table[req_of_row, positions // block_size] * block_size + positions % block_size
+    seq_lens = computed + counts
+    sample_rows = [i for i, r in enumerate(reqs) if seq_lens[i] >= len(r.token_ids)]
+    meta = _metadata(starts, seq_lens, block_table, slots, device)
+    return StepBatch(
+        input_ids=torch.from_numpy(input_ids).to(device),
+        positions=torch.from_numpy(positions).to(device),
+        attn_metadata=meta, sample_rows=sample_rows,
+        logits_indices=torch.as_tensor(starts[1:][sample_rows] - 1, device=device),
+        prompt_logprob_rows=_prompt_logprob_rows(reqs, computed, counts, starts))
+
+
+def _block_table(reqs: list[CachedRequestState]) -> np.ndarray:
+    width = max(len(r.block_ids) for r in reqs)
+    table = np.zeros((len(reqs), width), dtype=np.int64)
+    for i, r in enumerate(reqs):
+        table[i, :len(r.block_ids)] = r.block_ids
+    return table
+
+
+def _metadata(starts, seq_lens, block_table, slots, device) -> AttentionMetadata:
+    starts_cpu = torch.from_numpy(starts.astype(np.int32))
+    seq_lens_cpu = torch.from_numpy(seq_lens.astype(np.int32))
+    return AttentionMetadata(
+        num_actual_tokens=int(starts[-1]), num_reqs=len(seq_lens),
+        max_query_len=int(np.diff(starts).max()), max_seq_len=int(seq_lens.max()),
+        query_start_loc=starts_cpu.to(device), seq_lens=seq_lens_cpu.to(device),
+        block_table=torch.from_numpy(block_table.astype(np.int32)).to(device),
+        slot_mapping=torch.from_numpy(slots).to(device),
+        query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu)
+
+
+def _prompt_logprob_rows(reqs, computed, counts, starts) -> dict:
+    """Rows whose next token is a prompt token, for requests that asked for prompt logprobs."""
+    out = {}
+    for i, r in enumerate(reqs):
+        if r.params.prompt_logprobs is None:
+            continue
+        first, end = computed[i], min(computed[i] + counts[i], r.num_prompt_tokens - 1)
+        if end <= first:
+            continue
+        positions = np.arange(first, end)
+        out[r.req_id] = (starts[i] + positions - first, np.asarray(r.token_ids)[positions + 1])
+    return out

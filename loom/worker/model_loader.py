@@ -1,0 +1,53 @@
+"""Build a model on its device in its dtype and fill its weights (checkpoint or dummy)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from loom.config import EngineConfig
+from loom.models.arch import ModelArch
+from loom.models.loader import resolve
+from loom.models.loader.dummy import init_dummy_weights
+from loom.models.registry import model_class
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_dtype(requested: str, checkpoint: str | None, device: torch.device) -> torch.dtype:
+    if requested != "auto":
+        return _DTYPES[requested]
+    if device.type == "cpu":
+        return torch.float32  # half precision on CPU is slow and less exact
+    if checkpoint in ("bfloat16", "float16"):
+        return _DTYPES[checkpoint]
+    return torch.bfloat16
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, ModelArch, torch.dtype]:
+    source = resolve(config.model)
+    arch = ModelArch.from_hf_config(source.hf_config)
+    cls = model_class(arch)
+    dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
+    with _default_dtype(dtype), torch.device(device):
+        model = cls(arch)
+    if source.weights is None:
+        init_dummy_weights(model, config.model.seed)
+    else:
+        weights = tqdm(source.weights(), desc="Loading weights", unit=" tensors", leave=False,
+                       disable=None)
+        model.load_weights(weights)
+    return model.eval(), arch, dtype

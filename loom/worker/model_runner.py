@@ -1,0 +1,147 @@
+"""The model runner: one step's schedule in, sampled tokens (and logprobs) out.
+
+It owns the model, the paged KV cache and the per-request state of one rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from loom.attention.backend import AttentionBackend
+from loom.config import EngineConfig
+from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.engine.protocol import Logprobs
+from loom.forward_context import ForwardContext, forward_context
+from loom.models.arch import ModelArch
+from loom.worker.input_batch import CachedRequestState, RequestStates, StepBatch, build_batch
+from loom.worker.model_loader import load_model
+from loom.worker.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_BYTES = 1 << 30
+
+
+def select_backend(device: torch.device) -> AttentionBackend:
+    if device.type == "cuda":
+        try:
+            from loom.attention.triton_backend import TritonBackend
+            return TritonBackend()
+        except ImportError as e:
+            logger.warning("Triton attention unavailable (%s); using the torch-native backend", e)
+    from loom.attention.torch_native import TorchNativeBackend
+    return TorchNativeBackend()
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.block_size = config.cache.block_size
+        start = time.perf_counter()
+        self.model, self.arch, self.dtype = load_model(config, device)
+        logger.info("loaded %s (%s, %s) in %.1f s", self.arch.architecture, self.dtype, device,
+                    time.perf_counter() - start)
+        self.backend = select_backend(device)
+        self.sampler = Sampler()
+        self.requests = RequestStates()
+        self.kv_caches: list[torch.Tensor] = []
+
+    # KV cache sizing -------------------------------------------------------------------
+    @property
+    def kv_block_bytes(self) -> int:
+        attn = self.model.model.layers[0].self_attn.attn
+        per_token = 2 * attn.num_kv_heads * attn.head_dim * self.dtype.itemsize
+        return per_token * self.block_size * self.arch.num_layers
+
+    def determine_num_blocks(self) -> int:
+        budget = self.config.cache.kv_cache_memory_bytes
+        if budget is None:
+            budget = self._free_memory_for_kv() if self.device.type == "cuda" else CPU_DEFAULT_KV_BYTES
+        return max(0, budget // self.kv_block_bytes)
+
+    def _free_memory_for_kv(self) -> int:
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.profile_run()
+        peak = torch.cuda.max_memory_allocated(self.device)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(total * self.config.cache.gpu_memory_utilization) - peak
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A forward at the largest batch, attention skipped, to measure activation memory."""
+        n = self.config.scheduler.max_num_batched_tokens
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        with forward_context(ForwardContext(None, [], self.backend)):
+            hidden = self.model(ids, ids)
+            self.model.compute_logits(hidden[:self.config.scheduler.max_num_seqs])
+        torch.cuda.synchronize(self.device)
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        attn = self.model.model.layers[0].self_attn.attn
+        shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(self.arch.num_layers)]
+
+    # One step ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        reqs = self.requests.apply(so)
+        if not reqs:
+            return ModelRunnerOutput()
+        batch = build_batch(reqs, list(so.num_scheduled_tokens.values()), self.block_size,
+                            self.device)
+        ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend)
+        with forward_context(ctx):
+            hidden = self.model(batch.input_ids, batch.positions)
+        return self._make_output(reqs, batch, hidden)
+
+    def _make_output(self, reqs: list[CachedRequestState], batch: StepBatch,
+                     hidden: torch.Tensor) -> ModelRunnerOutput:
+        sampled: list[list[int]] = [[] for _ in reqs]
+        logprobs: list[Logprobs | None] = [None] * len(reqs)
+        if batch.sample_rows:
+            logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
+            self._sample(reqs, batch.sample_rows, logits, sampled, logprobs)
+        for req, seq_len in zip(reqs, batch.attn_metadata.seq_lens_cpu.tolist()):
+            req.num_computed_tokens = seq_len
+        return ModelRunnerOutput(
+            req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled, logprobs=logprobs,
+            prompt_logprobs=self._prompt_logprobs(batch, hidden))
+
+    def _sample(self, reqs, rows, logits, sampled, logprobs) -> None:
+        chosen = [reqs[i] for i in rows]
+        meta = SamplingMetadata.build(
+            [r.params for r in chosen], [r.output_token_ids for r in chosen],
+            [r.token_ids[:r.num_prompt_tokens] for r in chosen],
+            [_stop_ids(r) for r in chosen], [r.params.seed for r in chosen],
+            self.device, self.arch.vocab_size)
+        out = self.sampler(logits, meta)
+        tokens = out.sampled_token_ids.tolist()
+        structs = (out.logprobs.to_structs([r.params.logprobs for r in chosen])
+                   if out.logprobs is not None else [None] * len(rows))
+        for k, i in enumerate(rows):
+            sampled[i] = [tokens[k]]
+            logprobs[i] = structs[k]
+            reqs[i].token_ids.append(tokens[k])
+
+    def _prompt_logprobs(self, batch: StepBatch, hidden: torch.Tensor) -> dict[str, list[Logprobs]]:
+        out = {}
+        for req_id, (rows, next_ids) in batch.prompt_logprob_rows.items():
+            num_top = self.requests[req_id].params.prompt_logprobs
+            logits = self.model.compute_logits(hidden[torch.as_tensor(rows, device=self.device)])
+            tensors = compute_prompt_logprobs(logits.float(), torch.as_tensor(next_ids, device=self.device),
+                                              num_top)
+            out[req_id] = tensors.to_structs([num_top] * len(rows))
+        return out
+
+
+def _stop_ids(req: CachedRequestState) -> set[int]:
+    """Tokens masked while fewer than min_tokens have been generated."""
+    ids = set(req.params.stop_token_ids)
+    if req.eos_token_id is not None and not req.params.ignore_eos:
+        ids.add(req.eos_token_id)
+    return ids

@@ -1,0 +1,184 @@
+"""The sampler: penalties, min-tokens masking, greedy or filtered random choice, logprobs.
+
+Order of one step:
+  1. logprobs of the raw model distribution (vLLM's default), before anything below;
+  2. repetition / presence / frequency penalties, then min_tokens masking of stop ids;
+  3. greedy rows: argmax of the penalized logits;
+     random rows: temperature, top-k, top-p, min-p, then an exponential-race draw.
+
+The logits passed in are scratch: the sampler modifies them in place to avoid [B, V] copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from loom.engine.protocol import Logprobs
+from loom.worker.sampling_metadata import SamplingMetadata
+
+__all__ = ["LogprobsTensors", "Sampler", "SamplerOutput", "SamplingMetadata",
+           "apply_penalties", "compute_prompt_logprobs"]
+
+
+@dataclass
+class LogprobsTensors:
+    token_ids: torch.Tensor
+    """[B, 1+N] int64: the chosen token, then the top-N tokens by logprob."""
+    logprobs: torch.Tensor
+    """[B, 1+N] float32, matching `token_ids`."""
+    ranks: torch.Tensor
+    """[B] int64 rank of the chosen token (1 = most likely; ties share the better rank)."""
+
+    def to_structs(self, num_per_row: list[int | None]) -> list[Logprobs | None]:
+        """Wire structs; row i keeps its own top-`num_per_row[i]`, None where not asked."""
+        # One host transfer per tensor for the whole batch, then plain Python slicing.
+        token_ids, logprobs = self.token_ids.tolist(), self.logprobs.tolist()
+        ranks = self.ranks.tolist()
+        return [None if n is None else Logprobs(token_ids[i][:1 + n], logprobs[i][:1 + n], ranks[i])
+                for i, n in enumerate(num_per_row)]
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor
+    """[B] int64."""
+    logprobs: LogprobsTensors | None
+
+
+class Sampler(nn.Module):
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        logits = logits.float()
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None:
+            raw_logprobs = logits.log_softmax(dim=-1)
+        logits = apply_penalties(logits, metadata)
+        logits = apply_min_tokens(logits, metadata)
+        sampled = _sample(logits, metadata)
+        if raw_logprobs is None:
+            return SamplerOutput(sampled, None)
+        return SamplerOutput(sampled, gather_logprobs(raw_logprobs, sampled,
+                                                      metadata.max_num_logprobs))
+
+
+def compute_prompt_logprobs(
+    logits: torch.Tensor, next_token_ids: torch.Tensor, num_top: int
+) -> LogprobsTensors:
+    """Logprobs of each prompt position's next token ([T, V] logits, [T] token ids)."""
+    return gather_logprobs(logits.float().log_softmax(dim=-1), next_token_ids, num_top)
+
+
+def gather_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int
+) -> LogprobsTensors:
+    chosen = logprobs.gather(-1, token_ids.unsqueeze(-1))
+    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1)
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    return LogprobsTensors(
+        token_ids=torch.cat([token_ids.unsqueeze(-1), top_ids], dim=-1),
+        logprobs=torch.cat([chosen, top_logprobs], dim=-1),
+        ranks=ranks,
+    )
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Repetition penalty on tokens seen in prompt or output, then OpenAI's
+    presence / frequency penalties on output counts only."""
+    if md.no_penalties:
+        return logits
+    counts = md.output_counts
+    if md.repetition_penalty is not None:
+        seen = md.prompt_mask | (counts > 0)
+        penalty = md.repetition_penalty.unsqueeze(-1)
+        # Dividing a positive logit and multiplying a negative one both lower it.
+        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(seen, penalized, logits)
+    if md.frequency_penalty is not None:
+        logits -= md.frequency_penalty.unsqueeze(-1) * counts
+    if md.presence_penalty is not None:
+        logits -= md.presence_penalty.unsqueeze(-1) * (counts > 0)
+    return logits
+
+
+def apply_min_tokens(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    if md.stop_rows is not None:
+        logits[md.stop_rows, md.stop_cols] = float("-inf")
+    return logits
+
+
+def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    if md.all_greedy:
+        return logits.argmax(dim=-1)
+    # Greedy argmax first: the random path below rewrites the logits in place.
+    greedy = None if md.all_random else logits.argmax(dim=-1)
+    sampled = _random_sample(logits, md)
+    if greedy is None:
+        return sampled
+    return torch.where(md.greedy_mask, greedy, sampled)
+
+
+def _random_sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    logits.div_(md.temperature.unsqueeze(-1))
+    if not md.no_top_p:
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+    elif not md.no_top_k:
+        logits = apply_top_k(logits, md.top_k, md.max_top_k)
+    probs = logits.softmax(dim=-1)
+    if not md.no_min_p:
+        probs = apply_min_p(probs, md.min_p)
+    return exponential_race(probs, md)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Keep logits at or above each row's k-th largest (ties at the threshold all stay).
+
+    A partial topk up to the largest k in use is cheaper than a full vocabulary sort; rows
+    without top-k (k = vocab size) get a -inf threshold instead.
+    """
+    top_values = logits.topk(max_top_k, dim=-1).values
+    k = top_k.unsqueeze(-1)
+    threshold = top_values.gather(-1, k.clamp_max(max_top_k) - 1)
+    threshold.masked_fill_(k >= logits.shape[-1], float("-inf"))
+    return logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Top-k, then top-p over the top-k renormalised distribution, in one descending sort.
+
+    Top-p keeps the smallest prefix whose probability mass reaches p: a token goes when the
+    mass strictly before it already does, so the most likely token always stays.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if top_k is not None:
+        positions = torch.arange(logits.shape[-1], device=logits.device)
+        sorted_logits.masked_fill_(positions >= top_k.unsqueeze(-1), float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    sorted_logits.masked_fill_(mass_before >= top_p.unsqueeze(-1), float("-inf"))
+    return logits.scatter_(-1, order, sorted_logits)
+
+
+def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens less likely than min_p times the row's most likely one."""
+    threshold = min_p.unsqueeze(-1) * probs.amax(dim=-1, keepdim=True)
+    return probs.masked_fill_(probs < threshold, 0.0)
+
+
+def exponential_race(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """argmax(p / q) with q ~ Exp(1) i.i.d. is a draw from p (normalised or not).
+
+    Unlike torch.multinomial it needs no device sync, and each seeded row draws its own
+    q from its own generator, so its token does not depend on the rest of the batch.
+    """
+    q = torch.empty_like(probs)
+    if md.needs_global_rng:
+        q.exponential_()
+    for row, generator in md.generators.items():
+        q[row].exponential_(generator=generator)
+    # A q of exactly 0 would turn a filtered-out 0 probability into NaN, which argmax picks.
+    q.clamp_min_(torch.finfo(q.dtype).tiny)
+    return probs.div_(q).argmax(dim=-1)

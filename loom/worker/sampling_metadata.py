@@ -1,0 +1,228 @@
+"""`SamplingMetadata`: the per-request sampling parameters of one step, as batch tensors.
+
+Built once per step by the model runner. Every optional tensor is None (and its flag set)
+when no row in the batch uses it, so that the sampler skips that work entirely.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from loom.sampling_params import SamplingParams
+
+_SEED_MULTIPLIER = 1_000_003
+_SEED_MODULUS = 2**63
+
+
+def derive_seed(seed: int, num_outputs: int) -> int:
+    """The generator seed of a request's draw after `num_outputs` tokens.
+
+    A function of the request alone (not of the batch or of earlier steps), so that a seeded
+    request samples the same tokens alone, batched, or recomputed after preemption.
+    """
+    return (seed * _SEED_MULTIPLIER + num_outputs) % _SEED_MODULUS
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor
+    """[B] float32; 1.0 on greedy rows, whose temperature is never applied."""
+    greedy_mask: torch.Tensor | None
+    """[B] bool; None when all rows are greedy or all are random."""
+    all_greedy: bool
+    all_random: bool
+
+    top_k: torch.Tensor | None
+    """[B] int64; vocab_size where off. None when no random row uses top-k."""
+    max_top_k: int
+    """Largest top-k among rows that use it, known on the host so top-k needs no sync."""
+    top_p: torch.Tensor | None
+    """[B] float32; +inf where off, so float rounding of the cumsum never trims a row."""
+    min_p: torch.Tensor | None
+    """[B] float32; 0.0 where off."""
+
+    repetition_penalty: torch.Tensor | None
+    """[B] float32; None when every row has 1.0."""
+    presence_penalty: torch.Tensor | None
+    frequency_penalty: torch.Tensor | None
+    output_counts: torch.Tensor | None
+    """[B, V] float32 count of each token in the row's output; None without penalties."""
+    prompt_mask: torch.Tensor | None
+    """[B, V] bool, token occurs in the prompt; only the repetition penalty reads it."""
+
+    stop_rows: torch.Tensor | None
+    """Flat (row, token) pairs masked to -inf because the row is still under min_tokens."""
+    stop_cols: torch.Tensor | None
+
+    generators: dict[int, torch.Generator]
+    """Per-row generators of seeded random rows."""
+    needs_global_rng: bool
+    """Some random row has no seed and draws from torch's global generator."""
+
+    max_num_logprobs: int | None
+    """Largest `logprobs` asked in the batch; None when nobody asked."""
+
+    @property
+    def no_top_k(self) -> bool:
+        return self.top_k is None
+
+    @property
+    def no_top_p(self) -> bool:
+        return self.top_p is None
+
+    @property
+    def no_min_p(self) -> bool:
+        return self.min_p is None
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.output_counts is None
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        output_token_ids: list[list[int]],
+        prompt_token_ids: list[list[int]],
+        stop_ids: list[set[int]],
+        seeds: list[int | None],
+        device: torch.device | str,
+        vocab_size: int,
+    ) -> SamplingMetadata:
+        greedy = [p.greedy for p in params]
+        stop_rows, stop_cols = _min_tokens_pairs(params, output_token_ids, stop_ids,
+                                                 device, vocab_size)
+        return cls(
+            **_mode_fields(params, greedy, device),
+            **_filter_fields(params, greedy, device, vocab_size),
+            **_penalty_fields(params, output_token_ids, prompt_token_ids, device, vocab_size),
+            stop_rows=stop_rows,
+            stop_cols=stop_cols,
+            generators=_generators(greedy, seeds, output_token_ids, device),
+            needs_global_rng=any(not g and s is None for g, s in zip(greedy, seeds)),
+            max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None),
+                                 default=None),
+        )
+
+
+def _mode_fields(
+    params: list[SamplingParams], greedy: list[bool], device: torch.device | str
+) -> dict[str, object]:
+    all_greedy, all_random = all(greedy), not any(greedy)
+    return dict(
+        temperature=_floats([1.0 if g else p.temperature for p, g in zip(params, greedy)],
+                            device),
+        greedy_mask=(None if all_greedy or all_random
+                     else torch.tensor(greedy, dtype=torch.bool, device=device)),
+        all_greedy=all_greedy,
+        all_random=all_random,
+    )
+
+
+def _filter_fields(
+    params: list[SamplingParams], greedy: list[bool], device: torch.device | str,
+    vocab_size: int,
+) -> dict[str, object]:
+    top_k = [_top_k_or_off(p, g, vocab_size) for p, g in zip(params, greedy)]
+    top_p = [_top_p_or_off(p, g) for p, g in zip(params, greedy)]
+    min_p = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
+    uses_top_k = any(k < vocab_size for k in top_k)
+    return dict(
+        top_k=torch.tensor(top_k, dtype=torch.long, device=device) if uses_top_k else None,
+        max_top_k=max((k for k in top_k if k < vocab_size), default=vocab_size),
+        top_p=_floats(top_p, device) if any(p < 1.0 for p in top_p) else None,
+        min_p=_floats(min_p, device) if any(p > 0.0 for p in min_p) else None,
+    )
+
+
+def _floats(values: list[float], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _top_k_or_off(p: SamplingParams, greedy: bool, vocab_size: int) -> int:
+    # Filters never change a greedy row's argmax, so greedy rows count as unfiltered.
+    if greedy or p.top_k <= 0:
+        return vocab_size
+    return min(p.top_k, vocab_size)
+
+
+def _top_p_or_off(p: SamplingParams, greedy: bool) -> float:
+    return float("inf") if greedy or p.top_p >= 1.0 else p.top_p
+
+
+def _penalty_fields(
+    params: list[SamplingParams],
+    output_token_ids: list[list[int]],
+    prompt_token_ids: list[list[int]],
+    device: torch.device | str,
+    vocab_size: int,
+) -> dict[str, torch.Tensor | None]:
+    uses_rep = any(p.repetition_penalty != 1.0 for p in params)
+    uses_pres = any(p.presence_penalty != 0.0 for p in params)
+    uses_freq = any(p.frequency_penalty != 0.0 for p in params)
+    fields: dict[str, torch.Tensor | None] = dict.fromkeys(
+        ("repetition_penalty", "presence_penalty", "frequency_penalty",
+         "output_counts", "prompt_mask"))
+    if not (uses_rep or uses_pres or uses_freq):
+        return fields
+    fields["output_counts"] = _token_counts(output_token_ids, device, vocab_size)
+    if uses_rep:
+        fields["repetition_penalty"] = _floats([p.repetition_penalty for p in params], device)
+        fields["prompt_mask"] = _token_counts(prompt_token_ids, device, vocab_size) > 0
+    if uses_pres:
+        fields["presence_penalty"] = _floats([p.presence_penalty for p in params], device)
+    if uses_freq:
+        fields["frequency_penalty"] = _floats([p.frequency_penalty for p in params], device)
+    return fields
+
+
+def _token_counts(
+    token_lists: list[list[int]], device: torch.device | str, vocab_size: int
+) -> torch.Tensor:
+    """[B, V] float32 occurrence counts, from one flat index tensor (no per-row padding)."""
+    # Row indices are expanded on the host: repeat_interleave on a device would sync on
+    # its data-dependent output size.
+    lengths = torch.tensor([len(ids) for ids in token_lists], dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(token_lists)), lengths).to(device)
+    cols = torch.tensor(list(itertools.chain.from_iterable(token_lists)),
+                        dtype=torch.long, device=device)
+    counts = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32, device=device)
+    ones = torch.ones(cols.shape, dtype=torch.float32, device=device)
+    return counts.index_put_((rows, cols), ones, accumulate=True)
+
+
+def _min_tokens_pairs(
+    params: list[SamplingParams],
+    output_token_ids: list[list[int]],
+    stop_ids: list[set[int]],
+    device: torch.device | str,
+    vocab_size: int,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    # A stop id outside the model's vocabulary can never be sampled, so it needs no mask.
+    pairs = [(row, tok)
+             for row, (p, out, stops) in enumerate(zip(params, output_token_ids, stop_ids))
+             if len(out) < p.min_tokens
+             for tok in sorted(stops) if 0 <= tok < vocab_size]
+    if not pairs:
+        return None, None
+    flat = torch.tensor(pairs, dtype=torch.long, device=device)
+    return flat[:, 0], flat[:, 1]
+
+
+def _generators(
+    greedy: list[bool],
+    seeds: list[int | None],
+    output_token_ids: list[list[int]],
+    device: torch.device | str,
+) -> dict[int, torch.Generator]:
+    gens: dict[int, torch.Generator] = {}
+    for row, (g, seed, out) in enumerate(zip(greedy, seeds, output_token_ids)):
+        if g or seed is None:
+            continue
+        gen = torch.Generator(device=device)
+        gen.manual_seed(derive_seed(seed, len(out)))
+        gens[row] = gen
+    return gens

@@ -1,0 +1,41 @@
+"""A worker: one rank's device, process group and model runner."""
+
+from __future__ import annotations
+
+import torch
+
+from loom.config import EngineConfig
+from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.distributed.parallel_state import init_distributed
+from loom.worker.model_runner import ModelRunner
+
+
+def resolve_device(requested: str, rank: int = 0) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was requested but no CUDA device is available")
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, rank: int = 0,
+                 distributed_init_method: str | None = None) -> None:
+        self.config, self.rank = config, rank
+        self.device = resolve_device(config.device.device, rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        init_distributed(config.parallel.tensor_parallel_size, rank, distributed_init_method, backend)
+        # Unseeded requests draw from the global generator; seed it so runs repeat.
+        torch.manual_seed(config.model.seed)
+        self.model_runner = ModelRunner(config, self.device)
+
+    def determine_num_blocks(self) -> int:
+        return self.model_runner.determine_num_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_cache(num_blocks)
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(so)

@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny random Hugging Face models saved as safetensors, loaded through
+loom's real loader, and the transformers reference they are compared against."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=512, initializer_range=0.15, bos_token_id=1, eos_token_id=2)
+
+
+def _configs():
+    import transformers as tf
+    return {
+        "llama": lambda: tf.LlamaConfig(**TINY, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}),
+        "llama_tied": lambda: tf.LlamaConfig(**TINY, tie_word_embeddings=True),
+        "qwen2": lambda: tf.Qwen2Config(**TINY),
+        "qwen3": lambda: tf.Qwen3Config(**TINY),
+        "qwen3_moe": lambda: tf.Qwen3MoeConfig(**TINY, num_experts=8, num_experts_per_tok=2,
+                                               moe_intermediate_size=32, norm_topk_prob=True,
+                                               mlp_only_layers=[1]),
+    }
+
+
+def make_tiny_model(kind: str, path: str, seed: int = 0):
+    import torch
+    import transformers as tf
+    torch.manual_seed(seed)
+    config = _configs()[kind]()
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """kind -> (path, transformers model); each built once per session."""
+    cache = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            path = str(tmp_path_factory.mktemp(kind))
+            cache[kind] = (path, make_tiny_model(kind, path))
+        return cache[kind]
+    return get
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    import torch
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0,
+                             min_new_tokens=max_new_tokens)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def hf_last_logprobs(model, prompt_ids: list[int]):
+    import torch
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids])).logits[0, -1]
+    return torch.log_softmax(logits.float(), dim=-1)

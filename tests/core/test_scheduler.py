@@ -1,0 +1,388 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from loom.config import CacheConfig, SchedulerConfig
+from loom.core.request import Request, RequestStatus
+from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.core.scheduler import Scheduler
+from loom.engine.protocol import EngineCoreOutput, FinishReason, Logprobs
+from loom.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 16, budget: int = 256,
+                   max_model_len: int = 256, caching: bool = True) -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget),
+                     CacheConfig(block_size=BS, enable_prefix_caching=caching),
+                     num_blocks, max_model_len)
+
+
+def add(sched: Scheduler, rid: str, prompt: list[int], eos: int | None = None,
+        **params) -> Request:
+    request = Request(rid, prompt, SamplingParams(**params), eos_token_id=eos)
+    sched.add_request(request)
+    return request
+
+
+def by_position(rid: str, num_tokens: int) -> int:
+    return 100 + num_tokens
+
+
+class FakeWorker:
+    """Keeps per-request state from the scheduler's diffs, as a real worker must, and
+    samples `next_token(req_id, num_tokens)` when a request's known tokens are all computed."""
+
+    def __init__(self, next_token: Callable[[str, int], int] = by_position) -> None:
+        self.next_token = next_token
+        self.state: dict[str, dict] = {}
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in out.finished_req_ids:
+            self.state.pop(rid, None)
+        for new in out.new_reqs:
+            assert new.req_id not in self.state
+            self.state[new.req_id] = dict(tokens=list(new.token_ids), blocks=list(new.block_ids),
+                                          computed=new.num_computed_tokens)
+        for cached in out.cached_reqs:
+            st = self.state[cached.req_id]
+            assert st["computed"] == cached.num_computed_tokens
+            st["blocks"] += cached.new_block_ids
+        sampled = [self._run(rid, n) for rid, n in out.num_scheduled_tokens.items()]
+        return ModelRunnerOutput(req_ids=list(out.num_scheduled_tokens), sampled_token_ids=sampled)
+
+    def _run(self, rid: str, n: int) -> list[int]:
+        st = self.state[rid]
+        st["computed"] += n
+        assert st["computed"] <= len(st["tokens"])
+        assert len(st["blocks"]) * BS >= st["computed"]
+        if st["computed"] < len(st["tokens"]):
+            return []
+        token = self.next_token(rid, len(st["tokens"]))
+        st["tokens"].append(token)
+        return [token]
+
+
+def step(sched: Scheduler, worker: FakeWorker) -> tuple[SchedulerOutput, list[EngineCoreOutput]]:
+    out = sched.schedule()
+    return out, sched.update_from_output(out, worker.execute(out))
+
+
+def run_to_end(sched: Scheduler, worker: FakeWorker,
+               max_steps: int = 100) -> list[EngineCoreOutput]:
+    outputs: list[EngineCoreOutput] = []
+    for _ in range(max_steps):
+        if not sched.has_unfinished_requests():
+            return outputs
+        outputs += step(sched, worker)[1]
+    raise AssertionError("requests did not finish")
+
+
+def scripted(tokens: list[int]) -> FakeWorker:
+    it = iter(tokens)
+    return FakeWorker(lambda rid, n: next(it))
+
+
+# -- batching ---------------------------------------------------------------------------
+
+def test_one_request_prefills_then_decodes_to_max_tokens():
+    sched, worker = make_scheduler(num_blocks=8), FakeWorker()
+    request = add(sched, "a", [1, 2, 3, 4, 5], max_tokens=3)
+    out, outs = step(sched, worker)
+    assert [n.req_id for n in out.new_reqs] == ["a"] and out.cached_reqs == []
+    assert out.new_reqs[0].token_ids == [1, 2, 3, 4, 5]
+    assert out.new_reqs[0].block_ids == [0, 1]  # ceil(5 / 4)
+    assert out.num_scheduled_tokens == {"a": 5} and out.total_num_scheduled_tokens == 5
+    assert outs == [EngineCoreOutput("a", [105])]
+    out, outs = step(sched, worker)
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert out.cached_reqs[0].num_computed_tokens == 5
+    out, outs = step(sched, worker)
+    assert outs == [EngineCoreOutput("a", [107], finish_reason=FinishReason.LENGTH)]
+    assert request.output_token_ids == [105, 106, 107]
+    assert request.status == RequestStatus.FINISHED_LENGTH
+    assert sched.kv_cache_manager.num_free_blocks == 8
+    assert not sched.has_unfinished_requests()
+    assert sched.schedule().finished_req_ids == ["a"]
+
+
+def test_chunked_prefill_under_a_small_budget():
+    sched, worker = make_scheduler(budget=4), FakeWorker()
+    add(sched, "a", list(range(10)), max_tokens=2)
+    expected = [(4, [0], []), (4, [1], []), (2, [2], [110])]  # tokens, new blocks, sampled
+    for i, (n, blocks, sampled) in enumerate(expected):
+        out, outs = step(sched, worker)
+        assert out.num_scheduled_tokens == {"a": n}
+        assert (out.new_reqs[0].block_ids if i == 0 else out.cached_reqs[0].new_block_ids) == blocks
+        assert [o.new_token_ids for o in outs] == ([sampled] if sampled else [])
+    out, outs = step(sched, worker)
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert outs[0].new_token_ids == [111] and outs[0].finished
+
+
+def test_new_requests_come_first_in_batch_order():
+    sched, worker = make_scheduler(budget=6), FakeWorker()
+    add(sched, "a", list(range(10)))
+    add(sched, "b", [1, 2, 3])
+    out, _ = step(sched, worker)
+    assert out.num_scheduled_tokens == {"a": 6}  # budget spent: b waits
+    out, _ = step(sched, worker)
+    assert list(out.num_scheduled_tokens.items()) == [("b", 2), ("a", 4)]
+    out, outs = step(sched, worker)
+    assert list(out.num_scheduled_tokens.items()) == [("a", 1), ("b", 1)]
+    assert [(o.request_id, o.new_token_ids) for o in outs] == [("a", [111]), ("b", [103])]
+
+
+def test_a_second_schedule_before_update_has_nothing_to_compute():
+    sched = make_scheduler()
+    add(sched, "a", [1, 2, 3])
+    assert sched.schedule().num_scheduled_tokens == {"a": 3}
+    out = sched.schedule()
+    assert out.is_empty and out.cached_reqs == [] and out.num_scheduled_tokens == {}
+
+
+def test_max_num_seqs_caps_running_requests():
+    sched, worker = make_scheduler(max_num_seqs=2), FakeWorker()
+    add(sched, "a", [1, 2], max_tokens=1)
+    add(sched, "b", [1, 2], max_tokens=3)
+    add(sched, "c", [1, 2], max_tokens=1)
+    out, _ = step(sched, worker)
+    assert list(out.num_scheduled_tokens) == ["a", "b"]
+    assert (len(sched.running), len(sched.waiting)) == (1, 1)  # a finished
+    out, _ = step(sched, worker)
+    assert list(out.num_scheduled_tokens) == ["c", "b"]
+    assert out.finished_req_ids == ["a"]
+
+
+# -- preemption --------------------------------------------------------------------------
+
+def test_preemption_when_blocks_run_out_then_resume():
+    # 4 blocks of 4. Each request needs ceil((4 + k) / 4) blocks after k decodes: both
+    # fit in 2 blocks until step 6, when a needs a third and b, the last, is preempted.
+    # c waits behind them (max_num_seqs=2), and must stay behind b once b is preempted.
+    sched = make_scheduler(num_blocks=4, max_num_seqs=2, caching=False)
+    worker = FakeWorker()
+    a = add(sched, "a", [1, 2, 3, 4], max_tokens=8)
+    b = add(sched, "b", [5, 6, 7, 8], max_tokens=8)
+    c = add(sched, "c", [9], max_tokens=1)
+    for _ in range(5):
+        out, _ = step(sched, worker)
+        assert set(out.num_scheduled_tokens) == {"a", "b"}
+    out, _ = step(sched, worker)
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert out.finished_req_ids == ["b"]
+    assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    assert list(sched.waiting) == [b, c] and b.num_tokens == 9
+    for _ in range(2):  # a runs its last two tokens; b does not fit (3 blocks, 1 free)
+        out, _ = step(sched, worker)
+        assert out.num_scheduled_tokens == {"a": 1}
+    assert a.status == RequestStatus.FINISHED_LENGTH
+    out, _ = step(sched, worker)
+    assert [n.req_id for n in out.new_reqs] == ["b", "c"]
+    assert out.new_reqs[0].token_ids == [5, 6, 7, 8, 104, 105, 106, 107, 108]
+    assert out.num_scheduled_tokens == {"b": 9, "c": 1}
+    assert len(out.new_reqs[0].block_ids) == 3
+    run_to_end(sched, worker)
+    assert b.output_token_ids == list(range(104, 112))  # nothing lost or repeated
+    assert a.output_token_ids == list(range(104, 112))
+    assert c.output_token_ids == [101]
+    assert sched.kv_cache_manager.num_free_blocks == 4
+    stats = sched.make_stats()
+    # b's prompt counts once although it was prefilled twice.
+    assert (stats.num_preemptions, stats.num_prompt_tokens, stats.num_generation_tokens) == (
+        1, 4 + 4 + 1, 8 + 8 + 1)
+
+
+def test_a_request_that_cannot_grow_preempts_itself():
+    # 3 blocks: a (5 tokens) holds 2 with room to 8; b (4 tokens) fills its only block.
+    sched, worker = make_scheduler(num_blocks=3, caching=False), FakeWorker()
+    a = add(sched, "a", [1, 2, 3, 4, 5], max_tokens=3)
+    b = add(sched, "b", [6, 7, 8, 9], max_tokens=2)
+    step(sched, worker)
+    out, _ = step(sched, worker)
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert out.finished_req_ids == ["b"] and b.status == RequestStatus.PREEMPTED
+    run_to_end(sched, worker)
+    assert a.output_token_ids == [105, 106, 107]
+    assert b.output_token_ids == [104, 105]
+    assert sched.kv_cache_manager.num_free_blocks == 3
+
+
+# -- abort -------------------------------------------------------------------------------
+
+# Budget 4, 4 blocks of 4. Step 1: a 4. Step 2: b 2, a 2 (a samples). Step 3: a 1, b 3.
+# Step 4: a 1, b 2 (b samples). Step 5: a needs a third block, so b is preempted.
+STAGES = {  # steps before the abort -> (a's status, a's computed, b's status, b's computed)
+    0: (RequestStatus.WAITING, 0, RequestStatus.WAITING, 0),
+    1: (RequestStatus.RUNNING, 4, RequestStatus.WAITING, 0),
+    3: (RequestStatus.RUNNING, 7, RequestStatus.RUNNING, 5),
+    5: (RequestStatus.RUNNING, 9, RequestStatus.PREEMPTED, 0),
+}
+
+
+@pytest.mark.parametrize("steps_before_abort", sorted(STAGES))
+def test_abort_at_every_stage_frees_everything(steps_before_abort):
+    sched, worker = make_scheduler(num_blocks=4, budget=4, caching=False), FakeWorker()
+    a = add(sched, "a", [1, 2, 3, 4, 5, 6], max_tokens=6)
+    b = add(sched, "b", [1, 2, 3, 4, 5, 6, 7], max_tokens=5)
+    for _ in range(steps_before_abort):
+        step(sched, worker)
+    stage = (a.status, a.num_computed_tokens, b.status, b.num_computed_tokens)
+    assert stage == STAGES[steps_before_abort]
+    outs = sched.abort_requests(["b", "a", "unknown"])
+    assert a.status == b.status == RequestStatus.FINISHED_ABORTED
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in outs] == [
+        ("b", [], FinishReason.ABORT), ("a", [], FinishReason.ABORT)]
+    assert sched.kv_cache_manager.num_free_blocks == 4
+    assert not sched.has_unfinished_requests()
+    out = sched.schedule()
+    assert sorted(out.finished_req_ids) == ["a", "b"] and out.is_empty
+
+
+def test_abort_between_schedule_and_update_is_skipped():
+    sched, worker = make_scheduler(num_blocks=8), FakeWorker()
+    add(sched, "a", [1, 2, 3])
+    add(sched, "b", [4, 5, 6])
+    out = sched.schedule()
+    sched.abort_requests(["a"])
+    outs = sched.update_from_output(out, worker.execute(out))
+    assert [o.request_id for o in outs] == ["b"]
+    assert sched.kv_cache_manager.num_free_blocks == 7  # b's one block
+    assert sched.abort_requests(["a"]) == []
+
+
+def test_abort_after_finish_is_ignored():
+    sched, worker = make_scheduler(num_blocks=8), FakeWorker()
+    add(sched, "a", [1, 2, 3], max_tokens=1)
+    step(sched, worker)
+    assert not sched.has_request("a")
+    assert sched.abort_requests(["a"]) == []
+    assert sched.kv_cache_manager.num_free_blocks == 8
+
+
+# -- stopping ----------------------------------------------------------------------------
+
+def finish(prompt: list[int], tokens: list[int], eos: int | None = None, max_model_len: int = 64,
+           **params) -> tuple[Request, EngineCoreOutput]:
+    sched = make_scheduler(max_model_len=max_model_len)
+    request = add(sched, "r", prompt, eos=eos, **params)
+    outs = run_to_end(sched, scripted(tokens))
+    assert sched.kv_cache_manager.num_free_blocks == 64
+    return request, outs[-1]
+
+
+def test_stop_token_ids():
+    request, last = finish([1], [5, 9, 6], stop_token_ids=[9])
+    assert request.output_token_ids == [5, 9]
+    assert (last.finish_reason, last.stop_reason) == (FinishReason.STOP, 9)
+
+
+def test_stop_token_wins_over_max_tokens_on_the_same_token():
+    request, last = finish([1], [5, 9], stop_token_ids=[9], max_tokens=2)
+    assert (last.finish_reason, last.stop_reason) == (FinishReason.STOP, 9)
+
+
+def test_eos():
+    request, last = finish([1], [5, 2, 6], eos=2)
+    assert request.output_token_ids == [5, 2]
+    assert (last.finish_reason, last.stop_reason) == (FinishReason.STOP, None)
+
+
+def test_min_tokens_delays_stops_until_reached():
+    # The third token is the first that may stop: eos 2 and stop 9 before it are kept.
+    request, last = finish([1], [2, 9, 2, 7], eos=2, stop_token_ids=[9], min_tokens=3)
+    assert request.output_token_ids == [2, 9, 2]
+    assert last.finish_reason == FinishReason.STOP
+
+
+def test_ignore_eos_runs_to_max_tokens():
+    request, last = finish([1], [2, 2, 2, 2], eos=2, ignore_eos=True, max_tokens=3)
+    assert request.output_token_ids == [2, 2, 2]
+    assert last.finish_reason == FinishReason.LENGTH
+
+
+def test_max_model_len_ends_the_request():
+    request, last = finish([1, 2, 3, 4, 5, 6], [7] * 10, max_model_len=8, max_tokens=None)
+    assert request.output_token_ids == [7, 7]  # 6 + 2 = 8 tokens
+    assert last.finish_reason == FinishReason.LENGTH
+
+
+def test_tokens_after_a_stop_in_one_step_are_dropped():
+    sched = make_scheduler()
+    add(sched, "r", [1], stop_token_ids=[9])
+    out = sched.schedule()
+    outs = sched.update_from_output(out, ModelRunnerOutput(["r"], [[5, 9, 6]]))
+    assert outs[0].new_token_ids == [5, 9] and outs[0].finished
+
+
+# -- prefix cache, logprobs, stats -------------------------------------------------------
+
+def test_prefix_hit_skips_shared_blocks():
+    sched, worker = make_scheduler(num_blocks=16), FakeWorker()
+    add(sched, "a", list(range(10)), max_tokens=1)
+    step(sched, worker)
+    add(sched, "b", list(range(8)) + [50, 51, 52], max_tokens=1)
+    add(sched, "c", list(range(8)), max_tokens=1)
+    out, outs = step(sched, worker)
+    b, c = out.new_reqs
+    assert (b.num_computed_tokens, out.num_scheduled_tokens["b"]) == (8, 3)
+    assert b.block_ids[:2] == [0, 1]
+    assert (c.num_computed_tokens, out.num_scheduled_tokens["c"]) == (4, 4)  # not all 8
+    assert [o.num_cached_tokens for o in outs] == [8, 4]
+    stats = sched.make_stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (10 + 11 + 8, 12)
+
+
+def test_logprobs_are_passed_through_even_for_a_chunk():
+    sched = make_scheduler(budget=4)
+    add(sched, "r", list(range(6)), prompt_logprobs=0, logprobs=0)
+    lp = Logprobs([1], [-0.5], 1)
+    out = sched.schedule()
+    outs = sched.update_from_output(out, ModelRunnerOutput(["r"], [[]], [None], {"r": [lp] * 3}))
+    assert outs == [EngineCoreOutput("r", [], prompt_logprobs=[lp] * 3)]
+    out = sched.schedule()
+    outs = sched.update_from_output(out, ModelRunnerOutput(["r"], [[8]], [lp], {"r": [lp] * 2}))
+    assert outs == [EngineCoreOutput("r", [8], new_logprobs=[lp], prompt_logprobs=[lp] * 2)]
+
+
+def test_stats_are_deltas():
+    sched, worker = make_scheduler(num_blocks=10, max_num_seqs=1), FakeWorker()
+    add(sched, "a", list(range(6)), max_tokens=3)
+    add(sched, "b", list(range(3)), max_tokens=3)
+    step(sched, worker)
+    step(sched, worker)
+    stats = sched.make_stats()
+    assert (stats.num_running, stats.num_waiting) == (1, 1)
+    assert stats.kv_cache_usage == pytest.approx(0.2)  # a's 7 tokens in 2 of 10 blocks
+    assert (stats.num_prompt_tokens, stats.num_generation_tokens) == (6, 2)
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (6, 0)
+    stats = sched.make_stats()
+    assert (stats.num_prompt_tokens, stats.num_generation_tokens, stats.prefix_cache_queries,
+            stats.num_preemptions) == (0, 0, 0, 0)
+
+
+def test_reset_prefix_cache_waits_for_idle():
+    sched, worker = make_scheduler(), FakeWorker()
+    add(sched, "a", list(range(9)), max_tokens=2)
+    step(sched, worker)
+    assert sched.reset_prefix_cache() is False
+    run_to_end(sched, worker)
+    assert sched.reset_prefix_cache() is True
+
+
+def test_add_request_rejects_what_can_never_run():
+    sched = make_scheduler(num_blocks=4, max_model_len=32)
+    add(sched, "a", [1])
+    assert sched.has_request("a")
+    with pytest.raises(ValueError, match="already in use"):
+        add(sched, "a", [1])
+    with pytest.raises(ValueError, match="empty prompt"):
+        add(sched, "b", [])
+    with pytest.raises(ValueError, match="max_model_len"):
+        add(sched, "c", [1] * 33)
+    with pytest.raises(ValueError, match="KV cache"):
+        add(sched, "d", [1] * 10, max_tokens=8)  # 17 tokens of KV > 4 blocks of 4
+    add(sched, "e", [1] * 10, max_tokens=7)  # exactly 16

@@ -1,0 +1,78 @@
+"""loom's greedy tokens and logprobs against transformers on tiny random models (float32)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+from tests.conftest import hf_greedy, hf_last_logprobs
+
+KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe"]
+NEW_TOKENS = 12
+
+
+def _prompts(seed: int = 0, lengths=(5, 17, 33, 3, 48)) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 256) for _ in range(n)] for n in lengths]
+
+
+def _llm(path: str, **kwargs) -> LLM:
+    kwargs.setdefault("max_model_len", 256)
+    return LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", **kwargs)
+
+
+def _greedy(max_tokens=NEW_TOKENS, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_tokens_and_logprobs_match_transformers(kind, tiny_model_factory):
+    path, hf = tiny_model_factory(kind)
+    prompts = _prompts()
+    llm = _llm(path)
+    outs = llm.generate(prompts, _greedy(logprobs=256), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, NEW_TOKENS)
+        ref = hf_last_logprobs(hf, prompt)
+        first = out.outputs[0].logprobs[0]
+        ours = torch.tensor([first[t].logprob for t in range(256)])
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    dict(enable_prefix_caching=False),
+    dict(max_num_batched_tokens=16),                       # chunked prefill
+    dict(kv_cache_memory_bytes=2 * 2 * 16 * 2 * 16 * 4 * 20, max_model_len=160),  # preemption
+], ids=["no-prefix-cache", "chunked-prefill", "preemption"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_greedy_identity_under_scheduling_pressure(kind, engine_kwargs, tiny_model_factory,
+                                                  monkeypatch):
+    path, hf = tiny_model_factory(kind)
+    from loom.core.scheduler import Scheduler
+    preemptions, original = [], Scheduler._preempt
+    monkeypatch.setattr(Scheduler, "_preempt",
+                        lambda self, req: (preemptions.append(req.request_id), original(self, req)))
+    prompts = _prompts(seed=1, lengths=(40, 25, 33, 47, 30, 41))
+    # A shared prefix makes the prefix cache hit across requests.
+    prompts += [prompts[0][:32] + [7, 8, 9], prompts[0][:32] + [10, 11]]
+    llm = _llm(path, **engine_kwargs)
+    outs = llm.generate(prompts, _greedy(max_tokens=20), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20)
+    kv = llm.engine.get_kv_info()
+    assert kv["num_free_blocks"] == kv["num_blocks"]
+    assert bool(preemptions) == ("kv_cache_memory_bytes" in engine_kwargs)
+
+
+def test_prefix_cache_hits_and_same_tokens(tiny_model_factory):
+    path, hf = tiny_model_factory("llama")
+    base = _prompts(seed=2, lengths=(64,))[0]
+    llm = _llm(path)
+    first = llm.generate([base + [5]], _greedy(), use_tqdm=False)[0]
+    second = llm.generate([base + [6]], _greedy(), use_tqdm=False)[0]
+    assert second.num_cached_tokens == 64
+    assert first.num_cached_tokens == 0
+    assert second.outputs[0].token_ids == hf_greedy(hf, base + [6], NEW_TOKENS)

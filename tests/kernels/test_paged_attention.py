@@ -1,0 +1,214 @@
+"""The Triton paged-attention backend against the torch reference, on random batches.
+
+On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1) with tiny shapes
+that still span several cache blocks, key tiles and decode splits; with CUDA the same
+checks run compiled in bf16 on larger shapes (`-m gpu`).
+"""
+
+import os
+
+import torch
+
+# The interpreter must be chosen before triton is imported; a CUDA host defaults to
+# compiled kernels so its bf16 checks test what production runs.
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from loom.attention.backend import AttentionMetadata  # noqa: E402
+from loom.attention.torch_native import TorchNativeBackend  # noqa: E402
+from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
+from loom.kernels.kv_write import write_kv_cache  # noqa: E402
+from loom.kernels.paged_attention import paged_decode, paged_prefill  # noqa: E402
+
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+
+
+def _fix_interpreter_loop_bounds() -> None:
+    """Triton 3.6's interpreter turns a tensor loop bound into an int with int(array) on a
+    shape-(1,) array, which numpy >= 2.4 rejects (triton-lang/triton#9171, fixed after
+    3.6). The kernels keep ordinary runtime-bounded loops, which the GPU compiler software-
+    pipelines; only the interpreter's conversion is patched, and only here."""
+    from triton.runtime import interpreter
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "loom_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.loom_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _fix_interpreter_loop_bounds()
+
+cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU checks need TRITON_INTERPRET=1")
+needs_gpu = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(),
+                               reason="needs CUDA and compiled Triton")
+
+
+@dataclass
+class Batch:
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    kv_cache: torch.Tensor
+    meta: AttentionMetadata
+
+
+def make_batch(query_lens, seq_lens, heads, kv_heads, head_dim, block_size, *, pad=0,
+               dtype=torch.float32, device="cpu") -> Batch:
+    """Requests whose first seq_len - query_len tokens are already cached (earlier chunks
+    or prefix hits) in randomly placed blocks; the new tokens' slots hold NaN until written."""
+    g = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    blocks_per_req = [triton.cdiv(s, block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_req) + 3  # spare blocks stay random: reading one shows
+    perm = torch.randperm(num_blocks, generator=g)
+    table = torch.zeros(len(seq_lens), max(blocks_per_req), dtype=torch.int32)
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=g)
+    slots, used = [], 0
+    for i, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
+        table[i, :blocks_per_req[i]] = perm[used:used + blocks_per_req[i]]
+        used += blocks_per_req[i]
+        for pos in range(s_len - q_len, s_len):
+            slot = int(table[i, pos // block_size]) * block_size + pos % block_size
+            slots.append(slot)
+            cache.view(2, -1, kv_heads, head_dim)[:, slot] = float("nan")
+    num_tokens = len(slots) + pad
+    starts = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    slot_mapping = torch.tensor(slots + [-1] * pad, dtype=torch.int64)
+    qkv = torch.randn(num_tokens, heads + 2 * kv_heads, head_dim, generator=g)
+    qkv = qkv.to(device=device, dtype=dtype)
+    meta = AttentionMetadata(
+        num_actual_tokens=len(slots), num_reqs=len(seq_lens), max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens), query_start_loc=starts.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_table=table.to(device), slot_mapping=slot_mapping.to(device),
+        query_start_loc_cpu=starts, seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32))
+    # Strided views of one fused QKV tensor, as the model hands them over.
+    return Batch(qkv[:, :heads], qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:],
+                 cache.to(device=device, dtype=dtype), meta)
+
+
+def reference(batch: Batch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch backend in fp32: the cache after this step's writes, and the output."""
+    native = TorchNativeBackend()
+    cache = batch.kv_cache.float().clone()
+    native.write_kv(batch.key.float(), batch.value.float(), cache, batch.meta.slot_mapping)
+    return cache, native.forward(batch.query.float(), cache, batch.meta, scale)
+
+
+def check_backend(batch: Batch, tiles: TritonTiles, atol: float, rtol: float) -> None:
+    scale = batch.query.shape[-1] ** -0.5
+    ref_cache, ref_out = reference(batch, scale)
+    backend = TritonBackend(tiles)
+    backend.write_kv(batch.key, batch.value, batch.kv_cache, batch.meta.slot_mapping)
+    torch.testing.assert_close(batch.kv_cache.float(), ref_cache, equal_nan=True)
+    out = backend.forward(batch.query, batch.kv_cache, batch.meta, scale)
+    n = batch.meta.num_actual_tokens
+    torch.testing.assert_close(out[:n].float(), ref_out[:n], atol=atol, rtol=rtol)
+    assert bool((out[n:] == 0).all()), "padding rows must come back as zeros"
+
+
+def check_kernel(batch: Batch, decode: bool, tiles: TritonTiles, atol, rtol) -> None:
+    """The kernel entry points directly, into a NaN-poisoned output."""
+    scale = batch.query.shape[-1] ** -0.5
+    ref_cache, ref_out = reference(batch, scale)
+    write_kv_cache(batch.key, batch.value, batch.kv_cache, batch.meta.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))
+    m = batch.meta
+    if decode:
+        paged_decode(batch.query, batch.kv_cache, out, m.block_table, m.query_start_loc,
+                     m.seq_lens, m.num_reqs, scale, tiles.num_splits, tiles.decode_block_n)
+    else:
+        paged_prefill(batch.query, batch.kv_cache, out, m.block_table, m.query_start_loc,
+                      m.seq_lens, m.num_reqs, m.max_query_len, scale,
+                      tiles.prefill_block_m, tiles.prefill_block_n)
+    n = m.num_actual_tokens
+    torch.testing.assert_close(out[:n].float(), ref_out[:n], atol=atol, rtol=rtol)
+
+
+CPU_TILES = TritonTiles(prefill_block_m=16, prefill_block_n=16, decode_block_n=16,
+                        num_splits=4, sdpa_max_reqs=0)
+# (query_lens, seq_lens, heads, kv_heads, head_dim, block_size, pad)
+DECODE = {
+    "gqa8-d64-b16": ([1, 1, 1], [150, 37, 1], 8, 1, 64, 16, 1),
+    "gqa1-d128-b32": ([1, 1], [131, 70], 2, 2, 128, 32, 0),
+    "gqa4-d64-b32": ([1, 1], [97, 200], 4, 1, 64, 32, 2),
+}
+MIXED = {  # chunked prefill and prefix hits beside decodes in one step
+    "gqa4-d64-b16": ([1, 20, 9], [70, 53, 9], 4, 1, 64, 16, 2),
+    "gqa8-d128-b32": ([5, 1], [40, 33], 8, 1, 128, 32, 1),
+    "gqa1-d64-b32": ([17, 3], [50, 3], 2, 2, 64, 32, 0),
+}
+PREFILL = {  # no cached context at all
+    "gqa4-d64-b16": ([19, 6], [19, 6], 4, 1, 64, 16, 1),
+    "gqa1-d128-b32": ([33], [33], 1, 1, 128, 32, 0),
+}
+
+
+@cpu_only
+@pytest.mark.parametrize("case", DECODE.values(), ids=DECODE.keys())
+def test_decode(case):
+    q_lens, s_lens, h, hkv, d, bs, pad = case
+    check_backend(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), CPU_TILES, 1e-4, 1e-4)
+    check_kernel(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), True, CPU_TILES,
+                 1e-4, 1e-4)
+
+
+@cpu_only
+@pytest.mark.parametrize("case", MIXED.values(), ids=MIXED.keys())
+def test_mixed_prefill_with_context(case):
+    q_lens, s_lens, h, hkv, d, bs, pad = case
+    check_backend(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), CPU_TILES, 1e-4, 1e-4)
+
+
+@cpu_only
+@pytest.mark.parametrize("case", PREFILL.values(), ids=PREFILL.keys())
+@pytest.mark.parametrize("sdpa", [False, True], ids=["kernel", "sdpa"])
+def test_pure_prefill(case, sdpa):
+    q_lens, s_lens, h, hkv, d, bs, pad = case
+    tiles = TritonTiles(prefill_block_m=16, prefill_block_n=16, sdpa_max_reqs=8 if sdpa else 0)
+    check_backend(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), tiles, 1e-4, 1e-4)
+    if not sdpa:
+        check_kernel(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), False, tiles,
+                     1e-4, 1e-4)
+
+
+@cpu_only
+def test_decode_single_split_and_more_splits_than_tiles():
+    """One split covers everything; too many splits leave some empty (m=-inf, l=0)."""
+    for splits in (1, 8):
+        tiles = TritonTiles(decode_block_n=16, num_splits=splits)
+        check_kernel(make_batch([1, 1], [40, 17], 4, 2, 64, 16), True, tiles, 1e-4, 1e-4)
+
+
+# ---- CUDA, compiled, bf16, larger shapes ----
+GPU_CASES = {
+    "decode-gqa8-d128-b16": ([1] * 6, [4100, 1, 777, 2048, 33, 9000], 32, 4, 128, 16, 3),
+    "decode-gqa4-d64-b32": ([1] * 3, [1500, 64, 3001], 16, 4, 64, 32, 0),
+    "decode-gqa1-d128-b32": ([1] * 2, [5000, 257], 8, 8, 128, 32, 1),
+    "mixed-gqa8-d128-b16": ([1, 300, 1, 77], [2000, 1300, 45, 77], 32, 4, 128, 16, 5),
+    "mixed-gqa4-d64-b32": ([64, 1, 200], [4096, 129, 900], 16, 4, 64, 32, 0),
+    "mixed-gqa1-d256-b16": ([50, 1], [300, 600], 4, 4, 256, 16, 2),
+    "prefill-gqa8-d128-b16": ([1000, 37, 512], [1000, 37, 512], 32, 4, 128, 16, 2),
+    "prefill-gqa4-d64-b32": ([700], [700], 16, 4, 64, 32, 0),
+}
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("case", GPU_CASES.values(), ids=GPU_CASES.keys())
+@pytest.mark.parametrize("sdpa", [0, 4], ids=["kernel", "sdpa"])
+def test_gpu_bf16(case, sdpa):
+    q_lens, s_lens, h, hkv, d, bs, pad = case
+    batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad, dtype=torch.bfloat16,
+                       device="cuda")
+    check_backend(batch, TritonTiles(sdpa_max_reqs=sdpa), 2e-2, 2e-2)

@@ -1,0 +1,249 @@
+"""loom's GGUF loader against transformers' on SmolLM2, and on tiny GGUF files made here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
+from loom.models.loader.gguf import load_gguf
+
+CONFIG_FIELDS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "vocab_size",
+                 "head_dim", "tie_word_embeddings", "bos_token_id", "eos_token_id", "model_type"]
+
+
+@pytest.fixture(scope="module")
+def smol_path() -> str:
+    path = demo_model_path()
+    if path is None:
+        pytest.skip(f"SmolLM2 GGUF not installed ({DEMO_INSTALL_HINT})")
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_reference(smol_path: str) -> tuple[Any, dict[str, torch.Tensor], set[str]]:
+    """transformers' config, GGUF state dict and model parameter names for SmolLM2.
+
+    `from_pretrained(gguf_file=...)` needs `accelerate`, which loom does not depend on, so the
+    state dict comes from the function it falls back on for GGUF files, `load_gguf_checkpoint`,
+    mapped onto the parameter names of a LlamaForCausalLM built from the same config.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    directory, name = os.path.split(smol_path)
+    config = AutoConfig.from_pretrained(directory, gguf_file=name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(smol_path, return_tensors=True, model_to_load=model,
+                                   torch_dtype=torch.float32)["tensors"]
+    return config, tensors, set(model.state_dict())
+
+
+@pytest.fixture(scope="module")
+def smol_loaded(smol_path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    config, weights = load_gguf(smol_path)
+    return config, dict(weights)
+
+
+@pytest.mark.slow
+def test_smollm2_weights_equal_transformers(hf_reference: Any, smol_loaded: Any) -> None:
+    hf_config, hf_tensors, model_names = hf_reference
+    config, weights = smol_loaded
+    assert set(weights) == set(hf_tensors)
+    # Every parameter of the model is covered; the LM head only when it is not tied.
+    assert hf_config.tie_word_embeddings and config["tie_word_embeddings"]
+    assert set(weights) == model_names - {"lm_head.weight"}
+    for name, expected in hf_tensors.items():
+        got = weights[name]
+        assert got.dtype == torch.float32 and got.shape == expected.shape, name
+        assert torch.equal(got, expected), name
+
+
+@pytest.mark.slow
+def test_smollm2_config_equals_transformers(hf_reference: Any, smol_loaded: Any) -> None:
+    hf_config, _, _ = hf_reference
+    config, _ = smol_loaded
+    for field in CONFIG_FIELDS:
+        assert config[field] == getattr(hf_config, field), field
+    rope = getattr(hf_config, "rope_parameters", None) or {"rope_theta": hf_config.rope_theta}
+    assert config["rope_theta"] == rope["rope_theta"]
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["torch_dtype"] == "float32"
+
+
+# -- tiny GGUF files -------------------------------------------------------------------------
+HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 256, 4, 2, 512, 32
+HEAD_DIM = HIDDEN // HEADS
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """The reordering llama.cpp's convert_hf_to_gguf.py applies to q_proj / k_proj."""
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q | None]],
+               arch: str = "llama") -> Path:
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    writer.add_rope_scaling_factor(2.0)
+    writer.add_vocab_size(VOCAB)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    for name, (array, raw_dtype) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _random(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _quantized(array: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
+    return gguf.quants.quantize(array, qtype), qtype
+
+
+# HF name, GGUF name, shape, GGUF type: one of each kind of tensor, and each type that the
+# gguf package can also quantize (it dequantizes K-quants but cannot make them).
+TINY_TENSORS = [
+    ("model.embed_tokens.weight", "token_embd.weight", (VOCAB, HIDDEN), Q.Q8_0),
+    ("model.layers.0.input_layernorm.weight", "blk.0.attn_norm.weight", (HIDDEN,), Q.F32),
+    ("model.layers.0.self_attn.q_proj.weight", "blk.0.attn_q.weight", (HIDDEN, HIDDEN), Q.F32),
+    ("model.layers.0.self_attn.k_proj.weight", "blk.0.attn_k.weight",
+     (KV_HEADS * HEAD_DIM, HIDDEN), Q.F16),
+    ("model.layers.0.self_attn.v_proj.weight", "blk.0.attn_v.weight",
+     (KV_HEADS * HEAD_DIM, HIDDEN), Q.Q4_0),
+    ("model.layers.0.self_attn.o_proj.weight", "blk.0.attn_output.weight",
+     (HIDDEN, HIDDEN), Q.BF16),
+    ("model.layers.0.post_attention_layernorm.weight", "blk.0.ffn_norm.weight", (HIDDEN,), Q.F32),
+    ("model.layers.0.mlp.gate_proj.weight", "blk.0.ffn_gate.weight", (FFN, HIDDEN), Q.Q4_1),
+    ("model.layers.0.mlp.up_proj.weight", "blk.0.ffn_up.weight", (FFN, HIDDEN), Q.Q5_1),
+    ("model.layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight", (HIDDEN, FFN), Q.Q8_0),
+    ("model.norm.weight", "output_norm.weight", (HIDDEN,), Q.F32),
+    ("lm_head.weight", "output.weight", (VOCAB, HIDDEN), Q.Q5_0),
+]
+
+
+def _encode(array: np.ndarray, gguf_name: str, qtype: Q) -> tuple[np.ndarray, Q | None]:
+    if gguf_name.endswith("attn_q.weight"):
+        array = llama_cpp_permute(array, HEADS)
+    elif gguf_name.endswith("attn_k.weight"):
+        array = llama_cpp_permute(array, KV_HEADS)
+    if qtype == Q.F32:
+        return array, None
+    if qtype == Q.F16:
+        return array.astype(np.float16), None
+    return _quantized(array, qtype)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    originals = {hf: _random(shape, i) for i, (hf, _, shape, _) in enumerate(TINY_TENSORS)}
+    tensors = {g: _encode(originals[hf], g, q) for hf, g, _, q in TINY_TENSORS}
+    path = write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", tensors)
+    return path, originals
+
+
+def test_tiny_model_round_trips_every_type(tiny_model: Any) -> None:
+    path, originals = tiny_model
+    config, weights = load_gguf(str(path))
+    weights = dict(weights)
+    assert set(weights) == set(originals)
+    for hf_name, _, _, qtype in TINY_TENSORS:
+        got, want = weights[hf_name].numpy(), originals[hf_name]
+        assert got.shape == want.shape and got.dtype == np.float32, hf_name
+        if qtype == Q.F32:
+            np.testing.assert_array_equal(got, want, err_msg=hf_name)
+        else:  # right layout, within the type's quantization error
+            error = np.abs(got - want).max() / np.abs(want).max()
+            assert error < (0.2 if qtype in (Q.Q4_0, Q.Q4_1) else 0.1), (hf_name, error)
+
+
+def test_k_quant_blocks_load_with_the_right_shape(tmp_path: Path) -> None:
+    # All-zero blocks (scale 0) decode to zeros whatever the format: this checks that K-quant
+    # tensors are accepted and their 256-weight blocks land in the right shape.
+    kinds = {"token_embd.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q4_K,
+             "blk.0.ffn_gate.weight": Q.Q5_K}
+    shapes = {"token_embd.weight": (VOCAB, HIDDEN), "blk.0.ffn_down.weight": (HIDDEN, FFN),
+              "blk.0.ffn_gate.weight": (FFN, HIDDEN)}
+    tensors = {}
+    for name, qtype in kinds.items():
+        rows, cols = shapes[name]
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        tensors[name] = (np.zeros((rows, cols // block * size), dtype=np.uint8), qtype)
+    _, weights = load_gguf(str(write_gguf(tmp_path / "k.gguf", tensors)))
+    loaded = dict(weights)
+    assert loaded["model.embed_tokens.weight"].shape == (VOCAB, HIDDEN)
+    assert loaded["model.layers.0.mlp.down_proj.weight"].shape == (HIDDEN, FFN)
+    assert loaded["model.layers.0.mlp.gate_proj.weight"].shape == (FFN, HIDDEN)
+    assert all(not w.any() for w in loaded.values())
+
+
+def test_tiny_model_config(tiny_model: Any) -> None:
+    config, _ = load_gguf(str(tiny_model[0]))
+    assert config["num_attention_heads"] == HEADS and config["num_key_value_heads"] == KV_HEADS
+    assert config["head_dim"] == HEAD_DIM and config["hidden_size"] == HIDDEN
+    assert config["intermediate_size"] == FFN and config["vocab_size"] == VOCAB
+    assert config["num_hidden_layers"] == 1 and config["max_position_embeddings"] == 4096
+    assert config["rope_theta"] == 500000.0 and config["tie_word_embeddings"] is False
+    assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+
+
+def test_unsupported_quant_type_is_named(tmp_path: Path) -> None:
+    # IQ2_XXS: 66 bytes per block of 256 weights; the bytes need not mean anything.
+    raw = np.zeros((HIDDEN, HIDDEN // 256 * 66), dtype=np.uint8)
+    path = write_gguf(tmp_path / "iq.gguf", {
+        "token_embd.weight": (_random((VOCAB, HIDDEN), 0), None),
+        "blk.0.attn_q.weight": (raw, Q.IQ2_XXS),
+    })
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight.*IQ2_XXS.*supported: .*Q4_0"):
+        load_gguf(str(path))
+
+
+def test_other_architecture_is_refused(tmp_path: Path) -> None:
+    embed = {"token_embd.weight": (_random((VOCAB, HIDDEN), 0), None)}
+    path = write_gguf(tmp_path / "qwen.gguf", embed, arch="qwen2")
+    with pytest.raises(ValueError, match="'qwen2'"):
+        load_gguf(str(path))
+
+
+def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "odd.gguf", {"blk.0.attn_qkv.weight": (_random((8, 32), 0), None)})
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_qkv\.weight"):
+        load_gguf(str(path))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gguf file at all\n" * 100, b"GGUF\x03\x00"])
+def test_not_a_gguf_file(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        load_gguf(str(path))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="missing.gguf"):
+        load_gguf(str(tmp_path / "missing.gguf"))
