@@ -49,12 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _optional_commands():
     """Subcommands that live beside their code (serve, bench)."""
-    registers = []
-    try:
-        from loom.entrypoints.openai.cli import register as serve
-        registers.append(serve)
-    except ImportError:
-        pass
+    from loom.entrypoints.openai.cli import register as serve
+    registers = [serve]
     try:
         from loom.bench.cli import register as bench
         registers.append(bench)

@@ -24,6 +24,11 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def api_key() -> str | None:
+    """LOOM_API_KEY: the server's API key when --api-key is not given."""
+    return os.environ.get("LOOM_API_KEY") or None
+
+
 def cache_dir() -> Path:
     """LOOM_CACHE_DIR: where converted tokenizers are cached (default ~/.cache/loom)."""
     root = os.environ.get("LOOM_CACHE_DIR")

@@ -249,6 +249,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     )
     _decode_reduce_kernel[(num_reqs, num_heads)](
         part_m, part_l, part_acc, out, query_start_loc, num_heads, num_splits,
-        out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+        out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
     )
     return out

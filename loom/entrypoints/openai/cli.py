@@ -1,0 +1,80 @@
+"""`loom serve [MODEL]`: the server's flags, vLLM's names, plus every engine flag."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from loom import envs
+from loom.engine.arg_utils import EngineArgs
+from loom.models.loader import tokenizer_path
+
+logger = logging.getLogger(__name__)
+
+DEMO_SERVED_NAME = "SmolLM2-135M-Instruct"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model to serve (overrides --model; default: the demo model)")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $LOOM_API_KEY)")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients use for the model; the first is reported in responses")
+    g.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one; overrides the model's")
+    g.add_argument("--disable-frontend-multiprocessing", action="store_true",
+                   help="run the engine core in the API server process")
+    g.add_argument("--api-server-count", type=int, default=1,
+                   help="API server processes sharing the port (and the one engine core)")
+    g.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic engine stats line")
+    g.add_argument("--disable-uvicorn-access-log", action="store_true")
+    g.add_argument("--max-request-body-bytes", type=int, default=10 * 1024 * 1024)
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from loom.entrypoints.openai.api_server import ServerOptions
+    from loom.entrypoints.openai.launcher import run_server
+    _check(args)
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    tokenizer = tokenizer_path(config.model)
+    if tokenizer is None:
+        logger.warning("%s ships no tokenizer: only token-id prompts will work (pass --tokenizer)",
+                       config.model.model)
+    options = ServerOptions(
+        model=config.model.model, served_model_names=_served_names(args, config.model.model),
+        tokenizer=tokenizer, host=args.host, port=args.port, chat_template=args.chat_template,
+        api_key=args.api_key or envs.api_key(),
+        log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
+        max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count)
+    return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.api_server_count < 1:
+        raise ValueError(f"api_server_count: must be at least 1, got {args.api_server_count}")
+    if args.api_server_count > 1 and args.disable_frontend_multiprocessing:
+        raise ValueError("api_server_count: several API servers need the engine core in its own "
+                         "process; drop --disable-frontend-multiprocessing")
+    if args.max_request_body_bytes < 1:
+        raise ValueError("max_request_body_bytes: must be positive")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"port: must be 0-65535, got {args.port}")
+
+
+def _served_names(args: argparse.Namespace, model: str) -> list[str]:
+    if args.served_model_name:
+        return list(args.served_model_name)
+    if args.model is None:  # the demo model
+        return [DEMO_SERVED_NAME]
+    return [model]
+

