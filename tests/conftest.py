@@ -21,6 +21,7 @@ def _configs():
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64}),
         "llama_tied": lambda: tf.LlamaConfig(**TINY, tie_word_embeddings=True),
+        "llama_mqa": lambda: tf.LlamaConfig(**dict(TINY, num_key_value_heads=1)),
         "qwen2": lambda: tf.Qwen2Config(**TINY),
         "qwen3": lambda: tf.Qwen3Config(**TINY),
         "qwen3_moe": lambda: tf.Qwen3MoeConfig(**TINY, num_experts=8, num_experts_per_tok=2,

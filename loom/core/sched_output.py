@@ -31,6 +31,9 @@ class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     new_block_ids: list[int]
     """Blocks appended to the request's block table this step."""
     num_computed_tokens: int
+    new_token_ids: list[int] = []
+    """Output tokens computed this step that the worker has not been sent: the last
+    sampled token of a decode. They start at max(num_computed_tokens, num_prompt_tokens)."""
 
 
 class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True):

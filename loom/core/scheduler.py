@@ -130,8 +130,12 @@ class Scheduler:
             if new_block_ids is None:
                 return  # it preempted itself, so it was the last one running
             rid = request.request_id
+            # Sampled tokens travel with the schedule, so every TP rank learns them whether or
+            # not it sampled (only the driver rank does).
+            first_new = max(request.num_computed_tokens, request.num_prompt_tokens)
+            new_tokens = request.all_token_ids[first_new:request.num_computed_tokens + num_new]
             step.cached_reqs.append(
-                CachedRequestData(rid, new_block_ids, request.num_computed_tokens))
+                CachedRequestData(rid, new_block_ids, request.num_computed_tokens, new_tokens))
             step.cached_tokens[rid] = num_new
             step.budget -= num_new
             i += 1
@@ -183,7 +187,8 @@ class Scheduler:
             req_id=rid, token_ids=list(request.all_token_ids),
             num_prompt_tokens=request.num_prompt_tokens,
             sampling_params=request.sampling_params,
-            block_ids=self.kv_cache_manager.get_block_ids(rid), num_computed_tokens=num_hit))
+            block_ids=self.kv_cache_manager.get_block_ids(rid), num_computed_tokens=num_hit,
+            eos_token_id=request.eos_token_id))
         step.new_tokens[rid] = num_new
         step.budget -= num_new
 

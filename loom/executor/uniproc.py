@@ -28,6 +28,4 @@ class UniprocExecutor(Executor):
 
     @property
     def model_info(self) -> dict:
-        arch = self.worker.model_runner.arch
-        return {"vocab_size": arch.vocab_size, "max_position_embeddings": arch.max_position_embeddings,
-                "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None}
+        return self.worker.model_info()

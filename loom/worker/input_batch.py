@@ -45,6 +45,9 @@ class RequestStates(dict[str, CachedRequestState]):
             state = self[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
+            if cached.new_token_ids:
+                start = max(cached.num_computed_tokens, state.num_prompt_tokens)
+                state.token_ids[start:start + len(cached.new_token_ids)] = cached.new_token_ids
         return [self[req_id] for req_id in so.num_scheduled_tokens]
 
 

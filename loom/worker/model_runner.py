@@ -37,8 +37,10 @@ def select_backend(device: torch.device) -> AttentionBackend:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+    def __init__(self, config: EngineConfig, device: torch.device, is_driver: bool = True) -> None:
         self.config = config
+        self.is_driver = is_driver
+        """Only the driver rank samples; the others still join the logits all-gather."""
         self.device = device
         self.block_size = config.cache.block_size
         start = time.perf_counter()
@@ -105,7 +107,8 @@ class ModelRunner:
         logprobs: list[Logprobs | None] = [None] * len(reqs)
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
-            self._sample(reqs, batch.sample_rows, logits, sampled, logprobs)
+            if self.is_driver:
+                self._sample(reqs, batch.sample_rows, logits, sampled, logprobs)
         for req, seq_len in zip(reqs, batch.attn_metadata.seq_lens_cpu.tolist()):
             req.num_computed_tokens = seq_len
         return ModelRunnerOutput(
@@ -126,13 +129,14 @@ class ModelRunner:
         for k, i in enumerate(rows):
             sampled[i] = [tokens[k]]
             logprobs[i] = structs[k]
-            reqs[i].token_ids.append(tokens[k])
 
     def _prompt_logprobs(self, batch: StepBatch, hidden: torch.Tensor) -> dict[str, list[Logprobs]]:
         out = {}
         for req_id, (rows, next_ids) in batch.prompt_logprob_rows.items():
             num_top = self.requests[req_id].params.prompt_logprobs
             logits = self.model.compute_logits(hidden[torch.as_tensor(rows, device=self.device)])
+            if not self.is_driver:
+                continue
             tensors = compute_prompt_logprobs(logits.float(), torch.as_tensor(next_ids, device=self.device),
                                               num_top)
             out[req_id] = tensors.to_structs([num_top] * len(rows))

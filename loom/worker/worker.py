@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from loom.config import EngineConfig
@@ -29,7 +31,25 @@ class Worker:
         init_distributed(config.parallel.tensor_parallel_size, rank, distributed_init_method, backend)
         # Unseeded requests draw from the global generator; seed it so runs repeat.
         torch.manual_seed(config.model.seed)
-        self.model_runner = ModelRunner(config, self.device)
+        self.model_runner = ModelRunner(config, self.device, is_driver=rank == 0)
+
+    RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env"})
+
+    def rpc(self, method: str, args: list):
+        """A call from the executor by name; only the methods listed are reachable."""
+        if method not in self.RPC_METHODS:
+            raise ValueError(f"worker rpc: unknown method {method!r}")
+        return getattr(self, method)(*args)
+
+    def model_info(self) -> dict:
+        arch = self.model_runner.arch
+        return {"vocab_size": arch.vocab_size,
+                "max_position_embeddings": arch.max_position_embeddings,
+                "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None}
+
+    @staticmethod
+    def get_env(name: str) -> str | None:
+        return os.environ.get(name)
 
     def determine_num_blocks(self) -> int:
         return self.model_runner.determine_num_blocks()

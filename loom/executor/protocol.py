@@ -1,0 +1,50 @@
+"""Messages between the multiprocess executor and its worker processes.
+
+Typed msgspec Structs, encoded once per step and pushed to every rank: no pickle on the
+step path. `CollectiveRPC` names a method from `Worker.RPC_METHODS`, never arbitrary code.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+
+Scalar = int | float | str | bool | None
+
+
+class ExecuteModel(msgspec.Struct, tag="exec", array_like=True):
+    scheduler_output: SchedulerOutput
+
+
+class CollectiveRPC(msgspec.Struct, tag="rpc", array_like=True):
+    method: str
+    args: list[Scalar] = []
+
+
+class ShutdownWorker(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+WorkerCommand = ExecuteModel | CollectiveRPC | ShutdownWorker
+
+
+class WorkerReady(msgspec.Struct, tag="ready", array_like=True):
+    rank: int
+
+
+class RunnerOutput(msgspec.Struct, tag="out", array_like=True):
+    output: ModelRunnerOutput
+
+
+class RPCReply(msgspec.Struct, tag="reply", array_like=True):
+    rank: int
+    value: Scalar | dict[str, Scalar] = None
+
+
+class WorkerFailed(msgspec.Struct, tag="failed", array_like=True):
+    rank: int
+    error: str
+
+
+WorkerMessage = WorkerReady | RunnerOutput | RPCReply | WorkerFailed

@@ -1,0 +1,74 @@
+"""Tensor parallelism on the CPU (gloo): TP=2 computes what TP=1 computes, and a dead
+worker fails the engine fast with its rank and reason."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+from loom.executor.multiproc import WorkerError
+
+PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)] for i, n in enumerate((7, 30, 19))]
+
+
+def _run(path: str, tp: int):
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+              tensor_parallel_size=tp, max_num_batched_tokens=24)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=256)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+        tokens = [o.outputs[0].token_ids for o in outs]
+        logprobs = torch.tensor([[o.outputs[0].logprobs[0][t].logprob for t in range(256)]
+                                 for o in outs])
+        return tokens, logprobs
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama_mqa", "qwen3", "qwen3_moe"])
+def test_tp2_equals_tp1(kind, tiny_model_factory):
+    path, _ = tiny_model_factory(kind)
+    tokens1, logprobs1 = _run(path, 1)
+    tokens2, logprobs2 = _run(path, 2)
+    assert tokens2 == tokens1
+    torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
+
+
+def test_environment_reaches_every_worker(tiny_model_factory, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    path, _ = tiny_model_factory("llama")
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=128, tensor_parallel_size=2)
+    try:
+        executor = llm.engine.executor
+        assert executor.collective_rpc("get_env", "NCCL_NVLS_ENABLE") == ["0", "0"]
+        assert executor.collective_rpc("get_env", "TORCH_SYMM_MEM_DISABLE_MULTICAST") == ["1", "1"]
+    finally:
+        llm.shutdown()
+
+
+def test_killed_worker_fails_fast_with_its_rank(tiny_model_factory):
+    path, _ = tiny_model_factory("llama")
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=512, tensor_parallel_size=2)
+    victim = llm.engine.executor.procs[1]
+    killer = threading.Timer(1.0, lambda: os.kill(victim.pid, signal.SIGKILL))
+    killer.start()
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 1 died"):
+        llm.generate([[5] * 20] * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
+    assert time.monotonic() - start < 15
+    assert not any(p.is_alive() for p in llm.engine.executor.procs)
+    llm.shutdown()
+
+
+def test_worker_exception_is_reported_with_its_reason(tiny_model_factory):
+    path, _ = tiny_model_factory("llama")  # 4 attention heads cannot be split over 3 ranks
+    with pytest.raises(WorkerError, match="rank . failed: ValueError: attention heads"):
+        LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=128, tensor_parallel_size=3)

@@ -1,0 +1,120 @@
+"""/v1/completions against `LLM.generate` on the same model: text and token-id prompts,
+streaming and not, n=2, seeds, logprobs (and echo'd prompt logprobs, as lm-eval reads
+them), stop strings, usage."""
+
+from __future__ import annotations
+
+import pytest
+
+from loom import SamplingParams
+
+PROMPTS = ["The quick brown fox", "Hello, my name is"]
+TOKEN_PROMPT = [1, 504, 3458, 1178, 28, 253, 2491, 30]
+
+
+def _greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, ignore_eos=True, **kw)
+
+
+def _offline(llm, prompt, params):
+    return llm.generate(prompt, params, use_tqdm=False)[0]
+
+
+def test_text_and_token_prompts_equal_llm(server, llm):
+    client = server.client()
+    response = client.completions.create(model=server_model(server), prompt=PROMPTS,
+                                         max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    assert [c.index for c in response.choices] == [0, 1]
+    for prompt, choice in zip(PROMPTS, response.choices):
+        expected = _offline(llm, prompt, _greedy(max_tokens=12)).outputs[0]
+        assert choice.text == expected.text
+        assert choice.finish_reason == "length"
+    by_ids = client.completions.create(model=server_model(server), prompt=TOKEN_PROMPT,
+                                       max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    assert by_ids.choices[0].text == _offline(llm, TOKEN_PROMPT, _greedy(max_tokens=8)).outputs[0].text
+    assert by_ids.usage.prompt_tokens == len(TOKEN_PROMPT)
+    assert by_ids.usage.completion_tokens == 8
+
+
+def test_stream_equals_whole_with_usage(server):
+    client = server.client()
+    kwargs = dict(model=server_model(server), prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                  extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                            **kwargs))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_n2_seeded_is_reproducible_and_equals_llm(server, llm):
+    client = server.client()
+    kwargs = dict(model=server_model(server), prompt=PROMPTS[1], max_tokens=10, n=2, seed=1234,
+                  temperature=1.0, top_p=0.9, extra_body={"ignore_eos": True, "top_k": 50})
+    first = client.completions.create(**kwargs)
+    second = client.completions.create(**kwargs)
+    assert [c.text for c in first.choices] == [c.text for c in second.choices]
+    assert first.choices[0].text != first.choices[1].text
+    offline = _offline(llm, PROMPTS[1], SamplingParams(n=2, seed=1234, temperature=1.0, top_p=0.9,
+                                                       top_k=50, max_tokens=10, ignore_eos=True))
+    assert [c.text for c in first.choices] == [o.text for o in offline.outputs]
+    streamed = ["", ""]
+    for chunk in client.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == [c.text for c in first.choices]
+
+
+def test_logprobs_equal_llm(server, llm):
+    client = server.client()
+    response = client.completions.create(model=server_model(server), prompt=PROMPTS[0], max_tokens=5,
+                                         temperature=0, logprobs=3, extra_body={"ignore_eos": True})
+    logprobs = response.choices[0].logprobs
+    expected = _offline(llm, PROMPTS[0], _greedy(max_tokens=5, logprobs=3)).outputs[0]
+    assert len(logprobs.tokens) == 5
+    for got, token_id, position in zip(logprobs.token_logprobs, expected.token_ids, expected.logprobs):
+        assert got == pytest.approx(position[token_id].logprob, abs=1e-4)
+    for top in logprobs.top_logprobs:
+        assert 3 <= len(top) <= 4  # the top 3, plus the chosen token when it is not among them
+    assert "".join(logprobs.tokens) == response.choices[0].text
+
+
+def test_echo_prompt_logprobs_as_lm_eval_reads_them(server, llm):
+    """lm-eval's local-completions: token-id prompts, echo, logprobs=1, max_tokens=1, then
+    token_logprobs[ctxlen:-1] and top_logprobs[ctxlen:-1]."""
+    client = server.client()
+    prompts = [TOKEN_PROMPT, TOKEN_PROMPT[:5] + [9, 10, 11]]  # the second shares a prefix
+    response = client.completions.create(model=server_model(server), prompt=prompts, max_tokens=1,
+                                         temperature=0, logprobs=1, echo=True, seed=1234)
+    for prompt, choice in zip(prompts, sorted(response.choices, key=lambda c: c.index)):
+        lp = choice.logprobs
+        assert len(lp.token_logprobs) == len(prompt) + 1
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        offline = _offline(llm, prompt, _greedy(max_tokens=1, prompt_logprobs=1))
+        for k in range(1, len(prompt)):
+            assert lp.token_logprobs[k] == pytest.approx(
+                offline.prompt_logprobs[k][prompt[k]].logprob, abs=1e-4)
+            assert max(lp.top_logprobs[k].values()) >= lp.token_logprobs[k] - 1e-6
+        assert choice.text.startswith(llm.get_tokenizer().decode(prompt, skip_special_tokens=False))
+
+
+def test_stop_string_cuts_the_text(server):
+    client = server.client()
+    kwargs = dict(model=server_model(server), prompt=PROMPTS[0], max_tokens=24, temperature=0,
+                  extra_body={"ignore_eos": True})
+    full = client.completions.create(**kwargs).choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    assert stop.strip(), f"need a visible stop string in {full!r}"
+    cut = client.completions.create(stop=[stop], **kwargs).choices[0]
+    assert cut.text == full[:full.index(stop)]
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, stop=stop,
+                                                                             **kwargs))
+    assert streamed == cut.text
+
+
+def server_model(server) -> str:
+    return server.client().models.list().data[0].id
