@@ -79,7 +79,7 @@ class EngineLoop:
         elif isinstance(message, Shutdown):
             self._stopped = True
         elif isinstance(message, BaseException):
-            raise RuntimeError("the engine core's input thread failed") from message
+            raise RuntimeError(f"engine core input failed: {message}") from message
         else:
             raise TypeError(f"engine loop: unexpected input {type(message).__name__}")
 

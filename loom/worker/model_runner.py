@@ -16,6 +16,8 @@ from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.engine.protocol import Logprobs
 from loom.forward_context import ForwardContext, forward_context
 from loom.models.arch import ModelArch
+from loom.compilation.backend import CompiledForward
+from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes
 from loom.worker.input_batch import CachedRequestState, RequestStates, StepBatch, build_batch
 from loom.worker.model_loader import load_model
 from loom.worker.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs
@@ -51,6 +53,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.requests = RequestStates()
         self.kv_caches: list[torch.Tensor] = []
+        self.forward = self.model.forward
+        self.graph_runner: CUDAGraphRunner | None = None
 
     # KV cache sizing -------------------------------------------------------------------
     @property
@@ -77,16 +81,38 @@ class ModelRunner:
         """A forward at the largest batch, attention skipped, to measure activation memory."""
         n = self.config.scheduler.max_num_batched_tokens
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        with forward_context(ForwardContext(None, [], self.backend)):
-            hidden = self.model(ids, ids)
+        positions = torch.zeros(n, dtype=torch.long, device=self.device)
+        with forward_context(ForwardContext(None, self.kv_caches, self.backend)):
+            hidden = self.forward(ids, positions)
             self.model.compute_logits(hidden[:self.config.scheduler.max_num_seqs])
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def initialize_cache(self, num_blocks: int) -> None:
         attn = self.model.model.layers[0].self_attn.attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                           for _ in range(self.arch.num_layers)]
+        self._compile_and_capture()
+
+    def _compile_and_capture(self) -> None:
+        cfg = self.config
+        self.forward = CompiledForward(self.model, cfg.compilation, cfg.enforce_eager,
+                                       cfg.parallel.tensor_parallel_size)
+        if self.forward.level > 0:
+            start = time.perf_counter()
+            self.profile_run()  # traces and compiles the general graph once, up front
+            logger.info("torch.compile level %d: %.1f s", self.forward.level,
+                        time.perf_counter() - start)
+        if self.device.type != "cuda" or cfg.enforce_eager:
+            return
+        sizes = cfg.compilation.cudagraph_capture_sizes or default_capture_sizes(
+            cfg.scheduler.max_num_seqs)
+        max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
+        self.graph_runner = CUDAGraphRunner(
+            self.forward, self.backend, self.kv_caches, list(sizes),
+            -(-max_len // self.block_size), max_len, self.device)
+        self.graph_runner.capture()
 
     # One step ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -96,9 +122,13 @@ class ModelRunner:
             return ModelRunnerOutput()
         batch = build_batch(reqs, list(so.num_scheduled_tokens.values()), self.block_size,
                             self.device)
-        ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend)
-        with forward_context(ctx):
-            hidden = self.model(batch.input_ids, batch.positions)
+        size = self.graph_runner.padded_size(batch) if self.graph_runner else None
+        if size is not None:
+            hidden = self.graph_runner.run(batch, size)
+        else:
+            ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend)
+            with forward_context(ctx):
+                hidden = self.forward(batch.input_ids, batch.positions)
         return self._make_output(reqs, batch, hidden)
 
     def _make_output(self, reqs: list[CachedRequestState], batch: StepBatch,

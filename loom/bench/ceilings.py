@@ -1,0 +1,77 @@
+"""The device's ceilings, measured in the same run as the benchmark they judge: a
+device-to-device copy (memory bandwidth, read + write bytes counted) and a bf16 8192^3 matmul
+(tensor-core rate). Absolute times move between machines; ratios to these do not."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+COPY_BYTES = 1 << 30
+MATMUL_N = 8192
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    device: str
+    copy_tb_per_s: float
+    """Bytes read + bytes written per second by `dst.copy_(src)`, in TB/s (1e12)."""
+    matmul_tflop_per_s: float
+    """bf16 (MATMUL_N x MATMUL_N) @ (MATMUL_N x MATMUL_N), 2 N^3 FLOPs each, in TFLOP/s."""
+    matmul_n: int = MATMUL_N
+    copy_bytes: int = COPY_BYTES
+
+
+def _time_cuda(fn: Callable[[], None], device: torch.device, warmup: int, iters: int) -> float:
+    """Seconds per call, timed with CUDA events around `iters` back-to-back calls."""
+    for _ in range(warmup):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def copy_bandwidth_tbps(device: torch.device, nbytes: int = COPY_BYTES, iters: int = 50) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    seconds = _time_cuda(lambda: dst.copy_(src), device, warmup=5, iters=iters)
+    del src, dst
+    return 2 * nbytes / seconds / 1e12
+
+
+def matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 50) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    seconds = _time_cuda(lambda: torch.mm(a, b, out=out), device, warmup=10, iters=iters)
+    del a, b, out
+    return 2 * n ** 3 / seconds / 1e12
+
+
+def measure_ceilings(device: torch.device) -> Ceilings | None:
+    """Both ceilings on a CUDA device; None (and a log line saying so) on CPU."""
+    if device.type != "cuda":
+        logger.info("ceilings: skipped on %s (measured on CUDA devices only)", device)
+        return None
+    copy = copy_bandwidth_tbps(device)
+    rate = matmul_tflops(device)
+    torch.cuda.empty_cache()
+    ceilings = Ceilings(torch.cuda.get_device_name(device), copy, rate)
+    logger.info("ceilings on %s: copy %.2f TB/s (read+write), bf16 matmul %.0f TFLOP/s",
+                ceilings.device, copy, rate)
+    return ceilings
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

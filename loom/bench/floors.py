@@ -1,0 +1,89 @@
+"""The floors benchmarks are measured against: how long the work would take if it ran at the
+device's measured ceilings (matmul rate for compute, copy bandwidth for weight reads).
+
+Conventions, chosen to match the targets in the issues:
+- Prefill FLOPs = 2 x `ModelArch.num_params` (the decoder-layer weights one token's matmuls
+  touch; no embedding, no LM head, since only the last position reaches the LM head) x tokens,
+  plus causal attention: QK^T and PV are 2 matmuls of 2 x head_dim FLOPs per (query, key)
+  pair, half the pairs masked: 2 x 2 x layers x heads x head_dim x L^2 / 2 per sequence.
+- Decode bytes per step = every weight, embedding and LM head included, x dtype size. For a
+  MoE model only the experts the batch routes to are read; with uniform top-k routing a batch
+  of B tokens touches a fraction 1 - (1 - k/E)^B of each layer's experts. KV-cache reads are
+  left out (small beside the weights at the short contexts the targets use).
+- Throughput FLOPs = 2 x num_params x every token (prompt and output), no attention term.
+- Tensor parallelism divides every floor by tp (perfect scaling, the optimistic floor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loom.models.arch import ModelArch
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    dense: int
+    """Weights every step reads whatever the routing: embeddings, attention, norms, dense
+    MLPs, routers, LM head."""
+    experts: int
+    """All routed-expert weights (0 for a dense model)."""
+    active: int
+    """ModelArch.num_params: decoder-layer weights one token's matmuls touch."""
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+
+def param_counts(arch: ModelArch) -> ParamCounts:
+    h, hd = arch.hidden_size, arch.head_dim
+    embed = arch.vocab_size * h
+    lm_head = 0 if arch.tie_word_embeddings else arch.vocab_size * h
+    attn = h * hd * (2 * arch.num_heads + 2 * arch.num_kv_heads)
+    if arch.attention_bias:
+        attn += hd * (arch.num_heads + 2 * arch.num_kv_heads)
+    norms = 2 * h + (2 * hd if arch.architecture.startswith("Qwen3") else 0)
+    dense, experts = embed + lm_head + h, 0  # + h: the final norm
+    for layer in range(arch.num_layers):
+        dense += attn + norms
+        if arch.is_moe_layer(layer):
+            dense += h * arch.num_experts  # router
+            experts += arch.num_experts * 3 * h * arch.moe_intermediate_size
+        else:
+            dense += 3 * h * arch.intermediate_size
+    return ParamCounts(dense=dense, experts=experts, active=arch.num_params)
+
+
+def expert_fraction(arch: ModelArch, batch_size: int) -> float:
+    """Expected share of a layer's experts a batch of `batch_size` tokens reads (uniform routing)."""
+    if arch.num_experts == 0:
+        return 0.0
+    return 1.0 - (1.0 - arch.num_experts_per_tok / arch.num_experts) ** batch_size
+
+
+def decode_bytes(arch: ModelArch, dtype_bytes: int, batch_size: int) -> int:
+    counts = param_counts(arch)
+    experts = counts.experts * expert_fraction(arch, batch_size)
+    return int((counts.dense + experts) * dtype_bytes)
+
+
+def prefill_flops(arch: ModelArch, input_len: int, batch_size: int) -> float:
+    linear = 2.0 * arch.num_params * input_len * batch_size
+    attention = 2.0 * arch.num_layers * arch.num_heads * arch.head_dim * input_len ** 2
+    return linear + attention * batch_size
+
+
+def prefill_floor_s(arch: ModelArch, input_len: int, batch_size: int,
+                    matmul_tflops: float, tp: int) -> float:
+    return prefill_flops(arch, input_len, batch_size) / (matmul_tflops * 1e12) / tp
+
+
+def decode_floor_s(arch: ModelArch, dtype_bytes: int, batch_size: int,
+                   copy_tbps: float, tp: int) -> float:
+    """Seconds per decode step (one token for each of `batch_size` sequences)."""
+    return decode_bytes(arch, dtype_bytes, batch_size) / (copy_tbps * 1e12) / tp
+
+
+def throughput_floor_s(arch: ModelArch, total_tokens: int, matmul_tflops: float, tp: int) -> float:
+    return 2.0 * arch.num_params * total_tokens / (matmul_tflops * 1e12) / tp

@@ -1,0 +1,100 @@
+"""What the offline benchmarks (latency, throughput) share: engine flags, the engine, the
+model's shapes, the ceilings, random token-id prompts and the provenance of the JSON."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from loom.bench.ceilings import Ceilings, device_name, measure_ceilings
+from loom.bench.common import command_line, git_commit, now_iso, offline_tokenizer
+from loom.engine.arg_utils import EngineArgs
+from loom.entrypoints.llm import LLM
+from loom.models.arch import ModelArch
+from loom.models.loader import resolve
+from loom.worker.model_loader import resolve_dtype
+from loom.worker.worker import resolve_device
+
+
+def add_offline_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output-json", "--output_json", default=None,
+                        help="write the results, device, commit and command as JSON here")
+    EngineArgs.add_cli_args(parser)
+
+
+@dataclass
+class OfflineBench:
+    llm: LLM
+    engine_args: EngineArgs
+    arch: ModelArch
+    dtype_bytes: int
+    device: str
+    ceilings: Ceilings | None
+    vocab_size: int
+    """Random prompt ids are drawn from [0, vocab_size)."""
+
+    @property
+    def tp(self) -> int:
+        return self.engine_args.tensor_parallel_size
+
+    def random_prompts(self, rng: np.random.Generator, count: int, length: int) -> list[list[int]]:
+        return rng.integers(0, self.vocab_size, size=(count, length)).tolist()
+
+    def provenance(self, benchmark: str) -> dict[str, Any]:
+        return {"benchmark": benchmark, "date": now_iso(), "device": self.device,
+                "git_commit": git_commit(), "command": command_line(),
+                "engine_args": _jsonable(dataclasses.asdict(self.engine_args)),
+                "ceilings": dataclasses.asdict(self.ceilings) if self.ceilings else None}
+
+
+def setup_offline(args: argparse.Namespace) -> OfflineBench:
+    """Measure the ceilings on the idle device, then build the engine."""
+    engine_args = EngineArgs.from_cli_args(args)
+    config = engine_args.create_engine_config()
+    arch = ModelArch.from_hf_config(resolve(config.model).hf_config)
+    device = resolve_device(engine_args.device)
+    ceilings = measure_ceilings(device)
+    dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
+    tokenizer, skip = offline_tokenizer(engine_args.model, engine_args.tokenizer)
+    kwargs = dataclasses.asdict(engine_args)
+    kwargs["tokenizer"] = tokenizer
+    llm = LLM(**kwargs, skip_tokenizer_init=skip)
+    vocab = llm.engine.get_model_info()["vocab_size"]
+    if llm.tokenizer is not None:
+        vocab = min(vocab, llm.tokenizer.vocab_size)
+    return OfflineBench(llm, engine_args, arch, torch.empty((), dtype=dtype).element_size(),
+                        device_name(device), ceilings, vocab)
+
+
+def _jsonable(value: Any) -> Any:
+    """Engine args as JSON: a CompilationConfig object becomes its fields."""
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        pass
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    return repr(value)
+
+
+def print_ceilings(ceilings: Ceilings | None) -> None:
+    if ceilings is None:
+        print("Ceilings: skipped (measured on CUDA only); no floor ratios on this device")
+        return
+    print(f"Ceilings on {ceilings.device}: copy {ceilings.copy_tb_per_s:.3f} TB/s (read+write), "
+          f"bf16 matmul {ceilings.matmul_tflop_per_s:.1f} TFLOP/s")
+
+
+def check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name}: must be at least 1, got {value}")

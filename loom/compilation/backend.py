@@ -1,0 +1,175 @@
+"""torch.compile levels, vLLM's meaning.
+
+- 0: eager. 1-2: plain `torch.compile` (Inductor) of the forward.
+- 3: Dynamo captures the forward once with a dynamic token dimension; the FX graph is split
+  at `splitting_ops` (attention by default; `()` keeps one graph with attention as an
+  opaque custom op); each piece is compiled by Inductor for the general shape and, lazily,
+  for each size in `compile_sizes`; loom's pass manager runs in Inductor's post-grad stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch import fx
+
+from loom.compilation.pass_manager import PassManager
+from loom.config import CompilationConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SPLITTING_OPS = ("loom.attention",)
+_num_tokens: int | None = None
+"""The running forward's token count, set by `CompiledForward` around each call."""
+
+
+@contextlib.contextmanager
+def _running_size(n: int):
+    global _num_tokens
+    previous, _num_tokens = _num_tokens, n
+    try:
+        yield
+    finally:
+        _num_tokens = previous
+
+
+def _op_name(node: fx.Node) -> str | None:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return None
+    return str(target).removesuffix(".default")
+
+
+def split_graph(gm: fx.GraphModule, ops: tuple[str, ...]) -> tuple[fx.GraphModule, set[str]]:
+    """Split gm so that every call of a splitting op is a submodule of its own; returns the
+    split module and the names of the splitting-op submodules."""
+    piece, split_names, ids = 0, set(), {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if _op_name(node) in ops:
+            piece += 1
+            ids[node] = piece
+            split_names.add(f"submod_{piece}")
+            piece += 1
+        else:
+            ids[node] = piece
+    split = torch.fx.passes.split_module.split_module(gm, None, lambda n: ids[n],
+                                                     keep_original_order=True)
+    return split, split_names
+
+
+class PiecewiseBackend:
+    """The Dynamo backend of level 3."""
+
+    def __init__(self, config: CompilationConfig, pass_manager: PassManager) -> None:
+        self.config = config
+        self.pass_manager = pass_manager
+        ops = config.splitting_ops
+        self.splitting_ops = DEFAULT_SPLITTING_OPS if ops is None else tuple(
+            op.replace("::", ".") for op in ops)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
+        start = time.perf_counter()
+        split, split_names = split_graph(gm, self.splitting_ops)
+        piece_inputs = _record_piece_inputs(split, example_inputs)
+        compiled = 0
+        for name, module in list(split.named_children()):
+            if name in split_names:
+                continue
+            # The instance dict shadows the child module: the split graph's forward calls it.
+            split.__dict__[name] = Piece(module, piece_inputs[name], self.config, self.pass_manager)
+            compiled += 1
+        logger.info("level 3: split the graph into %d pieces at %s; compiled %d in %.1f s",
+                    len(list(split.named_children())), ", ".join(self.splitting_ops) or "nothing",
+                    compiled, time.perf_counter() - start)
+        return split
+
+
+def _record_piece_inputs(split: fx.GraphModule, example_inputs: list) -> dict[str, list]:
+    """Run the split module on the (fake) example inputs, recording each piece's inputs."""
+    recorded: dict[str, list] = {}
+
+    class Recorder(fx.Interpreter):
+        def call_module(self, target, args, kwargs):
+            recorded[target] = list(args)
+            return super().call_module(target, args, kwargs)
+
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        Recorder(split).run(*example_inputs)
+        return recorded
+    # Parameters arrive as real tensors; only fake ones may flow through fake mode.
+    fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor)
+                   and not isinstance(x, torch._subclasses.FakeTensor) else x
+                   for x in example_inputs]
+    with fake_mode:
+        Recorder(split).run(*fake_inputs)
+    return recorded
+
+
+class Piece:
+    """One compiled piece: Inductor's general-shape graph, plus static-shape graphs compiled
+    on first use for the sizes in compile_sizes."""
+
+    def __init__(self, module: fx.GraphModule, example_inputs: list, config: CompilationConfig,
+                 pass_manager: PassManager) -> None:
+        self.module = module
+        self.patches = {"post_grad_custom_post_pass": pass_manager}
+        self.compile_sizes = set(config.compile_sizes)
+        self.single_output = not isinstance(module.graph.output_node().args[0], tuple | list)
+        self.general = self._compile(example_inputs)
+        self.static: dict[int, Callable] = {}
+
+    def _compile(self, inputs: list) -> Callable:
+        from torch._inductor.compile_fx import compile_fx
+        fn = compile_fx(self.module, inputs, config_patches=self.patches)
+        if not self.single_output:
+            return fn
+
+        def unwrapped(*args):
+            # Inductor may hand a single output back as a one-element list.
+            out = fn(*args)
+            return out[0] if isinstance(out, tuple | list) else out
+        return unwrapped
+
+    def __call__(self, *args):
+        n = _num_tokens
+        if n is None or n not in self.compile_sizes:
+            return self.general(*args)
+        if n not in self.static:
+            start = time.perf_counter()
+            self.static[n] = self._compile(list(args))
+            logger.info("compiled a piece for %d tokens in %.1f s", n, time.perf_counter() - start)
+        return self.static[n](*args)
+
+
+class CompiledForward:
+    """The model's forward as the model runner calls it, compiled per the config."""
+
+    def __init__(self, model: torch.nn.Module, config: CompilationConfig, enforce_eager: bool,
+                 tp_size: int) -> None:
+        self.model = model
+        self.level = 0 if enforce_eager else config.level
+        if self.level == 0:
+            self.fn = model.forward
+        elif self.level < 3:
+            self.fn = torch.compile(model.forward, dynamic=True, fullgraph=True)
+        else:
+            backend = PiecewiseBackend(config, PassManager(config.pass_config, tp_size))
+            self.fn = torch.compile(model.forward, backend=backend, dynamic=True, fullgraph=True)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        # Norm epsilons and attention scales are constants of the model, not inputs.
+        torch._dynamo.config.specialize_float = True
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.level > 0 and input_ids.shape[0] > 1:
+            # One graph for every token count >= 2 (1 is specialised by Dynamo anyway).
+            torch._dynamo.mark_dynamic(input_ids, 0)
+            torch._dynamo.mark_dynamic(positions, 0)
+        with _running_size(input_ids.shape[0]):
+            return self.fn(input_ids, positions)

@@ -1,0 +1,93 @@
+"""CUDA graphs for pure-decode steps: the whole forward (attention included) replayed.
+
+A decode step of a small batch is a few hundred tiny kernels; launching them from Python
+costs more than running them. Each capture size gets one graph over static input and
+metadata buffers; a batch is padded up to the nearest size (padding rows write no KV and
+attend to one key, so they stay finite and are dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from loom.attention.backend import AttentionBackend, AttentionMetadata
+from loom.forward_context import ForwardContext, forward_context
+from loom.worker.input_batch import StepBatch
+
+logger = logging.getLogger(__name__)
+
+
+def default_capture_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [1, 2, 4] + list(range(8, 513, 8))
+    return [s for s in sizes if s <= max_num_seqs] or [1]
+
+
+class CUDAGraphRunner:
+    def __init__(self, forward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
+                 sizes: list[int], max_blocks_per_req: int, max_model_len: int,
+                 device: torch.device) -> None:
+        self.forward, self.backend, self.kv_caches = forward, backend, kv_caches
+        self.sizes = sorted(set(sizes))
+        self.max_model_len = max_model_len
+        n = self.sizes[-1]
+        i32 = dict(dtype=torch.int32, device=device)
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.ones(n, **i32)
+        self.query_start_loc = torch.arange(n + 1, **i32)
+        self.block_table = torch.zeros(n, max_blocks_per_req, **i32)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _metadata(self, size: int) -> AttentionMetadata:
+        # max_seq_len is the worst case, so the decode kernel's split count baked into the
+        # graph suits any context length.
+        return AttentionMetadata(
+            num_actual_tokens=size, num_reqs=size, max_query_len=1, max_seq_len=self.max_model_len,
+            query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
+            block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:size],
+            query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.ones(size, dtype=torch.int32))
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):  # largest first: later graphs reuse its memory
+            ctx = ForwardContext(self._metadata(size), self.kv_caches, self.backend)
+            with forward_context(ctx):
+                for _ in range(2):  # warm up: Triton autotuning and compilation
+                    self.forward(self.input_ids[:size], self.positions[:size])
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.forward(self.input_ids[:size], self.positions[:size])
+            self.graphs[size] = (graph, out)
+        torch.cuda.synchronize()
+        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d) in %.1f s",
+                    len(self.graphs), self.sizes[0], self.sizes[-1], time.perf_counter() - start)
+
+    def padded_size(self, batch: StepBatch) -> int | None:
+        meta = batch.attn_metadata
+        if not meta.is_pure_decode or meta.num_reqs > self.sizes[-1]:
+            return None
+        if batch.attn_metadata.block_table.shape[1] > self.block_table.shape[1]:
+            return None
+        return next(s for s in self.sizes if s >= meta.num_reqs)
+
+    def run(self, batch: StepBatch, size: int) -> torch.Tensor:
+        meta, n = batch.attn_metadata, batch.attn_metadata.num_reqs
+        self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
+        self.positions[:n].copy_(batch.positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
+        self.seq_lens[:n].copy_(meta.seq_lens, non_blocking=True)
+        self.block_table[:n, :meta.block_table.shape[1]].copy_(meta.block_table, non_blocking=True)
+        if size > n:  # padding rows: no KV write, one key of attention
+            self.slot_mapping[n:size].fill_(-1)
+            self.seq_lens[n:size].fill_(1)
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out[:n]

@@ -1,0 +1,97 @@
+"""Bad input gets the right status and an OpenAI-shaped error body, and the server goes on
+serving the next request."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+OK = {"prompt": "hello", "max_tokens": 2}
+
+CASES = [
+    # (id, path, body or raw bytes, status)
+    ("malformed-json", "/v1/completions", b'{"prompt": "x", ', 400),
+    ("not-an-object", "/v1/completions", b'[1, 2, 3]', 400),
+    ("no-body", "/v1/completions", b"", 400),
+    ("max-tokens-a-string", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400),
+    ("prompt-a-number", "/v1/completions", {"prompt": 5}, 400),
+    ("prompt-empty-list", "/v1/completions", {"prompt": []}, 400),
+    ("prompt-empty-string", "/v1/completions", {"prompt": ""}, 400),
+    ("negative-max-tokens", "/v1/completions", {"prompt": "x", "max_tokens": -5}, 400),
+    ("zero-max-tokens", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400),
+    ("huge-max-tokens", "/v1/completions", {"prompt": "x", "max_tokens": 10**9}, 400),
+    ("enormous-max-tokens", "/v1/completions", {"prompt": "x", "max_tokens": 10**40}, 400),
+    ("prompt-too-long", "/v1/completions", {"prompt": [5] * (MAX_MODEL_LEN + 10)}, 400),
+    ("prompt-plus-output-too-long", "/v1/completions",
+     {"prompt": [5] * (MAX_MODEL_LEN - 10), "max_tokens": 20}, 400),
+    ("token-outside-vocab", "/v1/completions", {"prompt": [1, 10**6]}, 400),
+    ("negative-token", "/v1/completions", {"prompt": [1, -3]}, 400),
+    ("huge-n", "/v1/completions", {"prompt": "x", "n": 100000}, 400),
+    ("negative-temperature", "/v1/completions", {"prompt": "x", "temperature": -1}, 400),
+    ("top-p-zero", "/v1/completions", {"prompt": "x", "top_p": 0}, 400),
+    ("too-many-logprobs", "/v1/completions", {"prompt": "x", "logprobs": 50}, 400),
+    ("enormous-seed", "/v1/completions", {"prompt": "x", "seed": 10**30}, 400),
+    ("stream-options-without-stream", "/v1/completions",
+     {"prompt": "x", "stream_options": {"include_usage": True}}, 400),
+    ("logit-bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 1.0}}, 400),
+    ("unknown-model", "/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404),
+    ("chat-empty-messages", "/v1/chat/completions", {"messages": []}, 400),
+    ("chat-messages-a-string", "/v1/chat/completions", {"messages": "hi"}, 400),
+    ("chat-no-role", "/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400),
+    ("chat-image", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400),
+    ("chat-unknown-model", "/v1/chat/completions",
+     {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, 404),
+    ("chat-huge-n", "/v1/chat/completions",
+     {"n": 1000, "messages": [{"role": "user", "content": "hi"}]}, 400),
+    ("chat-top-logprobs-without-logprobs", "/v1/chat/completions",
+     {"top_logprobs": 2, "messages": [{"role": "user", "content": "hi"}]}, 400),
+    ("detokenize-outside-vocab", "/detokenize", {"tokens": [10**6]}, 400),
+    ("tokenize-nothing", "/tokenize", {}, 400),
+    ("unknown-route", "/v1/nothing-here", {"x": 1}, 404),
+]
+
+
+def _check_error(r: httpx.Response, status: int) -> None:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["code"] == status and error["message"]
+
+
+def test_bad_input_then_keeps_serving(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+        for name, path, body, status in CASES:
+            if isinstance(body, bytes):
+                r = http.post(path, content=body, headers={"Content-Type": "application/json"})
+            else:
+                r = http.post(path, json=body)
+            try:
+                _check_error(r, status)
+            except AssertionError as e:
+                raise AssertionError(f"case {name}: {e}") from None
+        oversized = b'{"prompt": "' + b"a" * (11 * 1024 * 1024) + b'"}'
+        _check_error(http.post("/v1/completions", content=oversized,
+                               headers={"Content-Type": "application/json"}), 413)
+        assert http.post("/v1/completions", json=OK).status_code == 200
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_openai_client_sees_typed_errors(server):
+    client = server.client()
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=client.models.list().data[0].id, prompt="x",
+                                  max_tokens=10**7)
+    assert "maximum context length" in e.value.body["message"] if isinstance(e.value.body, dict) \
+        else "maximum context length" in str(e.value)
+    bad_key = server.client(default_headers={"Authorization": "Bearer nope"})
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+    done = client.completions.create(model=client.models.list().data[0].id, prompt="x", max_tokens=2)
+    assert done.choices[0].finish_reason in ("length", "stop")
