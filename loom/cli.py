@@ -49,14 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _optional_commands():
     """Subcommands that live beside their code (serve, bench)."""
+    from loom.bench.cli import register as bench
     from loom.entrypoints.openai.cli import register as serve
-    registers = [serve]
-    try:
-        from loom.bench.cli import register as bench
-        registers.append(bench)
-    except ImportError:
-        pass
-    return registers
+    return [serve, bench]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,7 +94,10 @@ class TritonBackend(AttentionBackend):
         for i in range(meta.num_reqs):
             q = query[starts[i]:starts[i + 1]]
             k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], kv_cache.shape[2])
+            # 4-D [1, heads, seq, dim]: the flash kernels take only batched inputs; 3-D falls
+            # back to the math kernel, which materialises the whole score matrix.
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype),
-                is_causal=True, scale=scale, enable_gqa=True)
+                q.transpose(0, 1)[None], k.transpose(0, 1).to(q.dtype)[None],
+                v.transpose(0, 1).to(q.dtype)[None], is_causal=True, scale=scale,
+                enable_gqa=True)[0]
             out[starts[i]:starts[i + 1]] = o.transpose(0, 1)

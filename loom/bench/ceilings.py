@@ -46,7 +46,6 @@ def copy_bandwidth_tbps(device: torch.device, nbytes: int = COPY_BYTES, iters: i
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
     seconds = _time_cuda(lambda: dst.copy_(src), device, warmup=5, iters=iters)
-    del src, dst
     return 2 * nbytes / seconds / 1e12
 
 
@@ -55,7 +54,6 @@ def matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 50) -> f
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
     seconds = _time_cuda(lambda: torch.mm(a, b, out=out), device, warmup=10, iters=iters)
-    del a, b, out
     return 2 * n ** 3 / seconds / 1e12
 
 

@@ -7,20 +7,17 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from loom.bench.ceilings import Ceilings, device_name, measure_ceilings
 from loom.bench.common import command_line, git_commit, now_iso, offline_tokenizer
 from loom.engine.arg_utils import EngineArgs
-from loom.entrypoints.llm import LLM
 from loom.models.arch import ModelArch
-from loom.models.loader import resolve
-from loom.worker.model_loader import resolve_dtype
-from loom.worker.worker import resolve_device
 
+if TYPE_CHECKING:  # torch is imported when a benchmark runs, not when the CLI is built
+    from loom.bench.ceilings import Ceilings
+    from loom.entrypoints.llm import LLM
 
 def add_offline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", "--output_json", default=None,
@@ -55,12 +52,20 @@ class OfflineBench:
 
 def setup_offline(args: argparse.Namespace) -> OfflineBench:
     """Measure the ceilings on the idle device, then build the engine."""
+    import torch
+
+    from loom.bench.ceilings import device_name, measure_ceilings
+    from loom.entrypoints.llm import LLM
+    from loom.models.loader import resolve
+    from loom.worker.model_loader import resolve_dtype
+    from loom.worker.worker import resolve_device
+
     engine_args = EngineArgs.from_cli_args(args)
     config = engine_args.create_engine_config()
     arch = ModelArch.from_hf_config(resolve(config.model).hf_config)
     device = resolve_device(engine_args.device)
     ceilings = measure_ceilings(device)
-    dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
+    dtype_bytes = torch.empty((), dtype=resolve_dtype(config.model.dtype, arch.dtype, device)).element_size()
     tokenizer, skip = offline_tokenizer(engine_args.model, engine_args.tokenizer)
     kwargs = dataclasses.asdict(engine_args)
     kwargs["tokenizer"] = tokenizer
@@ -68,9 +73,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     vocab = llm.engine.get_model_info()["vocab_size"]
     if llm.tokenizer is not None:
         vocab = min(vocab, llm.tokenizer.vocab_size)
-    return OfflineBench(llm, engine_args, arch, torch.empty((), dtype=dtype).element_size(),
-                        device_name(device), ceilings, vocab)
-
+    return OfflineBench(llm, engine_args, arch, dtype_bytes, device_name(device), ceilings, vocab)
 
 def _jsonable(value: Any) -> Any:
     """Engine args as JSON: a CompilationConfig object becomes its fields."""

@@ -85,10 +85,10 @@ class MultiprocExecutor(Executor):
             if not isinstance(message, expected):
                 self._fail(f"unexpected worker message {type(message).__name__}")
             return message
-        dead = [(rank, p.exitcode) for rank, p in enumerate(self.procs) if not p.is_alive()]
-        if dead:
-            rank, code = dead[0]
-            self._fail(f"tensor-parallel worker rank {rank} died (exit code {code})")
+        for rank, proc in enumerate(self.procs):
+            if proc.sentinel in events:
+                proc.join(timeout=5)  # the sentinel closes a moment before the exit is reaped
+                self._fail(f"tensor-parallel worker rank {rank} died (exit code {proc.exitcode})")
         self._fail(f"no reply from the tensor-parallel workers within {timeout_s} s")
 
     def _fail(self, reason: str):

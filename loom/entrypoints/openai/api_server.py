@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
@@ -165,6 +166,7 @@ def _add_introspection(app: FastAPI, state: ServerState) -> None:
     async def introspect() -> dict:
         tasks = len(asyncio.all_tasks())  # before this handler awaits anything
         return {"pid": os.getpid(), "engine_pid": engine.client.engine_pid or os.getpid(),
+                "torch_loaded": "torch" in sys.modules,
                 "tasks": tasks, "streams": len(engine.streams),
                 "tracked_engine_requests": len(engine.output_processor.children),
                 "engine_unfinished": await engine.call_utility("get_num_unfinished_requests"),

@@ -68,7 +68,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     param = ".".join(loc) or None
-    message = first.get("msg", "invalid value")
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    if param and message.startswith(f"{param}: "):
+        message = message[len(param) + 2:]
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return (f"{param}: {message}" if param else message) + more, param
 

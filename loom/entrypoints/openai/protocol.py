@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loom.sampling_params import SamplingParams
 
@@ -109,10 +109,25 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        # One clear message instead of one per member of the union.
+        def token_ids(v: Any) -> bool:
+            return isinstance(v, list) and all(type(t) is int and 0 <= t < 2**31 for t in v)
+        ok = (isinstance(value, str)
+              or (isinstance(value, list) and (all(isinstance(p, str) for p in value)
+                                                or token_ids(value)
+                                                or all(token_ids(p) for p in value))))
+        if not ok:
+            raise ValueError("must be a string, a list of strings, a list of token ids "
+                             "(ints in [0, 2**31)) or a list of such lists")
+        if not value:
+            raise ValueError("must not be empty")
+        return value
+
     @model_validator(mode="after")
     def _check_prompt(self):
-        if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt: must not be empty")
         if self.suffix:
             raise ValueError("suffix is not supported")
         return self

@@ -47,10 +47,10 @@ class OpenAIServingChat(OpenAIServing):
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def create(self, body: ChatCompletionRequest) -> Response:
+        model = self.check_model(body.model)
         prompt_ids = self.render(body.messages, body.add_generation_prompt,
                                  body.continue_final_message)
-        chat = _Chat(self.new_id("chatcmpl"), self.check_model(body.model), int(time.time()),
-                     body, prompt_ids)
+        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens))
         outputs = merge([self.engine.generate(prompt_ids, params, chat.id)])

@@ -1,0 +1,18 @@
+"""`loom bench latency | throughput | serve | sweep`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    from loom.bench import latency, serve, sweep, throughput
+    p = subparsers.add_parser("bench", help="benchmarks: latency, throughput, serve, sweep")
+    sub = p.add_subparsers(dest="bench_command", required=True, metavar="{latency,throughput,serve,sweep}")
+    for module in (latency, throughput, serve, sweep):
+        module.register(sub)
+    p.set_defaults(func=_missing_subcommand)
+
+
+def _missing_subcommand(args: argparse.Namespace) -> int:
+    raise ValueError("bench: name a benchmark: latency, throughput, serve or sweep")

@@ -1,0 +1,184 @@
+"""`loom bench latency`: end-to-end latency of one batch, as vLLM's benchmark_latency.
+
+Each iteration generates `--output-len` tokens for `--batch-size` prompts of `--input-len`
+random token ids (ignore_eos, so every request runs to its length). Every iteration draws
+fresh prompts, so prefix caching cannot turn later iterations into cache hits.
+
+Beside the seed's `Avg latency` / percentile lines it prints the ceilings measured in the
+same run and the ratios to them (see `loom.bench.floors` for the conventions):
+- `--output-len 1`: prefill latency against the compute floor.
+- otherwise: decode ms/token against the weight-read floor. With `--decode-split` a second
+  series runs with `--output-len 1` and ms/token = (avg(L_out) - avg(L_1)) / (out - 1), which
+  takes the prefill out; without it, ms/token = avg latency / output_len (prefill included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from loom.bench import floors
+from loom.bench.common import percentiles, write_json
+from loom.bench.offline import (
+    OfflineBench,
+    add_offline_args,
+    check_positive,
+    print_ceilings,
+    setup_offline,
+)
+from loom.sampling_params import SamplingParams
+
+PERCENTILES = (10, 25, 50, 75, 90, 99)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("latency", help="latency of one batch of requests, end to end")
+    p.add_argument("--input-len", "--input_len", type=int, default=32)
+    p.add_argument("--output-len", "--output_len", type=int, default=128)
+    p.add_argument("--batch-size", "--batch_size", type=int, default=8)
+    p.add_argument("--num-iters-warmup", "--num_iters_warmup", type=int, default=10)
+    p.add_argument("--num-iters", "--num_iters", type=int, default=30)
+    p.add_argument("--decode-split", action="store_true",
+                   help="also time --output-len 1 and report decode ms/token without the prefill")
+    add_offline_args(p)
+    p.set_defaults(func=run_latency)
+
+
+@dataclass
+class Series:
+    output_len: int
+    latencies: list[float]
+
+    @property
+    def avg(self) -> float:
+        return float(np.mean(self.latencies))
+
+    def summary(self) -> dict[str, Any]:
+        return {"output_len": self.output_len, "latencies": self.latencies, "avg_latency": self.avg,
+                "percentiles": percentiles(self.latencies, PERCENTILES)}
+
+
+def run_latency(args: argparse.Namespace) -> int:
+    check_positive(input_len=args.input_len, output_len=args.output_len,
+                   batch_size=args.batch_size, num_iters=args.num_iters)
+    if args.num_iters_warmup < 0:
+        raise ValueError(f"num_iters_warmup: must be non-negative, got {args.num_iters_warmup}")
+    if args.decode_split and args.output_len < 2:
+        raise ValueError("decode_split: needs --output-len of at least 2")
+    bench = setup_offline(args)
+    rng = np.random.default_rng(args.seed)
+    main = measure(bench, args, args.output_len, rng)
+    print_series(main)
+    prefill = measure(bench, args, 1, rng) if args.decode_split else None
+    print_ceilings(bench.ceilings)
+    ratios = latency_floors(bench, args, main, prefill)
+    print_floors(ratios)
+    if args.output_json:
+        payload = {**bench.provenance("latency"), **_params(args), **main.summary(),
+                   "decode_split": prefill.summary() if prefill else None, "floors": ratios}
+        print(f"Wrote {write_json(args.output_json, payload)}")
+    return 0
+
+
+def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,
+            rng: np.random.Generator) -> Series:
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=1.0, top_p=1.0)
+
+    def once() -> float:
+        prompts = bench.random_prompts(rng, args.batch_size, args.input_len)
+        start = time.perf_counter()
+        outputs = bench.llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        _check_lengths(outputs, output_len)
+        return elapsed
+
+    tag = f"output_len={output_len}"
+    for _ in tqdm(range(args.num_iters_warmup), desc=f"Warmup ({tag})"):
+        once()
+    latencies = [once() for _ in tqdm(range(args.num_iters), desc=f"Profiling iterations ({tag})")]
+    return Series(output_len, latencies)
+
+
+def _check_lengths(outputs, output_len: int) -> None:
+    for out in outputs:
+        got = len(out.outputs[0].token_ids)
+        if got != output_len:
+            raise RuntimeError(f"latency: a request produced {got} tokens, expected {output_len} "
+                               "(ignore_eos was set)")
+
+
+def print_series(series: Series) -> None:
+    print(f"Avg latency: {series.avg} seconds")
+    for point, value in percentiles(series.latencies, PERCENTILES).items():
+        print(f"{point}% percentile latency: {value} seconds")
+
+
+def latency_floors(bench: OfflineBench, args: argparse.Namespace, main: Series,
+                   prefill: Series | None) -> dict[str, Any]:
+    """Floors and measured/floor ratios; the floors are None without ceilings (CPU)."""
+    counts = floors.param_counts(bench.arch)
+    out: dict[str, Any] = {
+        "tensor_parallel_size": bench.tp, "dtype_bytes": bench.dtype_bytes,
+        "num_params": counts.active, "total_params": counts.total,
+        "decode_weight_bytes": floors.decode_bytes(bench.arch, bench.dtype_bytes, args.batch_size),
+        "prefill_flops": floors.prefill_flops(bench.arch, args.input_len, args.batch_size)}
+    prefill_s = main.avg if main.output_len == 1 else (prefill.avg if prefill else None)
+    out.update(_prefill_ratio(bench, args, prefill_s))
+    if main.output_len > 1:
+        out.update(_decode_ratio(bench, args, main, prefill))
+    return out
+
+
+def _prefill_ratio(bench: OfflineBench, args: argparse.Namespace,
+                   measured_s: float | None) -> dict[str, Any]:
+    floor = None
+    if bench.ceilings is not None:
+        floor = floors.prefill_floor_s(bench.arch, args.input_len, args.batch_size,
+                                       bench.ceilings.matmul_tflop_per_s, bench.tp)
+    fraction = floor / measured_s if floor is not None and measured_s else None
+    return {"prefill_floor_s": floor, "prefill_latency_s": measured_s,
+            "prefill_fraction_of_ceiling": fraction}
+
+
+def _decode_ratio(bench: OfflineBench, args: argparse.Namespace, main: Series,
+                  prefill: Series | None) -> dict[str, Any]:
+    if prefill is not None:
+        ms = (main.avg - prefill.avg) / (main.output_len - 1) * 1e3
+        method = "split: (avg(output_len) - avg(1)) / (output_len - 1)"
+    else:
+        ms = main.avg / main.output_len * 1e3
+        method = "whole request: avg / output_len, prefill included"
+    floor_ms = None
+    if bench.ceilings is not None:
+        floor_ms = 1e3 * floors.decode_floor_s(bench.arch, bench.dtype_bytes, args.batch_size,
+                                               bench.ceilings.copy_tb_per_s, bench.tp)
+    return {"decode_ms_per_token": ms, "decode_ms_per_token_method": method,
+            "decode_floor_ms_per_token": floor_ms,
+            "decode_ratio_to_floor": ms / floor_ms if floor_ms else None}
+
+
+def print_floors(r: dict[str, Any]) -> None:
+    if r["prefill_latency_s"] is not None and r["prefill_floor_s"] is not None:
+        print(f"Prefill: {r['prefill_latency_s']:.4f} s, floor {r['prefill_floor_s']:.4f} s "
+              f"({r['prefill_flops'] / 1e12:.2f} TFLOP, tp={r['tensor_parallel_size']}) -> "
+              f"{100 * r['prefill_fraction_of_ceiling']:.1f}% of the matmul ceiling")
+    if "decode_ms_per_token" not in r:
+        return
+    line = f"Decode: {r['decode_ms_per_token']:.3f} ms/token ({r['decode_ms_per_token_method']})"
+    if r["decode_floor_ms_per_token"] is not None:
+        line += (f", floor {r['decode_floor_ms_per_token']:.3f} ms/token "
+                 f"({r['decode_weight_bytes'] / 1e9:.2f} GB of weights) -> "
+                 f"{r['decode_ratio_to_floor']:.2f}x the floor")
+    print(line)
+
+
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    return {"input_len": args.input_len, "output_len": args.output_len,
+            "batch_size": args.batch_size, "num_iters_warmup": args.num_iters_warmup,
+            "num_iters": args.num_iters}
+

@@ -1,0 +1,247 @@
+"""`loom bench serve`: load an OpenAI-compatible server over HTTP and measure it from the client.
+
+Works against any server that streams `/v1/completions` or `/v1/chat/completions` (loom, vLLM,
+...). Requests arrive as a Poisson process at `--request-rate` (gamma with `--burstiness`),
+every one streamed; TTFT, TPOT, ITL and end-to-end latency are measured here, output tokens
+taken from the server's usage. One short request is sent first, untimed, to check the server
+answers (and to warm it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from loom.bench.client import (
+    CHAT_ENDPOINT,
+    ENDPOINTS,
+    RequestInput,
+    RequestOutcome,
+    send_request,
+)
+from loom.bench.common import default_tokenizer
+from loom.bench.datasets import (
+    DatasetConfig,
+    add_dataset_args,
+    dataset_config,
+    sample_requests,
+)
+from loom.bench.metrics import METRICS, BenchmarkMetrics, compute_metrics, print_result
+from loom.bench.traffic import arrival_times, drive
+from loom.frontend.tokenizer import load_tokenizer
+
+_TIMEOUT = aiohttp.ClientTimeout(total=6 * 3600)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="benchmark a running OpenAI-compatible server")
+    g = p.add_argument_group("server")
+    g.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:8000 (overrides --host/--port)")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--model", default=None, help="model name sent in requests (default: the "
+                   "server's first from /v1/models); a shipped config name also picks the tokenizer")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory or .gguf for the prompts")
+    g.add_argument("--num-prompts", type=int, default=1000)
+    g.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests per second (Poisson arrivals); inf sends all at once")
+    g.add_argument("--save-result", action="store_true", help="write the results as JSON")
+    g.add_argument("--result-filename", default=None)
+    g.add_argument("--compute-floor", action="store_true",
+                   help="measure this machine's CUDA matmul rate and compare the run with the "
+                        "compute floor of --model's shapes")
+    g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                   help="the server's tensor parallelism, for --compute-floor")
+    add_workload_args(p)
+    p.set_defaults(func=run_serve)
+
+
+def add_workload_args(p: argparse.ArgumentParser, result_dir: str | None = ".") -> None:
+    """What `loom bench serve` and `loom bench sweep` share."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the arrival gaps: 1 = Poisson, <1 burstier")
+    g.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="every request generates its full output length (also sets min_tokens)")
+    g.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
+    g.add_argument("--metric-percentiles", default="50,90,99")
+    g.add_argument("--result-dir", default=result_dir)
+    g.add_argument("--plot", action="store_true", help="write a PNG of latency CDFs and tokens/s")
+    g.add_argument("--api-key", default=None, help="bearer key (default: $OPENAI_API_KEY)")
+    add_dataset_args(p)
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    base_url: str
+    endpoint: str
+    model: str | None
+    tokenizer: str | None
+    dataset: DatasetConfig
+    request_rate: float
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    ignore_eos: bool = False
+    percentile_metrics: tuple[str, ...] = METRICS
+    metric_percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
+    save_result: bool = False
+    result_dir: str = "."
+    result_filename: str | None = None
+    plot: bool = False
+    api_key: str | None = None
+    compute_floor: bool = False
+    tensor_parallel_size: int = 1
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """Recorded as is in the result JSON (the sweep puts its mode and rate here)."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.percentile_metrics) - set(METRICS)
+        if unknown:
+            raise ValueError(f"percentile_metrics: {sorted(unknown)} not among {METRICS}")
+        if any(not 0 < p < 100 for p in self.metric_percentiles):
+            raise ValueError(f"metric_percentiles: each must be in (0, 100), got {self.metric_percentiles}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency: must be at least 1, got {self.max_concurrency}")
+        if self.request_rate <= 0 or self.burstiness <= 0:
+            raise ValueError("request_rate and burstiness: must be positive")
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> ServeBenchConfig:
+        base = ns.base_url or f"http://{ns.host}:{ns.port}"
+        return cls(
+            base_url=base.rstrip("/"), endpoint=ns.endpoint, model=ns.model, tokenizer=ns.tokenizer,
+            dataset=dataset_config(ns, ns.num_prompts, ns.seed), request_rate=ns.request_rate,
+            burstiness=ns.burstiness, max_concurrency=ns.max_concurrency, ignore_eos=ns.ignore_eos,
+            percentile_metrics=_names(ns.percentile_metrics),
+            metric_percentiles=_floats(ns.metric_percentiles), save_result=ns.save_result,
+            result_dir=ns.result_dir, result_filename=ns.result_filename, plot=ns.plot,
+            api_key=ns.api_key or os.environ.get("OPENAI_API_KEY"),
+            compute_floor=ns.compute_floor, tensor_parallel_size=ns.tensor_parallel_size)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(s) for s in _names(text))
+    except ValueError as e:
+        raise ValueError(f"metric_percentiles: {text!r} is not a comma-separated list of numbers") from e
+
+
+@dataclass
+class ServeRun:
+    config: ServeBenchConfig
+    model: str
+    tokenizer: str
+    metrics: BenchmarkMetrics
+    outcomes: list[RequestOutcome]
+    server_info: dict[str, Any] | None
+    result: dict[str, Any] = field(default_factory=dict)
+    json_path: Path | None = None
+    plot_path: Path | None = None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    run = run_benchmark(ServeBenchConfig.from_args(args))
+    return 0 if run.metrics.completed > 0 else 1
+
+
+def run_benchmark(cfg: ServeBenchConfig) -> ServeRun:
+    """Run one benchmark, print its result block, save JSON and PNG as configured."""
+    from loom.bench.report import FloorInputs, finish_run, model_arch
+    if cfg.plot:
+        from loom.bench.plot import check_plotting
+        check_plotting()
+    floor = None
+    if cfg.compute_floor:  # shapes and rate before the run, so that a mistake costs nothing
+        if cfg.model is None:
+            raise ValueError("compute_floor: needs --model (a shipped config name or config path)")
+        floor = FloorInputs(model_arch(cfg.model), _floor_rate())
+    run = asyncio.run(_benchmark(cfg))
+    print_result(run.metrics, cfg.percentile_metrics)
+    return finish_run(run, floor)
+
+
+async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
+    connector = aiohttp.TCPConnector(limit=cfg.max_concurrency or 0)
+    async with aiohttp.ClientSession(timeout=_TIMEOUT, connector=connector) as session:
+        model = cfg.model or await _served_model(session, cfg)
+        tokenizer = cfg.tokenizer or _model_tokenizer(model)
+        samples = sample_requests(cfg.dataset, load_tokenizer(tokenizer))
+        inputs = [RequestInput(cfg.base_url + cfg.endpoint, model, s.prompt, s.prompt_len,
+                               s.expected_output_len, cfg.endpoint == CHAT_ENDPOINT,
+                               cfg.ignore_eos, cfg.api_key) for s in samples]
+        await _probe(session, replace(inputs[0], prompt="Hello", output_len=4))
+        info = await _server_info(session, cfg)
+        offsets = arrival_times(len(inputs), cfg.request_rate, cfg.burstiness,
+                                np.random.default_rng(cfg.dataset.seed))
+        outcomes, duration = await drive(session, inputs, offsets, cfg.max_concurrency)
+    metrics = compute_metrics(outcomes, duration, cfg.metric_percentiles)
+    return ServeRun(cfg, model, tokenizer, metrics, outcomes, info)
+
+
+def _model_tokenizer(model: str) -> str:
+    try:
+        found = default_tokenizer(model)
+    except ValueError as e:
+        raise ValueError(f"tokenizer: cannot tell which tokenizer {model!r} uses ({e}); "
+                         "pass --tokenizer") from e
+    if found is None:
+        raise ValueError(f"tokenizer: {model!r} ships no tokenizer; pass --tokenizer")
+    return found
+
+
+async def _served_model(session: aiohttp.ClientSession, cfg: ServeBenchConfig) -> str:
+    try:
+        async with session.get(cfg.base_url + "/v1/models", headers=_auth(cfg)) as resp:
+            data = await resp.json() if resp.status == 200 else {}
+    except (aiohttp.ClientError, ValueError) as e:
+        raise ValueError(f"model: none given and {cfg.base_url}/v1/models failed: {e}") from e
+    models = [m.get("id") for m in data.get("data") or [] if isinstance(m, dict)]
+    if not models:
+        raise ValueError(f"model: none given and {cfg.base_url}/v1/models lists none; pass --model")
+    return str(models[0])
+
+
+async def _server_info(session: aiohttp.ClientSession, cfg: ServeBenchConfig) -> dict[str, Any] | None:
+    """What the server says about itself at /version, when it says anything."""
+    try:
+        async with session.get(cfg.base_url + "/version", headers=_auth(cfg)) as resp:
+            info = await resp.json() if resp.status == 200 else None
+    except (aiohttp.ClientError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+async def _probe(session: aiohttp.ClientSession, req: RequestInput) -> None:
+    print(f"Checking {req.url} with one short request ...")
+    outcome = await send_request(session, req, 0.0)
+    if not outcome.success:
+        raise ValueError(f"server: the first (untimed) request failed: {outcome.error}")
+
+
+def _auth(cfg: ServeBenchConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+
+def _floor_rate() -> float:
+    import torch
+
+    from loom.bench.ceilings import matmul_tflops
+    if not torch.cuda.is_available():
+        raise ValueError("compute_floor: measures the matmul rate on CUDA, and none is available")
+    return matmul_tflops(torch.device("cuda", 0))
+

@@ -1,0 +1,82 @@
+"""`loom bench throughput`: offline throughput, as vLLM's benchmark_throughput (random dataset).
+
+All `--num-prompts` prompts of `--input-len` random token ids go to `LLM.generate` at once
+(ignore_eos, `--output-len` tokens each); the wall time of that call is the runtime. On CUDA
+the runtime is compared with the compute floor: every token (prompt and output) x 2 x
+num_params at the measured matmul rate, divided by tp (`loom.bench.floors`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from loom.bench import floors
+from loom.bench.common import write_json
+from loom.bench.offline import (
+    OfflineBench,
+    add_offline_args,
+    check_positive,
+    print_ceilings,
+    setup_offline,
+)
+from loom.sampling_params import SamplingParams
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("throughput", help="offline throughput of many requests at once")
+    p.add_argument("--input-len", "--input_len", type=int, default=1024)
+    p.add_argument("--output-len", "--output_len", type=int, default=128)
+    p.add_argument("--num-prompts", "--num_prompts", type=int, default=1000)
+    add_offline_args(p)
+    p.set_defaults(func=run_throughput)
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    check_positive(input_len=args.input_len, output_len=args.output_len,
+                   num_prompts=args.num_prompts)
+    bench = setup_offline(args)
+    prompts = bench.random_prompts(np.random.default_rng(args.seed), args.num_prompts,
+                                   args.input_len)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0, top_p=1.0)
+    start = time.perf_counter()
+    outputs = bench.llm.generate(prompts, params, use_tqdm=True)
+    elapsed = time.perf_counter() - start
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result = throughput_figures(bench, len(outputs), prompt_tokens, output_tokens, elapsed)
+    print_throughput(result)
+    print_ceilings(bench.ceilings)
+    if result["floor_s"] is not None:
+        print(f"Compute floor: {result['floor_s']:.3f} s ({result['total_tokens']} tokens x 2 x "
+              f"{result['num_params'] / 1e9:.3f}B params, tp={bench.tp}); runtime "
+              f"{elapsed:.3f} s -> {result['runtime_ratio_to_floor']:.2f}x the floor")
+    if args.output_json:
+        payload = {**bench.provenance("throughput"), "input_len": args.input_len,
+                   "output_len": args.output_len, "num_prompts": args.num_prompts, **result}
+        print(f"Wrote {write_json(args.output_json, payload)}")
+    return 0
+
+
+def throughput_figures(bench: OfflineBench, num_requests: int, prompt_tokens: int,
+                       output_tokens: int, elapsed: float) -> dict[str, Any]:
+    total = prompt_tokens + output_tokens
+    floor = None
+    if bench.ceilings is not None:
+        floor = floors.throughput_floor_s(bench.arch, total, bench.ceilings.matmul_tflop_per_s,
+                                          bench.tp)
+    return {"elapsed_time": elapsed, "num_requests": num_requests,
+            "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "total_tokens": total,
+            "requests_per_second": num_requests / elapsed,
+            "tokens_per_second": total / elapsed, "output_tokens_per_second": output_tokens / elapsed,
+            "num_params": bench.arch.num_params, "tensor_parallel_size": bench.tp,
+            "floor_s": floor, "runtime_ratio_to_floor": elapsed / floor if floor else None}
+
+
+def print_throughput(r: dict[str, Any]) -> None:
+    print(f"Throughput: {r['requests_per_second']:.2f} requests/s, "
+          f"{r['tokens_per_second']:.2f} total tokens/s, "
+          f"{r['output_tokens_per_second']:.2f} output tokens/s")

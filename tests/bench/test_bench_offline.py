@@ -1,0 +1,149 @@
+"""`loom bench latency` and `loom bench throughput` on a tiny model on the CPU; the shipped
+configs and the floors they imply."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from loom.bench import ceilings as ceilings_module
+from loom.bench import floors
+from loom.bench.ceilings import Ceilings
+from loom.bench.common import offline_tokenizer, shipped_hf_config
+from loom.cli import main
+from loom.models.arch import ModelArch
+
+AVG = re.compile(r"^Avg latency: ([0-9.e+-]+) seconds$", re.M)
+PCT = re.compile(r"^(\d+)% percentile latency: ([0-9.e+-]+) seconds$", re.M)
+THROUGHPUT = re.compile(r"^Throughput: ([0-9.]+) requests/s, ([0-9.]+) total tokens/s, "
+                        r"([0-9.]+) output tokens/s$", re.M)
+FAKE = Ceilings(device="fake", copy_tb_per_s=1e-3, matmul_tflop_per_s=1e-3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_factory):
+    return tiny_model_factory("llama")[0]
+
+
+def _latency(tiny: str, out_json, monkeypatch, *extra: str) -> int:
+    argv = ["bench", "latency", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--batch-size", "2", "--num-iters", "2", "--num-iters-warmup", "1",
+            "--max-model-len", "64", "--output-json", str(out_json), *extra]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    return main(argv)
+
+
+def test_latency_prints_like_the_seed_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "latency.json"
+    assert _latency(tiny, out, monkeypatch, "--output-len", "4", "--decode-split") == 0
+    text = capsys.readouterr().out
+    avg = float(AVG.search(text).group(1))
+    printed = {int(p): float(v) for p, v in PCT.findall(text)}
+    assert list(printed) == [10, 25, 50, 75, 90, 99]
+    assert "Ceilings: skipped" in text and "ms/token (split" in text
+
+    result = json.loads(out.read_text())
+    assert {"device", "git_commit", "command", "engine_args", "ceilings", "latencies",
+            "avg_latency", "percentiles", "decode_split", "floors"} <= set(result)
+    assert result["device"] == "cpu" and result["ceilings"] is None
+    assert result["command"].startswith("loom bench latency --model")
+    assert result["engine_args"]["model"] == tiny and result["engine_args"]["device"] == "cpu"
+    assert len(result["latencies"]) == 2 and result["avg_latency"] == pytest.approx(avg)
+    assert result["avg_latency"] == pytest.approx(np.mean(result["latencies"]))
+    assert result["percentiles"]["90"] == pytest.approx(np.percentile(result["latencies"], 90))
+    split = result["decode_split"]
+    assert split["output_len"] == 1 and len(split["latencies"]) == 2
+    ms = (result["avg_latency"] - split["avg_latency"]) / 3 * 1e3
+    assert result["floors"]["decode_ms_per_token"] == pytest.approx(ms)
+    assert result["floors"]["decode_floor_ms_per_token"] is None
+
+
+def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
+    out = tmp_path / "prefill.json"
+    assert _latency(tiny, out, monkeypatch, "--output-len", "1") == 0
+    assert "of the matmul ceiling" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    arch = ModelArch.from_hf_config(json.loads(open(f"{tiny}/config.json").read()))
+    flops = floors.prefill_flops(arch, 8, 2)
+    assert r["floors"]["prefill_flops"] == pytest.approx(flops)
+    assert r["floors"]["prefill_floor_s"] == pytest.approx(flops / 1e9)
+    assert r["floors"]["prefill_fraction_of_ceiling"] == pytest.approx(
+        r["floors"]["prefill_floor_s"] / r["avg_latency"])
+    assert r["ceilings"]["copy_tb_per_s"] == 1e-3
+
+    assert _latency(tiny, out, monkeypatch, "--output-len", "3") == 0
+    r = json.loads(out.read_text())["floors"]
+    assert r["decode_ms_per_token_method"].startswith("whole request")
+    floor_ms = floors.decode_bytes(arch, 4, 2) / 1e9 * 1e3  # float32 on CPU, at 1 GB/s
+    assert r["decode_floor_ms_per_token"] == pytest.approx(floor_ms)
+    assert r["decode_ratio_to_floor"] == pytest.approx(r["decode_ms_per_token"] / floor_ms)
+
+
+def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
+    out = tmp_path / "throughput.json"
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
+            "--output-json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    req_s, tok_s, out_s = map(float, THROUGHPUT.search(text).groups())
+    assert tok_s == pytest.approx(req_s * 12, rel=1e-3) and out_s == pytest.approx(req_s * 4, rel=1e-3)
+    assert "Compute floor:" in text
+    r = json.loads(out.read_text())
+    assert r["num_requests"] == 6 and r["prompt_tokens"] == 48 and r["output_tokens"] == 24
+    assert r["requests_per_second"] == pytest.approx(6 / r["elapsed_time"])
+    assert r["runtime_ratio_to_floor"] == pytest.approx(r["elapsed_time"] / r["floor_s"])
+    assert {"device", "git_commit", "command", "engine_args", "ceilings"} <= set(r)
+
+
+def test_bad_arguments_are_cli_errors(tiny, capsys):
+    assert main(["bench", "latency", "--model", tiny, "--output-len", "1", "--decode-split"]) == 2
+    assert "decode_split" in capsys.readouterr().err
+    assert main(["bench", "throughput", "--model", tiny, "--num-prompts", "0"]) == 2
+
+
+@pytest.mark.parametrize("name,total_b,layers,experts", [
+    ("llama-3.1-8b", 8.03, 32, 0), ("llama-3.1-70b", 70.55, 80, 0), ("qwen3-30b-a3b", 30.53, 48, 128)])
+def test_shipped_configs(name, total_b, layers, experts):
+    cfg = shipped_hf_config(name)
+    arch = ModelArch.from_hf_config(cfg)
+    assert arch.num_layers == layers and arch.num_experts == experts and arch.head_dim == 128
+    assert floors.param_counts(arch).total / 1e9 == pytest.approx(total_b, abs=0.01)
+    assert cfg["torch_dtype"] == "bfloat16"
+    if name.startswith("llama"):
+        assert arch.rope_scaling == {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+        assert arch.max_position_embeddings == 131072 and arch.vocab_size == 128256
+    else:
+        assert arch.max_position_embeddings == 40960 and arch.num_experts_per_tok == 8
+        assert arch.moe_intermediate_size == 768 and arch.norm_topk_prob
+        assert offline_tokenizer(name, None) == (None, True)
+
+
+def test_the_issue_floors_for_llama_8b(llama3_tokenizer_dir):
+    arch = ModelArch.from_hf_config(shipped_hf_config("llama-3.1-8b"))
+    assert floors.decode_bytes(arch, 2, 1) / 1e9 == pytest.approx(16.06, abs=0.01)
+    assert floors.decode_floor_s(arch, 2, 1, 4.17, 1) * 1e3 == pytest.approx(3.85, abs=0.01)
+    assert floors.prefill_flops(arch, 8192, 1) / 1e12 == pytest.approx(132, abs=0.5)
+    assert offline_tokenizer("llama-3.1-8b", None) == (llama3_tokenizer_dir, False)
+
+
+def test_building_the_cli_does_not_import_torch():
+    code = "import sys, loom.cli; loom.cli.build_parser(); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_ceilings_measure_on_cuda():
+    import torch
+    c = ceilings_module.measure_ceilings(torch.device("cuda", 0))
+    assert c is not None and c.copy_tb_per_s > 0.1 and c.matmul_tflop_per_s > 1

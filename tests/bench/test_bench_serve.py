@@ -1,0 +1,137 @@
+"""`loom bench serve` against a fake streaming server: counts add up, metrics are right."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from loom.bench.client import RequestOutcome
+from loom.bench.metrics import compute_metrics
+from loom.cli import main
+
+
+def _serve(base_url: str, tokenizer: str, tmp_path, *extra: str) -> int:
+    return main(["bench", "serve", "--base-url", base_url, "--tokenizer", tokenizer,
+                 "--dataset-name", "random", "--random-input-len", "24", "--random-output-len", "6",
+                 "--num-prompts", "12", "--request-rate", "200", "--seed", "1",
+                 "--result-dir", str(tmp_path), "--result-filename", "run.json", *extra])
+
+
+def _block(text: str) -> dict[str, float]:
+    rows = re.findall(r"^([A-Za-z0-9 ()/.\-]+):\s+([0-9.]+)\s*$", text, flags=re.M)
+    return {label.strip(): float(value) for label, value in rows}
+
+
+def test_counts_add_up_against_the_server_usage(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
+    server = fake_server(tokens_per_chunk=2)
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--ignore-eos",
+                  "--save-result", "--plot") == 0
+    out = capsys.readouterr().out
+    block = _block(out)
+    assert "Serving Benchmark Result" in out
+    assert block["Successful requests"] == 12 and block["Failed requests"] == 0
+    # The first payload is the untimed probe; the other 12 are the benchmark's.
+    assert block["Total generated tokens"] == sum(server.state.reported_completion_tokens[1:]) == 72
+    assert block["Total input tokens"] == sum(server.state.reported_prompt_tokens[1:])
+    for metric in ("TTFT", "TPOT", "ITL", "E2EL"):
+        assert {f"Mean {metric} (ms)", f"Median {metric} (ms)", f"P99 {metric} (ms)"} <= set(block)
+    body = server.state.payloads[-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["ignore_eos"] is True and body["min_tokens"] == body["max_tokens"] == 6
+    assert body["model"] == "fake-model"  # taken from /v1/models
+
+    result = json.loads((tmp_path / "run.json").read_text())
+    assert result["completed"] == 12 and result["token_count_source"] == "usage"
+    assert result["server_info"]["device"] == "test-device"
+    assert len(result["requests"]) == 12 and result["request_rate"] == "200"
+    assert {"date", "command", "git_commit", "stats", "dataset", "total_output_tokens"} <= set(result)
+    assert set(result["stats"]) == {"ttft", "tpot", "itl", "e2el"}
+    assert (tmp_path / "run.png").stat().st_size > 1000
+
+
+def test_chat_endpoint_and_missing_usage_count_chunks(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
+    server = fake_server(send_usage=False)
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--endpoint",
+                  "/v1/chat/completions", "--model", "fake-model", "--save-result") == 0
+    out = capsys.readouterr().out
+    assert "counted from stream chunks" in out
+    result = json.loads((tmp_path / "run.json").read_text())
+    assert result["token_count_source"] == "chunks" and result["total_output_tokens"] == 72
+    assert "messages" in server.state.payloads[-1] and "ignore_eos" not in server.state.payloads[-1]
+    # The role-only opening chunk is not a token: 6 events, 5 gaps per request.
+    assert all(len(r["itl_s"]) == 5 for r in result["requests"])
+
+
+def test_failed_requests_are_counted_not_raised(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
+    server = fake_server(fail_every=4)  # the probe is request 1; requests 4, 8, 12 of 13 fail
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--max-concurrency", "3",
+                  "--save-result") == 0
+    block = _block(capsys.readouterr().out)
+    assert block["Successful requests"] == 9 and block["Failed requests"] == 3
+    result = json.loads((tmp_path / "run.json").read_text())
+    errors = [r["error"] for r in result["requests"] if not r["success"]]
+    assert len(errors) == 3 and all("HTTP 500" in e for e in errors)
+
+
+def _outcome(ttft: float, latency: float, tokens: int, itl: list[float]) -> RequestOutcome:
+    return RequestOutcome(prompt_len=10, success=True, ttft=ttft, latency=latency, itl=itl,
+                          event_times=[ttft] * tokens, output_tokens=tokens, tokens_from_usage=True)
+
+
+def test_percentiles_match_numpy_on_known_inputs():
+    rng = np.random.default_rng(0)
+    outcomes = [_outcome(float(t), float(t) + 1.0, int(n), list(rng.random(3)))
+                for t, n in zip(rng.random(50), rng.integers(2, 20, 50))]
+    outcomes.append(RequestOutcome(prompt_len=10, error="boom"))
+    m = compute_metrics(outcomes, duration_s=10.0, points=(50, 90, 99, 99.9))
+    ok = outcomes[:-1]
+    ttft = np.array([o.ttft for o in ok]) * 1e3
+    tpot = np.array([(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok]) * 1e3
+    itl = np.array([g for o in ok for g in o.itl]) * 1e3
+    assert m.completed == 50 and m.failed == 1
+    assert m.total_output_tokens == sum(o.output_tokens for o in ok)
+    assert m.output_throughput == pytest.approx(m.total_output_tokens / 10.0)
+    for name, ref in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
+        s = m.stats[name]
+        assert s.mean_ms == pytest.approx(ref.mean()) and s.median_ms == pytest.approx(np.median(ref))
+        for p in (50, 90, 99, 99.9):
+            key = str(int(p)) if float(p).is_integer() else str(p)
+            assert s.percentiles_ms[key] == pytest.approx(np.percentile(ref, p))
+    assert m.stats["e2el"].mean_ms == pytest.approx(np.mean([o.latency for o in ok]) * 1e3)
+
+
+def test_tpot_excludes_the_first_token():
+    o = _outcome(ttft=0.5, latency=1.4, tokens=10, itl=[0.1] * 9)
+    assert o.tpot == pytest.approx(0.1)
+    assert _outcome(0.5, 0.5, 1, []).tpot is None
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
+    from loom.bench.plot import check_plotting
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    with pytest.raises(ValueError, match="needs matplotlib.*pip install"):
+        check_plotting()
+
+
+def test_compute_floor_uses_the_shipped_shapes(fake_server, tmp_path, monkeypatch, capsys,
+                                               llama3_tokenizer_dir):
+    from loom.bench import serve
+    from loom.bench.floors import throughput_floor_s
+    from loom.bench.report import model_arch
+    monkeypatch.setattr(serve, "_floor_rate", lambda: 500.0)  # TFLOP/s, as if measured on CUDA
+    server = fake_server()
+    assert main(["bench", "serve", "--base-url", server.base_url, "--model", "llama-3.1-8b",
+                 "--random-input-len", "16", "--random-output-len", "4", "--num-prompts", "4",
+                 "--compute-floor", "-tp", "2", "--save-result", "--result-dir", str(tmp_path),
+                 "--result-filename", "floor.json"]) == 0
+    assert "Compute floor:" in capsys.readouterr().out
+    r = json.loads((tmp_path / "floor.json").read_text())
+    assert r["tokenizer"] == llama3_tokenizer_dir  # picked for the shipped Llama config
+    floor = throughput_floor_s(model_arch("llama-3.1-8b"),
+                               r["total_input_tokens"] + r["total_output_tokens"], 500.0, 2)
+    assert r["compute_floor"]["floor_s"] == pytest.approx(floor)
+    assert r["compute_floor"]["duration_ratio_to_floor"] == pytest.approx(r["duration_s"] / floor)

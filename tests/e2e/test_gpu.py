@@ -1,0 +1,48 @@
+"""The GPU path (Triton attention, CUDA graphs, compile levels) against the CPU reference
+and transformers. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+from tests.e2e.test_correctness import _prompts
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+def _tokens(path: str, **kwargs) -> list[list[int]]:
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, **kwargs)
+    outs = llm.generate(_prompts(5, (5, 40, 17, 90, 3, 33)), PARAMS, use_tqdm=False)
+    llm.shutdown()
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("compilation", [
+    dict(enforce_eager=True), dict(), dict(compilation_config={"level": 3}),
+    dict(compilation_config={"level": 3, "splitting_ops": [], "compile_sizes": [4]}),
+], ids=["eager", "cuda-graphs", "level3", "level3-whole-graph"])
+def test_gpu_float32_equals_cpu(kind, compilation, tiny_model_factory):
+    path, _ = tiny_model_factory(kind)
+    cpu = _tokens(path, device="cpu", dtype="float32")
+    gpu = _tokens(path, device="cuda", dtype="float32", max_num_batched_tokens=64, **compilation)
+    assert gpu == cpu
+
+
+def test_gpu_bf16_first_tokens_match_transformers(tiny_model_factory):
+    path, hf = tiny_model_factory("llama")
+    hf = hf.to("cuda", torch.bfloat16)
+    llm = LLM(path, skip_tokenizer_init=True, dtype="bfloat16", device="cuda", max_model_len=256)
+    prompts = _prompts(6, (12, 30, 7))
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                        use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=4,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)
+        assert out.outputs[0].token_ids[:2] == ref[0, len(prompt):len(prompt) + 2].tolist()

@@ -1,0 +1,154 @@
+"""AsyncLLM on a fake engine client (no engine, no model): per-request streams, abort when
+the consumer goes away, engine-side rejection, engine death; nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+
+from loom.engine.protocol import (AbortRequests, EngineCoreOutput, EngineCoreOutputs,
+                                  EngineCoreRequest, EngineDead, EngineReady, FinishReason,
+                                  UtilityCall, UtilityResult)
+from loom.frontend.async_llm import AsyncLLM, EngineDeadError, RequestRejectedError
+from loom.frontend.core_client import EngineCoreClient
+from loom.sampling_params import SamplingParams
+
+
+class FakeClient(EngineCoreClient):
+    def __init__(self) -> None:
+        self.info = EngineReady(vocab_size=100, max_model_len=64, eos_token_id=None,
+                                num_blocks=10, block_size=16)
+        self.sent: list = []
+        self.deliver = None
+
+    def start(self, on_message) -> None:
+        self.deliver = on_message
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+
+    async def close(self) -> None:
+        pass
+
+    def added(self) -> list[str]:
+        return [m.request_id for m in self.sent if isinstance(m, EngineCoreRequest)]
+
+    def aborted(self) -> list[str]:
+        return [i for m in self.sent if isinstance(m, AbortRequests) for i in m.request_ids]
+
+    def output(self, rid: str, tokens: list[int], finish=None, error=None) -> None:
+        self.deliver(EngineCoreOutputs(outputs=[EngineCoreOutput(rid, tokens, finish_reason=finish,
+                                                                 error=error)]))
+
+
+def _engine() -> tuple[AsyncLLM, FakeClient]:
+    client = FakeClient()
+    engine = AsyncLLM(client, tokenizer=None)
+    engine.start()
+    return engine, client
+
+
+def _idle(engine: AsyncLLM) -> bool:
+    return not engine.streams and not engine.output_processor.children
+
+
+async def _collect(engine, rid, params, feed) -> list:
+    outputs = []
+    async with aclosing(engine.generate([1, 2, 3], params, rid)) as gen:
+        async for out in gen:
+            outputs.append(out)
+            feed(len(outputs))
+    return outputs
+
+
+def test_deltas_until_finished_then_nothing_left():
+    async def main():
+        engine, client = _engine()
+
+        def feed(count):
+            client.output("r", [10 + count], FinishReason.LENGTH if count == 2 else None)
+        task = asyncio.ensure_future(_collect(engine, "r", SamplingParams(max_tokens=3), feed))
+        await asyncio.sleep(0)  # let generate send the request
+        client.output("r", [10])
+        outputs = await task
+        assert [o.outputs[0].token_ids for o in outputs] == [[10], [11], [12]]
+        assert outputs[-1].finished and outputs[-1].outputs[0].finish_reason == "length"
+        assert client.added() == ["r"] and client.aborted() == []
+        assert _idle(engine)
+    asyncio.run(main())
+
+
+def test_cancelled_consumer_aborts_every_child():
+    async def main():
+        engine, client = _engine()
+        task = asyncio.ensure_future(_collect(engine, "r", SamplingParams(n=2, max_tokens=50),
+                                              lambda _: None))
+        await asyncio.sleep(0)
+        client.output("0_r", [5])
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sorted(client.aborted()) == ["0_r", "1_r"]
+        assert _idle(engine)
+    asyncio.run(main())
+
+
+def test_engine_rejection_raises_and_aborts_siblings():
+    async def main():
+        engine, client = _engine()
+        task = asyncio.ensure_future(_collect(engine, "r", SamplingParams(n=2), lambda _: None))
+        await asyncio.sleep(0)
+        client.output("1_r", [], FinishReason.ERROR, error="request: too big for the KV cache")
+        with pytest.raises(RequestRejectedError, match="KV cache"):
+            await task
+        assert client.aborted() == ["0_r"]
+        assert _idle(engine)
+    asyncio.run(main())
+
+
+def test_invalid_request_raises_before_anything_is_sent():
+    async def main():
+        engine, client = _engine()
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            await anext(engine.generate([1, 1000], SamplingParams(), "r"))
+        assert client.sent == [] and _idle(engine)
+    asyncio.run(main())
+
+
+def test_engine_death_fails_requests_and_utilities():
+    async def main():
+        engine, client = _engine()
+        task = asyncio.ensure_future(_collect(engine, "r", SamplingParams(), lambda _: None))
+        utility = asyncio.ensure_future(engine.call_utility("get_kv_info"))
+        await asyncio.sleep(0)
+        assert isinstance(client.sent[-1], UtilityCall)
+        client.deliver(EngineDead("worker 1 died"))
+        with pytest.raises(EngineDeadError, match="worker 1 died"):
+            await task
+        with pytest.raises(EngineDeadError):
+            await utility
+        with pytest.raises(EngineDeadError):
+            await engine.check_health()
+        with pytest.raises(EngineDeadError):
+            await anext(engine.generate([1], SamplingParams(), "late"))
+        assert client.aborted() == []  # nothing to abort in a dead engine
+        assert _idle(engine) and not engine._utility_calls
+    asyncio.run(main())
+
+
+def test_utility_result_and_error():
+    async def main():
+        engine, client = _engine()
+        ok = asyncio.ensure_future(engine.call_utility("get_num_unfinished_requests"))
+        bad = asyncio.ensure_future(engine.call_utility("nope"))
+        await asyncio.sleep(0)
+        ids = [m.call_id for m in client.sent]
+        client.deliver(EngineCoreOutputs(utility_results=[
+            UtilityResult(ids[0], 3), UtilityResult(ids[1], error="ValueError: unknown")]))
+        assert await ok == 3
+        with pytest.raises(RuntimeError, match="unknown"):
+            await bad
+    asyncio.run(main())
