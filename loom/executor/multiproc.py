@@ -102,8 +102,15 @@ class MultiprocExecutor(Executor):
         if self._failed:
             raise WorkerError(self._failed)
         frame = self._encoder.encode(command)
-        for cmd in self._commands:
-            cmd.send(frame, copy=False)
+        for rank, cmd in enumerate(self._commands):
+            try:
+                # A PUSH socket whose worker died has no peer left: a blocking send would
+                # wait forever, so a dead rank is reported here instead.
+                cmd.send(frame, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self.procs[rank].join(timeout=5)
+                self._fail(f"tensor-parallel worker rank {rank} is unreachable "
+                           f"(exit code {self.procs[rank].exitcode})")
 
     def _rpc(self, method: str, *args) -> list:
         self._broadcast(CollectiveRPC(method, list(args)))

@@ -72,3 +72,18 @@ def test_worker_exception_is_reported_with_its_reason(tiny_model_factory):
     path, _ = tiny_model_factory("llama")  # 4 heads, 128 features: not splittable over 3 ranks
     with pytest.raises(WorkerError, match="rank . failed: ValueError: .* is not divisible by the tensor-parallel size"):
         LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=128, tensor_parallel_size=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_tp2_equals_tp1_on_gpu(kind, tiny_model_factory):
+    path, _ = tiny_model_factory(kind)
+    results = []
+    for tp in (1, 2):
+        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda", max_model_len=128,
+                  tensor_parallel_size=tp)
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        results.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)])
+        llm.shutdown()
+    assert results[0] == results[1]

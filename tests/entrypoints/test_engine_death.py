@@ -76,3 +76,32 @@ def test_engine_killed_mid_stream(mode, tiny_chat_model, tmp_path):
         assert code != 0, server.log_tail()
     finally:
         server.stop()
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """Child processes started by multiprocessing spawn (not its resource tracker)."""
+    tasks = f"/proc/{pid}/task"
+    children = [int(c) for t in os.listdir(tasks)
+                for c in open(f"{tasks}/{t}/children").read().split()]
+    return [c for c in children if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()]
+
+
+def test_tensor_parallel_worker_killed_mid_stream(tiny_chat_model, tmp_path):
+    server = start_server(tiny_chat_model, "mp", tmp_path, extra_args=("-tp", "2"),
+                          extra_env={"LOOM_ENGINE_DEAD_LINGER_S": "3"})
+    try:
+        client = server.client()
+        engine_pid = server.introspect()["engine_pid"]
+        workers = _spawned_children(engine_pid)
+        assert len(workers) == 2, workers
+        stream = client.completions.create(model=client.models.list().data[0].id, stream=True,
+                                           **LONG)
+        next(stream)
+        os.kill(workers[-1], signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="worker"):
+            for _ in stream:
+                pass
+        assert _health_until_503(server) == 503
+        assert server.proc.wait(EXIT_DEADLINE_S) != 0, server.log_tail()
+    finally:
+        server.stop()

@@ -183,7 +183,7 @@ def _add_introspection(app: FastAPI, state: ServerState) -> None:
 
 async def serve(options: ServerOptions, sock: socket.socket,
                 make_client: Callable[[], EngineCoreClient],
-                server_class: type[uvicorn.Server] = uvicorn.Server) -> int:
+                make_server: Callable[[uvicorn.Config], uvicorn.Server] = uvicorn.Server) -> int:
     """Serve until stopped; returns the exit code (1 once the engine has died)."""
     tokenizer = (load_tokenizer(options.tokenizer, chat_template=options.chat_template)
                  if options.tokenizer else None)
@@ -200,7 +200,7 @@ async def serve(options: ServerOptions, sock: socket.socket,
     names = options.served_model_names
     state = ServerState(options, engine, metrics, OpenAIServingCompletion(engine, names),
                         OpenAIServingChat(engine, names))
-    server = server_class(uvicorn.Config(
+    server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         access_log=options.access_log, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))
     engine.start()

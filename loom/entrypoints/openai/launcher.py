@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -73,7 +74,9 @@ class _Server(uvicorn.Server):
     """uvicorn, minus re-raising the stop signal once it has shut down (which would kill
     this process before the engine is stopped in order)."""
 
-    stop_signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+    def __init__(self, config: uvicorn.Config, stop_signals: tuple[int, ...]) -> None:
+        super().__init__(config)
+        self.stop_signals = stop_signals
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -90,9 +93,9 @@ class _Server(uvicorn.Server):
 def run_api(options: ServerOptions, sock: socket.socket,
             make_client: Callable[[], EngineCoreClient],
             stop_signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> int:
-    _Server.stop_signals = stop_signals
+    make_server = functools.partial(_Server, stop_signals=stop_signals)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(options, sock, make_client, server_class=_Server))
+        return runner.run(serve(options, sock, make_client, make_server))
 
 
 def run_api_process(options_json: bytes, endpoint_json: bytes, index: int,
