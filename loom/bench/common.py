@@ -27,7 +27,10 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str:
-    """The commit of the loom checkout that runs, or "unknown" outside a git checkout."""
+    """The commit of the loom checkout that runs, or "unknown" outside a git checkout.
+    A copy without .git (a remote GPU host) can be told its commit in LOOM_GIT_COMMIT."""
+    if os.environ.get("LOOM_GIT_COMMIT"):
+        return os.environ["LOOM_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO_ROOT, capture_output=True,
                              text=True, timeout=10)
