@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.distributed.parallel_state import destroy_distributed
@@ -24,7 +26,12 @@ class UniprocExecutor(Executor):
         return self.worker.execute_model(so)
 
     def shutdown(self) -> None:
+        # Release the model and KV cache now, not when the caller drops the LLM.
+        device = self.worker.device
+        self.worker = None
         destroy_distributed()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @property
     def model_info(self) -> dict:

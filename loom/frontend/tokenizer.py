@@ -34,6 +34,8 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _Backend
 
+from loom import envs
+
 # The named special tokens of transformers, in the order it lists them in all_special_ids.
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                   "cls_token", "mask_token")
@@ -272,8 +274,7 @@ def _own_template(directory: Path, config: dict[str, Any]) -> str | None:
 
 # -- GGUF conversion --------------------------------------------------------------------------
 def tokenizer_cache_root() -> Path:
-    root = os.environ.get("LOOM_CACHE_DIR") or os.path.join(Path.home(), ".cache", "loom")
-    return Path(root) / "tokenizers"
+    return envs.cache_dir() / "tokenizers"
 
 
 def gguf_tokenizer_dir(gguf_path: Path) -> Path:

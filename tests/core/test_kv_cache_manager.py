@@ -145,3 +145,13 @@ def test_reset_prefix_cache():
     m.free(a)
     assert m.reset_prefix_cache() is True
     assert m.get_computed_blocks(req("b", list(range(10)))) == ([], 0)
+
+
+def test_prompt_logprobs_requests_skip_the_prefix_cache():
+    # Every prompt position's logits are needed, so nothing may be taken from the cache.
+    m = KVCacheManager(10, BS, enable_prefix_caching=True)
+    a = req("a", list(range(9)))
+    compute(m, a, 9)
+    b = Request("b", list(range(9)), SamplingParams(prompt_logprobs=1))
+    assert m.get_computed_blocks(b) == ([], 0)
+    assert m.get_computed_blocks(req("c", list(range(9))))[1] == 8

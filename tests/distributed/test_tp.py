@@ -82,7 +82,7 @@ def test_tp2_equals_tp1_on_gpu(kind, tiny_model_factory):
     results = []
     for tp in (1, 2):
         llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda", max_model_len=128,
-                  tensor_parallel_size=tp)
+                  tensor_parallel_size=tp, kv_cache_memory_bytes=1 << 28)
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
         results.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)])
         llm.shutdown()

@@ -86,7 +86,9 @@ def test_echo_prompt_logprobs_as_lm_eval_reads_them(server, llm):
     """lm-eval's local-completions: token-id prompts, echo, logprobs=1, max_tokens=1, then
     token_logprobs[ctxlen:-1] and top_logprobs[ctxlen:-1]."""
     client = server.client()
-    prompts = [TOKEN_PROMPT, TOKEN_PROMPT[:5] + [9, 10, 11]]  # the second shares a prefix
+    long = [(7 * i) % 4000 + 3 for i in range(40)]
+    # The third and fourth share two full KV blocks with the second: prefix-cache hits.
+    prompts = [TOKEN_PROMPT, long, long, long[:36] + [9, 10, 11]]
     response = client.completions.create(model=server_model(server), prompt=prompts, max_tokens=1,
                                          temperature=0, logprobs=1, echo=True, seed=1234)
     for prompt, choice in zip(prompts, sorted(response.choices, key=lambda c: c.index)):
