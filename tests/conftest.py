@@ -9,6 +9,17 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _choose_triton_mode() -> None:
+    """Without CUDA, Triton kernels run in its interpreter. The choice is fixed when
+    triton.language is first imported, which Inductor does as soon as any test module
+    imports it, so it is made here, before any test module is collected."""
+    import torch
+    os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+
+
+_choose_triton_mode()
+
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             max_position_embeddings=512, initializer_range=0.15, bos_token_id=1, eos_token_id=2)
@@ -89,3 +100,4 @@ def tiny_llama_with_tokenizer(tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tok_dir, name), path / name)
     return str(path), model
+

@@ -37,6 +37,17 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return out.to(x.dtype)
 
 
+@torch.library.custom_op("loom::experts_reference", mutates_args=())
+def experts_reference_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                         weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return experts_reference(x, w13, w2, weights, ids)
+
+
+@experts_reference_op.register_fake
+def _(x, w13, w2, weights, ids):
+    return x.new_empty(x.shape)
+
+
 class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool) -> None:
@@ -70,4 +81,7 @@ class FusedMoE(nn.Module):
         if x.is_cuda:
             from loom.kernels.fused_moe import fused_moe
             return fused_moe(x, self.w13, self.w2, weights, ids)
-        return experts_reference(x, self.w13, self.w2, weights, ids)
+        # The reference loops over the experts present (data-dependent): one opaque node
+        # under torch.compile, so the CPU graph traces whole.
+        fn = torch.ops.loom.experts_reference if torch.compiler.is_compiling() else experts_reference
+        return fn(x, self.w13, self.w2, weights, ids)

@@ -1,4 +1,11 @@
-"""RMSNorm, with the residual add fused into the same call as in most decoders."""
+"""RMSNorm, with the residual add fused into the same call as in most decoders.
+
+Under torch.compile each norm is one custom-op node (`loom::rms_norm`,
+`loom::fused_add_rms_norm`), so compile passes can match "all_reduce -> norm" without
+recognising a decomposed pow/mean/rsqrt chain; the last pass turns the remaining nodes
+back into aten ops (`compilation/passes/norm_decomposition.py`) so Inductor still fuses
+them. Eager runs the reference functions below and never pays custom-op dispatch.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual): the normalised input and the new residual."""
+    x = x + residual
+    return rms_norm(x, weight, eps), x
+
+
+@torch.library.custom_op("loom::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Contiguous, like the fake below: a kept extern kernel must match its fake strides.
+    return rms_norm(x, weight, eps).contiguous()
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("loom::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, residual_out = fused_add_rms_norm(x, residual, weight, eps)
+    return out.contiguous(), residual_out.contiguous()
+
+
+@fused_add_rms_norm_op.register_fake
+def _(x, residual, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -21,7 +58,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        compiling = torch.compiler.is_compiling()
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        x = x + residual
-        return rms_norm(x, self.weight, self.eps), x
+            fn = torch.ops.loom.rms_norm if compiling else rms_norm
+            return fn(x, self.weight, self.eps)
+        fn = torch.ops.loom.fused_add_rms_norm if compiling else fused_add_rms_norm
+        return fn(x, residual, self.weight, self.eps)
