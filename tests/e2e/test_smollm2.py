@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from loom import LLM, SamplingParams
-from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "List three prime numbers."]
@@ -16,23 +15,15 @@ MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def smol_path() -> str:
-    path = demo_model_path()
-    if path is None:
-        pytest.skip(f"SmolLM2 GGUF not installed ({DEMO_INSTALL_HINT})")
-    return path
-
-
-@pytest.fixture(scope="module")
-def hf_model_and_tokenizer(smol_path):
+def hf_model_and_tokenizer(smol_gguf):
     """transformers' own GGUF reading (load_gguf_checkpoint; from_pretrained would need
     accelerate) into a LlamaForCausalLM, and its tokenizer for the same file."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    directory, name = os.path.split(smol_path)
+    directory, name = os.path.split(smol_gguf)
     config = AutoConfig.from_pretrained(directory, gguf_file=name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(smol_path, return_tensors=True, model_to_load=model,
+    tensors = load_gguf_checkpoint(smol_gguf, return_tensors=True, model_to_load=model,
                                    torch_dtype=torch.float32)["tensors"]
     model.load_state_dict(tensors, strict=False)
     model.tie_weights()
@@ -40,9 +31,9 @@ def hf_model_and_tokenizer(smol_path):
 
 
 @pytest.mark.slow
-def test_greedy_chat_equals_transformers(smol_path, hf_model_and_tokenizer):
+def test_greedy_chat_equals_transformers(smol_gguf, hf_model_and_tokenizer):
     hf, hf_tok = hf_model_and_tokenizer
-    llm = LLM(smol_path, dtype="float32", device="cpu", max_model_len=512)
+    llm = LLM(smol_gguf, dtype="float32", device="cpu", max_model_len=512)
     conversations = [[{"role": "user", "content": q}] for q in QUESTIONS]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     outputs = llm.chat(conversations, params, use_tqdm=False)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
-from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path, llama3_tokenizer_path
+from loom.models.demo import llama3_tokenizer_path
 
 
 @pytest.fixture(scope="session")
@@ -23,14 +23,6 @@ def loom_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOOM_CACHE_DIR", str(cache))
         yield cache
-
-
-@pytest.fixture(scope="session")
-def smol_gguf() -> str:
-    path = demo_model_path()
-    if path is None:
-        pytest.skip(f"SmolLM2 GGUF not installed ({DEMO_INSTALL_HINT})")
-    return path
 
 
 @pytest.fixture(scope="session")

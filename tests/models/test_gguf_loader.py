@@ -12,7 +12,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 from loom.models.loader.gguf import load_gguf
 
 CONFIG_FIELDS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -21,15 +20,7 @@ CONFIG_FIELDS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_a
 
 
 @pytest.fixture(scope="module")
-def smol_path() -> str:
-    path = demo_model_path()
-    if path is None:
-        pytest.skip(f"SmolLM2 GGUF not installed ({DEMO_INSTALL_HINT})")
-    return path
-
-
-@pytest.fixture(scope="module")
-def hf_reference(smol_path: str) -> tuple[Any, dict[str, torch.Tensor], set[str]]:
+def hf_reference(smol_gguf: str) -> tuple[Any, dict[str, torch.Tensor], set[str]]:
     """transformers' config, GGUF state dict and model parameter names for SmolLM2.
 
     `from_pretrained(gguf_file=...)` needs `accelerate`, which loom does not depend on, so the
@@ -39,18 +30,18 @@ def hf_reference(smol_path: str) -> tuple[Any, dict[str, torch.Tensor], set[str]
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    directory, name = os.path.split(smol_path)
+    directory, name = os.path.split(smol_gguf)
     config = AutoConfig.from_pretrained(directory, gguf_file=name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(smol_path, return_tensors=True, model_to_load=model,
+    tensors = load_gguf_checkpoint(smol_gguf, return_tensors=True, model_to_load=model,
                                    torch_dtype=torch.float32)["tensors"]
     return config, tensors, set(model.state_dict())
 
 
 @pytest.fixture(scope="module")
-def smol_loaded(smol_path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    config, weights = load_gguf(smol_path)
+def smol_loaded(smol_gguf: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    config, weights = load_gguf(smol_gguf)
     return config, dict(weights)
 
 
