@@ -140,6 +140,9 @@ class CompilationConfig:
         if isinstance(self.pass_config, dict):
             object.__setattr__(self, "pass_config", _from_dict(PassConfig, self.pass_config,
                                                                "compilation_config.pass_config"))
+        _check(self.level == 3 or not self.pass_config.enable_sequence_parallelism,
+               "compilation_config.pass_config: sequence parallelism and async TP are level-3 "
+               f"passes; set \"level\": 3 (got level {self.level})")
 
     @classmethod
     def parse(cls, value: CompilationConfig | dict | str | int | None) -> CompilationConfig:

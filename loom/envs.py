@@ -55,3 +55,15 @@ def test_introspection() -> bool:
     """LOOM_TEST_INTROSPECTION=1: the API server adds GET /_loom/introspect (asyncio task
     count, live request streams, engine request and KV-block counts) for tests."""
     return _flag("LOOM_TEST_INTROSPECTION")
+
+
+def async_tp_min_tokens() -> int | None:
+    """LOOM_ASYNC_TP_MIN_TOKENS: fuse collective matmuls (async TP) from this token count
+    up, overriding the measured per-shape table; for measuring the fused ops (unset)."""
+    raw = os.environ.get("LOOM_ASYNC_TP_MIN_TOKENS")
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"LOOM_ASYNC_TP_MIN_TOKENS: expected an integer, got {raw!r}") from None

@@ -44,3 +44,21 @@ class RequestOutput:
     """None for the first prompt token (nothing precedes it), then one entry per token."""
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What `LLM.embed` and `AsyncLLM.encode` return (vLLM's names)."""
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -5,9 +5,43 @@ A msgspec Struct, so that it crosses the API -> engine ZeroMQ boundary unchanged
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 _GREEDY_EPS = 1e-5
+_GUIDED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+class GuidedDecodingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Structured output: exactly one constraint on the generated text (vLLM's fields).
+
+    Set-ness is checked here; whether a schema, regex or grammar compiles is checked by the
+    frontend (`loom.core.structured_output.validate_guided`), which needs llguidance.
+    """
+    json: str | dict[str, Any] | None = None
+    """A JSON schema, as a JSON string or an object."""
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    """A Lark (or GBNF) grammar, as llguidance accepts it."""
+    json_object: bool = False
+    """Any JSON object."""
+
+    def __post_init__(self) -> None:
+        set_kinds = self.kinds
+        if len(set_kinds) != 1:
+            got = ", ".join(set_kinds) or "none"
+            raise ValueError(f"guided_decoding: set exactly one of {', '.join(_GUIDED_KINDS)}; "
+                             f"got {got}")
+        if self.choice is not None and not (self.choice
+                                            and all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("guided_decoding.choice: must be a non-empty list of strings")
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k in _GUIDED_KINDS
+                if (getattr(self, k) is not None and getattr(self, k) is not False)]
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -32,6 +66,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
+    """Structured output; None: unconstrained."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

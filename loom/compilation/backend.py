@@ -70,6 +70,11 @@ class PiecewiseBackend:
         self.config = config
         self.pass_manager = pass_manager
         ops = config.splitting_ops
+        if ops is None and pass_manager.sequence_parallel:
+            # The sharded residual stream runs through every layer: it must not cross pieces.
+            logger.info("level 3: sequence parallelism compiles the whole graph "
+                        "(splitting_ops=[]); attention stays an opaque op inside it")
+            ops = ()
         self.splitting_ops = DEFAULT_SPLITTING_OPS if ops is None else tuple(
             op.replace("::", ".") for op in ops)
 
@@ -155,21 +160,54 @@ class CompiledForward:
                  tp_size: int) -> None:
         self.model = model
         self.level = 0 if enforce_eager else config.level
+        self.token_multiple = 1
+        """The runner pads every batch to a multiple of this (the TP size under SP)."""
         if self.level == 0:
+            if enforce_eager and config.pass_config.enable_sequence_parallelism:
+                logger.info("enforce_eager: the compile passes (sequence parallelism, async TP) "
+                            "are off")
             self.fn = model.forward
-        elif self.level < 3:
-            self.fn = torch.compile(model.forward, dynamic=True, fullgraph=True)
+            return
+        passes = self.pass_manager = PassManager(config.pass_config, tp_size)
+        forward = model.forward
+        if passes.sequence_parallel:
+            self.token_multiple = tp_size
+            forward = _flattening(forward)
+            unused = [s for s in config.compile_sizes if s % tp_size]
+            if unused:
+                logger.warning("compile_sizes %s are not multiples of the TP size %d: with "
+                               "sequence parallelism batches are padded, so they never run",
+                               unused, tp_size)
+        if self.level < 3:
+            # The pass manager still runs: it turns loom's norm ops back into aten ops.
+            self.fn = torch.compile(forward, dynamic=True, fullgraph=True,
+                                    options={"post_grad_custom_post_pass": passes})
         else:
-            backend = PiecewiseBackend(config, PassManager(config.pass_config, tp_size))
-            self.fn = torch.compile(model.forward, backend=backend, dynamic=True, fullgraph=True)
+            backend = PiecewiseBackend(config, passes)
+            self.fn = torch.compile(forward, backend=backend, dynamic=True, fullgraph=True)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # Norm epsilons and attention scales are constants of the model, not inputs.
         torch._dynamo.config.specialize_float = True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        num_tokens = input_ids.shape[0]
+        if self.token_multiple > 1:
+            # [n / m, m]: the graph's token count is then m * s, a multiple of m by
+            # construction, and a sequence-parallel shard of it is exactly s.
+            input_ids = input_ids.view(-1, self.token_multiple)
+            positions = positions.view(-1, self.token_multiple)
+            for t in (input_ids, positions):
+                torch._dynamo.mark_static(t, 1)
         if self.level > 0 and input_ids.shape[0] > 1:
             # One graph for every token count >= 2 (1 is specialised by Dynamo anyway).
             torch._dynamo.mark_dynamic(input_ids, 0)
             torch._dynamo.mark_dynamic(positions, 0)
-        with _running_size(input_ids.shape[0]):
+        with _running_size(num_tokens):
             return self.fn(input_ids, positions)
+
+
+def _flattening(forward: Callable) -> Callable:
+    """forward over token rows given as [n / m, m] (see `CompiledForward.__call__`)."""
+    def flat_forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return forward(input_ids.flatten(), positions.flatten())
+    return flat_forward

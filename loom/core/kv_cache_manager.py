@@ -59,9 +59,9 @@ class KVCacheManager:
         It never covers the last token: the model must run on at least one token to
         produce the next one's logits.
         """
-        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
-            # Prompt logprobs need the logits of every prompt position; a cached prefix
-            # would skip computing them.
+        if not self.enable_prefix_caching or request.skips_prefix_cache:
+            # Prompt logprobs need the logits of every prompt position (mean/cls pooling its
+            # hidden states); a cached prefix would skip computing them.
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVBlock] = []

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from loom.engine.protocol import EngineCoreRequest, FinishReason
+from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from loom.core.structured_output import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -34,7 +39,8 @@ _FINISH_REASONS = {
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_id: int | None = None, arrival_time: float = 0.0) -> None:
+                 eos_token_id: int | None = None, arrival_time: float = 0.0,
+                 pooling_params: PoolingParams | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -49,11 +55,15 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None
         self.max_tokens = sampling_params.max_tokens
+        self.grammar: GrammarMatcher | None = None
+        """Guided decoding: where the output stands in its grammar (set by the engine core)."""
+        self.pooling_params = pooling_params
+        """Set for an embedding request: it ends when its prompt is computed."""
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
-                   req.eos_token_id, req.arrival_time)
+                   req.eos_token_id, req.arrival_time, req.pooling_params)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -70,6 +80,13 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    @property
+    def skips_prefix_cache(self) -> bool:
+        """Prompt logprobs and mean/cls pooling need every prompt row computed."""
+        if self.sampling_params.prompt_logprobs is not None:
+            return True
+        return self.pooling_params is not None and self.pooling_params.needs_every_prompt_row
 
     @property
     def is_finished(self) -> bool:

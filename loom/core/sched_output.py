@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from loom.engine.protocol import Logprobs
+from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
 
@@ -24,6 +25,7 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     num_computed_tokens: int
     """Tokens whose KV is already in the cache (a prefix-cache hit)."""
     eos_token_id: int | None = None
+    pooling_params: PoolingParams | None = None
 
 
 class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -44,6 +46,9 @@ class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     total_num_scheduled_tokens: int = 0
     finished_req_ids: list[str] = []
     """Requests finished, aborted or preempted since the last step: workers drop their state."""
+    grammar_bitmask: dict[str, bytes] = {}
+    """Guided requests sampling this step: allowed next tokens, packed as llguidance does
+    (little-endian int32 words, bit i of word j is token 32 * j + i; the tokenizer's vocab)."""
 
     @property
     def is_empty(self) -> bool:
@@ -57,3 +62,5 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     logprobs: list[Logprobs | None] = []
     prompt_logprobs: dict[str, list[Logprobs]] = {}
     """Prompt logprobs computed this step, per request (a chunk of them under chunked prefill)."""
+    pooled: dict[str, list[float]] = {}
+    """Pooling requests whose prompt completed this step -> their pooled vector."""

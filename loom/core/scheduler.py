@@ -17,6 +17,7 @@ from loom.core.kv_cache_manager import KVCacheManager, cdiv
 from loom.core.request import Request, RequestStatus
 from loom.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
+from loom.core.structured_output import grammar_bitmasks
 from loom.engine.protocol import EngineCoreOutput, FinishReason, Logprobs, SchedulerStats
 
 
@@ -114,7 +115,9 @@ class Scheduler:
         output = SchedulerOutput(new_reqs=step.new_reqs, cached_reqs=step.cached_reqs,
                                  num_scheduled_tokens=num_scheduled,
                                  total_num_scheduled_tokens=sum(num_scheduled.values()),
-                                 finished_req_ids=self.finished_req_ids)
+                                 finished_req_ids=self.finished_req_ids,
+                                 grammar_bitmask=grammar_bitmasks(
+                                     self.requests[rid] for rid in num_scheduled))
         self.finished_req_ids = []
         return output
 
@@ -188,7 +191,7 @@ class Scheduler:
             num_prompt_tokens=request.num_prompt_tokens,
             sampling_params=request.sampling_params,
             block_ids=self.kv_cache_manager.get_block_ids(rid), num_computed_tokens=num_hit,
-            eos_token_id=request.eos_token_id))
+            eos_token_id=request.eos_token_id, pooling_params=request.pooling_params))
         step.new_tokens[rid] = num_new
         step.budget -= num_new
 
@@ -201,6 +204,9 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted after it was scheduled
+            if rid in runner_output.pooled:
+                outputs.append(self._finish_pooling(request, runner_output.pooled[rid]))
+                continue
             new_token_ids = self._append_tokens(request, runner_output.sampled_token_ids[i])
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:
@@ -210,13 +216,20 @@ class Scheduler:
             self._remove_finished()
         return outputs
 
+    def _finish_pooling(self, request: Request, pooled: list[float]) -> EngineCoreOutput:
+        """A pooling request ends when its prompt is computed: no tokens, only the vector."""
+        request.status = RequestStatus.FINISHED_STOPPED
+        return EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.STOP,
+                                num_cached_tokens=max(0, request.num_cached_tokens),
+                                pooled=pooled)
+
     def _append_tokens(self, request: Request, sampled: list[int]) -> list[int]:
         appended = []
         for token_id in sampled:
             request.append_output_token(token_id)
             appended.append(token_id)
             self._num_generation_tokens += 1
-            if self._check_stop(request, token_id):
+            if self._check_stop(request, token_id) or self._check_grammar(request, token_id):
                 break
         return appended
 
@@ -237,6 +250,14 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
+
+    @staticmethod
+    def _check_grammar(request: Request, token_id: int) -> bool:
+        """A guided request ends (stop) when its grammar is complete."""
+        if request.grammar is None or not request.grammar.accept(token_id):
+            return False
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
 
     def _make_output(self, request: Request, new_token_ids: list[int],
                      prompt_logprobs: list[Logprobs] | None,

@@ -20,6 +20,12 @@ class GroupCoordinator:
     group: dist.ProcessGroup | None
     """None for a group of one: every collective is the identity."""
 
+    @property
+    def c10d_name(self) -> str | None:
+        """The process group's c10d name, which torch's own collective ops (symmetric
+        memory's fused matmuls) take instead of our string; None for a group of one."""
+        return self.group.group_name if self.group is not None else None
+
 
 _GROUPS: dict[str, GroupCoordinator] = {}
 
@@ -47,3 +53,18 @@ def get_group(name: str) -> GroupCoordinator:
 
 def get_tp_group() -> GroupCoordinator:
     return get_group("tp")
+
+
+def enable_symmetric_memory(name: str) -> None:
+    """Register a group with torch symmetric memory, which the async-TP fused matmuls
+    (`torch.ops.symm_mem.*`) rendezvous through. CUDA only."""
+    import warnings
+
+    from torch.distributed import _symmetric_memory as symm_mem
+    c10d_name = get_group(name).c10d_name
+    if c10d_name is None or symm_mem.is_symm_mem_enabled_for_group(c10d_name):
+        return
+    with warnings.catch_warnings():
+        # Newer torch deprecates the call as unneeded; older releases still need it.
+        warnings.simplefilter("ignore", FutureWarning)
+        symm_mem.enable_symm_mem_for_group(c10d_name)

@@ -13,8 +13,10 @@ import time
 from loom.config import EngineConfig
 from loom.core.request import Request
 from loom.core.scheduler import Scheduler
+from loom.core.structured_output import StructuredOutputManager
 from loom.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from loom.executor.base import make_executor
+from loom.models.loader import tokenizer_path
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ class EngineCore:
         self.num_blocks = self._init_kv_cache()
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
         self._pending: list[EngineCoreOutput] = []
+        self.structured_output = StructuredOutputManager(tokenizer_path(config.model))
 
     def _init_kv_cache(self) -> int:
         num_blocks = self.executor.determine_num_blocks()
@@ -61,7 +64,10 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; raises ValueError (and changes nothing) if it is invalid."""
         self.validate(request)
-        self.scheduler.add_request(Request.from_engine_core_request(request))
+        core_request = Request.from_engine_core_request(request)
+        core_request.grammar = self.structured_output.matcher_for(request.request_id,
+                                                                  request.sampling_params)
+        self.scheduler.add_request(core_request)
 
     def validate(self, request: EngineCoreRequest) -> None:
         n = len(request.prompt_token_ids)

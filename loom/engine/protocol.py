@@ -10,6 +10,7 @@ import enum
 
 import msgspec
 
+from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
 
@@ -29,6 +30,9 @@ class EngineCoreRequest(msgspec.Struct, tag="add", array_like=True, omit_default
     sampling_params: SamplingParams
     arrival_time: float = 0.0
     eos_token_id: int | None = None
+    pooling_params: PoolingParams | None = None
+    """Set for an embedding request: the engine pools its prompt's hidden states and
+    samples nothing (its sampling_params are then only the one-step placeholder)."""
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
@@ -68,6 +72,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     """The stop token id that finished the request, if any."""
     num_cached_tokens: int = 0
     error: str | None = None
+    pooled: list[float] | None = None
+    """A pooling request's vector, on its one (finished) output."""
 
     @property
     def finished(self) -> bool:

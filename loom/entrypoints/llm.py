@@ -14,7 +14,9 @@ from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
 from loom.models.loader import tokenizer_path
-from loom.outputs import RequestOutput
+from loom.engine.protocol import EngineCoreRequest
+from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
 Message = dict[str, str]
@@ -64,6 +66,35 @@ class LLM:
         order = {r[0]: i for i, r in enumerate(requests)}
         outputs = self._run(len(requests), use_tqdm)
         return sorted(outputs, key=lambda o: order[o.request_id])
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """One pooled hidden state per prompt (text or token ids), in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = pooling_params or PoolingParams()
+        requests = []  # all validated before any is added
+        for prompt in prompts:
+            _, ids = self.processor.tokenize(prompt) if self.tokenizer else (None, prompt)
+            requests.append(self.processor.process_pooling(str(next(self._ids)), ids, params))
+        for request in requests:
+            self.engine.add_request(request)
+        return self._run_pooling(requests, use_tqdm)
+
+    def _run_pooling(self, requests: list[EngineCoreRequest],
+                     use_tqdm: bool) -> list[EmbeddingRequestOutput]:
+        pooled: dict[str, list[float]] = {}
+        with tqdm(total=len(requests), desc="Embedded prompts", disable=not use_tqdm) as bar:
+            while len(pooled) < len(requests):
+                for out in self.engine.step().outputs:
+                    if out.pooled is None:
+                        raise RuntimeError(f"request {out.request_id} ended "
+                                           f"({out.finish_reason}) without a pooled vector")
+                    pooled[out.request_id] = out.pooled
+                    bar.update(1)
+        return [EmbeddingRequestOutput(r.request_id, EmbeddingOutput(pooled[r.request_id]),
+                                       r.prompt_token_ids) for r in requests]
 
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -13,9 +13,9 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loom.engine.protocol import (AbortRequests, EngineCoreMessage, EngineCoreOutput,
                                   EngineCoreOutputs, EngineDead, SchedulerStats, UtilityCall,
@@ -24,8 +24,12 @@ from loom.frontend.core_client import EngineCoreClient
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer
-from loom.outputs import RequestOutput
+from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # OpenTelemetry is optional: loom.tracing is imported only with the flag
+    from loom.tracing import RequestTrace, RequestTracer
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +60,14 @@ class _Stream:
     arrival: float
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     last_token_time: float | None = None
+    trace: RequestTrace | None = None
 
 
 class AsyncLLM:
     def __init__(self, client: EngineCoreClient, tokenizer: Tokenizer | None,
                  stats: StatsSink | None = None,
-                 on_dead: Callable[[str], None] | None = None) -> None:
+                 on_dead: Callable[[str], None] | None = None,
+                 tracer: RequestTracer | None = None) -> None:
         self.client = client
         self.tokenizer = tokenizer
         info = client.info
@@ -71,10 +77,13 @@ class AsyncLLM:
                                    info.eos_token_id)
         self.output_processor = OutputProcessor(tokenizer)
         self.streams: dict[str, _Stream] = {}
+        self._pooling: dict[str, asyncio.Future] = {}
+        """Embedding requests in the engine -> the future of their pooled vector."""
         self._utility_calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._stats = stats
         self._on_dead = on_dead
+        self._tracer = tracer
         self.dead_reason: str | None = None
 
     def start(self) -> None:
@@ -92,16 +101,20 @@ class AsyncLLM:
             raise ValueError("prompt: text prompts need a tokenizer; send token ids")
         return self.processor.tokenize(prompt)
 
-    async def generate(self, prompt: PromptType, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: PromptType, params: SamplingParams, request_id: str,
+                       trace_headers: Mapping[str, str] | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Yield what is new for the request at each engine step (text, tokens, logprobs),
-        until it finishes. Closing the generator early aborts the request in the engine."""
+        until it finishes. Closing the generator early aborts the request in the engine.
+        With tracing on, its span is parented to trace_headers' W3C trace context."""
         self._check_alive()
         if request_id in self.streams:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         text, prompt_ids = self.tokenize(prompt)
         self.processor.process(request_id, prompt_ids, params)  # validate before any state
         stream = self.streams[request_id] = _Stream(arrival=time.monotonic())
+        if self._tracer is not None:
+            stream.trace = self._tracer.begin(request_id, params, len(prompt_ids), trace_headers)
         try:
             children = self.output_processor.add_request(request_id, text, prompt_ids, params,
                                                          OutputKind.DELTA)
@@ -116,6 +129,37 @@ class AsyncLLM:
                     return
         finally:
             self._forget(request_id)
+            if stream.trace is not None:
+                stream.trace.end()
+
+    async def encode(self, prompt: PromptType, params: PoolingParams,
+                     request_id: str) -> EmbeddingRequestOutput:
+        """Pool the prompt's hidden states; cancelling the call aborts it in the engine."""
+        self._check_alive()
+        if request_id in self.streams or request_id in self._pooling:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        _, prompt_ids = self.tokenize(prompt)
+        request = self.processor.process_pooling(request_id, prompt_ids, params)
+        future = self._pooling[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            self.client.send(request)
+            pooled = await future
+        finally:
+            if self._pooling.pop(request_id, None) is not None and not self.errored:
+                self.client.send(AbortRequests([request_id]))
+        return EmbeddingRequestOutput(request_id, EmbeddingOutput(pooled), prompt_ids)
+
+    def _pooling_done(self, out: EngineCoreOutput) -> None:
+        future = self._pooling.pop(out.request_id)
+        if future.done():
+            return
+        if out.error is not None:
+            future.set_exception(RequestRejectedError(out.error))
+        elif out.pooled is None:
+            future.set_exception(RuntimeError(f"request {out.request_id} ended "
+                                              f"({out.finish_reason}) without a pooled vector"))
+        else:
+            future.set_result(out.pooled)
 
     def _forget(self, request_id: str) -> None:
         """Drop a request's state; abort whatever of it the engine still runs."""
@@ -164,7 +208,9 @@ class AsyncLLM:
     def _process(self, outputs: list[EngineCoreOutput], timestamp: float) -> None:
         accepted = []
         for out in outputs:
-            if out.error is not None:
+            if out.request_id in self._pooling:
+                self._pooling_done(out)
+            elif out.error is not None:
                 self._reject(out)
             else:
                 accepted.append(out)
@@ -176,6 +222,8 @@ class AsyncLLM:
             stream = self.streams.get(output.request_id)
             if stream is not None:
                 self._record(stream, output, now)
+                if stream.trace is not None:
+                    stream.trace.observe(output, now)
                 stream.queue.put_nowait(output)
 
     def _reject(self, out: EngineCoreOutput) -> None:
@@ -219,7 +267,7 @@ class AsyncLLM:
         self.dead_reason = reason
         for stream in self.streams.values():
             stream.queue.put_nowait(EngineDeadError(reason))
-        for future in self._utility_calls.values():
+        for future in [*self._utility_calls.values(), *self._pooling.values()]:
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
         if self._on_dead is not None:

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
+from loom.core.structured_output import validate_guided
 from loom.engine.protocol import EngineCoreRequest
 from loom.frontend.tokenizer import Tokenizer
+from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+
+POOLING_PLACEHOLDER = SamplingParams(max_tokens=1, temperature=0.0)
+"""The sampling params a pooling request carries: it ends before it would ever sample."""
 
 PromptType = str | list[int]
 
@@ -42,7 +49,15 @@ class Processor:
         if bad:
             raise ValueError(f"prompt: token id(s) {bad[:5]} outside the vocabulary "
                              f"(0..{self.vocab_size - 1})")
+        if params.guided_decoding is not None:
+            validate_guided(params.guided_decoding)
         if params.max_tokens is None:
             params = params.clone(max_tokens=self.max_model_len - n)
         return EngineCoreRequest(request_id, list(prompt_token_ids), params, time.time(),
                                  self.eos_token_id)
+
+    def process_pooling(self, request_id: str, prompt_token_ids: list[int],
+                        params: PoolingParams) -> EngineCoreRequest:
+        """An embedding request: the same prompt checks, pooling instead of sampling."""
+        request = self.process(request_id, prompt_token_ids, POOLING_PLACEHOLDER)
+        return msgspec.structs.replace(request, pooling_params=params)

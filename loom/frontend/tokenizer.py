@@ -109,6 +109,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json_str(self) -> str:
+        """The `tokenizer.json` pipeline, serialized (llguidance builds its tokenizer from it)."""
+        return self._backend.to_str()
+
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         return [self._backend.id_to_token(i) for i in ids]
 

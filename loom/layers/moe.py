@@ -83,5 +83,6 @@ class FusedMoE(nn.Module):
             return fused_moe(x, self.w13, self.w2, weights, ids)
         # The reference loops over the experts present (data-dependent): one opaque node
         # under torch.compile, so the CPU graph traces whole.
-        fn = torch.ops.loom.experts_reference if torch.compiler.is_compiling() else experts_reference
-        return fn(x, self.w13, self.w2, weights, ids)
+        if torch.compiler.is_compiling():
+            return torch.ops.loom.experts_reference(x, self.w13, self.w2, weights, ids)
+        return experts_reference(x, self.w13, self.w2, weights, ids)

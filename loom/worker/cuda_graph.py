@@ -80,9 +80,10 @@ class CUDAGraphRunner:
 
     def run(self, batch: StepBatch, size: int) -> torch.Tensor:
         meta, n = batch.attn_metadata, batch.attn_metadata.num_reqs
-        self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
-        self.positions[:n].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
+        # The batch may carry padding rows of its own (sequence parallelism): real rows only.
+        self.input_ids[:n].copy_(batch.input_ids[:n], non_blocking=True)
+        self.positions[:n].copy_(batch.positions[:n], non_blocking=True)
+        self.slot_mapping[:n].copy_(meta.slot_mapping[:n], non_blocking=True)
         self.seq_lens[:n].copy_(meta.seq_lens, non_blocking=True)
         self.block_table[:n, :meta.block_table.shape[1]].copy_(meta.block_table, non_blocking=True)
         if size > n:  # padding rows: no KV write, one key of attention

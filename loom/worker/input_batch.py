@@ -14,6 +14,7 @@ import torch
 
 from loom.attention.backend import AttentionMetadata
 from loom.core.sched_output import SchedulerOutput
+from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
 
@@ -26,6 +27,8 @@ class CachedRequestState:
     block_ids: list[int]
     eos_token_id: int | None
     num_computed_tokens: int = 0
+    pooling_params: PoolingParams | None = None
+    """Set for an embedding request: its rows are pooled, it never samples."""
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -40,7 +43,8 @@ class RequestStates(dict[str, CachedRequestState]):
         for new in so.new_reqs:
             self[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
-                list(new.block_ids), new.eos_token_id, new.num_computed_tokens)
+                list(new.block_ids), new.eos_token_id, new.num_computed_tokens,
+                new.pooling_params)
         for cached in so.cached_reqs:
             state = self[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
@@ -65,7 +69,10 @@ class StepBatch:
 
 
 def build_batch(reqs: list[CachedRequestState], num_scheduled: list[int], block_size: int,
-                device: torch.device) -> StepBatch:
+                device: torch.device, token_multiple: int = 1) -> StepBatch:
+    """token_multiple > 1 pads the token rows up to a multiple (sequence parallelism splits
+    them evenly over the TP ranks); padding rows have id 0, position 0 and slot -1 (no KV
+    write), sit past num_actual_tokens and are never read back."""
     counts = np.asarray(num_scheduled, dtype=np.int64)
     computed = np.asarray([r.num_computed_tokens for r in reqs], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])
@@ -76,7 +83,12 @@ def build_batch(reqs: list[CachedRequestState], num_scheduled: list[int], block_
     block_table = _block_table(reqs)
     slots = block_table[req_of_row, positions // block_size] * block_size + positions % block_size
     seq_lens = computed + counts
-    sample_rows = [i for i, r in enumerate(reqs) if seq_lens[i] >= len(r.token_ids)]
+    pad = -len(input_ids) % token_multiple
+    if pad:
+        input_ids, positions = np.pad(input_ids, (0, pad)), np.pad(positions, (0, pad))
+        slots = np.pad(slots, (0, pad), constant_values=-1)
+    sample_rows = [i for i, r in enumerate(reqs)
+                   if seq_lens[i] >= len(r.token_ids) and r.pooling_params is None]
     meta = _metadata(starts, seq_lens, block_table, slots, device)
     return StepBatch(
         input_ids=torch.from_numpy(input_ids).to(device),

@@ -17,9 +17,11 @@ from loom.engine.protocol import Logprobs
 from loom.forward_context import ForwardContext, forward_context
 from loom.models.arch import ModelArch
 from loom.compilation.backend import CompiledForward
+from loom.distributed.parallel_state import enable_symmetric_memory
 from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes
 from loom.worker.input_batch import CachedRequestState, RequestStates, StepBatch, build_batch
 from loom.worker.model_loader import load_model
+from loom.worker.pooler import Pooler
 from loom.worker.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class ModelRunner:
         self.backend = select_backend(device)
         self.sampler = Sampler()
         self.requests = RequestStates()
+        self.pooler = Pooler()
         self.kv_caches: list[torch.Tensor] = []
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None
@@ -79,7 +82,7 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward at the largest batch, attention skipped, to measure activation memory."""
-        n = self.config.scheduler.max_num_batched_tokens
+        n = _round_up(self.config.scheduler.max_num_batched_tokens, self.token_multiple)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         positions = torch.zeros(n, dtype=torch.long, device=self.device)
         with forward_context(ForwardContext(None, self.kv_caches, self.backend)):
@@ -97,8 +100,11 @@ class ModelRunner:
 
     def _compile_and_capture(self) -> None:
         cfg = self.config
-        self.forward = CompiledForward(self.model, cfg.compilation, cfg.enforce_eager,
-                                       cfg.parallel.tensor_parallel_size)
+        tp_size = cfg.parallel.tensor_parallel_size
+        if cfg.compilation.pass_config.enable_async_tp and self.device.type == "cuda" \
+                and tp_size > 1 and not cfg.enforce_eager:
+            enable_symmetric_memory("tp")
+        self.forward = CompiledForward(self.model, cfg.compilation, cfg.enforce_eager, tp_size)
         if self.forward.level > 0:
             start = time.perf_counter()
             self.profile_run()  # traces and compiles the general graph once, up front
@@ -107,6 +113,9 @@ class ModelRunner:
         sizes = cfg.compilation.cudagraph_capture_sizes
         if sizes is None:
             sizes = default_capture_sizes(cfg.scheduler.max_num_seqs)
+        if self.token_multiple > 1:
+            # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
+            sizes = sorted({_round_up(s, self.token_multiple) for s in sizes})
         if self.device.type != "cuda" or cfg.enforce_eager or not sizes:
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
@@ -115,14 +124,20 @@ class ModelRunner:
             -(-max_len // self.block_size), max_len, self.device)
         self.graph_runner.capture()
 
+    @property
+    def token_multiple(self) -> int:
+        """Batches are padded to a multiple of this (TP size under sequence parallelism)."""
+        return getattr(self.forward, "token_multiple", 1)
+
     # One step ---------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         reqs = self.requests.apply(so)
+        self.pooler.drop(so.finished_req_ids)
         if not reqs:
             return ModelRunnerOutput()
         batch = build_batch(reqs, list(so.num_scheduled_tokens.values()), self.block_size,
-                            self.device)
+                            self.device, self.token_multiple)
         size = self.graph_runner.padded_size(batch) if self.graph_runner else None
         if size is not None:
             hidden = self.graph_runner.run(batch, size)
@@ -130,29 +145,47 @@ class ModelRunner:
             ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend)
             with forward_context(ctx):
                 hidden = self.forward(batch.input_ids, batch.positions)
-        return self._make_output(reqs, batch, hidden)
+        return self._make_output(reqs, batch, hidden, so.grammar_bitmask)
 
     def _make_output(self, reqs: list[CachedRequestState], batch: StepBatch,
-                     hidden: torch.Tensor) -> ModelRunnerOutput:
+                     hidden: torch.Tensor,
+                     grammar_bitmask: dict[str, bytes]) -> ModelRunnerOutput:
         sampled: list[list[int]] = [[] for _ in reqs]
         logprobs: list[Logprobs | None] = [None] * len(reqs)
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             if self.is_driver:
-                self._sample(reqs, batch.sample_rows, logits, sampled, logprobs)
+                self._sample(reqs, batch.sample_rows, logits, sampled, logprobs, grammar_bitmask)
+        pooled = self._pool(reqs, batch, hidden) if self.is_driver else {}
         for req, seq_len in zip(reqs, batch.attn_metadata.seq_lens_cpu.tolist()):
             req.num_computed_tokens = seq_len
         return ModelRunnerOutput(
             req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled, logprobs=logprobs,
-            prompt_logprobs=self._prompt_logprobs(batch, hidden))
+            prompt_logprobs=self._prompt_logprobs(batch, hidden), pooled=pooled)
 
-    def _sample(self, reqs, rows, logits, sampled, logprobs) -> None:
+    def _pool(self, reqs: list[CachedRequestState], batch: StepBatch,
+              hidden: torch.Tensor) -> dict[str, list[float]]:
+        """Fold pooling requests' rows (before num_computed_tokens moves past them)."""
+        out = {}
+        starts = batch.attn_metadata.query_start_loc_cpu.tolist()
+        for i, req in enumerate(reqs):
+            if req.pooling_params is None:
+                continue
+            vector = self.pooler.fold(req.req_id, req.pooling_params,
+                                      hidden[starts[i]:starts[i + 1]], req.num_computed_tokens,
+                                      req.num_prompt_tokens)
+            if vector is not None:
+                out[req.req_id] = vector.tolist()
+        return out
+
+    def _sample(self, reqs, rows, logits, sampled, logprobs, grammar_bitmask) -> None:
         chosen = [reqs[i] for i in rows]
         meta = SamplingMetadata.build(
             [r.params for r in chosen], [r.output_token_ids for r in chosen],
             [r.token_ids[:r.num_prompt_tokens] for r in chosen],
             [_stop_ids(r) for r in chosen], [r.params.seed for r in chosen],
-            self.device, self.arch.vocab_size)
+            self.device, self.arch.vocab_size,
+            [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None)
         out = self.sampler(logits, meta)
         tokens = out.sampled_token_ids.tolist()
         structs = (out.logprobs.to_structs([r.params.logprobs for r in chosen])
@@ -172,6 +205,10 @@ class ModelRunner:
                                               num_top)
             out[req_id] = tensors.to_structs([num_top] * len(rows))
         return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _stop_ids(req: CachedRequestState) -> set[int]:

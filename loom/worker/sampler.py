@@ -2,7 +2,8 @@
 
 Order of one step:
   1. logprobs of the raw model distribution (vLLM's default), before anything below;
-  2. repetition / presence / frequency penalties, then min_tokens masking of stop ids;
+  2. guided decoding: tokens the row's grammar forbids go to -inf;
+     repetition / presence / frequency penalties, then min_tokens masking of stop ids;
   3. greedy rows: argmax of the penalized logits;
      random rows: temperature, top-k, top-p, min-p, then an exponential-race draw.
 
@@ -54,6 +55,7 @@ class Sampler(nn.Module):
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.log_softmax(dim=-1)
+        logits = apply_grammar(logits, metadata)
         logits = apply_penalties(logits, metadata)
         logits = apply_min_tokens(logits, metadata)
         sampled = _sample(logits, metadata)
@@ -99,6 +101,13 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         logits -= md.frequency_penalty.unsqueeze(-1) * counts
     if md.presence_penalty is not None:
         logits -= md.presence_penalty.unsqueeze(-1) * (counts > 0)
+    return logits
+
+
+def apply_grammar(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    if md.grammar_rows is not None:
+        rows = logits[md.grammar_rows].masked_fill_(~md.grammar_allowed, float("-inf"))
+        logits[md.grammar_rows] = rows
     return logits
 
 

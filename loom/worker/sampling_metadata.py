@@ -65,6 +65,11 @@ class SamplingMetadata:
     max_num_logprobs: int | None
     """Largest `logprobs` asked in the batch; None when nobody asked."""
 
+    grammar_rows: torch.Tensor | None = None
+    """[G] int64 rows under guided decoding; None when no row is."""
+    grammar_allowed: torch.Tensor | None = None
+    """[G, V] bool: the tokens each guided row's grammar allows next."""
+
     @property
     def no_top_k(self) -> bool:
         return self.top_k is None
@@ -91,6 +96,7 @@ class SamplingMetadata:
         seeds: list[int | None],
         device: torch.device | str,
         vocab_size: int,
+        grammar_bitmasks: list[bytes | None] | None = None,
     ) -> SamplingMetadata:
         greedy = [p.greedy for p in params]
         stop_rows, stop_cols = _min_tokens_pairs(params, output_token_ids, stop_ids,
@@ -105,6 +111,7 @@ class SamplingMetadata:
             needs_global_rng=any(not g and s is None for g, s in zip(greedy, seeds)),
             max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None),
                                  default=None),
+            **_grammar_fields(grammar_bitmasks or [], device, vocab_size),
         )
 
 
@@ -226,3 +233,21 @@ def _generators(
         gen.manual_seed(derive_seed(seed, len(out)))
         gens[row] = gen
     return gens
+
+
+def _grammar_fields(
+    bitmasks: list[bytes | None], device: torch.device | str, vocab_size: int
+) -> dict[str, torch.Tensor | None]:
+    """Unpack llguidance bitmasks (bit i of int32 word j allows token 32 * j + i) on the
+    device. Tokens past the tokenizer's vocabulary (a padded embedding) are never allowed."""
+    rows = [i for i, mask in enumerate(bitmasks) if mask is not None]
+    if not rows:
+        return dict(grammar_rows=None, grammar_allowed=None)
+    words = torch.stack([torch.frombuffer(bytearray(bitmasks[i]), dtype=torch.int32)
+                         for i in rows]).to(device)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    bits = ((words.unsqueeze(-1) >> shifts) & 1).flatten(1)
+    if bits.shape[1] < vocab_size:
+        bits = torch.nn.functional.pad(bits, (0, vocab_size - bits.shape[1]))
+    return dict(grammar_rows=torch.tensor(rows, dtype=torch.long, device=device),
+                grammar_allowed=bits[:, :vocab_size].bool())

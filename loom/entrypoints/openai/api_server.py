@@ -1,7 +1,7 @@
 """The API server: a FastAPI app on uvicorn (uvloop), over an `AsyncLLM`.
 
-Routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /tokenize,
-/detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1).
+Routes: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models, /health, /version,
+/tokenize, /detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1).
 This module, like everything the API process imports, stays torch-free.
 """
 
@@ -28,7 +28,9 @@ from loom.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionR
                                               DetokenizeRequest, DetokenizeResponse, ModelCard,
                                               ModelList, TokenizeRequest, TokenizeResponse)
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
+from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
@@ -52,6 +54,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     access_log: bool = True
     max_body_bytes: int = 10 * 1024 * 1024
     api_server_count: int = 1
+    otlp_traces_endpoint: str | None = None
+    """OTLP/HTTP collector for one `llm_request` span per request; None: no tracing."""
 
 
 @dataclass
@@ -61,6 +65,7 @@ class ServerState:
     metrics: ServerMetrics
     completions: OpenAIServingCompletion
     chat: OpenAIServingChat
+    embeddings: OpenAIServingEmbedding
 
 
 async def run_unless_disconnected(request: Request, work: Coroutine) -> Response:
@@ -99,13 +104,25 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    def trace_headers(request: Request) -> dict[str, str] | None:
+        if state.options.otlp_traces_endpoint is None:
+            return None  # no tracing, no cost
+        from loom.tracing import extract_trace_headers
+        return extract_trace_headers(request.headers)
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await run_unless_disconnected(request, state.completions.create(body))
+        return await run_unless_disconnected(
+            request, state.completions.create(body, trace_headers(request)))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        return await run_unless_disconnected(request, state.chat.create(body))
+        return await run_unless_disconnected(
+            request, state.chat.create(body, trace_headers(request)))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+        return await run_unless_disconnected(request, state.embeddings.create(body))
 
     @app.get("/v1/models")
     async def models() -> ModelList:
@@ -196,10 +213,11 @@ async def serve(options: ServerOptions, sock: socket.socket,
         logger.error("engine dead (%s); /health answers 503, exiting in %.1f s", reason, linger)
         loop.call_later(linger, setattr, server, "should_exit", True)
 
-    engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead)
+    tracer = _make_tracer(options)
+    engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer)
     names = options.served_model_names
     state = ServerState(options, engine, metrics, OpenAIServingCompletion(engine, names),
-                        OpenAIServingChat(engine, names))
+                        OpenAIServingChat(engine, names), OpenAIServingEmbedding(engine, names))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         access_log=options.access_log, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))
@@ -210,4 +228,13 @@ async def serve(options: ServerOptions, sock: socket.socket,
         await server.serve(sockets=[sock])
     finally:
         await engine.close()
+        if tracer is not None:
+            tracer.shutdown()  # flushes the spans still batched
     return 1 if engine.errored else 0
+
+
+def _make_tracer(options: ServerOptions):
+    if options.otlp_traces_endpoint is None:
+        return None
+    from loom.tracing import RequestTracer  # OpenTelemetry only when asked for
+    return RequestTracer(options.otlp_traces_endpoint, options.served_model_names[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from loom import envs
 from loom.engine.arg_utils import EngineArgs
@@ -12,6 +13,7 @@ from loom.models.loader import tokenizer_path
 logger = logging.getLogger(__name__)
 
 DEMO_SERVED_NAME = "SmolLM2-135M-Instruct"
+OTEL_TRACES_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
 
 def register(subparsers) -> None:
@@ -35,6 +37,10 @@ def register(subparsers) -> None:
                    help="no periodic engine stats line")
     g.add_argument("--disable-uvicorn-access-log", action="store_true")
     g.add_argument("--max-request-body-bytes", type=int, default=10 * 1024 * 1024)
+    g.add_argument("--otlp-traces-endpoint", default=None,
+                   help="OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) that "
+                        "gets one `llm_request` span per request (default: "
+                        f"${OTEL_TRACES_ENV}); needs pip install 'loom[tracing]'")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run_serve)
 
@@ -43,6 +49,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from loom.entrypoints.openai.api_server import ServerOptions
     from loom.entrypoints.openai.launcher import run_server
     _check(args)
+    traces_endpoint = _traces_endpoint(args)
     if args.model_tag is not None:
         args.model = args.model_tag
     config = EngineArgs.from_cli_args(args).create_engine_config()
@@ -55,7 +62,8 @@ def run_serve(args: argparse.Namespace) -> int:
         tokenizer=tokenizer, host=args.host, port=args.port, chat_template=args.chat_template,
         api_key=args.api_key or envs.api_key(),
         log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
-        max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count)
+        max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
+        otlp_traces_endpoint=traces_endpoint)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
@@ -69,6 +77,15 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("max_request_body_bytes: must be positive")
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
+
+
+def _traces_endpoint(args: argparse.Namespace) -> str | None:
+    endpoint = args.otlp_traces_endpoint or os.environ.get(OTEL_TRACES_ENV) or None
+    if endpoint is not None:
+        from loom.tracing import check_tracing_available, traces_url
+        check_tracing_available()
+        traces_url(endpoint)  # a bad URL fails here, not in each API server process
+    return endpoint
 
 
 def _served_names(args: argparse.Namespace, model: str) -> list[str]:

@@ -1,9 +1,9 @@
 """OpenAI request and response bodies (pydantic), and their mapping onto SamplingParams.
 
 Requests accept OpenAI's fields plus vLLM's extensions (top_k, min_p, repetition_penalty,
-min_tokens, ignore_eos, ...). Unknown fields are ignored, as OpenAI's SDKs send some that
-do not apply here. Features loom lacks (logit_bias, tools, structured output, best_of > n)
-are refused with a 400 rather than silently ignored.
+min_tokens, ignore_eos, guided_json, ...). Unknown fields are ignored, as OpenAI's SDKs send
+some that do not apply here. Features loom lacks (logit_bias, tools, best_of > n) are refused
+with a 400 rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from loom.sampling_params import SamplingParams
+from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -47,7 +47,62 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(OpenAIModel):
+class JsonSchemaFormat(OpenAIModel):
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.json_schema is None):
+            raise ValueError("response_format: type json_schema needs json_schema.schema")
+        return self
+
+
+class GuidedFields(OpenAIModel):
+    """Structured output: OpenAI's response_format and vLLM's guided_* fields, one at a time."""
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def guided_decoding(self) -> GuidedDecodingParams | None:
+        given = [(name, kind, value) for name, kind, value in self._guided_candidates()
+                 if value is not None]
+        if len(given) > 1:
+            names = ", ".join(name for name, _, _ in given)
+            raise ValueError(f"{names}: give only one kind of structured output")
+        if not given:
+            return None
+        name, kind, value = given[0]
+        try:
+            return GuidedDecodingParams(**{kind: value})
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+
+    def _guided_candidates(self) -> list[tuple[str, str, Any]]:
+        fmt = self.response_format
+        fmt_type = fmt.type if fmt is not None else "text"
+        return [
+            ("response_format", "json_object", True if fmt_type == "json_object" else None),
+            ("response_format", "json",
+             fmt.json_schema.json_schema if fmt_type == "json_schema" else None),
+            ("guided_json", "json", self.guided_json),
+            ("guided_regex", "regex", self.guided_regex),
+            ("guided_choice", "choice", self.guided_choice),
+            ("guided_grammar", "grammar", self.guided_grammar),
+        ]
+
+
+class SamplingFields(GuidedFields):
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
@@ -93,7 +148,8 @@ class SamplingFields(OpenAIModel):
             max_tokens=max_tokens, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output, **optional)
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            guided_decoding=self.guided_decoding(), **optional)
 
     @property
     def include_usage(self) -> bool:
@@ -206,14 +262,11 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self):
         if self.tools:
             raise ValueError("tools are not supported")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ValueError("response_format: structured output is not supported")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:

@@ -4,7 +4,7 @@ or whole."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -46,14 +46,15 @@ class OpenAIServingChat(OpenAIServing):
         # The template writes the special tokens (BOS) itself.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    async def create(self, body: ChatCompletionRequest) -> Response:
+    async def create(self, body: ChatCompletionRequest,
+                     trace_headers: Mapping[str, str] | None = None) -> Response:
         model = self.check_model(body.model)
         prompt_ids = self.render(body.messages, body.add_generation_prompt,
                                  body.continue_final_message)
         chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens))
-        outputs = merge([self.engine.generate(prompt_ids, params, chat.id)])
+        outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers)])
         if body.stream:
             return await self._stream(chat, outputs)
         return await self._whole(chat, outputs)

@@ -5,7 +5,7 @@ or whole."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -52,7 +52,8 @@ class _Request:
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    async def create(self, body: CompletionRequest) -> Response:
+    async def create(self, body: CompletionRequest,
+                     trace_headers: Mapping[str, str] | None = None) -> Response:
         request = _Request(self.new_id("cmpl"), self.check_model(body.model), int(time.time()),
                            body, [])
         generators = []
@@ -62,7 +63,7 @@ class OpenAIServingCompletion(OpenAIServing):
             self.engine.processor.process(request.id, token_ids, params)  # all valid, or none runs
             request.prompts.append(_Prompt(text, token_ids))
             generators.append((token_ids, params, f"{request.id}-{i}"))
-        outputs = merge([self.engine.generate(*g) for g in generators])
+        outputs = merge([self.engine.generate(*g, trace_headers) for g in generators])
         if body.stream:
             return await self._stream(request, outputs)
         return await self._whole(request, outputs)

@@ -1,0 +1,123 @@
+"""Structured output (guided decoding) with llguidance, on the host.
+
+The frontend compiles each request's constraint once to reject bad ones with a ValueError.
+The engine core gives every guided request its own `GrammarMatcher`; the scheduler advances
+it with each accepted token, finishes the request when the grammar is complete, and sends
+the allowed-token bitmask of every request about to sample to the workers, whose sampler
+masks the other tokens to -inf. No torch here: the API server imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import llguidance
+
+from loom.frontend.tokenizer import load_tokenizer
+from loom.sampling_params import GuidedDecodingParams, SamplingParams
+
+if TYPE_CHECKING:
+    from loom.core.request import Request
+
+logger = logging.getLogger(__name__)
+
+_ANY_JSON_OBJECT = '{"type": "object"}'
+# Compact JSON unless a schema's own "x-guidance" says otherwise: with free whitespace a
+# model can emit whitespace until max_tokens, never closing the object.
+_JSON_DEFAULTS = {"whitespace_flexible": False}
+
+
+def grammar_of(guided: GuidedDecodingParams) -> str:
+    """The llguidance grammar of the one constraint set; ValueError if it cannot be built."""
+    kind = guided.kinds[0]
+    try:
+        if kind in ("json", "json_object"):
+            schema = _ANY_JSON_OBJECT if kind == "json_object" else _schema_text(guided.json)
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS)
+        if kind == "choice":
+            return llguidance.grammar_from("choice", guided.choice)
+        if kind == "regex":
+            return llguidance.grammar_from("regex", guided.regex)
+        return llguidance.grammar_from("grammar", guided.grammar)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"guided_decoding.{kind}: {e}") from None
+
+
+def _schema_text(schema: str | dict) -> str:
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    try:
+        json.loads(schema)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    return schema
+
+
+def validate_guided(guided: GuidedDecodingParams) -> str:
+    """Compile the constraint (without a tokenizer) and return its grammar, or raise."""
+    grammar = grammar_of(guided)
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise ValueError(f"guided_decoding.{guided.kinds[0]}: {error.strip()}")
+    return grammar
+
+
+class GrammarMatcher:
+    """One request's position in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, request_id: str) -> None:
+        self._matcher = matcher
+        self._request_id = request_id
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; True when generation must end here."""
+        if self._matcher.consume_token(token_id) and not self._matcher.is_error():
+            return self._matcher.is_stopped()
+        # The bitmask forbids this; reaching it means a bug, reported rather than hidden.
+        logger.error("request %s: token %d breaks its grammar (%s); finishing it",
+                     self._request_id, token_id, self._matcher.get_error())
+        return True
+
+    def bitmask(self) -> bytes:
+        """Allowed next tokens: bit i of 32-bit word j is token 32 * j + i."""
+        return self._matcher.compute_bitmask()
+
+
+class StructuredOutputManager:
+    """Builds matchers. The tokenizer is loaded, and llguidance's made from it (about 1 s for
+    a 128k vocabulary), at the first guided request, so unguided serving never pays for it."""
+
+    def __init__(self, tokenizer_path: str | None) -> None:
+        self._tokenizer_path = tokenizer_path
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+
+    def _get_ll_tokenizer(self) -> llguidance.LLTokenizer:
+        if self._ll_tokenizer is None:
+            tok = load_tokenizer(self._tokenizer_path)
+            self._ll_tokenizer = llguidance.LLTokenizer(
+                tok.to_json_str(), eos_token=sorted(tok.eos_token_ids) or None)
+        return self._ll_tokenizer
+
+    def matcher_for(self, request_id: str, params: SamplingParams) -> GrammarMatcher | None:
+        """A fresh matcher for a guided request (None for an unguided one); ValueError if its
+        constraint does not compile."""
+        if params.guided_decoding is None:
+            return None
+        if self._tokenizer_path is None:
+            raise ValueError("guided_decoding: the engine has no tokenizer to compile it with")
+        grammar = validate_guided(params.guided_decoding)
+        matcher = llguidance.LLMatcher(self._get_ll_tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"guided_decoding.{params.guided_decoding.kinds[0]}: "
+                             f"{matcher.get_error()}")
+        return GrammarMatcher(matcher, request_id)
+
+
+def grammar_bitmasks(requests: Iterable[Request]) -> dict[str, bytes]:
+    """Bitmasks of the guided requests that sample this step (their schedule reaches the
+    last known token; a prefill chunk short of it samples nothing)."""
+    return {r.request_id: r.grammar.bitmask() for r in requests
+            if r.grammar is not None and r.num_computed_tokens >= r.num_tokens}

@@ -1,0 +1,73 @@
+"""POST /v1/embeddings request and response bodies (pydantic), OpenAI's shape."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from loom.pooling_params import PoolingParams
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # the SDKs send fields that do not apply
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    normalize: bool = True
+    """vLLM's extension: L2-normalise each vector."""
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, value: Any) -> Any:
+        # One clear message instead of one per member of the union.
+        def token_ids(v: Any) -> bool:
+            return (isinstance(v, list) and bool(v)
+                    and all(type(t) is int and 0 <= t < 2**31 for t in v))
+        ok = (isinstance(value, str)
+              or (isinstance(value, list) and bool(value)
+                  and (all(isinstance(p, str) for p in value) or token_ids(value)
+                       or all(token_ids(p) for p in value))))
+        if not ok:
+            raise ValueError("must be a string, a non-empty list of strings, a list of token "
+                             "ids (ints in [0, 2**31)) or a list of such lists")
+        return value
+
+    @property
+    def inputs(self) -> list[str | list[int]]:
+        """One entry per input: a string or a token-id list."""
+        value = self.input
+        if isinstance(value, str) or isinstance(value[0], int):
+            return [value]
+        return list(value)
+
+    def to_pooling_params(self) -> PoolingParams:
+        if self.dimensions is not None:
+            raise ValueError("dimensions: this model does not support reduced (matryoshka) "
+                             "dimensions; leave the field out")
+        return PoolingParams(normalize=self.normalize)
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+    """Floats, or base64 of little-endian float32 when encoding_format is base64."""
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage

@@ -1,0 +1,58 @@
+"""POST /v1/embeddings: each input's prompt pooled by the engine (last-token pooling,
+L2-normalised by default), as floats or base64 float32."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+from collections.abc import Coroutine
+
+from loom.entrypoints.openai.protocol_embeddings import (EmbeddingData, EmbeddingRequest,
+                                                         EmbeddingResponse, EmbeddingUsage)
+from loom.entrypoints.openai.serving_base import OpenAIServing
+from loom.outputs import EmbeddingRequestOutput
+
+
+def encode_base64(vector: list[float]) -> str:
+    """OpenAI's base64 format: the vector as little-endian float32 bytes."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+async def gather_or_cancel(coros: list[Coroutine]) -> list:
+    """All results in order; the first failure cancels the rest (aborting them)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class OpenAIServingEmbedding(OpenAIServing):
+    async def create(self, body: EmbeddingRequest) -> EmbeddingResponse:
+        model = self.check_model(body.model)
+        params = body.to_pooling_params()
+        request_id = self.new_id("embd")
+        prompts = []
+        for i, prompt in enumerate(body.inputs):  # all valid, or none runs
+            _, token_ids = self.engine.tokenize(prompt)
+            self.engine.processor.process_pooling(f"{request_id}-{i}", token_ids, params)
+            prompts.append(token_ids)
+        outputs = await gather_or_cancel([self.engine.encode(ids, params, f"{request_id}-{i}")
+                                          for i, ids in enumerate(prompts)])
+        return self._response(request_id, model, body, outputs)
+
+    @staticmethod
+    def _response(request_id: str, model: str, body: EmbeddingRequest,
+                  outputs: list[EmbeddingRequestOutput]) -> EmbeddingResponse:
+        data = []
+        for i, out in enumerate(outputs):
+            vector = out.outputs.embedding
+            embedding = encode_base64(vector) if body.encoding_format == "base64" else vector
+            data.append(EmbeddingData(index=i, embedding=embedding))
+        num_tokens = sum(len(out.prompt_token_ids) for out in outputs)
+        return EmbeddingResponse(id=request_id, model=model, data=data,
+                                 usage=EmbeddingUsage(prompt_tokens=num_tokens,
+                                                      total_tokens=num_tokens))

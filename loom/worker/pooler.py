@@ -1,0 +1,46 @@
+"""Pooling: an embedding request's prompt rows -> one vector, across prefill chunks.
+
+The final-norm hidden states of a pooling request's rows are folded into a per-request
+partial kept on the device (the first row for cls, a running sum for mean); when the
+request's prompt is complete the partial becomes the pooled vector, which is the only thing
+copied to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loom.pooling_params import PoolingParams
+
+
+class Pooler:
+    def __init__(self) -> None:
+        self._partial: dict[str, torch.Tensor] = {}
+
+    def drop(self, req_ids: list[str]) -> None:
+        """Forget finished, aborted or preempted requests (a preempted one restarts at 0)."""
+        for req_id in req_ids:
+            self._partial.pop(req_id, None)
+
+    def fold(self, req_id: str, params: PoolingParams, rows: torch.Tensor, first_position: int,
+             num_prompt_tokens: int) -> torch.Tensor | None:
+        """Fold one chunk of the request's rows (starting at prompt position first_position);
+        returns the pooled vector once the chunk reaches the end of the prompt."""
+        complete = first_position + rows.shape[0] >= num_prompt_tokens
+        kind = params.pooling_type
+        if kind == "cls" and first_position == 0:
+            self._partial[req_id] = rows[0].float()
+        elif kind == "mean":
+            chunk_sum = rows.float().sum(dim=0)
+            previous = self._partial.get(req_id) if first_position > 0 else None
+            self._partial[req_id] = chunk_sum if previous is None else previous + chunk_sum
+        if not complete:
+            return None
+        if kind == "last":
+            pooled = rows[-1].float()
+        elif kind == "mean":
+            pooled = self._partial.pop(req_id) / num_prompt_tokens
+        else:
+            pooled = self._partial.pop(req_id)
+        return F.normalize(pooled, dim=-1) if params.normalize else pooled

@@ -1,0 +1,90 @@
+"""Sequence parallelism and async TP on tiny models at TP=2 on the CPU (gloo, float32).
+
+Expected collective counts, for the tiny models' 2 layers: one all_reduce after the
+embedding and two per layer (attention, MLP/MoE) = 5 sites, each becoming one
+reduce_scatter and one all_gather. Async TP then fuses every gather that feeds a matmul
+(all but the final norm's: 2 per layer) and every reduce_scatter of a matmul (o_proj and
+down_proj; not the embedding's, nor the MoE expert block's).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+from tests.compilation.tp2_harness import Scenario, run_tp2
+
+LAYERS = 2
+SITES = 1 + 2 * LAYERS
+# (fused all_gather+mm, fused mm+reduce_scatter, all_gather left, reduce_scatter left)
+FUSED = {"llama": (2 * LAYERS, 2 * LAYERS, 1, 1),
+         "qwen3_moe": (2 * LAYERS, 2 * LAYERS - 1, 1, 2)}  # layer 0 is MoE, layer 1 dense
+
+
+def _after(graph: dict, pass_name: str) -> tuple[int, ...]:
+    counts = graph[pass_name]
+    return tuple(counts[f"{op}.default"] for op in (
+        "loom.all_reduce", "loom.reduce_scatter", "loom.all_gather",
+        "symm_mem.fused_all_gather_matmul", "symm_mem.fused_matmul_reduce_scatter"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, tiny_model_factory, tmp_path):
+    path, _ = tiny_model_factory(kind)
+    # 8 tokens: the static graph (compile_sizes), fused from 1 token up by the override;
+    # 14 tokens: the dynamic graph, sequence-parallel but unfused.
+    scenario = Scenario(path, {"enable_async_tp": True}, compile_sizes=[8], token_counts=(8, 14),
+                        env={"LOOM_ASYNC_TP_MIN_TOKENS": "1"})
+    report = run_tp2(scenario, str(tmp_path))
+    dynamic, static = report["graphs"]
+    for graph in (dynamic, static):
+        assert _after(graph, "noop_elimination") == (SITES, 0, 0, 0, 0)
+        assert _after(graph, "sequence_parallelism") == (0, SITES, SITES, 0, 0)
+    assert _after(dynamic, "norm_decomposition") == (0, SITES, SITES, 0, 0)
+    fused_ag, fused_rs, ag_left, rs_left = FUSED[kind]
+    assert _after(static, "norm_decomposition") == (0, rs_left, ag_left, fused_ag, fused_rs)
+    for n, rel in report["diffs"].items():
+        assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
+
+
+PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)] for i, n in enumerate((7, 30, 19))]
+
+
+def _generate(path: str, tp: int, **kwargs):
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+              tensor_parallel_size=tp, max_num_batched_tokens=24, **kwargs)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=256)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    logprobs = torch.tensor([[o.outputs[0].logprobs[0][t].logprob for t in range(256)]
+                             for o in outs])
+    return [o.outputs[0].token_ids for o in outs], logprobs
+
+
+@pytest.mark.slow
+def test_engine_with_async_tp_equals_tp1_eager(tiny_model_factory, capfd, monkeypatch):
+    """Through the model runner: odd batches are padded to a multiple of 2 (prompts of 7,
+    30 and 19 tokens in chunks of 24, decodes of 3) and the dynamic graph is rewritten."""
+    # A cached compiled graph skips the passes and their log lines: compile for real.
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    path, _ = tiny_model_factory("llama")
+    tokens1, logprobs1 = _generate(path, 1)
+    config = {"level": 3, "pass_config": {"enable_async_tp": True}}
+    tokens2, logprobs2 = _generate(path, 2, compilation_config=config)
+    assert tokens2 == tokens1
+    torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
+    log = capfd.readouterr().err
+    # One line per compiled graph: the dynamic one, and Dynamo's own for a single row of 2.
+    rewrites = re.findall(r"rank(\d) .*sequence_parallelism: rewrote (\d+) of (\d+)", log)
+    assert {rank for rank, _, _ in rewrites} == {"0", "1"}
+    assert all((n, m) == ("5", "5") for _, n, m in rewrites), rewrites
+    assert len(re.findall(r"async_tp: dynamic token count: kept 4 all_gather\+matmul and 4 "
+                          r"matmul\+reduce_scatter unfused", log)) == 2

@@ -1,0 +1,78 @@
+"""POST /v1/embeddings through the official openai client against real servers: vectors
+equal the offline LLM.embed, base64 decodes to the same floats, bad input gets a 400."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TEXTS = ["The quick brown fox", "jumps over the lazy dog, twice, then sleeps."]
+
+
+@pytest.fixture(scope="module")
+def offline_vectors(llm):
+    return [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
+
+
+def test_embeddings_match_offline(server, offline_vectors):
+    client = server.client()
+    resp = client.embeddings.create(model=client.models.list().data[0].id, input=TEXTS,
+                                    encoding_format="float")
+    assert resp.object == "list" and [d.index for d in resp.data] == [0, 1]
+    for data, expected in zip(resp.data, offline_vectors):
+        assert data.object == "embedding"
+        np.testing.assert_allclose(data.embedding, expected, atol=1e-5)
+        assert abs(np.linalg.norm(data.embedding) - 1.0) < 1e-4
+    assert resp.usage.prompt_tokens == resp.usage.total_tokens > len(TEXTS)
+
+
+def test_embeddings_base64_and_token_ids(server, offline_vectors, llm):
+    client = server.client()
+    floats = client.embeddings.create(model=_model(client), input=TEXTS[0],
+                                      encoding_format="float")
+    raw = httpx.post(f"{server.url}/v1/embeddings", headers=AUTH, timeout=60,
+                     json={"input": TEXTS[0], "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_array_equal(decoded, np.asarray(floats.data[0].embedding, dtype=np.float32))
+    # The SDK asks for base64 by default and decodes it itself.
+    default = client.embeddings.create(model=_model(client), input=TEXTS[0])
+    np.testing.assert_allclose(default.data[0].embedding, offline_vectors[0], atol=1e-5)
+    ids = [llm.tokenizer.encode(t) for t in TEXTS]
+    by_ids = client.embeddings.create(model=_model(client), input=ids, encoding_format="float")
+    for data, expected in zip(by_ids.data, offline_vectors):
+        np.testing.assert_allclose(data.embedding, expected, atol=1e-5)
+    single = client.embeddings.create(model=_model(client), input=ids[1], encoding_format="float")
+    np.testing.assert_allclose(single.data[0].embedding, offline_vectors[1], atol=1e-5)
+
+
+def _model(client) -> str:
+    return client.models.list().data[0].id
+
+
+@pytest.mark.parametrize("body", [
+    {"input": []},
+    {"input": 5},
+    {"input": [[]]},
+    {"input": [1, "a"]},
+    {"input": [1, -3]},
+    {"input": [1, 10**6]},
+    {"input": [5] * (MAX_MODEL_LEN + 10)},
+    {"input": "x", "dimensions": 8},
+    {"input": "x", "encoding_format": "int8"},
+], ids=["empty", "number", "empty-ids", "mixed", "negative-id", "outside-vocab", "too-long",
+        "dimensions", "bad-format"])
+def test_embeddings_bad_input(server, body):
+    resp = httpx.post(f"{server.url}/v1/embeddings", headers=AUTH, json=body, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == 400
+    with pytest.raises(openai.NotFoundError):
+        server.client().embeddings.create(model="no-such-model", input="x")
+    ok = httpx.post(f"{server.url}/v1/embeddings", headers=AUTH, json={"input": "x"}, timeout=30)
+    assert ok.status_code == 200
