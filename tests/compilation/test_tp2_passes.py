@@ -52,7 +52,8 @@ def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, tiny_model_fact
         assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
 
 
-PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)] for i, n in enumerate((7, 30, 19))]
+PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)]
+           for i, n in enumerate((7, 30, 19))]
 
 
 def _generate(path: str, tp: int, **kwargs):
@@ -88,3 +89,27 @@ def test_engine_with_async_tp_equals_tp1_eager(tiny_model_factory, capfd, monkey
     assert all((n, m) == ("5", "5") for _, n, m in rewrites), rewrites
     assert len(re.findall(r"async_tp: dynamic token count: kept 4 all_gather\+matmul and 4 "
                           r"matmul\+reduce_scatter unfused", log)) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_fused_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch):
+    """The real symm_mem kernels: 24-token prefill chunks run the static graph with every
+    collective matmul fused (forced from 16 tokens up); decodes run the dynamic graph."""
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    monkeypatch.setenv("LOOM_ASYNC_TP_MIN_TOKENS", "16")
+    path, _ = tiny_model_factory("llama")
+    results = []
+    for tp, config in ((1, None), (2, {"level": 3, "compile_sizes": [24],
+                                       "pass_config": {"enable_async_tp": True}})):
+        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda",
+                  max_model_len=128, tensor_parallel_size=tp, max_num_batched_tokens=24,
+                  kv_cache_memory_bytes=1 << 28, compilation_config=config)
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        results.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params,
+                                                                     use_tqdm=False)])
+        llm.shutdown()
+    assert results[0] == results[1]
+    fused = r"async_tp: 24 tokens: fused 4 of 4 all_gather\+matmul, 4 of 4 matmul\+reduce_scatter"
+    assert len(re.findall(fused, capfd.readouterr().err)) == 2  # one per rank

@@ -35,8 +35,12 @@ class NormDecompositionPass:
         if not nodes:
             return 0
         mode = fake_mode(graph)
+        traced: dict[tuple, fx.GraphModule] = {}  # a model's norms share a few signatures
         for node in nodes:
-            _inline(graph, node, _trace(node, mode))
+            key = _signature(node)
+            if key not in traced:
+                traced[key] = _trace(node, mode)
+            _inline(graph, node, traced[key])
         logger.debug("%s: decomposed %d norms", self.name, len(nodes))
         return len(nodes)
 
@@ -44,6 +48,15 @@ class NormDecompositionPass:
         """The references are inlined into compiled graphs: their source is in the key."""
         text = "".join(inspect.getsource(f) for f in _REFERENCES.values())
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _signature(node: fx.Node) -> tuple:
+    def describe(arg):
+        if not isinstance(arg, fx.Node):
+            return arg
+        val = arg.meta["val"]
+        return str(val.shape), str(val.stride()), val.dtype
+    return (op_name(node), *map(describe, node.args))
 
 
 def _trace(node: fx.Node, mode) -> fx.GraphModule:

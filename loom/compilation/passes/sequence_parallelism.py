@@ -128,8 +128,7 @@ class SequenceParallelismPass:
                 self._rewrite_fused(graph, mode, site, shard, group)
             else:
                 normed = emit(graph, mode, torch.ops.loom.rms_norm.default, shard, *norm.args[1:])
-                gathered = self._gather(graph, mode, normed, group, ar)
-                norm.replace_all_uses_with(gathered)
+                norm.replace_all_uses_with(self._gather(graph, mode, normed, group))
                 ar.replace_all_uses_with(shard)  # the residual readers now get the shard
         graph.erase_node(norm)
         graph.erase_node(ar)
@@ -142,15 +141,13 @@ class SequenceParallelismPass:
         normed, residual = emit_getitems(graph, mode, new, 2)
         old = getitem_users(norm)
         if 0 in old:
-            old[0].replace_all_uses_with(self._gather(graph, mode, normed, group, site.all_reduce))
+            old[0].replace_all_uses_with(self._gather(graph, mode, normed, group))
         if 1 in old:
             old[1].replace_all_uses_with(residual)
-        for item in old.values():
-            graph.erase_node(item)
-        if not residual.users:
-            graph.erase_node(residual)
+        for item in [*old.values(), normed, residual]:
+            if not item.users:
+                graph.erase_node(item)
 
-    def _gather(self, graph: fx.Graph, mode, shard: fx.Node, group: str,
-                full: fx.Node) -> fx.Node:
+    def _gather(self, graph: fx.Graph, mode, shard: fx.Node, group: str) -> fx.Node:
         return emit(graph, mode, torch.ops.loom.all_gather.default, shard, 0, self.tp_size,
                     group)
