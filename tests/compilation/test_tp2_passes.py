@@ -111,5 +111,7 @@ def test_fused_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch)
                                                                      use_tqdm=False)])
         llm.shutdown()
     assert results[0] == results[1]
-    fused = r"async_tp: 24 tokens: fused 4 of 4 all_gather\+matmul, 4 of 4 matmul\+reduce_scatter"
-    assert len(re.findall(fused, capfd.readouterr().err)) == 2  # one per rank
+    fused = (r"rank(\d) .*async_tp: 24 tokens: fused 4 of 4 all_gather\+matmul, "
+             r"4 of 4 matmul\+reduce_scatter")
+    # Every rank fused every site (a piece may be compiled more than once per rank).
+    assert set(re.findall(fused, capfd.readouterr().err)) == {"0", "1"}
