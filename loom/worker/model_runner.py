@@ -180,9 +180,17 @@ class ModelRunner:
 
     def _sample(self, reqs, rows, logits, sampled, logprobs, grammar_bitmask) -> None:
         chosen = [reqs[i] for i in rows]
+        if not grammar_bitmask and all(_plain_greedy(r) for r in chosen):
+            # The common decode case needs no sampling metadata: one argmax, one copy.
+            for i, token in zip(rows, logits.argmax(dim=-1).tolist()):
+                sampled[i] = [token]
+            return
+        # Token histories are copied only when a penalty reads them (long prompts make
+        # these copies the largest host cost of a step).
+        history = any(_uses_penalties(r.params) for r in chosen)
         meta = SamplingMetadata.build(
             [r.params for r in chosen], [r.output_token_ids for r in chosen],
-            [r.token_ids[:r.num_prompt_tokens] for r in chosen],
+            [r.token_ids[:r.num_prompt_tokens] if history else [] for r in chosen],
             [_stop_ids(r) for r in chosen], [r.params.seed for r in chosen],
             self.device, self.arch.vocab_size,
             [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None)
@@ -209,6 +217,18 @@ class ModelRunner:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def _uses_penalties(p) -> bool:
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _plain_greedy(req: CachedRequestState) -> bool:
+    """Greedy with nothing that changes or reports the distribution: argmax is the answer."""
+    p = req.params
+    min_tokens_pending = len(req.token_ids) - req.num_prompt_tokens < p.min_tokens
+    return (p.greedy and p.logprobs is None and not _uses_penalties(p)
+            and not min_tokens_pending and p.guided_decoding is None)
 
 
 def _stop_ids(req: CachedRequestState) -> set[int]:
