@@ -29,6 +29,8 @@ class CachedRequestState:
     num_computed_tokens: int = 0
     pooling_params: PoolingParams | None = None
     """Set for an embedding request: its rows are pooled, it never samples."""
+    row: int = -1
+    """Its row in RequestStates' token and block tables."""
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -36,23 +38,55 @@ class CachedRequestState:
 
 
 class RequestStates(dict[str, CachedRequestState]):
+    """The running requests, plus their token ids and block ids mirrored into fixed numpy
+    tables (one row per request), so a step gathers its inputs with array indexing rather
+    than a Python loop over the batch. Untouched table pages are never committed."""
+
+    def __init__(self, max_reqs: int, max_model_len: int, block_size: int) -> None:
+        super().__init__()
+        self.tokens = np.zeros((max_reqs, max_model_len), dtype=np.int64)
+        self.blocks = np.zeros((max_reqs, -(-max_model_len // block_size)), dtype=np.int64)
+        self._free_rows = list(range(max_reqs - 1, -1, -1))
+
+    def add(self, state: CachedRequestState) -> None:
+        if not self._free_rows:
+            raise RuntimeError(f"more than {len(self.tokens)} running requests reached a worker")
+        state.row = self._free_rows.pop()
+        self[state.req_id] = state
+        self._write_tokens(state, 0, state.token_ids)
+        self.blocks[state.row, :len(state.block_ids)] = state.block_ids
+
+    def remove(self, req_id: str) -> None:
+        state = self.pop(req_id, None)
+        if state is not None:
+            self._free_rows.append(state.row)
+
+    def _write_tokens(self, state: CachedRequestState, start: int, ids: list[int]) -> None:
+        self.tokens[state.row, start:start + len(ids)] = ids
+
     def apply(self, so: SchedulerOutput) -> list[CachedRequestState]:
         """Apply one step's diff; return the scheduled requests in batch order."""
         for req_id in so.finished_req_ids:
-            self.pop(req_id, None)
+            self.remove(req_id)
         for new in so.new_reqs:
-            self[new.req_id] = CachedRequestState(
+            self.add(CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
                 list(new.block_ids), new.eos_token_id, new.num_computed_tokens,
-                new.pooling_params)
+                new.pooling_params))
         for cached in so.cached_reqs:
-            state = self[cached.req_id]
-            state.block_ids.extend(cached.new_block_ids)
-            state.num_computed_tokens = cached.num_computed_tokens
-            if cached.new_token_ids:
-                start = max(cached.num_computed_tokens, state.num_prompt_tokens)
-                state.token_ids[start:start + len(cached.new_token_ids)] = cached.new_token_ids
+            self._apply_cached(self[cached.req_id], cached)
         return [self[req_id] for req_id in so.num_scheduled_tokens]
+
+    def _apply_cached(self, state: CachedRequestState, cached) -> None:
+        if cached.new_block_ids:
+            n = len(state.block_ids)
+            self.blocks[state.row, n:n + len(cached.new_block_ids)] = cached.new_block_ids
+            state.block_ids.extend(cached.new_block_ids)
+        state.num_computed_tokens = cached.num_computed_tokens
+        if cached.new_token_ids:
+            start = max(cached.num_computed_tokens, state.num_prompt_tokens)
+            state.token_ids[start:start + len(cached.new_token_ids)] = cached.new_token_ids
+            self._write_tokens(state, start, cached.new_token_ids)
 
 
 @dataclass
@@ -68,8 +102,8 @@ class StepBatch:
     """req_id -> (token rows, next prompt token ids) for prompt logprobs this step."""
 
 
-def build_batch(reqs: list[CachedRequestState], num_scheduled: list[int], block_size: int,
-                device: torch.device, token_multiple: int = 1) -> StepBatch:
+def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_scheduled: list[int],
+                block_size: int, device: torch.device, token_multiple: int = 1) -> StepBatch:
     """token_multiple > 1 pads the token rows up to a multiple (sequence parallelism splits
     them evenly over the TP ranks); padding rows have id 0, position 0 and slot -1 (no KV
     write), sit past num_actual_tokens and are never read back."""
@@ -78,11 +112,11 @@ def build_batch(reqs: list[CachedRequestState], num_scheduled: list[int], block_
     starts = np.concatenate([[0], np.cumsum(counts)])
     req_of_row = np.repeat(np.arange(len(reqs)), counts)
     positions = np.arange(starts[-1]) - starts[req_of_row] + computed[req_of_row]
-    input_ids = np.concatenate([np.asarray(r.token_ids[c:c + n], dtype=np.int64)
-                                for r, c, n in zip(reqs, computed, counts)])
-    block_table = _block_table(reqs)
-    slots = block_table[req_of_row, positions // block_size] * block_size + positions % block_size
+    rows = np.asarray([r.row for r in reqs], dtype=np.int64)
+    input_ids = states.tokens[rows[req_of_row], positions]
     seq_lens = computed + counts
+    block_table = states.blocks[rows, :-(-int(seq_lens.max()) // block_size)]
+    slots = block_table[req_of_row, positions // block_size] * block_size + positions % block_size
     pad = -len(input_ids) % token_multiple
     if pad:
         input_ids, positions = np.pad(input_ids, (0, pad)), np.pad(positions, (0, pad))
@@ -96,14 +130,6 @@ def build_batch(reqs: list[CachedRequestState], num_scheduled: list[int], block_
         attn_metadata=meta, sample_rows=sample_rows,
         logits_indices=torch.as_tensor(starts[1:][sample_rows] - 1, device=device),
         prompt_logprob_rows=_prompt_logprob_rows(reqs, computed, counts, starts))
-
-
-def _block_table(reqs: list[CachedRequestState]) -> np.ndarray:
-    width = max(len(r.block_ids) for r in reqs)
-    table = np.zeros((len(reqs), width), dtype=np.int64)
-    for i, r in enumerate(reqs):
-        table[i, :len(r.block_ids)] = r.block_ids
-    return table
 
 
 def _metadata(starts, seq_lens, block_table, slots, device) -> AttentionMetadata:

@@ -53,7 +53,9 @@ class ModelRunner:
                     time.perf_counter() - start)
         self.backend = select_backend(device)
         self.sampler = Sampler()
-        self.requests = RequestStates()
+        self.requests = RequestStates(config.scheduler.max_num_seqs,
+                                      config.model.max_model_len or self.arch.max_position_embeddings,
+                                      self.block_size)
         self.pooler = Pooler()
         self.kv_caches: list[torch.Tensor] = []
         self.forward = self.model.forward
@@ -136,7 +138,8 @@ class ModelRunner:
         self.pooler.drop(so.finished_req_ids)
         if not reqs:
             return ModelRunnerOutput()
-        batch = build_batch(reqs, list(so.num_scheduled_tokens.values()), self.block_size,
+        batch = build_batch(self.requests, reqs, list(so.num_scheduled_tokens.values()),
+                            self.block_size,
                             self.device, self.token_multiple)
         size = self.graph_runner.padded_size(batch) if self.graph_runner else None
         if size is not None:

@@ -151,10 +151,13 @@ def test_passes_need_level_3():
 
 def test_batch_padded_to_a_multiple_with_dropped_rows():
     from loom.sampling_params import SamplingParams
-    from loom.worker.input_batch import CachedRequestState, build_batch
+    from loom.worker.input_batch import CachedRequestState, RequestStates, build_batch
+    states = RequestStates(max_reqs=4, max_model_len=64, block_size=16)
     reqs = [CachedRequestState(str(i), list(range(3, 3 + n)), n, SamplingParams(), [i], None)
             for i, n in enumerate((3, 2))]
-    batch = build_batch(reqs, [3, 2], 16, torch.device("cpu"), token_multiple=4)
+    for r in reqs:
+        states.add(r)
+    batch = build_batch(states, reqs, [3, 2], 16, torch.device("cpu"), token_multiple=4)
     assert batch.input_ids.shape[0] == batch.positions.shape[0] == 8
     meta = batch.attn_metadata
     assert meta.num_actual_tokens == 5
