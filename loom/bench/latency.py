@@ -15,6 +15,7 @@ same run and the ratios to them (see `loom.bench.floors` for the conventions):
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", "--batch_size", type=int, default=8)
     p.add_argument("--num-iters-warmup", "--num_iters_warmup", type=int, default=10)
     p.add_argument("--num-iters", "--num_iters", type=int, default=30)
+    p.add_argument("--reference-json", default=None,
+                   help="a 1-GPU latency JSON at the same input length: with -tp N and "
+                        "--output-len 1, also print the target 1-GPU/N + all-reduce time")
     p.add_argument("--decode-split", action="store_true",
                    help="also time --output-len 1 and report decode ms/token without the prefill")
     add_offline_args(p)
@@ -77,6 +81,7 @@ def run_latency(args: argparse.Namespace) -> int:
     prefill = measure(bench, args, 1, rng) if args.decode_split else None
     print_ceilings(bench.ceilings)
     ratios = latency_floors(bench, args, main, prefill)
+    ratios.update(tp_all_reduce_target(bench, args, main))
     print_floors(ratios)
     if args.output_json:
         payload = {**bench.provenance("latency"), **_params(args), **main.summary(),
@@ -162,7 +167,35 @@ def _decode_ratio(bench: OfflineBench, args: argparse.Namespace, main: Series,
             "decode_ratio_to_floor": ms / floor_ms if floor_ms else None}
 
 
+def tp_all_reduce_target(bench: OfflineBench, args: argparse.Namespace,
+                         main: Series) -> dict[str, Any]:
+    """For a TP prefill: the all-reduce time of one forward, measured on the engine's own
+    ranks, and the target (1-GPU latency / N) + that time when a 1-GPU result is given."""
+    if bench.tp == 1 or main.output_len != 1:
+        return {}
+    tokens = args.input_len * args.batch_size
+    per_call = bench.llm.engine.executor.collective_rpc("time_all_reduce", tokens, 10)[0]
+    count = 2 * bench.arch.num_layers + 1  # embedding, then attention and MLP per layer
+    out: dict[str, Any] = {"all_reduce_s": per_call, "all_reduces_per_forward": count,
+                           "all_reduce_forward_s": per_call * count}
+    if args.reference_json:
+        with open(args.reference_json) as f:
+            reference = json.load(f)["avg_latency"]
+        target = reference / bench.tp + per_call * count
+        out.update(reference_latency_s=reference, tp_target_s=target,
+                   tp_ratio_to_target=main.avg / target)
+    return out
+
+
 def print_floors(r: dict[str, Any]) -> None:
+    if "all_reduce_s" in r:
+        line = (f"All-reduce: {r['all_reduces_per_forward']} x {r['all_reduce_s'] * 1e6:.1f} us "
+                f"= {r['all_reduce_forward_s'] * 1e3:.2f} ms per forward")
+        if "tp_target_s" in r:
+            line += (f"; target 1-GPU {r['reference_latency_s']:.4f} s / "
+                     f"{r['tensor_parallel_size']} + all-reduce = {r['tp_target_s']:.4f} s -> "
+                     f"{r['tp_ratio_to_target']:.2f}x the target")
+        print(line)
     if r["prefill_latency_s"] is not None and r["prefill_floor_s"] is not None:
         print(f"Prefill: {r['prefill_latency_s']:.4f} s, floor {r['prefill_floor_s']:.4f} s "
               f"({r['prefill_flops'] / 1e12:.2f} TFLOP, tp={r['tensor_parallel_size']}) -> "

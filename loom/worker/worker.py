@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
 from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
 from loom.worker.model_runner import ModelRunner
 
@@ -33,7 +35,8 @@ class Worker:
         torch.manual_seed(config.model.seed)
         self.model_runner = ModelRunner(config, self.device, is_driver=rank == 0)
 
-    RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env"})
+    RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env",
+                             "time_all_reduce"})
 
     def rpc(self, method: str, args: list):
         """A call from the executor by name; only the methods listed are reachable."""
@@ -46,6 +49,24 @@ class Worker:
         return {"vocab_size": arch.vocab_size,
                 "max_position_embeddings": arch.max_position_embeddings,
                 "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None}
+
+    def time_all_reduce(self, num_tokens: int, iters: int) -> float:
+        """Seconds per TP all-reduce of a [num_tokens, hidden] activation in the model's
+        dtype, averaged over iters (every rank must call this together)."""
+        runner = self.model_runner
+        x = torch.ones(num_tokens, runner.arch.hidden_size, dtype=runner.dtype, device=self.device)
+        for _ in range(3):
+            tp_all_reduce(x)
+        self._sync()
+        start = time.perf_counter()
+        for _ in range(iters):
+            tp_all_reduce(x)
+        self._sync()
+        return (time.perf_counter() - start) / iters
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @staticmethod
     def get_env(name: str) -> str | None:

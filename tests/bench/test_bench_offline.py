@@ -63,6 +63,24 @@ def test_latency_prints_like_the_seed_and_writes_json(tiny, tmp_path, capsys, mo
     assert result["floors"]["decode_floor_ms_per_token"] is None
 
 
+def test_tp_prefill_prints_all_reduce_time_and_target(tiny, tmp_path, capsys, monkeypatch):
+    single = tmp_path / "tp1.json"
+    assert _latency(tiny, single, monkeypatch, "--output-len", "1") == 0
+    out = tmp_path / "tp2.json"
+    assert _latency(tiny, out, monkeypatch, "--output-len", "1", "-tp", "2",
+                    "--reference-json", str(single)) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^All-reduce: 5 x [0-9.]+ us = [0-9.]+ ms per forward; target 1-GPU", text,
+                     re.M)  # two layers: embedding + 2 per layer
+    floors_ = json.loads(out.read_text())["floors"]
+    reference = json.loads(single.read_text())["avg_latency"]
+    assert floors_["all_reduce_s"] > 0 and floors_["reference_latency_s"] == reference
+    target = reference / 2 + 5 * floors_["all_reduce_s"]
+    assert floors_["tp_target_s"] == pytest.approx(target)
+    assert floors_["tp_ratio_to_target"] == pytest.approx(
+        json.loads(out.read_text())["avg_latency"] / target)
+
+
 def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
     out = tmp_path / "prefill.json"
