@@ -75,6 +75,11 @@ class SchedulerConfig:
     """Most requests running in one step."""
     max_num_batched_tokens: int = 8192
     """Most tokens (prefill chunks + decodes) in one step; longer prompts are chunked."""
+    async_scheduling: bool = True
+    """Schedule and launch step N+1 while the device still runs step N: a decode's input
+    token is the one step N samples, written on the device. Requests whose next step
+    depends on host-side token values (guided decoding, penalties, seeds, pending
+    min_tokens) wait for their result instead."""
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs > 0, f"max_num_seqs: must be positive, got {self.max_num_seqs}")

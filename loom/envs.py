@@ -67,3 +67,10 @@ def async_tp_min_tokens() -> int | None:
         return int(raw)
     except ValueError:
         raise ValueError(f"LOOM_ASYNC_TP_MIN_TOKENS: expected an integer, got {raw!r}") from None
+
+
+def symm_all_reduce_max_bytes() -> int:
+    """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
+    through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL
+    always)."""
+    return int(_float("LOOM_SYMM_ALL_REDUCE_MAX_BYTES", float(1 << 20)))

@@ -49,7 +49,11 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
-        """Tokens whose KV is in the cache (computed or a prefix-cache hit)."""
+        """Tokens whose KV is in the cache (computed or a prefix-cache hit), counting those
+        of steps still in flight."""
+        self.num_output_placeholders = 0
+        """Tokens sampled by steps in flight whose values are not yet known here (async
+        scheduling): the next decode can be scheduled before they arrive."""
         self.num_cached_tokens = -1
         """Prefix-cache hit length at first scheduling (-1 before)."""
         self.status = RequestStatus.WAITING
@@ -72,6 +76,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        return len(self.all_token_ids) + self.num_output_placeholders
 
     @property
     def num_output_tokens(self) -> int:

@@ -33,9 +33,8 @@ class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     new_block_ids: list[int]
     """Blocks appended to the request's block table this step."""
     num_computed_tokens: int
-    new_token_ids: list[int] = []
-    """Output tokens computed this step that the worker has not been sent: the last
-    sampled token of a decode. They start at max(num_computed_tokens, num_prompt_tokens)."""
+    """Sampled tokens are not sent: each worker keeps those of its own steps (on the device
+    for the next input, on the host once the step's output is read back)."""
 
 
 class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True):

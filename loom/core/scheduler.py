@@ -4,6 +4,12 @@ Each step, running requests are served first (a decode token, or the next chunk 
 prompt), then waiting requests are admitted first-come first-served while tokens, sequence
 slots and KV blocks last. When blocks run out, the most recently admitted running request
 is preempted: its blocks are freed and it is recomputed later from its tokens.
+
+Async scheduling: the engine may call schedule() again while the last step is still in
+flight. A request that samples in that step holds an output placeholder; its next decode
+is scheduled at once (the workers feed it the token they sampled) when nothing about that
+step depends on the token's value on the host (`_may_run_ahead`), and otherwise waits for
+update_from_output. A request with a placeholder is never preempted.
 """
 
 from __future__ import annotations
@@ -111,7 +117,11 @@ class Scheduler:
         # Batch order: new requests, then running ones.
         num_scheduled = {**step.new_tokens, **step.cached_tokens}
         for rid, n in num_scheduled.items():
-            self.requests[rid].num_computed_tokens += n
+            request = self.requests[rid]
+            request.num_computed_tokens += n
+            if (request.pooling_params is None
+                    and request.num_computed_tokens >= request.num_tokens_with_placeholders):
+                request.num_output_placeholders += 1  # this step samples its next token
         output = SchedulerOutput(new_reqs=step.new_reqs, cached_reqs=step.cached_reqs,
                                  num_scheduled_tokens=num_scheduled,
                                  total_num_scheduled_tokens=sum(num_scheduled.values()),
@@ -125,20 +135,19 @@ class Scheduler:
         i = 0
         while i < len(self.running) and step.budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
-            if num_new <= 0:  # nothing to compute until update_from_output appends
-                i += 1
+            num_new = min(request.num_tokens_with_placeholders - request.num_computed_tokens,
+                          step.budget)
+            if num_new <= 0 or (request.num_output_placeholders
+                                and not self._may_run_ahead(request)):
+                i += 1  # nothing to compute until update_from_output appends
                 continue
             new_block_ids = self._allocate_or_preempt(request, num_new, step)
             if new_block_ids is None:
-                return  # it preempted itself, so it was the last one running
+                return  # it preempted itself (the last one running), or must wait
             rid = request.request_id
-            # Sampled tokens travel with the schedule, so every TP rank learns them whether or
-            # not it sampled (only the driver rank does).
-            first_new = max(request.num_computed_tokens, request.num_prompt_tokens)
-            new_tokens = request.all_token_ids[first_new:request.num_computed_tokens + num_new]
+            # Workers know sampled tokens from their own steps: only block ids travel.
             step.cached_reqs.append(
-                CachedRequestData(rid, new_block_ids, request.num_computed_tokens, new_tokens))
+                CachedRequestData(rid, new_block_ids, request.num_computed_tokens))
             step.cached_tokens[rid] = num_new
             step.budget -= num_new
             i += 1
@@ -151,11 +160,30 @@ class Scheduler:
             new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
             if new_block_ids is not None:
                 return new_block_ids
+            step.preempted = True
+            if self.running[-1].num_output_placeholders:
+                # Its last step is still in flight: preempt nothing now, retry after the update.
+                return None
             victim = self.running.pop()
             self._preempt(victim)
-            step.preempted = True
             if victim is request:
                 return None
+
+    def _may_run_ahead(self, request: Request) -> bool:
+        """Whether a request whose sampled token is still in flight can be scheduled again:
+        its next step must not depend on that token's value on the host, and the token
+        must not be able to end it."""
+        if not self.config.async_scheduling or request.grammar is not None:
+            return False
+        p = request.sampling_params
+        if (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                or p.frequency_penalty != 0.0 or (p.seed is not None and not p.greedy)
+                or request.num_output_tokens < p.min_tokens):
+            return False
+        num_outputs = request.num_output_tokens + request.num_output_placeholders
+        if request.max_tokens is not None and num_outputs >= request.max_tokens:
+            return False
+        return request.num_tokens_with_placeholders < self.max_model_len
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
@@ -207,6 +235,8 @@ class Scheduler:
             if rid in runner_output.pooled:
                 outputs.append(self._finish_pooling(request, runner_output.pooled[rid]))
                 continue
+            if runner_output.sampled_token_ids[i]:
+                request.num_output_placeholders -= 1
             new_token_ids = self._append_tokens(request, runner_output.sampled_token_ids[i])
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:

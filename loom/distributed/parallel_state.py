@@ -38,6 +38,8 @@ def init_distributed(world_size: int, rank: int, init_method: str | None, backen
 
 
 def destroy_distributed() -> None:
+    from loom.distributed.ops import release_small_all_reduce
+    release_small_all_reduce()
     _GROUPS.clear()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -29,6 +29,7 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    async_scheduling: bool = True
     block_size: int = 16
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
@@ -50,6 +51,9 @@ class EngineArgs:
         g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
         g.add_argument("--max-num-seqs", type=int, default=256)
         g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+        g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                       help="overlap scheduling and input preparation of the next step with "
+                       "the device's current one")
         g.add_argument("--block-size", type=int, default=16)
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
         g.add_argument("--enforce-eager", action="store_true")
@@ -73,7 +77,8 @@ class EngineArgs:
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
                               self.kv_cache_memory_bytes, self.enable_prefix_caching),
-            scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens),
+            scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
+                                      self.async_scheduling),
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
             compilation=CompilationConfig.parse(self.compilation_config),

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 from loom.config import EngineConfig
 from loom.core.request import Request
+from loom.core.sched_output import SchedulerOutput
 from loom.core.scheduler import Scheduler
 from loom.core.structured_output import StructuredOutputManager
 from loom.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -45,6 +47,8 @@ class EngineCore:
         self.num_blocks = self._init_kv_cache()
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
         self._pending: list[EngineCoreOutput] = []
+        self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
+        """Launched steps not yet collected, oldest first (two at most)."""
         self.structured_output = StructuredOutputManager(tokenizer_path(config.model))
 
     def _init_kv_cache(self) -> int:
@@ -87,16 +91,28 @@ class EngineCore:
         self._pending.extend(self.scheduler.abort_requests(request_ids))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
 
     def step(self) -> EngineCoreOutputs:
+        """Collect one step's outputs. Under async scheduling the next step is scheduled and
+        launched first (up to two in flight), so the device never waits for this host work."""
         outputs, self._pending = self._pending, []
-        if self.scheduler.has_unfinished_requests():
-            scheduler_output = self.scheduler.schedule()
-            runner_output = self.executor.execute_model(scheduler_output)
-            outputs += self.scheduler.update_from_output(scheduler_output, runner_output)
+        if not self._in_flight and self.scheduler.has_unfinished_requests():
+            self._launch(self.scheduler.schedule())
+        if (self.config.scheduler.async_scheduling and len(self._in_flight) == 1
+                and self.scheduler.has_unfinished_requests()):
+            ahead = self.scheduler.schedule()
+            if not ahead.is_empty or ahead.finished_req_ids:
+                self._launch(ahead)
+        if self._in_flight:
+            scheduler_output, step = self._in_flight.popleft()
+            outputs += self.scheduler.update_from_output(scheduler_output,
+                                                         self.executor.collect(step))
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
                                  scheduler_stats=self.scheduler.make_stats())
+
+    def _launch(self, scheduler_output: SchedulerOutput) -> None:
+        self._in_flight.append((scheduler_output, self.executor.launch(scheduler_output)))
 
     def call_utility(self, method: str, args: list) -> object:
         if method not in UTILITY_METHODS:

@@ -20,7 +20,15 @@ class Executor(abc.ABC):
     def initialize_cache(self, num_blocks: int) -> None: ...
 
     @abc.abstractmethod
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput: ...
+    def launch(self, so: SchedulerOutput) -> object:
+        """Send one step to the workers without waiting; returns a token for collect()."""
+
+    @abc.abstractmethod
+    def collect(self, step: object) -> ModelRunnerOutput:
+        """Wait for a launched step's output. Steps are collected in launch order."""
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collect(self.launch(so))
 
     def shutdown(self) -> None:
         pass

@@ -19,8 +19,8 @@ import zmq
 from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.executor.base import Executor
-from loom.executor.protocol import (CollectiveRPC, ExecuteModel, RPCReply, RunnerOutput,
-                                    ShutdownWorker, WorkerFailed, WorkerMessage, WorkerReady)
+from loom.executor.protocol import (CollectiveRPC, ExecuteModel, FlushOutput, RPCReply,
+                                    RunnerOutput, ShutdownWorker, WorkerFailed, WorkerMessage, WorkerReady)
 from loom.executor.worker_proc import worker_main
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class MultiprocExecutor(Executor):
         self._commands = []
         self.procs: list[mp.Process] = []
         self._failed: str | None = None
+        self._launched = self._collected = 0
         self._start_workers()
         self._model_info = self._rpc("model_info")[0]
 
@@ -124,8 +125,18 @@ class MultiprocExecutor(Executor):
     def initialize_cache(self, num_blocks: int) -> None:
         self._rpc("initialize_cache", num_blocks)
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def launch(self, so: SchedulerOutput) -> int:
         self._broadcast(ExecuteModel(so))
+        self._launched += 1
+        return self._launched
+
+    def collect(self, step: int) -> ModelRunnerOutput:
+        if step != self._collected + 1:
+            raise RuntimeError(f"step {step} collected out of order (last {self._collected})")
+        if step == self._launched:
+            # Ranks reply to a step when the next one arrives; none is coming yet.
+            self._broadcast(FlushOutput())
+        self._collected = step
         return self._receive(None, RunnerOutput).output
 
     def collective_rpc(self, method: str, *args) -> list:

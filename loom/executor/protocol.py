@@ -14,7 +14,13 @@ Scalar = int | float | str | bool | None
 
 
 class ExecuteModel(msgspec.Struct, tag="exec", array_like=True):
+    """Launch a step. A rank replies with the previous step's output once this one is
+    queued on its device, so reading back one step overlaps the device running the next."""
     scheduler_output: SchedulerOutput
+
+
+class FlushOutput(msgspec.Struct, tag="flush", array_like=True):
+    """Reply with the last launched step's output now (no next step is coming yet)."""
 
 
 class CollectiveRPC(msgspec.Struct, tag="rpc", array_like=True):
@@ -26,7 +32,7 @@ class ShutdownWorker(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
-WorkerCommand = ExecuteModel | CollectiveRPC | ShutdownWorker
+WorkerCommand = ExecuteModel | FlushOutput | CollectiveRPC | ShutdownWorker
 
 
 class WorkerReady(msgspec.Struct, tag="ready", array_like=True):

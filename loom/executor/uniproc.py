@@ -8,6 +8,7 @@ from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.distributed.parallel_state import destroy_distributed
 from loom.executor.base import Executor
+from loom.worker.step_handle import StepHandle
 from loom.worker.worker import Worker
 
 
@@ -22,8 +23,11 @@ class UniprocExecutor(Executor):
     def initialize_cache(self, num_blocks: int) -> None:
         self.worker.initialize_cache(num_blocks)
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(so)
+    def launch(self, so: SchedulerOutput) -> StepHandle:
+        return self.worker.launch(so)
+
+    def collect(self, step: StepHandle) -> ModelRunnerOutput:
+        return step.output()
 
     def shutdown(self) -> None:
         # Release the model and KV cache now, not when the caller drops the LLM.

@@ -11,8 +11,8 @@ import msgspec
 import zmq
 
 from loom.config import EngineConfig
-from loom.executor.protocol import (CollectiveRPC, ExecuteModel, RPCReply, RunnerOutput,
-                                    ShutdownWorker, WorkerCommand, WorkerFailed, WorkerReady)
+from loom.executor.protocol import (CollectiveRPC, ExecuteModel, FlushOutput, RPCReply,
+                                    RunnerOutput, ShutdownWorker, WorkerCommand, WorkerFailed, WorkerReady)
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +42,27 @@ def worker_main(config: EngineConfig, rank: int, init_method: str, command_addr:
 
 
 def _serve(worker, rank, commands, replies, encoder, decoder) -> None:
+    in_flight = None  # the last launched step, not yet read back
+
+    def reply_output() -> None:
+        # Every rank reads its step back (it records the sampled tokens); rank 0 replies.
+        output = in_flight.output()
+        if rank == 0:
+            replies.send(encoder.encode(RunnerOutput(output)))
+
     while True:
         command = decoder.decode(commands.recv())
         if isinstance(command, ShutdownWorker):
             return
         if isinstance(command, ExecuteModel):
-            output = worker.execute_model(command.scheduler_output)
-            if rank == 0:
-                replies.send(encoder.encode(RunnerOutput(output)))
+            launched = worker.launch(command.scheduler_output)
+            if in_flight is not None:
+                reply_output()
+            in_flight = launched
+        elif isinstance(command, FlushOutput):
+            if in_flight is not None:
+                reply_output()
+                in_flight = None
         elif isinstance(command, CollectiveRPC):
             value = worker.rpc(command.method, command.args)
             replies.send(encoder.encode(RPCReply(rank, value)))

@@ -83,10 +83,13 @@ class RequestStates(dict[str, CachedRequestState]):
             self.blocks[state.row, n:n + len(cached.new_block_ids)] = cached.new_block_ids
             state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
-        if cached.new_token_ids:
-            start = max(cached.num_computed_tokens, state.num_prompt_tokens)
-            state.token_ids[start:start + len(cached.new_token_ids)] = cached.new_token_ids
-            self._write_tokens(state, start, cached.new_token_ids)
+
+    def append_sampled(self, state: CachedRequestState, position: int, token_id: int) -> None:
+        """Record a token this rank sampled (or received) at `position`, once its step's
+        output is read back; a request dropped or re-sent since then is left alone."""
+        if self.get(state.req_id) is state and len(state.token_ids) == position:
+            self.tokens[state.row, position] = token_id
+            state.token_ids.append(token_id)
 
 
 @dataclass
@@ -102,18 +105,32 @@ class StepBatch:
     """req_id -> (token rows, next prompt token ids) for prompt logprobs this step."""
 
 
+PendingTokens = tuple[torch.Tensor, dict[str, int]]
+"""The previous step's sampled tokens, on the device, and each sampling request's index
+into them: the input of a decode whose token has not been read back yet."""
+
+
 def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_scheduled: list[int],
-                block_size: int, device: torch.device, token_multiple: int = 1) -> StepBatch:
+                block_size: int, device: torch.device, token_multiple: int = 1,
+                pending: PendingTokens | None = None) -> StepBatch:
     """token_multiple > 1 pads the token rows up to a multiple (sequence parallelism splits
     them evenly over the TP ranks); padding rows have id 0, position 0 and slot -1 (no KV
-    write), sit past num_actual_tokens and are never read back."""
+    write), sit past num_actual_tokens and are never read back.
+
+    A position past a request's known tokens is the token its previous step sampled: it
+    is copied on the device from `pending`, so this batch can be built and launched before
+    that step's output reaches the host. Everything goes to the device in one copy from
+    pinned memory, which does not wait for the device's queue."""
     counts = np.asarray(num_scheduled, dtype=np.int64)
     computed = np.asarray([r.num_computed_tokens for r in reqs], dtype=np.int64)
+    known = np.asarray([len(r.token_ids) for r in reqs], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])
     req_of_row = np.repeat(np.arange(len(reqs)), counts)
     positions = np.arange(starts[-1]) - starts[req_of_row] + computed[req_of_row]
     rows = np.asarray([r.row for r in reqs], dtype=np.int64)
     input_ids = states.tokens[rows[req_of_row], positions]
+    pending_dst = np.flatnonzero(positions >= known[req_of_row])
+    pending_src = _pending_sources(reqs, req_of_row[pending_dst], pending)
     seq_lens = computed + counts
     block_table = states.blocks[rows, :-(-int(seq_lens.max()) // block_size)]
     slots = block_table[req_of_row, positions // block_size] * block_size + positions % block_size
@@ -122,26 +139,52 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
         input_ids, positions = np.pad(input_ids, (0, pad)), np.pad(positions, (0, pad))
         slots = np.pad(slots, (0, pad), constant_values=-1)
     sample_rows = [i for i, r in enumerate(reqs)
-                   if seq_lens[i] >= len(r.token_ids) and r.pooling_params is None]
-    meta = _metadata(starts, seq_lens, block_table, slots, device)
-    return StepBatch(
-        input_ids=torch.from_numpy(input_ids).to(device),
-        positions=torch.from_numpy(positions).to(device),
-        attn_metadata=meta, sample_rows=sample_rows,
-        logits_indices=torch.as_tensor(starts[1:][sample_rows] - 1, device=device),
-        prompt_logprob_rows=_prompt_logprob_rows(reqs, computed, counts, starts))
-
-
-def _metadata(starts, seq_lens, block_table, slots, device) -> AttentionMetadata:
-    starts_cpu = torch.from_numpy(starts.astype(np.int32))
-    seq_lens_cpu = torch.from_numpy(seq_lens.astype(np.int32))
-    return AttentionMetadata(
+                   if seq_lens[i] >= known[i] and r.pooling_params is None]
+    starts32, seq_lens32 = starts.astype(np.int32), seq_lens.astype(np.int32)
+    (input_ids_d, positions_d, slots_d, logits_d, dst_d, src_d, starts_d, seq_lens_d,
+     block_table_d) = upload([input_ids, positions, slots, starts[1:][sample_rows] - 1,
+                              pending_dst, pending_src, starts32, seq_lens32,
+                              block_table.astype(np.int32)], device)
+    if len(pending_dst):
+        input_ids_d[dst_d] = pending[0][src_d]
+    meta = AttentionMetadata(
         num_actual_tokens=int(starts[-1]), num_reqs=len(seq_lens),
-        max_query_len=int(np.diff(starts).max()), max_seq_len=int(seq_lens.max()),
-        query_start_loc=starts_cpu.to(device), seq_lens=seq_lens_cpu.to(device),
-        block_table=torch.from_numpy(block_table.astype(np.int32)).to(device),
-        slot_mapping=torch.from_numpy(slots).to(device),
-        query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu)
+        max_query_len=int(counts.max()), max_seq_len=int(seq_lens.max()),
+        query_start_loc=starts_d, seq_lens=seq_lens_d, block_table=block_table_d,
+        slot_mapping=slots_d, query_start_loc_cpu=torch.from_numpy(starts32),
+        seq_lens_cpu=torch.from_numpy(seq_lens32))
+    return StepBatch(input_ids=input_ids_d, positions=positions_d, attn_metadata=meta,
+                     sample_rows=sample_rows, logits_indices=logits_d,
+                     prompt_logprob_rows=_prompt_logprob_rows(reqs, computed, counts, starts))
+
+
+def _pending_sources(reqs, pending_reqs: np.ndarray, pending: PendingTokens | None) -> np.ndarray:
+    index = pending[1] if pending is not None else {}
+    try:
+        return np.asarray([index[reqs[i].req_id] for i in pending_reqs], dtype=np.int64)
+    except KeyError as e:
+        raise RuntimeError(f"request {e.args[0]!r}: its next input token was sampled by a step "
+                           "other than the previous one and never read back") from None
+
+
+def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Host arrays as device tensors: on CUDA, packed into one pinned buffer, one
+    non-blocking copy, then viewed back (no kernel, no wait on the stream)."""
+    if device.type != "cuda":
+        return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 8) * 8
+    buf = np.empty(max(total, 8), dtype=np.uint8)
+    for a, o in zip(arrays, offsets):
+        buf[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    dev = torch.from_numpy(buf).pin_memory().to(device, non_blocking=True)
+    return [dev[o:o + a.nbytes].view(_TORCH_DTYPES[a.dtype.type]).view(a.shape)
+            for a, o in zip(arrays, offsets)]
+
+
+_TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 
 
 def _prompt_logprob_rows(reqs, computed, counts, starts) -> dict:

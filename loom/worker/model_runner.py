@@ -17,12 +17,16 @@ from loom.engine.protocol import Logprobs
 from loom.forward_context import ForwardContext, forward_context
 from loom.models.arch import ModelArch
 from loom.compilation.backend import CompiledForward
-from loom.distributed.parallel_state import enable_symmetric_memory
+from loom import envs
+from loom.distributed.ops import init_small_all_reduce
+from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes
-from loom.worker.input_batch import CachedRequestState, RequestStates, StepBatch, build_batch
+from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
+                                     build_batch)
 from loom.worker.model_loader import load_model
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs
+from loom.worker.step_handle import StepHandle
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None
+        self._pending: PendingTokens | None = None
+        """The last launched step's sampled tokens: inputs of the next step's decodes."""
 
     # KV cache sizing -------------------------------------------------------------------
     @property
@@ -106,6 +112,9 @@ class ModelRunner:
         if cfg.compilation.pass_config.enable_async_tp and self.device.type == "cuda" \
                 and tp_size > 1 and not cfg.enforce_eager:
             enable_symmetric_memory("tp")
+        if init_small_all_reduce("tp", self.dtype, self.device):
+            logger.info("all-reduces up to %d bytes: one-shot over symmetric memory; larger: NCCL",
+                        envs.symm_all_reduce_max_bytes())
         self.forward = CompiledForward(self.model, cfg.compilation, cfg.enforce_eager, tp_size)
         if self.forward.level > 0:
             start = time.perf_counter()
@@ -132,15 +141,19 @@ class ModelRunner:
         return getattr(self.forward, "token_multiple", 1)
 
     # One step ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.launch(so).output()
+
+    @torch.inference_mode()
+    def launch(self, so: SchedulerOutput) -> StepHandle:
+        """Queue one step on the device and return without waiting for it; the handle's
+        output() reads the results back. Steps must be read back in launch order."""
         reqs = self.requests.apply(so)
         self.pooler.drop(so.finished_req_ids)
         if not reqs:
-            return ModelRunnerOutput()
+            return StepHandle.done(ModelRunnerOutput())
         batch = build_batch(self.requests, reqs, list(so.num_scheduled_tokens.values()),
-                            self.block_size,
-                            self.device, self.token_multiple)
+                            self.block_size, self.device, self.token_multiple, self._pending)
         size = self.graph_runner.padded_size(batch) if self.graph_runner else None
         if size is not None:
             hidden = self.graph_runner.run(batch, size)
@@ -148,23 +161,35 @@ class ModelRunner:
             ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend)
             with forward_context(ctx):
                 hidden = self.forward(batch.input_ids, batch.positions)
-        return self._make_output(reqs, batch, hidden, so.grammar_bitmask)
-
-    def _make_output(self, reqs: list[CachedRequestState], batch: StepBatch,
-                     hidden: torch.Tensor,
-                     grammar_bitmask: dict[str, bytes]) -> ModelRunnerOutput:
-        sampled: list[list[int]] = [[] for _ in reqs]
-        logprobs: list[Logprobs | None] = [None] * len(reqs)
+        seq_lens = batch.attn_metadata.seq_lens_cpu.tolist()
+        handle = StepHandle(self, reqs, seq_lens, batch.sample_rows)
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
-            if self.is_driver:
-                self._sample(reqs, batch.sample_rows, logits, sampled, logprobs, grammar_bitmask)
-        pooled = self._pool(reqs, batch, hidden) if self.is_driver else {}
-        for req, seq_len in zip(reqs, batch.attn_metadata.seq_lens_cpu.tolist()):
+            tokens, handle.logprobs = (self._sample(reqs, batch.sample_rows, logits,
+                                                    so.grammar_bitmask)
+                                       if self.is_driver else (None, None))
+            tokens = self._share_tokens(tokens, len(batch.sample_rows))
+            self._pending = (tokens, {reqs[i].req_id: k for k, i in enumerate(batch.sample_rows)})
+            handle.read_back(tokens)
+        else:
+            self._pending = None
+        if self.is_driver:
+            handle.pooled = self._pool(reqs, batch, hidden)
+        handle.prompt_logprobs = self._prompt_logprobs(batch, hidden)
+        for req, seq_len in zip(reqs, seq_lens):
             req.num_computed_tokens = seq_len
-        return ModelRunnerOutput(
-            req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled, logprobs=logprobs,
-            prompt_logprobs=self._prompt_logprobs(batch, hidden), pooled=pooled)
+        return handle
+
+    def _share_tokens(self, tokens: torch.Tensor | None, n: int) -> torch.Tensor:
+        """Every rank feeds the sampled tokens to its next step: the driver's, broadcast on
+        the device (queued like any collective, no host round trip)."""
+        group = get_tp_group()
+        if group.world_size == 1:
+            return tokens
+        if tokens is None:
+            tokens = torch.empty(n, dtype=torch.long, device=self.device)
+        torch.distributed.broadcast(tokens, src=0, group=group.group)
+        return tokens
 
     def _pool(self, reqs: list[CachedRequestState], batch: StepBatch,
               hidden: torch.Tensor) -> dict[str, list[float]]:
@@ -181,13 +206,13 @@ class ModelRunner:
                 out[req.req_id] = vector.tolist()
         return out
 
-    def _sample(self, reqs, rows, logits, sampled, logprobs, grammar_bitmask) -> None:
+    def _sample(self, reqs, rows, logits, grammar_bitmask):
+        """The sampled tokens (on the device) and, for the handle, a function making the
+        requested logprobs structs once the step is read back."""
         chosen = [reqs[i] for i in rows]
         if not grammar_bitmask and all(_plain_greedy(r) for r in chosen):
-            # The common decode case needs no sampling metadata: one argmax, one copy.
-            for i, token in zip(rows, logits.argmax(dim=-1).tolist()):
-                sampled[i] = [token]
-            return
+            # The common decode case needs no sampling metadata: one argmax.
+            return logits.argmax(dim=-1), None
         # Token histories are copied only when a penalty reads them (long prompts make
         # these copies the largest host cost of a step).
         history = any(_uses_penalties(r.params) for r in chosen)
@@ -198,12 +223,10 @@ class ModelRunner:
             self.device, self.arch.vocab_size,
             [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None)
         out = self.sampler(logits, meta)
-        tokens = out.sampled_token_ids.tolist()
-        structs = (out.logprobs.to_structs([r.params.logprobs for r in chosen])
-                   if out.logprobs is not None else [None] * len(rows))
-        for k, i in enumerate(rows):
-            sampled[i] = [tokens[k]]
-            logprobs[i] = structs[k]
+        if out.logprobs is None:
+            return out.sampled_token_ids.long(), None
+        num_top = [r.params.logprobs for r in chosen]
+        return out.sampled_token_ids.long(), lambda: out.logprobs.to_structs(num_top)
 
     def _prompt_logprobs(self, batch: StepBatch, hidden: torch.Tensor) -> dict[str, list[Logprobs]]:
         out = {}

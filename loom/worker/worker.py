@@ -12,6 +12,7 @@ from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
 from loom.worker.model_runner import ModelRunner
+from loom.worker.step_handle import StepHandle
 
 
 def resolve_device(requested: str, rank: int = 0) -> torch.device:
@@ -80,3 +81,6 @@ class Worker:
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(so)
+
+    def launch(self, so: SchedulerOutput) -> StepHandle:
+        return self.model_runner.launch(so)

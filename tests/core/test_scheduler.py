@@ -136,8 +136,8 @@ def test_new_requests_come_first_in_batch_order():
     assert [(o.request_id, o.new_token_ids) for o in outs] == [("a", [111]), ("b", [103])]
 
 
-def test_a_second_schedule_before_update_has_nothing_to_compute():
-    sched = make_scheduler()
+def test_a_second_schedule_before_update_has_nothing_to_compute_without_async():
+    sched = Scheduler(SchedulerConfig(async_scheduling=False), CacheConfig(block_size=BS), 64, 256)
     add(sched, "a", [1, 2, 3])
     assert sched.schedule().num_scheduled_tokens == {"a": 3}
     out = sched.schedule()

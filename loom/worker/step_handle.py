@@ -1,0 +1,68 @@
+"""A launched step whose results are read back later: the device runs it meanwhile.
+
+`ModelRunner.launch` queues a step and returns a `StepHandle`; `output()` waits for that
+step's sampled tokens (copied into pinned host memory behind the step on the stream), records
+them in the runner's request tables and builds the `ModelRunnerOutput`. Under async
+scheduling the engine launches step N+1 before it asks for step N's output, so the host
+work of one step overlaps the device work of the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from loom.core.sched_output import ModelRunnerOutput
+from loom.engine.protocol import Logprobs
+
+
+class StepHandle:
+    def __init__(self, runner, reqs: list, seq_lens: list[int], sample_rows: list[int]) -> None:
+        self._runner, self._reqs, self._seq_lens, self._rows = runner, reqs, seq_lens, sample_rows
+        self._tokens: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        self._output: ModelRunnerOutput | None = None
+        self.logprobs: Callable[[], list[Logprobs]] | None = None
+        self.pooled: dict[str, list[float]] = {}
+        self.prompt_logprobs: dict[str, list[Logprobs]] = {}
+
+    @classmethod
+    def done(cls, output: ModelRunnerOutput) -> StepHandle:
+        handle = cls(None, [], [], [])
+        handle._output = output
+        return handle
+
+    def read_back(self, tokens: torch.Tensor) -> None:
+        """Start copying the sampled tokens to the host behind the step's kernels."""
+        if tokens.device.type != "cuda":
+            self._tokens = tokens
+            return
+        self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        self._tokens.copy_(tokens, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def output(self) -> ModelRunnerOutput:
+        if self._output is None:
+            self._output = self._finish()
+        return self._output
+
+    def _finish(self) -> ModelRunnerOutput:
+        if self._event is not None:
+            self._event.synchronize()
+        tokens = self._tokens.tolist() if self._tokens is not None else []
+        states, reqs = self._runner.requests, self._reqs
+        sampled: list[list[int]] = [[] for _ in reqs]
+        for i, token in zip(self._rows, tokens):
+            states.append_sampled(reqs[i], self._seq_lens[i], token)
+            sampled[i] = [token]
+        logprobs: list[Logprobs | None] = [None] * len(reqs)
+        if self.logprobs is not None:
+            for i, struct in zip(self._rows, self.logprobs()):
+                logprobs[i] = struct
+        if not self._runner.is_driver:
+            return ModelRunnerOutput()
+        return ModelRunnerOutput(req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled,
+                                 logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
+                                 pooled=self.pooled)
