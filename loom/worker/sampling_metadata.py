@@ -123,7 +123,7 @@ def _mode_fields(
         temperature=_floats([1.0 if g else p.temperature for p, g in zip(params, greedy)],
                             device),
         greedy_mask=(None if all_greedy or all_random
-                     else torch.tensor(greedy, dtype=torch.bool, device=device)),
+                     else _upload(torch.tensor(greedy, dtype=torch.bool), device)),
         all_greedy=all_greedy,
         all_random=all_random,
     )
@@ -138,7 +138,7 @@ def _filter_fields(
     min_p = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
     uses_top_k = any(k < vocab_size for k in top_k)
     return dict(
-        top_k=torch.tensor(top_k, dtype=torch.long, device=device) if uses_top_k else None,
+        top_k=_upload(torch.tensor(top_k, dtype=torch.long), device) if uses_top_k else None,
         max_top_k=max((k for k in top_k if k < vocab_size), default=vocab_size),
         top_p=_floats(top_p, device) if any(p < 1.0 for p in top_p) else None,
         min_p=_floats(min_p, device) if any(p > 0.0 for p in min_p) else None,
@@ -146,7 +146,16 @@ def _filter_fields(
 
 
 def _floats(values: list[float], device: torch.device | str) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    return _upload(torch.tensor(values, dtype=torch.float32), device)
+
+
+def _upload(cpu: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on the device without waiting for the device: a plain copy from
+    pageable memory syncs the stream, which would stall the step launched before this one."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return cpu
+    return cpu.pin_memory().to(device, non_blocking=True)
 
 
 def _top_k_or_off(p: SamplingParams, greedy: bool, vocab_size: int) -> int:
@@ -193,9 +202,9 @@ def _token_counts(
     # Row indices are expanded on the host: repeat_interleave on a device would sync on
     # its data-dependent output size.
     lengths = torch.tensor([len(ids) for ids in token_lists], dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(token_lists)), lengths).to(device)
-    cols = torch.tensor(list(itertools.chain.from_iterable(token_lists)),
-                        dtype=torch.long, device=device)
+    rows = _upload(torch.repeat_interleave(torch.arange(len(token_lists)), lengths), device)
+    cols = _upload(torch.tensor(list(itertools.chain.from_iterable(token_lists)),
+                                dtype=torch.long), device)
     counts = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32, device=device)
     ones = torch.ones(cols.shape, dtype=torch.float32, device=device)
     return counts.index_put_((rows, cols), ones, accumulate=True)
@@ -215,7 +224,7 @@ def _min_tokens_pairs(
              for tok in sorted(stops) if 0 <= tok < vocab_size]
     if not pairs:
         return None, None
-    flat = torch.tensor(pairs, dtype=torch.long, device=device)
+    flat = _upload(torch.tensor(pairs, dtype=torch.long), device)
     return flat[:, 0], flat[:, 1]
 
 
@@ -244,10 +253,11 @@ def _grammar_fields(
     if not rows:
         return dict(grammar_rows=None, grammar_allowed=None)
     words = torch.stack([torch.frombuffer(bytearray(bitmasks[i]), dtype=torch.int32)
-                         for i in rows]).to(device)
+                         for i in rows])
+    words = _upload(words, device)
     shifts = torch.arange(32, dtype=torch.int32, device=device)
     bits = ((words.unsqueeze(-1) >> shifts) & 1).flatten(1)
     if bits.shape[1] < vocab_size:
         bits = torch.nn.functional.pad(bits, (0, vocab_size - bits.shape[1]))
-    return dict(grammar_rows=torch.tensor(rows, dtype=torch.long, device=device),
+    return dict(grammar_rows=_upload(torch.tensor(rows, dtype=torch.long), device),
                 grammar_allowed=bits[:, :vocab_size].bool())
