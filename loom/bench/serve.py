@@ -176,7 +176,9 @@ def run_benchmark(cfg: ServeBenchConfig) -> ServeRun:
 
 
 async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
-    connector = aiohttp.TCPConnector(limit=cfg.max_concurrency or 0)
+    # Idle connections are dropped before a server's keep-alive timeout (uvicorn: 5 s) could
+    # close one under a request: building a large dataset takes longer than that.
+    connector = aiohttp.TCPConnector(limit=cfg.max_concurrency or 0, keepalive_timeout=2)
     async with aiohttp.ClientSession(timeout=_TIMEOUT, connector=connector) as session:
         model = cfg.model or await _served_model(session, cfg)
         tokenizer = cfg.tokenizer or _model_tokenizer(model)

@@ -254,7 +254,7 @@ def _plain_greedy(req: CachedRequestState) -> bool:
     p = req.params
     min_tokens_pending = len(req.token_ids) - req.num_prompt_tokens < p.min_tokens
     return (p.greedy and p.logprobs is None and not _uses_penalties(p)
-            and not min_tokens_pending and p.guided_decoding is None)
+            and not (min_tokens_pending and _stop_ids(req)) and p.guided_decoding is None)
 
 
 def _stop_ids(req: CachedRequestState) -> set[int]:

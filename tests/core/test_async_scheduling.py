@@ -80,12 +80,21 @@ def test_pipelined_run_emits_what_a_synchronous_run_does():
 
 
 @pytest.mark.parametrize("params", [dict(repetition_penalty=1.2), dict(presence_penalty=0.5),
-                                    dict(min_tokens=4), dict(temperature=1.0, seed=3)])
+                                    dict(min_tokens=4, stop_token_ids=[5]),
+                                    dict(temperature=1.0, seed=3)])
 def test_requests_that_need_host_tokens_wait_for_the_update(params):
     sched = make(async_scheduling=True)
     add(sched, "a", [1, 2, 3], max_tokens=8, **params)
     assert sched.schedule().num_scheduled_tokens == {"a": 3}
     assert sched.schedule().is_empty
+
+
+def test_min_tokens_with_nothing_to_mask_runs_ahead():
+    # The serving benchmark's ignore_eos requests also set min_tokens: no stop id to mask.
+    sched = make(async_scheduling=True)
+    add(sched, "a", [1, 2, 3], max_tokens=8, min_tokens=8, ignore_eos=True, eos=2)
+    sched.schedule()
+    assert sched.schedule().num_scheduled_tokens == {"a": 1}
 
 
 def test_greedy_decode_runs_ahead_with_a_placeholder_and_stops_at_max_tokens():
