@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from loom.distributed.parallel_state import enable_symmetric_memory, get_group
+from loom.library import loom_op
 
 
 _SYMM_BUFFERS: dict[str, torch.Tensor] = {}
@@ -39,7 +40,7 @@ def release_small_all_reduce() -> None:
     _SYMM_BUFFERS.clear()
 
 
-@torch.library.custom_op("loom::all_reduce", mutates_args=())
+@loom_op("all_reduce", "(Tensor x, str group_name) -> Tensor")
 def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     group = get_group(group_name)
     if group.world_size == 1:
@@ -58,7 +59,7 @@ def _(x, group_name):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("loom::all_gather", mutates_args=())
+@loom_op("all_gather", "(Tensor x, int dim, int world_size, str group_name) -> Tensor")
 def all_gather(x: torch.Tensor, dim: int, world_size: int, group_name: str) -> torch.Tensor:
     """Concatenate every rank's x along dim."""
     group = get_group(group_name)
@@ -77,7 +78,8 @@ def _(x, dim, world_size, group_name):
     return x.new_empty(shape)
 
 
-@torch.library.custom_op("loom::reduce_scatter", mutates_args=())
+@loom_op("reduce_scatter",
+         "(Tensor x, int dim, int world_size, str group_name) -> Tensor")
 def reduce_scatter(x: torch.Tensor, dim: int, world_size: int, group_name: str) -> torch.Tensor:
     """Sum over ranks, then keep this rank's 1/world_size slice of dim."""
     group = get_group(group_name)

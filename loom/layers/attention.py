@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from loom.forward_context import get_forward_context
+from loom.library import loom_op
 
 
-@torch.library.custom_op("loom::attention", mutates_args=())
+@loom_op("attention", "(Tensor query, Tensor key, Tensor value, int layer_idx, float scale) -> Tensor")
 def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  layer_idx: int, scale: float) -> torch.Tensor:
     """query [T, Hq*D], key/value [T, Hkv*D] -> [T, Hq*D]; writes key/value to the cache."""

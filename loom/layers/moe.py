@@ -11,6 +11,7 @@ from torch import nn
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import get_tp_group
 from loom.layers.linear import divide
+from loom.library import loom_op
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool):
@@ -37,7 +38,8 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return out.to(x.dtype)
 
 
-@torch.library.custom_op("loom::experts_reference", mutates_args=())
+@loom_op("experts_reference",
+         "(Tensor x, Tensor w13, Tensor w2, Tensor weights, Tensor ids) -> Tensor")
 def experts_reference_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                          weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return experts_reference(x, w13, w2, weights, ids)

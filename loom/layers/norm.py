@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from loom.library import loom_op
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Computed in float32 like the reference implementations, then cast back.
@@ -28,7 +30,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     return rms_norm(x, weight, eps), x
 
 
-@torch.library.custom_op("loom::rms_norm", mutates_args=())
+@loom_op("rms_norm", "(Tensor x, Tensor weight, float eps) -> Tensor")
 def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Contiguous, like the fake below: a kept extern kernel must match its fake strides.
     return rms_norm(x, weight, eps).contiguous()
@@ -39,7 +41,8 @@ def _(x, weight, eps):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("loom::fused_add_rms_norm", mutates_args=())
+@loom_op("fused_add_rms_norm",
+         "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)")
 def fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     out, residual_out = fused_add_rms_norm(x, residual, weight, eps)

@@ -168,7 +168,7 @@ def _pending_sources(reqs, pending_reqs: np.ndarray, pending: PendingTokens | No
 
 
 def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """Host arrays as device tensors: on CUDA, packed into one pinned buffer, one
+    """Host arrays as device tensors: on CUDA, packed into one pinned staging buffer, one
     non-blocking copy, then viewed back (no kernel, no wait on the stream)."""
     if device.type != "cuda":
         return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
@@ -176,14 +176,46 @@ def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]
     for a in arrays:
         offsets.append(total)
         total += -(-a.nbytes // 8) * 8
-    buf = np.empty(max(total, 8), dtype=np.uint8)
+    host = _STAGING.take(max(total, 8))
+    buf = host.numpy()
     for a, o in zip(arrays, offsets):
         buf[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-    dev = torch.from_numpy(buf).pin_memory().to(device, non_blocking=True)
+    dev = torch.empty(host.shape, dtype=torch.uint8, device=device)
+    dev.copy_(host, non_blocking=True)
+    _STAGING.copied()
     return [dev[o:o + a.nbytes].view(_TORCH_DTYPES[a.dtype.type]).view(a.shape)
             for a, o in zip(arrays, offsets)]
 
 
+class _PinnedStaging:
+    """Two pinned host buffers used in turn. A buffer is rewritten only after the copy made
+    from it two uploads ago has finished; under async scheduling that copy preceded the
+    step now running on the device, so the wait is free. (Pinning a fresh buffer every step
+    cost milliseconds.)"""
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        self._turn ^= 1
+        event, buf = self._events[self._turn], self._buffers[self._turn]
+        if event is not None:
+            event.synchronize()
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 16),
+                              dtype=torch.uint8, pin_memory=True)
+            self._buffers[self._turn] = buf
+        return buf[:nbytes]
+
+    def copied(self) -> None:
+        event = torch.cuda.Event()
+        event.record()
+        self._events[self._turn] = event
+
+
+_STAGING = _PinnedStaging()
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 
 

@@ -38,7 +38,7 @@ class StepHandle:
         if tokens.device.type != "cuda":
             self._tokens = tokens
             return
-        self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        self._tokens = _READBACK.take(tokens.numel())
         self._tokens.copy_(tokens, non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
@@ -66,3 +66,23 @@ class StepHandle:
         return ModelRunnerOutput(req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled,
                                  logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
                                  pooled=self.pooled)
+
+
+class _ReadbackRing:
+    """Pinned int64 buffers for sampled tokens, used in turn. Steps are read back in launch
+    order with at most two launched and unread, so a buffer is free again three steps on."""
+
+    def __init__(self, size: int = 3) -> None:
+        self._buffers: list[torch.Tensor | None] = [None] * size
+        self._turn = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        self._turn = (self._turn + 1) % len(self._buffers)
+        buf = self._buffers[self._turn]
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(max(n, 1024), dtype=torch.int64, pin_memory=True)
+            self._buffers[self._turn] = buf
+        return buf[:n]
+
+
+_READBACK = _ReadbackRing()
