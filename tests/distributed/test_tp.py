@@ -41,6 +41,24 @@ def test_tp2_equals_tp1(kind, tiny_model_factory):
     torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
 
 
+def test_tp2_async_scheduling_with_mixed_sampling_equals_tp1(tiny_model_factory):
+    """Steps launched ahead on both ranks: rank 1 takes its decode inputs from the driver's
+    sampled tokens (a broadcast), for greedy, seeded random, penalised and stop-token
+    requests alike."""
+    from tests.e2e.test_async_engine import _mixed_params
+    path, _ = tiny_model_factory("llama")
+    results = []
+    for tp in (1, 2):
+        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
+                  max_model_len=128, tensor_parallel_size=tp, max_num_batched_tokens=24)
+        try:
+            outs = llm.generate(PROMPTS * 2, _mixed_params(), use_tqdm=False)
+            results.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
+        finally:
+            llm.shutdown()
+    assert results[1] == results[0]
+
+
 def test_environment_reaches_every_worker(tiny_model_factory, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
