@@ -72,7 +72,13 @@ def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
                                                 info["eos_token_id"], kv["num_blocks"],
                                                 kv["block_size"])))
     ready.close()
-    sys.exit(proc.run())
+    code = proc.run()
+    # Everything is sent and shut down. Skip the interpreter's teardown: on a GPU host its
+    # exit hooks (Inductor's compile workers, CUDA caches) outlasted the launcher's 10 s.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class EngineCoreProc:
