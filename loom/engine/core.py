@@ -48,7 +48,7 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
-        """Launched steps not yet collected, oldest first (two at most)."""
+        """Launched steps not yet collected, oldest first."""
         self.structured_output = StructuredOutputManager(tokenizer_path(config.model))
 
     def _init_kv_cache(self) -> int:
@@ -94,16 +94,20 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
 
     def step(self) -> EngineCoreOutputs:
-        """Collect one step's outputs. Under async scheduling the next step is scheduled and
-        launched first (up to two in flight), so the device never waits for this host work."""
+        """Collect one step's outputs. Under async scheduling the next steps are scheduled and
+        launched first (up to the executor's max_steps_in_flight), so the device never waits
+        for this host work."""
         outputs, self._pending = self._pending, []
         if not self._in_flight and self.scheduler.has_unfinished_requests():
             self._launch(self.scheduler.schedule())
-        if (self.config.scheduler.async_scheduling and len(self._in_flight) == 1
-                and self.scheduler.has_unfinished_requests()):
+        while (self.config.scheduler.async_scheduling
+               and 0 < len(self._in_flight) < self.executor.max_steps_in_flight
+               and self.scheduler.has_unfinished_requests()):
             ahead = self.scheduler.schedule()
             if not ahead.is_empty or ahead.finished_req_ids:
                 self._launch(ahead)
+            if ahead.is_empty:
+                break
         if self._in_flight:
             scheduler_output, step = self._in_flight.popleft()
             outputs += self.scheduler.update_from_output(scheduler_output,

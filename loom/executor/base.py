@@ -9,6 +9,9 @@ from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 
 
 class Executor(abc.ABC):
+    max_steps_in_flight = 2
+    """Steps the engine may launch before collecting the oldest (async scheduling)."""
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
 

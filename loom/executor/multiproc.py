@@ -39,6 +39,11 @@ def _free_port() -> int:
 
 
 class MultiprocExecutor(Executor):
+    # A rank replies to a step only once the next arrives, and the reply crosses two
+    # processes before the engine can schedule again: a third step keeps every GPU fed
+    # through that round trip.
+    max_steps_in_flight = 3
+
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.world_size = config.parallel.tensor_parallel_size

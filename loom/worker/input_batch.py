@@ -188,18 +188,18 @@ def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]
 
 
 class _PinnedStaging:
-    """Two pinned host buffers used in turn. A buffer is rewritten only after the copy made
-    from it two uploads ago has finished; under async scheduling that copy preceded the
-    step now running on the device, so the wait is free. (Pinning a fresh buffer every step
-    cost milliseconds.)"""
+    """Pinned host buffers used in turn. A buffer is rewritten only after the copy made
+    from it len(buffers) uploads ago has finished; with at most three steps in flight that
+    copy preceded the oldest step still on the device, so the wait is free. (Pinning a
+    fresh buffer every step cost milliseconds.)"""
 
-    def __init__(self) -> None:
-        self._buffers: list[torch.Tensor | None] = [None, None]
-        self._events: list[torch.cuda.Event | None] = [None, None]
+    def __init__(self, size: int = 4) -> None:
+        self._buffers: list[torch.Tensor | None] = [None] * size
+        self._events: list[torch.cuda.Event | None] = [None] * size
         self._turn = 0
 
     def take(self, nbytes: int) -> torch.Tensor:
-        self._turn ^= 1
+        self._turn = (self._turn + 1) % len(self._buffers)
         event, buf = self._events[self._turn], self._buffers[self._turn]
         if event is not None:
             event.synchronize()

@@ -70,9 +70,9 @@ class StepHandle:
 
 class _ReadbackRing:
     """Pinned int64 buffers for sampled tokens, used in turn. Steps are read back in launch
-    order with at most two launched and unread, so a buffer is free again three steps on."""
+    order with at most three launched and unread, so a buffer is free again four steps on."""
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 4) -> None:
         self._buffers: list[torch.Tensor | None] = [None] * size
         self._turn = 0
 

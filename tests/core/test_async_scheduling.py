@@ -22,9 +22,9 @@ def make(async_scheduling: bool, num_blocks: int = 64, budget: int = 256,
                      CacheConfig(block_size=BS), num_blocks, max_model_len)
 
 
-def run_pipelined(sched: Scheduler, worker: FakeWorker, max_steps: int = 200):
-    """What EngineCore.step does under async scheduling: keep up to two steps in flight and
-    update from the oldest. Returns the outputs and the ids of requests scheduled while
+def run_pipelined(sched: Scheduler, worker: FakeWorker, depth: int = 2, max_steps: int = 300):
+    """What EngineCore.step does under async scheduling: keep up to `depth` steps in flight
+    and update from the oldest. Returns the outputs and the ids of requests scheduled while
     a token of theirs was in flight."""
     in_flight, outputs, ran_ahead = deque(), [], set()
     for _ in range(max_steps):
@@ -33,12 +33,14 @@ def run_pipelined(sched: Scheduler, worker: FakeWorker, max_steps: int = 200):
         if not in_flight:
             out = sched.schedule()
             in_flight.append((out, worker.execute(out)))
-        if len(in_flight) == 1 and sched.has_unfinished_requests():
+        while 0 < len(in_flight) < depth and sched.has_unfinished_requests():
             pending = {r.request_id for r in sched.running if r.num_output_placeholders}
             ahead = sched.schedule()
             ran_ahead |= pending & set(ahead.num_scheduled_tokens)
             if not ahead.is_empty or ahead.finished_req_ids:
                 in_flight.append((ahead, worker.execute(ahead)))
+            if ahead.is_empty:
+                break
         out, result = in_flight.popleft()
         outputs += sched.update_from_output(out, result)
     raise AssertionError("requests did not finish")
@@ -62,13 +64,14 @@ def scenario(sched: Scheduler) -> None:
     add(sched, "seeded", [5, 6], max_tokens=3, temperature=1.0, seed=7)
 
 
-def test_pipelined_run_emits_what_a_synchronous_run_does():
+@pytest.mark.parametrize("depth", [2, 3])
+def test_pipelined_run_emits_what_a_synchronous_run_does(depth):
     sync = make(async_scheduling=False)
     scenario(sync)
     expected = by_request(run_to_end(sync, FakeWorker()))
     pipelined = make(async_scheduling=True)
     scenario(pipelined)
-    outputs, ahead = run_pipelined(pipelined, FakeWorker())
+    outputs, ahead = run_pipelined(pipelined, FakeWorker(), depth)
     assert by_request(outputs) == expected
     assert expected[1]["b"] == "stop" and len(expected[0]["a"]) == 6
     assert pipelined.kv_cache_manager.num_free_blocks == 64

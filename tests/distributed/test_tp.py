@@ -51,11 +51,20 @@ def test_tp2_async_scheduling_with_mixed_sampling_equals_tp1(tiny_model_factory)
     for tp in (1, 2):
         llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
                   max_model_len=128, tensor_parallel_size=tp, max_num_batched_tokens=24)
+        engine, depths = llm.engine, []
+        launch = engine._launch
+
+        def spy(scheduler_output, launch=launch, engine=engine, depths=depths):
+            launch(scheduler_output)
+            depths.append(len(engine._in_flight))
+
+        engine._launch = spy
         try:
             outs = llm.generate(PROMPTS * 2, _mixed_params(), use_tqdm=False)
             results.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
         finally:
             llm.shutdown()
+        assert max(depths) == (3 if tp == 2 else 2)  # ranks reply a step late: one more ahead
     assert results[1] == results[0]
 
 
