@@ -133,6 +133,9 @@ class CompilationConfig:
     """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8."""
     pass_config: PassConfig = field(default_factory=PassConfig)
     """Custom Inductor passes."""
+    inductor_compile_config: dict[str, Any] = field(default_factory=dict)
+    """Inductor config options for levels 1-3, e.g. {"max_autotune": true}; names are
+    torch._inductor.config's and are checked when compiling."""
 
     def __post_init__(self) -> None:
         _check(self.level in (0, 1, 2, 3), f"compilation_config.level: must be 0-3, got {self.level}")
@@ -142,6 +145,9 @@ class CompilationConfig:
                 object.__setattr__(self, name, tuple(value))
         _check(all(isinstance(s, int) and s > 0 for s in self.compile_sizes),
                f"compilation_config.compile_sizes: must be positive ints, got {self.compile_sizes}")
+        _check(isinstance(self.inductor_compile_config, dict),
+               "compilation_config.inductor_compile_config: expected a JSON object, got "
+               f"{type(self.inductor_compile_config).__name__}")
         if isinstance(self.pass_config, dict):
             object.__setattr__(self, "pass_config", _from_dict(PassConfig, self.pass_config,
                                                                "compilation_config.pass_config"))

@@ -63,6 +63,17 @@ def split_graph(gm: fx.GraphModule, ops: tuple[str, ...]) -> tuple[fx.GraphModul
     return split, split_names
 
 
+def inductor_patches(config: CompilationConfig) -> dict:
+    """The user's Inductor options, each checked against torch._inductor.config."""
+    from torch._inductor import config as inductor_config
+    unknown = sorted(k for k in config.inductor_compile_config
+                     if not hasattr(inductor_config, k.split(".")[0]))
+    if unknown:
+        raise ValueError(f"compilation_config.inductor_compile_config: unknown Inductor "
+                         f"option(s) {unknown}")
+    return dict(config.inductor_compile_config)
+
+
 class PiecewiseBackend:
     """The Dynamo backend of level 3."""
 
@@ -124,7 +135,7 @@ class Piece:
     def __init__(self, module: fx.GraphModule, example_inputs: list, config: CompilationConfig,
                  pass_manager: PassManager) -> None:
         self.module = module
-        self.patches = {"post_grad_custom_post_pass": pass_manager}
+        self.patches = {**inductor_patches(config), "post_grad_custom_post_pass": pass_manager}
         self.compile_sizes = set(config.compile_sizes)
         self.single_output = not isinstance(module.graph.output_node().args[0], tuple | list)
         self.general = self._compile(example_inputs)
@@ -168,6 +179,7 @@ class CompiledForward:
                             "are off")
             self.fn = model.forward
             return
+        inductor_patches(config)  # a bad option name fails here, before any tracing
         passes = self.pass_manager = PassManager(config.pass_config, tp_size)
         forward = model.forward
         if passes.sequence_parallel:
@@ -181,7 +193,8 @@ class CompiledForward:
         if self.level < 3:
             # The pass manager still runs: it turns loom's norm ops back into aten ops.
             self.fn = torch.compile(forward, dynamic=True, fullgraph=True,
-                                    options={"post_grad_custom_post_pass": passes})
+                                    options={**inductor_patches(config),
+                                             "post_grad_custom_post_pass": passes})
         else:
             backend = PiecewiseBackend(config, passes)
             self.fn = torch.compile(forward, backend=backend, dynamic=True, fullgraph=True)

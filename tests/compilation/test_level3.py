@@ -23,14 +23,17 @@ def _tokens(path: str, **kwargs):
 @pytest.mark.parametrize("splitting_ops", [None, []], ids=["split-at-attention", "one-graph"])
 def test_level3_matches_eager(splitting_ops, tiny_model_factory, caplog, monkeypatch):
     path, _ = tiny_model_factory("llama")
-    compiled_sizes = []
+    compiled_sizes, patches = [], []
     original = backend.Piece._compile
     monkeypatch.setattr(backend.Piece, "_compile", lambda self, inputs: (
-        compiled_sizes.append(_size(inputs)), original(self, inputs))[1])
+        compiled_sizes.append(_size(inputs)), patches.append(self.patches),
+        original(self, inputs))[2])
     eager = _tokens(path)
     caplog.set_level(logging.INFO, logger="loom.compilation.backend")
-    config = {"level": 3, "compile_sizes": [3], "splitting_ops": splitting_ops}
+    config = {"level": 3, "compile_sizes": [3], "splitting_ops": splitting_ops,
+              "inductor_compile_config": {"fallback_random": True}}
     assert _tokens(path, compilation_config=config) == eager
+    assert patches and all(p["fallback_random"] is True for p in patches)
     pieces = 1 if splitting_ops == [] else 2 * 2 + 1  # two layers: attention splits each
     assert f"into {pieces} pieces" in caplog.text
     assert "compiled a piece for 3 tokens" in caplog.text  # decode steps of 3 requests
@@ -38,3 +41,10 @@ def test_level3_matches_eager(splitting_ops, tiny_model_factory, caplog, monkeyp
 
 def _size(inputs) -> str:
     return next((str(x.shape[0]) for x in inputs if hasattr(x, "shape") and x.dim() > 0), "")
+
+
+def test_unknown_inductor_option_is_a_clear_error(tiny_model_factory):
+    path, _ = tiny_model_factory("llama")
+    with pytest.raises(ValueError, match=r"inductor_compile_config: unknown Inductor option"):
+        _tokens(path, compilation_config={"level": 3,
+                                          "inductor_compile_config": {"max_autotunez": True}})
