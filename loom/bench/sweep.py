@@ -3,8 +3,9 @@
 For each frontend mode (multiprocess, and in-process: `--disable-frontend-multiprocessing`)
 it starts `loom serve --model M [--tokenizer T] <engine flags after -->`, waits for /health,
 runs the serving benchmark at each rate for `--duration` seconds (num_prompts = rate x
-duration), stops the server, and prints one table of mean TTFT and mean TPOT per rate and
-mode. By default one server serves all rates of a mode (model load and compilation happen
+duration; `inf` sends `--inf-num-prompts` at once), stops the server, and prints one table of
+mean TTFT and mean TPOT per rate and mode, plus output throughput at `inf` (with
+`--compute-floor`, its ratio to the compute floor). By default one server serves all rates of a mode (model load and compilation happen
 once); `--restart-per-rate` starts a fresh one for every rate. Each rate draws its own prompts
 (seed + rate index), so prefix caching cannot carry over from one rate to the next; both modes
 see the same prompts at a given rate.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import sys
 from collections.abc import Iterator
@@ -48,7 +50,13 @@ def register(subparsers) -> None:
                    help="default: the model's (Llama 3 for shipped Llama configs)")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=0, help="0: a free port")
-    g.add_argument("--rates", default="2,6,10,14", help="requests per second, comma-separated")
+    g.add_argument("--rates", default="2,6,10,14",
+                   help="requests per second, comma-separated; inf sends every prompt at once")
+    g.add_argument("--inf-num-prompts", type=int, default=1000,
+                   help="prompts of a rate of inf")
+    g.add_argument("--compute-floor", action="store_true",
+                   help="at a rate of inf, measure the matmul rate here and report output "
+                   "throughput against the compute floor of --model (a shipped config)")
     g.add_argument("--modes", default="multiprocess,inprocess",
                    help=f"comma-separated, from {', '.join(MODES)}")
     g.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per rate")
@@ -72,6 +80,8 @@ class SweepPlan:
     base: ServeBenchConfig
     """Everything but base_url, rate, prompt count and seed, which each run sets."""
     restart_per_rate: bool
+    inf_num_prompts: int = 1000
+    compute_floor: bool = False
 
 
 def _plan(args: argparse.Namespace) -> SweepPlan:
@@ -86,6 +96,8 @@ def _plan(args: argparse.Namespace) -> SweepPlan:
         raise ValueError(f"modes: choose from {list(MODES)}, got {args.modes!r}")
     if args.duration <= 0:
         raise ValueError(f"duration: must be positive, got {args.duration}")
+    if args.inf_num_prompts <= 0:
+        raise ValueError(f"inf_num_prompts: must be positive, got {args.inf_num_prompts}")
     tokenizer = args.tokenizer or default_tokenizer(args.model)
     if tokenizer is None:  # the server could not tokenize the text prompts either
         raise ValueError(f"tokenizer: {args.model} ships no tokenizer; pass --tokenizer")
@@ -102,7 +114,7 @@ def _plan(args: argparse.Namespace) -> SweepPlan:
                                "result_filename": None, "compute_floor": False,
                                "tensor_parallel_size": 1})
     return SweepPlan(rates, modes, args.duration, result_dir, spec, ServeBenchConfig.from_args(ns),
-                     args.restart_per_rate)
+                     args.restart_per_rate, args.inf_num_prompts, args.compute_floor)
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -130,6 +142,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def _num_prompts(plan: SweepPlan, rate: float) -> int:
+    if math.isinf(rate):
+        return plan.inf_num_prompts
     return max(1, round(rate * plan.duration_s))
 
 
@@ -153,11 +167,26 @@ def _run_rate(plan: SweepPlan, mode: str, rate: float, base_url: str) -> dict[st
     cfg = replace(plan.base, base_url=base_url, request_rate=rate, dataset=dataset,
                   result_filename=f"serve-{mode}-{rate:g}qps.json",
                   extra_info={"sweep_mode": mode, "sweep_duration_s": plan.duration_s})
+    if math.isinf(rate) and plan.compute_floor:
+        cfg = replace(cfg, compute_floor=True, model=plan.spec.model,
+                      tensor_parallel_size=_server_tp(plan.spec.extra_args))
     print(f"\n===== {mode}: {rate:g} req/s, {n} prompts =====")
-    m = run_benchmark(cfg).metrics
+    run = run_benchmark(cfg)
+    m, floor = run.metrics, (run.result or {}).get("compute_floor")
     return {"completed": m.completed, "failed": m.failed, "duration_s": m.duration_s,
             "mean_ttft_ms": m.stats["ttft"].mean_ms, "mean_tpot_ms": m.stats["tpot"].mean_ms,
-            "output_throughput": m.output_throughput, "result": f"serve-{mode}-{rate:g}qps.json"}
+            "output_throughput": m.output_throughput, "result": f"serve-{mode}-{rate:g}qps.json",
+            "duration_ratio_to_floor": floor["duration_ratio_to_floor"] if floor else None}
+
+
+def _server_tp(server_args: tuple[str, ...]) -> int:
+    """The server's -tp, for the compute floor (1 unless given)."""
+    for i, arg in enumerate(server_args):
+        if arg in ("-tp", "--tensor-parallel-size") and i + 1 < len(server_args):
+            return int(server_args[i + 1])
+        if arg.startswith("--tensor-parallel-size="):
+            return int(arg.split("=", 1)[1])
+    return 1
 
 
 def table_rows(plan: SweepPlan, results: dict) -> list[dict[str, Any]]:
@@ -166,8 +195,9 @@ def table_rows(plan: SweepPlan, results: dict) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"rate": rate}
         for mode in plan.modes:
             r = results.get((mode, rate))
-            row[mode] = None if r is None else {k: r[k] for k in
-                                                ("mean_ttft_ms", "mean_tpot_ms", "failed")}
+            row[mode] = None if r is None else {k: r.get(k) for k in (
+                "mean_ttft_ms", "mean_tpot_ms", "failed", "output_throughput",
+                "duration_ratio_to_floor")}
         rows.append(row)
     return rows
 
@@ -181,6 +211,17 @@ def print_table(plan: SweepPlan, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         cells = "".join(_cells(row[m]) for m in plan.modes)
         print(f"{row['rate']:>12g}{cells}")
+    for row in rows:
+        if not math.isinf(row["rate"]):
+            continue
+        for mode in plan.modes:
+            r = row[mode]
+            if r is None:
+                continue
+            ratio = (f", {r['duration_ratio_to_floor']:.2f}x the compute floor"
+                     if r.get("duration_ratio_to_floor") else "")
+            print(f"{mode} at rate inf ({plan.inf_num_prompts} prompts): output throughput "
+                  f"{r['output_throughput']:.1f} tokens/s{ratio}")
 
 
 def _cells(r: dict[str, Any] | None) -> str:
