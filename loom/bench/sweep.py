@@ -90,7 +90,7 @@ def _plan(args: argparse.Namespace) -> SweepPlan:
     except ValueError as e:
         raise ValueError(f"rates: {args.rates!r} is not a comma-separated list of numbers") from e
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    if not rates or any(r <= 0 for r in rates):
+    if not rates or any(not r > 0 for r in rates):  # also refuses nan
         raise ValueError(f"rates: need positive request rates, got {args.rates!r}")
     if not modes or set(modes) - set(MODES):
         raise ValueError(f"modes: choose from {list(MODES)}, got {args.modes!r}")
