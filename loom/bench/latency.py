@@ -49,6 +49,10 @@ def register(subparsers) -> None:
                         "--output-len 1, also print the target 1-GPU/N + all-reduce time")
     p.add_argument("--decode-split", action="store_true",
                    help="also time --output-len 1 and report decode ms/token without the prefill")
+    p.add_argument("--profile", action="store_true",
+                   help="run one more iteration under torch.profiler on every rank: print the "
+                        "ops by device time, write Chrome traces to --profile-result-dir")
+    p.add_argument("--profile-result-dir", default="loom-profile")
     add_offline_args(p)
     p.set_defaults(func=run_latency)
 
@@ -83,6 +87,8 @@ def run_latency(args: argparse.Namespace) -> int:
     ratios = latency_floors(bench, args, main, prefill)
     ratios.update(tp_all_reduce_target(bench, args, main))
     print_floors(ratios)
+    if args.profile:
+        profile_iteration(bench, args, rng)
     if args.output_json:
         payload = {**bench.provenance("latency"), **_params(args), **main.summary(),
                    "decode_split": prefill.summary() if prefill else None, "floors": ratios}
@@ -107,6 +113,23 @@ def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,
         once()
     latencies = [once() for _ in tqdm(range(args.num_iters), desc=f"Profiling iterations ({tag})")]
     return Series(output_len, latencies)
+
+
+def profile_iteration(bench: OfflineBench, args: argparse.Namespace,
+                      rng: np.random.Generator) -> None:
+    """One more iteration of the main series under torch.profiler on every rank."""
+    executor = bench.llm.engine.executor
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0,
+                            top_p=1.0)
+    prompts = bench.random_prompts(rng, args.batch_size, args.input_len)
+    executor.collective_rpc("profile", "start")
+    try:
+        bench.llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        tables = executor.collective_rpc("profile", "stop", args.profile_result_dir)
+    print(f"Profile of one iteration (rank 0; every rank's trace and table in "
+          f"{args.profile_result_dir}/):")
+    print(tables[0])
 
 
 def _check_lengths(outputs, output_len: int) -> None:

@@ -33,6 +33,10 @@ class Executor(abc.ABC):
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         return self.collect(self.launch(so))
 
+    @abc.abstractmethod
+    def collective_rpc(self, method: str, *args) -> list:
+        """Call a `Worker.RPC_METHODS` method on every rank; the results in rank order."""
+
     def shutdown(self) -> None:
         pass
 

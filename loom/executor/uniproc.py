@@ -29,6 +29,9 @@ class UniprocExecutor(Executor):
     def collect(self, step: StepHandle) -> ModelRunnerOutput:
         return step.output()
 
+    def collective_rpc(self, method: str, *args) -> list:
+        return [self.worker.rpc(method, list(args))]
+
     def shutdown(self) -> None:
         # Release the model and KV cache now, not when the caller drops the LLM.
         device = self.worker.device

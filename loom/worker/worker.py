@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -37,7 +38,7 @@ class Worker:
         self.model_runner = ModelRunner(config, self.device, is_driver=rank == 0)
 
     RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env",
-                             "time_all_reduce"})
+                             "time_all_reduce", "profile"})
 
     def rpc(self, method: str, args: list):
         """A call from the executor by name; only the methods listed are reachable."""
@@ -68,6 +69,32 @@ class Worker:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def profile(self, action: str, out_dir: str | None = None) -> str | None:
+        """"start" a torch.profiler session (host ops, and device kernels on CUDA, CUDA-graph
+        replays included), or "stop" it: write this rank's Chrome trace and op table to
+        out_dir and return the table, sorted by device time on CUDA."""
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+        cuda = self.device.type == "cuda"
+        if action == "start":
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            self._profiler = torch_profile(activities=activities)
+            self._profiler.start()
+            return None
+        if action != "stop" or getattr(self, "_profiler", None) is None or out_dir is None:
+            raise ValueError(f"profile: expected 'start', then 'stop' with a directory; got "
+                             f"{action!r}")
+        prof, self._profiler = self._profiler, None
+        prof.stop()
+        path = Path(out_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path / f"trace-rank{self.rank}.json"))
+        table = prof.key_averages().table(
+            sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=30,
+            max_name_column_width=80)
+        (path / f"ops-rank{self.rank}.txt").write_text(table)
+        return table
 
     @staticmethod
     def get_env(name: str) -> str | None:

@@ -81,6 +81,19 @@ def test_tp_prefill_prints_all_reduce_time_and_target(tiny, tmp_path, capsys, mo
         json.loads(out.read_text())["avg_latency"] / target)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys, monkeypatch, tp):
+    profile_dir = tmp_path / "prof"
+    assert _latency(tiny, tmp_path / "l.json", monkeypatch, "--output-len", "3", "-tp", str(tp),
+                    "--profile", "--profile-result-dir", str(profile_dir)) == 0
+    text = capsys.readouterr().out
+    assert "Profile of one iteration" in text and "aten::" in text
+    for rank in range(tp):
+        trace = json.loads((profile_dir / f"trace-rank{rank}.json").read_text())
+        assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+        assert "Self CPU" in (profile_dir / f"ops-rank{rank}.txt").read_text()
+
+
 def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
     out = tmp_path / "prefill.json"
