@@ -49,7 +49,9 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
     return acc, m_new, l_i
 
 
-@triton.jit
+# Integers that change from step to step are not specialised on (Triton would compile a
+# variant per divisibility by 16 and per value 1, each costing a serving request a stall).
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr, cache_ptr, out_ptr, block_table_ptr, query_start_ptr, seq_lens_ptr, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -97,7 +99,7 @@ def _prefill_kernel(
              mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     block_table_ptr, query_start_ptr, seq_lens_ptr, scale_log2, num_heads, num_splits,
@@ -143,7 +145,7 @@ def _decode_split_kernel(
     tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=g_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, query_start_ptr, num_heads, num_splits,
     stride_ot, stride_oh, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,

@@ -175,8 +175,11 @@ def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
-        total += -(-a.nbytes // 8) * 8
-    host = _STAGING.take(max(total, 8))
+        # Every view starts 256-byte aligned, like a tensor of its own: Triton compiles a
+        # kernel variant per pointer alignment (a step with a new mix would recompile), and
+        # Inductor copies graph inputs that are less aligned than its example inputs.
+        total += -(-a.nbytes // _ALIGN) * _ALIGN
+    host = _STAGING.take(max(total, _ALIGN))
     buf = host.numpy()
     for a, o in zip(arrays, offsets):
         buf[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
@@ -217,6 +220,7 @@ class _PinnedStaging:
 
 _STAGING = _PinnedStaging()
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
+_ALIGN = 256
 
 
 def _prompt_logprob_rows(reqs, computed, counts, starts) -> dict:
