@@ -74,3 +74,15 @@ def symm_all_reduce_max_bytes() -> int:
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL
     always)."""
     return int(_float("LOOM_SYMM_ALL_REDUCE_MAX_BYTES", float(1 << 20)))
+
+
+def async_tp_impl() -> str:
+    """LOOM_ASYNC_TP_IMPL: what the async-TP pass fuses collectives with their matmuls into.
+    "symm_mem" (default): PyTorch's fused_all_gather_matmul / fused_matmul_reduce_scatter,
+    static graphs only, where the measured table says they win. "overlap": loom's
+    loom::all_gather_matmul / loom::matmul_reduce_scatter (loom/distributed/
+    collective_matmul.py), every graph, overlapped from LOOM_ASYNC_TP_MIN_TOKENS (1024)."""
+    value = os.environ.get("LOOM_ASYNC_TP_IMPL", "") or "symm_mem"
+    if value not in ("symm_mem", "overlap"):
+        raise ValueError(f"LOOM_ASYNC_TP_IMPL: expected symm_mem or overlap, got {value!r}")
+    return value

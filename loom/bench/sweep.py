@@ -5,8 +5,9 @@ it starts `loom serve --model M [--tokenizer T] <engine flags after -->`, waits 
 runs the serving benchmark at each rate for `--duration` seconds (num_prompts = rate x
 duration; `inf` sends `--inf-num-prompts` at once), stops the server, and prints one table of
 mean TTFT and mean TPOT per rate and mode, plus output throughput at `inf` (with
-`--compute-floor`, its ratio to the compute floor). By default one server serves all rates of a mode (model load and compilation happen
-once); `--restart-per-rate` starts a fresh one for every rate. Each rate draws its own prompts
+`--compute-floor`, its ratio to the compute floor). By default one server serves all rates
+of a mode (model load and compilation happen once); `--restart-per-rate` starts a fresh one
+for every rate. Each rate draws its own prompts
 (seed + rate index), so prefix caching cannot carry over from one rate to the next; both modes
 see the same prompts at a given rate.
 

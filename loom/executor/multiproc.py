@@ -20,7 +20,8 @@ from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.executor.base import Executor
 from loom.executor.protocol import (CollectiveRPC, ExecuteModel, FlushOutput, RPCReply,
-                                    RunnerOutput, ShutdownWorker, WorkerFailed, WorkerMessage, WorkerReady)
+                                    RunnerOutput, ShutdownWorker, WorkerFailed, WorkerMessage,
+                                    WorkerReady)
 from loom.executor.worker_proc import worker_main
 
 logger = logging.getLogger(__name__)

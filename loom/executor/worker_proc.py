@@ -12,7 +12,8 @@ import zmq
 
 from loom.config import EngineConfig
 from loom.executor.protocol import (CollectiveRPC, ExecuteModel, FlushOutput, RPCReply,
-                                    RunnerOutput, ShutdownWorker, WorkerCommand, WorkerFailed, WorkerReady)
+                                    RunnerOutput, ShutdownWorker, WorkerCommand, WorkerFailed,
+                                    WorkerReady)
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from loom.forward_context import get_forward_context
 from loom.library import loom_op
 
 
-@loom_op("attention", "(Tensor query, Tensor key, Tensor value, int layer_idx, float scale) -> Tensor")
+@loom_op("attention",
+         "(Tensor query, Tensor key, Tensor value, int layer_idx, float scale) -> Tensor")
 def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  layer_idx: int, scale: float) -> torch.Tensor:
     """query [T, Hq*D], key/value [T, Hkv*D] -> [T, Hq*D]; writes key/value to the cache."""

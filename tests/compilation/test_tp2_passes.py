@@ -52,6 +52,31 @@ def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, tiny_model_fact
         assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("min_tokens", ["1", "1000"], ids=["overlapped", "plain-branch"])
+def test_overlap_ops_rewrite_every_graph_and_keep_outputs(kind, min_tokens, tiny_model_factory,
+                                                          tmp_path):
+    """LOOM_ASYNC_TP_IMPL=overlap: loom's own collective matmuls (real gloo collectives on
+    the CPU, no stand-in kernels) replace the same sites in the dynamic graph as well as
+    the static one, and compute what eager TP=2 does in both of their run-time branches."""
+    path, _ = tiny_model_factory(kind)
+    scenario = Scenario(path, {"enable_async_tp": True}, compile_sizes=[8], token_counts=(8, 14),
+                        env={"LOOM_ASYNC_TP_IMPL": "overlap",
+                             "LOOM_ASYNC_TP_MIN_TOKENS": min_tokens})
+    report = run_tp2(scenario, str(tmp_path))
+    fused_ag, fused_rs, ag_left, rs_left = FUSED[kind]
+    for graph in report["graphs"]:
+        counts = graph["norm_decomposition"]
+        assert counts["loom.all_gather_matmul.default"] == fused_ag
+        assert counts["loom.matmul_reduce_scatter.default"] == fused_rs
+        assert counts["loom.all_gather.default"] == ag_left
+        assert counts["loom.reduce_scatter.default"] == rs_left
+        assert counts["symm_mem.fused_all_gather_matmul.default"] == 0
+    for n, rel in report["diffs"].items():
+        assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
+
+
 PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)]
            for i, n in enumerate((7, 30, 19))]
 
@@ -91,6 +116,26 @@ def test_engine_with_async_tp_equals_tp1_eager(tiny_model_factory, capfd, monkey
                           r"matmul\+reduce_scatter unfused", log)) == 2
 
 
+@pytest.mark.slow
+def test_engine_with_overlap_ops_equals_tp1_eager(tiny_model_factory, capfd, monkeypatch):
+    """Through the model runner and its async scheduling: 24-token prefill chunks overlap
+    (from 16 up), decode batches take the plain branch; tokens and logprobs are TP=1's."""
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    monkeypatch.setenv("LOOM_ASYNC_TP_IMPL", "overlap")
+    monkeypatch.setenv("LOOM_ASYNC_TP_MIN_TOKENS", "16")
+    path, _ = tiny_model_factory("llama")
+    tokens1, logprobs1 = _generate(path, 1)
+    config = {"level": 3, "pass_config": {"enable_async_tp": True}}
+    tokens2, logprobs2 = _generate(path, 2, compilation_config=config)
+    assert tokens2 == tokens1
+    torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
+    rewritten = re.findall(r"rank(\d) .*async_tp: loom overlap ops: rewrote 4 of 4 "
+                           r"all_gather\+matmul, 4 of 4 matmul\+reduce_scatter",
+                           capfd.readouterr().err)
+    assert set(rewritten) == {"0", "1"}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_fused_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch):
@@ -115,3 +160,29 @@ def test_fused_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch)
              r"4 of 4 matmul\+reduce_scatter")
     # Every rank fused every site (a piece may be compiled more than once per rank).
     assert set(re.findall(fused, capfd.readouterr().err)) == {"0", "1"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_overlap_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch):
+    """loom's overlap ops on NCCL: prefill chunks of 24 overlap (from 16 tokens up) in the
+    static and the dynamic graph; decode batches take their plain branch inside CUDA graphs."""
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    monkeypatch.setenv("LOOM_ASYNC_TP_IMPL", "overlap")
+    monkeypatch.setenv("LOOM_ASYNC_TP_MIN_TOKENS", "16")
+    path, _ = tiny_model_factory("llama")
+    results = []
+    for tp, config in ((1, None), (2, {"level": 3, "compile_sizes": [24],
+                                       "pass_config": {"enable_async_tp": True}})):
+        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda",
+                  max_model_len=128, tensor_parallel_size=tp, max_num_batched_tokens=24,
+                  kv_cache_memory_bytes=1 << 28, compilation_config=config)
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        results.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params,
+                                                                     use_tqdm=False)])
+        llm.shutdown()
+    assert results[0] == results[1]
+    rewritten = (r"rank(\d) .*async_tp: loom overlap ops: rewrote 4 of 4 all_gather\+matmul, "
+                 r"4 of 4 matmul\+reduce_scatter")
+    assert set(re.findall(rewritten, capfd.readouterr().err)) == {"0", "1"}

@@ -20,7 +20,8 @@ import torch.multiprocessing as mp
 
 WATCHED = ("loom.all_reduce.default", "loom.all_gather.default", "loom.reduce_scatter.default",
            "symm_mem.fused_all_gather_matmul.default",
-           "symm_mem.fused_matmul_reduce_scatter.default")
+           "symm_mem.fused_matmul_reduce_scatter.default",
+           "loom.all_gather_matmul.default", "loom.matmul_reduce_scatter.default")
 
 
 @dataclass

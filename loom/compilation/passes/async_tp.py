@@ -10,6 +10,12 @@ activation other than matmuls (an MoE expert block) take the op's returned A.
 Only static-shape graphs (`compile_sizes`) are fused, and only where the measured table
 (`async_tp_table.py`) says the fused op beats NCCL + cuBLAS at that token count; the
 dynamic graph keeps the unfused collectives, and the log says which applied.
+
+With LOOM_ASYNC_TP_IMPL=overlap the same sites become loom's own
+`loom::all_gather_matmul` / `loom::matmul_reduce_scatter` instead
+(`loom/distributed/collective_matmul.py`): they take any token count, so every graph is
+rewritten (the dynamic one too), and they choose at run time whether to overlap
+(LOOM_ASYNC_TP_MIN_TOKENS and up, default 1024).
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from loom import envs
 from loom.compilation.passes import async_tp_table
 from loom.compilation.passes.graph_utils import (ALL_GATHER, MM, REDUCE_SCATTER, emit, fake_mode,
                                                  hoist, is_op, nodes_of, only_user, token_dim)
+from loom.distributed import collective_matmul  # noqa: F401 - registers loom's overlap ops
 from loom.distributed.parallel_state import get_group
 
 logger = logging.getLogger(__name__)
@@ -52,7 +60,7 @@ class AsyncTPPass:
         self.tp_size = tp_size
 
     def cache_state(self) -> str:
-        return async_tp_table.cache_state()
+        return repr((async_tp_table.cache_state(), envs.async_tp_impl()))
 
     def __call__(self, graph: fx.Graph) -> int:
         gathers = [s for s in map(_match_gather, nodes_of(graph, ALL_GATHER)) if s]
@@ -61,6 +69,8 @@ class AsyncTPPass:
             logger.warning("%s: enabled but matched no all_gather->matmul or "
                            "matmul->reduce_scatter (is sequence parallelism applied?)", self.name)
             return 0
+        if envs.async_tp_impl() == "overlap":
+            return self._rewrite_overlap(graph, gathers, scatters)
         sites = [s.all_gather for s in gathers] + [s.reduce_scatter for s in scatters]
         num_tokens = token_dim(sites[0]) if gathers else token_dim(scatters[0].matmul)
         if not isinstance(num_tokens, int):
@@ -88,6 +98,56 @@ class AsyncTPPass:
                     "matmul+reduce_scatter (%s)", self.name, num_tokens, fused_ag, len(gathers),
                     fused_rs, len(scatters), choice.reason)
         return fused_ag + fused_rs
+
+
+    def _rewrite_overlap(self, graph: fx.Graph, gathers: list[GatherSite],
+                         scatters: list[ScatterSite]) -> int:
+        min_tokens = envs.async_tp_min_tokens()
+        min_tokens = OVERLAP_MIN_TOKENS if min_tokens is None else min_tokens
+        mode = fake_mode(graph)
+        fused_ag = sum(_overlap_gather(graph, mode, s, min_tokens) for s in gathers)
+        fused_rs = sum(_overlap_scatter(graph, mode, s, min_tokens) for s in scatters)
+        logger.info("%s: loom overlap ops: rewrote %d of %d all_gather+matmul, %d of %d "
+                    "matmul+reduce_scatter (overlapped from %d tokens at run time)", self.name,
+                    fused_ag, len(gathers), fused_rs, len(scatters), min_tokens)
+        return fused_ag + fused_rs
+
+
+OVERLAP_MIN_TOKENS = 1024
+"""Below this many tokens loom's overlap ops run the plain collective and one matmul. A
+placeholder until the 2x H200 runs measure the crossover."""
+
+
+def _overlap_gather(graph: fx.Graph, mode, site: GatherSite, min_tokens: int) -> int:
+    ag = site.all_gather
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    first = min(ag.users, key=order.__getitem__)
+    matmuls = [mm for mm in site.matmuls if hoist(mm.args[1], first)]
+    x, _, world_size, group_name = ag.args
+    with graph.inserting_before(first):
+        fused = emit(graph, mode, torch.ops.loom.all_gather_matmul.default, x,
+                     [mm.args[1] for mm in matmuls], world_size, group_name, min_tokens)
+        outputs = emit(graph, mode, operator.getitem, fused, 1)
+        for i, mm in enumerate(matmuls):
+            mm.replace_all_uses_with(emit(graph, mode, operator.getitem, outputs, i))
+        # Other readers of the gathered activation (an MoE block, an unhoistable matmul).
+        ag.replace_all_uses_with(emit(graph, mode, operator.getitem, fused, 0))
+    for mm in matmuls:
+        graph.erase_node(mm)
+    graph.erase_node(ag)
+    return 1
+
+
+def _overlap_scatter(graph: fx.Graph, mode, site: ScatterSite, min_tokens: int) -> int:
+    rs, mm = site.reduce_scatter, site.matmul
+    _, _, world_size, group_name = rs.args
+    with graph.inserting_before(rs):
+        fused = emit(graph, mode, torch.ops.loom.matmul_reduce_scatter.default, mm.args[0],
+                     mm.args[1], world_size, group_name, min_tokens)
+    rs.replace_all_uses_with(fused)
+    graph.erase_node(rs)
+    graph.erase_node(mm)
+    return 1
 
 
 def _match_gather(ag: fx.Node) -> GatherSite | None:
