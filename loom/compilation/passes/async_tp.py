@@ -60,7 +60,7 @@ class AsyncTPPass:
         self.tp_size = tp_size
 
     def cache_state(self) -> str:
-        return repr((async_tp_table.cache_state(), envs.async_tp_impl()))
+        return repr((async_tp_table.cache_state(), envs.async_tp_impl(), OVERLAP_MIN_TOKENS))
 
     def __call__(self, graph: fx.Graph) -> int:
         gathers = [s for s in map(_match_gather, nodes_of(graph, ALL_GATHER)) if s]
