@@ -16,7 +16,7 @@ from loom.engine.protocol import (AbortRequests, EngineCoreInput, EngineCoreMess
                                   EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
                                   FinishReason, SchedulerStats, Shutdown, UtilityCall,
                                   UtilityResult)
-from loom.engine.stats_log import StatsLogger, merge_stats
+from loom.engine.stats_log import StatsLogger, gauges_only, merge_stats
 
 if TYPE_CHECKING:
     from loom.engine.core import EngineCore
@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 ClientInput = tuple[int, EngineCoreInput]
 """(client index, message): the index says where the answers go."""
-SendFn = Callable[[int, EngineCoreMessage], None]
+SendFn = Callable[[int | None, EngineCoreMessage], None]
+"""Deliver to one client, or to every client for None."""
 
 
 class EngineLoop:
@@ -115,10 +116,16 @@ class EngineLoop:
             self._last_client = client
             self.send(client, EngineCoreOutputs(outputs=outputs, timestamp=step.timestamp,
                                                 scheduler_stats=self._take_stats()))
-        if self._unsent_stats is not None and not self.core.has_unfinished_requests():
-            # Going idle: the frontends' gauges must not stay at the last busy value.
-            self.send(self._last_client, EngineCoreOutputs(timestamp=step.timestamp,
-                                                           scheduler_stats=self._take_stats()))
+        if not self.core.has_unfinished_requests():
+            # Going idle: no frontend's gauges may stay at a busy value. Counters (deltas)
+            # go to one client; the idle gauges to every client, since each API process
+            # keeps its own and /metrics shows whichever was set last.
+            if self._unsent_stats is not None:
+                self.send(self._last_client, EngineCoreOutputs(
+                    timestamp=step.timestamp, scheduler_stats=self._take_stats()))
+            if step.scheduler_stats is not None:
+                self.send(None, EngineCoreOutputs(
+                    timestamp=step.timestamp, scheduler_stats=gauges_only(step.scheduler_stats)))
 
     def _route(self, outputs: list[EngineCoreOutput]) -> dict[int, list[EngineCoreOutput]]:
         by_client: dict[int, list[EngineCoreOutput]] = {}

@@ -27,6 +27,11 @@ def merge_stats(older: SchedulerStats | None, newer: SchedulerStats) -> Schedule
     return msgspec.structs.replace(newer, **sums)
 
 
+def gauges_only(stats: SchedulerStats) -> SchedulerStats:
+    """The same gauges with every counter at zero: safe to send to every client."""
+    return msgspec.structs.replace(stats, **dict.fromkeys(_COUNTERS, 0))
+
+
 class StatsLogger:
     """Logs one line every `interval` seconds while the engine has done something."""
 

@@ -143,6 +143,10 @@ def test_stats_deltas_reach_exactly_one_client_and_end_idle():
     stats = [m.scheduler_stats for _, m in sent if m.scheduler_stats is not None]
     assert sum(s.num_generation_tokens for s in stats) == core.generated == 6
     assert stats[-1].num_running == 0
+    # Going idle, the gauges go to every client (None): each API process shows its own.
+    client, last = sent[-1]
+    assert client is None and last.scheduler_stats.num_running == 0
+    assert last.scheduler_stats.num_generation_tokens == 0 and not last.outputs
 
 
 def test_a_failing_step_escapes():
