@@ -192,13 +192,20 @@ def _decode_ratio(bench: OfflineBench, args: argparse.Namespace, main: Series,
 
 def tp_all_reduce_target(bench: OfflineBench, args: argparse.Namespace,
                          main: Series) -> dict[str, Any]:
-    """For a TP prefill: the all-reduce time of one forward, measured on the engine's own
-    ranks, and the target (1-GPU latency / N) + that time when a 1-GPU result is given."""
-    if bench.tp == 1 or main.output_len != 1:
+    """The all-reduce time of one forward, measured on the engine's own ranks. For a TP
+    prefill, also the target (1-GPU latency / N) + that time when a 1-GPU result is given;
+    for decode, the all-reduces of one step replayed from a CUDA graph (on GPU)."""
+    if bench.tp == 1:
         return {}
+    count = 2 * bench.arch.num_layers + 1  # embedding, then attention and MLP per layer
+    if main.output_len != 1:
+        # A decode step all-reduces [batch, hidden] `count` times inside its CUDA graph.
+        per_call = bench.llm.engine.executor.collective_rpc(
+            "time_all_reduce", args.batch_size, count, True)[0]
+        return {"decode_all_reduce_s": per_call, "all_reduces_per_forward": count,
+                "decode_all_reduce_step_s": per_call * count}
     tokens = args.input_len * args.batch_size
     per_call = bench.llm.engine.executor.collective_rpc("time_all_reduce", tokens, 10)[0]
-    count = 2 * bench.arch.num_layers + 1  # embedding, then attention and MLP per layer
     out: dict[str, Any] = {"all_reduce_s": per_call, "all_reduces_per_forward": count,
                            "all_reduce_forward_s": per_call * count}
     if args.reference_json:
@@ -211,6 +218,10 @@ def tp_all_reduce_target(bench: OfflineBench, args: argparse.Namespace,
 
 
 def print_floors(r: dict[str, Any]) -> None:
+    if "decode_all_reduce_s" in r:
+        print(f"All-reduce (decode step, in a CUDA graph on GPU): {r['all_reduces_per_forward']}"
+              f" x {r['decode_all_reduce_s'] * 1e6:.1f} us = "
+              f"{r['decode_all_reduce_step_s'] * 1e3:.3f} ms per step")
     if "all_reduce_s" in r:
         line = (f"All-reduce: {r['all_reduces_per_forward']} x {r['all_reduce_s'] * 1e6:.1f} us "
                 f"= {r['all_reduce_forward_s'] * 1e3:.2f} ms per forward")

@@ -52,14 +52,28 @@ class Worker:
                 "max_position_embeddings": arch.max_position_embeddings,
                 "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None}
 
-    def time_all_reduce(self, num_tokens: int, iters: int) -> float:
+    def time_all_reduce(self, num_tokens: int, iters: int, in_graph: bool = False) -> float:
         """Seconds per TP all-reduce of a [num_tokens, hidden] activation in the model's
-        dtype, averaged over iters (every rank must call this together)."""
+        dtype, averaged over iters (every rank must call this together). in_graph (CUDA):
+        the iters all-reduces are captured in one CUDA graph and replayed, as a decode step
+        runs them, so host launch time is not counted."""
         runner = self.model_runner
         x = torch.ones(num_tokens, runner.arch.hidden_size, dtype=runner.dtype, device=self.device)
         for _ in range(3):
             tp_all_reduce(x)
         self._sync()
+        if in_graph and self.device.type == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(iters):
+                    tp_all_reduce(x)
+            graph.replay()
+            self._sync()
+            start = time.perf_counter()
+            for _ in range(5):
+                graph.replay()
+            self._sync()
+            return (time.perf_counter() - start) / (5 * iters)
         start = time.perf_counter()
         for _ in range(iters):
             tp_all_reduce(x)

@@ -94,6 +94,16 @@ def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys,
         assert "Self CPU" in (profile_dir / f"ops-rank{rank}.txt").read_text()
 
 
+def test_tp_decode_prints_the_all_reduce_time_of_a_step(tiny, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "tp2-decode.json"
+    assert _latency(tiny, out, monkeypatch, "--output-len", "3", "-tp", "2") == 0
+    assert re.search(r"^All-reduce \(decode step, in a CUDA graph on GPU\): 5 x [0-9.]+ us = "
+                     r"[0-9.]+ ms per step$", capsys.readouterr().out, re.M)
+    floors_ = json.loads(out.read_text())["floors"]
+    assert floors_["decode_all_reduce_s"] > 0
+    assert floors_["decode_all_reduce_step_s"] == pytest.approx(5 * floors_["decode_all_reduce_s"])
+
+
 def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
     out = tmp_path / "prefill.json"
