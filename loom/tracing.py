@@ -45,6 +45,7 @@ class SpanAttributes:
     GEN_AI_USAGE_NUM_SEQUENCES = "gen_ai.usage.num_sequences"
     GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
     GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e"
+    GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
 
 
 def otel_import_error() -> ImportError | None:
@@ -112,6 +113,8 @@ class RequestTrace:
         self.first_token: float | None = None
         self.finished: float | None = None
         self.num_completion_tokens = 0
+        self.queue_time: float | None = None
+        """Seconds in the engine's queue, from the engine's first output."""
 
     def observe(self, output: RequestOutput, now: float) -> None:
         """Fold in one delta output, at monotonic time now."""
@@ -141,4 +144,6 @@ class RequestTrace:
             attrs[a.GEN_AI_REQUEST_MAX_TOKENS] = self.params.max_tokens
         if self.first_token is not None:
             attrs[a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] = self.first_token - self.arrival
+        if self.queue_time is not None:
+            attrs[a.GEN_AI_LATENCY_TIME_IN_QUEUE] = self.queue_time
         return attrs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
 
 from loom.engine.protocol import EngineCoreRequest, FinishReason
@@ -63,11 +64,19 @@ class Request:
         """Guided decoding: where the output stands in its grammar (set by the engine core)."""
         self.pooling_params = pooling_params
         """Set for an embedding request: it ends when its prompt is computed."""
+        self.added_at = time.monotonic()
+        self.queue_time_s: float | None = None
+        """Set when first scheduled; reported once, on the first output."""
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
                    req.eos_token_id, req.arrival_time, req.pooling_params)
+
+    def take_queue_time(self) -> float | None:
+        """The queue time, the first time it is asked for after scheduling; then None."""
+        value, self.queue_time_s = self.queue_time_s, None
+        return value
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -14,6 +14,7 @@ update_from_output. A request with a placeholder is never preempted.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -213,6 +214,7 @@ class Scheduler:
         rid = request.request_id
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_hit
+            request.queue_time_s = time.monotonic() - request.added_at
             self._num_prompt_tokens += request.num_prompt_tokens
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_hit
@@ -254,7 +256,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED_STOPPED
         return EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.STOP,
                                 num_cached_tokens=max(0, request.num_cached_tokens),
-                                pooled=pooled)
+                                pooled=pooled, queue_time_s=request.take_queue_time())
 
     def _append_tokens(self, request: Request, sampled: list[int]) -> list[int]:
         appended = []
@@ -299,7 +301,8 @@ class Scheduler:
             request_id=request.request_id, new_token_ids=new_token_ids,
             new_logprobs=[new_logprobs] if new_logprobs is not None else None,
             prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
-            stop_reason=request.stop_reason, num_cached_tokens=max(0, request.num_cached_tokens))
+            stop_reason=request.stop_reason, num_cached_tokens=max(0, request.num_cached_tokens),
+            queue_time_s=request.take_queue_time())
 
     def _remove_finished(self) -> None:
         still_running = []

@@ -74,6 +74,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str | None = None
     pooled: list[float] | None = None
     """A pooling request's vector, on its one (finished) output."""
+    queue_time_s: float | None = None
+    """Seconds from the engine core receiving the request to first scheduling it; on the
+    request's first output only."""
 
     @property
     def finished(self) -> bool:

@@ -53,6 +53,8 @@ class StatsSink(Protocol):
 
     def on_finished(self, e2e_seconds: float, finish_reason: str) -> None: ...
 
+    def on_queued(self, seconds: float) -> None: ...
+
 
 @dataclass
 class _Stream:
@@ -141,12 +143,15 @@ class AsyncLLM:
         _, prompt_ids = self.tokenize(prompt)
         request = self.processor.process_pooling(request_id, prompt_ids, params)
         future = self._pooling[request_id] = asyncio.get_running_loop().create_future()
+        arrival = time.monotonic()
         try:
             self.client.send(request)
             pooled = await future
         finally:
             if self._pooling.pop(request_id, None) is not None and not self.errored:
                 self.client.send(AbortRequests([request_id]))
+        if self._stats is not None:  # a pooling request ends with its one output
+            self._stats.on_finished(time.monotonic() - arrival, "stop")
         return EmbeddingRequestOutput(request_id, EmbeddingOutput(pooled), prompt_ids)
 
     def _pooling_done(self, out: EngineCoreOutput) -> None:
@@ -208,6 +213,8 @@ class AsyncLLM:
     def _process(self, outputs: list[EngineCoreOutput], timestamp: float) -> None:
         accepted = []
         for out in outputs:
+            if out.queue_time_s is not None:
+                self._record_queue_time(out.request_id, out.queue_time_s)
             if out.request_id in self._pooling:
                 self._pooling_done(out)
             elif out.error is not None:
@@ -225,6 +232,14 @@ class AsyncLLM:
                 if stream.trace is not None:
                     stream.trace.observe(output, now)
                 stream.queue.put_nowait(output)
+
+    def _record_queue_time(self, engine_request_id: str, seconds: float) -> None:
+        if self._stats is not None:
+            self._stats.on_queued(seconds)
+        child = self.output_processor.children.get(engine_request_id)
+        stream = self.streams.get(child.parent.request_id if child else engine_request_id)
+        if stream is not None and stream.trace is not None and stream.trace.queue_time is None:
+            stream.trace.queue_time = seconds  # n > 1: the first child scheduled
 
     def _reject(self, out: EngineCoreOutput) -> None:
         child = self.output_processor.children.get(out.request_id)

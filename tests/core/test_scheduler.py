@@ -96,8 +96,11 @@ def test_one_request_prefills_then_decodes_to_max_tokens():
     assert out.new_reqs[0].token_ids == [1, 2, 3, 4, 5]
     assert out.new_reqs[0].block_ids == [0, 1]  # ceil(5 / 4)
     assert out.num_scheduled_tokens == {"a": 5} and out.total_num_scheduled_tokens == 5
-    assert outs == [EngineCoreOutput("a", [105])]
+    # The first output reports how long the request waited to be scheduled, once.
+    assert 0 <= outs[0].queue_time_s < 1
+    assert outs == [EngineCoreOutput("a", [105], queue_time_s=outs[0].queue_time_s)]
     out, outs = step(sched, worker)
+    assert outs[0].queue_time_s is None
     assert out.num_scheduled_tokens == {"a": 1}
     assert out.cached_reqs[0].num_computed_tokens == 5
     out, outs = step(sched, worker)
@@ -342,7 +345,9 @@ def test_logprobs_are_passed_through_even_for_a_chunk():
     lp = Logprobs([1], [-0.5], 1)
     out = sched.schedule()
     outs = sched.update_from_output(out, ModelRunnerOutput(["r"], [[]], [None], {"r": [lp] * 3}))
-    assert outs == [EngineCoreOutput("r", [], prompt_logprobs=[lp] * 3)]
+    assert outs == [EngineCoreOutput("r", [], prompt_logprobs=[lp] * 3,
+                                     queue_time_s=outs[0].queue_time_s)]
+    assert outs[0].queue_time_s is not None
     out = sched.schedule()
     outs = sched.update_from_output(out, ModelRunnerOutput(["r"], [[8]], [lp], {"r": [lp] * 2}))
     assert outs == [EngineCoreOutput("r", [8], new_logprobs=[lp], prompt_logprobs=[lp] * 2)]

@@ -21,10 +21,21 @@ def offline_vectors(llm):
     return [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
 
 
+def _metric(server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{"))
+
+
 def test_embeddings_match_offline(server, offline_vectors):
     client = server.client()
+    finished = _metric(server, "loom:e2e_request_latency_seconds_count")
+    queued = _metric(server, "loom:request_queue_time_seconds_count")
     resp = client.embeddings.create(model=client.models.list().data[0].id, input=TEXTS,
                                     encoding_format="float")
+    # Each input is one pooling request, counted like a generation request.
+    assert _metric(server, "loom:e2e_request_latency_seconds_count") == finished + len(TEXTS)
+    assert _metric(server, "loom:request_queue_time_seconds_count") == queued + len(TEXTS)
     assert resp.object == "list" and [d.index for d in resp.data] == [0, 1]
     for data, expected in zip(resp.data, offline_vectors):
         assert data.object == "embedding"

@@ -112,6 +112,7 @@ def test_request_span_has_parent_and_attributes(traced):
     assert attrs["gen_ai.usage.prompt_tokens"] == resp.usage.prompt_tokens
     assert attrs["gen_ai.usage.completion_tokens"] == resp.usage.completion_tokens == 5
     assert 0 < attrs["gen_ai.latency.time_to_first_token"] <= attrs["gen_ai.latency.e2e"]
+    assert 0 <= attrs["gen_ai.latency.time_in_queue"] < attrs["gen_ai.latency.time_to_first_token"]
     assert completion.end_time_unix_nano > completion.start_time_unix_nano
     chat = next(s for s in spans if s is not completion)  # no traceparent: a root span
     assert chat.trace_id.hex() != TRACE_ID and not chat.parent_span_id

@@ -59,6 +59,9 @@ class ServerMetrics:
                              ITL_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Request latency, arrival to finish.",
                              E2E_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds",
+                                    "Time a request waited in the engine before it was first "
+                                    "scheduled.", E2E_BUCKETS)
         self._success = Counter("loom:request_success", "Finished requests by finish reason.",
                                 ["model_name", "finished_reason"], registry=self.registry)
         self._label = model_name
@@ -80,6 +83,9 @@ class ServerMetrics:
 
     def on_inter_token(self, seconds: float) -> None:
         self.itl.observe(seconds)
+
+    def on_queued(self, seconds: float) -> None:
+        self.queue_time.observe(seconds)
 
     def on_finished(self, e2e_seconds: float, finish_reason: str) -> None:
         self.e2e.observe(e2e_seconds)
