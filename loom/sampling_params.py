@@ -106,6 +106,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 raise ValueError(f"{name}: {msg}")
 
     @property
+    def uses_penalties(self) -> bool:
+        """Whether sampling reads the token history (repetition/presence/frequency)."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
 

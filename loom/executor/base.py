@@ -30,9 +30,6 @@ class Executor(abc.ABC):
     def collect(self, step: object) -> ModelRunnerOutput:
         """Wait for a launched step's output. Steps are collected in launch order."""
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collect(self.launch(so))
-
     @abc.abstractmethod
     def collective_rpc(self, method: str, *args) -> list:
         """Call a `Worker.RPC_METHODS` method on every rank; the results in rank order."""

@@ -53,16 +53,13 @@ class RequestStates(dict[str, CachedRequestState]):
             raise RuntimeError(f"more than {len(self.tokens)} running requests reached a worker")
         state.row = self._free_rows.pop()
         self[state.req_id] = state
-        self._write_tokens(state, 0, state.token_ids)
+        self.tokens[state.row, :len(state.token_ids)] = state.token_ids
         self.blocks[state.row, :len(state.block_ids)] = state.block_ids
 
     def remove(self, req_id: str) -> None:
         state = self.pop(req_id, None)
         if state is not None:
             self._free_rows.append(state.row)
-
-    def _write_tokens(self, state: CachedRequestState, start: int, ids: list[int]) -> None:
-        self.tokens[state.row, start:start + len(ids)] = ids
 
     def apply(self, so: SchedulerOutput) -> list[CachedRequestState]:
         """Apply one step's diff; return the scheduled requests in batch order."""

@@ -15,7 +15,6 @@ from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.engine.protocol import Logprobs
 from loom.forward_context import ForwardContext, forward_context
-from loom.models.arch import ModelArch
 from loom.compilation.backend import CompiledForward
 from loom import envs
 from loom.distributed.ops import init_small_all_reduce
@@ -141,9 +140,6 @@ class ModelRunner:
         return getattr(self.forward, "token_multiple", 1)
 
     # One step ---------------------------------------------------------------------------
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return self.launch(so).output()
-
     @torch.inference_mode()
     def launch(self, so: SchedulerOutput) -> StepHandle:
         """Queue one step on the device and return without waiting for it; the handle's
@@ -215,7 +211,7 @@ class ModelRunner:
             return logits.argmax(dim=-1), None
         # Token histories are copied only when a penalty reads them (long prompts make
         # these copies the largest host cost of a step).
-        history = any(_uses_penalties(r.params) for r in chosen)
+        history = any(r.params.uses_penalties for r in chosen)
         meta = SamplingMetadata.build(
             [r.params for r in chosen], [r.output_token_ids for r in chosen],
             [r.token_ids[:r.num_prompt_tokens] if history else [] for r in chosen],
@@ -245,15 +241,11 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _uses_penalties(p) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
 def _plain_greedy(req: CachedRequestState) -> bool:
     """Greedy with nothing that changes or reports the distribution: argmax is the answer."""
     p = req.params
     min_tokens_pending = len(req.token_ids) - req.num_prompt_tokens < p.min_tokens
-    return (p.greedy and p.logprobs is None and not _uses_penalties(p)
+    return (p.greedy and p.logprobs is None and not p.uses_penalties
             and not (min_tokens_pending and _stop_ids(req)) and p.guided_decoding is None)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from loom.config import EngineConfig
-from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
 from loom.worker.model_runner import ModelRunner
@@ -119,9 +119,6 @@ class Worker:
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_cache(num_blocks)
-
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(so)
 
     def launch(self, so: SchedulerOutput) -> StepHandle:
         return self.model_runner.launch(so)

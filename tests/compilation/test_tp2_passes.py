@@ -94,6 +94,14 @@ def _generate(path: str, tp: int, **kwargs):
     return [o.outputs[0].token_ids for o in outs], logprobs
 
 
+REWRITE_LOGS = {
+    "symm_mem": r"rank(\d) .*async_tp: 24 tokens: fused 4 of 4 all_gather\+matmul, "
+                r"4 of 4 matmul\+reduce_scatter",
+    "overlap": r"rank(\d) .*async_tp: loom overlap ops: rewrote 4 of 4 all_gather\+matmul, "
+               r"4 of 4 matmul\+reduce_scatter",
+}
+
+
 @pytest.mark.slow
 def test_engine_with_async_tp_equals_tp1_eager(tiny_model_factory, capfd, monkeypatch):
     """Through the model runner: odd batches are padded to a multiple of 2 (prompts of 7,
@@ -130,19 +138,19 @@ def test_engine_with_overlap_ops_equals_tp1_eager(tiny_model_factory, capfd, mon
     tokens2, logprobs2 = _generate(path, 2, compilation_config=config)
     assert tokens2 == tokens1
     torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
-    rewritten = re.findall(r"rank(\d) .*async_tp: loom overlap ops: rewrote 4 of 4 "
-                           r"all_gather\+matmul, 4 of 4 matmul\+reduce_scatter",
-                           capfd.readouterr().err)
-    assert set(rewritten) == {"0", "1"}
+    assert set(re.findall(REWRITE_LOGS["overlap"], capfd.readouterr().err)) == {"0", "1"}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_fused_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch):
-    """The real symm_mem kernels: 24-token prefill chunks run the static graph with every
-    collective matmul fused (forced from 16 tokens up); decodes run the dynamic graph."""
+@pytest.mark.parametrize("impl", list(REWRITE_LOGS))
+def test_collective_matmuls_on_gpu(impl, tiny_model_factory, capfd, monkeypatch):
+    """The real kernels on NCCL: 24-token prefill chunks run every collective matmul fused
+    (forced from 16 tokens up): symm_mem's in the static graph; loom's overlap ops in the
+    static and the dynamic graph, decode batches taking their plain branch in CUDA graphs."""
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    monkeypatch.setenv("LOOM_ASYNC_TP_IMPL", impl)
     monkeypatch.setenv("LOOM_ASYNC_TP_MIN_TOKENS", "16")
     path, _ = tiny_model_factory("llama")
     results = []
@@ -156,33 +164,5 @@ def test_fused_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch)
                                                                      use_tqdm=False)])
         llm.shutdown()
     assert results[0] == results[1]
-    fused = (r"rank(\d) .*async_tp: 24 tokens: fused 4 of 4 all_gather\+matmul, "
-             r"4 of 4 matmul\+reduce_scatter")
-    # Every rank fused every site (a piece may be compiled more than once per rank).
-    assert set(re.findall(fused, capfd.readouterr().err)) == {"0", "1"}
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_overlap_collective_matmuls_on_gpu(tiny_model_factory, capfd, monkeypatch):
-    """loom's overlap ops on NCCL: prefill chunks of 24 overlap (from 16 tokens up) in the
-    static and the dynamic graph; decode batches take their plain branch inside CUDA graphs."""
-    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
-    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
-    monkeypatch.setenv("LOOM_ASYNC_TP_IMPL", "overlap")
-    monkeypatch.setenv("LOOM_ASYNC_TP_MIN_TOKENS", "16")
-    path, _ = tiny_model_factory("llama")
-    results = []
-    for tp, config in ((1, None), (2, {"level": 3, "compile_sizes": [24],
-                                       "pass_config": {"enable_async_tp": True}})):
-        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda",
-                  max_model_len=128, tensor_parallel_size=tp, max_num_batched_tokens=24,
-                  kv_cache_memory_bytes=1 << 28, compilation_config=config)
-        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-        results.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params,
-                                                                     use_tqdm=False)])
-        llm.shutdown()
-    assert results[0] == results[1]
-    rewritten = (r"rank(\d) .*async_tp: loom overlap ops: rewrote 4 of 4 all_gather\+matmul, "
-                 r"4 of 4 matmul\+reduce_scatter")
-    assert set(re.findall(rewritten, capfd.readouterr().err)) == {"0", "1"}
+    # Every rank rewrote every site (a piece may be compiled more than once per rank).
+    assert set(re.findall(REWRITE_LOGS[impl], capfd.readouterr().err)) == {"0", "1"}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -90,9 +91,17 @@ class AsyncTPPass:
         hidden = gathers[0].hidden_size if gathers else scatters[0].matmul.meta["val"].shape[-1]
         choice = async_tp_table.choose(self.tp_size, hidden, num_tokens)
         mode = fake_mode(graph)
-        fused_ag = sum(_fuse_gather(graph, mode, s, group) for s in gathers) \
+        def gather_op(ag, weights, keep_a):
+            return emit(graph, mode, torch.ops.symm_mem.fused_all_gather_matmul.default,
+                        ag.args[0], weights, 0, group, return_A=keep_a)
+
+        def scatter_op(rs, mm):
+            return emit(graph, mode, torch.ops.symm_mem.fused_matmul_reduce_scatter.default,
+                        mm.args[0], mm.args[1], "sum", 0, group)
+
+        fused_ag = sum(_rewrite_gather(graph, mode, s, gather_op) for s in gathers) \
             if choice.fuse_all_gather else 0
-        fused_rs = sum(_fuse_scatter(graph, mode, s, group) for s in scatters) \
+        fused_rs = sum(_rewrite_scatter(graph, s, scatter_op) for s in scatters) \
             if choice.fuse_reduce_scatter else 0
         logger.info("%s: %d tokens: fused %d of %d all_gather+matmul, %d of %d "
                     "matmul+reduce_scatter (%s)", self.name, num_tokens, fused_ag, len(gathers),
@@ -105,8 +114,18 @@ class AsyncTPPass:
         min_tokens = envs.async_tp_min_tokens()
         min_tokens = OVERLAP_MIN_TOKENS if min_tokens is None else min_tokens
         mode = fake_mode(graph)
-        fused_ag = sum(_overlap_gather(graph, mode, s, min_tokens) for s in gathers)
-        fused_rs = sum(_overlap_scatter(graph, mode, s, min_tokens) for s in scatters)
+        def gather_op(ag, weights, _keep_a):  # A always comes back: it is gathered anyway
+            _, _, world_size, group_name = ag.args
+            return emit(graph, mode, torch.ops.loom.all_gather_matmul.default, ag.args[0],
+                        weights, world_size, group_name, min_tokens)
+
+        def scatter_op(rs, mm):
+            _, _, world_size, group_name = rs.args
+            return emit(graph, mode, torch.ops.loom.matmul_reduce_scatter.default, mm.args[0],
+                        mm.args[1], world_size, group_name, min_tokens)
+
+        fused_ag = sum(_rewrite_gather(graph, mode, s, gather_op) for s in gathers)
+        fused_rs = sum(_rewrite_scatter(graph, s, scatter_op) for s in scatters)
         logger.info("%s: loom overlap ops: rewrote %d of %d all_gather+matmul, %d of %d "
                     "matmul+reduce_scatter (overlapped from %d tokens at run time)", self.name,
                     fused_ag, len(gathers), fused_rs, len(scatters), min_tokens)
@@ -116,38 +135,6 @@ class AsyncTPPass:
 OVERLAP_MIN_TOKENS = 1024
 """Below this many tokens loom's overlap ops run the plain collective and one matmul. A
 placeholder until the 2x H200 runs measure the crossover."""
-
-
-def _overlap_gather(graph: fx.Graph, mode, site: GatherSite, min_tokens: int) -> int:
-    ag = site.all_gather
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    first = min(ag.users, key=order.__getitem__)
-    matmuls = [mm for mm in site.matmuls if hoist(mm.args[1], first)]
-    x, _, world_size, group_name = ag.args
-    with graph.inserting_before(first):
-        fused = emit(graph, mode, torch.ops.loom.all_gather_matmul.default, x,
-                     [mm.args[1] for mm in matmuls], world_size, group_name, min_tokens)
-        outputs = emit(graph, mode, operator.getitem, fused, 1)
-        for i, mm in enumerate(matmuls):
-            mm.replace_all_uses_with(emit(graph, mode, operator.getitem, outputs, i))
-        # Other readers of the gathered activation (an MoE block, an unhoistable matmul).
-        ag.replace_all_uses_with(emit(graph, mode, operator.getitem, fused, 0))
-    for mm in matmuls:
-        graph.erase_node(mm)
-    graph.erase_node(ag)
-    return 1
-
-
-def _overlap_scatter(graph: fx.Graph, mode, site: ScatterSite, min_tokens: int) -> int:
-    rs, mm = site.reduce_scatter, site.matmul
-    _, _, world_size, group_name = rs.args
-    with graph.inserting_before(rs):
-        fused = emit(graph, mode, torch.ops.loom.matmul_reduce_scatter.default, mm.args[0],
-                     mm.args[1], world_size, group_name, min_tokens)
-    rs.replace_all_uses_with(fused)
-    graph.erase_node(rs)
-    graph.erase_node(mm)
-    return 1
 
 
 def _match_gather(ag: fx.Node) -> GatherSite | None:
@@ -164,7 +151,12 @@ def _match_scatter(rs: fx.Node) -> ScatterSite | None:
     return ScatterSite(rs, mm)
 
 
-def _fuse_gather(graph: fx.Graph, mode, site: GatherSite, group: str) -> int:
+FusedGather = Callable[[fx.Node, list[fx.Node], bool], fx.Node]
+"""(all_gather node, matmul weights, whether A is read elsewhere) -> the emitted fused op,
+whose output 0 is the gathered A and output 1 the list of matmul outputs."""
+
+
+def _rewrite_gather(graph: fx.Graph, mode, site: GatherSite, fused_op: FusedGather) -> int:
     ag = site.all_gather
     order = {n: i for i, n in enumerate(graph.nodes)}
     first = min(ag.users, key=order.__getitem__)
@@ -173,12 +165,11 @@ def _fuse_gather(graph: fx.Graph, mode, site: GatherSite, group: str) -> int:
     matmuls = [mm for mm in site.matmuls if hoist(mm.args[1], first)]
     keep_a = len(matmuls) < len(ag.users)
     with graph.inserting_before(first):
-        fused = emit(graph, mode, torch.ops.symm_mem.fused_all_gather_matmul.default,
-                     ag.args[0], [mm.args[1] for mm in matmuls], 0, group, return_A=keep_a)
+        fused = fused_op(ag, [mm.args[1] for mm in matmuls], keep_a)
         outputs = emit(graph, mode, operator.getitem, fused, 1)
         for i, mm in enumerate(matmuls):
             mm.replace_all_uses_with(emit(graph, mode, operator.getitem, outputs, i))
-        if keep_a:
+        if keep_a:  # other readers of A: an MoE block, an unhoistable matmul
             ag.replace_all_uses_with(emit(graph, mode, operator.getitem, fused, 0))
     # Erased only now: the insertion point above may be one of these matmuls.
     for mm in matmuls:
@@ -187,11 +178,12 @@ def _fuse_gather(graph: fx.Graph, mode, site: GatherSite, group: str) -> int:
     return 1
 
 
-def _fuse_scatter(graph: fx.Graph, mode, site: ScatterSite, group: str) -> int:
+def _rewrite_scatter(graph: fx.Graph, site: ScatterSite,
+                     fused_op: Callable[[fx.Node, fx.Node], fx.Node]) -> int:
+    """fused_op(reduce_scatter node, matmul node) emits the op that replaces both."""
     rs, mm = site.reduce_scatter, site.matmul
     with graph.inserting_before(rs):
-        fused = emit(graph, mode, torch.ops.symm_mem.fused_matmul_reduce_scatter.default,
-                     mm.args[0], mm.args[1], "sum", 0, group)
+        fused = fused_op(rs, mm)
     rs.replace_all_uses_with(fused)
     graph.erase_node(rs)
     graph.erase_node(mm)
