@@ -102,19 +102,23 @@ REWRITE_LOGS = {
 }
 
 
-@pytest.mark.slow
-def test_engine_with_async_tp_equals_tp1_eager(tiny_model_factory, capfd, monkeypatch):
-    """Through the model runner: odd batches are padded to a multiple of 2 (prompts of 7,
-    30 and 19 tokens in chunks of 24, decodes of 3) and the dynamic graph is rewritten."""
+def _tp2_async_tp_equals_tp1(path: str, monkeypatch) -> None:
+    """TP=2 with async TP through the engine gives TP=1's tokens and logprobs."""
     # A cached compiled graph skips the passes and their log lines: compile for real.
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
-    path, _ = tiny_model_factory("llama")
     tokens1, logprobs1 = _generate(path, 1)
     config = {"level": 3, "pass_config": {"enable_async_tp": True}}
     tokens2, logprobs2 = _generate(path, 2, compilation_config=config)
     assert tokens2 == tokens1
     torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_engine_with_async_tp_equals_tp1_eager(tiny_model_factory, capfd, monkeypatch):
+    """Through the model runner: odd batches are padded to a multiple of 2 (prompts of 7,
+    30 and 19 tokens in chunks of 24, decodes of 3) and the dynamic graph is rewritten."""
+    _tp2_async_tp_equals_tp1(tiny_model_factory("llama")[0], monkeypatch)
     log = capfd.readouterr().err
     # One line per compiled graph: the dynamic one, and Dynamo's own for a single row of 2.
     rewrites = re.findall(r"rank(\d) .*sequence_parallelism: rewrote (\d+) of (\d+)", log)
@@ -128,16 +132,9 @@ def test_engine_with_async_tp_equals_tp1_eager(tiny_model_factory, capfd, monkey
 def test_engine_with_overlap_ops_equals_tp1_eager(tiny_model_factory, capfd, monkeypatch):
     """Through the model runner and its async scheduling: 24-token prefill chunks overlap
     (from 16 up), decode batches take the plain branch; tokens and logprobs are TP=1's."""
-    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
-    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     monkeypatch.setenv("LOOM_ASYNC_TP_IMPL", "overlap")
     monkeypatch.setenv("LOOM_ASYNC_TP_MIN_TOKENS", "16")
-    path, _ = tiny_model_factory("llama")
-    tokens1, logprobs1 = _generate(path, 1)
-    config = {"level": 3, "pass_config": {"enable_async_tp": True}}
-    tokens2, logprobs2 = _generate(path, 2, compilation_config=config)
-    assert tokens2 == tokens1
-    torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
+    _tp2_async_tp_equals_tp1(tiny_model_factory("llama")[0], monkeypatch)
     assert set(re.findall(REWRITE_LOGS["overlap"], capfd.readouterr().err)) == {"0", "1"}
 
 
