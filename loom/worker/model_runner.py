@@ -26,6 +26,7 @@ from loom.worker.model_loader import load_model
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs
 from loom.worker.step_handle import StepHandle
+from loom.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ class ModelRunner:
             self.profile_run()  # traces and compiles the general graph once, up front
             logger.info("torch.compile level %d: %.1f s", self.forward.level,
                         time.perf_counter() - start)
+        if self.backend.name == "triton":  # JIT kernels: compile them before serving
+            warm_up(self)
         sizes = cfg.compilation.cudagraph_capture_sizes
         if sizes is None:
             sizes = default_capture_sizes(cfg.scheduler.max_num_seqs)

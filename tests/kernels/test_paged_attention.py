@@ -27,31 +27,14 @@ from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E4
 from loom.kernels.kv_write import write_kv_cache  # noqa: E402
 from loom.kernels.paged_attention import (  # noqa: E402
     _decode_split_kernel, paged_decode, paged_prefill)
+from tests.triton_interpreter import fix_interpreter_loop_bounds  # noqa: E402
 
 # What the kernels were actually built as: another module may have imported them first.
 INTERPRET = isinstance(_decode_split_kernel, InterpretedFunction)
 
 
-def _fix_interpreter_loop_bounds() -> None:
-    """Triton 3.6's interpreter turns a tensor loop bound into an int with int(array) on a
-    shape-(1,) array, which numpy >= 2.4 rejects (triton-lang/triton#9171, fixed after
-    3.6). The kernels keep ordinary runtime-bounded loops, which the GPU compiler software-
-    pipelines; only the interpreter's conversion is patched, and only here."""
-    from triton.runtime import interpreter
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "loom_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched.loom_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
 if INTERPRET:
-    _fix_interpreter_loop_bounds()
+    fix_interpreter_loop_bounds()
 
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU checks need TRITON_INTERPRET=1")
 needs_gpu = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(),

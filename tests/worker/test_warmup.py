@@ -1,0 +1,78 @@
+"""The start-up warm-up takes every attention path of the Triton backend and writes no KV."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from loom.attention import triton_backend  # noqa: E402
+from loom.attention.triton_backend import TritonBackend  # noqa: E402
+from loom.config import EngineConfig, ModelConfig  # noqa: E402
+from loom.worker import model_runner as model_runner_module  # noqa: E402
+from loom.worker import sampler as sampler_module  # noqa: E402
+from loom.worker import warmup as warmup_module  # noqa: E402
+from loom.worker.model_runner import ModelRunner  # noqa: E402
+from tests.triton_interpreter import fix_interpreter_loop_bounds  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="runs the Triton kernels on CPU tensors, interpreted")
+if not torch.cuda.is_available():
+    fix_interpreter_loop_bounds()
+
+
+def _spy(monkeypatch, module, name, calls):
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls[name] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, spy)
+
+
+def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_factory,
+                                                                  monkeypatch):
+    path, _ = tiny_model_factory("llama")
+    config = EngineConfig(ModelConfig(model=path, dtype="float32"))
+    runner = ModelRunner(config, torch.device("cpu"))
+    runner.backend = TritonBackend()
+    calls = Counter()
+    for name in ("paged_prefill", "paged_decode", "write_kv_cache"):
+        _spy(monkeypatch, triton_backend, name, calls)
+    _spy(monkeypatch, TritonBackend, "_sdpa_prefill", calls)
+    _spy(monkeypatch, sampler_module, "apply_top_k_top_p", calls)
+    _spy(monkeypatch, model_runner_module, "warm_up", calls)
+
+    runner.initialize_cache(8)  # compiles (level 0 here) and warms up
+    assert calls["warm_up"] == 1
+    num_layers = len(runner.kv_caches)
+    # STEP_SHAPES: one fresh prompt goes to SDPA; a prompt beside a decode, five prompts
+    # and a chunk after context go to the paged prefill kernel; a decode batch to the
+    # split-K decode kernel. Every layer does each, and writes (to nowhere) every time.
+    assert calls["_sdpa_prefill"] == num_layers
+    assert calls["paged_prefill"] == 3 * num_layers
+    assert calls["paged_decode"] == num_layers
+    assert calls["write_kv_cache"] == len(warmup_module.STEP_SHAPES) * num_layers
+    assert calls["apply_top_k_top_p"] == 1
+
+    for cache in runner.kv_caches:
+        cache.normal_()
+    before = [cache.clone() for cache in runner.kv_caches]
+    warmup_module.warm_up(runner)
+    for cache, old in zip(runner.kv_caches, before):
+        assert torch.equal(cache, old)
+
+
+def test_warm_up_skips_shapes_longer_than_the_model(tiny_model_factory):
+    path, _ = tiny_model_factory("llama")
+    config = EngineConfig(ModelConfig(model=path, dtype="float32", max_model_len=40))
+    runner = ModelRunner(config, torch.device("cpu"))
+    runner.backend = TritonBackend()
+    runner.initialize_cache(8)  # would fail on the 48-token shape if it ran
+    assert max(max(s[2]) for s in warmup_module.STEP_SHAPES) > 40
+
+
+def test_step_positions_end_each_request_at_its_length():
+    positions = warmup_module.step_positions([1, 3], [5, 3], 6)
+    assert positions.tolist() == [4, 0, 1, 2, 0, 0]
