@@ -69,6 +69,19 @@ def async_tp_min_tokens() -> int | None:
         raise ValueError(f"LOOM_ASYNC_TP_MIN_TOKENS: expected an integer, got {raw!r}") from None
 
 
+def sp_min_tokens() -> int | None:
+    """LOOM_SP_MIN_TOKENS: apply sequence parallelism (and with it async TP) to graphs of
+    this many tokens and up, and to the dynamic graph, overriding the measured per-shape
+    table; for measuring, and for tests on tiny models (unset)."""
+    raw = os.environ.get("LOOM_SP_MIN_TOKENS")
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"LOOM_SP_MIN_TOKENS: expected an integer, got {raw!r}") from None
+
+
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL

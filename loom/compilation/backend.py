@@ -81,7 +81,7 @@ class PiecewiseBackend:
         self.config = config
         self.pass_manager = pass_manager
         ops = config.splitting_ops
-        if ops is None and pass_manager.sequence_parallel:
+        if ops is None and pass_manager.sp_plan.any:
             # The sharded residual stream runs through every layer: it must not cross pieces.
             logger.info("level 3: sequence parallelism compiles the whole graph "
                         "(splitting_ops=[]); attention stays an opaque op inside it")
@@ -182,7 +182,13 @@ class CompiledForward:
         inductor_patches(config)  # a bad option name fails here, before any tracing
         passes = self.pass_manager = PassManager(config.pass_config, tp_size)
         forward = model.forward
-        if passes.sequence_parallel:
+        hidden_size = getattr(getattr(model, "arch", None), "hidden_size", 0)
+        plan = passes.plan(config.compile_sizes, hidden_size)
+        if passes.sequence_parallel and not plan.any:
+            logger.info("sequence parallelism applies to no graph of this config (%s; "
+                        "compile_sizes %s): compiled as without it", plan.reason,
+                        list(config.compile_sizes))
+        if plan.dynamic:
             self.token_multiple = tp_size
             forward = _flattening(forward)
             unused = [s for s in config.compile_sizes if s % tp_size]

@@ -14,7 +14,7 @@ import inspect
 import json
 import logging
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -24,16 +24,45 @@ from loom.config import PassConfig
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SequenceParallelPlan:
+    """Which graphs of a config take sequence parallelism (the measured table decides)."""
+
+    static_sizes: frozenset[int] = frozenset()
+    dynamic: bool = False
+    """The dynamic graph too: then the runner pads every batch to a multiple of the TP size."""
+    reason: str = ""
+
+    @property
+    def any(self) -> bool:
+        """Some graph is rewritten, so the forward compiles as one graph (no splitting)."""
+        return self.dynamic or bool(self.static_sizes)
+
+
 class PassManager(CustomGraphPass):
     def __init__(self, config: PassConfig, tp_size: int) -> None:
         self.config = config
         self.tp_size = tp_size
         self.passes = self._build()
+        self.sp_plan = SequenceParallelPlan()
+        """Set by `plan()`; empty until then."""
 
     @property
     def sequence_parallel(self) -> bool:
-        """Whether the token count must be a multiple of the TP size (the runner pads)."""
+        """Whether the sequence-parallelism pass is enabled at all."""
         return any(p.name == "sequence_parallelism" for p in self.passes)
+
+    def plan(self, compile_sizes: list[int], hidden_size: int) -> SequenceParallelPlan:
+        """Decide, before tracing, which graphs the sequence-parallelism pass will rewrite:
+        the same per-shape choice the pass makes on each graph."""
+        if self.sequence_parallel:
+            from loom.compilation.passes import async_tp_table
+            static = frozenset(
+                n for n in compile_sizes if n % self.tp_size == 0
+                and async_tp_table.sequence_parallel(self.tp_size, hidden_size, n).apply)
+            dynamic = async_tp_table.sequence_parallel(self.tp_size, hidden_size, None)
+            self.sp_plan = SequenceParallelPlan(static, dynamic.apply, dynamic.reason)
+        return self.sp_plan
 
     def _build(self) -> list:
         from loom.compilation.passes.norm_decomposition import NormDecompositionPass

@@ -130,6 +130,62 @@ def test_async_tp_table_keeps_unfused_where_fused_measured_slower(monkeypatch):
     assert "LOOM_ASYNC_TP_MIN_TOKENS=16" in forced.reason
 
 
+def test_sequence_parallelism_only_where_measured_faster(monkeypatch):
+    monkeypatch.delenv("LOOM_SP_MIN_TOKENS", raising=False)
+    row = async_tp_table.MEASURED[(2, 4096)]
+    choose = async_tp_table.sequence_parallel
+    assert not choose(2, 4096, 2048).apply  # 1.53x slower there
+    assert choose(2, 4096, row.sequence_parallelism).apply
+    assert choose(2, 4096, None).apply is row.dynamic_graph
+    monkeypatch.setenv("LOOM_SP_MIN_TOKENS", "4")
+    assert choose(2, 4096, 4).apply and choose(2, 4096, None).apply
+    assert not choose(2, 4096, 2).apply
+
+
+def test_pass_keeps_the_all_reduces_of_a_graph_the_table_leaves_out(monkeypatch, caplog):
+    monkeypatch.delenv("LOOM_SP_MIN_TOKENS", raising=False)
+    H = 4096
+    args = [torch.randn(8, H), torch.randn(8, H), torch.randn(8, H), torch.randn(H)]
+    gm = make_fx(_clean_decoder)(*args)
+    before = str(gm.graph)
+    with caplog.at_level(logging.INFO, logger="loom.compilation.passes.sequence_parallelism"):
+        assert SequenceParallelismPass(2)(gm.graph) == 0
+    assert str(gm.graph) == before
+    assert "8 tokens: kept 4 all_reduce+rms_norm (table row TP=2 hidden=4096" in caplog.text
+
+
+@pytest.mark.parametrize("sizes, static, dynamic", [
+    ([2048], set(), False),           # below the measured crossover: compiled as if off
+    ([2048, 8192], {8192}, False),    # the 8192 graph only; the forward becomes one graph
+    ([8191], set(), False),           # not a multiple of the TP size
+])
+def test_plan_says_which_graphs_take_sequence_parallelism(monkeypatch, sizes, static, dynamic):
+    monkeypatch.delenv("LOOM_SP_MIN_TOKENS", raising=False)
+    manager = PassManager(PassConfig(enable_async_tp=True), 2)
+    plan = manager.plan(sizes, 4096)
+    assert (set(plan.static_sizes), plan.dynamic, plan.any) == (static, dynamic, bool(static))
+    assert manager.sp_plan is plan
+    assert not PassManager(PassConfig(), 2).plan(sizes, 4096).any  # SP not enabled
+
+
+def test_no_sequence_parallel_graph_compiles_like_passes_off(monkeypatch, caplog):
+    """-O '{"level":3,"compile_sizes":[2048],"pass_config":{"enable_async_tp":true}}' at
+    TP=2 and width 4096: split at attention and unpadded, exactly as with the passes off."""
+    from loom.compilation.backend import DEFAULT_SPLITTING_OPS, CompiledForward, PiecewiseBackend
+    from loom.config import CompilationConfig
+    monkeypatch.delenv("LOOM_SP_MIN_TOKENS", raising=False)
+    model = torch.nn.Linear(2, 2)
+    model.arch = type("Arch", (), {"hidden_size": 4096})()  # what CompiledForward reads
+    config = CompilationConfig.parse(
+        '{"level": 3, "compile_sizes": [2048], "pass_config": {"enable_async_tp": true}}')
+    with caplog.at_level(logging.INFO, logger="loom.compilation.backend"):
+        compiled = CompiledForward(model, config, enforce_eager=False, tp_size=2)
+    assert compiled.token_multiple == 1
+    assert "sequence parallelism applies to no graph of this config" in caplog.text
+    backend = PiecewiseBackend(config, compiled.pass_manager)
+    assert backend.splitting_ops == DEFAULT_SPLITTING_OPS
+
+
 def test_pass_config_is_part_of_the_cache_key(monkeypatch):
     monkeypatch.delenv("LOOM_ASYNC_TP_MIN_TOKENS", raising=False)
     keys = [PassManager(PassConfig(**kw), tp).uuid() for kw, tp in [

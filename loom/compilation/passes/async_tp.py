@@ -30,8 +30,9 @@ from torch import fx
 
 from loom import envs
 from loom.compilation.passes import async_tp_table
-from loom.compilation.passes.graph_utils import (ALL_GATHER, MM, REDUCE_SCATTER, emit, fake_mode,
-                                                 hoist, is_op, nodes_of, only_user, token_dim)
+from loom.compilation.passes.graph_utils import (ALL_GATHER, ALL_REDUCE, MM, REDUCE_SCATTER,
+                                                 emit, fake_mode, hoist, is_op, nodes_of,
+                                                 only_user, token_dim)
 from loom.distributed import collective_matmul  # noqa: F401 - registers loom's overlap ops
 from loom.distributed.parallel_state import get_group
 
@@ -67,8 +68,12 @@ class AsyncTPPass:
         gathers = [s for s in map(_match_gather, nodes_of(graph, ALL_GATHER)) if s]
         scatters = [s for s in map(_match_scatter, nodes_of(graph, REDUCE_SCATTER)) if s]
         if not gathers and not scatters:
-            logger.warning("%s: enabled but matched no all_gather->matmul or "
-                           "matmul->reduce_scatter (is sequence parallelism applied?)", self.name)
+            if nodes_of(graph, ALL_REDUCE):  # the table kept sequence parallelism off here
+                logger.info("%s: sequence parallelism left this graph's all-reduces; "
+                            "nothing to fuse", self.name)
+            else:
+                logger.warning("%s: enabled but matched no all_gather->matmul or "
+                               "matmul->reduce_scatter", self.name)
             return 0
         if envs.async_tp_impl() == "overlap":
             return self._rewrite_overlap(graph, gathers, scatters)

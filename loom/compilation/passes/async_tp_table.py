@@ -5,6 +5,12 @@ M the chunks are too short to hide anything and the extra launches and copies ma
 slower than NCCL + cuBLAS. "Never slower" means fusing only from a measured crossover up,
 per TP size and model width. Rows are keyed (tp_size, hidden_size); a shape with no row
 uses the default row and the pass logs that it did.
+
+Sequence parallelism itself has a row too: on 2x H200 (94c6b95) it made a 2048-token
+prefill 1.53x slower with nothing fused, so it applies only to static graphs from a
+measured token count up, and to the dynamic graph (which serves every other count, decode
+included) only where a row says so. Where it applies to no graph of a config, the
+config compiles as if it were off (`PassManager.plan`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from loom import envs
 
 @dataclass(frozen=True)
 class Thresholds:
+    sequence_parallelism: int
+    """Apply sequence parallelism (and so async TP) to static graphs from this many tokens."""
+    dynamic_graph: bool
+    """Whether the dynamic graph takes sequence parallelism."""
     all_gather_matmul: int
     """Fuse all_gather -> matmul from this many (gathered) tokens up."""
     matmul_reduce_scatter: int
@@ -27,7 +37,12 @@ class Thresholds:
 MEASURED: dict[tuple[int, int], Thresholds] = {
     # Fused all_gather+matmul 0.74x at M=2048 and 0.91x at M=8192: unfused up to 8192
     # inclusive. matmul+reduce_scatter 0.75x at 2048, 1.02x at 8192: fused from 8192.
-    (2, 4096): Thresholds(all_gather_matmul=8192 + 1, matmul_reduce_scatter=8192,
+    # Whole prefills (benchmarks/results/h200x2-tp2-asynctp-table-94c6b95): sequence
+    # parallelism 1.53x slower at 2048 tokens (nothing fused), on with the fused
+    # reduce-scatters 0.976x at 8192; the dynamic graph with loom's overlap ops 1.014x at
+    # 8192, so it stays without.
+    (2, 4096): Thresholds(sequence_parallelism=8192, dynamic_graph=False,
+                          all_gather_matmul=8192 + 1, matmul_reduce_scatter=8192,
                           source="issue 5: 2x H200, Llama-3.1-8B TP=2 shapes, bf16"),
 }
 DEFAULT_KEY = (2, 4096)
@@ -41,17 +56,41 @@ class Choice:
     """For the log line: which row or override decided."""
 
 
+@dataclass(frozen=True)
+class SequenceParallelChoice:
+    apply: bool
+    reason: str
+
+
+def _row(tp_size: int, hidden_size: int) -> tuple[Thresholds, str]:
+    row = MEASURED.get((tp_size, hidden_size))
+    if row is not None:
+        return row, f"table row TP={tp_size} hidden={hidden_size}"
+    return MEASURED[DEFAULT_KEY], (f"no measured row for TP={tp_size} hidden={hidden_size}; "
+                                   f"default row TP={DEFAULT_KEY[0]} hidden={DEFAULT_KEY[1]}")
+
+
+def sequence_parallel(tp_size: int, hidden_size: int,
+                      num_tokens: int | None) -> SequenceParallelChoice:
+    """Whether a graph of num_tokens tokens (None: the dynamic graph) takes sequence
+    parallelism."""
+    override = envs.sp_min_tokens()
+    if override is not None:
+        return SequenceParallelChoice(num_tokens is None or num_tokens >= override,
+                                      f"LOOM_SP_MIN_TOKENS={override}")
+    row, reason = _row(tp_size, hidden_size)
+    reason += (f": static graphs from {row.sequence_parallelism} tokens, dynamic graph "
+               f"{'yes' if row.dynamic_graph else 'no'}")
+    apply = row.dynamic_graph if num_tokens is None else num_tokens >= row.sequence_parallelism
+    return SequenceParallelChoice(apply, reason)
+
+
 def choose(tp_size: int, hidden_size: int, num_tokens: int) -> Choice:
     override = envs.async_tp_min_tokens()
     if override is not None:
         return Choice(num_tokens >= override, num_tokens >= override,
                       f"LOOM_ASYNC_TP_MIN_TOKENS={override}")
-    row = MEASURED.get((tp_size, hidden_size))
-    reason = f"table row TP={tp_size} hidden={hidden_size}"
-    if row is None:
-        row = MEASURED[DEFAULT_KEY]
-        reason = (f"no measured row for TP={tp_size} hidden={hidden_size}; default row "
-                  f"TP={DEFAULT_KEY[0]} hidden={DEFAULT_KEY[1]}")
+    row, reason = _row(tp_size, hidden_size)
     reason += (f": all_gather+matmul from {row.all_gather_matmul}, "
                f"matmul+reduce_scatter from {row.matmul_reduce_scatter} tokens")
     return Choice(num_tokens >= row.all_gather_matmul, num_tokens >= row.matmul_reduce_scatter,
@@ -59,5 +98,5 @@ def choose(tp_size: int, hidden_size: int, num_tokens: int) -> Choice:
 
 
 def cache_state() -> str:
-    """What the choice depends on besides the graph, for the compile-cache key."""
-    return repr((sorted(MEASURED.items()), envs.async_tp_min_tokens()))
+    """What the choices depend on besides the graph, for the compile-cache key."""
+    return repr((sorted(MEASURED.items()), envs.async_tp_min_tokens(), envs.sp_min_tokens()))

@@ -13,6 +13,9 @@ rewrites all of them or none (one warning says why).
 The token count must be a multiple of the TP size: a constant in static-shape graphs; in
 the dynamic graph the model runner pads to a multiple and `CompiledForward` states it with
 `torch._check`, which the shape environment then knows.
+
+Which graphs take it at all is measured (`async_tp_table.sequence_parallel`): a graph the
+table leaves out keeps its all-reduces, and the log says so.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from loom.compilation.passes import async_tp_table
 from loom.compilation.passes.graph_utils import (ALL_REDUCE, FUSED_ADD_RMS_NORM, RMS_NORM, emit,
                                                  emit_getitems, fake_mode, getitem_users, is_op,
                                                  nodes_of, token_dim)
@@ -57,11 +61,23 @@ class SequenceParallelismPass:
     def __init__(self, tp_size: int) -> None:
         self.tp_size = tp_size
 
+    def cache_state(self) -> str:
+        return async_tp_table.cache_state()
+
     def __call__(self, graph: fx.Graph) -> int:
         all_reduces = nodes_of(graph, ALL_REDUCE)
         total = len(all_reduces)
         if total == 0:
             logger.warning("%s: enabled but the graph has no all_reduce to rewrite", self.name)
+            return 0
+        n = token_dim(all_reduces[0])
+        static = isinstance(n, int)
+        choice = async_tp_table.sequence_parallel(
+            self.tp_size, all_reduces[0].meta["val"].shape[-1], n if static else None)
+        if not choice.apply:
+            logger.info("%s: %s: kept %d all_reduce+rms_norm (%s)", self.name,
+                        f"{n} tokens" if static else "dynamic token count", total,
+                        choice.reason)
             return 0
         try:
             sites = [self._match(ar) for ar in all_reduces]
