@@ -82,6 +82,12 @@ def sp_min_tokens() -> int | None:
         raise ValueError(f"LOOM_SP_MIN_TOKENS: expected an integer, got {raw!r}") from None
 
 
+def sampler_kernel() -> bool:
+    """LOOM_SAMPLER_KERNEL: 0 turns off loom's Triton greedy/temperature sampling kernels
+    on CUDA (`loom/kernels/sampling.py`), for comparing against PyTorch's ops."""
+    return os.environ.get("LOOM_SAMPLER_KERNEL", "1") != "0"
+
+
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL

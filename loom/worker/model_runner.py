@@ -24,7 +24,8 @@ from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestS
                                      build_batch)
 from loom.worker.model_loader import load_model
 from loom.worker.pooler import Pooler
-from loom.worker.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs
+from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
+                                 greedy_argmax)
 from loom.worker.step_handle import StepHandle
 from loom.worker.warmup import warm_up
 
@@ -211,7 +212,7 @@ class ModelRunner:
         chosen = [reqs[i] for i in rows]
         if not grammar_bitmask and all(_plain_greedy(r) for r in chosen):
             # The common decode case needs no sampling metadata: one argmax.
-            return logits.argmax(dim=-1), None
+            return greedy_argmax(logits), None
         # Token histories are copied only when a penalty reads them (long prompts make
         # these copies the largest host cost of a step).
         history = any(r.params.uses_penalties for r in chosen)

@@ -6,6 +6,8 @@ Order of one step:
      repetition / presence / frequency penalties, then min_tokens masking of stop ids;
   3. greedy rows: argmax of the penalized logits;
      random rows: temperature, top-k, top-p, min-p, then an exponential-race draw.
+     On CUDA, a batch with no top-k/top-p/min-p and no seeded row takes loom's kernel
+     instead (`loom/kernels/sampling.py`): the same draw as a Gumbel-max argmax.
 
 The logits passed in are scratch: the sampler modifies them in place to avoid [B, V] copies.
 """
@@ -17,11 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from loom import envs
 from loom.engine.protocol import Logprobs
 from loom.worker.sampling_metadata import SamplingMetadata
 
 __all__ = ["LogprobsTensors", "Sampler", "SamplerOutput", "SamplingMetadata",
-           "apply_penalties", "compute_prompt_logprobs"]
+           "apply_penalties", "compute_prompt_logprobs", "greedy_argmax"]
 
 
 @dataclass
@@ -117,9 +120,32 @@ def apply_min_tokens(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
     return logits
 
 
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax: loom's two-stage kernel on CUDA (torch's runs a 128k row in one
+    block), torch's elsewhere. Same ties (lowest index)."""
+    if _kernel_applies(logits):
+        from loom.kernels.sampling import sample_rows
+        return sample_rows(logits)
+    return logits.argmax(dim=-1)
+
+
+def _kernel_applies(logits: torch.Tensor) -> bool:
+    if not logits.is_cuda or not envs.sampler_kernel():
+        return False
+    from loom.kernels.sampling import supports
+    return supports(logits)
+
+
 def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     if md.all_greedy:
-        return logits.argmax(dim=-1)
+        return greedy_argmax(logits)
+    if (md.no_top_k and md.no_top_p and md.no_min_p and not md.generators
+            and _kernel_applies(logits)):
+        # Temperature only: one Gumbel-max pass, no softmax. Seeded rows keep their own
+        # generators below (their draws must not depend on the batch).
+        from loom.kernels.sampling import sample_rows
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())  # torch's seeded host generator
+        return sample_rows(logits, md.temperature, md.greedy_mask, seed)
     # Greedy argmax first: the random path below rewrites the logits in place.
     greedy = None if md.all_random else logits.argmax(dim=-1)
     sampled = _random_sample(logits, md)
