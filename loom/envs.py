@@ -88,6 +88,12 @@ def sampler_kernel() -> bool:
     return os.environ.get("LOOM_SAMPLER_KERNEL", "1") != "0"
 
 
+def gemv_kernel() -> bool:
+    """LOOM_GEMV: 0 turns off loom's single-token GEMV kernel on CUDA (`loom/kernels/gemv.py`),
+    so every linear layer calls cuBLAS, for comparing the two."""
+    return os.environ.get("LOOM_GEMV", "1") != "0"
+
+
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL
