@@ -16,6 +16,7 @@ from loom.bench import floors
 from loom.bench.ceilings import Ceilings
 from loom.bench.common import offline_tokenizer, shipped_hf_config
 from loom.cli import main
+from loom.config import CompilationConfig
 from loom.models.arch import ModelArch
 
 AVG = re.compile(r"^Avg latency: ([0-9.e+-]+) seconds$", re.M)
@@ -188,3 +189,21 @@ def test_ceilings_measure_on_cuda():
     import torch
     c = ceilings_module.measure_ceilings(torch.device("cuda", 0))
     assert c is not None and c.copy_tb_per_s > 0.1 and c.matmul_tflop_per_s > 1
+
+
+def test_latency_captures_only_the_graph_it_replays(capsys):
+    from argparse import Namespace
+
+    from loom.bench.latency import only_the_replayed_graph
+
+    def sizes(compilation, batch=4, output_len=8, eager=False):
+        args = Namespace(compilation_config=compilation, batch_size=batch,
+                         output_len=output_len, enforce_eager=eager)
+        config = CompilationConfig.parse(only_the_replayed_graph(args))
+        return config.cudagraph_capture_sizes
+
+    assert sizes('{"level":3}') == (4,)
+    assert sizes('{"level":3,"compile_sizes":[8192]}', batch=1, output_len=1) == ()
+    assert sizes('{"level":3,"cudagraph_capture_sizes":[1,2]}') == (1, 2)  # the user's
+    assert sizes("3", eager=True) is None and sizes(None) is None
+    assert "capturing batch size 4 only" in capsys.readouterr().out
