@@ -46,9 +46,18 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q [T, Hq, D], k [T, Hk, D] rotated at positions [T]."""
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = self._cos_sin(positions)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """heads [T, H, D] (query and key heads side by side) rotated at positions [T]: one
+        op, so the compiled graph rotates them in one kernel rather than one per tensor."""
+        cos, sin = self._cos_sin(positions)
+        return _rotate(heads, cos, sin)
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

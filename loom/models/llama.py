@@ -47,14 +47,19 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(d, arch.rms_norm_eps) if qk_norm else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(q.shape[0], -1, self.head_dim)
-        k = k.reshape(k.shape[0], -1, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q.flatten(1), k.flatten(1), v.contiguous())
-        return self.o_proj(out)
+        qkv = self.qkv_proj(x)
+        n, d = qkv.shape[0], self.head_dim
+        v = qkv[:, self.q_size + self.kv_size:]  # a strided view: the cache write reads it
+        if self.q_norm is None:
+            # Query and key heads sit side by side in each row: one rotation for both.
+            qk = self.rotary_emb.rotate(positions, qkv[:, :self.q_size + self.kv_size]
+                                        .view(n, -1, d)).flatten(1)
+            q, k = qk[:, :self.q_size], qk[:, self.q_size:]
+        else:
+            q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
+            q, k = self.q_norm(q.reshape(n, -1, d)), self.k_norm(k.reshape(n, -1, d))
+            q, k = (t.flatten(1) for t in self.rotary_emb(positions, q, k))
+        return self.o_proj(self.attn(q, k, v))
 
 
 class DecoderLayer(nn.Module):
