@@ -94,6 +94,12 @@ def gemv_kernel() -> bool:
     return os.environ.get("LOOM_GEMV", "1") != "0"
 
 
+def decode_fused_reduce() -> bool:
+    """LOOM_DECODE_FUSED_REDUCE: 0 merges the split-K decode partials in a second kernel
+    instead of in the last split to finish, for comparing the two."""
+    return os.environ.get("LOOM_DECODE_FUSED_REDUCE", "1") != "0"
+
+
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL
