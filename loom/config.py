@@ -80,6 +80,11 @@ class SchedulerConfig:
     token is the one step N samples, written on the device. Requests whose next step
     depends on host-side token values (guided decoding, penalties, seeds, pending
     min_tokens) wait for their result instead."""
+    unset: tuple[str, ...] = ()
+    """The limits above the user did not give: the engine core may raise them for a large
+    GPU (`loom.engine.arg_utils.device_batch_defaults`)."""
+    usage: str = "offline"
+    """"offline" (the LLM class, benchmarks) or "server" (`loom serve`)."""
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs > 0, f"max_num_seqs: must be positive, got {self.max_num_seqs}")
