@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 class FloorInputs:
     arch: ModelArch
     matmul_tflops: float
+    device: str | None = None
+    """The GPU the matmul rate was measured on (this host's first)."""
 
 
 def finish_run(run: ServeRun, floor_inputs: FloorInputs | None) -> ServeRun:
@@ -85,7 +87,8 @@ def compute_floor(run: ServeRun, inputs: FloorInputs) -> dict[str, Any]:
     ratio = run.metrics.duration_s / floor
     print(f"Compute floor: {floor:.3f} s ({tokens} tokens x 2 x {arch.num_params / 1e9:.3f}B params "
           f"at {matmul_tflops:.0f} TFLOP/s, tp={tp}); duration / floor = {ratio:.2f}x")
-    return {"matmul_tflop_per_s": matmul_tflops, "num_params": arch.num_params,
+    return {"device": inputs.device, "matmul_tflop_per_s": matmul_tflops,
+            "num_params": arch.num_params,
             "tensor_parallel_size": tp, "total_tokens": tokens, "floor_s": floor,
             "duration_ratio_to_floor": ratio}
 

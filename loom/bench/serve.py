@@ -169,7 +169,7 @@ def run_benchmark(cfg: ServeBenchConfig) -> ServeRun:
     if cfg.compute_floor:  # shapes and rate before the run, so that a mistake costs nothing
         if cfg.model is None:
             raise ValueError("compute_floor: needs --model (a shipped config name or config path)")
-        floor = FloorInputs(model_arch(cfg.model), _floor_rate())
+        floor = FloorInputs(model_arch(cfg.model), *_floor_rate())
     run = asyncio.run(_benchmark(cfg))
     print_result(run.metrics, cfg.percentile_metrics)
     return finish_run(run, floor)
@@ -239,11 +239,13 @@ def _auth(cfg: ServeBenchConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
 
-def _floor_rate() -> float:
+def _floor_rate() -> tuple[float, str]:
+    """The matmul rate of this host's first GPU, and its name."""
     import torch
 
-    from loom.bench.ceilings import matmul_tflops
+    from loom.bench.ceilings import device_name, matmul_tflops
     if not torch.cuda.is_available():
         raise ValueError("compute_floor: measures the matmul rate on CUDA, and none is available")
-    return matmul_tflops(torch.device("cuda", 0))
+    device = torch.device("cuda", 0)
+    return matmul_tflops(device), device_name(device)
 

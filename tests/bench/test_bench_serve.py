@@ -122,7 +122,8 @@ def test_compute_floor_uses_the_shipped_shapes(fake_server, tmp_path, monkeypatc
     from loom.bench import serve
     from loom.bench.floors import throughput_floor_s
     from loom.bench.report import model_arch
-    monkeypatch.setattr(serve, "_floor_rate", lambda: 500.0)  # TFLOP/s, as if measured on CUDA
+    # TFLOP/s and the GPU's name, as if measured on CUDA
+    monkeypatch.setattr(serve, "_floor_rate", lambda: (500.0, "Test GPU"))
     server = fake_server()
     assert main(["bench", "serve", "--base-url", server.base_url, "--model", "llama-3.1-8b",
                  "--random-input-len", "16", "--random-output-len", "4", "--num-prompts", "4",
@@ -135,3 +136,4 @@ def test_compute_floor_uses_the_shipped_shapes(fake_server, tmp_path, monkeypatc
                                r["total_input_tokens"] + r["total_output_tokens"], 500.0, 2)
     assert r["compute_floor"]["floor_s"] == pytest.approx(floor)
     assert r["compute_floor"]["duration_ratio_to_floor"] == pytest.approx(r["duration_s"] / floor)
+    assert r["compute_floor"]["device"] == "Test GPU"
