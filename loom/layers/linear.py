@@ -36,12 +36,14 @@ _GEMV_ENABLED = envs.gemv_kernel()
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """One token on CUDA in half precision. Under torch.compile the test holds only in the
+    """One token on CUDA in half precision, in a compiled graph. The test holds only in the
     graph Dynamo traces for exactly one token (a static size): the dynamic graph's token
-    count is symbolic, so it never guards on it and keeps cuBLAS."""
-    return (_GEMV_ENABLED and x.dim() == 2 and isinstance(x.shape[0], int)
-            and x.shape[0] == 1 and x.is_cuda and x.dtype == weight.dtype
-            and x.dtype in (torch.bfloat16, torch.float16))
+    count is symbolic, so it never guards on it and keeps cuBLAS. Eager forwards keep
+    cuBLAS: a Triton launch from Python costs more host time than it saves outside a CUDA
+    graph, and its first call (autotuning) must not fall inside a capture."""
+    return (_GEMV_ENABLED and torch.compiler.is_compiling() and x.dim() == 2
+            and isinstance(x.shape[0], int) and x.shape[0] == 1 and x.is_cuda
+            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
