@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._functorch.config
+import torch._inductor.config
 from torch._inductor.utils import run_and_get_code
 
 from loom.attention.torch_native import TorchNativeBackend
@@ -15,9 +17,11 @@ from loom.worker.model_loader import load_model
 
 
 @pytest.mark.slow
-def test_norms_are_decomposed_and_fused(tiny_model_factory, monkeypatch):
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # passes must run
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+@torch._inductor.config.patch(fx_graph_cache=False)  # the passes must run
+@torch._functorch.config.patch(enable_autograd_cache=False)
+def test_norms_are_decomposed_and_fused(tiny_model_factory):
+    # Not monkeypatch: undoing a setattr on a torch config module deletes the option, and
+    # every later compile in this process then fails to read it.
     torch._dynamo.reset()
     path, _ = tiny_model_factory("qwen3")  # q/k norms too: 3-D inputs, strided views
     model, _, _ = load_model(EngineConfig(model=ModelConfig(path, dtype="float32")),
