@@ -60,44 +60,46 @@ def test_introspection() -> bool:
 def async_tp_min_tokens() -> int | None:
     """LOOM_ASYNC_TP_MIN_TOKENS: fuse collective matmuls (async TP) from this token count
     up, overriding the measured per-shape table; for measuring the fused ops (unset)."""
-    raw = os.environ.get("LOOM_ASYNC_TP_MIN_TOKENS")
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"LOOM_ASYNC_TP_MIN_TOKENS: expected an integer, got {raw!r}") from None
+    return _optional_int("LOOM_ASYNC_TP_MIN_TOKENS")
 
 
 def sp_min_tokens() -> int | None:
     """LOOM_SP_MIN_TOKENS: apply sequence parallelism (and with it async TP) to graphs of
     this many tokens and up, and to the dynamic graph, overriding the measured per-shape
     table; for measuring, and for tests on tiny models (unset)."""
-    raw = os.environ.get("LOOM_SP_MIN_TOKENS")
+    return _optional_int("LOOM_SP_MIN_TOKENS")
+
+
+def _optional_int(name: str) -> int | None:
+    raw = os.environ.get(name)
     if raw is None or raw == "":
         return None
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"LOOM_SP_MIN_TOKENS: expected an integer, got {raw!r}") from None
+        raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
 
 
 def sampler_kernel() -> bool:
     """LOOM_SAMPLER_KERNEL: 0 turns off loom's Triton greedy/temperature sampling kernels
     on CUDA (`loom/kernels/sampling.py`), for comparing against PyTorch's ops."""
-    return os.environ.get("LOOM_SAMPLER_KERNEL", "1") != "0"
+    return _on_unless_zero("LOOM_SAMPLER_KERNEL")
 
 
 def gemv_kernel() -> bool:
     """LOOM_GEMV: 0 turns off loom's single-token GEMV kernel on CUDA (`loom/kernels/gemv.py`),
     so every linear layer calls cuBLAS, for comparing the two."""
-    return os.environ.get("LOOM_GEMV", "1") != "0"
+    return _on_unless_zero("LOOM_GEMV")
 
 
 def decode_fused_reduce() -> bool:
     """LOOM_DECODE_FUSED_REDUCE: 0 merges the split-K decode partials in a second kernel
     instead of in the last split to finish, for comparing the two."""
-    return os.environ.get("LOOM_DECODE_FUSED_REDUCE", "1") != "0"
+    return _on_unless_zero("LOOM_DECODE_FUSED_REDUCE")
+
+
+def _on_unless_zero(name: str) -> bool:
+    return os.environ.get(name, "1") != "0"
 
 
 def symm_all_reduce_max_bytes() -> int:
