@@ -144,4 +144,3 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
-
