@@ -1,6 +1,5 @@
 # Sourced by benchmarks/gpu/run_*.sh on a GPU host (see ../shared/device/README.md for the
 # wheels in .whl/). Export LOOM_GIT_COMMIT (the host has no .git) before running a script.
-# sourced by the device scripts: wheels, env, helpers
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LOOM_GIT_COMMIT=${LOOM_GIT_COMMIT:?}
