@@ -18,6 +18,7 @@ from loom.worker import sampler as sampler_module  # noqa: E402
 from loom.worker.sampler import Sampler, SamplingMetadata, greedy_argmax  # noqa: E402
 
 VOCAB = 48
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
@@ -38,8 +39,8 @@ def _run(params, logits, stops=None, seeds=None, outputs=None):
     n = len(params)
     md = SamplingMetadata.build(params, outputs or [[] for _ in range(n)],
                                 [[0] for _ in range(n)], stops or [set() for _ in range(n)],
-                                seeds or [p.seed for p in params], "cpu", VOCAB)
-    return Sampler()(logits.clone(), md).sampled_token_ids
+                                seeds or [p.seed for p in params], DEVICE, VOCAB)
+    return Sampler()(logits.clone().to(DEVICE), md).sampled_token_ids.cpu()
 
 
 def test_temperature_only_batches_take_the_kernel(kernel_calls):
