@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 from dataclasses import dataclass, field
 
 from loom.config import (DEVICES, DTYPES, LOAD_FORMATS, CacheConfig, CompilationConfig,
                          DeviceConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
-
-logger = logging.getLogger(__name__)
 
 
 def default_model() -> str:
@@ -81,39 +78,16 @@ class EngineArgs:
         model = ModelConfig(model=self.model or default_model(), tokenizer=self.tokenizer,
                             dtype=self.dtype, max_model_len=self.max_model_len,
                             load_format=self.load_format, seed=self.seed)
-        unset = tuple(name for name in ("max_num_seqs", "max_num_batched_tokens")
-                      if getattr(self, name) is None)
+        limits = {name: getattr(self, name) for name in ("max_num_seqs", "max_num_batched_tokens")}
+        given = {name: value for name, value in limits.items() if value is not None}
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
                               self.kv_cache_memory_bytes, self.enable_prefix_caching),
-            scheduler=SchedulerConfig(
-                self.max_num_seqs if self.max_num_seqs is not None else SMALL_DEFAULTS[0],
-                self.max_num_batched_tokens if self.max_num_batched_tokens is not None
-                else SMALL_DEFAULTS[1], self.async_scheduling, unset=unset, usage=usage),
+            scheduler=SchedulerConfig(**given, async_scheduling=self.async_scheduling,
+                                      unset=tuple(n for n in limits if n not in given), usage=usage),
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
             compilation=CompilationConfig.parse(self.compilation_config),
             enforce_eager=self.enforce_eager)
 
-
-SMALL_DEFAULTS = (256, 8192)
-"""max_num_seqs and max_num_batched_tokens where no larger device default applies."""
-LARGE_GPU_DEFAULTS = {"offline": (1024, 16384), "server": (1024, 8192)}
-"""vLLM's defaults for GPUs of 70 GiB or more other than A100 (H100, H200, MI300X)."""
-
-
-def device_batch_defaults(config: EngineConfig, total_memory: int, device_name: str
-                          ) -> EngineConfig:
-    """Raise the limits the user left unset to vLLM's values for a large GPU: more running
-    requests amortise each decode step's weight reads over more tokens, and longer prefill
-    chunks make larger GEMMs. Called by the engine core, which knows the device."""
-    sched = config.scheduler
-    if not sched.unset or total_memory < 70 * 2**30 or "a100" in device_name.lower():
-        return config
-    values = dict(zip(("max_num_seqs", "max_num_batched_tokens"),
-                      LARGE_GPU_DEFAULTS[sched.usage]))
-    changes = {name: values[name] for name in sched.unset}
-    logger.info("%s (%.0f GiB): %s by default (%s)", device_name, total_memory / 2**30,
-                ", ".join(f"{k}={v}" for k, v in changes.items()), sched.usage)
-    return dataclasses.replace(config, scheduler=dataclasses.replace(sched, **changes, unset=()))

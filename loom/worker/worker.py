@@ -8,11 +8,10 @@ from pathlib import Path
 
 import torch
 
-from loom.config import EngineConfig
+from loom.config import EngineConfig, device_batch_defaults
 from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
-from loom.engine.arg_utils import device_batch_defaults
 from loom.worker.model_runner import ModelRunner
 from loom.worker.step_handle import StepHandle
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from loom import LLM
-from loom.engine.arg_utils import EngineArgs, device_batch_defaults
+from loom.config import device_batch_defaults
+from loom.engine.arg_utils import EngineArgs
 
 H200 = (141 * 2**30, "NVIDIA H200")
 
