@@ -129,8 +129,12 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+_KERNEL_ENABLED = envs.sampler_kernel()
+"""Read once, not per step."""
+
+
 def _kernel_applies(logits: torch.Tensor) -> bool:
-    if not logits.is_cuda or not envs.sampler_kernel():
+    if not logits.is_cuda or not _KERNEL_ENABLED:
         return False
     from loom.kernels.sampling import supports
     return supports(logits)
