@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -83,11 +80,6 @@ class SchedulerConfig:
     token is the one step N samples, written on the device. Requests whose next step
     depends on host-side token values (guided decoding, penalties, seeds, pending
     min_tokens) wait for their result instead."""
-    unset: tuple[str, ...] = ()
-    """The limits above the user did not give: the engine core may raise them for a large
-    GPU (`device_batch_defaults` below)."""
-    usage: str = "offline"
-    """"offline" (the LLM class, benchmarks) or "server" (`loom serve`)."""
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs > 0, f"max_num_seqs: must be positive, got {self.max_num_seqs}")
@@ -202,24 +194,3 @@ class EngineConfig:
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
     enforce_eager: bool = False
     """Run the model eagerly: no torch.compile, no CUDA graphs."""
-
-
-LARGE_GPU_DEFAULTS = {"offline": (1024, 16384), "server": (1024, 8192)}
-"""vLLM's defaults for GPUs of 70 GiB or more other than A100 (H100, H200, MI300X)."""
-
-
-def device_batch_defaults(config: EngineConfig, total_memory: int, device_name: str
-                          ) -> EngineConfig:
-    """Raise the limits the user left unset to vLLM's values for a large GPU: more running
-    requests amortise each decode step's weight reads over more tokens, and longer prefill
-    chunks make larger GEMMs. Called by each worker, which knows its device; the engine
-    core adopts what the workers resolved."""
-    sched = config.scheduler
-    if not sched.unset or total_memory < 70 * 2**30 or "a100" in device_name.lower():
-        return config
-    values = dict(zip(("max_num_seqs", "max_num_batched_tokens"),
-                      LARGE_GPU_DEFAULTS[sched.usage]))
-    changes = {name: values[name] for name in sched.unset}
-    logger.info("%s (%.0f GiB): %s by default (%s)", device_name, total_memory / 2**30,
-                ", ".join(f"{k}={v}" for k, v in changes.items()), sched.usage)
-    return dataclasses.replace(config, scheduler=dataclasses.replace(sched, **changes, unset=()))

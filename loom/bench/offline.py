@@ -47,14 +47,7 @@ class OfflineBench:
         return {"benchmark": benchmark, "date": now_iso(), "device": self.device,
                 "git_commit": git_commit(), "command": command_line(),
                 "engine_args": _jsonable(dataclasses.asdict(self.engine_args)),
-                "scheduler": self._limits(),
                 "ceilings": dataclasses.asdict(self.ceilings) if self.ceilings else None}
-
-    def _limits(self) -> dict[str, int]:
-        """The batch limits the engine runs with (unset flags resolve per device)."""
-        sched = self.llm.engine.config.scheduler
-        return {"max_num_seqs": sched.max_num_seqs,
-                "max_num_batched_tokens": sched.max_num_batched_tokens}
 
 
 def setup_offline(args: argparse.Namespace) -> OfflineBench:

@@ -27,10 +27,8 @@ class EngineArgs:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int | None = None
-    """None: 256, or 1024 on a GPU of 70 GiB or more (see `device_batch_defaults`)."""
-    max_num_batched_tokens: int | None = None
-    """None: 8192, or on a GPU of 70 GiB or more 16384 offline and 8192 serving."""
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
     async_scheduling: bool = True
     block_size: int = 16
     enable_prefix_caching: bool = True
@@ -51,11 +49,8 @@ class EngineArgs:
         g.add_argument("--max-model-len", type=int, default=None)
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
         g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-        g.add_argument("--max-num-seqs", type=int, default=None,
-                       help="default 256; 1024 on a GPU with 70 GiB or more (not A100)")
-        g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                       help="default 8192; on a GPU with 70 GiB or more (not A100) 16384 "
-                            "offline, 8192 serving")
+        g.add_argument("--max-num-seqs", type=int, default=256)
+        g.add_argument("--max-num-batched-tokens", type=int, default=8192)
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="overlap scheduling and input preparation of the next step with "
                        "the device's current one")
@@ -74,20 +69,17 @@ class EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
 
-    def create_engine_config(self, usage: str = "offline") -> EngineConfig:
+    def create_engine_config(self) -> EngineConfig:
         model = ModelConfig(model=self.model or default_model(), tokenizer=self.tokenizer,
                             dtype=self.dtype, max_model_len=self.max_model_len,
                             load_format=self.load_format, seed=self.seed)
-        limits = {name: getattr(self, name) for name in ("max_num_seqs", "max_num_batched_tokens")}
-        given = {name: value for name, value in limits.items() if value is not None}
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
                               self.kv_cache_memory_bytes, self.enable_prefix_caching),
-            scheduler=SchedulerConfig(**given, async_scheduling=self.async_scheduling,
-                                      unset=tuple(n for n in limits if n not in given), usage=usage),
+            scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
+                                      self.async_scheduling),
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
             compilation=CompilationConfig.parse(self.compilation_config),
             enforce_eager=self.enforce_eager)
-

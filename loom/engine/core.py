@@ -7,7 +7,6 @@ lives in the frontend; this class only sees `EngineCoreRequest`s and returns
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -38,12 +37,9 @@ def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
+        self.config = config
         self.executor = make_executor(config)
         info = self.executor.model_info
-        # Limits the user left unset were resolved by the workers, which know the device.
-        self.config = config = dataclasses.replace(config, scheduler=dataclasses.replace(
-            config.scheduler, max_num_seqs=info["max_num_seqs"],
-            max_num_batched_tokens=info["max_num_batched_tokens"], unset=()))
         self.vocab_size = info["vocab_size"]
         self.eos_token_id = info["eos_token_id"]
         self.max_model_len = resolve_max_model_len(config.model.max_model_len,

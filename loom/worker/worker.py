@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from loom.config import EngineConfig, device_batch_defaults
+from loom.config import EngineConfig
 from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
@@ -27,13 +27,10 @@ def resolve_device(requested: str, rank: int = 0) -> torch.device:
 class Worker:
     def __init__(self, config: EngineConfig, rank: int = 0,
                  distributed_init_method: str | None = None) -> None:
-        self.rank = rank
+        self.config, self.rank = config, rank
         self.device = resolve_device(config.device.device, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            props = torch.cuda.get_device_properties(self.device)
-            config = device_batch_defaults(config, props.total_memory, props.name)
-        self.config = config
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         init_distributed(config.parallel.tensor_parallel_size, rank, distributed_init_method, backend)
         # Unseeded requests draw from the global generator; seed it so runs repeat.
@@ -53,9 +50,7 @@ class Worker:
         arch = self.model_runner.arch
         return {"vocab_size": arch.vocab_size,
                 "max_position_embeddings": arch.max_position_embeddings,
-                "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None,
-                "max_num_seqs": self.config.scheduler.max_num_seqs,
-                "max_num_batched_tokens": self.config.scheduler.max_num_batched_tokens}
+                "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None}
 
     def time_all_reduce(self, num_tokens: int, iters: int, in_graph: bool = False) -> float:
         """Seconds per TP all-reduce of a [num_tokens, hidden] activation in the model's
