@@ -86,18 +86,6 @@ def sampler_kernel() -> bool:
     return _on_unless_zero("LOOM_SAMPLER_KERNEL")
 
 
-def gemv_kernel() -> bool:
-    """LOOM_GEMV: 0 turns off loom's single-token GEMV kernel on CUDA (`loom/kernels/gemv.py`),
-    so every linear layer calls cuBLAS, for comparing the two."""
-    return _on_unless_zero("LOOM_GEMV")
-
-
-def decode_fused_reduce() -> bool:
-    """LOOM_DECODE_FUSED_REDUCE: 0 merges the split-K decode partials in a second kernel
-    instead of in the last split to finish, for comparing the two."""
-    return _on_unless_zero("LOOM_DECODE_FUSED_REDUCE")
-
-
 def _on_unless_zero(name: str) -> bool:
     return os.environ.get(name, "1") != "0"
 

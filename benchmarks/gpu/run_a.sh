@@ -8,7 +8,7 @@ M8="--model llama-3.1-8b --load-format dummy --no-enable-prefix-caching --max-mo
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/e2e >> $R/tests1.log 2>&1; echo "rc=$?" >> $R/tests1.log ) &
 ( export CUDA_VISIBLE_DEVICES=1
   timeout 120 $LOOM bench latency $M8 --profile --profile-result-dir $R/prof --output-json $R/decode-new.json > $R/decode-new.log 2>&1
-  for V in LOOM_GEMV LOOM_DECODE_FUSED_REDUCE LOOM_SAMPLER_KERNEL; do
+  for V in LOOM_SAMPLER_KERNEL; do
     env $V=0 timeout 90 $LOOM bench latency $M8 --output-json $R/decode-no-$V.json > $R/decode-no-$V.log 2>&1
   done ) &
 wait

@@ -39,8 +39,6 @@ class TritonBackend(AttentionBackend):
 
     def __init__(self, tiles: TritonTiles | None = None) -> None:
         self.tiles = tiles or TritonTiles()
-        self.fused_reduce = envs.decode_fused_reduce()
-        """Read once here, not on every decode call."""
 
     def write_kv(self, key, value, kv_cache, slot_mapping):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
@@ -71,8 +69,7 @@ class TritonBackend(AttentionBackend):
         splits = self.tiles.num_splits or default_num_splits(
             meta.num_reqs, kv_cache.shape[3], meta.max_seq_len, block_n)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
-                     meta.seq_lens, meta.num_reqs, scale, splits, block_n=block_n,
-                     fused_reduce=self.fused_reduce)
+                     meta.seq_lens, meta.num_reqs, scale, splits, block_n=block_n)
 
     def _prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
         # Sized so that ptxas reports no spills for sm_90 (checked by compiling offline):

@@ -104,10 +104,9 @@ def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     block_table_ptr, query_start_ptr, seq_lens_ptr, scale_log2, num_heads, num_splits,
     stride_qt, stride_qh, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
-    counter_ptr, out_ptr, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FUSED_REDUCE: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
@@ -144,38 +143,6 @@ def _decode_split_kernel(
     tl.store(part_m_ptr + part, m_i, mask=g_ok)
     tl.store(part_l_ptr + part, l_i, mask=g_ok)
     tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=g_ok[:, None])
-    if FUSED_REDUCE:
-        # The last split of this (request, KV head) to finish merges all of them, which
-        # saves the reduce kernel's launch. Every thread's partials are written before the
-        # ticket is taken (barrier, then a release); the last taker's acquire makes the
-        # other programs' partials visible, and it reads them past L1 (.cg).
-        tl.debug_barrier()
-        ticket = counter_ptr + req * tl.num_programs(1) + kv_head
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero for the next step
-            _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, q_start, req,
-                          kv_head, num_heads, num_splits, stride_ot, stride_oh, GROUP,
-                          HEAD_DIM, SPLITS_PAD)
-
-
-@triton.jit
-def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, q_start, req, kv_head,
-                  num_heads, num_splits, stride_ot, stride_oh, GROUP: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    s = tl.arange(0, SPLITS_PAD)
-    s_ok = s < num_splits
-    dims = tl.arange(0, HEAD_DIM)
-    for g in tl.static_range(GROUP):
-        head = kv_head * GROUP + g
-        part = (req.to(tl.int64) * num_heads + head) * num_splits + s
-        m = tl.load(part_m_ptr + part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(part_l_ptr + part, mask=s_ok, other=0.0, cache_modifier=".cg")
-        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
-                      mask=s_ok[:, None], other=0.0, cache_modifier=".cg")
-        w = tl.exp2(m - tl.max(m, axis=0))  # split 0 is never empty, so the max is finite
-        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-        o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
-        tl.store(out_ptr + o_off + dims, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -258,54 +225,33 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block
     return max(1, min(want, max_splits, triton.cdiv(max(1, max_seq_len), block_n)))
 
 
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-"""Per device: the split tickets of the fused reduce, all zero between kernels. A larger
-batch allocates a larger buffer; the old ones stay alive for the CUDA graphs that hold
-their addresses."""
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    buffers = _COUNTERS.setdefault(device, [])
-    if not buffers or buffers[-1].numel() < n:
-        buffers.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
-    return buffers[-1]
-
-
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  block_table: torch.Tensor, query_start_loc: torch.Tensor,
                  seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
-                 block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
-                 fused_reduce: bool | None = None) -> torch.Tensor:
+                 block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
-    when capturing CUDA graphs. With fused_reduce (default: LOOM_DECODE_FUSED_REDUCE, on)
-    the last split of each (request, KV head) merges the partials itself; otherwise a
-    second kernel does.
+    when capturing CUDA graphs. A second kernel merges the splits' partials.
     """
-    from loom import envs
     group, num_kv_heads = _check(query, kv_cache)
     num_heads, head_dim = query.shape[1], query.shape[2]
-    fused = envs.decode_fused_reduce() if fused_reduce is None else fused_reduce
     part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
                          device=query.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                            device=query.device)
-    tickets = _tickets(query.device, num_reqs * num_kv_heads) if fused else part_m
-    splits_pad = triton.next_power_of_2(num_splits)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         query, kv_cache, part_m, part_l, part_acc, block_table, query_start_loc, seq_lens,
         scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
-        *_cache_strides(kv_cache), block_table.stride(0), tickets, out, out.stride(0),
-        out.stride(1), GROUP=group,
+        *_cache_strides(kv_cache), block_table.stride(0), GROUP=group,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-        FUSED_REDUCE=fused, SPLITS_PAD=splits_pad, num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
-    if not fused:
-        _decode_reduce_kernel[(num_reqs, num_heads)](
-            part_m, part_l, part_acc, out, query_start_loc, num_heads, num_splits,
-            out.stride(0), out.stride(1), SPLITS_PAD=splits_pad, HEAD_DIM=head_dim,
-        )
+    _decode_reduce_kernel[(num_reqs, num_heads)](
+        part_m, part_l, part_acc, out, query_start_loc, num_heads, num_splits,
+        out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+    )
     return out

@@ -14,44 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loom import envs
 from loom.distributed.ops import tp_all_gather, tp_all_reduce
 from loom.distributed.parallel_state import get_tp_group
-from loom.library import loom_op
-
-
-@loom_op("gemv", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    from loom.kernels.gemv import gemv
-    return gemv(x, weight, bias)
-
-
-@gemv_op.register_fake
-def _(x, weight, bias):
-    return x.new_empty(x.shape[0], weight.shape[0])
-
-
-_GEMV_ENABLED = envs.gemv_kernel()
-"""Read once: the check below runs inside Dynamo's trace, which should see a constant."""
-
-
-def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """One token on CUDA in half precision, in a compiled graph. The test holds only in the
-    graph Dynamo traces for exactly one token (a static size): the dynamic graph's token
-    count is symbolic, so it never guards on it and keeps cuBLAS. Eager forwards keep
-    cuBLAS: a Triton launch from Python costs more host time than it saves outside a CUDA
-    graph, and its first call (autotuning) must not fall inside a capture."""
-    return (_GEMV_ENABLED and torch.compiler.is_compiling() and x.dim() == 2
-            and isinstance(x.shape[0], int) and x.shape[0] == 1 and x.is_cuda
-            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16))
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """F.linear, except that a single token takes loom's GEMV kernel (see `use_gemv`)."""
-    if use_gemv(x, weight):
-        return torch.ops.loom.gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -80,7 +44,7 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -101,7 +65,7 @@ class ColumnParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x):
-        y = linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
         return tp_all_gather(y) if self.gather_output else y
 
 
@@ -174,7 +138,7 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x):
-        y = linear(x, self.weight)
+        y = F.linear(x, self.weight)
         if self.reduce_results:
             y = tp_all_reduce(y)
         return y + self.bias if self.bias is not None else y
