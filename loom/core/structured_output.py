@@ -68,12 +68,16 @@ def validate_guided(guided: GuidedDecodingParams) -> str:
 class GrammarMatcher:
     """One request's position in its grammar."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, request_id: str) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, request_id: str,
+                 first_bitmask: bytes | None = None) -> None:
         self._matcher = matcher
         self._request_id = request_id
+        self._next_bitmask = first_bitmask
+        """Computed before any token was accepted (to check the grammar); used once."""
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; True when generation must end here."""
+        self._next_bitmask = None
         if self._matcher.consume_token(token_id) and not self._matcher.is_error():
             return self._matcher.is_stopped()
         # The bitmask forbids this; reaching it means a bug, reported rather than hidden.
@@ -83,6 +87,8 @@ class GrammarMatcher:
 
     def bitmask(self) -> bytes:
         """Allowed next tokens: bit i of 32-bit word j is token 32 * j + i."""
+        if self._next_bitmask is not None:
+            return self._next_bitmask
         return self._matcher.compute_bitmask()
 
 
@@ -110,10 +116,16 @@ class StructuredOutputManager:
             raise ValueError("guided_decoding: the engine has no tokenizer to compile it with")
         grammar = validate_guided(params.guided_decoding)
         matcher = llguidance.LLMatcher(self._get_ll_tokenizer(), grammar, log_level=0)
+        # Some grammars compile but fail, or allow nothing, only once a mask is computed:
+        # compute the first one here, so that they are refused rather than generated from.
+        first = matcher.compute_bitmask() if not matcher.is_error() else None
+        kind = params.guided_decoding.kinds[0]
         if matcher.is_error():
-            raise ValueError(f"guided_decoding.{params.guided_decoding.kinds[0]}: "
-                             f"{matcher.get_error()}")
-        return GrammarMatcher(matcher, request_id)
+            raise ValueError(f"guided_decoding.{kind}: {matcher.get_error()}")
+        if not any(first):
+            raise ValueError(f"guided_decoding.{kind}: the constraint allows no token "
+                             "(it matches no text)")
+        return GrammarMatcher(matcher, request_id, first)
 
 
 def grammar_bitmasks(requests: Iterable[Request]) -> dict[str, bytes]:

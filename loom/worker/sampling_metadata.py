@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from loom.sampling_params import SamplingParams
@@ -100,7 +101,7 @@ class SamplingMetadata:
     ) -> SamplingMetadata:
         greedy = [p.greedy for p in params]
         stop_rows, stop_cols = _min_tokens_pairs(params, output_token_ids, stop_ids,
-                                                 device, vocab_size)
+                                                 device, vocab_size, grammar_bitmasks)
         return cls(
             **_mode_fields(params, greedy, device),
             **_filter_fields(params, greedy, device, vocab_size),
@@ -216,16 +217,30 @@ def _min_tokens_pairs(
     stop_ids: list[set[int]],
     device: torch.device | str,
     vocab_size: int,
+    grammar_bitmasks: list[bytes | None] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     # A stop id outside the model's vocabulary can never be sampled, so it needs no mask.
+    bitmasks = grammar_bitmasks or [None] * len(params)
     pairs = [(row, tok)
-             for row, (p, out, stops) in enumerate(zip(params, output_token_ids, stop_ids))
-             if len(out) < p.min_tokens
+             for row, (p, out, stops, mask) in enumerate(zip(params, output_token_ids,
+                                                             stop_ids, bitmasks))
+             if len(out) < p.min_tokens and not _grammar_only_ends(mask, stops)
              for tok in sorted(stops) if 0 <= tok < vocab_size]
     if not pairs:
         return None, None
     flat = _upload(torch.tensor(pairs, dtype=torch.long), device)
     return flat[:, 0], flat[:, 1]
+
+
+def _grammar_only_ends(bitmask: bytes | None, stops: set[int]) -> bool:
+    """Whether a guided row's grammar allows nothing but stop tokens: its constraint is
+    complete, so it ends here whatever min_tokens asks (masking the stops as well would
+    leave no token at all, and the row would sample token 0)."""
+    if bitmask is None:
+        return False
+    allowed = np.flatnonzero(np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8),
+                                           bitorder="little"))
+    return bool(len(allowed)) and set(allowed.tolist()) <= stops
 
 
 def _generators(

@@ -60,6 +60,9 @@ BAD = [
      "grammar"),
     ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema"}},
      "response_format"),
+    # These compile, but match no text: refused before generating from them.
+    ("/v1/completions", {"prompt": "x", "guided_grammar": 'start: a\na: a "x"'}, "grammar"),
+    ("/v1/completions", {"prompt": "x", "guided_regex": "[^\\x00-\\U0010FFFF]"}, "regex"),
     ("/v1/chat/completions", {"messages": MESSAGES, "stream": True, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
      "json"),

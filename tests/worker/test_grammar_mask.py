@@ -67,3 +67,18 @@ def test_grammars_compile_or_name_the_field():
         validate_guided(GuidedDecodingParams(json="{"))
     with pytest.raises(ValueError, match="guided_decoding.regex"):
         validate_guided(GuidedDecodingParams(regex="[a-"))
+
+
+def test_a_complete_grammar_ends_the_row_despite_min_tokens():
+    """min_tokens masks the stop ids until enough tokens are out; a grammar that allows only
+    a stop id has nothing else to offer, so the stop wins (masking both left no token, and
+    the row sampled token 0)."""
+    logits = torch.zeros(2, 64)
+    logits[:, 0] = 100.0  # token 0: what an all -inf row would have sampled
+    eos = 2
+    params = [SamplingParams(temperature=0.0, min_tokens=3)] * 2
+    masks = [_bitmask([eos], 64), _bitmask([eos, 7], 64)]
+    md = SamplingMetadata.build(params, [[] for _ in range(2)], [[] for _ in range(2)],
+                                [{eos}, {eos}], [None, None], "cpu", 64, masks)
+    # Only EOS allowed: it ends. EOS or 7 allowed: min_tokens still masks EOS.
+    assert Sampler()(logits.clone(), md).sampled_token_ids.tolist() == [eos, 7]
