@@ -3,6 +3,8 @@ serving the next request."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -20,7 +22,6 @@ CASES = [
     ("max-tokens-a-string", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400),
     ("prompt-a-number", "/v1/completions", {"prompt": 5}, 400),
     ("prompt-empty-list", "/v1/completions", {"prompt": []}, 400),
-    ("prompt-empty-string", "/v1/completions", {"prompt": ""}, 400),
     ("negative-max-tokens", "/v1/completions", {"prompt": "x", "max_tokens": -5}, 400),
     ("zero-max-tokens", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400),
     ("huge-max-tokens", "/v1/completions", {"prompt": "x", "max_tokens": 10**9}, 400),
@@ -79,6 +80,50 @@ def test_bad_input_then_keeps_serving(server):
                                headers={"Content-Type": "application/json"}), 413)
         assert http.post("/v1/completions", json=OK).status_code == 200
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+PARAM_CASES = [
+    # A lone UTF-16 surrogate is valid JSON but not Unicode text (no tokenizer takes it).
+    ("/v1/completions", {"prompt": "\ud800", "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"prompt": ["ok", "a\udfffb"]}, "prompt.1"),
+    ("/v1/completions", {"prompt": "x", "stop": ["\ud800"]}, "stop.0"),
+    ("/v1/completions", {"prompt": "x", "model": "\ud800"}, "model"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "\udc00"}]}]}, "messages.0.content.0.text"),
+    ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+    ("/v1/embeddings", {"input": ["fine", "\ud800"]}, "input.1"),
+    # A union's failed member is not part of the field's name.
+    ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages.0.content"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", PARAM_CASES)
+def test_errors_name_the_field(server, path, body, param):
+    # json.dumps escapes a surrogate as JSON allows ("\\ud800"); httpx's own encoder cannot.
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+        r = http.post(path, content=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+        _check_error(r, 400)
+        assert r.json()["error"]["param"] == param, r.json()
+        assert http.post("/v1/completions", json=OK).status_code == 200
+
+
+def test_an_empty_string_prompt_is_what_the_tokenizer_makes_of_it(server):
+    # As OpenAI and vLLM: "" is a prompt. A tokenizer that adds BOS makes it one token long;
+    # one that does not leaves nothing to run, which is refused.
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+        ids = http.post("/tokenize", json={"prompt": ""}).json()["tokens"]
+        r = http.post("/v1/completions", json={"prompt": "", "max_tokens": 2})
+    if ids:
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    else:
+        _check_error(r, 400)
+        assert r.json()["error"]["param"] == "prompt"
 
 
 def test_openai_client_sees_typed_errors(server):

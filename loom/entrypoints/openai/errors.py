@@ -53,10 +53,31 @@ def exception_status(exc: BaseException) -> tuple[int, str, str | None]:
     if isinstance(exc, EngineDeadError):
         return 500, f"the engine is dead: {exc}", None
     if isinstance(exc, ValueError):
-        message = str(exc)
-        param = message.split(":", 1)[0] if ":" in message and " " not in message.split(":", 1)[0] else None
-        return 400, message, param
+        return 400, str(exc), _param_prefix(str(exc))
     return 500, f"internal error: {type(exc).__name__}: {exc}", None
+
+
+def _param_prefix(message: str) -> str | None:
+    """loom's messages start with the field they are about: "prompt: must not be empty"."""
+    head, colon, _ = message.partition(":")
+    return head if colon and head and " " not in head else None
+
+
+def _field_path(loc: tuple) -> list[str]:
+    """A pydantic error location as the request's field path: pydantic appends the member
+    of a union that failed ("stop.str", "messages.0.content.list[...]"), which names no
+    field, so the path stops before it."""
+    path = []
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, str) and (not part.isidentifier() or part in _UNION_MEMBERS):
+            break
+        path.append(str(part))
+    return path
+
+
+_UNION_MEMBERS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -64,11 +85,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request body", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    param = ".".join(loc) or None
     message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    param = ".".join(_field_path(first.get("loc", ()))) or _param_prefix(message)
     if param and message.startswith(f"{param}: "):
         message = message[len(param) + 2:]
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""

@@ -8,6 +8,7 @@ with a 400 rather than silently ignored.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,43 @@ Float = Annotated[float, Field(allow_inf_nan=False)]
 
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_path(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """Where the first string holding a lone UTF-16 surrogate sits in a decoded JSON body.
+    JSON may spell one ("\\ud800"), but it is not Unicode text: no tokenizer takes it and
+    UTF-8 cannot encode it."""
+    if isinstance(value, str):
+        return path if _LONE_SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        if isinstance(key, str) and _LONE_SURROGATE.search(key):
+            return (*path, key)
+        found = lone_surrogate_path(item, (*path, str(key)))
+        if found is not None:
+            return found
+    return None
+
+
+class RequestBody(OpenAIModel):
+    """A request's top-level body: its strings must be valid Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        path = lone_surrogate_path(data)
+        if path is not None:
+            raise ValueError(f"{'.'.join(path) or 'body'}: holds a lone UTF-16 surrogate, "
+                             "which is not valid Unicode text")
+        return data
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -102,7 +140,7 @@ class GuidedFields(OpenAIModel):
         ]
 
 
-class SamplingFields(GuidedFields):
+class SamplingFields(RequestBody, GuidedFields):
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
@@ -178,7 +216,7 @@ class CompletionRequest(SamplingFields):
         if not ok:
             raise ValueError("must be a string, a list of strings, a list of token ids "
                              "(ints in [0, 2**31)) or a list of such lists")
-        if not value:
+        if isinstance(value, list) and not value:
             raise ValueError("must not be empty")
         return value
 
@@ -356,7 +394,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(OpenAIModel):
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -376,7 +414,7 @@ class TokenizeResponse(BaseModel):
     max_model_len: int
 
 
-class DetokenizeRequest(OpenAIModel):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[TokenId]
 

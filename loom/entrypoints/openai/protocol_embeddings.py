@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
+from loom.entrypoints.openai.protocol import RequestBody
 from loom.pooling_params import PoolingParams
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # the SDKs send fields that do not apply
+class EmbeddingRequest(RequestBody):  # unknown fields ignored: the SDKs send some
 
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
