@@ -104,6 +104,10 @@ class Tokenizer:
 
     # -- text ---------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > _LONG_TEXT_CHARS:
+            # `encode_batch` lets go of the GIL while it works and `encode` does not: a
+            # long text then stalls no other thread (the API server's event loop).
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -187,6 +191,9 @@ def render_chat_template(template: str, **variables: Any) -> str:
 
 
 # -- loading --------------------------------------------------------------------------------
+_LONG_TEXT_CHARS = 16384
+
+
 def load_tokenizer(path: str, chat_template: str | None = None) -> Tokenizer:
     """Load a tokenizer from a Hugging Face directory or a `.gguf` file.
 

@@ -94,6 +94,11 @@ PARAM_CASES = [
         {"type": "text", "text": "\udc00"}]}]}, "messages.0.content.0.text"),
     ("/tokenize", {"prompt": "\ud800"}, "prompt"),
     ("/v1/embeddings", {"input": ["fine", "\ud800"]}, "input.1"),
+    # Message fields the templates read are typed, as in vLLM.
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "name": 5}]},
+     "messages.0.name"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "",
+                                            "tool_calls": 5}]}, "messages.0.tool_calls"),
     # A union's failed member is not part of the field's name.
     ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
@@ -124,6 +129,34 @@ def test_an_empty_string_prompt_is_what_the_tokenizer_makes_of_it(server):
     else:
         _check_error(r, 400)
         assert r.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize("server", ["mp"], indirect=True)
+def test_a_huge_prompt_does_not_stall_the_server(server):
+    """Tokenizing megabytes takes seconds: it runs off the event loop, so /health and
+    other requests are answered meanwhile."""
+    import threading
+    import time
+    big = {"prompt": "a " * (3 * 1024 * 1024), "max_tokens": 2}
+    result = {}
+
+    def send():
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as http:
+            result["status"] = http.post("/v1/completions", json=big).status_code
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    slowest = 0.0
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        time.sleep(0.3)  # the big body is sent and being tokenized
+        while sender.is_alive():
+            start = time.monotonic()
+            assert http.get("/health").status_code == 200
+            slowest = max(slowest, time.monotonic() - start)
+            time.sleep(0.05)
+    sender.join()
+    assert result["status"] == 400  # far past max_model_len, refused after tokenizing
+    assert slowest < 1.0, f"/health took {slowest:.2f} s while a prompt was tokenized"
 
 
 def test_openai_client_sees_typed_errors(server):

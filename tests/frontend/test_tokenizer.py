@@ -39,9 +39,11 @@ CONVERSATION = [
 def test_encode_matches_transformers(tokenizer_pair: tuple[Tokenizer, Any],
                                      add_special_tokens: bool) -> None:
     ours, hf = tokenizer_pair
-    for text in TEXTS:
+    # The last text is past the length at which encoding goes through encode_batch.
+    long_text = " ".join(TEXTS) * (1 + tokenizer_module._LONG_TEXT_CHARS // len(" ".join(TEXTS)))
+    for text in [*TEXTS, long_text]:
         expected = hf.encode(text, add_special_tokens=add_special_tokens)
-        assert ours.encode(text, add_special_tokens=add_special_tokens) == expected, text
+        assert ours.encode(text, add_special_tokens=add_special_tokens) == expected, text[:80]
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])

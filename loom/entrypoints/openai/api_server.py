@@ -27,6 +27,7 @@ from loom.entrypoints.openai.middleware import APIKeyMiddleware, BodySizeLimitMi
 from loom.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DetokenizeRequest, DetokenizeResponse, ModelCard,
                                               ModelList, TokenizeRequest, TokenizeResponse)
+from loom.entrypoints.openai.serving_base import off_loop
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -150,9 +151,10 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         state.chat.check_model(body.model)
         if body.messages is not None:
-            ids = state.chat.render(body.messages, body.add_generation_prompt)
+            ids = await off_loop(state.chat.render, body.messages, body.add_generation_prompt)
         else:
-            ids = _need_tokenizer(engine.tokenizer).encode(body.prompt, body.add_special_tokens)
+            ids = await off_loop(_need_tokenizer(engine.tokenizer).encode, body.prompt,
+                                 body.add_special_tokens)
         return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.max_model_len)
 
     @app.post("/detokenize")

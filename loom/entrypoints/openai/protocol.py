@@ -277,9 +277,12 @@ class ContentPart(OpenAIModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id... reach the template
+    model_config = ConfigDict(extra="allow")  # other fields reach the template as given
     role: str
     content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     def for_template(self) -> dict[str, Any]:
         message = self.model_dump(exclude_none=True)

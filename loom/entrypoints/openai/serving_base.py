@@ -4,10 +4,13 @@ SSE framing, and running several prompts' generators at once."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -15,6 +18,18 @@ from loom.entrypoints.openai.errors import APIError, error_info, exception_statu
 from loom.entrypoints.openai.protocol import ErrorResponse
 from loom.frontend.async_llm import AsyncLLM
 from loom.outputs import PositionLogprobs, RequestOutput
+
+
+_T = TypeVar("_T")
+_TOKENIZER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-tokenizer")
+
+
+async def off_loop(fn: Callable[..., _T], *args) -> _T:
+    """Run fn (tokenization, the chat template) on the tokenizer thread: a megabyte prompt
+    takes seconds, and on the event loop it would stall every stream, /health included.
+    One thread, as the tokenizer is not meant to be used from several at once."""
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD,
+                                                            functools.partial(fn, *args))
 
 
 class OpenAIServing:

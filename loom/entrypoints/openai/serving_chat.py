@@ -17,7 +17,8 @@ from loom.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
                                               ChatMessage, ChatMessageOut, ChatStreamChoice,
                                               ChoiceLogprobs, DeltaMessage, TokenLogprob,
                                               TopLogprob, UsageInfo)
-from loom.entrypoints.openai.serving_base import SSE_DONE, OpenAIServing, merge, sse, sse_error
+from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
+                                                  sse_error)
 from loom.outputs import CompletionOutput, PositionLogprobs
 
 
@@ -39,8 +40,12 @@ class OpenAIServingChat(OpenAIServing):
         conversation = [m.for_template() for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt)
-        except jinja2.TemplateError as e:
-            raise APIError(400, f"messages: the chat template refused them: {e}", "messages") from e
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
+                IndexError) as e:
+            # The template is code run on the client's messages: what breaks it (a field of
+            # a type it does not expect) is the client's to fix.
+            raise APIError(400, f"messages: the chat template refused them: "
+                                f"{type(e).__name__}: {e}", "messages") from e
         if continue_final_message:
             text = _cut_after_final_message(text, conversation[-1].get("content") or "")
         # The template writes the special tokens (BOS) itself.
@@ -49,8 +54,8 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, body: ChatCompletionRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
         model = self.check_model(body.model)
-        prompt_ids = self.render(body.messages, body.add_generation_prompt,
-                                 body.continue_final_message)
+        prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
+                                    body.continue_final_message)
         chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens))
@@ -146,8 +151,14 @@ def _usage(chat: _Chat, completion_tokens: int) -> UsageInfo:
 
 def _cut_after_final_message(text: str, final_content: str) -> str:
     """Drop what the template wrote after the last message (its end-of-turn), so that the
-    model continues that message."""
-    if not final_content or final_content not in text:
+    model continues that message. Templates may trim the content (Llama 3's does): it is
+    found without its outer whitespace, and its trailing whitespace is kept only where
+    the template kept it (as transformers does)."""
+    core = final_content.strip()
+    if not core or core not in text:
         raise APIError(400, "continue_final_message: the final message's content is not in the "
                             "rendered prompt", "messages")
-    return text[:text.rindex(final_content) + len(final_content)]
+    start = text.rindex(core)
+    kept = final_content.lstrip()
+    end = start + (len(kept) if text[start:start + len(kept)] == kept else len(core))
+    return text[:end]

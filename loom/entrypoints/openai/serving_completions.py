@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loom.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs,
                                               CompletionRequest, CompletionResponse, UsageInfo)
-from loom.entrypoints.openai.serving_base import SSE_DONE, OpenAIServing, merge, sse, sse_error
+from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
+                                                  sse_error)
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
@@ -57,8 +58,8 @@ class OpenAIServingCompletion(OpenAIServing):
         request = _Request(self.new_id("cmpl"), self.check_model(body.model), int(time.time()),
                            body, [])
         generators = []
-        for i, prompt in enumerate(body.prompts):
-            text, token_ids = self.engine.tokenize(prompt)
+        tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.prompts])
+        for i, (text, token_ids) in enumerate(tokenized):
             params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens))
             self.engine.processor.process(request.id, token_ids, params)  # all valid, or none runs
             request.prompts.append(_Prompt(text, token_ids))

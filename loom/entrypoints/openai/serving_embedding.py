@@ -10,7 +10,7 @@ from collections.abc import Coroutine
 
 from loom.entrypoints.openai.protocol_embeddings import (EmbeddingData, EmbeddingRequest,
                                                          EmbeddingResponse, EmbeddingUsage)
-from loom.entrypoints.openai.serving_base import OpenAIServing
+from loom.entrypoints.openai.serving_base import OpenAIServing, off_loop
 from loom.outputs import EmbeddingRequestOutput
 
 
@@ -36,8 +36,8 @@ class OpenAIServingEmbedding(OpenAIServing):
         params = body.to_pooling_params()
         request_id = self.new_id("embd")
         prompts = []
-        for i, prompt in enumerate(body.inputs):  # all valid, or none runs
-            _, token_ids = self.engine.tokenize(prompt)
+        tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.inputs])
+        for i, (_, token_ids) in enumerate(tokenized):  # all valid, or none runs
             self.engine.processor.process_pooling(f"{request_id}-{i}", token_ids, params)
             prompts.append(token_ids)
         outputs = await gather_or_cancel([self.engine.encode(ids, params, f"{request_id}-{i}")
