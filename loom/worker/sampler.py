@@ -99,7 +99,10 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         penalty = md.repetition_penalty.unsqueeze(-1)
         # Dividing a positive logit and multiplying a negative one both lower it.
         penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
-        logits = torch.where(seen, penalized, logits)
+        # A penalty far below 1 overflows a logit to inf, and softmax of inf is NaN: the
+        # largest finite logit is the same "certain" without breaking the draw.
+        big = torch.finfo(logits.dtype).max
+        logits = torch.where(seen, penalized.clamp_(-big, big), logits)
     if md.frequency_penalty is not None:
         logits -= md.frequency_penalty.unsqueeze(-1) * counts
     if md.presence_penalty is not None:

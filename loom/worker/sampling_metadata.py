@@ -167,7 +167,14 @@ def _top_k_or_off(p: SamplingParams, greedy: bool, vocab_size: int) -> int:
 
 
 def _top_p_or_off(p: SamplingParams, greedy: bool) -> float:
-    return float("inf") if greedy or p.top_p >= 1.0 else p.top_p
+    return float("inf") if greedy or p.top_p >= 1.0 else max(p.top_p, _F32_TINY)
+
+
+_F32_TINY = float(torch.finfo(torch.float32).tiny)
+"""The least normal float32. A positive top_p or repetition_penalty below it would round to
+0 in the float32 tensors: top_p 0 masks every token (token 0 comes out), a penalty of 0
+divides by zero. Clamped to it they keep their meaning (only the top token; the strongest
+penalty)."""
 
 
 def _penalty_fields(
@@ -187,7 +194,8 @@ def _penalty_fields(
         return fields
     fields["output_counts"] = _token_counts(output_token_ids, device, vocab_size)
     if uses_rep:
-        fields["repetition_penalty"] = _floats([p.repetition_penalty for p in params], device)
+        fields["repetition_penalty"] = _floats([max(p.repetition_penalty, _F32_TINY)
+                                                for p in params], device)
         fields["prompt_mask"] = _token_counts(prompt_token_ids, device, vocab_size) > 0
     if uses_pres:
         fields["presence_penalty"] = _floats([p.presence_penalty for p in params], device)

@@ -255,3 +255,18 @@ def test_metadata_skips_unused_work():
     assert list(md.generators) == [1] and md.needs_global_rng  # row 2 has no seed
     assert not build(params[1:2], vocab_size=10).needs_global_rng
     assert md.stop_rows.tolist() == [1, 1] and md.stop_cols.tolist() == [2, 3]
+
+
+def test_vanishing_top_p_and_repetition_penalty_keep_their_meaning():
+    """Positive values below float32's range would round to 0: top_p 0 masked every token
+    (token 0 came out), and a repetition penalty of 0 made 0 / 0 = NaN of a seen token whose
+    logit is 0 (argmax takes NaN: token 0 again). The tiniest top_p keeps only the most
+    likely token; a penalty below 1 favours seen tokens, the tiniest the most."""
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0]] * 3)
+    tiny_p = SamplingParams(temperature=1.0, top_p=1e-300, seed=0)
+    assert sample(logits, [tiny_p] * 3).sampled_token_ids.tolist() == [2, 2, 2]
+    # Seen: token 0 (logit 0) in the prompt, tokens 1 and 3 in the output. Divided by the
+    # tiniest penalty, 1 and 3 overflow float32; a random draw still picks one of them.
+    tiny_rep = SamplingParams(temperature=1.0, repetition_penalty=1e-300, seed=0)
+    out = sample(logits, [tiny_rep] * 3, outputs=[[1, 3]] * 3, prompts=[[0]] * 3)
+    assert set(out.sampled_token_ids.tolist()) <= {1, 3}
