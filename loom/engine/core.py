@@ -77,7 +77,10 @@ class EngineCore:
         n = len(request.prompt_token_ids)
         if n == 0:
             raise ValueError("prompt: must not be empty")
-        if n >= self.max_model_len:
+        if request.pooling_params is not None and n > self.max_model_len:
+            raise ValueError(f"input: {n} tokens is longer than max_model_len "
+                             f"({self.max_model_len})")
+        if request.pooling_params is None and n >= self.max_model_len:
             raise ValueError(f"prompt: {n} tokens leave no room for output within "
                              f"max_model_len ({self.max_model_len})")
         bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]

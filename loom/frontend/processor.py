@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-import msgspec
 
 from loom.core.structured_output import validate_guided
 from loom.engine.protocol import EngineCoreRequest
@@ -37,18 +36,25 @@ class Processor:
             return None, list(prompt)
         raise ValueError("prompt: must be a string or a list of token ids")
 
+    def _check_tokens(self, token_ids: list[int], field: str, room_for_output: bool) -> None:
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError(f"{field}: must not be empty")
+        if n > self.max_model_len:
+            raise ValueError(f"{field}: {n} tokens is longer than max_model_len "
+                             f"({self.max_model_len})")
+        if room_for_output and n == self.max_model_len:
+            raise ValueError(f"{field}: {n} tokens is too long for max_model_len "
+                             f"({self.max_model_len}): no room for output")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{field}: token id(s) {bad[:5]} outside the vocabulary "
+                             f"(0..{self.vocab_size - 1})")
+
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams) -> EngineCoreRequest:
+        self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt: must not be empty")
-        if n >= self.max_model_len:
-            raise ValueError(f"prompt: {n} tokens is too long for max_model_len "
-                             f"({self.max_model_len}): no room for output")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt: token id(s) {bad[:5]} outside the vocabulary "
-                             f"(0..{self.vocab_size - 1})")
         if params.guided_decoding is not None:
             validate_guided(params.guided_decoding)
         if params.max_tokens is None:
@@ -58,6 +64,8 @@ class Processor:
 
     def process_pooling(self, request_id: str, prompt_token_ids: list[int],
                         params: PoolingParams) -> EngineCoreRequest:
-        """An embedding request: the same prompt checks, pooling instead of sampling."""
-        request = self.process(request_id, prompt_token_ids, POOLING_PLACEHOLDER)
-        return msgspec.structs.replace(request, pooling_params=params)
+        """An embedding request: pooling instead of sampling, so the input may fill the
+        whole context (nothing is generated after it)."""
+        self._check_tokens(prompt_token_ids, "input", room_for_output=False)
+        return EngineCoreRequest(request_id, list(prompt_token_ids), POOLING_PLACEHOLDER,
+                                 time.time(), self.eos_token_id, pooling_params=params)

@@ -80,6 +80,7 @@ def _model(client) -> str:
 ], ids=["empty", "number", "empty-ids", "mixed", "negative-id", "outside-vocab", "too-long",
         "dimensions", "bad-format"])
 def test_embeddings_bad_input(server, body):
+    """Each is a 400 (and the server goes on serving)."""
     resp = httpx.post(f"{server.url}/v1/embeddings", headers=AUTH, json=body, timeout=30)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["code"] == 400
@@ -87,3 +88,14 @@ def test_embeddings_bad_input(server, body):
         server.client().embeddings.create(model="no-such-model", input="x")
     ok = httpx.post(f"{server.url}/v1/embeddings", headers=AUTH, json={"input": "x"}, timeout=30)
     assert ok.status_code == 200
+
+
+def test_an_input_may_fill_the_whole_context(server):
+    # Nothing is generated after an embedding's input: max_model_len tokens fit, one more
+    # does not (and the error names the input, not a prompt's output room).
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+        full = http.post("/v1/embeddings", json={"input": [5] * MAX_MODEL_LEN})
+        assert full.status_code == 200, full.text
+        assert full.json()["usage"]["prompt_tokens"] == MAX_MODEL_LEN
+        over = http.post("/v1/embeddings", json={"input": [5] * (MAX_MODEL_LEN + 1)})
+    assert over.status_code == 400 and over.json()["error"]["param"] == "input", over.text
