@@ -4,9 +4,15 @@ them), stop strings, usage."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from loom import SamplingParams
+from tests.entrypoints.conftest import API_KEY
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 PROMPTS = ["The quick brown fox", "Hello, my name is"]
 TOKEN_PROMPT = [1, 504, 3458, 1178, 28, 253, 2491, 30]
@@ -120,3 +126,26 @@ def test_stop_string_cuts_the_text(server):
 
 def server_model(server) -> str:
     return server.client().models.list().data[0].id
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Once upon", "max_tokens": 5}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
+], ids=["completions", "chat"])
+def test_continuous_usage_stats_on_every_chunk(server, path, body):
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries the usage so far,
+    and the last (choice-less) chunk the total."""
+    body = {**body, "stream": True, "temperature": 0, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as http:
+        with http.stream("POST", path, json=body) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+    assert events and all(e.get("usage") for e in events), events
+    prompt = {e["usage"]["prompt_tokens"] for e in events}
+    assert len(prompt) == 1 and prompt.pop() > 0
+    done = [e["usage"]["completion_tokens"] for e in events]
+    assert done == sorted(done) and done[-1] == 5
+    assert events[-1]["choices"] == []
+    assert all(e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"]
+               + e["usage"]["completion_tokens"] for e in events)

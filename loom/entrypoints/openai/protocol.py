@@ -193,6 +193,11 @@ class SamplingFields(RequestBody, GuidedFields):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's stream_options.continuous_usage_stats: usage so far on every chunk too."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
 
 # -- /v1/completions --------------------------------------------------------------------------
 

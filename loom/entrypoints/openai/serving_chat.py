@@ -98,14 +98,15 @@ class OpenAIServingChat(OpenAIServing):
         try:
             for i in range(chat.body.n):  # the role first, as OpenAI streams it
                 yield self._chunk(chat, ChatStreamChoice(
-                    index=i, delta=DeltaMessage(role="assistant", content="")))
+                    index=i, delta=DeltaMessage(role="assistant", content="")), 0)
             async with aclosing(outputs):
                 item = first
                 while item is not None:
                     for delta in item[1].outputs:
                         completion_tokens += len(delta.token_ids)
                         if delta.text or delta.finish_reason is not None or delta.token_ids:
-                            yield self._chunk(chat, self._stream_choice(chat, delta))
+                            yield self._chunk(chat, self._stream_choice(chat, delta),
+                                              completion_tokens)
                     item = await anext(outputs, None)
             if chat.body.include_usage:
                 yield sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
@@ -122,9 +123,10 @@ class OpenAIServingChat(OpenAIServing):
                                 stop_reason=delta.stop_reason)
 
     @staticmethod
-    def _chunk(chat: _Chat, choice: ChatStreamChoice) -> str:
+    def _chunk(chat: _Chat, choice: ChatStreamChoice, completion_tokens: int) -> str:
+        usage = _usage(chat, completion_tokens) if chat.body.continuous_usage else None
         return sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
-                                       choices=[choice]))
+                                       choices=[choice], usage=usage))
 
     def _logprobs(self, delta: CompletionOutput, top_n: int) -> list[TokenLogprob]:
         if not delta.logprobs:

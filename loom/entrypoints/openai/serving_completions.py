@@ -152,7 +152,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 id=request.id, created=request.created, model=request.model,
                 choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
                                           finish_reason=delta.finish_reason,
-                                          stop_reason=delta.stop_reason)]))
+                                          stop_reason=delta.stop_reason)],
+                usage=self._usage(request, choices) if body.continuous_usage else None))
 
     # -- pieces -------------------------------------------------------------------------------
 
