@@ -287,10 +287,12 @@ class Scheduler:
 
     @staticmethod
     def _check_grammar(request: Request, token_id: int) -> bool:
-        """A guided request ends (stop) when its grammar is complete."""
+        """A guided request ends (stop) when its grammar is complete, or with an error when
+        the grammar fails."""
         if request.grammar is None or not request.grammar.accept(token_id):
             return False
-        request.status = RequestStatus.FINISHED_STOPPED
+        request.status = (RequestStatus.FINISHED_ERROR if request.grammar.error
+                          else RequestStatus.FINISHED_STOPPED)
         return True
 
     def _make_output(self, request: Request, new_token_ids: list[int],
@@ -301,7 +303,8 @@ class Scheduler:
             new_logprobs=[new_logprobs] if new_logprobs is not None else None,
             prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
             stop_reason=request.stop_reason, num_cached_tokens=max(0, request.num_cached_tokens),
-            queue_time_s=request.take_queue_time())
+            queue_time_s=request.take_queue_time(),
+            error=request.grammar.error if request.grammar is not None else None)
 
     def _remove_finished(self) -> None:
         still_running = []

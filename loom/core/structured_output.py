@@ -74,15 +74,21 @@ class GrammarMatcher:
         self._request_id = request_id
         self._next_bitmask = first_bitmask
         """Computed before any token was accepted (to check the grammar); used once."""
+        self.error: str | None = None
+        """Why the grammar failed mid-generation (the request then ends with this error)."""
 
     def accept(self, token_id: int) -> bool:
-        """Advance by one sampled token; True when generation must end here."""
+        """Advance by one sampled token; True when generation must end here (`error` says
+        why, if the grammar failed)."""
         self._next_bitmask = None
         if self._matcher.consume_token(token_id) and not self._matcher.is_error():
             return self._matcher.is_stopped()
-        # The bitmask forbids this; reaching it means a bug, reported rather than hidden.
-        logger.error("request %s: token %d breaks its grammar (%s); finishing it",
-                     self._request_id, token_id, self._matcher.get_error())
+        # Either the grammar failed while computing the mask (llguidance's limits, e.g. a
+        # regex that grows too many states), or llguidance allowed a token it then refused.
+        # The output no longer follows the constraint: the request ends with an error.
+        reason = self._matcher.get_error() or "the grammar refused a token its mask allowed"
+        self.error = f"guided_decoding: generation failed at token {token_id}: {reason}"
+        logger.warning("request %s: %s", self._request_id, self.error)
         return True
 
     def bitmask(self) -> bytes:

@@ -76,3 +76,20 @@ def test_bad_constraints_are_400(server, path, body, names):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == 400 and names in error["message"], error
+
+
+def test_a_grammar_failing_mid_generation_is_an_error_not_a_stop(server):
+    """llguidance gives up on this regex after a few tokens (too many states). The output
+    then no longer follows the constraint: the client gets an error, not "stop"."""
+    body = {"prompt": "x", "max_tokens": 8, "temperature": 0,
+            "guided_regex": "(a{1000}){1000}"}
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as http:
+        whole = http.post("/v1/completions", json=body)
+        assert whole.status_code == 400, whole.text
+        assert "guided_decoding" in whole.json()["error"]["message"]
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert r.status_code in (200, 400)
+        if r.status_code == 200:  # failed after the first token: in-band, then [DONE]
+            assert any('"error"' in line and "guided_decoding" in line for line in lines), lines
+        assert http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
