@@ -34,12 +34,16 @@ class CUDAGraphRunner:
         self.max_model_len = max_model_len
         n = self.sizes[-1]
         i32 = dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.seq_lens = torch.ones(n, **i32)
-        self.query_start_loc = torch.arange(n + 1, **i32)
-        self.block_table = torch.zeros(n, max_blocks_per_req, **i32)
+        # Inference tensors, like every step's inputs (made under inference_mode): Dynamo
+        # guards on a tensor's dispatch keys, and normal tensors here made the capture
+        # trace and compile the whole forward a second time.
+        with torch.inference_mode():
+            self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+            self.positions = torch.zeros(n, dtype=torch.long, device=device)
+            self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+            self.seq_lens = torch.ones(n, **i32)
+            self.query_start_loc = torch.arange(n + 1, **i32)
+            self.block_table = torch.zeros(n, max_blocks_per_req, **i32)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _metadata(self, size: int) -> AttentionMetadata:
