@@ -72,9 +72,46 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        self._check_types()
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+
+    def _check_types(self) -> None:
+        """A Struct built in Python is not type-checked by msgspec: a float seed or a scalar
+        stop_token_ids would otherwise fail inside the engine, mid-step."""
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_number(v: Any) -> bool:
+            return isinstance(v, int | float) and not isinstance(v, bool)
+
+        for name in ("n", "top_k", "min_tokens"):
+            if not is_int(getattr(self, name)):
+                raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not is_int(value):
+                raise ValueError(f"{name}: must be an integer or None, got {value!r}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            if not is_number(getattr(self, name)):
+                raise ValueError(f"{name}: must be a number, got {getattr(self, name)!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.stop, list):
+            raise ValueError(f"stop: must be a string or a list of strings, got {self.stop!r}")
+        if not (isinstance(self.stop_token_ids, list)
+                and all(is_int(t) and t >= 0 for t in self.stop_token_ids)):
+            raise ValueError(f"stop_token_ids: must be a list of token ids (non-negative "
+                             f"integers), got {self.stop_token_ids!r}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise ValueError(f"seed: must fit in 64 bits, got {self.seed}")
+        if not (self.guided_decoding is None
+                or isinstance(self.guided_decoding, GuidedDecodingParams)):
+            raise ValueError("guided_decoding: must be a GuidedDecodingParams, got "
+                             f"{type(self.guided_decoding).__name__}")
 
     def _validate(self) -> None:
         checks = [

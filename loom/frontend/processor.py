@@ -55,6 +55,11 @@ class Processor:
                 params: SamplingParams) -> EngineCoreRequest:
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.vocab_size:
+                raise ValueError(f"{name}: {value} is more than the vocabulary's "
+                                 f"{self.vocab_size} tokens")
         if params.guided_decoding is not None:
             validate_guided(params.guided_decoding)
         if params.max_tokens is None:

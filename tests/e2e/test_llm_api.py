@@ -114,6 +114,19 @@ def _all_blocks_free(llm: LLM) -> bool:
     (lambda: SamplingParams(top_p=1.5), "top_p"),
     (lambda: SamplingParams(temperature=-1.0), "temperature"),
     (lambda: SamplingParams(n=0), "n"),
+    # Types: a Struct built in Python is not type-checked by msgspec, and these failed
+    # inside the engine mid-step (and broke the LLM for every later call).
+    (lambda: SamplingParams(seed=1.5), "seed"),
+    (lambda: SamplingParams(seed=2**70), "seed"),
+    (lambda: SamplingParams(top_k=2.5), "top_k"),
+    (lambda: SamplingParams(logprobs=1.5), "logprobs"),
+    (lambda: SamplingParams(stop_token_ids=5), "stop_token_ids"),
+    (lambda: SamplingParams(stop_token_ids=None), "stop_token_ids"),
+    (lambda: SamplingParams(max_tokens=1.5), "max_tokens"),
+    (lambda: SamplingParams(n="2"), "n"),
+    (lambda: SamplingParams(temperature="hot"), "temperature"),
+    (lambda: SamplingParams(stop=5), "stop"),
+    (lambda: SamplingParams(guided_decoding={"regex": "a"}), "guided_decoding"),
 ])
 def test_bad_sampling_params_name_the_field(make_params, field):
     with pytest.raises(ValueError, match=field):
@@ -129,6 +142,11 @@ def test_bad_prompts_rejected_and_engine_keeps_serving(text_llm):
         text_llm.generate([[]], use_tqdm=False)
     with pytest.raises(ValueError, match="empty|no room"):
         text_llm.engine.add_request(EngineCoreRequest("x", [], SamplingParams()))
+    # More logprobs than the vocabulary has tokens: refused, not a sampler error that broke
+    # (or, for prompt_logprobs, hung) every later call.
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=name):
+            text_llm.generate(PROMPTS[:1], SamplingParams(**{name: 10**6}), use_tqdm=False)
     out = text_llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
 
