@@ -117,6 +117,10 @@ class PassConfig:
     parallelism)."""
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            _check(isinstance(value, bool), f"compilation_config.pass_config.{f.name}: must be "
+                                            f"true or false, got {value!r}")
         if self.enable_async_tp and not self.enable_sequence_parallelism:
             object.__setattr__(self, "enable_sequence_parallelism", True)
 
@@ -138,19 +142,32 @@ class CompilationConfig:
     torch._inductor.config's and are checked when compiling."""
 
     def __post_init__(self) -> None:
-        _check(self.level in (0, 1, 2, 3), f"compilation_config.level: must be 0-3, got {self.level}")
+        _check(type(self.level) is int and self.level in (0, 1, 2, 3),
+               f"compilation_config.level: must be 0-3, got {self.level!r}")
         for name in ("compile_sizes", "cudagraph_capture_sizes", "splitting_ops"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        _check(all(isinstance(s, int) and s > 0 for s in self.compile_sizes),
-               f"compilation_config.compile_sizes: must be positive ints, got {self.compile_sizes}")
+        for name in ("compile_sizes", "cudagraph_capture_sizes"):
+            value = getattr(self, name)
+            _check((value is None and name == "cudagraph_capture_sizes")
+                   or (isinstance(value, tuple)
+                       and all(type(v) is int and v > 0 for v in value)),
+                   f"compilation_config.{name}: must be a list of positive integers, got "
+                   f"{value!r}")
+        _check(self.splitting_ops is None or (isinstance(self.splitting_ops, tuple) and all(
+            isinstance(op, str) and op for op in self.splitting_ops)),
+            "compilation_config.splitting_ops: must be a list of op names (e.g. "
+            f"[\"loom::attention\"]) or [], got {self.splitting_ops!r}")
         _check(isinstance(self.inductor_compile_config, dict),
                "compilation_config.inductor_compile_config: expected a JSON object, got "
                f"{type(self.inductor_compile_config).__name__}")
         if isinstance(self.pass_config, dict):
             object.__setattr__(self, "pass_config", _from_dict(PassConfig, self.pass_config,
                                                                "compilation_config.pass_config"))
+        _check(isinstance(self.pass_config, PassConfig),
+               "compilation_config.pass_config: expected a JSON object, got "
+               f"{type(self.pass_config).__name__}")
         _check(self.level == 3 or not self.pass_config.enable_sequence_parallelism,
                "compilation_config.pass_config: sequence parallelism and async TP are level-3 "
                f"passes; set \"level\": 3 (got level {self.level})")

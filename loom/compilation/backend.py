@@ -91,6 +91,11 @@ class PiecewiseBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         start = time.perf_counter()
+        present = {_op_name(n) for n in gm.graph.nodes}
+        missing = [op for op in self.splitting_ops if op not in present]
+        if missing:
+            logger.warning("splitting_ops %s matched no op of the graph: not split there",
+                           missing)
         split, split_names = split_graph(gm, self.splitting_ops)
         piece_inputs = _record_piece_inputs(split, example_inputs)
         compiled = 0

@@ -1,0 +1,34 @@
+"""`-O` / `compilation_config`: every field's type is checked, with the field named (these
+were tracebacks, or silently misread: a string of splitting ops split into characters)."""
+
+import pytest
+
+from loom.config import CompilationConfig
+
+BAD = [
+    ('{"compile_sizes": 5}', "compile_sizes"),
+    ('{"compile_sizes": [true]}', "compile_sizes"),
+    ('{"pass_config": 5}', "pass_config"),
+    ('{"pass_config": {"enable_noop": "no"}}', "enable_noop"),
+    ('{"level": 3, "splitting_ops": 5}', "splitting_ops"),
+    ('{"level": 3, "splitting_ops": "attention"}', "splitting_ops"),
+    ('{"cudagraph_capture_sizes": [-1, "a"]}', "cudagraph_capture_sizes"),
+    ('{"cudagraph_capture_sizes": 8}', "cudagraph_capture_sizes"),
+    ('{"level": true}', "level"),
+    ('{"level": 7}', "level"),
+]
+
+
+@pytest.mark.parametrize("text, field", BAD)
+def test_bad_values_name_the_field(text, field):
+    with pytest.raises(ValueError, match=f"compilation_config.*{field}"):
+        CompilationConfig.parse(text)
+
+
+def test_good_values_still_parse():
+    cfg = CompilationConfig.parse('{"level": 3, "compile_sizes": [8192], "splitting_ops": [], '
+                                  '"cudagraph_capture_sizes": [1, 2], '
+                                  '"pass_config": {"enable_async_tp": true}}')
+    assert cfg.compile_sizes == (8192,) and cfg.splitting_ops == ()
+    assert cfg.cudagraph_capture_sizes == (1, 2) and cfg.pass_config.enable_sequence_parallelism
+    assert CompilationConfig.parse("3").level == 3
