@@ -18,7 +18,8 @@ from loom.core.scheduler import Scheduler
 from loom.core.structured_output import StructuredOutputManager
 from loom.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from loom.executor.base import make_executor
-from loom.models.loader import tokenizer_path
+from loom.models.arch import ModelArch
+from loom.models.loader import resolve, tokenizer_path
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        tp = config.parallel.tensor_parallel_size
+        if tp > 1:  # before any worker starts: a bad split fails here, not in every rank
+            ModelArch.from_hf_config(resolve(config.model).hf_config).check_tensor_parallel(tp)
         self.executor = make_executor(config)
         info = self.executor.model_info
         self.vocab_size = info["vocab_size"]

@@ -86,6 +86,26 @@ class ModelArch:
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
         )
 
+    def check_tensor_parallel(self, tp: int) -> None:
+        """ValueError, before any worker starts, if the layers cannot be split tp ways."""
+        if tp == 1:
+            return
+        problems = []
+        if self.num_heads % tp:
+            problems.append(f"attention heads ({self.num_heads})")
+        kv = self.num_kv_heads
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            problems.append(f"KV heads ({kv}; fewer than the TP size must divide it)")
+        dense = any(not self.is_moe_layer(i) for i in range(self.num_layers))
+        if dense and self.intermediate_size % tp:
+            problems.append(f"MLP intermediate size ({self.intermediate_size})")
+        if self.num_experts and self.moe_intermediate_size % tp:
+            problems.append(f"expert intermediate size ({self.moe_intermediate_size})")
+        if problems:
+            raise ValueError(f"tensor_parallel_size: {self.architecture}'s "
+                             f"{', '.join(problems)} must be divisible by the tensor-parallel "
+                             f"size ({tp})")
+
     def is_moe_layer(self, layer_idx: int) -> bool:
         return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)

@@ -95,10 +95,26 @@ def test_killed_worker_fails_fast_with_its_rank(tiny_model_factory):
     llm.shutdown()
 
 
-def test_worker_exception_is_reported_with_its_reason(tiny_model_factory):
+def test_worker_exception_is_reported_with_its_reason(tiny_model_factory, tmp_path):
+    # A weights file cut short: every rank fails to read it.
+    import shutil
+    path, _ = tiny_model_factory("llama")
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(WorkerError, match="rank . failed: "):
+        LLM(str(broken), skip_tokenizer_init=True, device="cpu", max_model_len=128,
+            tensor_parallel_size=2)
+
+
+def test_a_model_that_cannot_be_split_fails_before_any_worker_starts(tiny_model_factory):
     path, _ = tiny_model_factory("llama")  # 4 heads, 128 features: not splittable over 3 ranks
-    with pytest.raises(WorkerError, match="rank . failed: ValueError: .* is not divisible by the tensor-parallel size"):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: .*attention heads \(4\).* "
+                                         r"divisible by the tensor-parallel size \(3\)"):
         LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=128, tensor_parallel_size=3)
+    assert time.monotonic() - start < 10
 
 
 @pytest.mark.gpu
