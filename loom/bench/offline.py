@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +51,22 @@ class OfflineBench:
                 "ceilings": dataclasses.asdict(self.ceilings) if self.ceilings else None}
 
 
+def _check_fits(args: argparse.Namespace, max_model_len: int) -> None:
+    """Before the engine is built: a request longer than the context would only be cut
+    short, and found out after the whole run."""
+    total = args.input_len + args.output_len
+    if total > max_model_len:
+        raise ValueError(f"input_len + output_len: {args.input_len} + {args.output_len} = {total} "
+                         f"tokens exceed max_model_len ({max_model_len}); raise "
+                         "--max-model-len or shorten the request")
+
+
 def setup_offline(args: argparse.Namespace) -> OfflineBench:
     """Measure the ceilings on the idle device, then build the engine."""
     import torch
 
     from loom.bench.ceilings import device_name, measure_ceilings
+    from loom.engine.core import resolve_max_model_len
     from loom.entrypoints.llm import LLM
     from loom.models.loader import resolve
     from loom.worker.model_loader import resolve_dtype
@@ -63,6 +75,10 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     engine_args = EngineArgs.from_cli_args(args)
     config = engine_args.create_engine_config()
     arch = ModelArch.from_hf_config(resolve(config.model).hf_config)
+    _check_fits(args, resolve_max_model_len(config.model.max_model_len,
+                                            arch.max_position_embeddings))
+    if getattr(args, "reference_json", None) and not os.path.isfile(args.reference_json):
+        raise ValueError(f"reference_json: no such file: {args.reference_json}")
     device = resolve_device(engine_args.device)
     ceilings = measure_ceilings(device)
     dtype_bytes = torch.empty((), dtype=resolve_dtype(config.model.dtype, arch.dtype, device)).element_size()

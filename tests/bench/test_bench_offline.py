@@ -150,6 +150,13 @@ def test_bad_arguments_are_cli_errors(tiny, capsys):
     assert main(["bench", "latency", "--model", tiny, "--output-len", "1", "--decode-split"]) == 2
     assert "decode_split" in capsys.readouterr().err
     assert main(["bench", "throughput", "--model", tiny, "--num-prompts", "0"]) == 2
+    # Refused before the engine is built (these were found out after the whole run).
+    assert main(["bench", "latency", "--model", tiny, "--device", "cpu", "--max-model-len", "64",
+                 "--input-len", "60", "--output-len", "10"]) == 2
+    assert "max_model_len (64)" in capsys.readouterr().err
+    assert main(["bench", "latency", "--model", tiny, "--device", "cpu", "--max-model-len", "64",
+                 "--input-len", "8", "--output-len", "1", "--reference-json", "/no/such.json"]) == 2
+    assert "reference_json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name,total_b,layers,experts", [
