@@ -17,6 +17,11 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cuda", "cpu")
 
 
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+                 "fp32": "float32"}
+"""vLLM's other spellings (a torch.dtype is accepted too: `torch.float16` names one)."""
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -40,8 +45,12 @@ class ModelConfig:
     """Seed for dummy weights and for requests that give no seed of their own."""
 
     def __post_init__(self) -> None:
-        _check(bool(self.model), "model: must name a model path or a shipped config")
-        _check(self.dtype in DTYPES, f"dtype: {self.dtype!r} is not one of {DTYPES}")
+        _check(isinstance(self.model, str) and bool(self.model),
+               "model: must name a model path or a shipped config")
+        name = str(self.dtype).removeprefix("torch.")
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(name, name))
+        _check(self.dtype in DTYPES, f"dtype: {self.dtype!r} is not one of {DTYPES} "
+                                     f"(or {sorted(DTYPE_ALIASES)})")
         _check(self.load_format in LOAD_FORMATS,
                f"load_format: {self.load_format!r} is not one of {LOAD_FORMATS}")
         _check(self.max_model_len is None or self.max_model_len > 0,

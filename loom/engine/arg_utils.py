@@ -6,8 +6,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from loom.config import (DEVICES, DTYPES, LOAD_FORMATS, CacheConfig, CompilationConfig,
-                         DeviceConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
+from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, LOAD_FORMATS, CacheConfig,
+                         CompilationConfig, DeviceConfig, EngineConfig, ModelConfig,
+                         ParallelConfig, SchedulerConfig)
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 
 
@@ -45,7 +46,7 @@ class EngineArgs:
         g.add_argument("--model", default=None, help="model directory, .gguf file, config.json "
                        "or shipped config name (default: the demo SmolLM2-135M-Instruct)")
         g.add_argument("--tokenizer", default=None)
-        g.add_argument("--dtype", default="auto", choices=DTYPES)
+        g.add_argument("--dtype", default="auto", choices=[*DTYPES, *DTYPE_ALIASES])
         g.add_argument("--max-model-len", type=int, default=None)
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
         g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
@@ -70,7 +71,8 @@ class EngineArgs:
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
 
     def create_engine_config(self) -> EngineConfig:
-        model = ModelConfig(model=self.model or default_model(), tokenizer=self.tokenizer,
+        model = ModelConfig(model=default_model() if self.model is None else self.model,
+                            tokenizer=self.tokenizer,
                             dtype=self.dtype, max_model_len=self.max_model_len,
                             load_format=self.load_format, seed=self.seed)
         return EngineConfig(

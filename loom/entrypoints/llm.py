@@ -34,6 +34,7 @@ class LLM:
         config = args.create_engine_config()
         self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)
         self.engine = EngineCore(config)
+        self._shut_down = False
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
                                    info["eos_token_id"])
@@ -55,6 +56,7 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for each prompt (a string or a list of token ids); outputs in input order."""
+        self._check_open()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = self._params_per_prompt(sampling_params, len(prompts))
@@ -71,6 +73,7 @@ class LLM:
               pooling_params: PoolingParams | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
         """One pooled hidden state per prompt (text or token ids), in input order."""
+        self._check_open()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = pooling_params or PoolingParams()
@@ -101,18 +104,31 @@ class LLM:
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the chat template to each conversation, then generate."""
+        self._check_open()
         if self.tokenizer is None:
             raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.chat_prompt_ids(c, chat_template, add_generation_prompt)
-                   for c in conversations]
+                   for c in _conversations(messages)]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def chat_prompt_ids(self, conversation: list[Message], chat_template: str | None = None,
                         add_generation_prompt: bool = True) -> list[int]:
-        text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt, chat_template)
+        from loom.entrypoints.openai.protocol import ChatMessage
+        try:
+            # As the server takes them: OpenAI's text content parts are joined into a string.
+            conversation = [ChatMessage.model_validate(m).for_template() for m in conversation]
+            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
+                                                      chat_template)
+        except Exception as e:  # noqa: BLE001 - pydantic's or the template's: the caller's input
+            if isinstance(e, ValueError) and str(e).startswith("messages"):
+                raise
+            raise ValueError(f"messages: {type(e).__name__}: {e}") from None
         # The template writes the special tokens (BOS) itself.
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _check_open(self) -> None:
+        if self._shut_down:
+            raise RuntimeError("LLM: shut down; build a new LLM to generate again")
 
     @staticmethod
     def _params_per_prompt(params, count: int) -> list[SamplingParams]:
@@ -149,4 +165,18 @@ class LLM:
         return self.engine.reset_prefix_cache()
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        if not self._shut_down:
+            self._shut_down = True
+            self.engine.shutdown()
+
+
+def _conversations(messages) -> list[list[Message]]:
+    """One conversation (a list of message dicts) or several (a list of such lists)."""
+    def is_conversation(c) -> bool:
+        return isinstance(c, list) and bool(c) and all(isinstance(m, dict) for m in c)
+    if is_conversation(messages):
+        return [messages]
+    if isinstance(messages, list) and messages and all(is_conversation(c) for c in messages):
+        return messages
+    raise ValueError("messages: must be a conversation (a non-empty list of "
+                     "{'role': ..., 'content': ...} dicts) or a list of conversations")

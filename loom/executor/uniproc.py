@@ -34,6 +34,8 @@ class UniprocExecutor(Executor):
 
     def shutdown(self) -> None:
         # Release the model and KV cache now, not when the caller drops the LLM.
+        if self.worker is None:
+            return  # already shut down
         device = self.worker.device
         self.worker = None
         destroy_distributed()

@@ -170,3 +170,48 @@ def test_bad_models_are_clear_value_errors(tmp_path, tiny_model_factory):
         LLM(str(bad), skip_tokenizer_init=True, device="cpu")
     with pytest.raises(ValueError, match="not a model directory"):
         LLM(str(tmp_path / "nowhere"), skip_tokenizer_init=True, device="cpu")
+
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>"
+            "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.mark.parametrize("messages", ["hi", ["hi"], {"role": "user", "content": "hi"}, None, [],
+                                      [{"role": "user", "content": 5}], [{"content": "hi"}]],
+                         ids=["str", "list-of-str", "dict", "none", "empty", "int-content",
+                              "no-role"])
+def test_chat_refuses_what_is_not_a_conversation(text_llm, messages):
+    # A string was iterated character by character into empty conversations.
+    with pytest.raises(ValueError, match="messages"):
+        text_llm.chat(messages, SamplingParams(max_tokens=2), use_tqdm=False,
+                      chat_template=TEMPLATE)
+
+
+def test_chat_joins_text_parts_as_the_server_does(text_llm):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hel"},
+                                          {"type": "text", "text": "lo"}]}]
+    plain = [{"role": "user", "content": "hello"}]
+    assert (text_llm.chat_prompt_ids(parts, TEMPLATE) == text_llm.chat_prompt_ids(plain, TEMPLATE)
+            == text_llm.tokenizer.encode("<user>hello</user><assistant>", add_special_tokens=False))
+
+
+def test_an_llm_after_shutdown_says_so(tiny_model_factory):
+    path, _ = tiny_model_factory("llama")
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=64)
+    llm.shutdown()
+    llm.shutdown()  # twice is harmless
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([[1, 2, 3]], use_tqdm=False)
+
+
+@pytest.mark.parametrize("dtype", ["half", "float", torch.float32])
+def test_vllm_dtype_spellings(dtype):
+    from loom.config import ModelConfig
+    expected = {"half": "float16", "float": "float32"}.get(dtype, "float32")
+    assert ModelConfig(model="x", dtype=dtype).dtype == expected
+
+
+def test_an_empty_model_name_is_an_error_not_the_demo_model():
+    from loom.engine.arg_utils import EngineArgs
+    with pytest.raises(ValueError, match="model"):
+        EngineArgs(model="").create_engine_config()
