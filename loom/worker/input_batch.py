@@ -45,8 +45,12 @@ class RequestStates(dict[str, CachedRequestState]):
     def __init__(self, max_reqs: int, max_model_len: int, block_size: int) -> None:
         super().__init__()
         # int32: 1024 requests x 128k positions is 512 MiB rather than 1 GiB per worker.
-        self.tokens = np.zeros((max_reqs, max_model_len), dtype=np.int32)
-        self.blocks = np.zeros((max_reqs, -(-max_model_len // block_size)), dtype=np.int64)
+        try:
+            self.tokens = np.zeros((max_reqs, max_model_len), dtype=np.int32)
+            self.blocks = np.zeros((max_reqs, -(-max_model_len // block_size)), dtype=np.int64)
+        except MemoryError:
+            raise ValueError(f"max_num_seqs x max_model_len: {max_reqs} x {max_model_len} "
+                             "token slots do not fit in host memory; lower either") from None
         self._free_rows = list(range(max_reqs - 1, -1, -1))
 
     def add(self, state: CachedRequestState) -> None:

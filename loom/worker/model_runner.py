@@ -103,8 +103,15 @@ class ModelRunner:
     def initialize_cache(self, num_blocks: int) -> None:
         attn = self.model.model.layers[0].self_attn.attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                          for _ in range(self.arch.num_layers)]
+        try:
+            self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                              for _ in range(self.arch.num_layers)]
+        except (RuntimeError, MemoryError) as e:  # torch's allocator says RuntimeError
+            if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
+                raise
+            raise ValueError(f"kv_cache_memory_bytes: {num_blocks} blocks of KV cache "
+                             f"({num_blocks * self.kv_block_bytes / 2**30:.1f} GiB) cannot be "
+                             f"allocated on {self.device}: {e}") from None
         self._compile_and_capture()
 
     def _compile_and_capture(self) -> None:

@@ -215,3 +215,12 @@ def test_an_empty_model_name_is_an_error_not_the_demo_model():
     from loom.engine.arg_utils import EngineArgs
     with pytest.raises(ValueError, match="model"):
         EngineArgs(model="").create_engine_config()
+
+
+@pytest.mark.parametrize("kwargs, field", [({"max_num_seqs": 10**9}, "max_num_seqs"),
+                                           ({"kv_cache_memory_bytes": 10**15}, "kv_cache")])
+def test_sizes_beyond_memory_are_value_errors(tiny_model_factory, kwargs, field):
+    # These were numpy's ArrayMemoryError and torch's allocator RuntimeError.
+    path, _ = tiny_model_factory("llama")
+    with pytest.raises(ValueError, match=field):
+        LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=128, **kwargs)
