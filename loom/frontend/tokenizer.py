@@ -219,6 +219,11 @@ def _load_dir(directory: Path, name: str, chat_template: str | None) -> Tokenize
         backend.encode_special_tokens = True
     generation = _read_json(directory / "generation_config.json")
     template = _resolve_template(chat_template) or _own_template(directory, config)
+    if chat_template is not None:  # the caller's: a syntax error is theirs, said at load
+        try:
+            _compile(template)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"chat_template: not a valid Jinja template: {e}") from None
     return Tokenizer(backend, special, extra, _as_ids(generation.get("eos_token_id")),
                      template, name)
 

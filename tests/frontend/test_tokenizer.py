@@ -108,6 +108,9 @@ def test_explicit_template_string_and_file(llama3_dir: str, hf_llama3: Any,
         assert ours.apply_chat_template(messages) == expected
     plain = load_tokenizer(llama3_dir)
     assert plain.apply_chat_template(messages, chat_template=FEATURE_TEMPLATE) == expected
+    # A broken one is refused when the tokenizer loads, not at the first chat request.
+    with pytest.raises(ValueError, match="chat_template: not a valid Jinja template"):
+        load_tokenizer(llama3_dir, chat_template="{% for %}")
 
 
 def test_template_helpers(llama3_tokenizer: Tokenizer) -> None:
