@@ -35,7 +35,8 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     load_format: str = "auto"
-    seed: int = 0
+    seed: int | None = 0
+    """None: a random one (as vLLM)."""
     device: str = "auto"
     tensor_parallel_size: int = 1
     compilation_config: CompilationConfig | dict | str | int | None = field(default=None)
@@ -70,7 +71,30 @@ class EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
 
+    def _check_types(self) -> None:
+        """Python callers' values, checked before any comparison could raise TypeError."""
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size",
+                     "tensor_parallel_size"):
+            if not is_int(getattr(self, name)):
+                raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
+        for name in ("max_model_len", "kv_cache_memory_bytes"):
+            value = getattr(self, name)
+            if value is not None and not is_int(value):
+                raise ValueError(f"{name}: must be an integer or None, got {value!r}")
+        if not (isinstance(self.gpu_memory_utilization, int | float)
+                and not isinstance(self.gpu_memory_utilization, bool)):
+            raise ValueError("gpu_memory_utilization: must be a number, got "
+                             f"{self.gpu_memory_utilization!r}")
+        if self.seed is None:  # vLLM allows it: no fixed seed, so draw one
+            import random
+            self.seed = random.randrange(2**31)
+        if not is_int(self.seed):
+            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+
     def create_engine_config(self) -> EngineConfig:
+        self._check_types()
         model = ModelConfig(model=default_model() if self.model is None else self.model,
                             tokenizer=self.tokenizer,
                             dtype=self.dtype, max_model_len=self.max_model_len,

@@ -57,8 +57,7 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for each prompt (a string or a list of token ids); outputs in input order."""
         self._check_open()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
         requests = self._prepare(prompts, params)  # validates everything before adding any
         for request_id, prompt, prompt_ids, p in requests:
@@ -74,8 +73,7 @@ class LLM:
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
         """One pooled hidden state per prompt (text or token ids), in input order."""
         self._check_open()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         params = pooling_params or PoolingParams()
         requests = []  # all validated before any is added
         for prompt in prompts:
@@ -180,3 +178,24 @@ def _conversations(messages) -> list[list[Message]]:
         return messages
     raise ValueError("messages: must be a conversation (a non-empty list of "
                      "{'role': ..., 'content': ...} dicts) or a list of conversations")
+
+
+def _prompt_list(prompts) -> list:
+    """A list of prompts, each a string or a list of token ids. Also takes one prompt alone,
+    and vLLM's prompt dicts ({"prompt": text} or {"prompt_token_ids": ids})."""
+    if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts
+                                          and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if not isinstance(prompts, list | tuple):
+        raise ValueError(f"prompts: expected a string, a list of token ids, or a list of "
+                         f"them; got {type(prompts).__name__}")
+    out = []
+    for p in prompts:
+        if isinstance(p, dict):
+            keys = set(p) & {"prompt", "prompt_token_ids"}
+            if len(keys) != 1:
+                raise ValueError('prompts: a prompt dict needs exactly one of "prompt" and '
+                                 f'"prompt_token_ids"; got keys {sorted(p)}')
+            p = p[keys.pop()]
+        out.append(p)
+    return out

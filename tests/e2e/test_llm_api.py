@@ -224,3 +224,34 @@ def test_sizes_beyond_memory_are_value_errors(tiny_model_factory, kwargs, field)
     path, _ = tiny_model_factory("llama")
     with pytest.raises(ValueError, match=field):
         LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=128, **kwargs)
+
+
+def test_vllm_prompt_dicts(text_llm):
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    ids = text_llm.tokenizer.encode(PROMPTS[0])
+    plain = text_llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs[0].token_ids
+    for prompt in ({"prompt": PROMPTS[0]}, {"prompt_token_ids": ids}):
+        assert text_llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == plain
+    both = text_llm.generate([{"prompt": PROMPTS[0]}, {"prompt_token_ids": ids}], params,
+                             use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in both] == [plain, plain]
+    with pytest.raises(ValueError, match="prompt"):
+        text_llm.generate({"text": "x"}, params, use_tqdm=False)
+    with pytest.raises(ValueError, match="prompts"):
+        text_llm.generate(None, params, use_tqdm=False)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"tensor_parallel_size": "2"}, "tensor_parallel_size"), ({"block_size": "16"}, "block_size"),
+    ({"max_model_len": 64.5}, "max_model_len"), ({"max_num_seqs": 1.5}, "max_num_seqs"),
+    ({"gpu_memory_utilization": "0.5"}, "gpu_memory_utilization")])
+def test_engine_args_types_name_the_field(kwargs, field):
+    from loom.engine.arg_utils import EngineArgs
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(model="llama-3.1-8b", load_format="dummy", **kwargs).create_engine_config()
+
+
+def test_seed_none_draws_one():
+    from loom.engine.arg_utils import EngineArgs
+    config = EngineArgs(model="llama-3.1-8b", load_format="dummy", seed=None).create_engine_config()
+    assert isinstance(config.model.seed, int)
