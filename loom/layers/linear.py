@@ -25,6 +25,16 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
+def shard_of(loaded: torch.Tensor, dim: int, index: int, size: int, shards: int,
+             what: str) -> torch.Tensor:
+    """Slice `index` of `shards` equal slices along dim, after checking that the checkpoint
+    tensor is as wide as the config says (a narrower config would silently load a slice)."""
+    if loaded.shape[dim] != size * shards:
+        raise ValueError(f"{what}: the checkpoint's tensor is {loaded.shape[dim]} wide along "
+                         f"dim {dim}; the model's config makes it {size * shards}")
+    return loaded.narrow(dim, index * size, size)
+
+
 def _param(shape: Sequence[int], loader) -> nn.Parameter:
     p = nn.Parameter(torch.empty(*shape), requires_grad=False)
     p.weight_loader = loader
@@ -62,7 +72,8 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param, loaded, shard_id=None):
         size = param.shape[0]
-        param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
+        param.data.copy_(shard_of(loaded, 0, self.tp_rank, size, self.tp_size,
+                                  type(self).__name__))
 
     def forward(self, x):
         y = F.linear(x, self.weight, self.bias)
@@ -82,7 +93,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             raise ValueError("MergedColumnParallelLinear needs a shard index to load a weight")
         sizes = [s // self.tp_size for s in self.output_sizes]
         offset, size = sum(sizes[:shard_id]), sizes[shard_id]
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.tp_rank * size, size))
+        param.data.narrow(0, offset, size).copy_(
+            shard_of(loaded, 0, self.tp_rank, size, self.tp_size,
+                     f"{type(self).__name__} shard {shard_id}"))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -113,11 +126,13 @@ class QKVParallelLinear(ColumnParallelLinear):
         if shard_id not in ("q", "k", "v"):
             raise ValueError(f"QKVParallelLinear shard must be q, k or v, got {shard_id!r}")
         if shard_id == "q":
-            offset, size, rank = 0, self.q_size, self.tp_rank
+            offset, size, rank, shards = 0, self.q_size, self.tp_rank, self.tp_size
         else:
             offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
             size, rank = self.kv_size, self.tp_rank // self.kv_replicas
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+            shards = self.tp_size // self.kv_replicas
+        param.data.narrow(0, offset, size).copy_(
+            shard_of(loaded, 0, rank, size, shards, f"{type(self).__name__} {shard_id}"))
 
 
 class RowParallelLinear(LinearBase):
@@ -135,7 +150,8 @@ class RowParallelLinear(LinearBase):
             param.data.copy_(loaded)
             return
         size = param.shape[1]
-        param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
+        param.data.copy_(shard_of(loaded, 1, self.tp_rank, size, self.tp_size,
+                                  type(self).__name__))
 
     def forward(self, x):
         y = F.linear(x, self.weight)

@@ -10,7 +10,7 @@ from torch import nn
 
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import get_tp_group
-from loom.layers.linear import divide
+from loom.layers.linear import divide, shard_of
 from loom.library import loom_op
 
 
@@ -55,7 +55,7 @@ class FusedMoE(nn.Module):
                  renormalize: bool) -> None:
         super().__init__()
         tp = get_tp_group()
-        self.tp_rank = tp.rank
+        self.tp_rank, self.tp_size = tp.rank, tp.world_size
         self.top_k, self.renormalize = top_k, renormalize
         self.shard = divide(intermediate_size, tp.world_size, "MoE intermediate size")
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.shard, hidden_size),
@@ -67,12 +67,14 @@ class FusedMoE(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
         """shard_id = (expert, 0 gate | 1 up | None down) for one expert's checkpoint tensor."""
         expert, which = shard_id
-        start = self.tp_rank * self.shard
+        shards = self.tp_size
         if which is None:
-            param.data[expert].copy_(loaded.narrow(1, start, self.shard))
+            param.data[expert].copy_(shard_of(loaded, 1, self.tp_rank, self.shard, shards,
+                                              f"expert {expert} down"))
         else:
             dst = param.data[expert].narrow(0, which * self.shard, self.shard)
-            dst.copy_(loaded.narrow(0, start, self.shard))
+            dst.copy_(shard_of(loaded, 0, self.tp_rank, self.shard, shards,
+                               f"expert {expert} {('gate', 'up')[which]}"))
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = route(router_logits, self.top_k, self.renormalize)

@@ -255,3 +255,17 @@ def test_seed_none_draws_one():
     from loom.engine.arg_utils import EngineArgs
     config = EngineArgs(model="llama-3.1-8b", load_format="dummy", seed=None).create_engine_config()
     assert isinstance(config.model.seed, int)
+
+
+def test_a_config_narrower_than_its_checkpoint_is_refused(tiny_model_factory, tmp_path):
+    # The loaders sliced the checkpoint to the config's width: half an MLP loaded silently.
+    import json
+    import shutil
+    path, _ = tiny_model_factory("llama")
+    narrow = tmp_path / "narrow"
+    shutil.copytree(path, narrow)
+    config = json.loads((narrow / "config.json").read_text())
+    config["intermediate_size"] //= 2
+    (narrow / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="checkpoint's tensor is .* config makes it"):
+        LLM(str(narrow), skip_tokenizer_init=True, device="cpu", max_model_len=64)
