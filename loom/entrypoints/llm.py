@@ -111,7 +111,7 @@ class LLM:
 
     def chat_prompt_ids(self, conversation: list[Message], chat_template: str | None = None,
                         add_generation_prompt: bool = True) -> list[int]:
-        from loom.entrypoints.openai.protocol import ChatMessage
+        from loom.entrypoints.openai.protocol_chat import ChatMessage
         try:
             # As the server takes them: OpenAI's text content parts are joined into a string.
             conversation = [ChatMessage.model_validate(m).for_template() for m in conversation]

@@ -48,7 +48,7 @@ def test_a_final_message_not_in_the_prompt_is_a_400(final):
 def test_a_template_broken_by_a_field_type_is_a_400():
     """The template runs on the client's messages: a TypeError inside it is the client's
     400, not the server's 500."""
-    from loom.entrypoints.openai.protocol import ChatMessage
+    from loom.entrypoints.openai.protocol_chat import ChatMessage
     from loom.entrypoints.openai.serving_chat import OpenAIServingChat
     strict = "{% for m in messages %}{{ m['content'] + ' #' + m['turn'] }}{% endfor %}"
 

@@ -24,9 +24,10 @@ from loom import __version__, envs
 from loom.entrypoints.openai.errors import error_response, install_exception_handlers
 from loom.entrypoints.openai.metrics import ServerMetrics
 from loom.entrypoints.openai.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
-from loom.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                              DetokenizeRequest, DetokenizeResponse, ModelCard,
-                                              ModelList, TokenizeRequest, TokenizeResponse)
+from loom.entrypoints.openai.protocol import CompletionRequest, ModelCard, ModelList
+from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, DetokenizeRequest,
+                                                   DetokenizeResponse, TokenizeRequest,
+                                                   TokenizeResponse)
 from loom.entrypoints.openai.serving_base import off_loop
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse

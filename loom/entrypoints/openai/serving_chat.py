@@ -12,11 +12,12 @@ import jinja2
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loom.entrypoints.openai.errors import APIError
-from loom.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
-                                              ChatCompletionRequest, ChatCompletionResponse,
-                                              ChatMessage, ChatMessageOut, ChatStreamChoice,
-                                              ChoiceLogprobs, DeltaMessage, TokenLogprob,
-                                              TopLogprob, UsageInfo)
+from loom.entrypoints.openai.protocol import UsageInfo
+from loom.entrypoints.openai.protocol_chat import (ChatChoice, ChatCompletionChunk,
+                                                   ChatCompletionRequest, ChatCompletionResponse,
+                                                   ChatMessage, ChatMessageOut, ChatStreamChoice,
+                                                   ChoiceLogprobs, DeltaMessage, TokenLogprob,
+                                                   TopLogprob)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
                                                   sse_error)
 from loom.outputs import CompletionOutput, PositionLogprobs

@@ -1,0 +1,154 @@
+"""POST /v1/chat/completions and /tokenize, /detokenize request and response bodies (pydantic):
+the chat messages (which /tokenize renders too) and their streamed and whole responses."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, RequestBody,
+                                              SamplingFields, TokenId, UsageInfo)
+from loom.sampling_params import SamplingParams
+
+
+class ContentPart(OpenAIModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # other fields reach the template as given
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            kinds = {p.type for p in self.content} - {"text"}
+            if kinds:
+                raise ValueError(f"messages: content parts of type {sorted(kinds)} are not supported")
+            message["content"] = "".join(p.text or "" for p in self.content)
+        return message
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self):
+        if self.tools:
+            raise ValueError("tools are not supported")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs to be true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message: set add_generation_prompt to false with it")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling(max_tokens, logprobs, None)
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+# -- /tokenize, /detokenize -----------------------------------------------------------------
+
+class TokenizeRequest(RequestBody):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeRequest(RequestBody):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
