@@ -115,12 +115,10 @@ class LLM:
         try:
             # As the server takes them: OpenAI's text content parts are joined into a string.
             conversation = [ChatMessage.model_validate(m).for_template() for m in conversation]
-            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
-                                                      chat_template)
-        except Exception as e:  # noqa: BLE001 - pydantic's or the template's: the caller's input
-            if isinstance(e, ValueError) and str(e).startswith("messages"):
-                raise
-            raise ValueError(f"messages: {type(e).__name__}: {e}") from None
+        except ValueError as e:  # pydantic's ValidationError, or a non-text content part
+            raise ValueError(f"messages: {e}") from None
+        text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
+                                                  chat_template)
         # The template writes the special tokens (BOS) itself.
         return self.tokenizer.encode(text, add_special_tokens=False)
 

@@ -132,8 +132,17 @@ class Tokenizer:
         variables: dict[str, Any] = {"tools": None, "documents": None}
         variables.update((k, v) for k, v in self._special.items() if v is not None)
         variables.update(kwargs)
-        return render_chat_template(template, messages=messages,
-                                    add_generation_prompt=add_generation_prompt, **variables)
+        try:
+            return render_chat_template(template, messages=messages,
+                                        add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.exceptions.SecurityError:
+            raise  # a hostile template is the operator's problem, not a bad request
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
+                IndexError) as e:
+            # The template is code run on the caller's messages: what breaks it (a field of
+            # a type it does not expect, raise_exception) is the caller's to fix.
+            raise ValueError(f"messages: the chat template refused them: "
+                             f"{type(e).__name__}: {e}") from e
 
 
 # -- chat templates -------------------------------------------------------------------------

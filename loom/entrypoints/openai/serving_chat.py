@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 
-import jinja2
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loom.entrypoints.openai.errors import APIError
@@ -41,12 +40,8 @@ class OpenAIServingChat(OpenAIServing):
         conversation = [m.for_template() for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt)
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
-                IndexError) as e:
-            # The template is code run on the client's messages: what breaks it (a field of
-            # a type it does not expect) is the client's to fix.
-            raise APIError(400, f"messages: the chat template refused them: "
-                                f"{type(e).__name__}: {e}", "messages") from e
+        except ValueError as e:  # no template, or the template refused the messages
+            raise APIError(400, str(e), "messages") from e
         if continue_final_message:
             text = _cut_after_final_message(text, conversation[-1].get("content") or "")
         # The template writes the special tokens (BOS) itself.
