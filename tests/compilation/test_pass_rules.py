@@ -118,9 +118,9 @@ def test_symbolic_token_count_given_as_rows_of_tp_is_split_exactly():
 
 def test_async_tp_table_keeps_unfused_where_fused_measured_slower(monkeypatch):
     monkeypatch.delenv("LOOM_ASYNC_TP_MIN_TOKENS", raising=False)
-    small, mid, large = (async_tp_table.choose(2, 4096, m) for m in (2048, 8192, 16384))
+    small, mid, large = (async_tp_table.choose(2, 4096, m) for m in (4096, 8192, 16384))
     assert (small.fuse_all_gather, small.fuse_reduce_scatter) == (False, False)
-    assert (mid.fuse_all_gather, mid.fuse_reduce_scatter) == (False, True)
+    assert (mid.fuse_all_gather, mid.fuse_reduce_scatter) == (True, True)  # 0.959x of off
     assert (large.fuse_all_gather, large.fuse_reduce_scatter) == (True, True)
     unknown = async_tp_table.choose(4, 8192, 16384)
     assert "no measured row for TP=4 hidden=8192" in unknown.reason

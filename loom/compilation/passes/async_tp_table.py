@@ -35,14 +35,14 @@ class Thresholds:
 
 
 MEASURED: dict[tuple[int, int], Thresholds] = {
-    # Fused all_gather+matmul 0.74x at M=2048 and 0.91x at M=8192: unfused up to 8192
-    # inclusive. matmul+reduce_scatter 0.75x at 2048, 1.02x at 8192: fused from 8192.
-    # Whole prefills (benchmarks/results/h200x2-tp2-asynctp-table-94c6b95): sequence
-    # parallelism 1.53x slower at 2048 tokens (nothing fused), on with the fused
-    # reduce-scatters 0.976x at 8192; the dynamic graph with loom's overlap ops 1.014x at
-    # 8192, so it stays without.
+    # Whole 8192-token prefills (benchmarks/results/h200x2-tp2-asynctp-8192-dd79e7c, two
+    # interleaved runs each): off 127.5 ms; reduce-scatters fused alone 127.4 ms (0.999x);
+    # all-gathers fused too 122.3 ms (0.959x). So both fuse from 8192. Sequence parallelism
+    # made a 2048-token prefill 1.53x slower with nothing fused
+    # (h200x2-tp2-asynctp-table-94c6b95), and the dynamic graph with loom's overlap ops was
+    # 1.014x at 8192, so SP starts at 8192 and the dynamic graph stays without.
     (2, 4096): Thresholds(sequence_parallelism=8192, dynamic_graph=False,
-                          all_gather_matmul=8192 + 1, matmul_reduce_scatter=8192,
+                          all_gather_matmul=8192, matmul_reduce_scatter=8192,
                           source="issue 5: 2x H200, Llama-3.1-8B TP=2 shapes, bf16"),
 }
 DEFAULT_KEY = (2, 4096)
