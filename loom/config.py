@@ -124,6 +124,9 @@ class PassConfig:
     enable_async_tp: bool = False
     """Fuse all_gather/reduce_scatter with the adjacent matmuls (implies sequence
     parallelism)."""
+    enable_all_reduce_norm_fusion: bool = True
+    """With TP > 1, all_reduce -> residual add -> RMSNorm as one op: one kernel per site for
+    decode batches, over symmetric memory (CUDA)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

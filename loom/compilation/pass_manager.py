@@ -1,6 +1,7 @@
 """The one Inductor post-grad custom pass: runs loom's enabled passes in a fixed order.
 
-  no-op cleanup -> sequence parallelism -> async TP -> norm decomposition (always last)
+  no-op cleanup -> sequence parallelism -> async TP -> all-reduce + norm fusion
+  -> norm decomposition (always last)
 
 Its `uuid()` (part of Inductor's cache key) encodes the pass configuration, the TP size
 and the source of every pass, so neither a config change nor a code change ever reuses a
@@ -78,6 +79,9 @@ class PassManager(CustomGraphPass):
             if self.config.enable_async_tp:
                 from loom.compilation.passes.async_tp import AsyncTPPass
                 passes.append(AsyncTPPass(self.tp_size))
+        if self.config.enable_all_reduce_norm_fusion and self.tp_size > 1:
+            from loom.compilation.passes.all_reduce_norm_fusion import AllReduceNormFusionPass
+            passes.append(AllReduceNormFusionPass())
         passes.append(NormDecompositionPass())
         return passes
 

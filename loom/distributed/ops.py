@@ -15,6 +15,10 @@ from loom.library import loom_op
 
 _SYMM_BUFFERS: dict[str, torch.Tensor] = {}
 """group name -> a flat symmetric-memory buffer for one-shot all-reduces (CUDA, TP > 1)."""
+_NORM_BUFFERS: dict = {}
+"""group name -> the `SymmetricNormBuffer` of `all_reduce_add_rms_norm` (CUDA, TP > 1)."""
+_NORM_FUSED_MAX_BYTES = 256 * 1024
+"""Rows up to this size take the one-kernel all-reduce + add + RMSNorm (decode batches)."""
 
 
 def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.device) -> bool:
@@ -33,11 +37,15 @@ def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.dev
     buf = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
     symm_mem.rendezvous(buf, group.c10d_name)
     _SYMM_BUFFERS[group_name] = buf
+    from loom.kernels.all_reduce_norm import SymmetricNormBuffer
+    _NORM_BUFFERS[group_name] = SymmetricNormBuffer(
+        group.c10d_name, min(max_bytes, _NORM_FUSED_MAX_BYTES), device, group.group)
     return True
 
 
 def release_small_all_reduce() -> None:
     _SYMM_BUFFERS.clear()
+    _NORM_BUFFERS.clear()
 
 
 @loom_op("all_reduce", "(Tensor x, str group_name) -> Tensor")
@@ -57,6 +65,31 @@ def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
 @all_reduce.register_fake
 def _(x, group_name):
     return torch.empty_like(x)
+
+
+@loom_op("all_reduce_add_rms_norm", "(Tensor x, Tensor residual, Tensor weight, float eps, "
+                                    "str group_name) -> (Tensor, Tensor)")
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float, group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm(all_reduce(x), residual)`: (normalised, new residual). Small
+    batches on CUDA take one kernel for all of it (`kernels/all_reduce_norm.py`); larger
+    ones the all-reduce, then one add + RMSNorm kernel."""
+    norm_buffer = _NORM_BUFFERS.get(group_name)
+    if norm_buffer is not None and x.dtype == residual.dtype and norm_buffer.fits(x):
+        return norm_buffer.all_reduce_add_rms_norm(x, residual, weight, eps)
+    reduced = all_reduce(x, group_name)
+    if reduced.is_cuda:
+        from loom.kernels.all_reduce_norm import add_rms_norm
+        return add_rms_norm(reduced, residual, weight, eps)
+    from loom.layers.norm import fused_add_rms_norm
+    out, residual_out = fused_add_rms_norm(reduced, residual, weight, eps)
+    return out.contiguous(), residual_out.contiguous()
+
+
+@all_reduce_add_rms_norm.register_fake
+def _(x, residual, weight, eps, group_name):
+    return (x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype)),
+            x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype)))
 
 
 @loom_op("all_gather", "(Tensor x, int dim, int world_size, str group_name) -> Tensor")

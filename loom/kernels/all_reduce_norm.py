@@ -1,0 +1,165 @@
+"""All-reduce, residual add and RMSNorm in one kernel, over symmetric memory (TP decode).
+
+At batch 1 a TP=2 decode step runs 64 all-reduces of one 8 KB row, each followed by the
+residual add + RMSNorm that Inductor fuses into its own kernel: two launches of a few
+microseconds each, 64 times a token. Here one program per row does both:
+
+  1. wait until every peer has finished reading this rank's buffer row (previous call);
+  2. copy its row of x into this rank's symmetric buffer and signal every peer;
+  3. wait for every peer's signal, then sum all ranks' rows in rank order (so every rank
+     computes bit-identical sums), add the residual and normalise;
+  4. tell every peer that its row has been read.
+
+Signals are counters in a flag area of the same symmetric allocation: a peer adds 1 with
+release semantics at system scope; the waiter spins with acquire reads and takes the 1
+back. The "read" counters start at 1, so the first call does not wait. Calls must be made
+by every rank in the same order with the same shapes, as for any collective.
+
+With WORLD == 1 the kernel is a plain fused add + RMSNorm of x (no flags, no buffers):
+the fallback after an NCCL all-reduce on larger batches, and what the CPU tests run.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_MAX_SPIN = tl.constexpr(1 << 26)
+"""Give up waiting after this many polls (tens of seconds): a peer that never arrives has
+died, and the engine's worker monitor reports it; a GPU spinning forever would hide it."""
+
+
+@triton.jit
+def _take_signal(flag):
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    spins = 0
+    while (seen < 1) & (spins < _MAX_SPIN):
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        spins += 1
+    tl.atomic_add(flag, -1, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def _all_reduce_add_rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, data_ptrs, flag_ptrs, rank, eps,
+    stride_x, stride_r, stride_o, stride_ro,
+    N: tl.constexpr, BLOCK: tl.constexpr, WORLD: tl.constexpr, MAX_ROWS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    dtype = x_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=ok, other=0.0)
+    if WORLD == 1:
+        total = x.to(tl.float32)
+    else:
+        # flags of a rank: [ready | read][source rank][row], int32 counters
+        mine = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                _take_signal(mine + (WORLD + p) * MAX_ROWS + row)
+        buf = tl.load(data_ptrs + rank).to(tl.pointer_type(dtype))
+        tl.store(buf + row * N + cols, x, mask=ok)
+        tl.debug_barrier()
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32))
+                tl.atomic_add(peer + rank * MAX_ROWS + row, 1, sem="release", scope="sys")
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                _take_signal(mine + p * MAX_ROWS + row)
+        tl.debug_barrier()
+        total = tl.zeros([BLOCK], tl.float32)
+        for p in tl.static_range(WORLD):
+            src = tl.load(data_ptrs + p).to(tl.pointer_type(dtype))
+            total += tl.load(src + row * N + cols, mask=ok, other=0.0, volatile=True).to(tl.float32)
+        tl.debug_barrier()
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32))
+                tl.atomic_add(peer + (WORLD + rank) * MAX_ROWS + row, 1, sem="release",
+                              scope="sys")
+    # The reference's roundings: the all-reduce's output, x + residual, the normalised
+    # value and its product with the weight each land in the tensor dtype.
+    reduced = total.to(dtype).to(tl.float32)
+    res = tl.load(res_ptr + row.to(tl.int64) * stride_r + cols, mask=ok, other=0.0)
+    added = (reduced + res.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+    tl.store(res_out_ptr + row.to(tl.int64) * stride_ro + cols, added, mask=ok)
+    h = added.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(h * h, axis=0) / N + eps)
+    normed = (h * inv).to(dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * stride_o + cols,
+             (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_rows):
+    num_rows, n = x.shape
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    res_out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype),
+                          device=x.device)
+    if num_rows == 0:
+        return out, res_out
+    block = triton.next_power_of_2(n)
+    _all_reduce_add_rms_norm_kernel[(num_rows,)](
+        x, residual, weight, out, res_out, data_ptrs, flag_ptrs, rank, eps,
+        x.stride(0), residual.stride(0), out.stride(0), res_out.stride(0),
+        N=n, BLOCK=block, WORLD=world, MAX_ROWS=max_rows,
+        num_warps=max(1, min(16, block // 512)))
+    return out, res_out
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[..., n] as rows [m, n] with a contiguous last dim."""
+    t = t.reshape(-1, t.shape[-1])
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual) * weight, x + residual) in one kernel, as `fused_add_rms_norm`."""
+    shape = x.shape
+    out, res = _launch(_rows(x), _rows(residual), weight, eps, None, None, 0, 1, 1)
+    return out.view(shape), res.view(shape)
+
+
+class SymmetricNormBuffer:
+    """One rank's share of the symmetric allocation the fused kernel exchanges rows through,
+    and the device tables of every rank's data and flag addresses. Made by every rank of a
+    group together (a rendezvous), before any CUDA graph is captured."""
+
+    MAX_ROWS = 64
+
+    def __init__(self, c10d_name: str, max_bytes: int, device: torch.device,
+                 process_group) -> None:
+        import torch.distributed as dist
+        from torch.distributed import _symmetric_memory as symm_mem
+        self.max_bytes = max_bytes
+        flag_words = 2 * dist.get_world_size(process_group) * self.MAX_ROWS
+        data_bytes = -(-max_bytes // 128) * 128
+        self._storage = symm_mem.empty(data_bytes + 4 * flag_words, dtype=torch.uint8,
+                                       device=device)
+        handle = symm_mem.rendezvous(self._storage, c10d_name)
+        self.rank, self.world = handle.rank, handle.world_size
+        flags = self._storage[data_bytes:].view(torch.int32).view(2, self.world, self.MAX_ROWS)
+        flags[0].zero_()  # no row is ready
+        flags[1].fill_(1)  # every peer has read every row (none was written)
+        ptrs = [int(p) for p in handle.buffer_ptrs]
+        self.data_ptrs = torch.tensor(ptrs, dtype=torch.int64, device=device)
+        self.flag_ptrs = torch.tensor([p + data_bytes for p in ptrs], dtype=torch.int64,
+                                      device=device)
+        torch.cuda.synchronize(device)
+        dist.barrier(group=process_group)  # no peer signals into flags not yet initialised
+
+    def fits(self, x: torch.Tensor) -> bool:
+        rows = x.numel() // max(1, x.shape[-1])
+        return (x.is_cuda and rows <= self.MAX_ROWS and x.shape[-1] <= 16384
+                and x.numel() * x.element_size() <= self.max_bytes)
+
+    def all_reduce_add_rms_norm(self, x, residual, weight, eps):
+        shape = x.shape
+        out, res = _launch(_rows(x), _rows(residual), weight, eps, self.data_ptrs,
+                           self.flag_ptrs, self.rank, self.world, self.MAX_ROWS)
+        return out.view(shape), res.view(shape)
