@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from loom.layers.rotary import rotate_at
+
 
 @dataclass
 class AttentionMetadata:
@@ -42,11 +44,27 @@ class AttentionBackend(abc.ABC):
     """Writes new keys/values into the paged cache and attends over it."""
 
     name: str = "abstract"
+    fuses_rope: bool = False
+    """Whether rope_write_kv rotates inside the cache-write kernel. The model runner then
+    leaves rotary to the attention op (`loom.layers.attention.set_fused_rope`); otherwise
+    the compiled graph rotates q and k itself, where Inductor fuses it with its neighbours."""
 
     @abc.abstractmethod
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         """Store key/value [T, num_kv_heads, head_dim] at slot_mapping[:T] (skip -1)."""
+
+    def rope_write_kv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """Rotate query [T, num_heads, head_dim] and key at positions[:T] (rotate-half;
+        cos_sin_cache is `RotaryEmbedding.cos_sin_cache`), write_kv the rotated key and the
+        value, and return the rotated query. This default is the reference: torch's
+        rotation, then write_kv."""
+        positions = positions[:query.shape[0]]
+        key = rotate_at(positions, key, cos_sin_cache)
+        self.write_kv(key, value, kv_cache, slot_mapping)
+        return rotate_at(positions, query, cos_sin_cache)
 
     @abc.abstractmethod
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,

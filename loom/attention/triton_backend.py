@@ -18,6 +18,7 @@ from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.torch_native import gather_kv
 from loom.kernels.kv_write import write_kv_cache
 from loom.kernels.paged_attention import default_num_splits, paged_decode, paged_prefill
+from loom.kernels.rope_kv_write import rope_write_kv_cache
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,19 @@ class TritonTiles:
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    fuses_rope = True
 
     def __init__(self, tiles: TritonTiles | None = None) -> None:
         self.tiles = tiles or TritonTiles()
 
     def write_kv(self, key, value, kv_cache, slot_mapping):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
+
+    def rope_write_kv(self, query, key, value, positions, cos_sin_cache, kv_cache,
+                      slot_mapping):
+        # One kernel for both: at decode each alone is mostly launch and ramp-up.
+        return rope_write_kv_cache(query, key, value, positions, cos_sin_cache, kv_cache,
+                                   slot_mapping)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:

@@ -72,8 +72,10 @@ def _all_reduce_add_rms_norm_kernel(
         tl.debug_barrier()
         total = tl.zeros([BLOCK], tl.float32)
         for p in tl.static_range(WORLD):
-            src = tl.load(data_ptrs + p).to(tl.pointer_type(dtype))
-            total += tl.load(src + row * N + cols, mask=ok, other=0.0, volatile=True).to(tl.float32)
+            src = tl.load(data_ptrs + p).to(tl.pointer_type(dtype)) + row * N
+            src = tl.multiple_of(src, 16)  # rows start 16-byte aligned: wide loads
+            # .cg: from L2 / the peer, never a line left in L1 by the previous call
+            total += tl.load(src + cols, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
         tl.debug_barrier()
         for p in tl.static_range(WORLD):
             if p != rank:

@@ -1,7 +1,9 @@
 """The attention layer: one opaque custom op over the paged KV cache.
 
 `loom::attention` is the op that level-3 compilation splits the graph at; it reads the
-batch's metadata and this layer's cache from the forward context.
+batch's metadata and this layer's cache from the forward context. Given positions and the
+rotary table it also rotates the query and key, so that a backend can fuse the rotation
+into its cache write (one op name either way, so graph splitting treats both alike).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from loom.library import loom_op
 
 
 @loom_op("attention",
-         "(Tensor query, Tensor key, Tensor value, int layer_idx, float scale) -> Tensor")
+         "(Tensor query, Tensor key, Tensor value, int layer_idx, float scale, "
+         "Tensor? positions=None, Tensor? cos_sin_cache=None) -> Tensor")
 def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 layer_idx: int, scale: float) -> torch.Tensor:
-    """query [T, Hq*D], key/value [T, Hkv*D] -> [T, Hq*D]; writes key/value to the cache."""
+                 layer_idx: int, scale: float, positions: torch.Tensor | None = None,
+                 cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+    """query [T, Hq*D], key/value [T, Hkv*D] -> [T, Hq*D]; writes key/value to the cache.
+    With positions (and cos_sin_cache), query and key come unrotated and are rotated here."""
     ctx = get_forward_context()
     meta = ctx.attn_metadata
     head_dim = ctx.kv_caches[layer_idx].shape[-1] if ctx.kv_caches else 1
@@ -26,12 +31,16 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return torch.zeros_like(query)
     kv_cache = ctx.kv_caches[layer_idx]
     shape = (key.shape[0], -1, head_dim)
-    ctx.backend.write_kv(key.view(shape), value.view(shape), kv_cache, meta.slot_mapping)
+    if positions is None:
+        ctx.backend.write_kv(key.view(shape), value.view(shape), kv_cache, meta.slot_mapping)
+    else:
+        q = ctx.backend.rope_write_kv(q, key.view(shape), value.view(shape), positions,
+                                      cos_sin_cache, kv_cache, meta.slot_mapping)
     return ctx.backend.forward(q, kv_cache, meta, scale).reshape(query.shape)
 
 
 @attention_op.register_fake
-def _(query, key, value, layer_idx, scale):
+def _(query, key, value, layer_idx, scale, positions=None, cos_sin_cache=None):
     return torch.empty_like(query)
 
 
@@ -42,6 +51,21 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
         self.layer_idx = layer_idx
         self.scale = scale if scale is not None else head_dim ** -0.5
+        self.fused_rope = False
+        """Whether the model hands q and k over unrotated, with positions and the rotary
+        table (set by `set_fused_rope` before the model is traced: the graph bakes it in)."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.ops.loom.attention(q, k, v, self.layer_idx, self.scale)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                positions: torch.Tensor | None = None,
+                cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.loom.attention(q, k, v, self.layer_idx, self.scale, positions,
+                                        cos_sin_cache)
+
+
+def set_fused_rope(model: nn.Module, enabled: bool) -> None:
+    """Let (or stop) the attention op rotate q and k in every attention layer of model: on
+    when the backend fuses rotary into its cache-write kernel (`AttentionBackend.fuses_rope`),
+    which saves a launch per layer. Call it before compiling the model."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.fused_rope = enabled

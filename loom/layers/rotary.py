@@ -46,18 +46,26 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q [T, Hq, D], k [T, Hk, D] rotated at positions [T]."""
-        cos, sin = self._cos_sin(positions)
+        cos, sin = _cos_sin(self.cos_sin_cache, positions)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """heads [T, H, D] (query and key heads side by side) rotated at positions [T]: one
         op, so the compiled graph rotates them in one kernel rather than one per tensor."""
-        cos, sin = self._cos_sin(positions)
-        return _rotate(heads, cos, sin)
+        return rotate_at(positions, heads, self.cos_sin_cache)
 
-    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+def rotate_at(positions: torch.Tensor, x: torch.Tensor,
+              cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated at positions [T] by a `RotaryEmbedding.cos_sin_cache`, for code
+    that holds only the table (an attention backend without a fused rotary kernel)."""
+    return _rotate(x, *_cos_sin(cos_sin_cache, positions))
+
+
+def _cos_sin(cos_sin_cache: torch.Tensor,
+             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+    return cos.unsqueeze(1), sin.unsqueeze(1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

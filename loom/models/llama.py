@@ -49,16 +49,22 @@ class SelfAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         n, d = qkv.shape[0], self.head_dim
+        q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size:]  # a strided view: the cache write reads it
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(n, -1, d)).flatten(1)
+            k = self.k_norm(k.reshape(n, -1, d)).flatten(1)
+        if self.attn.fused_rope:
+            # The attention backend rotates q and k in its cache-write kernel.
+            return self.o_proj(self.attn(q, k, v, positions, self.rotary_emb.cos_sin_cache))
         if self.q_norm is None:
             # Query and key heads sit side by side in each row: one rotation for both.
             qk = self.rotary_emb.rotate(positions, qkv[:, :self.q_size + self.kv_size]
                                         .view(n, -1, d)).flatten(1)
             q, k = qk[:, :self.q_size], qk[:, self.q_size:]
         else:
-            q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
-            q, k = self.q_norm(q.reshape(n, -1, d)), self.k_norm(k.reshape(n, -1, d))
-            q, k = (t.flatten(1) for t in self.rotary_emb(positions, q, k))
+            q, k = (t.flatten(1) for t in self.rotary_emb(positions, q.view(n, -1, d),
+                                                           k.view(n, -1, d)))
         return self.o_proj(self.attn(q, k, v))
 
 

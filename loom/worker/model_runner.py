@@ -15,6 +15,7 @@ from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.engine.protocol import Logprobs
 from loom.forward_context import ForwardContext, forward_context
+from loom.layers.attention import set_fused_rope
 from loom.compilation.backend import CompiledForward
 from loom import envs
 from loom.distributed.ops import init_small_all_reduce
@@ -123,6 +124,8 @@ class ModelRunner:
         if init_small_all_reduce("tp", self.dtype, self.device):
             logger.info("all-reduces up to %d bytes: one-shot over symmetric memory; larger: NCCL",
                         envs.symm_all_reduce_max_bytes())
+        # Before compiling: the traced graph keeps or leaves out the rotary kernels for good.
+        set_fused_rope(self.model, self.backend.fuses_rope)
         self.forward = CompiledForward(self.model, cfg.compilation, cfg.enforce_eager, tp_size)
         if self.forward.level > 0:
             start = time.perf_counter()

@@ -38,7 +38,7 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     runner = ModelRunner(config, torch.device("cpu"))
     runner.backend = TritonBackend()
     calls = Counter()
-    for name in ("paged_prefill", "paged_decode", "write_kv_cache"):
+    for name in ("paged_prefill", "paged_decode", "write_kv_cache", "rope_write_kv_cache"):
         _spy(monkeypatch, triton_backend, name, calls)
     _spy(monkeypatch, TritonBackend, "_sdpa_prefill", calls)
     _spy(monkeypatch, sampler_module, "apply_top_k_top_p", calls)
@@ -49,11 +49,13 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     num_layers = len(runner.kv_caches)
     # STEP_SHAPES: one fresh prompt goes to SDPA; a prompt beside a decode, five prompts
     # and a chunk after context go to the paged prefill kernel; a decode batch to the
-    # split-K decode kernel. Every layer does each, and writes (to nowhere) every time.
+    # split-K decode kernel. Every layer does each, and writes (to nowhere) every time,
+    # through the kernel that also applies rotary (the runner fuses it for this backend).
     assert calls["_sdpa_prefill"] == num_layers
     assert calls["paged_prefill"] == 3 * num_layers
     assert calls["paged_decode"] == num_layers
-    assert calls["write_kv_cache"] == len(warmup_module.STEP_SHAPES) * num_layers
+    assert calls["rope_write_kv_cache"] == len(warmup_module.STEP_SHAPES) * num_layers
+    assert calls["write_kv_cache"] == 0
     assert calls["apply_top_k_top_p"] == 1
 
     for cache in runner.kv_caches:

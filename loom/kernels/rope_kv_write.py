@@ -1,0 +1,111 @@
+"""Rotary embedding and the KV-cache write in one kernel.
+
+At decode, rotating q/k and writing k/v are each a launch over a few kilobytes, so launch
+and ramp-up dominate both; fused they cost one. The rotation is the rotate-half one of
+`loom.layers.rotary`, with its float32 `cos_sin_cache` ([max_pos, head_dim] = cat(cos, sin)):
+the same float32 products and sums, rounded back to the input dtype, so the rotated q and
+the cached k match the unfused path. The cache layout is that of `kv_write`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_kv_write_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, cache_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_pos, stride_plane, stride_slot, stride_chead,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEADS: tl.constexpr, HALF_BLOCK: tl.constexpr,
+):
+    # Program (token, group): the first groups take HEADS query heads each, the rest HEADS
+    # key heads (and their values). Spreading one token's heads over a few programs keeps
+    # a batch of one from running on a single SM.
+    token = tl.program_id(0)
+    group = tl.program_id(1)
+    num_q_groups: tl.constexpr = (NUM_Q_HEADS + HEADS - 1) // HEADS
+    half: tl.constexpr = HEAD_DIM // 2
+    dim = tl.arange(0, HALF_BLOCK)
+    dim_ok = dim < half
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_pos + dim, mask=dim_ok)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_pos + half + dim, mask=dim_ok)[None, :]
+    row = token.to(tl.int64)
+    if group < num_q_groups:
+        head = group * HEADS + tl.arange(0, HEADS)
+        ok = (head < NUM_Q_HEADS)[:, None] & dim_ok[None, :]
+        src = q_ptr + row * stride_qt + head[:, None] * stride_qh + dim[None, :]
+        x1 = tl.load(src, mask=ok).to(tl.float32)
+        x2 = tl.load(src + half, mask=ok).to(tl.float32)
+        dst = q_out_ptr + row * stride_ot + head[:, None] * stride_oh + dim[None, :]
+        elem = q_out_ptr.dtype.element_ty
+        tl.store(dst, (x1 * cos - x2 * sin).to(elem), mask=ok)
+        tl.store(dst + half, (x2 * cos + x1 * sin).to(elem), mask=ok)
+    else:
+        slot = tl.load(slot_mapping_ptr + token)
+        if slot >= 0:  # slot < 0: a padding row, nothing to store
+            head = (group - num_q_groups) * HEADS + tl.arange(0, HEADS)
+            ok = (head < NUM_KV_HEADS)[:, None] & dim_ok[None, :]
+            src = k_ptr + row * stride_kt + head[:, None] * stride_kh + dim[None, :]
+            x1 = tl.load(src, mask=ok).to(tl.float32)
+            x2 = tl.load(src + half, mask=ok).to(tl.float32)
+            # int64 slot arithmetic: slot * stride overflows int32 beyond 2 G cache elements.
+            dst = cache_ptr + slot.to(tl.int64) * stride_slot + head[:, None] * stride_chead \
+                + dim[None, :]
+            # Rounded to the key's dtype first, as the unrotated path stores a rotated key.
+            key_ty = k_ptr.dtype.element_ty
+            elem = cache_ptr.dtype.element_ty
+            tl.store(dst, (x1 * cos - x2 * sin).to(key_ty).to(elem), mask=ok)
+            tl.store(dst + half, (x2 * cos + x1 * sin).to(key_ty).to(elem), mask=ok)
+            src_v = v_ptr + row * stride_vt + head[:, None] * stride_vh + dim[None, :]
+            tl.store(dst + stride_plane, tl.load(src_v, mask=ok).to(elem), mask=ok)
+            tl.store(dst + stride_plane + half, tl.load(src_v + half, mask=ok).to(elem),
+                     mask=ok)
+
+
+def rope_write_kv_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                        kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                        out: torch.Tensor | None = None,
+                        heads_per_program: int | None = None) -> torch.Tensor:
+    """Rotate query [T, Hq, D] and key [T, Hkv, D] at positions[:T]; store the rotated key
+    and value at slot_mapping[:T] (slots < 0 are skipped); return the rotated query, in out
+    or else a new [T, Hq, D] tensor (padding rows are rotated too).
+
+    query/key/value may be strided views (e.g. slices of a fused QKV output) as long as the
+    head dim is contiguous. heads_per_program: None sizes a program at about 1k elements.
+    """
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    q_out = out if out is not None else torch.empty(query.shape, dtype=query.dtype,
+                                                    device=query.device)
+    if num_tokens == 0:
+        return q_out
+    if head_dim % 2:
+        raise ValueError(f"rotary needs an even head dim, got {head_dim}")
+    if any(t.stride(2) != 1 for t in (query, key, value, q_out)):
+        raise ValueError("rope_write_kv_cache needs a contiguous head dim in every head tensor")
+    if kv_cache.stride(4) != 1 or kv_cache.stride(1) != kv_cache.stride(2) * kv_cache.shape[2]:
+        raise ValueError("rope_write_kv_cache needs each cache block contiguous in its slots")
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim \
+            or cos_sin_cache.stride(1) != 1:
+        raise ValueError("cos_sin_cache must be float32 [max_pos, head_dim], rows contiguous")
+    if heads_per_program is not None and heads_per_program & (heads_per_program - 1):
+        raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
+    half_block = triton.next_power_of_2(head_dim // 2)
+    heads = heads_per_program or min(triton.next_power_of_2(max(num_q_heads, num_kv_heads)),
+                                     max(1, 512 // half_block))
+    groups = triton.cdiv(num_q_heads, heads) + triton.cdiv(num_kv_heads, heads)
+    _rope_kv_write_kernel[(num_tokens, groups)](
+        query, key, value, q_out, kv_cache, positions, cos_sin_cache, slot_mapping,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), q_out.stride(0), q_out.stride(1),
+        cos_sin_cache.stride(0), kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        HEADS=heads, HALF_BLOCK=half_block,
+    )
+    return q_out
