@@ -135,7 +135,8 @@ def _record_piece_inputs(split: fx.GraphModule, example_inputs: list) -> dict[st
 
 class Piece:
     """One compiled piece: Inductor's general-shape graph, plus static-shape graphs compiled
-    on first use for the sizes in compile_sizes."""
+    on first use for the sizes in compile_sizes. Where a pass rewrites small batches only
+    (`PassManager.range_split`), the general graph is compiled a second time for them."""
 
     def __init__(self, module: fx.GraphModule, example_inputs: list, config: CompilationConfig,
                  pass_manager: PassManager) -> None:
@@ -145,6 +146,11 @@ class Piece:
         self.single_output = not isinstance(module.graph.output_node().args[0], tuple | list)
         self.general = self._compile(example_inputs)
         self.static: dict[int, Callable] = {}
+        self.split = pass_manager.range_split
+        self.small = None
+        if self.split is not None:
+            with pass_manager.small_range():
+                self.small = self._compile(example_inputs)
 
     def _compile(self, inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx
@@ -161,6 +167,8 @@ class Piece:
     def __call__(self, *args):
         n = _num_tokens
         if n is None or n not in self.compile_sizes:
+            if self.small is not None and n is not None and n <= self.split:
+                return self.small(*args)
             return self.general(*args)
         if n not in self.static:
             start = time.perf_counter()

@@ -10,6 +10,7 @@ graph compiled without it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -44,9 +45,30 @@ class PassManager(CustomGraphPass):
     def __init__(self, config: PassConfig, tp_size: int) -> None:
         self.config = config
         self.tp_size = tp_size
+        self._fusion = None
+        """The all-reduce + norm fusion pass, when enabled (its range is set from here)."""
         self.passes = self._build()
         self.sp_plan = SequenceParallelPlan()
         """Set by `plan()`; empty until then."""
+
+    @property
+    def range_split(self) -> int | None:
+        """Token count up to which the general graph is compiled separately (with the
+        all-reduce + norm fusion), or None: one general graph. None too where sequence
+        parallelism takes the general graph: it leaves no all-reduce to fuse."""
+        from loom.compilation.passes.all_reduce_norm_fusion import FUSED_MAX_TOKENS
+        if self._fusion is None or self.sp_plan.dynamic:
+            return None
+        return FUSED_MAX_TOKENS
+
+    @contextlib.contextmanager
+    def small_range(self):
+        """Compile the general graph for batches up to `range_split` tokens meanwhile."""
+        self._fusion.small_range = True
+        try:
+            yield
+        finally:
+            self._fusion.small_range = False
 
     @property
     def sequence_parallel(self) -> bool:
@@ -81,7 +103,8 @@ class PassManager(CustomGraphPass):
                 passes.append(AsyncTPPass(self.tp_size))
         if self.config.enable_all_reduce_norm_fusion and self.tp_size > 1:
             from loom.compilation.passes.all_reduce_norm_fusion import AllReduceNormFusionPass
-            passes.append(AllReduceNormFusionPass())
+            self._fusion = AllReduceNormFusionPass()
+            passes.append(self._fusion)
         passes.append(NormDecompositionPass())
         return passes
 

@@ -17,8 +17,8 @@ _SYMM_BUFFERS: dict[str, torch.Tensor] = {}
 """group name -> a flat symmetric-memory buffer for one-shot all-reduces (CUDA, TP > 1)."""
 _NORM_BUFFERS: dict = {}
 """group name -> the `SymmetricNormBuffer` of `all_reduce_add_rms_norm` (CUDA, TP > 1)."""
-_NORM_FUSED_MAX_BYTES = 256 * 1024
-"""Rows up to this size take the one-kernel all-reduce + add + RMSNorm (decode batches)."""
+FUSED_NORM_MAX_ROWS = 64
+"""Batches up to this many tokens take the one-kernel all-reduce + add + RMSNorm."""
 
 
 def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.device) -> bool:
@@ -39,7 +39,7 @@ def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.dev
     _SYMM_BUFFERS[group_name] = buf
     from loom.kernels.all_reduce_norm import SymmetricNormBuffer
     _NORM_BUFFERS[group_name] = SymmetricNormBuffer(
-        group.c10d_name, min(max_bytes, _NORM_FUSED_MAX_BYTES), device, group.group)
+        group.c10d_name, SymmetricNormBuffer.BYTES, device, group.group)
     return True
 
 

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.distributed.ops import FUSED_NORM_MAX_ROWS
+
 _MAX_SPIN = tl.constexpr(1 << 26)
 """Give up waiting after this many polls (tens of seconds): a peer that never arrives has
 died, and the engine's worker monitor reports it; a GPU spinning forever would hide it."""
@@ -132,7 +134,10 @@ class SymmetricNormBuffer:
     and the device tables of every rank's data and flag addresses. Made by every rank of a
     group together (a rendezvous), before any CUDA graph is captured."""
 
-    MAX_ROWS = 64
+    MAX_ROWS = FUSED_NORM_MAX_ROWS
+    MAX_WIDTH = 16384
+    BYTES = MAX_ROWS * MAX_WIDTH * 2
+    """Enough for MAX_ROWS rows of a 16384-wide bfloat16 model (2 MiB per rank)."""
 
     def __init__(self, c10d_name: str, max_bytes: int, device: torch.device,
                  process_group) -> None:
@@ -153,11 +158,13 @@ class SymmetricNormBuffer:
         self.flag_ptrs = torch.tensor([p + data_bytes for p in ptrs], dtype=torch.int64,
                                       device=device)
         torch.cuda.synchronize(device)
-        dist.barrier(group=process_group)  # no peer signals into flags not yet initialised
+        # No peer may signal into flags not yet initialised.
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        dist.barrier(group=process_group, device_ids=[index])
 
     def fits(self, x: torch.Tensor) -> bool:
         rows = x.numel() // max(1, x.shape[-1])
-        return (x.is_cuda and rows <= self.MAX_ROWS and x.shape[-1] <= 16384
+        return (x.is_cuda and rows <= self.MAX_ROWS and x.shape[-1] <= self.MAX_WIDTH
                 and x.numel() * x.element_size() <= self.max_bytes)
 
     def all_reduce_add_rms_norm(self, x, residual, weight, eps):
