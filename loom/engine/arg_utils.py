@@ -92,6 +92,8 @@ class EngineArgs:
             self.seed = random.randrange(2**31)
         if not is_int(self.seed):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+        if not -(2**63) <= self.seed < 2**63:  # what torch.manual_seed takes
+            raise ValueError(f"seed: must fit in 64 bits, got {self.seed}")
 
     def create_engine_config(self) -> EngineConfig:
         self._check_types()

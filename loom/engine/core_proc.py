@@ -54,15 +54,23 @@ def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    _thread_lock_for_tqdm()
     from loom.config import EngineConfig
     from loom.engine.core import EngineCore
     encoder = msgspec.msgpack.Encoder()
     try:
         core = EngineCore(msgspec.json.decode(config_json, type=EngineConfig))
     except Exception as e:  # noqa: BLE001 - every startup failure is reported to the launcher
-        logger.exception("engine core failed to start")
+        if isinstance(e, ValueError | NotImplementedError):
+            # A bad setting: the launcher prints the message; a traceback adds nothing.
+            logger.debug("engine core failed to start", exc_info=True)
+        else:
+            logger.exception("engine core failed to start")
         ready.send_bytes(encoder.encode(EngineDead(f"{type(e).__name__}: {e}")))
-        sys.exit(1)
+        ready.close()
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(1)
     proc = EngineCoreProc(core, input_addr, output_addr, log_stats)
     # SIGTERM from the launcher: finish the current step, then stop cleanly.
     signal.signal(signal.SIGTERM, lambda *_: proc.inputs.put((0, Shutdown())))
@@ -79,6 +87,14 @@ def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _thread_lock_for_tqdm() -> None:
+    """tqdm's default lock holds a multiprocessing semaphore, which this process's fast exit
+    (os._exit) never unlinks: the launcher's resource tracker then warned of a leaked
+    semaphore at every shutdown. The progress bars here need only a thread lock."""
+    from tqdm import tqdm
+    tqdm.set_lock(threading.RLock())
 
 
 class EngineCoreProc:

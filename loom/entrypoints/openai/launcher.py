@@ -60,6 +60,11 @@ def run_server(options: ServerOptions, config: EngineConfig, inproc: bool) -> in
 
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"host: cannot resolve {host!r}: "
+                         f"{getattr(e, 'strerror', None) or e}") from None
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
