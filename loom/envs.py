@@ -99,7 +99,8 @@ def symm_all_reduce_max_bytes() -> int:
 
 def async_tp_impl() -> str:
     """LOOM_ASYNC_TP_IMPL: what the async-TP pass fuses collectives with their matmuls into.
-    "symm_mem" (default): PyTorch's fused_all_gather_matmul / fused_matmul_reduce_scatter,
+    "symm_mem" (default): PyTorch's fused_all_gather_matmul, and its pipelined exchange of
+    matmul partials in place of fused_matmul_reduce_scatter (the sum left to Inductor),
     static graphs only, where the measured table says they win. "overlap": loom's
     loom::all_gather_matmul / loom::matmul_reduce_scatter (loom/distributed/
     collective_matmul.py), every graph, overlapped from LOOM_ASYNC_TP_MIN_TOKENS (1024)."""

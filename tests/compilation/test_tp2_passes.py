@@ -29,7 +29,7 @@ def _after(graph: dict, pass_name: str) -> tuple[int, ...]:
     counts = graph[pass_name]
     return tuple(counts[f"{op}.default"] for op in (
         "loom.all_reduce", "loom.reduce_scatter", "loom.all_gather",
-        "symm_mem.fused_all_gather_matmul", "symm_mem.fused_matmul_reduce_scatter"))
+        "symm_mem.fused_all_gather_matmul", "loom.matmul_reduce_scatter_partials"))
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 WATCHED = ("loom.all_reduce.default", "loom.all_reduce_add_rms_norm.default", "loom.all_gather.default", "loom.reduce_scatter.default",
            "symm_mem.fused_all_gather_matmul.default",
            "symm_mem.fused_matmul_reduce_scatter.default",
+           "loom.matmul_reduce_scatter_partials.default",
            "loom.all_gather_matmul.default", "loom.matmul_reduce_scatter.default")
 
 

@@ -1,7 +1,7 @@
 """Async TP: overlap the sequence-parallel collectives with their matmuls.
 
   all_gather(x) -> mm(., B1), mm(., B2)...  ->  symm_mem.fused_all_gather_matmul(x, [B1, B2...])
-  mm(A, B) -> reduce_scatter               ->  symm_mem.fused_matmul_reduce_scatter(A, B, "sum")
+  mm(A, B) -> reduce_scatter               ->  sum(loom.matmul_reduce_scatter_partials(A, B), 0)
 
 Runs after sequence parallelism, which creates these collectives. One gather feeding
 several matmuls (QKV, gate_up, an MoE router) becomes one fused op; readers of the gathered
@@ -101,8 +101,12 @@ class AsyncTPPass:
                         ag.args[0], weights, 0, group, return_A=keep_a)
 
         def scatter_op(rs, mm):
-            return emit(graph, mode, torch.ops.symm_mem.fused_matmul_reduce_scatter.default,
-                        mm.args[0], mm.args[1], "sum", 0, group)
+            # The partials' sum is a graph node: Inductor folds it into the kernel that
+            # reads the reduce-scatter's output (the residual add + RMSNorm).
+            _, _, world_size, group_name = rs.args
+            partials = emit(graph, mode, torch.ops.loom.matmul_reduce_scatter_partials.default,
+                            mm.args[0], mm.args[1], world_size, group_name)
+            return emit(graph, mode, torch.ops.aten.sum.dim_IntList, partials, [0])
 
         fused_ag = sum(_rewrite_gather(graph, mode, s, gather_op) for s in gathers) \
             if choice.fuse_all_gather else 0
