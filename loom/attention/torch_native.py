@@ -42,10 +42,10 @@ def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int,
               block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first seq_len keys and values of one request, [seq_len, kv_heads, head_dim]."""
     num_blocks = (seq_len + block_size - 1) // block_size
-    blocks = block_row[:num_blocks].long()
-    k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]
-    v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
-    return k, v
+    # One gather for both planes, indexed by the int32 block ids as they are: on a GPU each
+    # extra op here is a launch in every layer of an eagerly run prefill.
+    kv = kv_cache[:, block_row[:num_blocks]].flatten(1, 2)[:, :seq_len]
+    return kv[0], kv[1]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
