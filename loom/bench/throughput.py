@@ -16,6 +16,7 @@ import numpy as np
 
 from loom.bench import floors
 from loom.bench.common import write_json
+from loom.bench.step_log import StepLog, breakdown, print_breakdown
 from loom.bench.offline import (
     OfflineBench,
     add_offline_args,
@@ -31,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--input-len", "--input_len", type=int, default=1024)
     p.add_argument("--output-len", "--output_len", type=int, default=128)
     p.add_argument("--num-prompts", "--num_prompts", type=int, default=1000)
+    p.add_argument("--step-breakdown", action="store_true",
+                   help="time every engine step and report prompt-carrying and pure decode "
+                        "steps apart, each against its own floor")
     add_offline_args(p)
     p.set_defaults(func=run_throughput)
 
@@ -42,6 +46,10 @@ def run_throughput(args: argparse.Namespace) -> int:
     prompts = bench.random_prompts(np.random.default_rng(args.seed), args.num_prompts,
                                    args.input_len)
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0, top_p=1.0)
+    log = None
+    if args.step_breakdown:
+        log = bench.llm.engine.step_observer = StepLog()
+        log.start()
     start = time.perf_counter()
     outputs = bench.llm.generate(prompts, params, use_tqdm=True)
     elapsed = time.perf_counter() - start
@@ -50,6 +58,11 @@ def run_throughput(args: argparse.Namespace) -> int:
     result = throughput_figures(bench, len(outputs), prompt_tokens, output_tokens, elapsed)
     print_throughput(result)
     print_ceilings(bench.ceilings)
+    if log is not None:
+        bench.llm.engine.step_observer = None
+        result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
+                                             bench.ceilings)
+        print_breakdown(result["step_breakdown"], elapsed)
     if result["floor_s"] is not None:
         print(f"Compute floor: {result['floor_s']:.3f} s ({result['total_tokens']} tokens x 2 x "
               f"{result['num_params'] / 1e9:.3f}B params, tp={bench.tp}); runtime "

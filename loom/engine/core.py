@@ -52,6 +52,9 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
+        self.step_observer = None
+        """A benchmark's hook (`loom.bench.step_log.StepLog`): told of every step at launch
+        and when its results are back."""
         """Launched steps not yet collected, oldest first."""
         self.structured_output = StructuredOutputManager(tokenizer_path(config.model))
 
@@ -117,12 +120,16 @@ class EngineCore:
                 break
         if self._in_flight:
             scheduler_output, step = self._in_flight.popleft()
-            outputs += self.scheduler.update_from_output(scheduler_output,
-                                                         self.executor.collect(step))
+            result = self.executor.collect(step)
+            if self.step_observer is not None:
+                self.step_observer.collected(scheduler_output)
+            outputs += self.scheduler.update_from_output(scheduler_output, result)
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
                                  scheduler_stats=self.scheduler.make_stats())
 
     def _launch(self, scheduler_output: SchedulerOutput) -> None:
+        if self.step_observer is not None:
+            self.step_observer.launched(scheduler_output, self.scheduler)
         self._in_flight.append((scheduler_output, self.executor.launch(scheduler_output)))
 
     def call_utility(self, method: str, args: list) -> object:

@@ -146,6 +146,30 @@ def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
     assert {"device", "git_commit", "command", "engine_args", "ceilings"} <= set(r)
 
 
+def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_path, capsys,
+                                                                     monkeypatch):
+    """6 prompts of 8 tokens -> 4 outputs, in chunks of at most 16 batched tokens: every
+    prompt token is in a prompt-carrying step, every output after the first is one decode
+    token, and the steps' times add up to the run."""
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
+    out = tmp_path / "throughput.json"
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
+            "--max-num-batched-tokens", "16", "--step-breakdown", "--output-json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    assert main(argv) == 0
+    assert "Step breakdown" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    rows = r["step_breakdown"]
+    decode, mixed = rows["decode_only"], rows["with_prompt"]
+    assert decode["prompt_tokens"] == 0 and mixed["prompt_tokens"] == 6 * 8
+    assert decode["decode_tokens"] + mixed["decode_tokens"] == 6 * (4 - 1)
+    assert mixed["steps"] >= 6 * 8 // 16 and decode["steps"] >= 4 - 1
+    assert decode["seconds"] + mixed["seconds"] == pytest.approx(r["elapsed_time"], rel=0.2)
+    for row in (decode, mixed):
+        assert row["ratio_to_floor"] == pytest.approx(row["seconds"] / row["floor_s"])
+
+
 def test_bad_arguments_are_cli_errors(tiny, capsys):
     assert main(["bench", "latency", "--model", tiny, "--output-len", "1", "--decode-split"]) == 2
     assert "decode_split" in capsys.readouterr().err

@@ -1,0 +1,115 @@
+"""Where an offline run's time goes, step by step (`loom bench throughput --step-breakdown`).
+
+The engine tells a `StepLog` of every step it launches (what the scheduler put in it) and
+when the step's results are back. Under async scheduling the device runs the steps back to
+back, so the time between two read-backs is the later step's device time (plus any host
+time the device waited for). Steps are split into those with prompt tokens (prefill or
+mixed) and pure decode steps, and each class is set against its own floor:
+
+- pure decode: every weight once per step plus every decoding request's KV cache (its
+  whole context, K and V, every layer) at the copy rate;
+- with prompt tokens: 2 x params x scheduled tokens plus causal attention of the prompt
+  chunks over their context, at the matmul rate.
+
+Both floors divide by the TP size, as `loom.bench.floors` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from loom.bench import floors
+from loom.models.arch import ModelArch
+
+
+@dataclass(frozen=True)
+class Step:
+    seconds: float
+    prompt_tokens: int
+    """Tokens of requests scheduled for more than one token (prompt chunks)."""
+    decode_tokens: int
+    """Requests scheduled for exactly one token."""
+    decode_context: int
+    """Sum of those requests' context lengths: the KV cache rows the step reads for them."""
+    attention_pairs: int
+    """(query, key) pairs of the prompt chunks' causal attention."""
+
+
+class StepLog:
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self._launched: deque[tuple[int, int, int, int]] = deque()
+        self._last = time.perf_counter()
+
+    def start(self) -> None:
+        self.steps.clear()
+        self._launched.clear()
+        self._last = time.perf_counter()
+
+    def launched(self, scheduler_output, scheduler) -> None:
+        prompt = decode = context = pairs = 0
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            # The scheduler has already counted this step's tokens as computed.
+            computed = scheduler.requests[req_id].num_computed_tokens
+            if n == 1:
+                decode += 1
+                context += computed
+            else:
+                prompt += n
+                before = computed - n
+                pairs += n * before + n * (n + 1) // 2
+        self._launched.append((prompt, decode, context, pairs))
+
+    def collected(self, scheduler_output) -> None:
+        now = time.perf_counter()
+        prompt, decode, context, pairs = self._launched.popleft()
+        self.steps.append(Step(now - self._last, prompt, decode, context, pairs))
+        self._last = now
+
+
+def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
+              ceilings) -> dict[str, Any]:
+    """Totals and floors per class of step; the floors are None without ceilings (CPU)."""
+    kv_bytes_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * dtype_bytes
+    weight_bytes = floors.param_counts(arch).total * dtype_bytes
+    attention_flops_per_pair = 2 * 2 * arch.num_layers * arch.num_heads * arch.head_dim
+    out = {}
+    for name, steps in (("decode_only", [s for s in log.steps if s.prompt_tokens == 0]),
+                        ("with_prompt", [s for s in log.steps if s.prompt_tokens > 0])):
+        seconds = sum(s.seconds for s in steps)
+        prompt = sum(s.prompt_tokens for s in steps)
+        decode = sum(s.decode_tokens for s in steps)
+        row = {"steps": len(steps), "seconds": seconds, "prompt_tokens": prompt,
+               "decode_tokens": decode,
+               "mean_decode_batch": decode / len(steps) if steps else 0.0,
+               "floor_s": None, "ratio_to_floor": None}
+        if ceilings is not None and steps:
+            if name == "decode_only":
+                moved = len(steps) * weight_bytes + sum(s.decode_context for s in steps) \
+                    * kv_bytes_per_token
+                row["floor_s"] = moved / (ceilings.copy_tb_per_s * 1e12) / tp
+                row["floor_basis"] = "weights once a step + decoding requests' KV, copy rate"
+            else:
+                flops = 2 * arch.num_params * (prompt + decode) + attention_flops_per_pair \
+                    * sum(s.attention_pairs for s in steps)
+                row["floor_s"] = flops / (ceilings.matmul_tflop_per_s * 1e12) / tp
+                row["floor_basis"] = "linear layers + prompt attention FLOPs, matmul rate"
+            row["ratio_to_floor"] = seconds / row["floor_s"]
+        out[name] = row
+    return out
+
+
+def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
+    print("Step breakdown (time between read-backs):")
+    for name, r in rows.items():
+        line = (f"  {name.replace('_', ' ')}: {r['steps']} steps, {r['seconds']:.3f} s "
+                f"({r['seconds'] / runtime_s:.0%} of the runtime), {r['prompt_tokens']} prompt "
+                f"+ {r['decode_tokens']} decode tokens, mean decode batch "
+                f"{r['mean_decode_batch']:.1f}")
+        if r["floor_s"] is not None:
+            line += (f"; floor {r['floor_s']:.3f} s ({r['floor_basis']}) -> "
+                     f"{r['ratio_to_floor']:.2f}x")
+        print(line)
