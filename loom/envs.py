@@ -90,6 +90,13 @@ def _on_unless_zero(name: str) -> bool:
     return os.environ.get(name, "1") != "0"
 
 
+def sdpa_min_tokens() -> int:
+    """LOOM_SDPA_MIN_TOKENS: fresh prefills of fewer tokens take loom's paged prefill kernel
+    rather than PyTorch's SDPA on the Triton backend (0, the default: SDPA whatever the
+    size), for measuring the host cost of the SDPA path on short prompts."""
+    return _optional_int("LOOM_SDPA_MIN_TOKENS") or 0
+
+
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL

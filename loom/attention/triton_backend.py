@@ -33,6 +33,10 @@ class TritonTiles:
     """Decode splits per (request, KV head); fix it when capturing CUDA graphs."""
     sdpa_max_reqs: int = 4
     """Pure prefills of at most this many requests go to SDPA; 0 turns SDPA off."""
+    sdpa_min_tokens: int | None = None
+    """...and of at least this many tokens (None: LOOM_SDPA_MIN_TOKENS, default 0). Below,
+    the paged kernel's one launch may beat SDPA's host work (a cast, a gather and cuDNN's
+    plan lookup per layer) in a prefill run eagerly; not yet measured on a GPU."""
 
 
 class TritonBackend(AttentionBackend):
@@ -41,6 +45,9 @@ class TritonBackend(AttentionBackend):
 
     def __init__(self, tiles: TritonTiles | None = None) -> None:
         self.tiles = tiles or TritonTiles()
+        self.sdpa_min_tokens = (self.tiles.sdpa_min_tokens
+                                if self.tiles.sdpa_min_tokens is not None
+                                else envs.sdpa_min_tokens())
 
     def write_kv(self, key, value, kv_cache, slot_mapping):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
@@ -92,7 +99,8 @@ class TritonBackend(AttentionBackend):
 
     def _use_sdpa(self, meta: AttentionMetadata) -> bool:
         """A fresh prefill: every request's query is its whole sequence (host-side check)."""
-        if meta.num_reqs > self.tiles.sdpa_max_reqs:
+        if meta.num_reqs > self.tiles.sdpa_max_reqs or \
+                meta.num_actual_tokens < self.sdpa_min_tokens:
             return False
         starts = meta.query_start_loc_cpu[:meta.num_reqs + 1]
         return torch.equal(starts[1:] - starts[:-1], meta.seq_lens_cpu[:meta.num_reqs])

@@ -174,6 +174,15 @@ def test_pure_prefill(case, sdpa):
                      1e-4, 1e-4)
 
 
+def test_sdpa_min_tokens_sends_short_fresh_prefills_to_the_kernel(monkeypatch):
+    batch = make_batch([20, 9], [20, 9], 4, 2, 64, 16)  # a fresh prefill of 29 tokens
+    assert TritonBackend(TritonTiles())._use_sdpa(batch.meta)  # the default: SDPA
+    assert not TritonBackend(TritonTiles(sdpa_min_tokens=30))._use_sdpa(batch.meta)
+    assert TritonBackend(TritonTiles(sdpa_min_tokens=29))._use_sdpa(batch.meta)
+    monkeypatch.setenv("LOOM_SDPA_MIN_TOKENS", "1000")
+    assert not TritonBackend()._use_sdpa(batch.meta)
+
+
 @cpu_only
 def test_decode_single_split_and_more_splits_than_tiles():
     """One split covers everything; too many splits leave some empty (m=-inf, l=0)."""
