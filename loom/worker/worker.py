@@ -87,7 +87,8 @@ class Worker:
     def profile(self, action: str, out_dir: str | None = None) -> str | None:
         """"start" a torch.profiler session (host ops, and device kernels on CUDA, CUDA-graph
         replays included), or "stop" it: write this rank's Chrome trace and op table to
-        out_dir and return the table, sorted by device time on CUDA."""
+        out_dir and return the table, sorted by device time on CUDA (a second table by host
+        time beside it there)."""
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
         cuda = self.device.type == "cuda"
@@ -108,6 +109,9 @@ class Worker:
             sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=30,
             max_name_column_width=80)
         (path / f"ops-rank{self.rank}.txt").write_text(table)
+        if cuda:  # the host's side too: where an eagerly run step spends its launch time
+            (path / f"ops-cpu-rank{self.rank}.txt").write_text(prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=80))
         return table
 
     @staticmethod
