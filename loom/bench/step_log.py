@@ -63,7 +63,7 @@ class StepLog:
                 pairs += n * before + n * (n + 1) // 2
         self._launched.append((prompt, decode, context, pairs))
 
-    def collected(self, scheduler_output) -> None:
+    def collected(self) -> None:
         now = time.perf_counter()
         prompt, decode, context, pairs = self._launched.popleft()
         self.steps.append(Step(now - self._last, prompt, decode, context, pairs))

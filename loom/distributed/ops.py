@@ -38,8 +38,7 @@ def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.dev
     symm_mem.rendezvous(buf, group.c10d_name)
     _SYMM_BUFFERS[group_name] = buf
     from loom.kernels.all_reduce_norm import SymmetricNormBuffer
-    _NORM_BUFFERS[group_name] = SymmetricNormBuffer(
-        group.c10d_name, SymmetricNormBuffer.BYTES, device, group.group)
+    _NORM_BUFFERS[group_name] = SymmetricNormBuffer(group.c10d_name, device, group.group)
     return True
 
 
@@ -81,9 +80,8 @@ def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: tor
     if reduced.is_cuda:
         from loom.kernels.all_reduce_norm import add_rms_norm
         return add_rms_norm(reduced, residual, weight, eps)
-    from loom.layers.norm import fused_add_rms_norm
-    out, residual_out = fused_add_rms_norm(reduced, residual, weight, eps)
-    return out.contiguous(), residual_out.contiguous()
+    from loom.layers.norm import fused_add_rms_norm_op
+    return fused_add_rms_norm_op(reduced, residual, weight, eps)
 
 
 @all_reduce_add_rms_norm.register_fake

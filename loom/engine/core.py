@@ -122,7 +122,7 @@ class EngineCore:
             scheduler_output, step = self._in_flight.popleft()
             result = self.executor.collect(step)
             if self.step_observer is not None:
-                self.step_observer.collected(scheduler_output)
+                self.step_observer.collected()
             outputs += self.scheduler.update_from_output(scheduler_output, result)
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
                                  scheduler_stats=self.scheduler.make_stats())

@@ -99,20 +99,22 @@ def _all_reduce_add_rms_norm_kernel(
 
 
 def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_rows):
+    """The kernel over x's rows (any leading dims); outputs shaped like x."""
+    shape = x.shape
+    x, residual = _rows(x), _rows(residual)
     num_rows, n = x.shape
-    out_dtype = torch.promote_types(weight.dtype, x.dtype)
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype),
+                      device=x.device)
     res_out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype),
                           device=x.device)
-    if num_rows == 0:
-        return out, res_out
-    block = triton.next_power_of_2(n)
-    _all_reduce_add_rms_norm_kernel[(num_rows,)](
-        x, residual, weight, out, res_out, data_ptrs, flag_ptrs, rank, eps,
-        x.stride(0), residual.stride(0), out.stride(0), res_out.stride(0),
-        N=n, BLOCK=block, WORLD=world, MAX_ROWS=max_rows,
-        num_warps=max(1, min(16, block // 512)))
-    return out, res_out
+    if num_rows:
+        block = triton.next_power_of_2(n)
+        _all_reduce_add_rms_norm_kernel[(num_rows,)](
+            x, residual, weight, out, res_out, data_ptrs, flag_ptrs, rank, eps,
+            x.stride(0), residual.stride(0), out.stride(0), res_out.stride(0),
+            N=n, BLOCK=block, WORLD=world, MAX_ROWS=max_rows,
+            num_warps=max(1, min(16, block // 512)))
+    return out.view(shape), res_out.view(shape)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -124,9 +126,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual) * weight, x + residual) in one kernel, as `fused_add_rms_norm`."""
-    shape = x.shape
-    out, res = _launch(_rows(x), _rows(residual), weight, eps, None, None, 0, 1, 1)
-    return out.view(shape), res.view(shape)
+    return _launch(x, residual, weight, eps, None, None, 0, 1, 1)
 
 
 class SymmetricNormBuffer:
@@ -139,13 +139,11 @@ class SymmetricNormBuffer:
     BYTES = MAX_ROWS * MAX_WIDTH * 2
     """Enough for MAX_ROWS rows of a 16384-wide bfloat16 model (2 MiB per rank)."""
 
-    def __init__(self, c10d_name: str, max_bytes: int, device: torch.device,
-                 process_group) -> None:
+    def __init__(self, c10d_name: str, device: torch.device, process_group) -> None:
         import torch.distributed as dist
         from torch.distributed import _symmetric_memory as symm_mem
-        self.max_bytes = max_bytes
         flag_words = 2 * dist.get_world_size(process_group) * self.MAX_ROWS
-        data_bytes = -(-max_bytes // 128) * 128
+        data_bytes = self.BYTES
         self._storage = symm_mem.empty(data_bytes + 4 * flag_words, dtype=torch.uint8,
                                        device=device)
         handle = symm_mem.rendezvous(self._storage, c10d_name)
@@ -165,10 +163,8 @@ class SymmetricNormBuffer:
     def fits(self, x: torch.Tensor) -> bool:
         rows = x.numel() // max(1, x.shape[-1])
         return (x.is_cuda and rows <= self.MAX_ROWS and x.shape[-1] <= self.MAX_WIDTH
-                and x.numel() * x.element_size() <= self.max_bytes)
+                and x.numel() * x.element_size() <= self.BYTES)
 
     def all_reduce_add_rms_norm(self, x, residual, weight, eps):
-        shape = x.shape
-        out, res = _launch(_rows(x), _rows(residual), weight, eps, self.data_ptrs,
-                           self.flag_ptrs, self.rank, self.world, self.MAX_ROWS)
-        return out.view(shape), res.view(shape)
+        return _launch(x, residual, weight, eps, self.data_ptrs, self.flag_ptrs, self.rank,
+                       self.world, self.MAX_ROWS)

@@ -38,6 +38,12 @@ def _kv_write_kernel(
     tl.store(dst + stride_plane, tl.load(src_v, mask=ok).to(elem), mask=ok)
 
 
+def check_slot_layout(kv_cache: torch.Tensor, caller: str) -> None:
+    """A slot index addresses (block, offset) only if each block's slots are contiguous."""
+    if kv_cache.stride(4) != 1 or kv_cache.stride(1) != kv_cache.stride(2) * kv_cache.shape[2]:
+        raise ValueError(f"{caller} needs each cache block contiguous in its slots")
+
+
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
     """Store key/value [T, num_kv_heads, head_dim] at slot_mapping[:T]; slots < 0 are skipped.
@@ -50,8 +56,7 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         return
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("write_kv_cache needs a contiguous head dim in key and value")
-    if kv_cache.stride(4) != 1 or kv_cache.stride(1) != kv_cache.stride(2) * kv_cache.shape[2]:
-        raise ValueError("write_kv_cache needs each cache block contiguous in its slots")
+    check_slot_layout(kv_cache, "write_kv_cache")
     _kv_write_kernel[(num_tokens,)](
         key, value, kv_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.kv_write import check_slot_layout
+
 
 @triton.jit
 def _rope_kv_write_kernel(
@@ -89,8 +91,7 @@ def rope_write_kv_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         raise ValueError(f"rotary needs an even head dim, got {head_dim}")
     if any(t.stride(2) != 1 for t in (query, key, value, q_out)):
         raise ValueError("rope_write_kv_cache needs a contiguous head dim in every head tensor")
-    if kv_cache.stride(4) != 1 or kv_cache.stride(1) != kv_cache.stride(2) * kv_cache.shape[2]:
-        raise ValueError("rope_write_kv_cache needs each cache block contiguous in its slots")
+    check_slot_layout(kv_cache, "rope_write_kv_cache")
     if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim \
             or cos_sin_cache.stride(1) != 1:
         raise ValueError("cos_sin_cache must be float32 [max_pos, head_dim], rows contiguous")
