@@ -53,6 +53,9 @@ def register(subparsers) -> None:
     p.add_argument("--profile", action="store_true",
                    help="run one more iteration under torch.profiler on every rank: print the "
                         "ops by device time, write Chrome traces to --profile-result-dir")
+    p.add_argument("--profile-host", action="store_true",
+                   help="run one more iteration under Python's cProfile on every rank: write "
+                        "each rank's functions by host time to --profile-result-dir")
     p.add_argument("--profile-result-dir", default="loom-profile")
     add_offline_args(p)
     p.set_defaults(func=run_latency)
@@ -91,6 +94,8 @@ def run_latency(args: argparse.Namespace) -> int:
     print_floors(ratios)
     if args.profile:
         profile_iteration(bench, args, rng)
+    if args.profile_host:
+        profile_iteration(bench, args, rng, host=True)
     if args.output_json:
         payload = {**bench.provenance("latency"), **_params(args), **main.summary(),
                    "decode_split": prefill.summary() if prefill else None, "floors": ratios}
@@ -132,20 +137,23 @@ def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,
 
 
 def profile_iteration(bench: OfflineBench, args: argparse.Namespace,
-                      rng: np.random.Generator) -> None:
-    """One more iteration of the main series under torch.profiler on every rank."""
+                      rng: np.random.Generator, host: bool = False) -> None:
+    """One more iteration of the main series under torch.profiler (or, with `host`, Python's
+    cProfile) on every rank."""
     executor = bench.llm.engine.executor
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0,
                             top_p=1.0)
     prompts = bench.random_prompts(rng, args.batch_size, args.input_len)
-    executor.collective_rpc("profile", "start")
+    suffix = "-host" if host else ""
+    executor.collective_rpc("profile", "start" + suffix)
     try:
         bench.llm.generate(prompts, params, use_tqdm=False)
     finally:
-        tables = executor.collective_rpc("profile", "stop", args.profile_result_dir)
-    print(f"Profile of one iteration (rank 0; every rank's trace and table in "
+        tables = executor.collective_rpc("profile", "stop" + suffix, args.profile_result_dir)
+    what = "host functions" if host else "trace and table"
+    print(f"Profile of one iteration (rank 0; every rank's {what} in "
           f"{args.profile_result_dir}/):")
-    print(tables[0])
+    print(tables[0] if not host else "\n".join(tables[0].splitlines()[:60]))
 
 
 def _check_lengths(outputs, output_len: int) -> None:

@@ -5,6 +5,7 @@ It owns the model, the paged KV cache and the per-request state of one rank.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 
@@ -114,6 +115,11 @@ class ModelRunner:
                              f"({num_blocks * self.kv_block_bytes / 2**30:.1f} GiB) cannot be "
                              f"allocated on {self.device}: {e}") from None
         self._compile_and_capture()
+        # Start-up leaves a large heap (compiled graphs, guards, kernels) that lives as long
+        # as the engine: moved out of the collector's reach, a full collection during a step
+        # no longer walks it.
+        gc.collect()
+        gc.freeze()
 
     def _compile_and_capture(self) -> None:
         cfg = self.config

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import cProfile
+import io
 import os
+import pstats
 import time
 from pathlib import Path
 
@@ -88,10 +91,22 @@ class Worker:
         """"start" a torch.profiler session (host ops, and device kernels on CUDA, CUDA-graph
         replays included), or "stop" it: write this rank's Chrome trace and op table to
         out_dir and return the table, sorted by device time on CUDA (a second table by host
-        time beside it there)."""
+        time beside it there). "start-host" / "stop-host" do the same with Python's cProfile
+        (host-rank*.txt: functions by own and by cumulative time)."""
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
         cuda = self.device.type == "cuda"
+        if action == "start-host":
+            # Python's own profiler: which functions a step's host time goes to.
+            self._host_profiler = cProfile.Profile()
+            self._host_profiler.enable()
+            return None
+        if action == "stop-host" and getattr(self, "_host_profiler", None) is not None:
+            if out_dir is None:
+                raise ValueError("profile: 'stop-host' needs a directory")
+            prof, self._host_profiler = self._host_profiler, None
+            prof.disable()
+            return _write_host_profile(prof, Path(out_dir) / f"host-rank{self.rank}.txt")
         if action == "start":
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
             self._profiler = torch_profile(activities=activities)
@@ -126,3 +141,14 @@ class Worker:
 
     def launch(self, so: SchedulerOutput) -> StepHandle:
         return self.model_runner.launch(so)
+
+
+def _write_host_profile(prof: cProfile.Profile, path: Path) -> str:
+    """Functions by own time, then by cumulative time; returns the text written."""
+    out = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        out.write(f"=== sorted by {key}\n")
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(40)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out.getvalue())
+    return out.getvalue()

@@ -95,6 +95,17 @@ def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys,
         assert "Self CPU" in (profile_dir / f"ops-rank{rank}.txt").read_text()
 
 
+def test_host_profile_names_the_model_runner_on_every_rank(tiny, tmp_path, capsys, monkeypatch):
+    profile_dir = tmp_path / "prof"
+    assert _latency(tiny, tmp_path / "l.json", monkeypatch, "--output-len", "2", "-tp", "2",
+                    "--profile-host", "--profile-result-dir", str(profile_dir)) == 0
+    assert "host functions" in capsys.readouterr().out
+    for rank in range(2):
+        text = (profile_dir / f"host-rank{rank}.txt").read_text()
+        assert "sorted by tottime" in text and "sorted by cumulative" in text
+        assert "model_runner.py" in text  # the step's own code, profiled in the worker
+
+
 def test_tp_decode_prints_the_all_reduce_time_of_a_step(tiny, tmp_path, capsys, monkeypatch):
     out = tmp_path / "tp2-decode.json"
     assert _latency(tiny, out, monkeypatch, "--output-len", "3", "-tp", "2") == 0
