@@ -137,6 +137,9 @@ class PassConfig:
             object.__setattr__(self, "enable_sequence_parallelism", True)
 
 
+CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
 @dataclass(frozen=True)
 class CompilationConfig:
     level: int = 0
@@ -147,6 +150,11 @@ class CompilationConfig:
     """Ops the graph is split at; None means attention; () keeps one whole graph."""
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8."""
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    """FULL_DECODE_ONLY: pure-decode batches replay whole-forward CUDA graphs (the sizes
+    above). FULL_AND_PIECEWISE: besides, at level 3 the pieces of each static-shape graph
+    (compile_sizes) are captured on their second run and replayed, attention running
+    eagerly between them: an eager prefill's host time goes. NONE: no CUDA graphs."""
     pass_config: PassConfig = field(default_factory=PassConfig)
     """Custom Inductor passes."""
     inductor_compile_config: dict[str, Any] = field(default_factory=dict)
@@ -171,6 +179,9 @@ class CompilationConfig:
             isinstance(op, str) and op for op in self.splitting_ops)),
             "compilation_config.splitting_ops: must be a list of op names (e.g. "
             f"[\"loom::attention\"]) or [], got {self.splitting_ops!r}")
+        _check(self.cudagraph_mode in CUDAGRAPH_MODES,
+               f"compilation_config.cudagraph_mode: must be one of {list(CUDAGRAPH_MODES)}, got "
+               f"{self.cudagraph_mode!r}")
         _check(isinstance(self.inductor_compile_config, dict),
                "compilation_config.inductor_compile_config: expected a JSON object, got "
                f"{type(self.inductor_compile_config).__name__}")

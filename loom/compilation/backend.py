@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
+from loom.compilation import piece_graph
 from loom.compilation.pass_manager import PassManager
 from loom.config import CompilationConfig
 
@@ -96,6 +97,11 @@ class PiecewiseBackend:
         if missing:
             logger.warning("splitting_ops %s matched no op of the graph: not split there",
                            missing)
+        if self.config.cudagraph_mode == "FULL_AND_PIECEWISE" and self.config.compile_sizes \
+                and not any(op in self.splitting_ops for op in DEFAULT_SPLITTING_OPS):
+            logger.info("cudagraph_mode FULL_AND_PIECEWISE: the graph is not split at attention, "
+                        "so compile_sizes %s run without piecewise CUDA graphs",
+                        list(self.config.compile_sizes))
         split, split_names = split_graph(gm, self.splitting_ops)
         piece_inputs = _record_piece_inputs(split, example_inputs)
         compiled = 0
@@ -146,6 +152,10 @@ class Piece:
         self.single_output = not isinstance(module.graph.output_node().args[0], tuple | list)
         self.general = self._compile(example_inputs)
         self.static: dict[int, Callable] = {}
+        self.piecewise = config.cudagraph_mode == "FULL_AND_PIECEWISE" and not any(
+            _op_name(n) in DEFAULT_SPLITTING_OPS for n in module.graph.nodes)
+        """Static sizes replay CUDA graphs from their second run (not with attention inside)."""
+        self.graphs: dict[int, piece_graph.PieceGraph | None] = {}
         self.split = pass_manager.range_split
         self.small = None
         if self.split is not None:
@@ -174,7 +184,11 @@ class Piece:
             start = time.perf_counter()
             self.static[n] = self._compile(list(args))
             logger.info("compiled a piece for %d tokens in %.1f s", n, time.perf_counter() - start)
-        return self.static[n](*args)
+            return self.static[n](*args)  # the first run warms up (autotuning, collectives)
+        if self.piecewise and n not in self.graphs and piece_graph.can_capture(list(args)):
+            self.graphs[n] = piece_graph.capture_piece(self.static[n], list(args), n)
+        graph = self.graphs.get(n)
+        return graph(*args) if graph is not None else self.static[n](*args)
 
 
 class CompiledForward:

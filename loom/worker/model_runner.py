@@ -146,7 +146,8 @@ class ModelRunner:
         if self.token_multiple > 1:
             # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
             sizes = sorted({_round_up(s, self.token_multiple) for s in sizes})
-        if self.device.type != "cuda" or cfg.enforce_eager or not sizes:
+        if self.device.type != "cuda" or cfg.enforce_eager or not sizes \
+                or cfg.compilation.cudagraph_mode == "NONE":
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
         self.graph_runner = CUDAGraphRunner(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from loom import LLM, SamplingParams
-from loom.compilation import backend
+from loom.compilation import backend, piece_graph
+from loom.config import CompilationConfig
 from tests.e2e.test_correctness import _prompts
 
 
@@ -48,3 +50,76 @@ def test_unknown_inductor_option_is_a_clear_error(tiny_model_factory):
     with pytest.raises(ValueError, match=r"inductor_compile_config: unknown Inductor option"):
         _tokens(path, compilation_config={"level": 3,
                                           "inductor_compile_config": {"max_autotunez": True}})
+
+
+class _FakeGraph(piece_graph.PieceGraph):
+    """A CUDA graph's contract on the CPU: capturing records the call; a replay runs it again
+    on the captured argument tensors and writes the results into the captured outputs."""
+    captured: list = []
+    replays = 0
+
+    def _capture(self, fn, args):
+        self.fn = fn
+        _FakeGraph.captured.append(self)
+        return fn(*args)
+
+    def _replay(self):
+        _FakeGraph.replays += 1
+        fresh = self.fn(*self.args)
+        outs = self.out if isinstance(self.out, tuple | list) else (self.out,)
+        for old, new in zip(outs, fresh if isinstance(fresh, tuple | list) else (fresh,)):
+            old.copy_(new)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("splitting_ops", [None, []], ids=["split-at-attention", "one-graph"])
+def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, tiny_model_factory,
+                                                             caplog, monkeypatch):
+    """cudagraph_mode FULL_AND_PIECEWISE: each static-size piece is captured on its second
+    run and replayed after; attention's fresh outputs are copied into the captured inputs,
+    so every decode step of 3 requests still computes eager's tokens."""
+    path, _ = tiny_model_factory("llama")
+    eager = _tokens(path)
+    monkeypatch.setattr(piece_graph, "can_capture", lambda args: True)
+    monkeypatch.setattr(piece_graph, "PieceGraph", _FakeGraph)
+    _FakeGraph.captured, _FakeGraph.replays = [], 0
+    caplog.set_level(logging.INFO, logger="loom.compilation.backend")
+    config = {"level": 3, "compile_sizes": [3], "splitting_ops": splitting_ops,
+              "cudagraph_mode": "FULL_AND_PIECEWISE"}
+    assert _tokens(path, compilation_config=config) == eager
+    if splitting_ops == []:
+        assert not _FakeGraph.captured and "run without piecewise CUDA graphs" in caplog.text
+        return
+    assert len(_FakeGraph.captured) == 3  # the three pieces around two attention layers
+    # Decode steps of 3 tokens after the capture step: every piece replayed in each.
+    assert _FakeGraph.replays >= 3 * 4 and _FakeGraph.replays % 3 == 0
+
+
+def test_cudagraph_mode_is_checked():
+    with pytest.raises(ValueError, match=r"cudagraph_mode: must be one of"):
+        CompilationConfig.parse({"level": 3, "cudagraph_mode": "PIECEWISE_PLEASE"})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tp", [1, 2])
+def test_piecewise_graphs_on_gpu(tp, tiny_model_factory, capfd):
+    """Real CUDA graphs: prefill chunks of 24 tokens (a static size) replay their pieces,
+    NCCL all-reduces included at TP=2, and give the greedy tokens of the default mode."""
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"needs {tp} GPUs")
+    path, _ = tiny_model_factory("llama")
+    prompts = _prompts(4, (70, 50, 90, 30))
+    results = []
+    for mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda",
+                  max_model_len=128, tensor_parallel_size=tp, max_num_batched_tokens=24,
+                  kv_cache_memory_bytes=1 << 28, enable_prefix_caching=False,
+                  compilation_config={"level": 3, "compile_sizes": [24],
+                                      "cudagraph_mode": mode})
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        results.append([o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                     use_tqdm=False)])
+        llm.shutdown()
+    assert results[0] == results[1]
+    assert "capturing the pieces for 24 tokens" in capfd.readouterr().err

@@ -1,0 +1,31 @@
+# x2 (~9 min), next session's first call: piecewise CUDA graphs for static sizes
+# (cudagraph_mode FULL_AND_PIECEWISE, opt-in).
+# 1. GPU tests: greedy tokens equal to the default mode at TP=1 and TP=2 (NCCL captured).
+# 2. TP=2 2048 static, passes off: default against FULL_AND_PIECEWISE, interleaved twice.
+#    Expected: the host-bound ~33/50 ms bimodal step becomes GPU-bound (~28-30 ms, steady).
+# 3. TP=2 8192 static off with FULL_AND_PIECEWISE (128.0 ms default at 51c1b80; async TP
+#    118.2 compiles one whole graph, which keeps attention inside and is not captured).
+# 4. 1 GPU (GPU0): prefill 2048 and 8192, default against FULL_AND_PIECEWISE (#3's targets:
+#    75% and 85% of the matmul ceiling; 74% and 77% at f1214a8).
+source benchmarks/gpu/env.sh
+R=/tmp/r; mkdir -p $R
+timeout 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/compilation/test_level3.py > $R/tests.log 2>&1; echo "rc=$?" >> $R/tests.log; tail -2 $R/tests.log
+stamp tests
+B="--model llama-3.1-8b --load-format dummy --no-enable-prefix-caching --max-model-len 9000 --output-len 1 --batch-size 1 --num-iters-warmup 5 --num-iters 15"
+run() {  # name tp len mode
+  LEFT=$(( 570 - ($(date +%s) - T0) )); [ $LEFT -lt 50 ] && { echo "$1: skipped for time"; return; }
+  timeout $LEFT $LOOM bench latency $B -tp $2 --input-len $3 -O "{\"level\":3,\"compile_sizes\":[$3],\"cudagraph_capture_sizes\":[],\"cudagraph_mode\":\"$4\"}" --output-json $R/$1.json > $R/$1.log 2>&1
+  echo "$1: $(grep -E '^Avg' $R/$1.log) $(grep -E '^Prefill' $R/$1.log | cut -c1-90) $(grep -c 'could not be captured' $R/$1.log) capture failures"
+}
+for rep in 1 2; do
+  run tp2-s2048-default$rep 2 2048 FULL_DECODE_ONLY
+  run tp2-s2048-piecewise$rep 2 2048 FULL_AND_PIECEWISE
+done
+run tp2-s8192-piecewise 2 8192 FULL_AND_PIECEWISE
+stamp tp2
+export CUDA_VISIBLE_DEVICES=0
+for L in 2048 8192; do
+  run tp1-s$L-default 1 $L FULL_DECODE_ONLY
+  run tp1-s$L-piecewise 1 $L FULL_AND_PIECEWISE
+done
+tar czf $OUT/r.tgz -C $R . ; stamp done
