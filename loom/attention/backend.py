@@ -10,6 +10,7 @@ The batch is flat: the query tokens of request i are rows
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,19 @@ class AttentionMetadata:
     @property
     def is_pure_decode(self) -> bool:
         return self.max_query_len == 1
+
+    # Read once per step, not once per layer: an eagerly run prefill is bound by host time.
+    @functools.cached_property
+    def host_bounds(self) -> tuple[list[int], list[int]]:
+        """query_start_loc[:num_reqs + 1] and seq_lens[:num_reqs] as Python lists."""
+        return (self.query_start_loc_cpu[:self.num_reqs + 1].tolist(),
+                self.seq_lens_cpu[:self.num_reqs].tolist())
+
+    @functools.cached_property
+    def is_fresh_prefill(self) -> bool:
+        """Every request's query is its whole sequence (no cached context before it)."""
+        starts, seq_lens = self.host_bounds
+        return all(end - start == n for start, end, n in zip(starts, starts[1:], seq_lens))
 
 
 class AttentionBackend(abc.ABC):

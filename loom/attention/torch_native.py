@@ -27,8 +27,7 @@ class TorchNativeBackend(AttentionBackend):
     def forward(self, query, kv_cache, meta: AttentionMetadata, scale):
         block_size = kv_cache.shape[2]
         out = torch.zeros_like(query)
-        starts = meta.query_start_loc_cpu.tolist()
-        seq_lens = meta.seq_lens_cpu.tolist()
+        starts, seq_lens = meta.host_bounds
         for i in range(meta.num_reqs):
             q = query[starts[i]:starts[i + 1]]
             if q.shape[0] == 0:

@@ -102,12 +102,10 @@ class TritonBackend(AttentionBackend):
         if meta.num_reqs > self.tiles.sdpa_max_reqs or \
                 meta.num_actual_tokens < self.sdpa_min_tokens:
             return False
-        starts = meta.query_start_loc_cpu[:meta.num_reqs + 1]
-        return torch.equal(starts[1:] - starts[:-1], meta.seq_lens_cpu[:meta.num_reqs])
+        return meta.is_fresh_prefill
 
     def _sdpa_prefill(self, query, kv_cache, meta, scale, out) -> None:
-        starts = meta.query_start_loc_cpu.tolist()
-        seq_lens = meta.seq_lens_cpu.tolist()
+        starts, seq_lens = meta.host_bounds
         for i in range(meta.num_reqs):
             q = query[starts[i]:starts[i + 1]]
             k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], kv_cache.shape[2])
