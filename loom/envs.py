@@ -115,3 +115,10 @@ def async_tp_impl() -> str:
     if value not in ("symm_mem", "overlap"):
         raise ValueError(f"LOOM_ASYNC_TP_IMPL: expected symm_mem or overlap, got {value!r}")
     return value
+
+
+def layer_times() -> bool:
+    """LOOM_LAYER_TIMES=1: for every step run eagerly on CUDA, log each layer's host time
+    beside its GPU time (CUDA events at each attention call), to tell a host-bound step
+    from a GPU-bound one without a profiler's own host cost (loom/worker/layer_clock.py)."""
+    return _flag("LOOM_LAYER_TIMES")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,6 +21,9 @@ class ForwardContext:
     """None during a profiling or compile-warm-up run: attention writes and reads nothing."""
     kv_caches: list[torch.Tensor]
     backend: AttentionBackend
+    layer_clock: Any = None
+    """A `loom.worker.layer_clock.LayerClock` that each attention call marks
+    (LOOM_LAYER_TIMES=1), or None."""
 
 
 _current: ForwardContext | None = None

@@ -24,6 +24,8 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """query [T, Hq*D], key/value [T, Hkv*D] -> [T, Hq*D]; writes key/value to the cache.
     With positions (and cos_sin_cache), query and key come unrotated and are rotated here."""
     ctx = get_forward_context()
+    if ctx.layer_clock is not None:
+        ctx.layer_clock.mark()
     meta = ctx.attn_metadata
     head_dim = ctx.kv_caches[layer_idx].shape[-1] if ctx.kv_caches else 1
     q = query.view(query.shape[0], -1, head_dim)

@@ -22,6 +22,7 @@ from loom import envs
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes
+from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
 from loom.worker.model_loader import load_model
@@ -172,14 +173,20 @@ class ModelRunner:
         batch = build_batch(self.requests, reqs, list(so.num_scheduled_tokens.values()),
                             self.block_size, self.device, self.token_multiple, self._pending)
         size = self.graph_runner.padded_size(batch) if self.graph_runner else None
+        clock = None
         if size is not None:
             hidden = self.graph_runner.run(batch, size)
         else:
-            ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend)
+            if self.device.type == "cuda" and envs.layer_times():
+                clock = LayerClock(batch.input_ids.shape[0])
+            ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend, clock)
             with forward_context(ctx):
                 hidden = self.forward(batch.input_ids, batch.positions)
+            if clock is not None:
+                clock.mark()
         seq_lens = batch.attn_metadata.seq_lens_cpu.tolist()
         handle = StepHandle(self, reqs, seq_lens, batch.sample_rows)
+        handle.layer_clock = clock
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             tokens, handle.logprobs = (self._sample(reqs, batch.sample_rows, logits,

@@ -9,12 +9,15 @@ work of one step overlaps the device work of the other.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 
 from loom.core.sched_output import ModelRunnerOutput
 from loom.engine.protocol import Logprobs
+
+logger = logging.getLogger(__name__)
 
 
 class StepHandle:
@@ -26,6 +29,8 @@ class StepHandle:
         self.logprobs: Callable[[], list[Logprobs]] | None = None
         self.pooled: dict[str, list[float]] = {}
         self.prompt_logprobs: dict[str, list[Logprobs]] = {}
+        self.layer_clock = None
+        """LOOM_LAYER_TIMES: the step's per-layer clock, reported once it has run."""
 
     @classmethod
     def done(cls, output: ModelRunnerOutput) -> StepHandle:
@@ -51,6 +56,10 @@ class StepHandle:
     def _finish(self) -> ModelRunnerOutput:
         if self._event is not None:
             self._event.synchronize()
+        if self.layer_clock is not None:
+            line = self.layer_clock.report()
+            if line:
+                logger.info("%s", line)
         tokens = self._tokens.tolist() if self._tokens is not None else []
         states, reqs = self._runner.requests, self._reqs
         sampled: list[list[int]] = [[] for _ in reqs]
