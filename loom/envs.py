@@ -108,13 +108,19 @@ def async_tp_impl() -> str:
     """LOOM_ASYNC_TP_IMPL: what the async-TP pass fuses collectives with their matmuls into.
     "symm_mem" (default): PyTorch's fused_all_gather_matmul, and its pipelined exchange of
     matmul partials in place of fused_matmul_reduce_scatter (the sum left to Inductor),
-    static graphs only, where the measured table says they win. "overlap": loom's
-    loom::all_gather_matmul / loom::matmul_reduce_scatter (loom/distributed/
-    collective_matmul.py), every graph, overlapped from LOOM_ASYNC_TP_MIN_TOKENS (1024)."""
+    static graphs only, where the measured table says they win. "p2p": the same sites and
+    table, with loom's leaner TP=2 ops over symmetric memory (loom/distributed/
+    p2p_matmul.py). "overlap": loom's loom::all_gather_matmul / loom::matmul_reduce_scatter
+    (loom/distributed/collective_matmul.py), every graph, overlapped from
+    LOOM_ASYNC_TP_MIN_TOKENS (1024)."""
     value = os.environ.get("LOOM_ASYNC_TP_IMPL", "") or "symm_mem"
-    if value not in ("symm_mem", "overlap"):
-        raise ValueError(f"LOOM_ASYNC_TP_IMPL: expected symm_mem or overlap, got {value!r}")
+    if value not in ASYNC_TP_IMPLS:
+        raise ValueError(f"LOOM_ASYNC_TP_IMPL: expected one of {', '.join(ASYNC_TP_IMPLS)}, "
+                         f"got {value!r}")
     return value
+
+
+ASYNC_TP_IMPLS = ("symm_mem", "p2p", "overlap")
 
 
 def layer_times() -> bool:

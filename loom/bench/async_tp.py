@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from loom import envs
 from loom.bench.common import command_line, git_commit, now_iso, write_json
 
 GRAPHS = ("static", "dynamic")
-IMPLS = ("symm_mem", "overlap")
+IMPLS = envs.ASYNC_TP_IMPLS
 
 
 def register(subparsers) -> None:
@@ -44,7 +45,7 @@ def register(subparsers) -> None:
                    help="static (compile_sizes [N]) and/or dynamic (no compile_sizes)")
     p.add_argument("--impls", default="symm_mem",
                    help="async-TP implementations to run on (LOOM_ASYNC_TP_IMPL): "
-                        "symm_mem, overlap")
+                        "symm_mem, p2p, overlap")
     p.add_argument("--whole-graph-off", action="store_true",
                    help="also run off with splitting_ops [] (one graph, as the passes compile)")
     p.add_argument("--repeats", type=int, default=2)

@@ -77,6 +77,29 @@ def test_overlap_ops_rewrite_every_graph_and_keep_outputs(kind, min_tokens, tiny
         assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_p2p_ops_rewrite_the_static_sites_and_keep_outputs(kind, tiny_model_factory, tmp_path):
+    """LOOM_ASYNC_TP_IMPL=p2p: loom's TP=2 ops over symmetric memory take the static sites
+    of PyTorch's fused ops (the MoE block reading the gathered A too); on the CPU they run
+    their unpipelined fallback through gloo and compute what eager TP=2 does."""
+    path, _ = tiny_model_factory(kind)
+    scenario = Scenario(path, {"enable_async_tp": True}, compile_sizes=[8], token_counts=(8, 14),
+                        env={"LOOM_ASYNC_TP_IMPL": "p2p", "LOOM_ASYNC_TP_MIN_TOKENS": "1"})
+    report = run_tp2(scenario, str(tmp_path))
+    dynamic, static = report["graphs"]
+    fused_ag, fused_rs, ag_left, rs_left = FUSED[kind]
+    counts = static["norm_decomposition"]
+    assert counts["loom.all_gather_matmul_p2p.default"] == fused_ag
+    assert counts["loom.matmul_reduce_scatter_partials_p2p.default"] == fused_rs
+    assert (counts["loom.all_gather.default"], counts["loom.reduce_scatter.default"]) == \
+        (ag_left, rs_left)
+    assert counts["symm_mem.fused_all_gather_matmul.default"] == 0
+    assert dynamic["norm_decomposition"]["loom.all_gather_matmul_p2p.default"] == 0
+    for n, rel in report["diffs"].items():
+        assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
+
+
 PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)]
            for i, n in enumerate((7, 30, 19))]
 
@@ -97,6 +120,8 @@ def _generate(path: str, tp: int, **kwargs):
 REWRITE_LOGS = {
     "symm_mem": r"rank(\d) .*async_tp: 24 tokens: fused 4 of 4 all_gather\+matmul, "
                 r"4 of 4 matmul\+reduce_scatter",
+    "p2p": r"rank(\d) .*async_tp: 24 tokens: fused 4 of 4 all_gather\+matmul, "
+           r"4 of 4 matmul\+reduce_scatter",
     "overlap": r"rank(\d) .*async_tp: loom overlap ops: rewrote 4 of 4 all_gather\+matmul, "
                r"4 of 4 matmul\+reduce_scatter",
 }

@@ -22,7 +22,9 @@ WATCHED = ("loom.all_reduce.default", "loom.all_reduce_add_rms_norm.default", "l
            "symm_mem.fused_all_gather_matmul.default",
            "symm_mem.fused_matmul_reduce_scatter.default",
            "loom.matmul_reduce_scatter_partials.default",
-           "loom.all_gather_matmul.default", "loom.matmul_reduce_scatter.default")
+           "loom.all_gather_matmul.default", "loom.matmul_reduce_scatter.default",
+           "loom.all_gather_matmul_p2p.default",
+           "loom.matmul_reduce_scatter_partials_p2p.default")
 
 
 @dataclass

@@ -11,7 +11,9 @@ Only static-shape graphs (`compile_sizes`) are fused, and only where the measure
 (`async_tp_table.py`) says the fused op beats NCCL + cuBLAS at that token count; the
 dynamic graph keeps the unfused collectives, and the log says which applied.
 
-With LOOM_ASYNC_TP_IMPL=overlap the same sites become loom's own
+With LOOM_ASYNC_TP_IMPL=p2p the static sites become loom's leaner TP=2 ops over symmetric
+memory instead (`loom/distributed/p2p_matmul.py`, one barrier a call). With
+LOOM_ASYNC_TP_IMPL=overlap the same sites become loom's own
 `loom::all_gather_matmul` / `loom::matmul_reduce_scatter` instead
 (`loom/distributed/collective_matmul.py`): they take any token count, so every graph is
 rewritten (the dynamic one too), and they choose at run time whether to overlap
@@ -34,6 +36,7 @@ from loom.compilation.passes.graph_utils import (ALL_GATHER, ALL_REDUCE, MM, RED
                                                  emit, fake_mode, hoist, is_op, nodes_of,
                                                  only_user, token_dim)
 from loom.distributed import collective_matmul  # noqa: F401 - registers loom's overlap ops
+from loom.distributed import p2p_matmul  # noqa: F401 - registers loom's TP=2 p2p ops
 from loom.distributed.parallel_state import get_group
 
 logger = logging.getLogger(__name__)
@@ -96,16 +99,25 @@ class AsyncTPPass:
         hidden = gathers[0].hidden_size if gathers else scatters[0].matmul.meta["val"].shape[-1]
         choice = async_tp_table.choose(self.tp_size, hidden, num_tokens)
         mode = fake_mode(graph)
+        p2p = envs.async_tp_impl() == "p2p"
+
         def gather_op(ag, weights, keep_a):
+            if p2p:
+                _, _, world_size, group_name = ag.args
+                return emit(graph, mode, torch.ops.loom.all_gather_matmul_p2p.default,
+                            ag.args[0], weights, world_size, group_name, keep_a)
             return emit(graph, mode, torch.ops.symm_mem.fused_all_gather_matmul.default,
                         ag.args[0], weights, 0, group, return_A=keep_a)
+
+        partials_op = (torch.ops.loom.matmul_reduce_scatter_partials_p2p.default if p2p
+                       else torch.ops.loom.matmul_reduce_scatter_partials.default)
 
         def scatter_op(rs, mm):
             # The partials' sum is a graph node: Inductor folds it into the kernel that
             # reads the reduce-scatter's output (the residual add + RMSNorm).
             _, _, world_size, group_name = rs.args
-            partials = emit(graph, mode, torch.ops.loom.matmul_reduce_scatter_partials.default,
-                            mm.args[0], mm.args[1], world_size, group_name)
+            partials = emit(graph, mode, partials_op, mm.args[0], mm.args[1], world_size,
+                            group_name)
             return emit(graph, mode, torch.ops.aten.sum.dim_IntList, partials, [0])
 
         fused_ag = sum(_rewrite_gather(graph, mode, s, gather_op) for s in gathers) \
