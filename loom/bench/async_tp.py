@@ -48,6 +48,10 @@ def register(subparsers) -> None:
                         "symm_mem, p2p, overlap")
     p.add_argument("--whole-graph-off", action="store_true",
                    help="also run off with splitting_ops [] (one graph, as the passes compile)")
+    p.add_argument("-O", "--compilation-config", default=None,
+                   help="a JSON object every run's -O starts from (e.g. "
+                        "'{\"cudagraph_mode\":\"FULL_AND_PIECEWISE\"}'); the table's own keys "
+                        "(level, compile_sizes, pass_config, splitting_ops) override it")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--num-iters-warmup", type=int, default=5)
     p.add_argument("--num-iters", type=int, default=15)
@@ -66,8 +70,9 @@ class Variant:
     impl: str
     whole_graph: bool = False
 
-    def compilation(self, input_len: int, graph: str) -> dict[str, Any]:
-        config: dict[str, Any] = {"level": 3}
+    def compilation(self, input_len: int, graph: str,
+                    base: dict[str, Any] | None = None) -> dict[str, Any]:
+        config: dict[str, Any] = {**(base or {}), "level": 3}
         if graph == "static":
             config["compile_sizes"] = [input_len]
         if self.whole_graph:
@@ -86,6 +91,18 @@ def _csv(text: str, what: str, allowed: tuple[str, ...] | None = None) -> list[s
     return items
 
 
+def _base_config(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"compilation_config: not JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"compilation_config: expected a JSON object, got {text!r}")
+    return value
+
+
 def _plan(args: argparse.Namespace) -> tuple[list[int], list[str], list[Variant]]:
     try:
         lens = [int(s) for s in _csv(args.input_lens, "input_lens")]
@@ -99,6 +116,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[int], list[str], list[Variant]
         raise ValueError(f"tensor_parallel_size: async TP needs at least 2, got "
                          f"{args.tensor_parallel_size}")
     graphs = _csv(args.graphs, "graphs", GRAPHS)
+    _base_config(args.compilation_config)  # a bad -O fails before any run
     variants = [Variant("off", False, "symm_mem")]
     if args.whole_graph_off:
         variants.append(Variant("off-whole", False, "symm_mem", whole_graph=True))
@@ -140,7 +158,8 @@ def _run_one(args, engine: list[str], out_dir: Path, n: int, graph: str, v: Vari
     cmd = [sys.executable, "-m", "loom.cli", "bench", "latency", "--model", args.model,
            "-tp", str(args.tensor_parallel_size), "--input-len", str(n), "--output-len", "1",
            "--batch-size", "1", "--num-iters-warmup", str(args.num_iters_warmup),
-           "--num-iters", str(args.num_iters), "-O", json.dumps(v.compilation(n, graph)),
+           "--num-iters", str(args.num_iters), "-O",
+           json.dumps(v.compilation(n, graph, _base_config(args.compilation_config))),
            "--output-json", str(json_path), *engine]
     env = {**os.environ, "LOOM_ASYNC_TP_IMPL": v.impl}
     print(f"[{name}] {command_line(['loom', *cmd[3:]])}", flush=True)

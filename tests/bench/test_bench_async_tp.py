@@ -18,6 +18,7 @@ def table_run(tiny_model_factory, tmp_path_factory):
     argv = ["bench", "async-tp", "--model", path, "-tp", "2", "--input-lens", "16",
             "--graphs", "static", "--impls", "overlap", "--repeats", "1",
             "--num-iters-warmup", "0", "--num-iters", "1", "--result-dir", str(out),
+            "-O", '{"cudagraph_mode": "NONE", "level": 1}',
             "--", "--device", "cpu", "--max-model-len", "64"]
     old, sys.argv = sys.argv, ["loom", *argv]
     try:
@@ -45,6 +46,7 @@ def test_every_variant_runs_and_the_table_matches_its_runs(table_run, capsys):
         assert (config["level"], config["compile_sizes"]) == (3, [16])
         assert config["pass_config"]["enable_async_tp"] is enabled
         assert config["cudagraph_capture_sizes"] == []  # prefill only: nothing captured
+        assert config["cudagraph_mode"] == "NONE"  # from -O; its level gave way to the table's
     # The passes really ran in the "on" run only (the suite forces sequence parallelism on).
     assert "loom overlap ops: rewrote" in (out / "static16-overlap-r0.log").read_text()
     assert "sequence_parallelism" not in (out / "static16-off-r0.log").read_text()
@@ -55,6 +57,7 @@ def test_every_variant_runs_and_the_table_matches_its_runs(table_run, capsys):
     (["--graphs", "both"], "graphs: unknown"),
     (["--input-lens", "abc"], "input_lens"),
     (["-tp", "1"], "tensor_parallel_size"),
+    (["-O", "[1]"], "compilation_config: expected a JSON object"),
 ])
 def test_bad_flags_are_clear_errors(flags, message, capsys):
     assert main(["bench", "async-tp", "--model", "x", *flags]) == 2
