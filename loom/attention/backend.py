@@ -70,19 +70,32 @@ class AttentionBackend(abc.ABC):
 
     def rope_write_kv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                      kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                      kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_out: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate query [T, num_heads, head_dim] and key at positions[:T] (rotate-half;
         cos_sin_cache is `RotaryEmbedding.cos_sin_cache`), write_kv the rotated key and the
-        value, and return the rotated query. This default is the reference: torch's
-        rotation, then write_kv."""
+        value, and return the rotated query; kv_out [2, T, num_kv_heads, head_dim], when
+        given, receives the rotated key and the value too. This default is the reference:
+        torch's rotation, then write_kv."""
         positions = positions[:query.shape[0]]
         key = rotate_at(positions, key, cos_sin_cache)
         self.write_kv(key, value, kv_cache, slot_mapping)
+        if kv_out is not None:
+            kv_out[0].copy_(key)
+            kv_out[1].copy_(value)
         return rotate_at(positions, query, cos_sin_cache)
+
+    def attends_batch_kv(self, meta: AttentionMetadata, kv_cache: torch.Tensor,
+                         key: torch.Tensor) -> bool:
+        """Whether `forward` would attend over this batch's own keys and values (passed as
+        batch_kv) rather than read them back from the cache: none by default."""
+        return False
 
     @abc.abstractmethod
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, batch_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
         """Causal attention of query [T, num_heads, head_dim] over each request's cached
         keys/values (already including this step's); returns [T, num_heads, head_dim].
-        GQA: num_heads is a multiple of num_kv_heads."""
+        GQA: num_heads is a multiple of num_kv_heads. batch_kv: this step's rotated keys and
+        values [T, num_kv_heads, head_dim], passed where `attends_batch_kv` said so."""

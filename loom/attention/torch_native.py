@@ -24,7 +24,7 @@ class TorchNativeBackend(AttentionBackend):
         flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
         flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
 
-    def forward(self, query, kv_cache, meta: AttentionMetadata, scale):
+    def forward(self, query, kv_cache, meta: AttentionMetadata, scale, batch_kv=None):
         block_size = kv_cache.shape[2]
         out = torch.zeros_like(query)
         starts, seq_lens = meta.host_bounds

@@ -53,13 +53,19 @@ class TritonBackend(AttentionBackend):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
 
     def rope_write_kv(self, query, key, value, positions, cos_sin_cache, kv_cache,
-                      slot_mapping):
+                      slot_mapping, kv_out=None):
         # One kernel for both: at decode each alone is mostly launch and ramp-up.
         return rope_write_kv_cache(query, key, value, positions, cos_sin_cache, kv_cache,
-                                   slot_mapping)
+                                   slot_mapping, kv_out=kv_out)
+
+    def attends_batch_kv(self, meta, kv_cache, key) -> bool:
+        # A fresh prefill's keys are all this batch's: SDPA reads them where the rotary
+        # kernel left them, not gathered back from the cache's blocks. Same dtype only, so
+        # that they are exactly what the cache holds.
+        return kv_cache.dtype == key.dtype and not meta.is_pure_decode and self._use_sdpa(meta)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, batch_kv=None) -> torch.Tensor:
         out = torch.empty_like(query)
         # Padding rows belong to no request; zero them so no garbage (NaN) flows onwards.
         if meta.num_actual_tokens < out.shape[0]:
@@ -69,7 +75,7 @@ class TritonBackend(AttentionBackend):
         if meta.is_pure_decode:
             self._decode(query, kv_cache, meta, scale, out)
         elif self._use_sdpa(meta):
-            self._sdpa_prefill(query, kv_cache, meta, scale, out)
+            self._sdpa_prefill(query, kv_cache, meta, scale, out, batch_kv)
         else:
             block_m, block_n, warps = self._prefill_tiles(query.shape[2], query.dtype)
             paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
@@ -104,11 +110,14 @@ class TritonBackend(AttentionBackend):
             return False
         return meta.is_fresh_prefill
 
-    def _sdpa_prefill(self, query, kv_cache, meta, scale, out) -> None:
+    def _sdpa_prefill(self, query, kv_cache, meta, scale, out, batch_kv=None) -> None:
         starts, seq_lens = meta.host_bounds
         for i in range(meta.num_reqs):
             q = query[starts[i]:starts[i + 1]]
-            k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], kv_cache.shape[2])
+            if batch_kv is not None:  # a fresh prefill: the request's keys are its rows
+                k, v = (t[starts[i]:starts[i + 1]] for t in batch_kv)
+            else:
+                k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], kv_cache.shape[2])
             # 4-D [1, heads, seq, dim]: the flash kernels take only batched inputs; 3-D falls
             # back to the math kernel, which materialises the whole score matrix.
             o = F.scaled_dot_product_attention(

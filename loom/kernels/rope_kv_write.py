@@ -19,10 +19,12 @@ from loom.kernels.kv_write import check_slot_layout
 @triton.jit
 def _rope_kv_write_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, cache_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr,
+    kv_out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_pos, stride_plane, stride_slot, stride_chead,
+    stride_kvo_plane, stride_kvo_t, stride_kvo_h,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEADS: tl.constexpr, HALF_BLOCK: tl.constexpr,
+    HEADS: tl.constexpr, HALF_BLOCK: tl.constexpr, WRITE_KV_OUT: tl.constexpr,
 ):
     # Program (token, group): the first groups take HEADS query heads each, the rest HEADS
     # key heads (and their values). Spreading one token's heads over a few programs keeps
@@ -61,25 +63,39 @@ def _rope_kv_write_kernel(
             # Rounded to the key's dtype first, as the unrotated path stores a rotated key.
             key_ty = k_ptr.dtype.element_ty
             elem = cache_ptr.dtype.element_ty
-            tl.store(dst, (x1 * cos - x2 * sin).to(key_ty).to(elem), mask=ok)
-            tl.store(dst + half, (x2 * cos + x1 * sin).to(key_ty).to(elem), mask=ok)
+            k1 = (x1 * cos - x2 * sin).to(key_ty)
+            k2 = (x2 * cos + x1 * sin).to(key_ty)
+            tl.store(dst, k1.to(elem), mask=ok)
+            tl.store(dst + half, k2.to(elem), mask=ok)
             src_v = v_ptr + row * stride_vt + head[:, None] * stride_vh + dim[None, :]
-            tl.store(dst + stride_plane, tl.load(src_v, mask=ok).to(elem), mask=ok)
-            tl.store(dst + stride_plane + half, tl.load(src_v + half, mask=ok).to(elem),
-                     mask=ok)
+            v1 = tl.load(src_v, mask=ok)
+            v2 = tl.load(src_v + half, mask=ok)
+            tl.store(dst + stride_plane, v1.to(elem), mask=ok)
+            tl.store(dst + stride_plane + half, v2.to(elem), mask=ok)
+            if WRITE_KV_OUT:  # the batch's own rotated keys and values, for its attention
+                out = kv_out_ptr + row * stride_kvo_t + head[:, None] * stride_kvo_h \
+                    + dim[None, :]
+                tl.store(out, k1, mask=ok)
+                tl.store(out + half, k2, mask=ok)
+                tl.store(out + stride_kvo_plane, v1, mask=ok)
+                tl.store(out + stride_kvo_plane + half, v2, mask=ok)
 
 
 def rope_write_kv_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                         kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                         out: torch.Tensor | None = None,
-                        heads_per_program: int | None = None) -> torch.Tensor:
+                        heads_per_program: int | None = None,
+                        kv_out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate query [T, Hq, D] and key [T, Hkv, D] at positions[:T]; store the rotated key
     and value at slot_mapping[:T] (slots < 0 are skipped); return the rotated query, in out
     or else a new [T, Hq, D] tensor (padding rows are rotated too).
 
     query/key/value may be strided views (e.g. slices of a fused QKV output) as long as the
     head dim is contiguous. heads_per_program: None sizes a program at about 1k elements.
+    kv_out [2, T, Hkv, D] (key's dtype), when given, also receives the rotated key and the
+    value of every row with a slot (a fresh prefill attends over them without reading the
+    cache back).
     """
     num_tokens, num_q_heads, head_dim = query.shape
     num_kv_heads = key.shape[1]
@@ -101,12 +117,21 @@ def rope_write_kv_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     heads = heads_per_program or min(triton.next_power_of_2(max(num_q_heads, num_kv_heads)),
                                      max(1, 512 // half_block))
     groups = triton.cdiv(num_q_heads, heads) + triton.cdiv(num_kv_heads, heads)
+    if kv_out is not None and (kv_out.shape != (2,) + tuple(key.shape)
+                               or kv_out.dtype != key.dtype or kv_out.stride(3) != 1):
+        raise ValueError(f"kv_out must be [2, {num_tokens}, {num_kv_heads}, {head_dim}] of "
+                         f"{key.dtype} with a contiguous head dim, got {tuple(kv_out.shape)} "
+                         f"{kv_out.dtype}")
+    kv_strides = (kv_out.stride(0), kv_out.stride(1), kv_out.stride(2)) if kv_out is not None \
+        else (0, 0, 0)
     _rope_kv_write_kernel[(num_tokens, groups)](
         query, key, value, q_out, kv_cache, positions, cos_sin_cache, slot_mapping,
+        kv_out if kv_out is not None else q_out,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         value.stride(0), value.stride(1), q_out.stride(0), q_out.stride(1),
         cos_sin_cache.stride(0), kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        *kv_strides,
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HEADS=heads, HALF_BLOCK=half_block,
+        HEADS=heads, HALF_BLOCK=half_block, WRITE_KV_OUT=kv_out is not None,
     )
     return q_out

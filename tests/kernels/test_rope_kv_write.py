@@ -66,7 +66,7 @@ def reference(rope, q, k, v, positions, cache, slots):
     q_rot, k_rot = rope(positions, q, k)
     ref_cache = cache.clone()
     TorchNativeBackend().write_kv(k_rot, v, ref_cache, slots)
-    return q_rot, ref_cache
+    return q_rot, ref_cache, k_rot
 
 
 def assert_match(actual, expected, exact):
@@ -84,19 +84,26 @@ def assert_match(actual, expected, exact):
 
 
 def check(num_tokens, heads, kv_heads, head_dim, dtype, heads_per_program=None,
-          device="cpu"):
+          device="cpu", with_kv_out=False):
     rope = RotaryEmbedding(head_dim, MAX_POS, 500000.0, LLAMA3).to(device)
     q, k, v, positions, cache, slots = make_step(num_tokens, heads, kv_heads, head_dim,
                                                  dtype, device)
-    q_ref, cache_ref = reference(rope, q, k, v, positions, cache, slots)
+    q_ref, cache_ref, k_ref = reference(rope, q, k, v, positions, cache, slots)
     out = torch.full(q.shape, float("nan"), dtype=dtype, device=device)
+    kv_out = torch.full((2,) + tuple(k.shape), float("nan"), dtype=dtype, device=device) \
+        if with_kv_out else None
     got = rope_write_kv_cache(q, k, v, positions, rope.cos_sin_cache, cache, slots, out=out,
-                              heads_per_program=heads_per_program)
+                              heads_per_program=heads_per_program, kv_out=kv_out)
     assert got is out
     exact = INTERPRET and dtype == torch.float32
     assert_match(out, q_ref, exact)
     # The whole cache: rotated keys and values where written, untouched slots as they were.
     assert_match(cache, cache_ref, exact)
+    if with_kv_out:  # the batch's rotated keys and values, rows with a slot; others untouched
+        kept = slots >= 0
+        expected = torch.stack([k_ref, v]).clone()
+        expected[:, ~kept] = float("nan")
+        assert_match(kv_out, expected, exact)
 
 
 HEADS = {  # (heads, kv_heads, heads_per_program)
@@ -114,7 +121,7 @@ HEADS = {  # (heads, kv_heads, heads_per_program)
 def test_matches_rotary_then_cache_write(heads, head_dim, dtype):
     h, hkv, per_program = heads
     for num_tokens in (1, 3, 5):  # fresh inputs for each
-        check(num_tokens, h, hkv, head_dim, dtype, per_program)
+        check(num_tokens, h, hkv, head_dim, dtype, per_program, with_kv_out=num_tokens != 3)
 
 
 @cpu_only
@@ -151,4 +158,4 @@ def test_rejects_an_odd_head_dim_and_a_non_power_of_two_split():
 @pytest.mark.parametrize("heads", [(32, 8), (8, 1), (64, 8)], ids=["8b", "70b-tp8", "70b"])
 @pytest.mark.parametrize("num_tokens", [1, 7, 300])
 def test_gpu_within_one_ulp(num_tokens, heads, dtype):
-    check(num_tokens, *heads, 128, dtype, device="cuda")
+    check(num_tokens, *heads, 128, dtype, device="cuda", with_kv_out=num_tokens > 1)

@@ -45,7 +45,7 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
     monkeypatch.setattr(model_runner_module, "select_backend", lambda device: TritonBackend())
     monkeypatch.setattr(model_runner_module, "warm_up", lambda runner: None)  # not under test
     calls = Counter()
-    for name in ("write_kv_cache", "rope_write_kv_cache"):
+    for name in ("write_kv_cache", "rope_write_kv_cache", "gather_kv"):
         real = getattr(triton_backend, name)
         monkeypatch.setattr(triton_backend, name, lambda *a, _real=real, _name=name, **kw: (
             calls.update([_name]), _real(*a, **kw))[1])
@@ -53,10 +53,14 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
 
     fused = _generate(path, prompts)
     assert calls["rope_write_kv_cache"] > 0 and calls["write_kv_cache"] == 0
+    # Both prompts are fresh prefills in one step: SDPA attends over the keys and values
+    # the rotary kernel also wrote out, none read back from the cache.
+    assert calls["gather_kv"] == 0
     calls.clear()
     monkeypatch.setattr(TritonBackend, "fuses_rope", False)
     unfused = _generate(path, prompts)
     assert calls["write_kv_cache"] > 0 and calls["rope_write_kv_cache"] == 0
+    assert calls["gather_kv"] == 0
 
     for prompt, a, b in zip(prompts, fused, unfused):
         assert a.token_ids == b.token_ids == hf_greedy(hf, prompt, NEW_TOKENS)
