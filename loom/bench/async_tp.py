@@ -29,6 +29,7 @@ import numpy as np
 
 from loom import envs
 from loom.bench.common import command_line, git_commit, now_iso, write_json
+from loom.config import CompilationConfig
 
 GRAPHS = ("static", "dynamic")
 IMPLS = envs.ASYNC_TP_IMPLS
@@ -94,11 +95,9 @@ def _csv(text: str, what: str, allowed: tuple[str, ...] | None = None) -> list[s
 def _base_config(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"compilation_config: not JSON ({e.msg}): {text!r}") from None
-    if not isinstance(value, dict):
+    CompilationConfig.parse(text)  # every CLI's -O checks and messages
+    value = json.loads(text)
+    if not isinstance(value, dict):  # a bare level: the table sets the level itself
         raise ValueError(f"compilation_config: expected a JSON object, got {text!r}")
     return value
 
