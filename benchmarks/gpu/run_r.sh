@@ -15,7 +15,7 @@
 source benchmarks/gpu/env.sh
 export LOOM_LAYER_TIMES=1
 R=/tmp/r; mkdir -p $R
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/compilation/test_level3.py tests/worker/test_layer_clock.py tests/compilation/test_tp2_passes.py -k "p2p or piecewise or layer_times" > $R/tests.log 2>&1; echo "rc=$?" >> $R/tests.log; tail -2 $R/tests.log
+timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/compilation/test_level3.py tests/worker/test_layer_clock.py tests/compilation/test_tp2_passes.py -k "p2p or piecewise or layer_times" > $R/tests.log 2>&1; echo "rc=$?" >> $R/tests.log; tail -2 $R/tests.log
 stamp tests
 B="--model llama-3.1-8b --load-format dummy --no-enable-prefix-caching --max-model-len 9000 --output-len 1 --batch-size 1 --num-iters-warmup 5 --num-iters 15"
 run() {  # name tp len mode
