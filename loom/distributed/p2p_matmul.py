@@ -26,6 +26,8 @@ run.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -51,7 +53,7 @@ class _Workspace:
     def slots(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype,
               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's and the peer's buffer of the next slot of `kind`, shaped as asked."""
-        need = _numel(shape) * dtype.itemsize
+        need = math.prod(shape) * dtype.itemsize
         if need > self.slot_bytes:
             self._grow(need, device)
         p = self.parity[kind]
@@ -87,13 +89,6 @@ def _workspace(group_name: str) -> _Workspace:
     if group_name not in _workspaces:
         _workspaces[group_name] = _Workspace(get_group(group_name))
     return _workspaces[group_name]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _lean(t: torch.Tensor, group_name: str) -> bool:

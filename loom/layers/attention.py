@@ -34,17 +34,15 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     kv_cache = ctx.kv_caches[layer_idx]
     shape = (key.shape[0], -1, head_dim)
     k, v = key.view(shape), value.view(shape)
-    batch_kv = None
+    own_kv = ctx.backend.attends_batch_kv(meta, kv_cache, k)
     if positions is None:
         ctx.backend.write_kv(k, v, kv_cache, meta.slot_mapping)
-        if ctx.backend.attends_batch_kv(meta, kv_cache, k):
-            batch_kv = (k, v)
+        batch_kv = (k, v) if own_kv else None
     else:
-        kv_out = k.new_empty((2,) + tuple(k.shape)) \
-            if ctx.backend.attends_batch_kv(meta, kv_cache, k) else None
+        kv_out = k.new_empty((2,) + tuple(k.shape)) if own_kv else None
         q = ctx.backend.rope_write_kv(q, k, v, positions, cos_sin_cache, kv_cache,
                                       meta.slot_mapping, kv_out=kv_out)
-        batch_kv = None if kv_out is None else (kv_out[0], kv_out[1])
+        batch_kv = tuple(kv_out) if own_kv else None
     return ctx.backend.forward(q, kv_cache, meta, scale, batch_kv).reshape(query.shape)
 
 

@@ -54,6 +54,8 @@ class ModelRunner:
         self.is_driver = is_driver
         """Only the driver rank samples; the others still join the logits all-gather."""
         self.device = device
+        self._layer_times = device.type == "cuda" and envs.layer_times()
+        """LOOM_LAYER_TIMES: clock each eagerly run step's layers (read once, not per step)."""
         self.block_size = config.cache.block_size
         start = time.perf_counter()
         self.model, self.arch, self.dtype = load_model(config, device)
@@ -177,7 +179,7 @@ class ModelRunner:
         if size is not None:
             hidden = self.graph_runner.run(batch, size)
         else:
-            if self.device.type == "cuda" and envs.layer_times():
+            if self._layer_times:
                 clock = LayerClock(batch.input_ids.shape[0])
             ctx = ForwardContext(batch.attn_metadata, self.kv_caches, self.backend, clock)
             with forward_context(ctx):

@@ -9,6 +9,7 @@ real thing."""
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import pytest
@@ -24,7 +25,7 @@ class _FakeHandle:
 
     def get_buffer(self, rank, shape, dtype, storage_offset=0):
         flat = self._storages[rank].view(dtype)
-        return flat[storage_offset:storage_offset + p2p_matmul._numel(shape)].view(shape)
+        return flat[storage_offset:storage_offset + math.prod(shape)].view(shape)
 
     def barrier(self, channel=0):
         self._barrier.wait(timeout=30)
