@@ -185,10 +185,13 @@ class Piece:
             self.static[n] = self._compile(list(args))
             logger.info("compiled a piece for %d tokens in %.1f s", n, time.perf_counter() - start)
             return self.static[n](*args)  # the first run warms up (autotuning, collectives)
-        if self.piecewise and n not in self.graphs:  # decided once per size
+        if not self.piecewise or piece_graph.inside_capture():
+            # A decode size in compile_sizes: the decode graph's capture records the kernels.
+            return self.static[n](*args)
+        if n not in self.graphs:  # decided once per size
             self.graphs[n] = piece_graph.capture_piece(self.static[n], list(args), n) \
                 if piece_graph.can_capture(list(args)) else None
-        graph = self.graphs.get(n)
+        graph = self.graphs[n]
         return graph(*args) if graph is not None else self.static[n](*args)
 
 

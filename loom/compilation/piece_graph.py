@@ -37,6 +37,12 @@ def can_capture(args: list) -> bool:
     return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
 
 
+def inside_capture() -> bool:
+    """Whether a whole-forward CUDA graph (a decode batch size) is being captured now: a
+    piece then runs its kernels into that graph, neither capturing nor replaying its own."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class PieceGraph:
     """One call of `fn` captured; calling it replays with the new arguments copied in."""
 

@@ -72,15 +72,21 @@ class _FakeGraph(piece_graph.PieceGraph):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("splitting_ops", [None, []], ids=["split-at-attention", "one-graph"])
-def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, tiny_model_factory,
-                                                             caplog, monkeypatch):
+@pytest.mark.parametrize("splitting_ops,in_decode_capture", [(None, False), ([], False),
+                                                            (None, True)],
+                         ids=["split-at-attention", "one-graph", "inside-a-decode-capture"])
+def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_decode_capture,
+                                                             tiny_model_factory, caplog,
+                                                             monkeypatch):
     """cudagraph_mode FULL_AND_PIECEWISE: each static-size piece is captured on its second
     run and replayed after; attention's fresh outputs are copied into the captured inputs,
-    so every decode step of 3 requests still computes eager's tokens."""
+    so every decode step of 3 requests still computes eager's tokens. While a whole-forward
+    decode graph is being captured, a piece neither captures nor replays its own graph (a
+    capture inside a capture fails on CUDA): it runs its kernels into the outer graph."""
     path, _ = tiny_model_factory("llama")
     eager = _tokens(path)
     monkeypatch.setattr(piece_graph, "can_capture", lambda args: True)
+    monkeypatch.setattr(piece_graph, "inside_capture", lambda: in_decode_capture)
     monkeypatch.setattr(piece_graph, "PieceGraph", _FakeGraph)
     _FakeGraph.captured, _FakeGraph.replays = [], 0
     caplog.set_level(logging.INFO, logger="loom.compilation.backend")
@@ -89,6 +95,9 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, tin
     assert _tokens(path, compilation_config=config) == eager
     if splitting_ops == []:
         assert not _FakeGraph.captured and "run without piecewise CUDA graphs" in caplog.text
+        return
+    if in_decode_capture:
+        assert not _FakeGraph.captured and _FakeGraph.replays == 0
         return
     assert len(_FakeGraph.captured) == 3  # the three pieces around two attention layers
     # Decode steps of 3 tokens after the capture step: every piece replayed in each.
