@@ -106,14 +106,16 @@ def symm_all_reduce_max_bytes() -> int:
 
 def async_tp_impl() -> str:
     """LOOM_ASYNC_TP_IMPL: what the async-TP pass fuses collectives with their matmuls into.
-    "symm_mem" (default): PyTorch's fused_all_gather_matmul, and its pipelined exchange of
-    matmul partials in place of fused_matmul_reduce_scatter (the sum left to Inductor),
-    static graphs only, where the measured table says they win. "p2p": the same sites and
-    table, with loom's leaner TP=2 ops over symmetric memory (loom/distributed/
-    p2p_matmul.py). "overlap": loom's loom::all_gather_matmul / loom::matmul_reduce_scatter
+    "p2p" (default): at TP=2, loom's lean ops over symmetric memory (loom/distributed/
+    p2p_matmul.py; one barrier a call), at the static-graph sites where the measured table
+    says fusing wins; at other TP sizes and inside CUDA graph captures they fall back to
+    "symm_mem"'s ops. "symm_mem": PyTorch's fused_all_gather_matmul, and its pipelined
+    exchange of matmul partials in place of fused_matmul_reduce_scatter (the sum left to
+    Inductor), at the same sites. On 2x H200 at 8192 tokens p2p's step was 0.9 ms faster
+    (docs/passes.md). "overlap": loom's loom::all_gather_matmul / loom::matmul_reduce_scatter
     (loom/distributed/collective_matmul.py), every graph, overlapped from
     LOOM_ASYNC_TP_MIN_TOKENS (1024)."""
-    value = os.environ.get("LOOM_ASYNC_TP_IMPL", "") or "symm_mem"
+    value = os.environ.get("LOOM_ASYNC_TP_IMPL", "") or "p2p"
     if value not in ASYNC_TP_IMPLS:
         raise ValueError(f"LOOM_ASYNC_TP_IMPL: expected one of {', '.join(ASYNC_TP_IMPLS)}, "
                          f"got {value!r}")

@@ -44,9 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--input-lens", default="2048,8192", help="comma-separated token counts")
     p.add_argument("--graphs", default="static,dynamic",
                    help="static (compile_sizes [N]) and/or dynamic (no compile_sizes)")
-    p.add_argument("--impls", default="symm_mem",
+    p.add_argument("--impls", default=None,
                    help="async-TP implementations to run on (LOOM_ASYNC_TP_IMPL): "
-                        "symm_mem, p2p, overlap")
+                        "symm_mem, p2p, overlap; default: LOOM_ASYNC_TP_IMPL's value")
     p.add_argument("--whole-graph-off", action="store_true",
                    help="also run off with splitting_ops [] (one graph, as the passes compile)")
     p.add_argument("-O", "--compilation-config", default=None,
@@ -119,7 +119,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[int], list[str], list[Variant]
     variants = [Variant("off", False, "symm_mem")]
     if args.whole_graph_off:
         variants.append(Variant("off-whole", False, "symm_mem", whole_graph=True))
-    variants += [Variant(impl, True, impl) for impl in _csv(args.impls, "impls", IMPLS)]
+    impls = _csv(args.impls or envs.async_tp_impl(), "impls", IMPLS)
+    variants += [Variant(impl, True, impl) for impl in impls]
     return lens, graphs, variants
 
 

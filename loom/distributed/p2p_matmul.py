@@ -19,13 +19,14 @@ barriers took 448 × 7 µs (docs/passes.md).
   back stacked, as `matmul_reduce_scatter_partials` returns them, and the graph sums them
   inside the next kernel.
 
-Not TP=2, or not CUDA: the ops fall back. CUDA uses PyTorch's fused op and loom's
-partials op; the CPU runs the same collectives unpipelined, which is what the CPU tests
-run.
+Not TP=2, not CUDA, or inside a CUDA graph capture (a decode size in compile_sizes): the
+ops fall back. CUDA uses PyTorch's fused op and loom's partials op; the CPU runs the same
+collectives unpipelined, which is what the CPU tests run.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -34,6 +35,8 @@ import torch.distributed as dist
 from loom.distributed.collective_matmul import matmul_reduce_scatter_partials
 from loom.distributed.parallel_state import get_group
 from loom.library import loom_op
+
+logger = logging.getLogger(__name__)
 
 
 class _Workspace:
@@ -96,8 +99,16 @@ def _lean(t: torch.Tensor, group_name: str) -> bool:
         return False
     if torch.cuda.is_current_stream_capturing():
         # A replay would reuse the slot chosen at capture: the alternation needs the host.
-        raise RuntimeError("loom's p2p collective matmuls cannot be captured in a CUDA graph")
+        # PyTorch's fused op and loom's partials op are captured instead.
+        if not _announced_capture:
+            _announced_capture.append(True)
+            logger.info("p2p collective matmuls: a CUDA graph is being captured (%d tokens); "
+                        "the graph records PyTorch's fused ops instead", t.shape[0] * 2)
+        return False
     return True
+
+
+_announced_capture: list[bool] = []
 
 
 @loom_op("all_gather_matmul_p2p", "(Tensor a, Tensor[] weights, int world_size, "

@@ -39,7 +39,7 @@ def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, tiny_model_fact
     # 8 tokens: the static graph (compile_sizes), fused from 1 token up by the override;
     # 14 tokens: the dynamic graph, sequence-parallel but unfused.
     scenario = Scenario(path, {"enable_async_tp": True}, compile_sizes=[8], token_counts=(8, 14),
-                        env={"LOOM_ASYNC_TP_MIN_TOKENS": "1"})
+                        env={"LOOM_ASYNC_TP_MIN_TOKENS": "1", "LOOM_ASYNC_TP_IMPL": "symm_mem"})
     report = run_tp2(scenario, str(tmp_path))
     dynamic, static = report["graphs"]
     for graph in (dynamic, static):
@@ -168,8 +168,10 @@ def test_engine_with_overlap_ops_equals_tp1_eager(tiny_model_factory, capfd, mon
 @pytest.mark.parametrize("impl", list(REWRITE_LOGS))
 def test_collective_matmuls_on_gpu(impl, tiny_model_factory, capfd, monkeypatch):
     """The real kernels on NCCL: 24-token prefill chunks run every collective matmul fused
-    (forced from 16 tokens up): symm_mem's in the static graph; loom's overlap ops in the
-    static and the dynamic graph, decode batches taking their plain branch in CUDA graphs."""
+    (forced from 16 tokens up): symm_mem's in the static graph; p2p's there too, and
+    PyTorch's in the decode graph of 24 (captured: p2p picks its slot on the host); loom's
+    overlap ops in the static and the dynamic graph, decode batches taking their plain
+    branch in CUDA graphs."""
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     monkeypatch.setenv("LOOM_ASYNC_TP_IMPL", impl)

@@ -112,3 +112,24 @@ def test_matmul_reduce_scatter_partials_exchange(two_ranks):
             # partials[r]: rank r's a times b, for this rank's rows.
             expected = torch.stack([a[0][rows] @ b, a[1][rows] @ b])
             torch.testing.assert_close(partials, expected)
+
+
+def test_a_cuda_graph_capture_takes_the_capturable_fallback(monkeypatch, caplog):
+    """The lean path picks its slot on the host, so a replay would reuse the capture's slot:
+    inside a capture (a decode size in compile_sizes) the ops take PyTorch's fused op and
+    loom's partials op instead, with one log line, rather than fail the capture."""
+    class _Cuda:
+        is_cuda, shape = True, (12, 8)
+
+    class _Group:
+        world_size = 2
+
+    monkeypatch.setattr(p2p_matmul, "get_group", lambda name: _Group())
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    assert p2p_matmul._lean(_Cuda(), "tp")
+    capturing[0] = True
+    caplog.set_level("INFO", logger="loom.distributed.p2p_matmul")
+    monkeypatch.setattr(p2p_matmul, "_announced_capture", [])
+    assert not p2p_matmul._lean(_Cuda(), "tp") and not p2p_matmul._lean(_Cuda(), "tp")
+    assert caplog.text.count("the graph records PyTorch's fused ops instead") == 1
