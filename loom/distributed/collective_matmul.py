@@ -126,18 +126,24 @@ def matmul_reduce_scatter_partials(a: torch.Tensor, b: torch.Tensor, world_size:
     n = b.shape[1]
     if group.world_size == 1:
         return (a @ b).unsqueeze(0)
-    out = a.new_empty(a.shape[0], n)
     if a.is_cuda:
+        out = a.new_empty(a.shape[0], n)
         from torch.distributed._symmetric_memory import _pipelined_produce_and_all2all
         rows = a.chunk(world_size)
 
         def produce(rank: int, chunk: torch.Tensor) -> None:
             torch.mm(rows[rank], b, out=chunk)
         _pipelined_produce_and_all2all(produce, out, group.c10d_name)
-    else:
-        # CPU (gloo): the same exchange, unpipelined. Chunk r of a @ b goes to rank r.
-        dist.all_to_all_single(out, (a @ b).contiguous(), group=group.group)
-    return out.view(world_size, -1, n)
+        return out.view(world_size, -1, n)
+    return partials_by_all_to_all(a, b, world_size, group)  # CPU (gloo)
+
+
+def partials_by_all_to_all(a: torch.Tensor, b: torch.Tensor, world_size: int,
+                           group) -> torch.Tensor:
+    """The same exchange, unpipelined: chunk r of a @ b goes to rank r."""
+    out = a.new_empty(a.shape[0], b.shape[1])
+    dist.all_to_all_single(out, (a @ b).contiguous(), group=group.group)
+    return out.view(world_size, -1, b.shape[1])
 
 
 @matmul_reduce_scatter_partials.register_fake

@@ -19,9 +19,10 @@ barriers took 448 × 7 µs (docs/passes.md).
   back stacked, as `matmul_reduce_scatter_partials` returns them, and the graph sums them
   inside the next kernel.
 
-Not TP=2, not CUDA, or inside a CUDA graph capture (a decode size in compile_sizes): the
-ops fall back. CUDA uses PyTorch's fused op and loom's partials op; the CPU runs the same
-collectives unpipelined, which is what the CPU tests run.
+Not TP=2 on CUDA: PyTorch's fused op and loom's partials op. The CPU, and CUDA graph
+captures (a decode size in compile_sizes): the same collectives unpipelined, then the
+matmuls (NCCL's are captured; the lean ops pick their slot on the host, and PyTorch's cannot
+grow their workspace during a capture). The CPU tests run that path.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from loom.distributed.collective_matmul import matmul_reduce_scatter_partials
+from loom.distributed.collective_matmul import (matmul_reduce_scatter_partials,
+                                                partials_by_all_to_all)
 from loom.distributed.parallel_state import get_group
 from loom.library import loom_op
 
@@ -94,18 +96,23 @@ def _workspace(group_name: str) -> _Workspace:
     return _workspaces[group_name]
 
 
-def _lean(t: torch.Tensor, group_name: str) -> bool:
-    if not (t.is_cuda and get_group(group_name).world_size == 2):
-        return False
+def _path(t: torch.Tensor, group_name: str) -> str:
+    """"lean" (TP=2 on CUDA), "fused" (PyTorch's symmetric-memory ops: CUDA at other TP
+    sizes) or "plain" (a collective, then the matmuls: the CPU, and CUDA graph captures)."""
+    world_size = get_group(group_name).world_size
+    if not t.is_cuda or world_size == 1:
+        return "plain"
     if torch.cuda.is_current_stream_capturing():
-        # A replay would reuse the slot chosen at capture: the alternation needs the host.
-        # PyTorch's fused op and loom's partials op are captured instead.
+        # The lean path picks its slot on the host, so a replay would reuse the capture's;
+        # PyTorch's ops cannot grow their workspace during a capture. NCCL's collectives can
+        # be captured.
         if not _announced_capture:
             _announced_capture.append(True)
             logger.info("p2p collective matmuls: a CUDA graph is being captured (%d tokens); "
-                        "the graph records PyTorch's fused ops instead", t.shape[0] * 2)
-        return False
-    return True
+                        "the graph records NCCL collectives and plain matmuls there",
+                        t.shape[0] * world_size)
+        return "plain"
+    return "lean" if world_size == 2 else "fused"
 
 
 _announced_capture: list[bool] = []
@@ -117,8 +124,10 @@ def all_gather_matmul_p2p(a: torch.Tensor, weights: list[torch.Tensor], world_si
                           group_name: str, keep_a: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(all_gather(a) if keep_a else an empty [0, K] tensor, [all_gather(a) @ w ...])."""
     a = a.contiguous()
-    if not _lean(a, group_name):
-        return _all_gather_matmul_fallback(a, weights, world_size, group_name, keep_a)
+    path = _path(a, group_name)
+    if path != "lean":
+        return _all_gather_matmul_fallback(a, weights, world_size, group_name, keep_a,
+                                           fused=path == "fused")
     ws = _workspace(group_name)
     mine, theirs = ws.slots("ag", tuple(a.shape), a.dtype, a.device)
     m = a.shape[0]
@@ -142,9 +151,9 @@ def all_gather_matmul_p2p(a: torch.Tensor, weights: list[torch.Tensor], world_si
     return (gathered if keep_a else a.new_empty((0, a.shape[1]))), outs
 
 
-def _all_gather_matmul_fallback(a, weights, world_size, group_name, keep_a):
+def _all_gather_matmul_fallback(a, weights, world_size, group_name, keep_a, fused):
     group = get_group(group_name)
-    if a.is_cuda and group.world_size > 1:
+    if fused:
         gathered, outs = torch.ops.symm_mem.fused_all_gather_matmul(
             a, weights, 0, group.c10d_name, return_A=True)
     else:
@@ -170,8 +179,14 @@ def matmul_reduce_scatter_partials_p2p(a: torch.Tensor, b: torch.Tensor, world_s
                                        group_name: str) -> torch.Tensor:
     """As `loom::matmul_reduce_scatter_partials`: [world_size, M / world_size, N], rank r's
     partial product for this rank's rows at index r."""
-    if not _lean(a, group_name):
+    path = _path(a, group_name)
+    if path == "fused":
         return matmul_reduce_scatter_partials(a, b, world_size, group_name)
+    if path == "plain":
+        group = get_group(group_name)
+        if group.world_size == 1:
+            return (a @ b).unsqueeze(0)
+        return partials_by_all_to_all(a, b, world_size, group)
     ws = _workspace(group_name)
     m, n = a.shape[0] // 2, b.shape[1]
     mine, theirs = ws.slots("rs", (m, n), a.dtype, a.device)

@@ -52,7 +52,7 @@ def two_ranks(monkeypatch):
         return local.ws
 
     monkeypatch.setattr(p2p_matmul, "_workspace", workspace)
-    monkeypatch.setattr(p2p_matmul, "_lean", lambda t, group_name: True)
+    monkeypatch.setattr(p2p_matmul, "_path", lambda t, group_name: "lean")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: _NoStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
 
@@ -114,10 +114,11 @@ def test_matmul_reduce_scatter_partials_exchange(two_ranks):
             torch.testing.assert_close(partials, expected)
 
 
-def test_a_cuda_graph_capture_takes_the_capturable_fallback(monkeypatch, caplog):
-    """The lean path picks its slot on the host, so a replay would reuse the capture's slot:
-    inside a capture (a decode size in compile_sizes) the ops take PyTorch's fused op and
-    loom's partials op instead, with one log line, rather than fail the capture."""
+def test_a_cuda_graph_capture_takes_the_plain_path(monkeypatch, caplog):
+    """The lean path picks its slot on the host, so a replay would reuse the capture's slot,
+    and PyTorch's fused ops cannot grow their workspace inside a capture: inside one (a
+    decode size in compile_sizes) the ops take NCCL collectives and plain matmuls, with one
+    log line, rather than fail the capture."""
     class _Cuda:
         is_cuda, shape = True, (12, 8)
 
@@ -127,9 +128,13 @@ def test_a_cuda_graph_capture_takes_the_capturable_fallback(monkeypatch, caplog)
     monkeypatch.setattr(p2p_matmul, "get_group", lambda name: _Group())
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    assert p2p_matmul._lean(_Cuda(), "tp")
+    assert p2p_matmul._path(_Cuda(), "tp") == "lean"
+    _Group.world_size = 4
+    assert p2p_matmul._path(_Cuda(), "tp") == "fused"
     capturing[0] = True
     caplog.set_level("INFO", logger="loom.distributed.p2p_matmul")
     monkeypatch.setattr(p2p_matmul, "_announced_capture", [])
-    assert not p2p_matmul._lean(_Cuda(), "tp") and not p2p_matmul._lean(_Cuda(), "tp")
-    assert caplog.text.count("the graph records PyTorch's fused ops instead") == 1
+    for world_size in (2, 4):
+        _Group.world_size = world_size
+        assert p2p_matmul._path(_Cuda(), "tp") == "plain"
+    assert caplog.text.count("the graph records NCCL collectives and plain matmuls") == 1
