@@ -105,12 +105,15 @@ class PiecewiseBackend:
         split, split_names = split_graph(gm, self.splitting_ops)
         piece_inputs = _record_piece_inputs(split, example_inputs)
         compiled = 0
+        captures = piece_graph.CaptureLog()
         for name, module in list(split.named_children()):
             if name in split_names:
                 continue
             # The instance dict shadows the child module: the split graph's forward calls it.
-            split.__dict__[name] = Piece(module, piece_inputs[name], self.config, self.pass_manager)
+            split.__dict__[name] = Piece(module, piece_inputs[name], self.config,
+                                         self.pass_manager, captures)
             compiled += 1
+        captures.num_pieces = compiled
         logger.info("level 3: split the graph into %d pieces at %s; compiled %d in %.1f s",
                     len(list(split.named_children())), ", ".join(self.splitting_ops) or "nothing",
                     compiled, time.perf_counter() - start)
@@ -145,8 +148,9 @@ class Piece:
     (`PassManager.range_split`), the general graph is compiled a second time for them."""
 
     def __init__(self, module: fx.GraphModule, example_inputs: list, config: CompilationConfig,
-                 pass_manager: PassManager) -> None:
+                 pass_manager: PassManager, captures: piece_graph.CaptureLog) -> None:
         self.module = module
+        self.captures = captures
         self.patches = {**inductor_patches(config), "post_grad_custom_post_pass": pass_manager}
         self.compile_sizes = set(config.compile_sizes)
         self.single_output = not isinstance(module.graph.output_node().args[0], tuple | list)
@@ -189,7 +193,7 @@ class Piece:
             # A decode size in compile_sizes: the decode graph's capture records the kernels.
             return self.static[n](*args)
         if n not in self.graphs:  # decided once per size
-            self.graphs[n] = piece_graph.capture_piece(self.static[n], list(args), n) \
+            self.graphs[n] = self.captures.capture(self.static[n], list(args), n) \
                 if piece_graph.can_capture(list(args)) else None
         graph = self.graphs[n]
         return graph(*args) if graph is not None else self.static[n](*args)

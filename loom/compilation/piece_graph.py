@@ -77,18 +77,37 @@ class PieceGraph:
         return self.out
 
 
-def capture_piece(fn, args: list, num_tokens: int) -> PieceGraph | None:
-    """The piece's graph, or None (logged) where capturing fails: it then runs eagerly."""
-    try:
-        graph = PieceGraph(fn, args)
-    except RuntimeError as e:
-        logger.warning("piecewise CUDA graph for %d tokens could not be captured (%s); that "
-                       "piece runs without one", num_tokens, str(e).splitlines()[0])
-        return None
-    if num_tokens not in _announced:
-        _announced.add(num_tokens)
-        logger.info("piecewise CUDA graphs: capturing the pieces for %d tokens", num_tokens)
-    return graph
+class CaptureLog:
+    """One compiled forward's captures, per token count: one line as a size's capture
+    starts, one when its last piece is in, with the GPU memory the graphs reserved (their
+    pool, and every piece's outputs kept alive for the replays)."""
+
+    def __init__(self) -> None:
+        self.num_pieces = 0
+        """Set by the backend once it has built every piece."""
+        self.sizes: dict[int, list[int]] = {}
+        """num_tokens -> [pieces captured, pieces failed, bytes reserved before the first]."""
+
+    def capture(self, fn, args: list, num_tokens: int) -> PieceGraph | None:
+        """The piece's graph, or None (logged) where capturing fails: it then runs eagerly."""
+        state = self.sizes.get(num_tokens)
+        if state is None:
+            state = self.sizes[num_tokens] = [0, 0, _reserved()]
+            logger.info("piecewise CUDA graphs: capturing the pieces for %d tokens", num_tokens)
+        try:
+            graph = PieceGraph(fn, args)
+            state[0] += 1
+        except RuntimeError as e:
+            logger.warning("piecewise CUDA graph for %d tokens could not be captured (%s); that "
+                           "piece runs without one", num_tokens, str(e).splitlines()[0])
+            graph = None
+            state[1] += 1
+        if state[0] + state[1] == self.num_pieces:
+            logger.info("piecewise CUDA graphs for %d tokens: %d of %d pieces captured, %.2f GB "
+                        "more GPU memory reserved", num_tokens, state[0], self.num_pieces,
+                        (_reserved() - state[2]) / 1e9)
+        return graph
 
 
-_announced: set[int] = set()
+def _reserved() -> int:
+    return torch.cuda.memory_reserved() if torch.cuda.is_available() else 0

@@ -89,7 +89,7 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
     monkeypatch.setattr(piece_graph, "inside_capture", lambda: in_decode_capture)
     monkeypatch.setattr(piece_graph, "PieceGraph", _FakeGraph)
     _FakeGraph.captured, _FakeGraph.replays = [], 0
-    caplog.set_level(logging.INFO, logger="loom.compilation.backend")
+    caplog.set_level(logging.INFO, logger="loom.compilation")
     config = {"level": 3, "compile_sizes": [3], "splitting_ops": splitting_ops,
               "cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert _tokens(path, compilation_config=config) == eager
@@ -100,6 +100,8 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
         assert not _FakeGraph.captured and _FakeGraph.replays == 0
         return
     assert len(_FakeGraph.captured) == 3  # the three pieces around two attention layers
+    assert caplog.text.count("capturing the pieces for 3 tokens") == 1
+    assert "piecewise CUDA graphs for 3 tokens: 3 of 3 pieces captured" in caplog.text
     # Decode steps of 3 tokens after the capture step: every piece replayed in each.
     assert _FakeGraph.replays >= 3 * 4 and _FakeGraph.replays % 3 == 0
 
