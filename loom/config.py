@@ -152,9 +152,11 @@ class CompilationConfig:
     """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8."""
     cudagraph_mode: str = "FULL_DECODE_ONLY"
     """FULL_DECODE_ONLY: pure-decode batches replay whole-forward CUDA graphs (the sizes
-    above). FULL_AND_PIECEWISE: besides, at level 3 the pieces of each static-shape graph
-    (compile_sizes) are captured on their second run and replayed, attention running
-    eagerly between them: an eager prefill's host time goes. NONE: no CUDA graphs."""
+    above). FULL_AND_PIECEWISE: besides, at level 3 with the graph split at attention, the
+    pieces are captured on their second run at a size and replayed after, attention running
+    eagerly between them, so a prefill's or mixed batch's host time goes: at each
+    compile_sizes entry (its static graph), and for batches no decode graph takes of up to
+    512 tokens, padded to 8, 16, 32 ... 512 (the general graph). NONE: no CUDA graphs."""
     pass_config: PassConfig = field(default_factory=PassConfig)
     """Custom Inductor passes."""
     inductor_compile_config: dict[str, Any] = field(default_factory=dict)

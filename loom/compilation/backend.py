@@ -89,6 +89,13 @@ class PiecewiseBackend:
             ops = ()
         self.splitting_ops = DEFAULT_SPLITTING_OPS if ops is None else tuple(
             op.replace("::", ".") for op in ops)
+        self.piece_sizes: set[int] = set()
+        """Token counts, besides compile_sizes, whose pieces are captured as CUDA graphs (the
+        general graph at that size): the model runner pads batches up to them."""
+
+    @property
+    def splits_at_attention(self) -> bool:
+        return any(op in self.splitting_ops for op in DEFAULT_SPLITTING_OPS)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         start = time.perf_counter()
@@ -98,7 +105,7 @@ class PiecewiseBackend:
             logger.warning("splitting_ops %s matched no op of the graph: not split there",
                            missing)
         if self.config.cudagraph_mode == "FULL_AND_PIECEWISE" and self.config.compile_sizes \
-                and not any(op in self.splitting_ops for op in DEFAULT_SPLITTING_OPS):
+                and not self.splits_at_attention:
             logger.info("cudagraph_mode FULL_AND_PIECEWISE: the graph is not split at attention, "
                         "so compile_sizes %s run without piecewise CUDA graphs",
                         list(self.config.compile_sizes))
@@ -111,7 +118,7 @@ class PiecewiseBackend:
                 continue
             # The instance dict shadows the child module: the split graph's forward calls it.
             split.__dict__[name] = Piece(module, piece_inputs[name], self.config,
-                                         self.pass_manager, captures)
+                                         self.pass_manager, captures, self.piece_sizes)
             compiled += 1
         captures.num_pieces = compiled
         logger.info("level 3: split the graph into %d pieces at %s; compiled %d in %.1f s",
@@ -148,9 +155,14 @@ class Piece:
     (`PassManager.range_split`), the general graph is compiled a second time for them."""
 
     def __init__(self, module: fx.GraphModule, example_inputs: list, config: CompilationConfig,
-                 pass_manager: PassManager, captures: piece_graph.CaptureLog) -> None:
+                 pass_manager: PassManager, captures: piece_graph.CaptureLog,
+                 piece_sizes: set[int]) -> None:
         self.module = module
         self.captures = captures
+        self.piece_sizes = piece_sizes
+        """The backend's set, shared by every piece (filled by the model runner)."""
+        self.warm: set[int] = set()
+        """Sizes run once: the next run at such a size is captured."""
         self.patches = {**inductor_patches(config), "post_grad_custom_post_pass": pass_manager}
         self.compile_sizes = set(config.compile_sizes)
         self.single_output = not isinstance(module.graph.output_node().args[0], tuple | list)
@@ -180,23 +192,32 @@ class Piece:
 
     def __call__(self, *args):
         n = _num_tokens
-        if n is None or n not in self.compile_sizes:
-            if self.small is not None and n is not None and n <= self.split:
-                return self.small(*args)
-            return self.general(*args)
-        if n not in self.static:
-            start = time.perf_counter()
-            self.static[n] = self._compile(list(args))
-            logger.info("compiled a piece for %d tokens in %.1f s", n, time.perf_counter() - start)
-            return self.static[n](*args)  # the first run warms up (autotuning, collectives)
-        if not self.piecewise or piece_graph.inside_capture():
-            # A decode size in compile_sizes: the decode graph's capture records the kernels.
-            return self.static[n](*args)
-        if n not in self.graphs:  # decided once per size
-            self.graphs[n] = self.captures.capture(self.static[n], list(args), n) \
+        if n is not None and n in self.compile_sizes:
+            if n not in self.static:
+                start = time.perf_counter()
+                self.static[n] = self._compile(list(args))
+                logger.info("compiled a piece for %d tokens in %.1f s", n,
+                            time.perf_counter() - start)
+                self.warm.add(n)
+                return self.static[n](*args)  # the first run warms up (autotuning, collectives)
+            fn = self.static[n]
+        elif self.small is not None and n is not None and n <= self.split:
+            fn = self.small
+        else:
+            fn = self.general
+        if not self.piecewise or n is None or (n not in self.compile_sizes
+                                               and n not in self.piece_sizes) \
+                or piece_graph.inside_capture():
+            # Inside a decode graph's capture, that graph records the piece's kernels.
+            return fn(*args)
+        if n not in self.graphs:  # decided once per size, on its second run
+            if n not in self.warm:
+                self.warm.add(n)
+                return fn(*args)
+            self.graphs[n] = self.captures.capture(fn, list(args), n) \
                 if piece_graph.can_capture(list(args)) else None
         graph = self.graphs[n]
-        return graph(*args) if graph is not None else self.static[n](*args)
+        return graph(*args) if graph is not None else fn(*args)
 
 
 class CompiledForward:
@@ -208,6 +229,7 @@ class CompiledForward:
         self.level = 0 if enforce_eager else config.level
         self.token_multiple = 1
         """The runner pads every batch to a multiple of this (the TP size under SP)."""
+        self.backend: PiecewiseBackend | None = None
         if self.level == 0:
             if enforce_eager and config.pass_config.enable_sequence_parallelism:
                 logger.info("enforce_eager: the compile passes (sequence parallelism, async TP) "
@@ -237,11 +259,20 @@ class CompiledForward:
                                     options={**inductor_patches(config),
                                              "post_grad_custom_post_pass": passes})
         else:
-            backend = PiecewiseBackend(config, passes)
+            backend = self.backend = PiecewiseBackend(config, passes)
             self.fn = torch.compile(forward, backend=backend, dynamic=True, fullgraph=True)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # Norm epsilons and attention scales are constants of the model, not inputs.
         torch._dynamo.config.specialize_float = True
+
+    def capture_pieces_at(self, sizes: list[int]) -> bool:
+        """Capture the pieces of the general graph at these token counts too (the runner pads
+        batches up to them); False where the forward is not split at attention."""
+        if self.backend is None or not self.backend.splits_at_attention \
+                or self.backend.config.cudagraph_mode != "FULL_AND_PIECEWISE":
+            return False
+        self.backend.piece_sizes.update(sizes)
+        return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         num_tokens = input_ids.shape[0]

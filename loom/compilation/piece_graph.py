@@ -50,7 +50,7 @@ class PieceGraph:
         self.args = list(args)
         """The static inputs: the capture call's own arguments, kept alive."""
         self.out = self._capture(fn, self.args)
-        self._replay()  # capturing ran nothing: this call's results come from a replay
+        """Capturing ran nothing: the capturing call's results come from its first replay."""
 
     def _capture(self, fn, args: list):
         torch.cuda.synchronize()

@@ -25,6 +25,19 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return [s for s in sizes if s <= max_num_seqs] or [1]
 
 
+PIECEWISE_SIZES = (8, 16, 32, 64, 128, 256, 512)
+"""Token counts that other batches are padded up to under `cudagraph_mode:
+FULL_AND_PIECEWISE`. Powers of two: up to ~512 tokens a step reads every weight once
+whatever its size, so padding costs little GPU time; and every size's graphs keep their
+pieces' outputs alive, so their memory grows with the sum of the sizes."""
+
+
+def piecewise_sizes(max_num_batched_tokens: int) -> list[int]:
+    """PIECEWISE_SIZES up to the first that holds max_num_batched_tokens. They are captured
+    lazily, so unlike the decode graphs (`cudagraph_capture_sizes`) they cost no start-up."""
+    return [s for s in PIECEWISE_SIZES if s // 2 < max_num_batched_tokens]
+
+
 class CUDAGraphRunner:
     def __init__(self, forward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
                  sizes: list[int], max_blocks_per_req: int, max_model_len: int,

@@ -114,10 +114,11 @@ into them: the input of a decode whose token has not been read back yet."""
 
 def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_scheduled: list[int],
                 block_size: int, device: torch.device, token_multiple: int = 1,
-                pending: PendingTokens | None = None) -> StepBatch:
+                pending: PendingTokens | None = None, pad_to: int | None = None) -> StepBatch:
     """token_multiple > 1 pads the token rows up to a multiple (sequence parallelism splits
-    them evenly over the TP ranks); padding rows have id 0, position 0 and slot -1 (no KV
-    write), sit past num_actual_tokens and are never read back.
+    them evenly over the TP ranks), pad_to up to that many rows (a piecewise CUDA graph's
+    size); padding rows have id 0, position 0 and slot -1 (no KV write), sit past
+    num_actual_tokens and are never read back.
 
     A position past a request's known tokens is the token its previous step sampled: it
     is copied on the device from `pending`, so this batch can be built and launched before
@@ -136,7 +137,7 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
     seq_lens = computed + counts
     block_table = states.blocks[rows, :-(-int(seq_lens.max()) // block_size)]
     slots = block_table[req_of_row, positions // block_size] * block_size + positions % block_size
-    pad = -len(input_ids) % token_multiple
+    pad = max(-len(input_ids) % token_multiple, (pad_to or 0) - len(input_ids))
     if pad:
         input_ids, positions = np.pad(input_ids, (0, pad)), np.pad(positions, (0, pad))
         slots = np.pad(slots, (0, pad), constant_values=-1)

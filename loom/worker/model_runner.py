@@ -21,7 +21,7 @@ from loom.compilation.backend import CompiledForward
 from loom import envs
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
-from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes
+from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
@@ -70,6 +70,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None
+        self.piece_sizes: list[int] = []
+        """Token counts other batches are padded up to (cudagraph_mode FULL_AND_PIECEWISE)."""
         self._pending: PendingTokens | None = None
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
 
@@ -149,8 +151,17 @@ class ModelRunner:
         if self.token_multiple > 1:
             # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
             sizes = sorted({_round_up(s, self.token_multiple) for s in sizes})
-        if self.device.type != "cuda" or cfg.enforce_eager or not sizes \
-                or cfg.compilation.cudagraph_mode == "NONE":
+        if cfg.enforce_eager or not cuda_graphs_on(self.device):
+            return
+        pieces = piecewise_sizes(cfg.scheduler.max_num_batched_tokens)
+        if pieces and self.forward.capture_pieces_at(pieces):
+            # compile_sizes in that range are padding targets too: their static graphs.
+            self.piece_sizes = sorted(set(pieces).union(
+                s for s in cfg.compilation.compile_sizes if s <= pieces[-1]))
+            logger.info("piecewise CUDA graphs: batches of up to %d tokens that no decode graph "
+                        "takes are padded to %s tokens; each size's pieces are captured on "
+                        "its second run", pieces[-1], self.piece_sizes)
+        if self.device.type != "cuda" or not sizes or cfg.compilation.cudagraph_mode == "NONE":
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
         self.graph_runner = CUDAGraphRunner(
@@ -172,8 +183,9 @@ class ModelRunner:
         self.pooler.drop(so.finished_req_ids)
         if not reqs:
             return StepHandle.done(ModelRunnerOutput())
-        batch = build_batch(self.requests, reqs, list(so.num_scheduled_tokens.values()),
-                            self.block_size, self.device, self.token_multiple, self._pending)
+        counts = list(so.num_scheduled_tokens.values())
+        batch = build_batch(self.requests, reqs, counts, self.block_size, self.device,
+                            self.token_multiple, self._pending, self._padded_rows(counts))
         size = self.graph_runner.padded_size(batch) if self.graph_runner else None
         clock = None
         if size is not None:
@@ -205,6 +217,17 @@ class ModelRunner:
         for req, seq_len in zip(reqs, seq_lens):
             req.num_computed_tokens = seq_len
         return handle
+
+    def _padded_rows(self, counts: list[int]) -> int | None:
+        """The piecewise-graph size a batch is padded up to; None where a decode graph takes
+        it, or it is larger than every size."""
+        if not self.piece_sizes:
+            return None
+        if self.graph_runner is not None and max(counts) == 1 \
+                and len(counts) <= self.graph_runner.sizes[-1]:
+            return None
+        total = sum(counts)
+        return next((s for s in self.piece_sizes if s >= total), None)
 
     def _share_tokens(self, tokens: torch.Tensor | None, n: int) -> torch.Tensor:
         """Every rank feeds the sampled tokens to its next step: the driver's, broadcast on
@@ -265,6 +288,12 @@ class ModelRunner:
                                               num_top)
             out[req_id] = tensors.to_structs([num_top] * len(rows))
         return out
+
+
+def cuda_graphs_on(device: torch.device) -> bool:
+    """Whether CUDA graphs can be captured on this device (the CPU tests patch it, with a
+    stand-in graph, to run the piecewise path)."""
+    return device.type == "cuda"
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -10,6 +10,8 @@ import torch
 from loom import LLM, SamplingParams
 from loom.compilation import backend, piece_graph
 from loom.config import CompilationConfig
+from loom.worker import model_runner
+from loom.worker.cuda_graph import piecewise_sizes
 from tests.e2e.test_correctness import _prompts
 
 
@@ -106,6 +108,58 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
     assert _FakeGraph.replays >= 3 * 4 and _FakeGraph.replays % 3 == 0
 
 
+@pytest.mark.slow
+def test_piecewise_graphs_pad_other_batches_to_their_sizes(tiny_model_factory, caplog,
+                                                           monkeypatch):
+    """FULL_AND_PIECEWISE with no compile_sizes: a batch no decode graph takes (on the CPU,
+    every batch) is padded up to a piecewise size, and at that size the general graph's
+    pieces are captured on the second run and replayed after. The padding rows must change
+    no real token: the tokens stay eager's."""
+    path, _ = tiny_model_factory("llama")
+    eager = _tokens(path)
+    monkeypatch.setattr(model_runner, "cuda_graphs_on", lambda device: True)
+    monkeypatch.setattr(piece_graph, "can_capture", lambda args: True)
+    monkeypatch.setattr(piece_graph, "PieceGraph", _FakeGraph)
+    _FakeGraph.captured, _FakeGraph.replays = [], 0
+    rows = []
+    build = model_runner.build_batch
+
+    def recording(*args, **kwargs):
+        batch = build(*args, **kwargs)
+        rows.append((batch.input_ids.shape[0], batch.attn_metadata.num_actual_tokens))
+        return batch
+    monkeypatch.setattr(model_runner, "build_batch", recording)
+    caplog.set_level(logging.INFO, logger="loom")
+    assert _tokens(path, compilation_config={"level": 3,
+                                             "cudagraph_mode": "FULL_AND_PIECEWISE"}) == eager
+    # Prompts of 8 + 21 + 5 tokens in one step of 34, padded to 64; then decode steps of 3,
+    # padded to 8.
+    assert rows[0] == (64, 34) and all(r == (8, 3) for r in rows[1:]) and len(rows) == 6
+    assert "padded to [8, 16, 32, 64] tokens" in caplog.text
+    assert len(_FakeGraph.captured) == 3  # size 8's three pieces, on its second step
+    assert _FakeGraph.replays == 3 * 4  # replayed in that step and the three after
+    assert "piecewise CUDA graphs for 8 tokens: 3 of 3 pieces captured" in caplog.text
+
+
+def test_piecewise_sizes_stop_at_the_first_that_holds_a_full_batch():
+    assert piecewise_sizes(8192) == [8, 16, 32, 64, 128, 256, 512]
+    assert piecewise_sizes(100) == [8, 16, 32, 64, 128]  # 128 holds a 100-token batch
+    assert piecewise_sizes(64) == [8, 16, 32, 64]
+
+
+def test_a_batch_pads_to_the_next_piecewise_size_unless_a_decode_graph_takes_it():
+    from types import SimpleNamespace
+    runner = SimpleNamespace(piece_sizes=[8, 16, 24, 32],  # 24: a compile size
+                             graph_runner=SimpleNamespace(sizes=[1, 2, 4]))
+    rows = lambda counts: model_runner.ModelRunner._padded_rows(runner, counts)  # noqa: E731
+    assert rows([1, 1, 1]) is None  # a pure decode of 3: the decode graph of 4
+    assert rows([1] * 5) == 8  # more decodes than the largest decode graph
+    assert rows([15, 1, 1, 1]) == 24 and rows([24]) == 24  # a compile size is a target
+    assert rows([33]) is None  # past the largest size: eager pieces
+    runner.graph_runner = None
+    assert rows([1, 1, 1]) == 8
+
+
 def test_cudagraph_mode_is_checked():
     with pytest.raises(ValueError, match=r"cudagraph_mode: must be one of"):
         CompilationConfig.parse({"level": 3, "cudagraph_mode": "PIECEWISE_PLEASE"})
@@ -116,7 +170,9 @@ def test_cudagraph_mode_is_checked():
 @pytest.mark.parametrize("tp", [1, 2])
 def test_piecewise_graphs_on_gpu(tp, tiny_model_factory, capfd, caplog):
     """Real CUDA graphs: prefill chunks of 24 tokens (a static size) replay their pieces,
-    NCCL all-reduces included at TP=2, and give the greedy tokens of the default mode."""
+    the smaller mixed batches are padded to 8, 16 or 32 tokens and replay the general
+    graph's pieces, NCCL all-reduces included at TP=2, and all give the greedy tokens of
+    the default mode."""
     if torch.cuda.device_count() < tp:
         pytest.skip(f"needs {tp} GPUs")
     path, _ = tiny_model_factory("llama")
