@@ -104,11 +104,6 @@ class PiecewiseBackend:
         if missing:
             logger.warning("splitting_ops %s matched no op of the graph: not split there",
                            missing)
-        if self.config.cudagraph_mode == "FULL_AND_PIECEWISE" and self.config.compile_sizes \
-                and not self.splits_at_attention:
-            logger.info("cudagraph_mode FULL_AND_PIECEWISE: the graph is not split at attention, "
-                        "so compile_sizes %s run without piecewise CUDA graphs",
-                        list(self.config.compile_sizes))
         split, split_names = split_graph(gm, self.splitting_ops)
         piece_inputs = _record_piece_inputs(split, example_inputs)
         compiled = 0
@@ -268,8 +263,7 @@ class CompiledForward:
     def capture_pieces_at(self, sizes: list[int]) -> bool:
         """Capture the pieces of the general graph at these token counts too (the runner pads
         batches up to them); False where the forward is not split at attention."""
-        if self.backend is None or not self.backend.splits_at_attention \
-                or self.backend.config.cudagraph_mode != "FULL_AND_PIECEWISE":
+        if self.backend is None or not self.backend.splits_at_attention:
             return False
         self.backend.piece_sizes.update(sizes)
         return True

@@ -153,14 +153,8 @@ class ModelRunner:
             sizes = sorted({_round_up(s, self.token_multiple) for s in sizes})
         if cfg.enforce_eager or not cuda_graphs_on(self.device):
             return
-        pieces = piecewise_sizes(cfg.scheduler.max_num_batched_tokens)
-        if pieces and self.forward.capture_pieces_at(pieces):
-            # compile_sizes in that range are padding targets too: their static graphs.
-            self.piece_sizes = sorted(set(pieces).union(
-                s for s in cfg.compilation.compile_sizes if s <= pieces[-1]))
-            logger.info("piecewise CUDA graphs: batches of up to %d tokens that no decode graph "
-                        "takes are padded to %s tokens; each size's pieces are captured on "
-                        "its second run", pieces[-1], self.piece_sizes)
+        if cfg.compilation.cudagraph_mode == "FULL_AND_PIECEWISE":
+            self._plan_pieces()
         if self.device.type != "cuda" or not sizes or cfg.compilation.cudagraph_mode == "NONE":
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
@@ -168,6 +162,22 @@ class ModelRunner:
             self.forward, self.backend, self.kv_caches, list(sizes),
             -(-max_len // self.block_size), max_len, self.device)
         self.graph_runner.capture()
+
+    def _plan_pieces(self) -> None:
+        cfg = self.config
+        pieces = piecewise_sizes(cfg.scheduler.max_num_batched_tokens)
+        if not self.forward.capture_pieces_at(pieces):
+            logger.info("cudagraph_mode FULL_AND_PIECEWISE: piecewise CUDA graphs need level 3 "
+                        "with the graph split at attention (here level %d%s); only decode "
+                        "batches replay CUDA graphs", self.forward.level,
+                        ", one whole graph" if self.forward.level == 3 else "")
+            return
+        # compile_sizes in that range are padding targets too: their static graphs.
+        self.piece_sizes = sorted(set(pieces).union(
+            s for s in cfg.compilation.compile_sizes if s <= pieces[-1]))
+        logger.info("piecewise CUDA graphs: batches of up to %d tokens that no decode graph "
+                    "takes are padded to %s tokens; each size's pieces are captured on its "
+                    "second run", pieces[-1], self.piece_sizes)
 
     @property
     def token_multiple(self) -> int:

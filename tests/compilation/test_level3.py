@@ -87,16 +87,19 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
     capture inside a capture fails on CUDA): it runs its kernels into the outer graph."""
     path, _ = tiny_model_factory("llama")
     eager = _tokens(path)
+    monkeypatch.setattr(model_runner, "cuda_graphs_on", lambda device: True)
     monkeypatch.setattr(piece_graph, "can_capture", lambda args: True)
     monkeypatch.setattr(piece_graph, "inside_capture", lambda: in_decode_capture)
     monkeypatch.setattr(piece_graph, "PieceGraph", _FakeGraph)
     _FakeGraph.captured, _FakeGraph.replays = [], 0
-    caplog.set_level(logging.INFO, logger="loom.compilation")
+    caplog.set_level(logging.INFO, logger="loom")
     config = {"level": 3, "compile_sizes": [3], "splitting_ops": splitting_ops,
               "cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert _tokens(path, compilation_config=config) == eager
     if splitting_ops == []:
-        assert not _FakeGraph.captured and "run without piecewise CUDA graphs" in caplog.text
+        assert not _FakeGraph.captured
+        assert "piecewise CUDA graphs need level 3 with the graph split at attention (here " \
+               "level 3, one whole graph)" in caplog.text
         return
     if in_decode_capture:
         assert not _FakeGraph.captured and _FakeGraph.replays == 0
