@@ -112,13 +112,14 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
 
 
 @pytest.mark.slow
-def test_piecewise_graphs_pad_other_batches_to_their_sizes(tiny_model_factory, caplog,
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])  # MoE: padding rows are routed too
+def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, tiny_model_factory, caplog,
                                                            monkeypatch):
     """FULL_AND_PIECEWISE with no compile_sizes: a batch no decode graph takes (on the CPU,
     every batch) is padded up to a piecewise size, and at that size the general graph's
     pieces are captured on the second run and replayed after. The padding rows must change
     no real token: the tokens stay eager's."""
-    path, _ = tiny_model_factory("llama")
+    path, _ = tiny_model_factory(kind)
     eager = _tokens(path)
     monkeypatch.setattr(model_runner, "cuda_graphs_on", lambda device: True)
     monkeypatch.setattr(piece_graph, "can_capture", lambda args: True)
