@@ -97,6 +97,14 @@ def sdpa_min_tokens() -> int:
     return _optional_int("LOOM_SDPA_MIN_TOKENS") or 0
 
 
+def all_reduce_norm_push() -> bool:
+    """LOOM_AR_NORM_PUSH=1: the fused all-reduce + norm kernel writes its row into every
+    peer's buffer (posted NVLink stores) and sums from its own, instead of writing its own
+    buffer and reading every peer's (a remote read's round trip on the critical path). An
+    experiment for TP decode, off by default until measured (docs/performance.md)."""
+    return os.environ.get("LOOM_AR_NORM_PUSH", "0") == "1"
+
+
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL

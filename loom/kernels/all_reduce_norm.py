@@ -10,6 +10,11 @@ microseconds each, 64 times a token. Here one program per row does both:
      computes bit-identical sums), add the residual and normalise;
   4. tell every peer that its row has been read.
 
+With PUSH (LOOM_AR_NORM_PUSH=1) step 2 writes the row into slot `rank` of every rank's
+buffer (posted stores over NVLink) and step 3 sums the slots of this rank's own buffer: no
+remote read waits on the critical path. "Read" then means a peer has summed the slot this
+rank pushed into its buffer.
+
 Signals are counters in a flag area of the same symmetric allocation: a peer adds 1 with
 release semantics at system scope; the waiter spins with acquire reads and takes the 1
 back. The "read" counters start at 1, so the first call does not wait. Calls must be made
@@ -25,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loom import envs
 from loom.distributed.ops import FUSED_NORM_MAX_ROWS
 
 _MAX_SPIN = tl.constexpr(1 << 26)
@@ -47,6 +53,7 @@ def _all_reduce_add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, data_ptrs, flag_ptrs, rank, eps,
     stride_x, stride_r, stride_o, stride_ro,
     N: tl.constexpr, BLOCK: tl.constexpr, WORLD: tl.constexpr, MAX_ROWS: tl.constexpr,
+    PUSH: tl.constexpr = False, SLOT: tl.constexpr = 0,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -61,8 +68,13 @@ def _all_reduce_add_rms_norm_kernel(
         for p in tl.static_range(WORLD):
             if p != rank:
                 _take_signal(mine + (WORLD + p) * MAX_ROWS + row)
-        buf = tl.load(data_ptrs + rank).to(tl.pointer_type(dtype))
-        tl.store(buf + row * N + cols, x, mask=ok)
+        if PUSH:  # slot `rank` of every rank's buffer, this rank's own included
+            for p in tl.static_range(WORLD):
+                dst = tl.load(data_ptrs + p).to(tl.pointer_type(dtype)) + rank * SLOT + row * N
+                tl.store(dst + cols, x, mask=ok)
+        else:
+            buf = tl.load(data_ptrs + rank).to(tl.pointer_type(dtype))
+            tl.store(buf + row * N + cols, x, mask=ok)
         tl.debug_barrier()
         for p in tl.static_range(WORLD):
             if p != rank:
@@ -74,7 +86,10 @@ def _all_reduce_add_rms_norm_kernel(
         tl.debug_barrier()
         total = tl.zeros([BLOCK], tl.float32)
         for p in tl.static_range(WORLD):
-            src = tl.load(data_ptrs + p).to(tl.pointer_type(dtype)) + row * N
+            if PUSH:
+                src = tl.load(data_ptrs + rank).to(tl.pointer_type(dtype)) + p * SLOT + row * N
+            else:
+                src = tl.load(data_ptrs + p).to(tl.pointer_type(dtype)) + row * N
             src = tl.multiple_of(src, 16)  # rows start 16-byte aligned: wide loads
             # .cg: from L2 / the peer, never a line left in L1 by the previous call
             total += tl.load(src + cols, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -98,7 +113,8 @@ def _all_reduce_add_rms_norm_kernel(
              (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_rows):
+def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_rows,
+            push=False, slot_bytes=0):
     """The kernel over x's rows (any leading dims); outputs shaped like x."""
     shape = x.shape
     x, residual = _rows(x), _rows(residual)
@@ -113,6 +129,7 @@ def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_row
             x, residual, weight, out, res_out, data_ptrs, flag_ptrs, rank, eps,
             x.stride(0), residual.stride(0), out.stride(0), res_out.stride(0),
             N=n, BLOCK=block, WORLD=world, MAX_ROWS=max_rows,
+            PUSH=push, SLOT=slot_bytes // x.element_size(),
             num_warps=max(1, min(16, block // 512)))
     return out.view(shape), res_out.view(shape)
 
@@ -142,8 +159,10 @@ class SymmetricNormBuffer:
     def __init__(self, c10d_name: str, device: torch.device, process_group) -> None:
         import torch.distributed as dist
         from torch.distributed import _symmetric_memory as symm_mem
-        flag_words = 2 * dist.get_world_size(process_group) * self.MAX_ROWS
-        data_bytes = self.BYTES
+        world = dist.get_world_size(process_group)
+        flag_words = 2 * world * self.MAX_ROWS
+        self.push = envs.all_reduce_norm_push()
+        data_bytes = self.BYTES * (world if self.push else 1)  # PUSH: a slot per source rank
         self._storage = symm_mem.empty(data_bytes + 4 * flag_words, dtype=torch.uint8,
                                        device=device)
         handle = symm_mem.rendezvous(self._storage, c10d_name)
@@ -167,4 +186,4 @@ class SymmetricNormBuffer:
 
     def all_reduce_add_rms_norm(self, x, residual, weight, eps):
         return _launch(x, residual, weight, eps, self.data_ptrs, self.flag_ptrs, self.rank,
-                       self.world, self.MAX_ROWS)
+                       self.world, self.MAX_ROWS, self.push, self.BYTES)

@@ -1,7 +1,8 @@
 """The one-kernel all-reduce + residual add + RMSNorm over symmetric memory, on 2 GPUs,
 against NCCL's all-reduce followed by the eager reference norm: every row count the fused
 path takes and the fallback beyond it, float32 and bfloat16, many calls in a row (the
-flag counters), and replays of a captured CUDA graph. Both ranks must agree bit for bit,
+flag counters), and replays of a captured CUDA graph; rows pulled from the peers' buffers
+(the default) or pushed into them (LOOM_AR_NORM_PUSH=1). Both ranks must agree bit for bit,
 since each computes the residual stream the next layer reads."""
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def _check(rank: int, port: int, out_dir: str) -> None:
         f.write("\n".join(failures))
 
 
-def test_fused_all_reduce_norm_matches_nccl_and_reference(tmp_path):
+@pytest.mark.parametrize("push", ["0", "1"], ids=["pull", "push"])  # LOOM_AR_NORM_PUSH
+def test_fused_all_reduce_norm_matches_nccl_and_reference(push, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOM_AR_NORM_PUSH", push)  # the spawned ranks inherit it
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
