@@ -165,7 +165,8 @@ class Piece:
         self.static: dict[int, Callable] = {}
         self.piecewise = config.cudagraph_mode == "FULL_AND_PIECEWISE" and not any(
             _op_name(n) in DEFAULT_SPLITTING_OPS for n in module.graph.nodes)
-        """Static sizes replay CUDA graphs from their second run (not with attention inside)."""
+        """compile_sizes and the runner's padded sizes replay CUDA graphs from their second
+        run (not a piece with attention inside)."""
         self.graphs: dict[int, piece_graph.PieceGraph | None] = {}
         self.split = pass_manager.range_split
         self.small = None

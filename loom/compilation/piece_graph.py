@@ -1,10 +1,11 @@
-"""CUDA graphs of static-shape pieces (`cudagraph_mode: FULL_AND_PIECEWISE`).
+"""CUDA graphs of pieces at one token count (`cudagraph_mode: FULL_AND_PIECEWISE`).
 
 An eagerly run prefill spends host time on every piece: Inductor's wrapper, a few cuBLAS and
 Triton launches and a collective, ~1 ms a layer at TP=2. Up to ~2048 tokens that is more
-than the GPU's work (docs/performance.md). A piece compiled for one static token count
-always runs the same kernels on the same shapes, so it is captured once and then replayed.
-Attention stays eager between the pieces: its metadata changes from batch to batch.
+than the GPU's work (docs/performance.md). At one token count (a compile_sizes entry, or a
+size the model runner pads batches up to) a piece always runs the same kernels on the same
+shapes, so it is captured once and then replayed. Attention stays eager between the
+pieces: its metadata changes from batch to batch.
 
 A replay reads its inputs from the addresses they had at capture. The capture's own
 argument tensors are kept as the static inputs. Where a later call's argument lives

@@ -155,6 +155,7 @@ class ModelRunner:
             return
         if cfg.compilation.cudagraph_mode == "FULL_AND_PIECEWISE":
             self._plan_pieces()
+        # Decode graphs need a real CUDA device even where the CPU tests patch cuda_graphs_on.
         if self.device.type != "cuda" or not sizes or cfg.compilation.cudagraph_mode == "NONE":
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
