@@ -78,22 +78,52 @@ class CacheConfig:
                f"kv_cache_memory_bytes: must be positive, got {self.kv_cache_memory_bytes}")
 
 
+USAGE_CONTEXTS = ("llm", "api_server")
+
+LARGE_GPU_BYTES = 70 * 2**30
+"""GPUs with at least this much memory (other than A100s) get vLLM's larger batch defaults."""
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256
-    """Most requests running in one step."""
-    max_num_batched_tokens: int = 8192
-    """Most tokens (prefill chunks + decodes) in one step; longer prompts are chunked."""
+    max_num_seqs: int | None = None
+    """Most requests running in one step. None: by device, as vLLM chooses: 1024 on GPUs
+    with at least 70 GiB (A100s excepted), else 256."""
+    max_num_batched_tokens: int | None = None
+    """Most tokens (prefill chunks + decodes) in one step; longer prompts are chunked.
+    None: by device and usage, as vLLM chooses: on GPUs with at least 70 GiB (A100s
+    excepted) 16384 offline (`LLM`, benchmarks) and 8192 for the API server; on other GPUs
+    8192 and 2048; on the CPU 8192."""
     async_scheduling: bool = True
     """Schedule and launch step N+1 while the device still runs step N: a decode's input
     token is the one step N samples, written on the device. Requests whose next step
     depends on host-side token values (guided decoding, penalties, seeds, pending
     min_tokens) wait for their result instead."""
+    usage_context: str = "llm"
+    """Who drives the engine, "llm" (offline, benchmarks) or "api_server": picks the
+    defaults above."""
 
     def __post_init__(self) -> None:
-        _check(self.max_num_seqs > 0, f"max_num_seqs: must be positive, got {self.max_num_seqs}")
-        _check(self.max_num_batched_tokens > 0,
+        _check(self.max_num_seqs is None or self.max_num_seqs > 0,
+               f"max_num_seqs: must be positive, got {self.max_num_seqs}")
+        _check(self.max_num_batched_tokens is None or self.max_num_batched_tokens > 0,
                f"max_num_batched_tokens: must be positive, got {self.max_num_batched_tokens}")
+        _check(self.usage_context in USAGE_CONTEXTS,
+               f"usage_context: {self.usage_context!r} is not one of {USAGE_CONTEXTS}")
+
+    def resolved(self, device_name: str | None, device_memory: int) -> SchedulerConfig:
+        """The defaults filled in for a device (name None: the CPU). Every rank and the
+        engine core must agree, so the worker resolves once and reports what it chose."""
+        server = self.usage_context == "api_server"
+        if device_name is None:
+            tokens, seqs = 8192, 256
+        elif device_memory >= LARGE_GPU_BYTES and "a100" not in device_name.lower():
+            tokens, seqs = (8192 if server else 16384), 1024
+        else:
+            tokens, seqs = (2048 if server else 8192), 256
+        return dataclasses.replace(
+            self, max_num_seqs=self.max_num_seqs or seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or tokens)
 
 
 @dataclass(frozen=True)

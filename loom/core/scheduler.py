@@ -42,7 +42,8 @@ class _Step:
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int) -> None:
-        self.config = scheduler_config
+        # The engine passes the limits its workers chose; a bare config takes the CPU's.
+        self.config = scheduler_config.resolved(None, 0)
         self.max_model_len = max_model_len
         self.block_size = cache_config.block_size
         self.num_blocks = num_blocks

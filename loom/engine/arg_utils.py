@@ -28,8 +28,10 @@ class EngineArgs:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = None
+    """None: by device (`SchedulerConfig`), vLLM's defaults."""
+    max_num_batched_tokens: int | None = None
+    """None: by device and usage (`SchedulerConfig`), vLLM's defaults."""
     async_scheduling: bool = True
     block_size: int = 16
     enable_prefix_caching: bool = True
@@ -51,8 +53,13 @@ class EngineArgs:
         g.add_argument("--max-model-len", type=int, default=None)
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
         g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-        g.add_argument("--max-num-seqs", type=int, default=256)
-        g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+        g.add_argument("--max-num-seqs", type=int, default=None,
+                       help="default: 1024 on GPUs with at least 70 GiB (A100s excepted), "
+                       "else 256")
+        g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help="default: on GPUs with at least 70 GiB (A100s excepted) 16384 "
+                       "offline and 8192 for `loom serve`; 8192 and 2048 on other GPUs; 8192 "
+                       "on the CPU")
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="overlap scheduling and input preparation of the next step with "
                        "the device's current one")
@@ -75,11 +82,11 @@ class EngineArgs:
         """Python callers' values, checked before any comparison could raise TypeError."""
         def is_int(v) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "tensor_parallel_size"):
+        for name in ("block_size", "tensor_parallel_size"):
             if not is_int(getattr(self, name)):
                 raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
-        for name in ("max_model_len", "kv_cache_memory_bytes"):
+        for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
+                     "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and not is_int(value):
                 raise ValueError(f"{name}: must be an integer or None, got {value!r}")
@@ -95,7 +102,9 @@ class EngineArgs:
         if not -(2**63) <= self.seed < 2**63:  # what torch.manual_seed takes
             raise ValueError(f"seed: must fit in 64 bits, got {self.seed}")
 
-    def create_engine_config(self) -> EngineConfig:
+    def create_engine_config(self, usage_context: str = "llm") -> EngineConfig:
+        """usage_context: "llm" (offline, benchmarks) or "api_server"; it picks the batch
+        defaults, as in vLLM."""
         self._check_types()
         model = ModelConfig(model=default_model() if self.model is None else self.model,
                             tokenizer=self.tokenizer,
@@ -106,7 +115,7 @@ class EngineArgs:
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
                               self.kv_cache_memory_bytes, self.enable_prefix_caching),
             scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
-                                      self.async_scheduling),
+                                      self.async_scheduling, usage_context),
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
             compilation=CompilationConfig.parse(self.compilation_config),

@@ -7,6 +7,7 @@ lives in the frontend; this class only sees `EngineCoreRequest`s and returns
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -44,6 +45,12 @@ class EngineCore:
             ModelArch.from_hf_config(resolve(config.model).hf_config).check_tensor_parallel(tp)
         self.executor = make_executor(config)
         info = self.executor.model_info
+        # The workers filled in the device's batch defaults; the scheduler takes the same.
+        self.config = config = dataclasses.replace(config, scheduler=dataclasses.replace(
+            config.scheduler, max_num_seqs=info["max_num_seqs"],
+            max_num_batched_tokens=info["max_num_batched_tokens"]))
+        logger.info("batches: up to %d requests and %d tokens a step",
+                    info["max_num_seqs"], info["max_num_batched_tokens"])
         self.vocab_size = info["vocab_size"]
         self.eos_token_id = info["eos_token_id"]
         self.max_model_len = resolve_max_model_len(config.model.max_model_len,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import cProfile
+import dataclasses
 import io
 import os
 import pstats
@@ -30,10 +31,16 @@ def resolve_device(requested: str, rank: int = 0) -> torch.device:
 class Worker:
     def __init__(self, config: EngineConfig, rank: int = 0,
                  distributed_init_method: str | None = None) -> None:
-        self.config, self.rank = config, rank
+        self.rank = rank
         self.device = resolve_device(config.device.device, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            scheduler = config.scheduler.resolved(torch.cuda.get_device_name(self.device),
+                                                  torch.cuda.get_device_properties(
+                                                      self.device).total_memory)
+        else:
+            scheduler = config.scheduler.resolved(None, 0)
+        self.config = config = dataclasses.replace(config, scheduler=scheduler)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         init_distributed(config.parallel.tensor_parallel_size, rank, distributed_init_method, backend)
         # Unseeded requests draw from the global generator; seed it so runs repeat.
@@ -53,7 +60,10 @@ class Worker:
         arch = self.model_runner.arch
         return {"vocab_size": arch.vocab_size,
                 "max_position_embeddings": arch.max_position_embeddings,
-                "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None}
+                "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None,
+                # the batch limits this device chose (`SchedulerConfig.resolved`)
+                "max_num_seqs": self.config.scheduler.max_num_seqs,
+                "max_num_batched_tokens": self.config.scheduler.max_num_batched_tokens}
 
     def time_all_reduce(self, num_tokens: int, iters: int, in_graph: bool = False) -> float:
         """Seconds per TP all-reduce of a [num_tokens, hidden] activation in the model's

@@ -269,3 +269,36 @@ def test_a_config_narrower_than_its_checkpoint_is_refused(tiny_model_factory, tm
     (narrow / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="checkpoint's tensor is .* config makes it"):
         LLM(str(narrow), skip_tokenizer_init=True, device="cpu", max_model_len=64)
+
+
+# vLLM's EngineArgs batch defaults (its arg_utils: GPUs of >= 70 GiB other than A100 get the
+# larger tier), by (device name, memory, usage) -> (max_num_batched_tokens, max_num_seqs).
+@pytest.mark.parametrize("name, memory, usage, expected", [
+    (None, 0, "llm", (8192, 256)), (None, 0, "api_server", (8192, 256)),
+    ("NVIDIA H200", 140 * 2**30, "llm", (16384, 1024)),
+    ("NVIDIA H200", 140 * 2**30, "api_server", (8192, 1024)),
+    ("NVIDIA A100-SXM4-80GB", 80 * 2**30, "llm", (8192, 256)),
+    ("NVIDIA A100-SXM4-80GB", 80 * 2**30, "api_server", (2048, 256)),
+    ("NVIDIA L4", 23 * 2**30, "llm", (8192, 256))])
+def test_batch_defaults_by_device_as_vllm(name, memory, usage, expected):
+    from loom.config import SchedulerConfig
+    got = SchedulerConfig(usage_context=usage).resolved(name, memory)
+    assert (got.max_num_batched_tokens, got.max_num_seqs) == expected
+    given = SchedulerConfig(max_num_seqs=7, max_num_batched_tokens=99,
+                            usage_context=usage).resolved(name, memory)
+    assert (given.max_num_batched_tokens, given.max_num_seqs) == (99, 7)
+
+
+def test_engine_and_workers_agree_on_the_batch_limits(text_llm):
+    scheduler = text_llm.engine.config.scheduler
+    assert (scheduler.max_num_seqs, scheduler.max_num_batched_tokens) == (256, 8192)
+    assert text_llm.engine.scheduler.config == scheduler
+
+
+def test_serve_takes_the_api_server_defaults():
+    from loom.engine.arg_utils import EngineArgs
+    config = EngineArgs(model="llama-3.1-8b", load_format="dummy").create_engine_config("api_server")
+    assert config.scheduler.usage_context == "api_server"
+    assert config.scheduler.max_num_seqs is None  # filled in by the worker, per device
+    with pytest.raises(ValueError, match="usage_context"):
+        EngineArgs(model="llama-3.1-8b", load_format="dummy").create_engine_config("web")

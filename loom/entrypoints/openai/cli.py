@@ -52,7 +52,7 @@ def run_serve(args: argparse.Namespace) -> int:
     traces_endpoint = _traces_endpoint(args)
     if args.model_tag is not None:
         args.model = args.model_tag
-    config = EngineArgs.from_cli_args(args).create_engine_config()
+    config = EngineArgs.from_cli_args(args).create_engine_config("api_server")
     tokenizer = tokenizer_path(config.model)
     if tokenizer is None:
         logger.warning("%s ships no tokenizer: only token-id prompts will work (pass --tokenizer)",
