@@ -180,9 +180,9 @@ class CompilationConfig:
     """Ops the graph is split at; None means attention; () keeps one whole graph."""
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8."""
-    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
     """FULL_DECODE_ONLY: pure-decode batches replay whole-forward CUDA graphs (the sizes
-    above). FULL_AND_PIECEWISE: besides, at level 3 with the graph split at attention, the
+    above). FULL_AND_PIECEWISE (the default, as vLLM's): besides, at level 3 with the graph split at attention, the
     pieces are captured on their second run at a size and replayed after, attention running
     eagerly between them, so a prefill's or mixed batch's host time goes: at each
     compile_sizes entry (its static graph), and for batches no decode graph takes of up to
