@@ -7,14 +7,27 @@ belong to one expert and a grouped GEMM can treat them as one dense tile. Two ke
   2. down:    that @ w2[e]^T, scaled by the slot's routing weight, written per slot;
 then a sum over k. Alignment uses torch ops only, sized by an upper bound, so there is no
 host sync and the launch shapes depend on T, top_k and E alone (CUDA-graph friendly).
+
+Tiles come from a config (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): one
+passed in, else a tuned one from configs/ (`loom bench moe --tune` writes them: one JSON file
+per expert count, intermediate size per shard, dtype and device, mapping a token count M to
+a config; the key nearest to M is used), else the defaults below.
 """
 
 from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from loom.library import loom_op
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int,
@@ -45,15 +58,36 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int,
 
 
 @triton.jit
+def _tile_ids(num_row_blocks, NUM_COL_TILES: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column tile) of this program in a 1-D grid of num_row_blocks *
+    NUM_COL_TILES. GROUP_M = 1: every row block of column tile 0, then of tile 1, ... (the
+    order of the former 2-D grid: consecutive programs share one expert's weight tile).
+    GROUP_M > 1: GROUP_M row blocks sweep all column tiles together, row block fastest,
+    so their activation rows and the expert's weight tiles are reused from L2."""
+    pid = tl.program_id(0)
+    if GROUP_M == 1:
+        pid_m = pid % num_row_blocks
+        pid_n = pid // num_row_blocks
+    else:
+        per_group = GROUP_M * NUM_COL_TILES
+        first_m = (pid // per_group) * GROUP_M
+        group_rows = tl.minimum(num_row_blocks - first_m, GROUP_M)
+        local = pid % per_group
+        pid_m = first_m + local % group_rows
+        pid_n = local // group_rows
+    return pid_m, pid_n
+
+
+# The row counts are launch sizes, not shapes worth a compiled variant each.
+@triton.jit(do_not_specialize=["num_slots", "num_row_blocks"])
 def _gate_up_kernel(
-    x_ptr, w13_ptr, inter_ptr, sorted_ids_ptr, block_expert_ptr, num_slots,
+    x_ptr, w13_ptr, inter_ptr, sorted_ids_ptr, block_expert_ptr, num_slots, num_row_blocks,
     stride_xt, stride_we, stride_wn, stride_wk, stride_it,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n = _tile_ids(num_row_blocks, (INTER + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:  # the capacity bound over-provisions blocks; these have no rows
         return
@@ -84,16 +118,15 @@ def _gate_up_kernel(
     tl.store(dst, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "num_row_blocks"])
 def _down_kernel(
     inter_ptr, w2_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, topk_weights_ptr,
-    num_slots, stride_it, stride_we, stride_wn, stride_wk, stride_ot,
+    num_slots, num_row_blocks, stride_it, stride_we, stride_wn, stride_wk, stride_ot,
     HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n = _tile_ids(num_row_blocks, (HIDDEN + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
@@ -125,47 +158,218 @@ def _default_block_m(num_slots: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
+# -- tile configs --------------------------------------------------------------------------------
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""Where tuned configs live; LOOM_MOE_CONFIG_DIR, when set, takes its place."""
+# vLLM's names for the same things, accepted in a config so its tuned files read as they are.
+_ALIASES = {"BLOCK_SIZE_M": "BLOCK_M", "BLOCK_SIZE_N": "BLOCK_N", "BLOCK_SIZE_K": "BLOCK_K",
+            "GROUP_SIZE_M": "GROUP_M"}
+
+
+def default_config(num_tokens: int, top_k: int, num_experts: int,
+                   dtype: torch.dtype) -> dict[str, int]:
+    """The tiles used where no tuned config applies."""
+    # fp32 takes exact FMA dots whose operands need far more registers: halve the tile
+    # (the sizes that ptxas compiles without spills for sm_90).
+    tile = 32 if dtype == torch.float32 else 64
+    return {"BLOCK_M": _default_block_m(num_tokens * top_k, num_experts), "BLOCK_N": tile,
+            "BLOCK_K": tile, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+
+
+def normalize_config(config: dict[str, Any]) -> dict[str, int]:
+    """A config with loom's key names, checked: tile sizes powers of two >= 16 (tl.dot's
+    minimum), GROUP_M, num_warps and num_stages positive. Keys it lacks stay absent."""
+    out: dict[str, int] = {}
+    for key, value in config.items():
+        name = _ALIASES.get(key, key)
+        if name not in CONFIG_KEYS:
+            raise ValueError(f"fused_moe config: unknown key {key!r}; known: {list(CONFIG_KEYS)}")
+        value = int(value)
+        if name.startswith("BLOCK_") and (value < 16 or value & (value - 1)):
+            raise ValueError(f"fused_moe config: {name} must be a power of two >= 16, got {value}")
+        if value < 1:
+            raise ValueError(f"fused_moe config: {name} must be positive, got {value}")
+        out[name] = value
+    return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def config_file_name(num_experts: int, inter: int, dtype: torch.dtype | str,
+                     device_name: str) -> str:
+    """E=128,N=768,dtype=bfloat16,device_name=NVIDIA_H200.json (N: intermediate per shard)."""
+    dtype = dtype if isinstance(dtype, str) else _dtype_name(dtype)
+    device = device_name.replace(" ", "_")
+    return f"E={num_experts},N={inter},dtype={dtype},device_name={device}.json"
+
+
+def config_dir() -> Path:
+    root = os.environ.get("LOOM_MOE_CONFIG_DIR")
+    return Path(root) if root else CONFIG_DIR
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The name in a config file's name: torch.cuda.get_device_name with spaces as
+    underscores (NVIDIA_H200), or the device type off CUDA (cpu)."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+ConfigTable = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]
+
+
+@functools.cache
+def load_config_file(path: str) -> ConfigTable | None:
+    """A tuned file as ((M, ((key, value), ...)), ...) sorted by M; None if there is none.
+    Read once per path (functools.cache); load_config_file.cache_clear() forgets them."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        raw = json.load(f)
+    try:
+        table = tuple(sorted((int(m), tuple(sorted(normalize_config(c).items())))
+                             for m, c in raw.items()))
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ValueError(f"fused_moe config file {path}: {e}") from None
+    if not table:
+        raise ValueError(f"fused_moe config file {path}: no entries")
+    return table
+
+
+@torch.compiler.assume_constant_result
+def _tuned_table(num_experts: int, inter: int, dtype: torch.dtype,
+                 device: torch.device) -> ConfigTable | None:
+    # A constant to torch.compile: it runs this once while tracing (files, device
+    # queries) and keeps the result, so the lookup never breaks the graph.
+    name = config_file_name(num_experts, inter, dtype, device_name(device))
+    return load_config_file(str(config_dir() / name))
+
+
+def nearest_config(table: ConfigTable, num_tokens: int) -> dict[str, int]:
+    """The config of the key nearest to num_tokens, the smaller key on a tie. Written as
+    comparisons against midpoints so that a symbolic token count under torch.compile gets
+    one range guard per key crossed."""
+    for i in range(len(table) - 1):
+        if 2 * num_tokens <= table[i][0] + table[i + 1][0]:
+            return dict(table[i][1])
+    return dict(table[-1][1])
+
+
+def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
+               dtype: torch.dtype, device: torch.device | str,
+               config: dict[str, Any] | None = None) -> dict[str, int]:
+    """The full config fused_moe launches with: `config` if given, else the tuned one
+    nearest num_tokens for this E, N (= inter, per shard), dtype and device, else the
+    defaults; keys the chosen one lacks come from the defaults."""
+    if config is not None:
+        chosen = normalize_config(config)
+    else:
+        table = _tuned_table(num_experts, inter, dtype, torch.device(device))
+        chosen = nearest_config(table, num_tokens) if table is not None else {}
+    if len(chosen) < len(CONFIG_KEYS):
+        # Only when needed: under torch.compile the default BLOCK_M adds range guards of
+        # its own, which a complete tuned config should not bring along.
+        chosen = {**default_config(num_tokens, top_k, num_experts, dtype), **chosen}
+    return chosen
+
+
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+              config: dict[str, Any] | None = None,
               block_m: int | None = None, block_n: int | None = None,
-              block_k: int | None = None,
-              num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+              block_k: int | None = None, group_m: int | None = None,
+              num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """sum_k topk_weights[t, k] * (silu(x W_g^T) * (x W_u^T)) W_2^T for expert topk_ids[t, k].
 
     hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, K]. Returns [T, H] in hidden's dtype.
+    Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
+    num_stages given here on top.
     """
+    num_tokens, hidden_size = hidden.shape
+    if num_tokens == 0:
+        return torch.zeros_like(hidden)
+    num_experts, two_inter, _ = w13.shape
+    inter = two_inter // 2
+    if hidden.stride(1) != 1 or w13.shape[2] != hidden_size or w2.shape[1:] != (hidden_size, inter):
+        raise ValueError("fused_moe: expected hidden [T, H] (contiguous rows), "
+                         "w13 [E, 2I, H], w2 [E, H, I]")
+    cfg = get_config(num_tokens, topk_ids.shape[1], num_experts, inter, hidden.dtype,
+                     hidden.device, config)
+    overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                 "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages}
+    cfg.update(normalize_config({k: v for k, v in overrides.items() if v is not None}))
+    return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg)
+
+
+@loom_op("fused_moe", "(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, "
+                     "Tensor topk_ids) -> Tensor")
+def fused_moe_op(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                 topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """fused_moe as one opaque operator (`torch.ops.loom.fused_moe`). Called directly,
+    fused_moe is traced by torch.compile: its tuned config then comes from the token count
+    at trace time, with a range guard per key crossed, and a token count past a guard
+    recompiles the graph. Through this op the config is chosen at run time from the real
+    token count, each CUDA graph capturing its own, and the graph never recompiles for it."""
+    return fused_moe(hidden, w13, w2, topk_weights, topk_ids)
+
+
+@fused_moe_op.register_fake
+def _(hidden, w13, w2, topk_weights, topk_ids):
+    return hidden.new_empty(hidden.shape)
+
+
+def compile_fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                      topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                      config: dict[str, Any]) -> None:
+    """Compile both kernels for `config` and these inputs without running them (the
+    tuner compiles its whole grid this way, on several threads, before timing any)."""
+    num_experts, two_inter, _ = w13.shape
+    cfg = get_config(hidden.shape[0], topk_ids.shape[1], num_experts, two_inter // 2,
+                     hidden.dtype, hidden.device, config)
+    _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg, compile_only=True)
+
+
+def _fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+               topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int],
+               compile_only: bool = False) -> torch.Tensor | None:
     num_tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
     top_k = topk_ids.shape[1]
-    if num_tokens == 0:
-        return torch.zeros_like(hidden)
-    if hidden.stride(1) != 1 or w13.shape[2] != hidden_size or w2.shape[1:] != (hidden_size, inter):
-        raise ValueError("fused_moe: expected hidden [T, H] (contiguous rows), "
-                         "w13 [E, 2I, H], w2 [E, H, I]")
     num_slots = num_tokens * top_k
-    block_m = block_m or _default_block_m(num_slots, num_experts)
-    # fp32 takes exact FMA dots whose operands need far more registers: halve the tile
-    # (the sizes that ptxas compiles without spills for sm_90).
-    block_n = block_n or (32 if hidden.dtype == torch.float32 else 64)
-    block_k = block_k or (32 if hidden.dtype == torch.float32 else 64)
+    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     sorted_ids, block_expert = moe_align(topk_ids, num_experts, block_m)
     num_blocks = block_expert.numel()
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
+    # One program per (row block, column tile), in the order _tile_ids gives them.
+    launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": cfg["BLOCK_K"],
+              "GROUP_M": cfg["GROUP_M"], "PRECISION": precision,
+              "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     inter_buf = torch.empty(sorted_ids.numel(), inter, dtype=hidden.dtype, device=hidden.device)
-    _gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
-        hidden, w13, inter_buf, sorted_ids, block_expert, num_slots,
-        hidden.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), inter_buf.stride(0),
-        TOP_K=top_k, HIDDEN=hidden_size, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+    gate_up_grid = (num_blocks * triton.cdiv(inter, block_n),)
+    gate_up_args = (
+        hidden, w13, inter_buf, sorted_ids, block_expert, num_slots, num_blocks,
+        hidden.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), inter_buf.stride(0))
+    gate_up_kwargs = {"TOP_K": top_k, "HIDDEN": hidden_size, "INTER": inter, **launch}
     per_slot = torch.empty(num_slots, hidden_size, dtype=hidden.dtype, device=hidden.device)
-    _down_kernel[(num_blocks, triton.cdiv(hidden_size, block_n))](
+    down_grid = (num_blocks * triton.cdiv(hidden_size, block_n),)
+    down_args = (
         inter_buf, w2, per_slot, sorted_ids, block_expert, topk_weights.contiguous(),
-        num_slots, inter_buf.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
-        per_slot.stride(0), HIDDEN=hidden_size, INTER=inter, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, num_warps=num_warps,
-        num_stages=num_stages)
+        num_slots, num_blocks, inter_buf.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
+        per_slot.stride(0))
+    down_kwargs = {"HIDDEN": hidden_size, "INTER": inter, **launch}
+    if compile_only:
+        _gate_up_kernel.warmup(*gate_up_args, grid=gate_up_grid, **gate_up_kwargs)
+        _down_kernel.warmup(*down_args, grid=down_grid, **down_kwargs)
+        return None
+    _gate_up_kernel[gate_up_grid](*gate_up_args, **gate_up_kwargs)
+    _down_kernel[down_grid](*down_args, **down_kwargs)
     return per_slot.view(num_tokens, top_k, hidden_size).sum(dim=1)
 
 

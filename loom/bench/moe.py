@@ -1,0 +1,464 @@
+"""`loom bench moe`: the Triton fused MoE (loom/kernels/fused_moe.py) per batch size, and
+with `--tune` a search for its tile configs.
+
+The model's expert shapes (hidden_size, moe_intermediate_size / TP, num_experts,
+num_experts_per_tok) come from `--model`. For each batch size M (tokens) it draws fresh
+inputs (hidden ~ 0.1 * randn, routing = top-k of a softmax over random logits, so experts
+load about evenly) and times the whole call as the model runs it: moe_align, both kernels
+and the sum over top-k, replayed from a CUDA graph with L2 flushed before each replay (the
+model's other layers evict the experts' weights between two MoE calls). It prints M, the
+config, the median time, the TFLOP/s achieved (6 * M * top_k * H * I flops: gate_up
+2 * H * 2I and down 2 * I * H per slot) and the bandwidth over the weights of the experts the
+routing touched (3 * H * I elements each).
+
+Without --tune it times the config fused_moe itself would pick (the tuned file, else the
+defaults). With --tune it compiles a pruned grid of configs on every CPU at once (Triton's
+compile dominates the search), times each config per M, re-times the fastest few with
+GROUP_M variants, checks the winner against moe_reference, and writes
+`E=..,N=..,dtype=..,device_name=...json` to loom/kernels/configs/ (or --save-dir), where
+fused_moe looks it up (the key nearest to the call's token count wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loom.bench.common import command_line, git_commit, now_iso, write_json
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+DTYPES = ("bfloat16", "float16")
+# The largest dynamic shared memory a Hopper block may take, and the most fp32 accumulator
+# values per thread before ptxas spills: configs over either are not tried.
+SMEM_LIMIT = 227 * 1024
+ACC_PER_THREAD_LIMIT = 128
+TOP_FOR_GROUPS = 3
+"""How many of the fastest configs of a batch size get re-timed, with GROUP_M variants."""
+FLUSH_BYTES = 256 << 20
+"""Written before every timed replay: several times the H200's 60 MB of L2."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "moe", help="time the fused MoE kernel per batch size; --tune searches its tile configs",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen3-30b-a3b",
+                   help="a shipped config name (loom/bench/configs), a model directory or a "
+                        "config.json (default qwen3-30b-a3b)")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                   help="each rank holds moe_intermediate_size / TP of every expert")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES),
+                   help="token counts M")
+    p.add_argument("--tune", action="store_true",
+                   help="search tile configs and write the fastest per M")
+    p.add_argument("--save-dir", default=None,
+                   help="where --tune writes its file (default: loom/kernels/configs)")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    p.add_argument("--num-iters-warmup", type=int, default=3)
+    p.add_argument("--num-iters", type=int, default=20,
+                   help="timed replays per result (the search's first pass takes fewer at "
+                        "large M)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default=None)
+    p.set_defaults(func=run_moe)
+
+
+# -- the model's expert shapes -----------------------------------------------------------------
+@dataclass(frozen=True)
+class MoeShape:
+    hidden: int
+    inter: int
+    """Intermediate size of one expert on one rank (moe_intermediate_size / TP)."""
+    num_experts: int
+    top_k: int
+
+    def flops(self, num_tokens: int) -> int:
+        return 6 * num_tokens * self.top_k * self.hidden * self.inter
+
+    def expert_bytes(self, elem_size: int) -> int:
+        return 3 * self.hidden * self.inter * elem_size
+
+
+def _hf_config(model: str) -> dict[str, Any]:
+    from loom.models.loader import SHIPPED_CONFIGS, shipped_config
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    elif not (path.is_file() and path.suffix == ".json"):
+        path = shipped_config(model) or Path("/nonexistent")
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json")))
+        raise ValueError(f"model: {model!r} is not a model directory, a config.json or a "
+                         f"shipped config ({known})")
+    return json.loads(path.read_text())
+
+
+def moe_shape(model: str, tp: int) -> MoeShape:
+    hf = _hf_config(model)
+    hf = hf.get("text_config", hf) if "num_experts_per_tok" not in hf else hf
+    experts = hf.get("num_experts") or hf.get("num_local_experts")
+    inter = hf.get("moe_intermediate_size") or (
+        hf.get("intermediate_size") if hf.get("num_local_experts") else None)
+    if not (experts and inter and hf.get("num_experts_per_tok") and hf.get("hidden_size")):
+        raise ValueError(f"model: {model} is not a mixture-of-experts config (needs "
+                         "hidden_size, moe_intermediate_size, num_experts, num_experts_per_tok)")
+    if tp < 1 or inter % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} does not divide the experts' "
+                         f"intermediate size {inter}")
+    return MoeShape(hidden=int(hf["hidden_size"]), inter=int(inter) // tp,
+                    num_experts=int(experts), top_k=int(hf["num_experts_per_tok"]))
+
+
+# -- the search grid ---------------------------------------------------------------------------
+def _config(bm: int, bn: int, bk: int, group: int, warps: int, stages: int) -> dict[str, int]:
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
+            "num_warps": warps, "num_stages": stages}
+
+
+def fits(config: dict[str, int], elem_size: int = 2) -> bool:
+    """Whether gate_up (the larger kernel: an activation tile, two weight tiles and two
+    accumulators) plausibly fits: pipelined tiles in shared memory, accumulators in
+    registers. What slips through and still fails is skipped when it fails."""
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    smem = config["num_stages"] * (bm * bk + 2 * bk * bn) * elem_size
+    acc = 2 * bm * bn / (32 * config["num_warps"])
+    return smem <= SMEM_LIMIT and acc <= ACC_PER_THREAD_LIMIT
+
+
+def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
+    """The first pass's configs for M = num_tokens, all with GROUP_M = 1, by rows per
+    expert: a row block never spans two experts, so tall blocks only pay off when each
+    expert has many rows, and decode is a weight stream, where narrow column tiles make
+    more programs and deep K tiles keep more loads in flight."""
+    per_expert = num_tokens * shape.top_k / shape.num_experts
+    if per_expert < 2:
+        space = [(16,), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 5)]
+    elif per_expert < 8:
+        space = [(16, 32), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 5)]
+    elif per_expert < 32:
+        space = [(16, 32, 64), (64, 128), (64, 128, 256), (4, 8), (3, 4, 5)]
+    elif per_expert < 128:
+        space = [(32, 64, 128), (64, 128, 256), (32, 64, 128), (4, 8), (3, 4, 5)]
+    else:
+        space = [(64, 128), (64, 128, 256), (32, 64, 128), (4, 8), (3, 4, 5)]
+    bms, bns, bks, warps, stages = space
+    configs = [_config(bm, bn, bk, 1, w, s)
+               for bm, bn, bk, w, s in itertools.product(bms, bns, bks, warps, stages)]
+    # 8 warps need a tile of at least 64 x 64 to share.
+    return [c for c in configs if fits(c) and (c["num_warps"] == 4 or
+                                               c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 64)]
+
+
+def group_variants(shape: MoeShape, num_tokens: int,
+                   config: dict[str, int]) -> list[dict[str, int]]:
+    """GROUP_M variants of a config, where there are enough row blocks for the launch
+    order to matter (several per expert)."""
+    if num_tokens * shape.top_k / shape.num_experts < 32:
+        return []
+    return [{**config, "GROUP_M": g} for g in (8, 16)]
+
+
+# -- timing ------------------------------------------------------------------------------------
+class Bench:
+    """One model shape on one GPU: weights drawn once, inputs fresh per batch size."""
+
+    def __init__(self, shape: MoeShape, dtype, seed: int, warmup: int, iters: int) -> None:
+        import torch
+        self.torch = torch
+        self.shape, self.dtype, self.warmup, self.iters = shape, dtype, warmup, iters
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        e, h, n = shape.num_experts, shape.hidden, shape.inter
+        self.w13 = (torch.randn(e, 2 * n, h, device=self.device, generator=gen)
+                    * h ** -0.5).to(dtype)
+        self.w2 = (torch.randn(e, h, n, device=self.device, generator=gen) * n ** -0.5).to(dtype)
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=self.device)
+        self.seed = seed
+        self.inputs: tuple | None = None
+        self.num_tokens = 0
+        self.experts_touched = 0
+        self._reference = None
+
+    def spin(self, seconds: float = 0.2) -> None:
+        """Busy the GPU for a moment so that its clocks are up before anything is timed
+        (an idle H200 drops to a few hundred MHz, which would favour later configs)."""
+        torch = self.torch
+        a = torch.randn(4096, 4096, device=self.device, dtype=self.dtype)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(10):
+                a @ a
+            torch.cuda.synchronize()
+
+    def set_batch(self, num_tokens: int) -> None:
+        torch = self.torch
+        gen = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + num_tokens)
+        x = (torch.randn(num_tokens, self.shape.hidden, device=self.device, generator=gen)
+             * 0.1).to(self.dtype)
+        logits = torch.randn(num_tokens, self.shape.num_experts, device=self.device,
+                             generator=gen)
+        weights, ids = torch.softmax(logits, dim=-1).topk(self.shape.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        self.inputs = (x, self.w13, self.w2, weights, ids)
+        self.num_tokens = num_tokens
+        self.experts_touched = int(ids.unique().numel())
+        self._reference = None
+        torch.cuda.empty_cache()
+        self.spin()
+
+    def call(self, config: dict[str, int]):
+        from loom.kernels.fused_moe import fused_moe
+        return fused_moe(*self.inputs, config=config)
+
+    def time_us(self, config: dict[str, int], iters: int | None = None,
+                budget_s: float | None = None) -> float:
+        """Median us of one call replayed from a CUDA graph. With budget_s, as many replays
+        as fit in it (at least 3, at most iters): the search's first pass at large M."""
+        torch = self.torch
+        iters = iters or self.iters
+        for _ in range(max(1, self.warmup)):
+            self.call(config)  # compiles, if the precompile missed this config
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph.capture_begin()
+            try:
+                out = self.call(config)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        try:
+            if budget_s is not None:
+                first = self._replays(graph, 1)[0]
+                iters = max(3, min(iters, int(budget_s * 1e6 / max(first, 1.0))))
+            times = self._replays(graph, iters)
+        finally:
+            del graph, out
+        times.sort()
+        return times[len(times) // 2]
+
+    def _replays(self, graph, n: int) -> list[float]:
+        torch = self.torch
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(n)]
+        for start, end in events:
+            self.flush.zero_()
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+    def check(self, config: dict[str, int]) -> float:
+        """Worst per-token relative error against moe_reference, every scratch buffer
+        pre-filled with NaN so rows the kernels skip cannot pass on stale memory."""
+        from loom.kernels.fused_moe import moe_reference
+        torch = self.torch
+        if self._reference is None:
+            self._reference = moe_reference(*self.inputs).float()
+        with _nan_scratch(torch):
+            out = self.call(config).float()
+        ref = self._reference
+        err = (out - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)
+        return float(torch.nan_to_num(err, nan=float("inf")).max())
+
+
+@contextlib.contextmanager
+def _nan_scratch(torch):
+    real_empty = torch.empty
+
+    def nan_empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = nan_empty
+    try:
+        yield
+    finally:
+        torch.empty = real_empty
+
+
+# A winner's per-token error against the fp32 reference must stay under this: bf16
+# rounding of the SwiGLU product and of each slot's row gives well under 1%, while a
+# wrong or missing slot gives tens of percent.
+MAX_REL_ERROR = {"bfloat16": 3e-2, "float16": 1e-2}
+
+
+def _precompile(bench: Bench, configs: list[dict[str, int]]) -> float:
+    """Compile every config's two kernels on all CPUs at once; seconds taken. Failures
+    are left for the timed run to meet (and skip)."""
+    from loom.kernels.fused_moe import compile_fused_moe
+    start = time.perf_counter()
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older Triton: each compiles at its first launch instead
+        return 0.0
+    with (ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool,
+          AsyncCompileMode(pool, ignore_errors=True)):
+        for config in configs:
+            # A config that cannot even be set up fails again, visibly, when timed.
+            with contextlib.suppress(Exception):
+                compile_fused_moe(*bench.inputs, config)
+    return time.perf_counter() - start
+
+
+def _skip_reason(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:160]
+
+
+def tune_batch(bench: Bench, num_tokens: int, bar) -> dict[str, Any]:
+    """The fastest checked config for one batch size, with its time; the bar advances once
+    per first-pass config."""
+    shape = bench.shape
+    timed: list[tuple[float, dict[str, int]]] = []
+    skipped: list[str] = []
+    for config in search_space(shape, num_tokens):
+        try:
+            timed.append((bench.time_us(config, budget_s=0.03), config))
+        except Exception as e:  # noqa: BLE001 - out of shared memory, a compile failure
+            skipped.append(f"{_fmt(config)}: {_skip_reason(e)}")
+        bar.update(1)
+    if not timed:
+        raise ValueError(f"moe: no config ran at M={num_tokens}: {skipped[:3]}")
+    timed.sort(key=lambda t: t[0])
+    finalists = [c for _, c in timed[:TOP_FOR_GROUPS]]
+    finalists += [v for c in finalists for v in group_variants(shape, num_tokens, c)]
+    _precompile(bench, finalists)
+    final: list[tuple[float, dict[str, int]]] = []
+    for config in finalists:
+        try:
+            final.append((bench.time_us(config), config))
+        except Exception as e:  # noqa: BLE001
+            skipped.append(f"{_fmt(config)}: {_skip_reason(e)}")
+    final.sort(key=lambda t: t[0])
+    limit = MAX_REL_ERROR[str(bench.dtype).removeprefix("torch.")]
+    rejected = []
+    for us, config in final:
+        err = bench.check(config)
+        if err <= limit:
+            return {"config": config, "us": us, "max_rel_error": err, "skipped": skipped,
+                    "rejected": rejected, "searched": len(timed) + len(final)}
+        rejected.append({"config": config, "max_rel_error": err})
+    raise ValueError(f"moe: every finalist at M={num_tokens} disagrees with moe_reference "
+                     f"(worst per-token relative error over {limit}): {rejected}")
+
+
+def _fmt(config: dict[str, int]) -> str:
+    return (f"BLOCK_M={config['BLOCK_M']} BLOCK_N={config['BLOCK_N']} "
+            f"BLOCK_K={config['BLOCK_K']} GROUP_M={config['GROUP_M']} "
+            f"warps={config['num_warps']} stages={config['num_stages']}")
+
+
+def _row(bench: Bench, num_tokens: int, config: dict[str, int], us: float,
+         elem_size: int) -> dict[str, Any]:
+    shape = bench.shape
+    seconds = us * 1e-6
+    weight_bytes = bench.experts_touched * shape.expert_bytes(elem_size)
+    return {"batch_size": num_tokens, "config": config, "us": us,
+            "tflops": shape.flops(num_tokens) / seconds / 1e12,
+            "gbps": weight_bytes / seconds / 1e9, "experts_touched": bench.experts_touched}
+
+
+def _line(row: dict[str, Any]) -> str:
+    return (f"M={row['batch_size']:>6}  {_fmt(row['config'])}  {row['us']:>10.1f} us  "
+            f"{row['tflops']:>7.1f} TFLOP/s  {row['gbps']:>7.0f} GB/s "
+            f"({row['experts_touched']} experts)")
+
+
+def run_moe(args: argparse.Namespace) -> int:
+    shape = moe_shape(args.model, args.tensor_parallel_size)
+    sizes = list(dict.fromkeys(args.batch_sizes))
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"batch_sizes: must be positive, got {args.batch_sizes}")
+    if args.num_iters < 1 or args.num_iters_warmup < 0:
+        raise ValueError("num_iters must be positive and num_iters_warmup >= 0")
+    import torch
+    if not torch.cuda.is_available():
+        raise ValueError("moe: needs a CUDA GPU (it times the Triton fused MoE kernels); "
+                         "torch sees none here")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise ValueError("moe: TRITON_INTERPRET is set: the kernels would run on the CPU "
+                         "interpreter; unset it")
+    try:
+        import triton  # noqa: F401
+        from tqdm import tqdm
+    except ImportError as e:
+        raise ValueError(f"moe: {e.name} is not installed (pip install 'loom[triton]')") from None
+    from loom.kernels import fused_moe as fm
+
+    dtype = getattr(torch, args.dtype)
+    elem_size = torch.empty((), dtype=dtype).element_size()
+    bench = Bench(shape, dtype, args.seed, args.num_iters_warmup, args.num_iters)
+    device = fm.device_name(bench.device)
+    file_name = fm.config_file_name(shape.num_experts, shape.inter, dtype, device)
+    print(f"{torch.cuda.get_device_name(bench.device)}: E={shape.num_experts} "
+          f"top_k={shape.top_k} H={shape.hidden} N={shape.inter} (TP {args.tensor_parallel_size})"
+          f" {args.dtype}", flush=True)
+    rows: list[dict[str, Any]] = []
+    compile_s = None
+    started = time.perf_counter()
+    if args.tune:
+        spaces = {m: search_space(shape, m) for m in sizes}
+        union = list({tuple(sorted(c.items())): c for s in spaces.values() for c in s}.values())
+        bench.set_batch(sizes[0])
+        print(f"compiling {len(union)} configs on {os.cpu_count()} threads...", flush=True)
+        compile_s = _precompile(bench, union)
+        print(f"compiled in {compile_s:.1f} s", flush=True)
+        with tqdm(total=sum(len(s) for s in spaces.values()), desc="tuning",
+                  unit="config", dynamic_ncols=True) as bar:
+            for m in sizes:
+                bar.set_postfix_str(f"M={m}")
+                bench.set_batch(m)
+                best = tune_batch(bench, m, bar)
+                row = {**_row(bench, m, best["config"], best["us"], elem_size),
+                       "max_rel_error": best["max_rel_error"], "searched": best["searched"],
+                       "skipped": best["skipped"], "rejected": best["rejected"]}
+                rows.append(row)
+                bar.write(_line(row))
+        save_dir = Path(args.save_dir) if args.save_dir else fm.config_dir()
+        table = {str(r["batch_size"]): {k: r["config"][k] for k in fm.CONFIG_KEYS}
+                 for r in sorted(rows, key=lambda r: r["batch_size"])}
+        config_file = write_json(save_dir / file_name, table)
+        fm.load_config_file.cache_clear()
+        print(f"Wrote {config_file}")
+    else:
+        path = fm.config_dir() / file_name
+        config_file = path if fm.load_config_file(str(path)) is not None else None
+        print(f"configs: {config_file or 'defaults (no tuned file ' + str(path) + ')'}")
+        for m in sizes:
+            bench.set_batch(m)
+            config = fm.get_config(m, shape.top_k, shape.num_experts, shape.inter, dtype,
+                                   bench.device)
+            row = _row(bench, m, config, bench.time_us(config), elem_size)
+            rows.append(row)
+            print(_line(row), flush=True)
+    elapsed = time.perf_counter() - started
+    print(f"{len(rows)} batch sizes in {elapsed:.0f} s")
+    from loom.bench.ceilings import measure_ceilings
+    ceilings = measure_ceilings(bench.device)  # the rows' TFLOP/s and GB/s are judged by it
+    print(f"ceilings: copy {ceilings.copy_tb_per_s:.2f} TB/s (read+write), bf16 matmul "
+          f"{ceilings.matmul_tflop_per_s:.0f} TFLOP/s")
+    if args.output_json:
+        payload = {"benchmark": "moe", "date": now_iso(), "git_commit": git_commit(),
+                   "ceilings": dataclasses.asdict(ceilings),
+                   "command": command_line(), "device": torch.cuda.get_device_name(bench.device),
+                   "model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
+                   "dtype": args.dtype, "hidden_size": shape.hidden,
+                   "intermediate_size_per_shard": shape.inter, "num_experts": shape.num_experts,
+                   "top_k": shape.top_k, "tuned": args.tune,
+                   "config_file": str(config_file) if config_file else None,
+                   "elapsed_s": elapsed, "precompile_s": compile_s, "rows": rows}
+        print(f"Wrote {write_json(args.output_json, payload)}")
+    return 0
