@@ -83,8 +83,12 @@ class FusedMoE(nn.Module):
 
     def experts(self, x, weights, ids):
         if x.is_cuda:
-            from loom.kernels.fused_moe import fused_moe
-            return fused_moe(x, self.w13, self.w2, weights, ids)
+            # One opaque op: its tile config is chosen at run time from the real token count.
+            # Traced, the choice put range guards on the token count, and every batch that
+            # crossed one recompiled the whole model (run_m: Qwen3-30B-A3B prompt steps at
+            # 12x their floor).
+            import loom.kernels.fused_moe  # noqa: F401  (registers torch.ops.loom.fused_moe)
+            return torch.ops.loom.fused_moe(x, self.w13, self.w2, weights, ids)
         # The reference loops over the experts present (data-dependent): one opaque node
         # under torch.compile, so the CPU graph traces whole.
         if torch.compiler.is_compiling():
