@@ -1,0 +1,283 @@
+"""y = x @ W^T for a handful of rows (decode at batch 1..8): a bandwidth-bound GEMV.
+
+At batch 1 a linear layer reads every byte of its weight once and does two flops per
+weight, so its floor is the weight's size over the memory bandwidth. cuBLAS reaches 60-90 %
+of the H200's copy rate at Llama-3.1-8B TP=2 shapes, and for some shapes adds a split-K
+reduce kernel (about 1.7 us at decode). This kernel is the plain streaming alternative:
+
+* program (n, s) owns BLOCK_N output rows and streams its [BLOCK_N, K / SPLIT_K] slab of W
+  (an nn.Linear weight: [N, K], rows contiguous) along K in BLOCK_K chunks, 16-byte loads;
+  K is a constexpr, so the loop bound is one too (the CPU interpreter needs that, and it
+  lets the compiler pipeline the loop with `num_stages`);
+* for each chunk, every one of the M (constexpr, 1..8) input rows is multiplied in float32
+  (`use_dot=False`: FMAs and a row reduction) or all of them at once on the tensor cores,
+  the rows padded to 16 (`use_dot=True`; the dot's operands go through shared memory,
+  which the software pipeliner fills with asynchronous copies);
+* SPLIT_K > 1 cuts K into slices for shapes whose N / BLOCK_N programs would leave SMs
+  idle. Three ways to sum the slices (`split_mode`):
+    "fixup":  each program stores its float32 partial, then bumps a per-row-block counter;
+              the last one to arrive sums the partials in slice order (deterministic) and
+              writes y, and resets the counter. One launch. The counters are a small
+              zeroed int32 buffer per device, made by the first call (which must not be
+              inside a CUDA graph capture) and reused; so two fixup GEMVs on one device
+              must not run concurrently on different streams.
+    "reduce": partials to a [SPLIT_K, M, N] float32 buffer, then a second tiny kernel sums
+              and casts (two launches, deterministic; what cuBLAS does).
+    "atomic": float32 atomic adds into a zeroed [M, N] buffer, then a cast (a memset and
+              two launches; the order of the adds, hence the rounding, varies by run).
+* `silu_mul_input=True`: x is [M, 2K] = [gate | up] and the input is silu(gate) * up,
+  computed per chunk as torch's eager ops would (silu in float32 rounded to x's dtype, the
+  product rounded again), so the down projection needs no separate SwiGLU kernel. Each
+  program recomputes it for its slice, a few thousand exps against megabytes of weight.
+
+Everything accumulates in float32; y has x's dtype. No host syncs: it can be captured in a
+CUDA graph (after one eager call for the "fixup" counters, as for any Triton kernel's
+compile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_M = 8
+"""Most rows per call: beyond this a tensor-core GEMM is the right tool."""
+
+SPLIT_MODES = ("fixup", "reduce", "atomic")
+
+_COUNTERS_SIZE = 1 << 16
+"""Row blocks the "fixup" counters cover: N up to 524288 at BLOCK_N = 8."""
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+    split_mode: str = "fixup"
+    use_dot: bool = False
+
+    def describe(self) -> str:
+        split = f" split{self.split_k}-{self.split_mode}" if self.split_k > 1 else ""
+        return (f"bn{self.block_n} bk{self.block_k} w{self.num_warps} s{self.num_stages}"
+                f"{' dot' if self.use_dot else ''}{split}")
+
+
+@triton.jit
+def _silu_mul(gate, up, elem: tl.constexpr):
+    """torch's eager silu(gate) * up: silu in float32 rounded to elem, the product again."""
+    g = gate.to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(elem)
+    return (s.to(tl.float32) * up.to(tl.float32)).to(elem)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, N,
+    M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, SPLIT_MODE: tl.constexpr, USE_DOT: tl.constexpr,
+    SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # Rows padded to a power of two; a dot's operand to 16.
+    M_POW2: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
+    M_PAD: tl.constexpr = 16 if USE_DOT else M_POW2
+    K_SPLIT: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K
+    K_ITERS: tl.constexpr = K_SPLIT // BLOCK_K
+    EVEN_K: tl.constexpr = K_SPLIT * SPLIT_K == K
+    X_STRIDE: tl.constexpr = 2 * K if SILU_MUL else K
+    elem = x_ptr.dtype.element_ty
+
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EVEN_N:
+        rows_ld = rows
+    else:  # clamped, not masked: the loads stay unpredicated; only the store is masked
+        rows_ld = tl.minimum(rows, N - 1)
+    mcols = tl.arange(0, M_PAD)
+    k0 = pid_k * K_SPLIT
+    w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
+    acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
+    for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
+        ks = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        if USE_DOT:
+            x_ptrs = x_ptr + mcols[:, None] * X_STRIDE + ks[None, :]
+            x_ok = (mcols < M)[:, None] & k_ok[None, :]
+            xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
+            if SILU_MUL:
+                up = tl.load(x_ptrs + K, mask=x_ok, other=0.0)
+                xt = _silu_mul(xt, up, elem)
+            acc += tl.dot(w, tl.trans(xt), input_precision=DOT_PRECISION)
+        else:
+            wf = w.to(tl.float32)
+            for m in tl.static_range(M):
+                if EVEN_K:
+                    xm = tl.load(x_ptr + m * X_STRIDE + ks)
+                else:
+                    xm = tl.load(x_ptr + m * X_STRIDE + ks, mask=k_ok, other=0.0)
+                if SILU_MUL:
+                    if EVEN_K:
+                        um = tl.load(x_ptr + m * X_STRIDE + K + ks)
+                    else:
+                        um = tl.load(x_ptr + m * X_STRIDE + K + ks, mask=k_ok, other=0.0)
+                    xm = _silu_mul(xm, um, elem)
+                part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)
+                acc += tl.where(mcols[None, :] == m, part[:, None], 0.0)
+        w_ptrs += BLOCK_K
+
+    out = mcols[None, :] * N + rows[:, None]
+    out_ok = (rows < N)[:, None] & (mcols < M)[None, :]
+    if SPLIT_MODE == 0:
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    elif SPLIT_MODE == 3:
+        tl.atomic_add(part_ptr + out, acc, mask=out_ok, sem="relaxed")
+    else:
+        tl.store(part_ptr + pid_k * (M * N) + out, acc, mask=out_ok)
+        if SPLIT_MODE == 1:
+            # CUTLASS's semaphore: every thread's partial is stored before the barrier,
+            # and the counter's release (one thread) is ordered after it.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    # .cg: from L2, where the other programs' partials are, never from L1.
+                    total += tl.load(part_ptr + s * (M * N) + out, mask=out_ok, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=out_ok)
+                tl.store(count_ptr + pid_n, 0)  # ready for the next call
+
+
+@triton.jit
+def _split_k_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def default_config(m: int, n: int, k: int) -> GemvConfig:
+    """A starting point, not a measured table: 16-row blocks, 256-wide chunks, and a split
+    of K when the row blocks alone would give fewer than two programs per H200 SM."""
+    block_n, block_k = 16, 256
+    blocks = triton.cdiv(n, block_n)
+    split_k = 1
+    while blocks * split_k < 264 and split_k < 4 and k % (2 * split_k * block_k) == 0:
+        split_k *= 2
+    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=3,
+                      split_k=split_k, split_mode="fixup", use_dot=m > 4)
+
+
+def _check_config(cfg: GemvConfig, k: int) -> None:
+    # A slice of K past its end (split_k * block_k not dividing K) is masked: correct,
+    # only a wasted program; the benchmark keeps to dividing splits.
+    if not (_pow2(cfg.block_n) and _pow2(cfg.block_k)):
+        raise ValueError(f"gemv: block_n and block_k must be powers of two, got {cfg}")
+    if cfg.use_dot and (cfg.block_n < 16 or cfg.block_k < 16):
+        raise ValueError(f"gemv: use_dot needs block_n >= 16 and block_k >= 16, got {cfg}")
+    if cfg.num_warps not in (1, 2, 4, 8, 16) or cfg.num_stages < 1:
+        raise ValueError(f"gemv: bad num_warps / num_stages in {cfg}")
+    if cfg.split_k < 1:
+        raise ValueError(f"gemv: split_k must be >= 1, got {cfg.split_k}")
+    if cfg.split_mode not in SPLIT_MODES:
+        raise ValueError(f"gemv: split_mode must be one of {SPLIT_MODES}, got "
+                         f"{cfg.split_mode!r}")
+    if cfg.split_k > k:
+        raise ValueError(f"gemv: split_k={cfg.split_k} exceeds K={k}")
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
+    if needed > _COUNTERS_SIZE:
+        raise ValueError(f"gemv: {needed} row blocks exceed the fixup counters "
+                         f"({_COUNTERS_SIZE}); use a larger block_n or split_mode='reduce'")
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gemv: the first split_mode='fixup' call on a device must run "
+                               "outside CUDA graph capture (it allocates the counters)")
+        counters = _COUNTERS[device] = torch.zeros(_COUNTERS_SIZE, dtype=torch.int32,
+                                                   device=device)
+    return counters
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
+         config: GemvConfig | dict | None = None) -> torch.Tensor:
+    """x [M, K] (or [M, 2K] = [gate | up] with silu_mul_input) times weight [N, K]^T, for
+    1 <= M <= 8; returns a new [M, N] tensor of x's dtype. Both contiguous, same dtype
+    (bfloat16, float16 or float32) and device. config: a GemvConfig, a dict of its fields,
+    or None for `default_config`."""
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"gemv: expected x [M, K] and weight [N, K], got {tuple(x.shape)} "
+                         f"and {tuple(weight.shape)}")
+    m, kx = x.shape
+    n, k = weight.shape
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"gemv: x must have 1 to {MAX_M} rows, got {m}")
+    if kx != (2 * k if silu_mul_input else k):
+        want = f"2 * {k} ([gate | up])" if silu_mul_input else f"{k}"
+        raise ValueError(f"gemv: x has {kx} columns, expected {want} for weight "
+                         f"{tuple(weight.shape)}")
+    if n == 0 or k == 0:
+        raise ValueError(f"gemv: empty weight {tuple(weight.shape)}")
+    if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16,
+                                                  torch.float32):
+        raise ValueError(f"gemv: x and weight must share a dtype among bfloat16, float16 "
+                         f"and float32, got {x.dtype} and {weight.dtype}")
+    if not (x.is_contiguous() and weight.is_contiguous()):
+        raise ValueError("gemv: x and weight must be contiguous")
+    if x.device != weight.device:
+        raise ValueError(f"gemv: x on {x.device}, weight on {weight.device}")
+    if config is None:
+        cfg = default_config(m, n, k)
+    elif isinstance(config, dict):
+        cfg = GemvConfig(**config)
+    else:
+        cfg = config
+    _check_config(cfg, k)
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
+
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    n_blocks = triton.cdiv(n, cfg.block_n)
+    split_k = cfg.split_k
+    mode = 0 if split_k == 1 else 1 + SPLIT_MODES.index(cfg.split_mode)
+    part = y  # unused placeholders keep one signature
+    counters = y
+    if mode == 1:
+        counters = _counters(x.device, n_blocks)
+        part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    elif mode == 2:
+        part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    elif mode == 3:
+        part = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    _gemv_kernel[(n_blocks, split_k)](
+        x, weight, y, part, counters, n,
+        M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
+        USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if mode == 2:
+        block = 1024
+        _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
+            part, y, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
+    elif mode == 3:
+        y.copy_(part)
+    return y

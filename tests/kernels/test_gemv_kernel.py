@@ -1,0 +1,247 @@
+"""The small-M GEMV kernel (loom.kernels.gemv) against torch on tiny shapes.
+
+On the CPU it runs in Triton's interpreter (TRITON_INTERPRET=1): float32 results match a
+float64 reference to float32 rounding, whichever way K is cut (row reductions, tensor-core
+dot, the three split-K sums); bfloat16 ones to bfloat16 rounding. The interpreter rounds
+float32 -> bfloat16 by truncation where torch and the GPU round to nearest, hence the
+looser bfloat16 tolerances. With CUDA the same checks run on the compiled kernel.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+triton = pytest.importorskip("triton")
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from loom.kernels import gemv as gemv_mod  # noqa: E402
+from loom.kernels.gemv import GemvConfig, gemv  # noqa: E402
+
+INTERPRET = isinstance(gemv_mod._gemv_kernel, InterpretedFunction)
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+# One of each code path: row reductions (one chunk, several, a partial one), the dot, and
+# every split mode with each product.
+CONFIGS = [
+    GemvConfig(block_n=16, block_k=32),
+    GemvConfig(block_n=32, block_k=128, num_stages=1),  # one chunk wider than K: masked
+    GemvConfig(block_n=16, block_k=16, use_dot=True),
+    GemvConfig(block_n=16, block_k=16, split_k=2, split_mode="fixup"),
+    GemvConfig(block_n=32, block_k=16, split_k=4, split_mode="fixup", use_dot=True),
+    GemvConfig(block_n=16, block_k=16, split_k=4, split_mode="reduce"),
+    GemvConfig(block_n=16, block_k=32, split_k=2, split_mode="atomic", use_dot=True),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_bf16_dot():
+    """Triton 3.6's interpreter multiplies bfloat16 dot operands as their raw uint16
+    storage; widen them to float32 first (tests only, like tests/triton_interpreter.py)."""
+    if not INTERPRET:
+        yield
+        return
+    from triton.runtime import interpreter
+    import triton.language as tl
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widen(t):
+            if t.dtype.scalar != tl.bfloat16:
+                return t
+            data = interpreter._convert_float(t.data, tl.bfloat16, tl.float32, None)
+            return interpreter.TensorHandle(data.view(np.float32), tl.float32)
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = create_dot
+    yield
+    builder.create_dot = original
+
+
+def make(m, n, k, dtype, silu=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, 2 * k if silu else k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    return x.to(dtype).to(DEVICE), w.to(dtype).to(DEVICE)
+
+
+def rel_err(y, ref):
+    y, ref = y.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(y).all()
+    return ((y - ref).norm() / ref.norm()).item(), ((y - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.describe().replace(" ", "_"))
+@pytest.mark.parametrize("m", [1, 3])
+def test_float32_matches_reference(cfg, m):
+    x, w = make(m, 48, 64, torch.float32, seed=m)
+    y = gemv(x, w, config=cfg)
+    assert y.shape == (m, 48) and y.dtype == torch.float32
+    norm, worst = rel_err(y, x.double() @ w.double().T)
+    assert norm < 1e-5 and worst < 1e-5, (norm, worst)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[5]],
+                         ids=lambda c: c.describe().replace(" ", "_"))
+def test_uneven_n_and_k(cfg):
+    """N not a multiple of block_n (clamped loads, masked stores), K not a multiple of
+    the chunk (masked chunk tail; with split_k=4 of 16-wide chunks the last slice lies
+    wholly past K=80), M = 5 (padded to 8 or 16)."""
+    x, w = make(5, 40, 80, torch.float32, seed=7)
+    y = gemv(x, w, config=cfg)
+    norm, worst = rel_err(y, x.double() @ w.double().T)
+    assert norm < 1e-5 and worst < 1e-5, (norm, worst)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[4], CONFIGS[5]],
+                         ids=lambda c: c.describe().replace(" ", "_"))
+@pytest.mark.parametrize("m", [1, 3])
+def test_bfloat16_matches_linear(cfg, m):
+    x, w = make(m, 48, 64, torch.bfloat16, seed=10 + m)
+    y = gemv(x, w, config=cfg)
+    assert y.dtype == torch.bfloat16
+    # Float32 accumulation of the same bfloat16 products; only y's rounding differs.
+    norm, worst = rel_err(y, x.double() @ w.double().T)
+    assert norm < 1e-2 and worst < 2e-2, (norm, worst)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[6]],
+                         ids=lambda c: c.describe().replace(" ", "_"))
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_input(cfg, m, dtype):
+    """x = [gate | up]: the product is silu(gate) * up @ W^T, as torch computes it."""
+    x, w = make(m, 48, 64, dtype, silu=True, seed=20 + m)
+    g, u = x[:, :64], x[:, 64:]
+    act = F.silu(g) * u
+    y = gemv(x, w, silu_mul_input=True, config=cfg)
+    assert y.shape == (m, 48) and y.dtype == dtype
+    norm, worst = rel_err(y, act.double() @ w.double().T)
+    if dtype == torch.float32:
+        assert norm < 1e-5 and worst < 1e-5, (norm, worst)
+    else:  # silu's exp, and truncation against rounding, may move act by a bf16 ulp
+        assert norm < 1.5e-2 and worst < 3e-2, (norm, worst)
+        assert rel_err(y, F.linear(act, w).float())[0] < 1.5e-2
+
+
+def test_fixup_counters_reset_between_calls():
+    """The last program of each row block resets its counter: a second call (and one with
+    another split) must see zeros and still be right."""
+    x, w = make(2, 48, 64, torch.float32, seed=3)
+    ref = x.double() @ w.double().T
+    for cfg in (CONFIGS[3], CONFIGS[3], CONFIGS[4]):
+        assert rel_err(gemv(x, w, config=cfg), ref)[1] < 1e-5
+    assert int(gemv_mod._COUNTERS[x.device].abs().sum()) == 0
+
+
+def test_default_config_and_dict_config():
+    x, w = make(1, 48, 64, torch.float32, seed=4)
+    ref = x.double() @ w.double().T
+    assert rel_err(gemv(x, w), ref)[1] < 1e-5
+    assert rel_err(gemv(x, w, config={"block_n": 16, "block_k": 32, "split_k": 2}), ref)[1] \
+        < 1e-5
+    cfg = gemv_mod.default_config(1, 3072, 4096)
+    assert cfg.split_k > 1 and 3072 // cfg.block_n * cfg.split_k >= 264
+
+
+@pytest.mark.parametrize("case, match", [
+    ("x_3d", "expected x"),
+    ("m_zero", "1 to 8 rows"),
+    ("m_nine", "1 to 8 rows"),
+    ("k_mismatch", "columns, expected 64"),
+    ("silu_not_doubled", r"expected 2 \* 64"),
+    ("dtype_mismatch", "share a dtype"),
+    ("int_dtype", "share a dtype"),
+    ("x_strided", "contiguous"),
+    ("w_strided", "contiguous"),
+    ("block_not_pow2", "powers of two"),
+    ("dot_small_block", "use_dot needs"),
+    ("bad_split_mode", "split_mode must be"),
+    ("split_zero", "split_k must be"),
+    ("split_over_k", "exceeds K"),
+])
+def test_value_errors(case, match):
+    x, w = make(2, 48, 64, torch.float32)
+    kwargs = {}
+    if case == "x_3d":
+        x = x[None]
+    elif case == "m_zero":
+        x = x[:0]
+    elif case == "m_nine":
+        x = torch.randn(9, 64, device=DEVICE)
+    elif case == "k_mismatch":
+        x = torch.randn(2, 32, device=DEVICE)
+    elif case == "silu_not_doubled":
+        kwargs["silu_mul_input"] = True
+    elif case == "dtype_mismatch":
+        w = w.to(torch.bfloat16)
+    elif case == "int_dtype":
+        x, w = x.to(torch.int32), w.to(torch.int32)
+    elif case == "x_strided":
+        x = torch.randn(64, 2, device=DEVICE).t()
+    elif case == "w_strided":
+        w = torch.randn(64, 48, device=DEVICE).t()
+    elif case == "block_not_pow2":
+        kwargs["config"] = GemvConfig(block_n=24)
+    elif case == "dot_small_block":
+        kwargs["config"] = GemvConfig(block_n=8, use_dot=True)
+    elif case == "bad_split_mode":
+        kwargs["config"] = GemvConfig(split_k=2, split_mode="tree")
+    elif case == "split_zero":
+        kwargs["config"] = GemvConfig(split_k=0)
+    elif case == "split_over_k":
+        kwargs["config"] = GemvConfig(block_k=16, split_k=65)
+    with pytest.raises(ValueError, match=match):
+        gemv(x, w, **kwargs)
+
+
+_OFFLINE_COMPILE = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as tcompile
+from loom.kernels.gemv import _gemv_kernel
+names = list(_gemv_kernel.arg_names)
+pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
+            "count_ptr": "*i32"}
+for cons, warps, stages in [
+        # row reductions, pipelined, 4-way split with the one-launch fixup (decode's qkv)
+        (dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
+              SILU_MUL=False), 4, 3),
+        # the fused SwiGLU down projection on the tensor cores, reduced by a second kernel
+        (dict(M=4, K=7168, BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, SPLIT_MODE=2, USE_DOT=True,
+              SILU_MUL=True), 4, 4)]:
+    cons.update(EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=stages)
+    sig = dict(pointers, N="i32", **{k: "constexpr" for k in cons})
+    src = ASTSource(fn=_gemv_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in cons.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in range(6)})
+    kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
+                      options=dict(num_warps=warps, num_stages=stages))
+    assert kernel.asm["cubin"], "no cubin"
+    ptx = kernel.asm["ptx"]
+    assert "cp.async" in ptx, "the chunk loop was not pipelined"
+    print("ok", cons["M"], cons["USE_DOT"], len(kernel.asm["cubin"]))
+"""
+
+
+def test_compiles_for_sm90_offline():
+    """The compiled path, which the interpreter never exercises, builds for Hopper with
+    Triton's bundled ptxas (no GPU needed); its K loop is software-pipelined."""
+    import subprocess
+    import sys
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                         "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's bundled ptxas is missing")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _OFFLINE_COMPILE], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ok") == 2
