@@ -18,7 +18,8 @@ triton = pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from loom.kernels import fused_moe as fused_moe_module  # noqa: E402
-from loom.kernels.fused_moe import fused_moe, moe_align, moe_reference  # noqa: E402
+from loom.kernels.fused_moe import (fused_moe, moe_align, moe_align_reference,  # noqa: E402
+                                    moe_reference)
 
 # What the kernels were actually built as: another module may have imported them first.
 INTERPRET = isinstance(fused_moe_module._down_kernel, InterpretedFunction)
@@ -62,10 +63,12 @@ def run_poisoned(monkeypatch, *args, **kwargs):
 
 
 @cpu_only
-@pytest.mark.parametrize("block_m", [16, 32])
-def test_moe_align(block_m):
-    experts = 6
-    ids = torch.randint(0, experts, (13, 3))
+@pytest.mark.parametrize("block_m, tokens, top_k, experts",
+                         [(16, 13, 3, 6), (32, 13, 3, 6), (16, 150, 4, 10), (16, 3, 2, 128)])
+def test_moe_align(block_m, tokens, top_k, experts):
+    # The third spans several of the kernels' 64-slot chunks; the last leaves most of its
+    # 128 experts idle.
+    ids = torch.randint(0, experts, (tokens, top_k))
     ids[:, 0] = 2  # one crowded expert; some others may stay idle
     sorted_ids, block_expert = moe_align(ids, experts, block_m)
     num_slots = ids.numel()
@@ -80,6 +83,14 @@ def test_moe_align(block_m):
             assert rows.numel() == 0
         else:
             assert bool((flat[rows] == e).all()), "a row block holds one expert's slots"
+    # Against the torch ops it replaced (a stable sort): the same runs and block owners;
+    # within a run the kernel's order is arbitrary.
+    ref_ids, ref_experts = moe_align_reference(ids, experts, block_m)
+    assert torch.equal(block_expert, ref_experts)
+    assert torch.equal(sorted_ids < num_slots, ref_ids < num_slots), "the same padding places"
+    for e in range(experts):
+        rows = block_expert.repeat_interleave(block_m) == e
+        assert torch.equal(sorted_ids[rows].sort().values, ref_ids[rows].sort().values)
 
 
 # (tokens, hidden, inter, experts, top_k, used_experts, block_m, block_n, block_k)
@@ -134,3 +145,44 @@ def test_fused_moe_gpu_bf16(tokens, experts, top_k, hidden, inter, monkeypatch):
     out = run_poisoned(monkeypatch, x, w13, w2, weights, ids)
     ref = moe_reference(x, w13, w2, weights, ids)
     torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+
+
+_ALIGN_OFFLINE_COMPILE = r"""
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as tcompile
+from loom.kernels.fused_moe import _align_count_kernel, _align_place_kernel
+pointers = {"ids_ptr": "*i64", "counts_ptr": "*i32", "rank_ptr": "*i32",
+            "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+            "num_slots": "i32", "num_blocks": "i32"}
+for fn, cons in [(_align_count_kernel, dict(CHUNK=64)),
+                 (_align_place_kernel, dict(NUM_EXPERTS=128, EXPERTS_PAD=128, BLOCK_M=16,
+                                            CHUNK=64))]:
+    names = list(fn.arg_names)
+    sig = {n: pointers.get(n, "constexpr") for n in names}
+    src = ASTSource(fn=fn, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in cons.items()})
+    kernel = tcompile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    assert kernel.asm["cubin"]
+    print("ok")
+"""
+
+
+def test_align_kernels_compile_for_sm90_offline():
+    """tl.gather and the atomics, which only the interpreter runs here, build for Hopper
+    with Triton's bundled ptxas."""
+    import os
+    import subprocess
+    import sys
+    import triton
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends",
+                                       "nvidia", "bin", "ptxas")):
+        pytest.skip("Triton's bundled ptxas is missing")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _ALIGN_OFFLINE_COMPILE], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ok") == 2
