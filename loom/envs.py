@@ -138,3 +138,9 @@ def layer_times() -> bool:
     beside its GPU time (CUDA events at each attention call), to tell a host-bound step
     from a GPU-bound one without a profiler's own host cost (loom/worker/layer_clock.py)."""
     return _flag("LOOM_LAYER_TIMES")
+
+
+def moe_align_torch() -> bool:
+    """LOOM_MOE_ALIGN_TORCH=1: the fused MoE sorts its slots with torch ops (~15 kernels)
+    instead of its two Triton kernels; a fallback while the Triton align is new."""
+    return _flag("LOOM_MOE_ALIGN_TORCH")

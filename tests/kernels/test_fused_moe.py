@@ -87,6 +87,9 @@ def test_moe_align(block_m, tokens, top_k, experts):
     # within a run the kernel's order is arbitrary.
     ref_ids, ref_experts = moe_align_reference(ids, experts, block_m)
     assert torch.equal(block_expert, ref_experts)
+    with pytest.MonkeyPatch.context() as m:  # the fallback takes the reference
+        m.setenv("LOOM_MOE_ALIGN_TORCH", "1")
+        assert torch.equal(moe_align(ids, experts, block_m)[0], ref_ids)
     assert torch.equal(sorted_ids < num_slots, ref_ids < num_slots), "the same padding places"
     for e in range(experts):
         rows = block_expert.repeat_interleave(block_m) == e
