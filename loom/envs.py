@@ -144,3 +144,9 @@ def moe_align_torch() -> bool:
     """LOOM_MOE_ALIGN_TORCH=1: the fused MoE sorts its slots with torch ops (~15 kernels)
     instead of its two Triton kernels; a fallback while the Triton align is new."""
     return _flag("LOOM_MOE_ALIGN_TORCH")
+
+
+def decode_gemv() -> bool:
+    """LOOM_DECODE_GEMV=1: at level 3, decode-size matmuls of a weight take loom's Triton
+    GEMV where a measured config exists (loom/compilation/passes/decode_gemv.py)."""
+    return _flag("LOOM_DECODE_GEMV")

@@ -1,7 +1,7 @@
 """The one Inductor post-grad custom pass: runs loom's enabled passes in a fixed order.
 
   no-op cleanup -> sequence parallelism -> async TP -> all-reduce + norm fusion
-  -> norm decomposition (always last)
+  -> decode GEMV (LOOM_DECODE_GEMV=1) -> norm decomposition (always last)
 
 Its `uuid()` (part of Inductor's cache key) encodes the pass configuration, the TP size
 and the source of every pass, so neither a config change nor a code change ever reuses a
@@ -105,6 +105,11 @@ class PassManager(CustomGraphPass):
             from loom.compilation.passes.all_reduce_norm_fusion import AllReduceNormFusionPass
             self._fusion = AllReduceNormFusionPass()
             passes.append(self._fusion)
+        from loom import envs
+        if envs.decode_gemv():
+            import loom.kernels.gemv  # noqa: F401  (registers torch.ops.loom.decode_linear)
+            from loom.compilation.passes.decode_gemv import DecodeGemvPass
+            passes.append(DecodeGemvPass())
         passes.append(NormDecompositionPass())
         return passes
 

@@ -38,10 +38,14 @@ compile).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 
 import torch
 import triton
 import triton.language as tl
+
+from loom.library import loom_op
 
 MAX_M = 8
 """Most rows per call: beyond this a tensor-core GEMM is the right tool."""
@@ -281,3 +285,54 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
     elif mode == 3:
         y.copy_(part)
     return y
+
+
+# --- the decode path: a measured table and one opaque op ------------------------------
+
+@functools.cache
+def _table(dtype: torch.dtype, device_name: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
+    """(N, K) -> {M: config} from loom/kernels/configs/gemv,dtype=...,device_name=....json
+    (`benchmarks/gpu/gemv_bench.py`'s winners where they beat cuBLAS); {} if none."""
+    from loom.kernels.fused_moe import config_dir
+    name = f"gemv,dtype={str(dtype).removeprefix('torch.')},device_name={device_name}.json"
+    path = config_dir() / name
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    try:
+        return {tuple(int(v) for v in shape.split(",")): {int(m): GemvConfig(**c)
+                                                          for m, c in per_m.items()}
+                for shape, per_m in raw.items()}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"gemv config file {path}: {e}") from None
+
+
+def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
+                 device: torch.device) -> GemvConfig | None:
+    """The measured config for this weight shape at the smallest measured row count >= m;
+    None where nothing was measured to beat cuBLAS (the caller then takes F.linear)."""
+    from loom.kernels.fused_moe import device_name
+    per_m = _table(dtype, device_name(device)).get((n, k))
+    if not per_m:
+        return None
+    fits = [key for key in per_m if key >= m]
+    return per_m[min(fits)] if fits else None
+
+
+@loom_op("decode_linear", "(Tensor x, Tensor weight) -> Tensor")
+def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T, by the Triton GEMV for batches of up to MAX_M rows where the table has
+    a config for the shape (`tuned_config`), else by F.linear (cuBLAS). One opaque op, so
+    the choice is made per call from the real row count: under CUDA graphs each decode
+    size captures its own kernel, and no guard on the token count enters the graph."""
+    m = x.shape[0]
+    if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
+        cfg = tuned_config(m, weight.shape[0], weight.shape[1], x.dtype, x.device)
+        if cfg is not None:
+            return gemv(x.contiguous(), weight, config=cfg)
+    return torch.nn.functional.linear(x, weight)
+
+
+@decode_linear.register_fake
+def _(x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0])

@@ -1,0 +1,63 @@
+"""LOOM_DECODE_GEMV=1: decode-size matmuls go through loom.decode_linear, which takes the
+Triton GEMV (interpreted here) where a config exists, and generation is unchanged."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import loom.kernels.gemv as gemv_module
+from loom.kernels.gemv import GemvConfig, tuned_config
+from tests.compilation.test_level3 import _tokens
+
+
+@pytest.mark.slow
+def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkeypatch, caplog):
+    path, _ = tiny_model_factory("llama")
+    eager = _tokens(path)
+    rows = []
+    real_gemv = gemv_module.gemv
+
+    def spy(x, weight, **kwargs):
+        rows.append(x.shape[0])
+        return real_gemv(x, weight, **kwargs)
+
+    monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
+    # Every shape "measured" (the CPU has no table): small tiles the interpreter runs fast.
+    monkeypatch.setattr(gemv_module, "tuned_config",
+                        lambda m, n, k, dtype, device: GemvConfig(block_n=16, block_k=32))
+    monkeypatch.setattr(gemv_module, "gemv", spy)
+    caplog.set_level(logging.INFO, logger="loom.compilation.passes.decode_gemv")
+    assert _tokens(path, compilation_config={"level": 3}) == eager
+    assert "matmuls take the Triton GEMV" in caplog.text
+    assert rows and max(rows) <= gemv_module.MAX_M, "decode steps (3 requests) took the GEMV"
+    assert 3 in rows
+
+
+def test_decode_linear_falls_back_to_cublas_without_a_config():
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    assert torch.equal(torch.ops.loom.decode_linear(x, w), F.linear(x, w))
+    many = torch.randn(9, 8)  # more rows than the GEMV takes
+    assert torch.equal(torch.ops.loom.decode_linear(many, w), F.linear(many, w))
+
+
+def test_tuned_config_takes_the_smallest_measured_rows_at_or_above(tmp_path, monkeypatch):
+    table = {"16,32": {"1": {"block_n": 8, "block_k": 32}, "4": {"block_n": 16, "block_k": 32,
+                                                                   "use_dot": True}}}
+    (tmp_path / "gemv,dtype=float32,device_name=cpu.json").write_text(json.dumps(table))
+    monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
+    gemv_module._table.cache_clear()
+    try:
+        cpu = torch.device("cpu")
+        assert tuned_config(1, 16, 32, torch.float32, cpu).block_n == 8
+        assert tuned_config(3, 16, 32, torch.float32, cpu).use_dot  # 3 rows take 4's
+        assert tuned_config(5, 16, 32, torch.float32, cpu) is None  # never measured
+        assert tuned_config(1, 32, 32, torch.float32, cpu) is None  # another shape
+        x, w = torch.randn(3, 32), torch.randn(16, 32)
+        torch.testing.assert_close(torch.ops.loom.decode_linear(x, w), F.linear(x, w))
+    finally:
+        gemv_module._table.cache_clear()
