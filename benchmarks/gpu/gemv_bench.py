@@ -55,7 +55,14 @@ SHAPES = {  # name: (N, K, silu_mul_input)
     "down": (4096, 7168, False),
     "lm_head": (64128, 4096, False),
     "down+silu": (4096, 7168, True),
+    # one GPU (TP=1): for the table's 1-GPU rows (--shapes qkv1,o1,gate_up1,down1,lm_head1)
+    "qkv1": (6144, 4096, False),
+    "o1": (4096, 4096, False),
+    "gate_up1": (28672, 4096, False),
+    "down1": (4096, 14336, False),
+    "lm_head1": (128256, 4096, False),
 }
+DEFAULT_SHAPES = ("qkv", "o_proj", "gate_up", "down", "lm_head", "down+silu")
 PROFILED_CUBLAS_US = {"qkv": 9.42 + 1.7, "o_proj": 6.73, "gate_up": 30.96,
                       "down": 17.47 + 1.7, "lm_head": 129.6}
 """The decode profile's cuBLAS kernel times at M = 1 (split-K reduce included), for context."""
@@ -318,7 +325,10 @@ def time_candidate(torch, F, gemv, shape: Shape, m: int, cfg, entry: dict) -> No
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--output-json", required=True)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
+    ap.add_argument("--write-table", default=None, metavar="PATH",
+                    help="merge the winners into this decode table (loom/kernels/configs/"
+                    "gemv,dtype=bfloat16,device_name=<GPU>.json)")
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated subset")
     ap.add_argument("--ms", default="1,2,4", help="batch sizes (1..8)")
     ap.add_argument("--jobs", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)),
                     help="compile worker processes (1: compile in the timing process)")
@@ -521,7 +531,33 @@ def main() -> int:
     with open(args.output_json, "w") as f:
         json.dump(out, f, indent=1)
     log(f"wrote {args.output_json} ({out['wall_seconds']:.0f} s)")
+    if args.write_table:
+        log(f"wrote {write_table(results, args.write_table)}")
     return 0
+
+
+def write_table(results: dict, path: str, margin: float = 0.98) -> str:
+    """Merge the winners into loom's decode table (loom.kernels.gemv.tuned_config reads
+    it): per (N, K) and M, the fastest unsplit config that checked out, only where it beat
+    F.linear by more than the margin; fused-SwiGLU rows are not used by the model."""
+    table = json.load(open(path)) if os.path.exists(path) else {}
+    for r in results.values():
+        if r["silu_mul"]:
+            continue
+        ok = [c for c in r["candidates"].values()
+              if c.get("us") and c["config"]["split_k"] == 1 and c.get("err_norm", 1) < 1e-2]
+        if not ok:
+            continue
+        best = min(ok, key=lambda c: c["us"])
+        per_m = table.setdefault(f"{r['N']},{r['K']}", {})
+        if best["us"] < r["torch_us"] * margin:
+            per_m[str(r["M"])] = {k: v for k, v in best["config"].items()
+                                  if k not in ("split_k", "split_mode")}
+        else:
+            per_m.pop(str(r["M"]), None)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+    return path
 
 
 if __name__ == "__main__":
