@@ -167,8 +167,9 @@ def test_a_broken_file_is_a_clear_error(tmp_path, monkeypatch):
         lookup(16)
 
 
-@cpu_only
-def test_fused_moe_uses_the_file_and_explicit_tiles_override_it(config_dir, monkeypatch):
+@pytest.fixture
+def align_block_sizes(monkeypatch) -> list[int]:
+    """The block_m of every moe_align call, in order."""
     seen = []
     real_align = fm.moe_align
 
@@ -177,6 +178,12 @@ def test_fused_moe_uses_the_file_and_explicit_tiles_override_it(config_dir, monk
         return real_align(topk_ids, num_experts, block_m)
 
     monkeypatch.setattr(fm, "moe_align", spy)
+    return seen
+
+
+@cpu_only
+def test_fused_moe_uses_the_file_and_explicit_tiles_override_it(config_dir, align_block_sizes):
+    seen = align_block_sizes
     x, w13, w2, weights, ids = make_moe(40, 32, 48, 4, 2)
     ref = fm.moe_reference(x, w13, w2, weights, ids)
     for kwargs in ({}, {"block_m": 32}, {"config": _tile(64)}):
@@ -233,17 +240,10 @@ def test_bench_moe_reads_the_expert_shapes():
 
 
 @cpu_only
-def test_the_op_picks_its_config_per_call_without_recompiling(config_dir, monkeypatch):
+def test_the_op_picks_its_config_per_call_without_recompiling(config_dir, align_block_sizes):
     """torch.ops.loom.fused_moe is opaque to torch.compile: one graph for every token
     count, and each call still runs the config nearest its own count."""
-    seen = []
-    real_align = fm.moe_align
-
-    def spy(topk_ids, num_experts, block_m):
-        seen.append(block_m)
-        return real_align(topk_ids, num_experts, block_m)
-
-    monkeypatch.setattr(fm, "moe_align", spy)
+    seen = align_block_sizes
     graphs = []
 
     def backend(gm, example_inputs):
