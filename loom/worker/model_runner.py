@@ -5,6 +5,7 @@ It owns the model, the paged KV cache and the per-request state of one rank.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
@@ -48,8 +49,20 @@ def select_backend(device: torch.device) -> AttentionBackend:
     return TorchNativeBackend()
 
 
+def with_resolved_scheduler(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """config with the batch limits left to the device filled in for this one (as vLLM
+    picks them; SchedulerConfig.resolved). Fields already set stay."""
+    if device.type == "cuda":
+        scheduler = config.scheduler.resolved(torch.cuda.get_device_name(device),
+                                              torch.cuda.get_device_properties(device).total_memory)
+    else:
+        scheduler = config.scheduler.resolved(None, 0)
+    return dataclasses.replace(config, scheduler=scheduler)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, device: torch.device, is_driver: bool = True) -> None:
+        config = with_resolved_scheduler(config, device)  # the Worker has; a bare runner not
         self.config = config
         self.is_driver = is_driver
         """Only the driver rank samples; the others still join the logits all-gather."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import cProfile
-import dataclasses
 import io
 import os
 import pstats
@@ -16,7 +15,7 @@ from loom.config import EngineConfig
 from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
-from loom.worker.model_runner import ModelRunner
+from loom.worker.model_runner import ModelRunner, with_resolved_scheduler
 from loom.worker.step_handle import StepHandle
 
 
@@ -35,12 +34,7 @@ class Worker:
         self.device = resolve_device(config.device.device, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            scheduler = config.scheduler.resolved(torch.cuda.get_device_name(self.device),
-                                                  torch.cuda.get_device_properties(
-                                                      self.device).total_memory)
-        else:
-            scheduler = config.scheduler.resolved(None, 0)
-        self.config = config = dataclasses.replace(config, scheduler=scheduler)
+        self.config = config = with_resolved_scheduler(config, self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         init_distributed(config.parallel.tensor_parallel_size, rank, distributed_init_method, backend)
         # Unseeded requests draw from the global generator; seed it so runs repeat.
