@@ -1,15 +1,21 @@
 """The GPU attention backend: Triton kernels over the paged KV cache.
 
-Pure decode steps take the split-K flash-decoding kernel; prefill and mixed steps take the
-varlen paged kernel. A pure prefill of few requests with no cached context takes PyTorch's
-SDPA instead (its flash kernels beat a generic Triton tile there), after gathering each
-request's keys from the cache.
+Pure decode steps take the split-K flash-decoding kernel; prefill steps take the varlen
+paged kernel. A mixed step splits its requests by query length: those of one token go to the
+split-K decode kernels and the rest to the varlen kernel, each launched over only its own
+requests through a device list of request indices (built once per step from the host-side
+bounds). Run whole through the varlen kernel, a decode took a tile of BLOCK_Q query tokens
+with one real, and the grid was sized by the longest prompt chunk for every request.
+A pure prefill of few requests with no cached context takes PyTorch's SDPA instead (its flash
+kernels beat a generic Triton tile there), after gathering each request's keys from the cache.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -39,6 +45,83 @@ class TritonTiles:
     plan lookup per layer) in a prefill run eagerly; not yet measured on a GPU."""
 
 
+@dataclass(frozen=True)
+class MixedSplit:
+    """A mixed step's requests by kind: decodes (a query of one token) and the others
+    (prompt chunks; requests with no query this step are in neither)."""
+
+    decode_index: torch.Tensor
+    """int32 [num_decode] on the device: the decodes' request indices, in batch order."""
+    prefill_index: torch.Tensor
+    """int32 [num_prefill] on the device: the other requests' indices."""
+    decode_max_seq_len: int
+    prefill_max_query_len: int
+
+
+def split_by_query_len(meta: AttentionMetadata, device: torch.device) -> MixedSplit | None:
+    """The split of a step that has both kinds of request, else None (one launch serves)."""
+    starts, seq_lens = meta.host_bounds
+    q_lens = np.diff(np.asarray(starts, dtype=np.int64))
+    decode, prefill = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
+    if not len(decode) or not len(prefill):
+        return None
+    decode_index, prefill_index = _upload_indices([decode, prefill], device)
+    return MixedSplit(decode_index, prefill_index,
+                      int(np.asarray(seq_lens, dtype=np.int64)[decode].max()),
+                      int(q_lens[prefill].max()))
+
+
+_INDEX_ALIGN = 64
+"""int32 entries (256 bytes) each list starts on: Triton compiles a kernel variant per pointer
+alignment, so the second list's address must not depend on the first one's length."""
+
+
+class _PinnedRing:
+    """Pinned host buffers used in turn for the index uploads. A buffer is rewritten only
+    after the copy made from it len(buffers) uploads ago has finished (an event; at one
+    upload per mixed step, with at most a few steps in flight, that is long past)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._buffers: list[torch.Tensor | None] = [None] * size
+        self._events: list[torch.cuda.Event | None] = [None] * size
+        self._turn = 0
+
+    def upload(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        self._turn = (self._turn + 1) % len(self._buffers)
+        event, buf = self._events[self._turn], self._buffers[self._turn]
+        if event is not None:
+            event.synchronize()
+        if buf is None or buf.numel() < host.numel():
+            buf = torch.empty(max(host.numel(), 1024), dtype=host.dtype, pin_memory=True)
+            self._buffers[self._turn] = buf
+        staged = buf[:host.numel()]
+        staged.copy_(host)
+        dev = torch.empty_like(staged, device=device)
+        dev.copy_(staged, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._events[self._turn] = event
+        return dev
+
+
+_PINNED = _PinnedRing()
+
+
+def _upload_indices(lists: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """int32 device tensors of the index arrays, in one host-to-device copy (non-blocking,
+    from pinned memory, on CUDA), each starting 256-byte aligned."""
+    offsets, total = [], 0
+    for entries in lists:
+        offsets.append(total)
+        total += -(-len(entries) // _INDEX_ALIGN) * _INDEX_ALIGN
+    packed = np.zeros(max(total, 1), dtype=np.int32)
+    for entries, o in zip(lists, offsets):
+        packed[o:o + len(entries)] = entries
+    host = torch.from_numpy(packed)
+    dev = _PINNED.upload(host, device) if device.type == "cuda" else host.to(device)
+    return [dev[o:o + len(entries)] for entries, o in zip(lists, offsets)]
+
+
 class TritonBackend(AttentionBackend):
     name = "triton"
     fuses_rope = True
@@ -48,6 +131,8 @@ class TritonBackend(AttentionBackend):
         self.sdpa_min_tokens = (self.tiles.sdpa_min_tokens
                                 if self.tiles.sdpa_min_tokens is not None
                                 else envs.sdpa_min_tokens())
+        self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
+        """The last step's metadata (weakly) and its split: every layer reads it again."""
 
     def write_kv(self, key, value, kv_cache, slot_mapping):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
@@ -77,20 +162,46 @@ class TritonBackend(AttentionBackend):
         elif self._use_sdpa(meta):
             self._sdpa_prefill(query, kv_cache, meta, scale, out, batch_kv)
         else:
-            block_m, block_n, warps = self._prefill_tiles(query.shape[2], query.dtype)
-            paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
-                          meta.seq_lens, meta.num_reqs, meta.max_query_len, scale,
-                          block_m=block_m, block_n=block_n, num_warps=warps)
+            split = self._split(meta, query.device)
+            if split is None:  # one kind only (prompt chunks): one launch, as before
+                self._prefill(query, kv_cache, meta, scale, out, meta.num_reqs,
+                              meta.max_query_len)
+            else:
+                self._decode(query, kv_cache, meta, scale, out, len(split.decode_index),
+                             split.decode_max_seq_len, split.decode_index)
+                self._prefill(query, kv_cache, meta, scale, out, len(split.prefill_index),
+                              split.prefill_max_query_len, split.prefill_index)
         return out
 
-    def _decode(self, query, kv_cache, meta, scale, out) -> None:
+    def _split(self, meta: AttentionMetadata, device: torch.device) -> MixedSplit | None:
+        """split_by_query_len, once per step: a step's metadata is built afresh and never
+        changed, so the first layer's split (and its upload) serves every layer."""
+        if self._split_of is not None and self._split_of[0]() is meta:
+            return self._split_of[1]
+        split = split_by_query_len(meta, device)
+        self._split_of = (weakref.ref(meta), split)
+        return split
+
+    def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
+                 req_index=None) -> None:
+        block_m, block_n, warps = self._prefill_tiles(query.shape[2], query.dtype)
+        paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
+                      meta.seq_lens, num_reqs, max_query_len, scale,
+                      block_m=block_m, block_n=block_n, num_warps=warps, req_index=req_index)
+
+    def _decode(self, query, kv_cache, meta, scale, out, num_reqs=None, max_seq_len=None,
+                req_index=None) -> None:
+        """All the batch's requests (a pure decode), or those req_index names."""
+        num_reqs = meta.num_reqs if num_reqs is None else num_reqs
+        max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
         # About 16 KB of keys per tile: wide keys (fp32, head dim 256) take fewer per tile.
         key_bytes = query.shape[2] * query.element_size()
         block_n = self.tiles.decode_block_n or max(16, min(64, 16384 // key_bytes))
         splits = self.tiles.num_splits or default_num_splits(
-            meta.num_reqs, kv_cache.shape[3], meta.max_seq_len, block_n)
+            num_reqs, kv_cache.shape[3], max_seq_len, block_n)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
-                     meta.seq_lens, meta.num_reqs, scale, splits, block_n=block_n)
+                     meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
+                     req_index=req_index)
 
     def _prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
         # Sized so that ptxas reports no spills for sm_90 (checked by compiling offline):

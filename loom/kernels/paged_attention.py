@@ -6,6 +6,12 @@ is loaded once per KV head rather than once per query head. Keys are gathered pe
 through the block table, which lets the key tile (BLOCK_N) differ from the cache block size.
 Softmax runs online in fp32 in the log2 domain (the scale is pre-multiplied by log2(e)).
 
+Both take an optional int32 device tensor of request indices (`req_index`): program i along
+the grid's first axis then serves request req_index[i], so a mixed batch can send its
+decodes to the split-K kernels and its prompt chunks to the varlen kernel, each launched over
+only its own requests. Without it (the HAS_REQ_INDEX constexpr off) program i serves request i
+and the kernels compile as they did before the flag existed.
+
 Cache layout per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]`.
 """
 
@@ -53,20 +59,22 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
 # variant per divisibility by 16 and per value 1, each costing a serving request a stall).
 @triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
-    q_ptr, cache_ptr, out_ptr, block_table_ptr, query_start_ptr, seq_lens_ptr, scale_log2,
-    stride_qt, stride_qh, stride_ot, stride_oh,
+    q_ptr, cache_ptr, out_ptr, block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr,
+    scale_log2, stride_qt, stride_qh, stride_ot, stride_oh,
     stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr,
 ):
     # grid: (request, query tile, kv head). Rows are BLOCK_Q tokens x GROUP_PAD heads.
     req = tl.program_id(0)
+    if HAS_REQ_INDEX:  # the launch covers a subset of the batch's requests
+        req = tl.load(req_index_ptr + req)
     q_tile = tl.program_id(1)
     kv_head = tl.program_id(2)
     q_start = tl.load(query_start_ptr + req)
     q_len = tl.load(query_start_ptr + req + 1) - q_start
-    if q_tile * BLOCK_Q >= q_len:  # the grid is sized by the longest request
+    if q_tile * BLOCK_Q >= q_len:  # the grid is sized by the longest request launched
         return
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len  # tokens already cached before this step's queries
@@ -102,15 +110,19 @@ def _prefill_kernel(
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    block_table_ptr, query_start_ptr, seq_lens_ptr, scale_log2, num_heads, num_splits,
-    stride_qt, stride_qh, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr, scale_log2, num_heads,
+    num_splits, stride_qt, stride_qh, stride_plane, stride_cblk, stride_cslot, stride_chead,
+    stride_bt, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
-    req = tl.program_id(0)
+    # The partials are indexed by the program (`slot`), the batch's tensors by the request.
+    slot = tl.program_id(0)
+    req = slot
+    if HAS_REQ_INDEX:
+        req = tl.load(req_index_ptr + slot)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     q_start = tl.load(query_start_ptr + req)
@@ -139,7 +151,7 @@ def _decode_split_kernel(
             q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
             k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
             False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
-    part = (req.to(tl.int64) * num_heads + head) * num_splits + split
+    part = (slot.to(tl.int64) * num_heads + head) * num_splits + split
     tl.store(part_m_ptr + part, m_i, mask=g_ok)
     tl.store(part_l_ptr + part, l_i, mask=g_ok)
     tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=g_ok[:, None])
@@ -147,18 +159,22 @@ def _decode_split_kernel(
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
-    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, query_start_ptr, num_heads, num_splits,
-    stride_ot, stride_oh, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, query_start_ptr, req_index_ptr, num_heads,
+    num_splits, stride_ot, stride_oh, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_REQ_INDEX: tl.constexpr,
 ):
     # grid: (request, query head). Rescale each split to the global max, then normalise.
-    req = tl.program_id(0)
+    slot = tl.program_id(0)
+    req = slot
+    if HAS_REQ_INDEX:
+        req = tl.load(req_index_ptr + slot)
     head = tl.program_id(1)
     q_start = tl.load(query_start_ptr + req)
     if tl.load(query_start_ptr + req + 1) == q_start:
         return
     s = tl.arange(0, SPLITS_PAD)
     s_ok = s < num_splits
-    part = (req.to(tl.int64) * num_heads + head) * num_splits + s
+    part = (slot.to(tl.int64) * num_heads + head) * num_splits + s
     m = tl.load(part_m_ptr + part, mask=s_ok, other=float("-inf"))
     l = tl.load(part_l_ptr + part, mask=s_ok, other=0.0)
     dims = tl.arange(0, HEAD_DIM)
@@ -191,28 +207,41 @@ def _cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int, int]:
     return kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)
 
 
+def _check_req_index(req_index: torch.Tensor | None, num_reqs: int) -> None:
+    if req_index is None:
+        return
+    if req_index.dtype != torch.int32 or req_index.dim() != 1 or \
+            req_index.shape[0] != num_reqs:
+        raise ValueError(f"req_index must be int32 [num_reqs={num_reqs}], got "
+                         f"{req_index.dtype} {tuple(req_index.shape)}")
+
+
 def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                   block_table: torch.Tensor, query_start_loc: torch.Tensor,
                   seq_lens: torch.Tensor, num_reqs: int, max_query_len: int, scale: float,
                   block_m: int = 64, block_n: int = 64, num_warps: int = 4,
-                  num_stages: int = 2) -> torch.Tensor:
+                  num_stages: int = 2, req_index: torch.Tensor | None = None) -> torch.Tensor:
     """Causal varlen attention of query [T, H, D] over the paged cache into out [T, H, D].
 
     block_m is the tile's row count (query tokens x padded GQA group); block_n its keys.
-    Rows of out that belong to no request are left untouched.
+    Rows of out that belong to no request launched are left untouched. req_index: int32
+    [num_reqs] on the device, the batch's requests to attend for (block_table, query_start_loc
+    and seq_lens stay the whole batch's); then max_query_len need only cover those.
     """
     group, num_kv_heads = _check(query, kv_cache)
+    _check_req_index(req_index, num_reqs)
     group_pad = triton.next_power_of_2(group)
     block_q = max(1, block_m // group_pad)
     block_q = max(block_q, triton.cdiv(_MIN_DOT_ROWS, group_pad))
     grid = (num_reqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _prefill_kernel[grid](
-        query, kv_cache, out, block_table, query_start_loc, seq_lens, scale * _LOG2E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        query, kv_cache, out, block_table, query_start_loc, seq_lens, req_index,
+        scale * _LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *_cache_strides(kv_cache), block_table.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=query.shape[2],
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_N=block_n,
-        PRECISION=_precision(query.dtype), num_warps=num_warps, num_stages=num_stages,
+        PRECISION=_precision(query.dtype), HAS_REQ_INDEX=req_index is not None,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
 
@@ -228,13 +257,17 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  block_table: torch.Tensor, query_start_loc: torch.Tensor,
                  seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
-                 block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                 block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+                 req_index: torch.Tensor | None = None) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
-    when capturing CUDA graphs. A second kernel merges the splits' partials.
+    when capturing CUDA graphs. A second kernel merges the splits' partials. req_index:
+    int32 [num_reqs] on the device, the batch's requests to decode (each must have a query of
+    one token or none); out gets each one's row at its query_start_loc.
     """
     group, num_kv_heads = _check(query, kv_cache)
+    _check_req_index(req_index, num_reqs)
     num_heads, head_dim = query.shape[1], query.shape[2]
     part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
                          device=query.device)
@@ -243,15 +276,15 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                            device=query.device)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         query, kv_cache, part_m, part_l, part_acc, block_table, query_start_loc, seq_lens,
-        scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
+        req_index, scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
         *_cache_strides(kv_cache), block_table.stride(0), GROUP=group,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        HAS_REQ_INDEX=req_index is not None, num_warps=num_warps, num_stages=num_stages,
     )
     _decode_reduce_kernel[(num_reqs, num_heads)](
-        part_m, part_l, part_acc, out, query_start_loc, num_heads, num_splits,
+        part_m, part_l, part_acc, out, query_start_loc, req_index, num_heads, num_splits,
         out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
-        HEAD_DIM=head_dim,
+        HEAD_DIM=head_dim, HAS_REQ_INDEX=req_index is not None,
     )
     return out

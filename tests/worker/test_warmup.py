@@ -47,13 +47,15 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     runner.initialize_cache(8)  # compiles (level 0 here) and warms up
     assert calls["warm_up"] == 1
     num_layers = len(runner.kv_caches)
-    # STEP_SHAPES: one fresh prompt goes to SDPA; a prompt beside a decode, five prompts
-    # and a chunk after context go to the paged prefill kernel; a decode batch to the
-    # split-K decode kernel. Every layer does each, and writes (to nowhere) every time,
-    # through the kernel that also applies rotary (the runner fuses it for this backend).
+    # STEP_SHAPES: one fresh prompt goes to SDPA; five prompts and a chunk after context go
+    # to the paged prefill kernel; a decode batch to the split-K decode kernel; a prompt
+    # beside a decode is split, its prompt to the prefill kernel and its decode to the
+    # decode kernel (both with a request index: that warms those variants up too). Every
+    # layer does each, and writes (to nowhere) every time, through the kernel that also
+    # applies rotary (the runner fuses it for this backend).
     assert calls["_sdpa_prefill"] == num_layers
     assert calls["paged_prefill"] == 3 * num_layers
-    assert calls["paged_decode"] == num_layers
+    assert calls["paged_decode"] == 2 * num_layers
     assert calls["rope_write_kv_cache"] == len(warmup_module.STEP_SHAPES) * num_layers
     assert calls["write_kv_cache"] == 0
     assert calls["apply_top_k_top_p"] == 1
