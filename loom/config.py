@@ -102,12 +102,20 @@ class SchedulerConfig:
     usage_context: str = "llm"
     """Who drives the engine, "llm" (offline, benchmarks) or "api_server": picks the
     defaults above."""
+    kv_headroom_tokens: int = 512
+    """KV blocks kept for decoding at admission: a waiting request is admitted only while
+    the free blocks can still hold, for it and for every running request, the tokens each
+    may yet generate (its max_tokens less what it has), counting at most this many each.
+    Without it (0, vLLM's policy) a full batch admitted while prompts fit runs out of blocks
+    as it decodes and preempts requests, which are then recomputed from the start."""
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs is None or self.max_num_seqs > 0,
                f"max_num_seqs: must be positive, got {self.max_num_seqs}")
         _check(self.max_num_batched_tokens is None or self.max_num_batched_tokens > 0,
                f"max_num_batched_tokens: must be positive, got {self.max_num_batched_tokens}")
+        _check(self.kv_headroom_tokens >= 0,
+               f"kv_headroom_tokens: must not be negative, got {self.kv_headroom_tokens}")
         _check(self.usage_context in USAGE_CONTEXTS,
                f"usage_context: {self.usage_context!r} is not one of {USAGE_CONTEXTS}")
 

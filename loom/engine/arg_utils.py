@@ -33,6 +33,8 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     """None: by device and usage (`SchedulerConfig`), vLLM's defaults."""
     async_scheduling: bool = True
+    kv_headroom_tokens: int = 512
+    """SchedulerConfig.kv_headroom_tokens; 0 admits as vLLM does."""
     block_size: int = 16
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
@@ -63,6 +65,11 @@ class EngineArgs:
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="overlap scheduling and input preparation of the next step with "
                        "the device's current one")
+        g.add_argument("--kv-headroom-tokens", type=int, default=512,
+                       help="admit a request only while the KV cache can also hold up to this "
+                       "many more tokens for each running one (its max_tokens permitting), so "
+                       "that decodes are not preempted and recomputed; 0: admit while the "
+                       "prompt fits, as vLLM")
         g.add_argument("--block-size", type=int, default=16)
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
         g.add_argument("--enforce-eager", action="store_true")
@@ -82,7 +89,7 @@ class EngineArgs:
         """Python callers' values, checked before any comparison could raise TypeError."""
         def is_int(v) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
-        for name in ("block_size", "tensor_parallel_size"):
+        for name in ("block_size", "tensor_parallel_size", "kv_headroom_tokens"):
             if not is_int(getattr(self, name)):
                 raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
@@ -115,7 +122,8 @@ class EngineArgs:
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
                               self.kv_cache_memory_bytes, self.enable_prefix_caching),
             scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
-                                      self.async_scheduling, usage_context),
+                                      self.async_scheduling, usage_context,
+                                      self.kv_headroom_tokens),
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
             compilation=CompilationConfig.parse(self.compilation_config),

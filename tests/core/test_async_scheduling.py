@@ -16,9 +16,10 @@ from tests.core.test_scheduler import BS, FakeWorker, add, run_to_end
 
 
 def make(async_scheduling: bool, num_blocks: int = 64, budget: int = 256,
-         max_model_len: int = 256) -> Scheduler:
+         max_model_len: int = 256, headroom: int = 512) -> Scheduler:
     return Scheduler(SchedulerConfig(max_num_batched_tokens=budget,
-                                     async_scheduling=async_scheduling),
+                                     async_scheduling=async_scheduling,
+                                     kv_headroom_tokens=headroom),
                      CacheConfig(block_size=BS), num_blocks, max_model_len)
 
 
@@ -115,7 +116,7 @@ def test_greedy_decode_runs_ahead_with_a_placeholder_and_stops_at_max_tokens():
 def test_a_request_with_a_step_in_flight_is_never_preempted():
     # 3 blocks of 4: "a" holds 2 (prompt 7 + decode), "b" holds 1; a's next decode needs a
     # fourth block while b's token is in flight.
-    sched = make(async_scheduling=True, num_blocks=3)
+    sched = make(async_scheduling=True, num_blocks=3, headroom=0)  # admit b as vLLM would
     add(sched, "a", [1, 2, 3, 4, 5, 6, 7], max_tokens=5)
     add(sched, "b", [1, 2], max_tokens=5)
     first = sched.schedule()

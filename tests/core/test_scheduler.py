@@ -15,8 +15,13 @@ BS = 4
 
 
 def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 16, budget: int = 256,
-                   max_model_len: int = 256, caching: bool = True) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget),
+                   max_model_len: int = 256, caching: bool = True,
+                   headroom: int | None = None) -> Scheduler:
+    """headroom: kv_headroom_tokens (None: the default); 0 admits as vLLM does, which the
+    preemption tests need to get a request preempted at all."""
+    extra = {} if headroom is None else {"kv_headroom_tokens": headroom}
+    return Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                     **extra),
                      CacheConfig(block_size=BS, enable_prefix_caching=caching),
                      num_blocks, max_model_len)
 
@@ -166,7 +171,7 @@ def test_preemption_when_blocks_run_out_then_resume():
     # 4 blocks of 4. Each request needs ceil((4 + k) / 4) blocks after k decodes: both
     # fit in 2 blocks until step 6, when a needs a third and b, the last, is preempted.
     # c waits behind them (max_num_seqs=2), and must stay behind b once b is preempted.
-    sched = make_scheduler(num_blocks=4, max_num_seqs=2, caching=False)
+    sched = make_scheduler(num_blocks=4, max_num_seqs=2, caching=False, headroom=0)
     worker = FakeWorker()
     a = add(sched, "a", [1, 2, 3, 4], max_tokens=8)
     b = add(sched, "b", [5, 6, 7, 8], max_tokens=8)
@@ -201,7 +206,7 @@ def test_preemption_when_blocks_run_out_then_resume():
 
 def test_a_request_that_cannot_grow_preempts_itself():
     # 3 blocks: a (5 tokens) holds 2 with room to 8; b (4 tokens) fills its only block.
-    sched, worker = make_scheduler(num_blocks=3, caching=False), FakeWorker()
+    sched, worker = make_scheduler(num_blocks=3, caching=False, headroom=0), FakeWorker()
     a = add(sched, "a", [1, 2, 3, 4, 5], max_tokens=3)
     b = add(sched, "b", [6, 7, 8, 9], max_tokens=2)
     step(sched, worker)
@@ -212,6 +217,61 @@ def test_a_request_that_cannot_grow_preempts_itself():
     assert a.output_token_ids == [105, 106, 107]
     assert b.output_token_ids == [104, 105]
     assert sched.kv_cache_manager.num_free_blocks == 3
+
+
+# -- admission headroom ------------------------------------------------------------------
+
+def _serve_four(headroom: int | None) -> tuple[Scheduler, list[Request], list[int], int]:
+    """Four 8-token prompts that each decode 13 tokens (20 of KV, 5 blocks) in 10 blocks.
+    Returns the scheduler, the requests, the prompt tokens computed per step and the most
+    requests running at once."""
+    sched, worker = make_scheduler(num_blocks=10, caching=False, headroom=headroom), FakeWorker()
+    requests = [add(sched, f"r{i}", list(range(10 * i, 10 * i + 8)), max_tokens=13)
+                for i in range(4)]
+    prompt_tokens, most_running = [], 0
+    for _ in range(100):
+        if not sched.has_unfinished_requests():
+            break
+        out, _ = step(sched, worker)
+        prompt_tokens.append(sum(n for n in out.num_scheduled_tokens.values() if n > 1))
+        most_running = max(most_running, len(sched.running))
+    return sched, requests, prompt_tokens, most_running
+
+
+def test_headroom_admits_what_can_decode_to_the_end_so_nothing_is_recomputed():
+    sched, requests, prompt_tokens, most_running = _serve_four(headroom=None)
+    # r0 alone; r1 needs 5 blocks and r0 3 more: 8 of the 8 free. r2 would need 5 more.
+    assert most_running == 2
+    assert sched.make_stats().num_preemptions == 0
+    assert sum(prompt_tokens) == 4 * 8  # every prompt computed once
+    # vLLM's admission takes all four at once, runs out of blocks decoding and recomputes.
+    vllm, vllm_requests, vllm_prompt_tokens, vllm_most = _serve_four(headroom=0)
+    assert vllm_most == 4 and vllm.make_stats().num_preemptions > 0
+    assert sum(vllm_prompt_tokens) > 4 * 8
+    # The same tokens either way (the fake model's token depends on its position only).
+    for r, v in zip(requests, vllm_requests):
+        assert r.output_token_ids == v.output_token_ids == list(range(108, 121))
+    assert sched.kv_cache_manager.num_free_blocks == 10
+
+
+def test_headroom_counts_at_most_kv_headroom_tokens_a_request():
+    # No max_tokens: each 4-token prompt is counted at 4 + 8 tokens (11 of KV, 3 blocks), not
+    # at max_model_len. a: 1 block now, 2 to come; b fits (3 + 2 <= 5 free); c not (3 + 4).
+    sched, worker = make_scheduler(num_blocks=6, caching=False, headroom=8,
+                                   max_model_len=24), FakeWorker()
+    for rid in "abc":
+        add(sched, rid, [1, 2, 3, 4], max_tokens=None)
+    out, _ = step(sched, worker)
+    assert list(out.num_scheduled_tokens) == ["a", "b"]
+    sched = make_scheduler(num_blocks=6, caching=False, headroom=0, max_model_len=24)
+    for rid in "abc":
+        add(sched, rid, [1, 2, 3, 4], max_tokens=None)
+    assert list(sched.schedule().num_scheduled_tokens) == ["a", "b", "c"]
+
+
+def test_negative_headroom_is_refused():
+    with pytest.raises(ValueError, match="kv_headroom_tokens"):
+        SchedulerConfig(kv_headroom_tokens=-1)
 
 
 # -- abort -------------------------------------------------------------------------------
@@ -228,7 +288,8 @@ STAGES = {  # steps before the abort -> (a's status, a's computed, b's status, b
 
 @pytest.mark.parametrize("steps_before_abort", sorted(STAGES))
 def test_abort_at_every_stage_frees_everything(steps_before_abort):
-    sched, worker = make_scheduler(num_blocks=4, budget=4, caching=False), FakeWorker()
+    sched, worker = make_scheduler(num_blocks=4, budget=4, caching=False,
+                                   headroom=0), FakeWorker()
     a = add(sched, "a", [1, 2, 3, 4, 5, 6], max_tokens=6)
     b = add(sched, "b", [1, 2, 3, 4, 5, 6, 7], max_tokens=5)
     for _ in range(steps_before_abort):
@@ -246,7 +307,7 @@ def test_abort_at_every_stage_frees_everything(steps_before_abort):
 
 
 def test_abort_between_schedule_and_update_is_skipped():
-    sched, worker = make_scheduler(num_blocks=8), FakeWorker()
+    sched, worker = make_scheduler(num_blocks=8, headroom=0), FakeWorker()
     add(sched, "a", [1, 2, 3])
     add(sched, "b", [4, 5, 6])
     out = sched.schedule()
