@@ -184,7 +184,7 @@ class TritonBackend(AttentionBackend):
 
     def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
                  req_index=None) -> None:
-        block_m, block_n, warps = self._prefill_tiles(query.shape[2], query.dtype)
+        block_m, block_n, warps = self.prefill_tiles(query.shape[2], query.dtype)
         paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                       meta.seq_lens, num_reqs, max_query_len, scale,
                       block_m=block_m, block_n=block_n, num_warps=warps, req_index=req_index)
@@ -203,7 +203,8 @@ class TritonBackend(AttentionBackend):
                      meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
                      req_index=req_index)
 
-    def _prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    def prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+        """(block_m, block_n, num_warps) of the varlen prefill kernel for these inputs."""
         # Sized so that ptxas reports no spills for sm_90 (checked by compiling offline):
         # head dim 256 halves the tile; fp32 inputs take exact FMA dots, far hungrier.
         if dtype == torch.float32:

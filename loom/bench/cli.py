@@ -1,4 +1,4 @@
-"""`loom bench latency | throughput | serve | sweep | async-tp | moe`."""
+"""`loom bench latency | throughput | serve | sweep | async-tp | moe | attention`."""
 
 from __future__ import annotations
 
@@ -6,15 +6,17 @@ import argparse
 
 
 def register(subparsers) -> None:
-    from loom.bench import async_tp, latency, moe, serve, sweep, throughput
+    from loom.bench import async_tp, attention, latency, moe, serve, sweep, throughput
     p = subparsers.add_parser("bench",
-                              help="benchmarks: latency, throughput, serve, sweep, async-tp, moe")
+                              help="benchmarks: latency, throughput, serve, sweep, async-tp, moe, "
+                                   "attention")
     sub = p.add_subparsers(dest="bench_command", required=True,
-                           metavar="{latency,throughput,serve,sweep,async-tp,moe}")
-    for module in (latency, throughput, serve, sweep, async_tp, moe):
+                           metavar="{latency,throughput,serve,sweep,async-tp,moe,attention}")
+    for module in (latency, throughput, serve, sweep, async_tp, moe, attention):
         module.register(sub)
     p.set_defaults(func=_missing_subcommand)
 
 
 def _missing_subcommand(args: argparse.Namespace) -> int:
-    raise ValueError("bench: name a benchmark: latency, throughput, serve, sweep, async-tp or moe")
+    raise ValueError("bench: name a benchmark: latency, throughput, serve, sweep, async-tp, moe "
+                     "or attention")

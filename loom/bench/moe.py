@@ -88,7 +88,8 @@ class MoeShape:
         return 3 * self.hidden * self.inter * elem_size
 
 
-def _hf_config(model: str) -> dict[str, Any]:
+def model_config_json(model: str) -> dict[str, Any]:
+    """The config.json (as a dict) of a shipped config name, a model directory or a path."""
     from loom.models.loader import SHIPPED_CONFIGS, shipped_config
     path = Path(model)
     if path.is_dir():
@@ -103,7 +104,7 @@ def _hf_config(model: str) -> dict[str, Any]:
 
 
 def moe_shape(model: str, tp: int) -> MoeShape:
-    hf = _hf_config(model)
+    hf = model_config_json(model)
     hf = hf.get("text_config", hf) if "num_experts_per_tok" not in hf else hf
     experts = hf.get("num_experts") or hf.get("num_local_experts")
     inter = hf.get("moe_intermediate_size") or (

@@ -1,0 +1,696 @@
+"""`loom bench attention`: the Triton paged-attention kernels (loom/kernels/paged_attention.py)
+at serving shapes, against the floor of reading every request's KV cache, and with `--tune`
+a search for the split-K decode kernel's tiles.
+
+The model's attention shape on one rank (num_attention_heads / TP, num_key_value_heads / TP,
+head_dim) comes from `--model`. Each shape is one layer's attention in one step:
+
+- `--mode decode`: B requests (--batch-sizes) of one query token each, every one with
+  context_len tokens in the cache (--context-lens), timed through the attention backend's
+  own call (TritonBackend.forward: its block_n and default_num_splits, the split-K kernel and
+  its reduce).
+- `--mode mixed`: the same decodes plus --prompt-tokens of prompt chunks of --chunk-len
+  tokens (each after --chunk-context cached tokens) in one step. It times the backend's
+  mixed path (decodes through paged_decode and the chunks through paged_prefill, each over a
+  device list of its request indices) and, beside it, the one paged_prefill launch over the
+  whole batch that mixed steps took before (`single_launch` in the JSON).
+
+Every shape gets fresh inputs: a random cache of exactly the blocks the requests need, handed
+out in a shuffled order (a real cache's blocks are not contiguous), and random queries. Each
+variant's output is first compared against a float32 torch reference (keys and values
+gathered through the block table, softmax attention); a worst per-(token, head) relative
+error over the dtype's tolerance is an error, never a timing. Times are the median of
+--num-iters replays of a CUDA graph of the call (plain launches where capture fails), each
+after 256 MB written to flush L2 (the layers between two attention calls evict the cache).
+
+The floor: bytes read / the copy rate, measured in the same run (loom/bench/ceilings.py; the
+copy rate counts read + write bytes, so a kernel that only reads could in principle beat it).
+Bytes read = every request's keys and values (seq_len x 2 x kv_heads x head_dim x dtype size)
++ the queries + the outputs; the block table and the decode partials are left out. Mixed
+steps add the prompt chunks' causal attention FLOPs (4 x heads x head_dim per visible
+(query, key) pair) at the bf16 matmul rate, as if the two did not overlap.
+
+With `--tune` (decode mode) each shape also sweeps paged_decode's block_n, num_warps,
+num_stages and num_splits (the default_num_splits choice for that block_n, and of a few
+other values those that leave no split empty), skips configs that fail to compile or
+launch, checks the fastest against the reference and reports it with its speedup over the
+backend's current choice. It writes no file: the winners are for changing the backend's
+defaults by hand.
+
+Without CUDA, tiny shapes run in Triton's CPU interpreter (TRITON_INTERPRET=1, set before
+starting; float32 by default, as the interpreter mishandles bf16), timed with perf_counter
+and with no ceilings: this is for testing the benchmark, not the kernels' speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import inspect
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from loom.bench.common import command_line, git_commit, now_iso, write_json
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZES = (1, 8, 64, 256, 512, 1024)
+DEFAULT_CONTEXT_LENS = (1024, 1280, 4096)
+DTYPES = ("bfloat16", "float16", "float32")
+FLUSH_BYTES = 256 << 20
+"""Written before every timed replay: several times the H200's 60 MB of L2."""
+REFERENCE_BYTES = 1 << 30
+"""About the most float32 keys, values and scores the reference holds at once."""
+# A row's error against the float32 reference must stay under this: bf16 rounding of the
+# probabilities and of the output gives well under 1%; a wrong key, block or split gives
+# tens of percent.
+MAX_REL_ERROR = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-4}
+TUNE_BLOCK_N = (16, 32, 64, 128)
+TUNE_WARPS = (2, 4, 8)
+TUNE_STAGES = (1, 2, 3)
+TUNE_SPLITS = (1, 2, 4, 8, 16)
+TOP_CONFIGS = 5
+"""How many of the fastest tuned configs a row lists."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "attention", help="time the paged-attention kernels against the KV-read floor; "
+                          "--tune searches the decode kernel's tiles",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="a shipped config name (loom/bench/configs), a model directory or a "
+                        "config.json (default llama-3.1-8b)")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                   help="each rank holds heads / TP query heads and KV heads / TP (at least 1)")
+    p.add_argument("--mode", choices=("decode", "mixed"), default="decode",
+                   help="decode: B one-token queries; mixed: the same beside prompt chunks")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES),
+                   help="decoding requests per step")
+    p.add_argument("--context-lens", type=int, nargs="+", default=list(DEFAULT_CONTEXT_LENS),
+                   help="each decoding request's length (its cached tokens + its query)")
+    p.add_argument("--prompt-tokens", type=int, default=8192,
+                   help="mixed: prompt-chunk tokens in the step beside the decodes")
+    p.add_argument("--chunk-len", type=int, default=1024,
+                   help="mixed: tokens per prompt chunk (the last takes the remainder)")
+    p.add_argument("--chunk-context", type=int, default=0,
+                   help="mixed: tokens already cached before each chunk (0: whole prompts)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="KV cache block size (default: the engine's, CacheConfig.block_size)")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="default bfloat16 (float32 in Triton's interpreter)")
+    p.add_argument("--num-iters-warmup", type=int, default=3)
+    p.add_argument("--num-iters", type=int, default=20, help="timed replays per result")
+    p.add_argument("--tune", action="store_true",
+                   help="decode: sweep block_n, num_warps, num_stages and num_splits per shape")
+    p.add_argument("--tune-block-n", type=int, nargs="+", default=list(TUNE_BLOCK_N))
+    p.add_argument("--tune-warps", type=int, nargs="+", default=list(TUNE_WARPS))
+    p.add_argument("--tune-stages", type=int, nargs="+", default=list(TUNE_STAGES))
+    p.add_argument("--tune-splits", type=int, nargs="+", default=list(TUNE_SPLITS),
+                   help="split counts tried besides default_num_splits' choice")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default=None)
+    p.set_defaults(func=run_attention)
+
+
+class KernelMismatch(ValueError):
+    """A kernel's output disagrees with the torch reference."""
+
+
+# -- shapes ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionShape:
+    """One rank's attention: query heads, KV heads and head dim."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def attention_shape(model: str, tp: int) -> AttentionShape:
+    from loom.bench.moe import model_config_json
+    hf = model_config_json(model)
+    hf = hf if "num_attention_heads" in hf else hf.get("text_config", hf)
+    heads = hf.get("num_attention_heads")
+    if not heads:
+        raise ValueError(f"model: {model} has no num_attention_heads")
+    kv_heads = hf.get("num_key_value_heads") or heads
+    head_dim = hf.get("head_dim") or (hf.get("hidden_size") or 0) // heads
+    if not head_dim:
+        raise ValueError(f"model: {model} has neither head_dim nor hidden_size")
+    if tp < 1 or heads % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} does not divide {heads} attention heads")
+    shape = AttentionShape(heads // tp, max(1, kv_heads // tp), int(head_dim))
+    if shape.num_heads % shape.num_kv_heads:
+        raise ValueError(f"tensor_parallel_size: {tp} leaves {shape.num_heads} query heads "
+                         f"over {shape.num_kv_heads} KV heads")
+    return shape
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's requests: query tokens and sequence length (cached + query) of each."""
+
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+def decode_step(batch_size: int, context_len: int) -> Step:
+    return Step((1,) * batch_size, (context_len,) * batch_size)
+
+
+def mixed_step(batch_size: int, context_len: int, prompt_tokens: int, chunk_len: int,
+               chunk_context: int) -> Step:
+    """The decodes first, then the prompt chunks (as the scheduler orders a step)."""
+    chunks = [chunk_len] * (prompt_tokens // chunk_len)
+    if prompt_tokens % chunk_len:
+        chunks.append(prompt_tokens % chunk_len)
+    decode = decode_step(batch_size, context_len)
+    return Step(decode.query_lens + tuple(chunks),
+                decode.seq_lens + tuple(chunk_context + n for n in chunks))
+
+
+def step_bytes(step: Step, shape: AttentionShape, elem_size: int) -> int:
+    """Every request's keys and values once, the queries and the outputs."""
+    kv = sum(step.seq_lens) * 2 * shape.num_kv_heads * shape.head_dim
+    q_out = 2 * step.num_tokens * shape.num_heads * shape.head_dim
+    return (kv + q_out) * elem_size
+
+
+def step_flops(step: Step, shape: AttentionShape) -> int:
+    """The prompt chunks' causal attention: QK^T and PV, 2 x head_dim FLOPs each per visible
+    (query, key) pair; the decodes' are left out (reading their keys is what costs)."""
+    pairs = 0
+    for q, s in zip(step.query_lens, step.seq_lens):
+        if q > 1:
+            pairs += q * (s - q) + q * (q + 1) // 2
+    return 4 * shape.num_heads * shape.head_dim * pairs
+
+
+# -- inputs and the reference ------------------------------------------------------------------
+@dataclass
+class Inputs:
+    query: Any
+    kv_cache: Any
+    meta: Any
+    """loom.attention.backend.AttentionMetadata of the step."""
+    scale: float
+
+
+def make_inputs(step: Step, shape: AttentionShape, block_size: int, dtype, device,
+                seed: int) -> Inputs:
+    import torch
+
+    from loom.attention.backend import AttentionMetadata
+    gen = torch.Generator(device=device).manual_seed(seed)
+    blocks = [-(-s // block_size) for s in step.seq_lens]
+    # Exactly the blocks needed, handed out in a shuffled order.
+    order = torch.randperm(sum(blocks), generator=torch.Generator().manual_seed(seed))
+    table = torch.zeros(len(blocks), max(blocks), dtype=torch.int32)
+    for i, row in enumerate(torch.split(order, blocks)):
+        table[i, :len(row)] = row
+    cache = torch.randn(2, sum(blocks), block_size, shape.num_kv_heads, shape.head_dim,
+                        generator=gen, device=device, dtype=dtype)
+    query = torch.randn(step.num_tokens, shape.num_heads, shape.head_dim, generator=gen,
+                        device=device, dtype=dtype)
+    starts = torch.tensor((0,) + step.query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    seq_lens = torch.tensor(step.seq_lens, dtype=torch.int32)
+    meta = AttentionMetadata(
+        num_actual_tokens=step.num_tokens, num_reqs=len(blocks),
+        max_query_len=max(step.query_lens), max_seq_len=max(step.seq_lens),
+        query_start_loc=starts.to(device), seq_lens=seq_lens.to(device),
+        block_table=table.to(device),
+        slot_mapping=torch.full((step.num_tokens,), -1, dtype=torch.int64, device=device),
+        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+    return Inputs(query, cache, meta, shape.head_dim ** -0.5)
+
+
+def reference(inputs: Inputs, step: Step):
+    """float32 [tokens, heads, head_dim]: each request's keys and values gathered through
+    its block table, causal softmax attention; requests of one (query, sequence) length
+    at a time, in groups of bounded size."""
+    import torch
+    q_all, cache, meta = inputs.query, inputs.kv_cache, inputs.meta
+    _, heads, dim = q_all.shape
+    block_size, kv_heads = cache.shape[2], cache.shape[3]
+    group = heads // kv_heads
+    out = torch.empty(q_all.shape, dtype=torch.float32, device=q_all.device)
+    starts = meta.query_start_loc_cpu.tolist()
+    by_len: dict[tuple[int, int], list[int]] = {}
+    for i, key in enumerate(zip(step.query_lens, step.seq_lens)):
+        by_len.setdefault(key, []).append(i)
+    for (q_len, s_len), reqs in by_len.items():
+        per_req = 4 * (2 * s_len * kv_heads * dim + q_len * s_len * heads)
+        at_once = max(1, REFERENCE_BYTES // per_req)
+        n_blocks = -(-s_len // block_size)
+        visible = (torch.arange(s_len, device=q_all.device)[None, :]
+                   <= (s_len - q_len + torch.arange(q_len, device=q_all.device))[:, None])
+        for lo in range(0, len(reqs), at_once):
+            part = reqs[lo:lo + at_once]
+            idx = torch.tensor(part, device=q_all.device)
+            table = meta.block_table[idx, :n_blocks].long()
+            k, v = (cache[plane][table].flatten(1, 2)[:, :s_len].float() for plane in (0, 1))
+            rows = (torch.tensor([starts[i] for i in part], device=q_all.device)[:, None]
+                    + torch.arange(q_len, device=q_all.device)[None, :])
+            q = q_all[rows].float().view(len(part), q_len, kv_heads, group, dim)
+            scores = torch.einsum("bqkgd,bskd->bkgqs", q, k) * inputs.scale
+            probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+            o = torch.einsum("bkgqs,bskd->bqkgd", probs, v)
+            out[rows] = o.reshape(len(part), q_len, heads, dim)
+    return out
+
+
+def max_rel_error(out, ref) -> float:
+    """Worst relative L2 error of one (token, head) row; NaN counts as infinite."""
+    import torch
+    err = (out.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)
+    return float(torch.nan_to_num(err, nan=float("inf")).max())
+
+
+@contextlib.contextmanager
+def _nan_outputs() -> Iterator[None]:
+    """Fresh float tensors (the backend's output, the decode partials) start as NaN, so that
+    a row no kernel writes cannot pass on stale memory."""
+    import torch
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = lambda *a, **kw: poison(real_empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: poison(real_empty_like(*a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = real_empty, real_empty_like
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[dict[str, Any]]]:
+    """The tiles of every paged_decode / paged_prefill launch the backend makes meanwhile
+    (what its current choice is, read rather than restated here)."""
+    from loom.attention import triton_backend
+    from loom.kernels import paged_attention
+    tiles = {"paged_decode": ("num_reqs", "block_n", "num_splits", "num_warps", "num_stages"),
+             "paged_prefill": ("num_reqs", "max_query_len", "block_m", "block_n", "num_warps",
+                               "num_stages")}
+    calls: list[dict[str, Any]] = []
+    real = {name: getattr(triton_backend, name) for name in tiles}
+
+    def spy(name: str) -> Callable:
+        signature = inspect.signature(getattr(paged_attention, name))  # the entry point's
+
+        def launch(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            calls.append({"kernel": name, **{k: bound.arguments[k] for k in tiles[name]},
+                          "indexed": bound.arguments["req_index"] is not None})
+            return real[name](*args, **kwargs)
+        return launch
+
+    for name in tiles:
+        setattr(triton_backend, name, spy(name))
+    try:
+        yield calls
+    finally:
+        for name, fn in real.items():
+            setattr(triton_backend, name, fn)
+
+
+# -- timing ------------------------------------------------------------------------------------
+class Timer:
+    """Median time of a call: CUDA events over graph replays after an L2 flush on a GPU,
+    perf_counter around plain calls on the CPU (the interpreter)."""
+
+    def __init__(self, device, warmup: int, iters: int) -> None:
+        import torch
+        self.torch, self.device, self.warmup, self.iters = torch, device, warmup, iters
+        self.cuda = device.type == "cuda"
+        self.flush = (torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device)
+                      if self.cuda else None)
+        self.method = "cuda_graph" if self.cuda else "perf_counter"
+        """How the last call was timed: cuda_graph, launches (capture failed) or
+        perf_counter."""
+
+    def spin(self, seconds: float = 0.2) -> None:
+        """Busy the GPU a moment so that its clocks are up before anything is timed."""
+        if not self.cuda:
+            return
+        torch = self.torch
+        a = torch.randn(4096, 4096, device=self.device, dtype=torch.bfloat16)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(10):
+                a @ a
+            torch.cuda.synchronize(self.device)
+
+    def time_us(self, fn: Callable[[], Any]) -> float:
+        if not self.cuda:
+            for _ in range(self.warmup):
+                fn()
+            times = []
+            for _ in range(self.iters):
+                start = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - start) * 1e6)
+            return _median(times)
+        torch = self.torch
+        for _ in range(max(1, self.warmup)):  # compiles before any capture
+            fn()
+        torch.cuda.synchronize(self.device)
+        graph = self._capture(fn)
+        self.method = "cuda_graph" if graph is not None else "launches"
+        launch = graph.replay if graph is not None else fn
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(self.iters)]
+        for start, end in events:
+            self.flush.zero_()
+            start.record()
+            launch()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        del graph
+        return _median([start.elapsed_time(end) * 1e3 for start, end in events])
+
+    def _capture(self, fn: Callable[[], Any]):
+        """A CUDA graph of fn, or None (to time plain launches) if capture fails."""
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin()
+                try:
+                    fn()
+                finally:
+                    graph.capture_end()
+        except RuntimeError as e:
+            logger.warning("attention: CUDA graph capture failed (%s); timing plain launches",
+                           str(e).splitlines()[0] if str(e) else type(e).__name__)
+            torch.cuda.synchronize(self.device)
+            return None
+        finally:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        return graph
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+# -- the variants timed ------------------------------------------------------------------------
+def backend_call(backend, inputs: Inputs) -> Callable[[], Any]:
+    """What a model layer runs: the backend's forward (decode, or the mixed split)."""
+    return lambda: backend.forward(inputs.query, inputs.kv_cache, inputs.meta, inputs.scale)
+
+
+def single_launch_call(backend, inputs: Inputs) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """The old mixed path: one paged_prefill over the whole batch, the backend's tiles."""
+    import torch
+
+    from loom.kernels import paged_attention
+    q, meta = inputs.query, inputs.meta
+    block_m, block_n, warps = backend.prefill_tiles(q.shape[2], q.dtype)
+    stages = inspect.signature(paged_attention.paged_prefill).parameters["num_stages"].default
+    out = torch.full_like(q, float("nan"))
+
+    def call():
+        return paged_attention.paged_prefill(
+            q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
+            meta.num_reqs, meta.max_query_len, inputs.scale, block_m=block_m, block_n=block_n,
+            num_warps=warps)
+    return call, {"kernel": "paged_prefill", "num_reqs": meta.num_reqs,
+                  "max_query_len": meta.max_query_len, "block_m": block_m, "block_n": block_n,
+                  "num_warps": warps, "num_stages": stages}
+
+
+def decode_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
+    """paged_decode over the whole (pure decode) batch with the given tiles."""
+    import torch
+
+    from loom.kernels import paged_attention
+    q, meta = inputs.query, inputs.meta
+    out = torch.full_like(q, float("nan"))
+
+    def call():
+        return paged_attention.paged_decode(
+            q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
+            meta.num_reqs, inputs.scale, config["num_splits"], block_n=config["block_n"],
+            num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return call
+
+
+def checked(fn: Callable[[], Any], ref, dtype: str, what: str) -> float:
+    """fn's worst row error against the reference; KernelMismatch over the tolerance."""
+    with _nan_outputs():
+        err = max_rel_error(fn(), ref)
+    limit = MAX_REL_ERROR[dtype]
+    if not err <= limit:
+        raise KernelMismatch(f"attention: {what} disagrees with the torch reference: worst "
+                             f"per-(token, head) relative error {err:.3g} > {limit:g}")
+    return err
+
+
+def tune_configs(step: Step, shape: AttentionShape, args: argparse.Namespace
+                 ) -> list[dict[str, int]]:
+    """The sweep for one decode shape: every tile with the split count default_num_splits
+    picks for its block_n and those of the others that leave no split empty."""
+    from loom.kernels.paged_attention import default_num_splits
+    num_reqs, ctx = len(step.seq_lens), max(step.seq_lens)
+    configs = []
+    for block_n, warps, stages in itertools.product(
+            sorted(set(args.tune_block_n)), sorted(set(args.tune_warps)),
+            sorted(set(args.tune_stages))):
+        default = default_num_splits(num_reqs, shape.num_kv_heads, ctx, block_n)
+        for splits in sorted({default, *args.tune_splits}):
+            if splits == default or _no_empty_split(ctx, block_n, splits):
+                configs.append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
+                                "num_splits": splits})
+    return configs
+
+
+def _no_empty_split(seq_len: int, block_n: int, splits: int) -> bool:
+    """Whether every split gets keys: each covers the kernel's block_n-aligned share."""
+    split_len = -(-(-(-seq_len // splits)) // block_n) * block_n
+    return (splits - 1) * split_len < seq_len
+
+
+def tune_decode(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: Timer,
+                args: argparse.Namespace, dtype: str) -> dict[str, Any]:
+    timed: list[tuple[float, dict[str, int]]] = []
+    skipped: list[str] = []
+    for config in tune_configs(step, shape, args):
+        try:
+            timed.append((timer.time_us(decode_call(inputs, config)), config))
+        except Exception as e:  # noqa: BLE001 - out of shared memory, a compile failure
+            text = str(e).strip().splitlines()
+            skipped.append(f"{config}: {type(e).__name__}: {text[0] if text else ''}"[:200])
+    if not timed:
+        raise ValueError(f"attention: no decode config ran: {skipped[:3]}")
+    timed.sort(key=lambda t: t[0])
+    rejected = []
+    for us, config in timed:
+        try:
+            err = checked(decode_call(inputs, config), ref, dtype, f"decode config {config}")
+        except KernelMismatch as e:
+            rejected.append(str(e))
+            continue
+        return {"config": config, "us": us, "max_rel_error": err, "searched": len(timed),
+                "top": [{"us": t, "config": c} for t, c in timed[:TOP_CONFIGS]],
+                "skipped": skipped, "rejected": rejected}
+    raise KernelMismatch(f"attention: every tuned config disagrees with the reference: "
+                         f"{rejected[:3]}")
+
+
+# -- one shape ---------------------------------------------------------------------------------
+def _figures(us: float, nbytes: int, flops: int, ceilings) -> dict[str, Any]:
+    floor_us = None
+    if ceilings is not None:
+        floor_us = (nbytes / (ceilings.copy_tb_per_s * 1e12)
+                    + flops / (ceilings.matmul_tflop_per_s * 1e12)) * 1e6
+    return {"us": us, "gbps": nbytes / (us * 1e-6) / 1e9, "floor_us": floor_us,
+            "ratio_to_floor": us / floor_us if floor_us else None}
+
+
+def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: dict[str, Any],
+              timer: Timer) -> dict[str, Any]:
+    from loom.attention.triton_backend import TritonBackend
+    inputs = make_inputs(step, shape, args.block_size, env["dtype"], env["device"],
+                         args.seed * 1_000_003 + len(step.seq_lens) * 7919 + step.seq_lens[0])
+    ref = reference(inputs, step)
+    timer.spin()
+    dtype, elem = args.dtype, inputs.query.element_size()
+    nbytes, flops = step_bytes(step, shape, elem), step_flops(step, shape)
+    num_decodes = sum(q == 1 for q in step.query_lens)
+    backend = TritonBackend()
+    call = backend_call(backend, inputs)
+    with recorded_launches() as launches:
+        err = checked(call, ref, dtype, f"the backend's {args.mode} path")
+    us = timer.time_us(call)
+    row: dict[str, Any] = {
+        "mode": args.mode, "batch_size": num_decodes, "context_len": step.seq_lens[0],
+        "num_tokens": step.num_tokens, "bytes": nbytes, "flops": flops,
+        **_figures(us, nbytes, flops, env["ceilings"]), "launches": launches,
+        "max_rel_error": err, "timed_with": timer.method}
+    if args.mode == "mixed":
+        chunks = list(zip(step.query_lens, step.seq_lens))[num_decodes:]
+        row["prompt_chunks"] = [{"query_len": q, "seq_len": s} for q, s in chunks]
+        single, config = single_launch_call(backend, inputs)
+        single_err = checked(single, ref, dtype, "the single paged_prefill launch")
+        single_us = timer.time_us(single)
+        row["single_launch"] = {**_figures(single_us, nbytes, flops, env["ceilings"]),
+                                "launches": [config], "max_rel_error": single_err,
+                                "timed_with": timer.method}
+        row["speedup_over_single_launch"] = row["single_launch"]["us"] / row["us"]
+    if args.tune:
+        best = tune_decode(inputs, step, shape, ref, timer, args, dtype)
+        row["tuned"] = {**best, **_figures(best["us"], nbytes, flops, env["ceilings"]),
+                        "speedup": row["us"] / best["us"]}
+    return row
+
+
+def _fmt_launch(launch: dict[str, Any]) -> str:
+    keys = ("block_m", "block_n", "num_splits", "num_warps", "num_stages")
+    tiles = " ".join(f"{k}={launch[k]}" for k in keys if k in launch)
+    return f"{launch['kernel'].removeprefix('paged_')}({tiles})"
+
+
+def _line(row: dict[str, Any]) -> str:
+    def timing(r: dict[str, Any]) -> str:
+        ratio = f"{r['ratio_to_floor']:5.2f}x floor" if r["ratio_to_floor"] else "no floor"
+        return f"{r['us']:>10.1f} us {r['gbps']:>7.0f} GB/s {ratio}"
+    text = (f"B={row['batch_size']:>5} ctx={row['context_len']:>6}  {timing(row)}  "
+            f"{' + '.join(_fmt_launch(c) for c in row['launches'])}")
+    if "single_launch" in row:
+        text += (f"\n{'':>19}single launch {timing(row['single_launch'])} "
+                 f"(the split path: {row['speedup_over_single_launch']:.2f}x as fast)")
+    if "tuned" in row:
+        t = row["tuned"]
+        text += (f"\n{'':>19}tuned {timing(t)}  {t['speedup']:.2f}x  "
+                 f"{_fmt_launch({'kernel': 'decode', **t['config']})}")
+    return text
+
+
+# -- the command -------------------------------------------------------------------------------
+def _interpreted() -> bool:
+    """Whether the paged-attention kernels were built for Triton's CPU interpreter."""
+    from loom.kernels import paged_attention
+    from loom.kernels.interpreter import interpreted
+    return interpreted(paged_attention._decode_split_kernel)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    positive = {"batch_sizes": args.batch_sizes, "context_lens": args.context_lens,
+                "tune_block_n": args.tune_block_n, "tune_warps": args.tune_warps,
+                "tune_stages": args.tune_stages, "tune_splits": args.tune_splits}
+    for name, values in positive.items():
+        if not values or min(values) < 1:
+            raise ValueError(f"{name}: must be positive, got {values}")
+    if args.num_iters < 1 or args.num_iters_warmup < 0:
+        raise ValueError("num_iters must be positive and num_iters_warmup >= 0")
+    if args.mode == "mixed" and (args.prompt_tokens < 2 or args.chunk_len < 2
+                                 or args.prompt_tokens % args.chunk_len == 1
+                                 or args.chunk_context < 0):
+        raise ValueError("mixed: prompt_tokens, chunk_len and the last chunk must be at least "
+                         "2 tokens (a chunk of one token is a decode), chunk_context >= 0")
+    if args.tune and args.mode != "decode":
+        raise ValueError("tune: sweeps the decode kernel; run it with --mode decode")
+    if args.block_size is not None and (args.block_size < 1
+                                        or args.block_size & (args.block_size - 1)):
+        raise ValueError(f"block_size: must be a positive power of two, got {args.block_size}")
+
+
+def _environment(args: argparse.Namespace) -> dict[str, Any]:
+    """The device, dtype and ceilings; a clear error where the kernels cannot run."""
+    import torch
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise ValueError("attention: triton is not installed (pip install 'loom[triton]')") \
+            from None
+    interpreted = _interpreted()
+    if torch.cuda.is_available():
+        if interpreted:
+            raise ValueError("attention: TRITON_INTERPRET is set: the kernels would run on "
+                             "the CPU interpreter; unset it to time them on the GPU")
+        device = torch.device("cuda", torch.cuda.current_device())
+    elif interpreted:
+        device = torch.device("cpu")
+        from loom.kernels.interpreter import fix_interpreter_loop_bounds
+        fix_interpreter_loop_bounds()
+        if args.dtype == "bfloat16":
+            raise ValueError("attention: Triton's interpreter mishandles bfloat16; use "
+                             "--dtype float32 or float16 on the CPU")
+    else:
+        raise ValueError("attention: needs a CUDA GPU to time the Triton kernels, and torch "
+                         "sees none; to run tiny shapes on the CPU instead, start it with "
+                         "TRITON_INTERPRET=1 (Triton's interpreter)")
+    args.dtype = args.dtype or ("float32" if interpreted else "bfloat16")
+    from loom.bench import ceilings as ceilings_module
+    # Before any input is drawn: the copy buffers then leave the memory to the caches.
+    ceilings = ceilings_module.measure_ceilings(device)
+    name = ceilings_module.device_name(device)
+    return {"device": device, "device_name": name, "dtype": getattr(torch, args.dtype),
+            "ceilings": ceilings, "interpreted": interpreted}
+
+
+def run_attention(args: argparse.Namespace) -> int:
+    _validate(args)
+    shape = attention_shape(args.model, args.tensor_parallel_size)
+    if args.block_size is None:
+        from loom.config import CacheConfig
+        args.block_size = CacheConfig().block_size
+    env = _environment(args)
+    import torch
+    ceilings = env["ceilings"]
+    print(f"{env['device_name']}: {shape.num_heads} heads, {shape.num_kv_heads} KV heads, "
+          f"head_dim {shape.head_dim} (TP {args.tensor_parallel_size}), {args.dtype}, "
+          f"block size {args.block_size}, {args.mode}", flush=True)
+    if ceilings is not None:
+        print(f"ceilings: copy {ceilings.copy_tb_per_s:.2f} TB/s (read+write), bf16 matmul "
+              f"{ceilings.matmul_tflop_per_s:.0f} TFLOP/s", flush=True)
+    timer = Timer(env["device"], args.num_iters_warmup, args.num_iters)
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for ctx, batch in itertools.product(dict.fromkeys(args.context_lens),
+                                        dict.fromkeys(args.batch_sizes)):
+        step = (decode_step(batch, ctx) if args.mode == "decode" else
+                mixed_step(batch, ctx, args.prompt_tokens, args.chunk_len, args.chunk_context))
+        try:
+            row = run_shape(step, shape, args, env, timer)
+        except torch.OutOfMemoryError:
+            gb = step_bytes(step, shape, env["dtype"].itemsize) / 1e9
+            raise ValueError(f"attention: B={batch} ctx={ctx} does not fit in device memory "
+                             f"(its KV cache alone is {gb:.1f} GB); drop that shape") from None
+        rows.append(row)
+        print(_line(row), flush=True)
+        if env["device"].type == "cuda":
+            torch.cuda.empty_cache()
+    elapsed = time.perf_counter() - started
+    print(f"{len(rows)} shapes in {elapsed:.0f} s")
+    if args.output_json:
+        payload = {
+            "benchmark": "attention", "date": now_iso(), "git_commit": git_commit(),
+            "command": command_line(), "device": env["device_name"],
+            "ceilings": dataclasses.asdict(ceilings) if ceilings is not None else None,
+            "floor": "bytes / copy rate" + (" + prompt-chunk attention FLOPs / matmul rate"
+                                            if args.mode == "mixed" else ""),
+            "model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
+            "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim, "dtype": args.dtype, "block_size": args.block_size,
+            "mode": args.mode, "tuned": args.tune, "interpreted": env["interpreted"],
+            "num_iters": args.num_iters, "elapsed_s": elapsed, "rows": rows}
+        print(f"Wrote {write_json(args.output_json, payload)}")
+    return 0
+
