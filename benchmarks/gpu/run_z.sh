@@ -1,5 +1,5 @@
-# x2 (~9.5 min), the first call of session 9: everything built in session 8 without device
-# time left to run it.
+# x2 (~9.5 min), the first call of the next session (session 9 had no device time): what
+# sessions 8 and 9 built without running it.
 # 1. GPU tests: the Triton moe_align (fused MoE tests), the mixed-batch attention split.
 # 2. TP=2 decode 128 -> 128 (issue 4, 3.068 ms at 581d558): default; LOOM_DECODE_GEMV=1
 #    (the Triton GEMV where the table says it beats cuBLAS: ~0.29 ms expected); the GEMV
@@ -7,8 +7,10 @@
 # 3. Side by side. GPU0: gemv_bench at the 1-GPU shapes, --write-table into the tree, then
 #    1-GPU decode default and with LOOM_DECODE_GEMV=1 (4.480 ms at 936deda). GPU1:
 #    Qwen3-30B-A3B decode (6.665 ms at 3485478 with the eager align; 4.334 traced), the MoE
-#    call times, then 8B throughput at the old limits (256 requests, 8192 tokens: 44.33 s
-#    at 581d558) with the mixed-batch attention split.
+#    call times, then 8B throughput at the default limits (1024 requests, 16384 tokens:
+#    47.98 s at 3485478, 11% of prompts recomputed after preemptions) with the mixed-batch
+#    attention split and the admission headroom (--kv-headroom-tokens 512: no preemption in
+#    benchmarks/admission_sim.py, floors 31.85 -> 29.19 s).
 source benchmarks/gpu/env.sh
 R=/tmp/z; mkdir -p $R
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
@@ -27,8 +29,8 @@ for f in tp2-decode tp2-decode-gemv tp2-decode-gemv-push-lt; do echo "$f: $(grep
 ( export CUDA_VISIBLE_DEVICES=1
   timeout 90 $LOOM bench latency --model qwen3-30b-a3b --load-format dummy --no-enable-prefix-caching --max-model-len 4096 --input-len 128 --output-len 128 --batch-size 1 --decode-split --num-iters-warmup 2 --num-iters 5 -O 3 --output-json $R/qwen3-decode.json > $R/qwen3-decode.log 2>&1
   timeout 40 $LOOM bench moe --model qwen3-30b-a3b --batch-sizes 1 8 64 512 4096 16384 --output-json $R/moe.json > $R/moe.log 2>&1
-  timeout $(left 560) $LOOM bench throughput --model llama-3.1-8b --load-format dummy --input-len 1024 --output-len 256 --num-prompts 1000 --max-model-len 2048 --max-num-seqs 256 --max-num-batched-tokens 8192 -O 3 --step-breakdown --output-json $R/throughput-8b.json > $R/thr8b.log 2>&1 ) &
+  timeout $(left 560) $LOOM bench throughput --model llama-3.1-8b --load-format dummy --input-len 1024 --output-len 256 --num-prompts 1000 --max-model-len 2048 -O 3 --step-breakdown --output-json $R/throughput-8b.json > $R/thr8b.log 2>&1 ) &
 wait
-for f in $R/tp1-decode*.log $R/qwen3-decode.log $R/thr8b.log $R/moe.log; do echo "== $f"; grep -E "^(Decode|Throughput|Compute floor)|^  (decode only|with prompt)|decode_gemv:|^ *[0-9]+ .*us" $f | cut -c1-220 | head -10; done
+for f in $R/tp1-decode*.log $R/qwen3-decode.log $R/thr8b.log $R/moe.log; do echo "== $f"; grep -E "^(Decode|Throughput|Compute floor)|^  (decode only|with prompt)|decode_gemv:|preempt|^ *[0-9]+ .*us" $f | cut -c1-220 | head -10; done
 grep -E "^(qkv1|o1|gate_up1|down1|lm_head1) " $R/gemv-tp1.log | head -15
 tar czf $OUT/z.tgz -C $R . ; stamp done

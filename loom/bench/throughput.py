@@ -63,6 +63,11 @@ def run_throughput(args: argparse.Namespace) -> int:
         result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
                                              bench.ceilings)
         print_breakdown(result["step_breakdown"], elapsed)
+        computed = sum(row["prompt_tokens"] for row in result["step_breakdown"].values())
+        result["prompt_tokens_computed"] = computed
+        print(f"Prompt tokens computed: {computed} for {prompt_tokens} in the prompts "
+              f"({computed / prompt_tokens - 1:+.1%}: recomputed after preemptions, or saved "
+              f"by prefix-cache hits)")
     if result["floor_s"] is not None:
         print(f"Compute floor: {result['floor_s']:.3f} s ({result['total_tokens']} tokens x 2 x "
               f"{result['num_params'] / 1e9:.3f}B params, tp={bench.tp}); runtime "

@@ -174,6 +174,7 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     rows = r["step_breakdown"]
     decode, mixed = rows["decode_only"], rows["with_prompt"]
     assert decode["prompt_tokens"] == 0 and mixed["prompt_tokens"] == 6 * 8
+    assert r["prompt_tokens_computed"] == 6 * 8  # no preemption, random prompts: no hits
     assert decode["decode_tokens"] + mixed["decode_tokens"] == 6 * (4 - 1)
     assert mixed["steps"] >= 6 * 8 // 16 and decode["steps"] >= 4 - 1
     assert decode["seconds"] + mixed["seconds"] == pytest.approx(r["elapsed_time"], rel=0.2)
