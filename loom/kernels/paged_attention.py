@@ -109,16 +109,17 @@ def _prefill_kernel(
 
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
-    q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr, scale_log2, num_heads,
-    num_splits, stride_qt, stride_qh, stride_plane, stride_cblk, stride_cslot, stride_chead,
-    stride_bt, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_plane, stride_cblk,
+    stride_cslot, stride_chead, stride_bt, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
     # The partials are indexed by the program (`slot`), the batch's tensors by the request.
+    # DIRECT (one split): the program holds the whole softmax and writes the output itself.
     slot = tl.program_id(0)
     req = slot
     if HAS_REQ_INDEX:
@@ -151,10 +152,16 @@ def _decode_split_kernel(
             q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
             k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
             False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
-    part = (slot.to(tl.int64) * num_heads + head) * num_splits + split
-    tl.store(part_m_ptr + part, m_i, mask=g_ok)
-    tl.store(part_l_ptr + part, l_i, mask=g_ok)
-    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=g_ok[:, None])
+    if DIRECT:
+        o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :]
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        part = (slot.to(tl.int64) * num_heads + head) * num_splits + split
+        tl.store(part_m_ptr + part, m_i, mask=g_ok)
+        tl.store(part_l_ptr + part, l_i, mask=g_ok)
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
+                 mask=g_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -262,26 +269,35 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
-    when capturing CUDA graphs. A second kernel merges the splits' partials. req_index:
+    when capturing CUDA graphs. A second kernel merges the splits' partials; with one split
+    there are none, and the split kernel writes out itself (one launch a layer). req_index:
     int32 [num_reqs] on the device, the batch's requests to decode (each must have a query of
     one token or none); out gets each one's row at its query_start_loc.
     """
     group, num_kv_heads = _check(query, kv_cache)
     _check_req_index(req_index, num_reqs)
     num_heads, head_dim = query.shape[1], query.shape[2]
-    part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
-                         device=query.device)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
-                           device=query.device)
+    direct = num_splits == 1
+    if direct:  # no partials: the pointers are never read
+        part_m = part_l = part_acc = out
+    else:
+        part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
+                             device=query.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
+                               device=query.device)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
-        query, kv_cache, part_m, part_l, part_acc, block_table, query_start_loc, seq_lens,
-        req_index, scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
-        *_cache_strides(kv_cache), block_table.stride(0), GROUP=group,
+        query, kv_cache, part_m, part_l, part_acc, out, block_table, query_start_loc,
+        seq_lens, req_index, scale * _LOG2E, num_heads, num_splits, query.stride(0),
+        query.stride(1), out.stride(0), out.stride(1), *_cache_strides(kv_cache),
+        block_table.stride(0), GROUP=group,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-        HAS_REQ_INDEX=req_index is not None, num_warps=num_warps, num_stages=num_stages,
+        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, num_warps=num_warps,
+        num_stages=num_stages,
     )
+    if direct:
+        return out
     _decode_reduce_kernel[(num_reqs, num_heads)](
         part_m, part_l, part_acc, out, query_start_loc, req_index, num_heads, num_splits,
         out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),

@@ -34,7 +34,10 @@ STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     ("a prompt beside a decode", [1, 37], [40, 37]),
     ("five fresh prompts", [9] * 5, [9] * 5),
     ("a prompt chunk after cached context", [16], [48]),
-    ("a decode batch outside CUDA graphs", [1, 1, 1], [40, 17, 5]),
+    # Short contexts take one split (the decode kernel writes the output itself); a longer
+    # one takes several and the reduce kernel: each is its own kernel variant.
+    ("a decode batch split along its keys", [1, 1], [129, 17]),
+    ("a decode batch outside CUDA graphs", [1, 1, 1], [40, 17, 5]),  # last: 3 rows to sample
 ]
 
 SAMPLING: list[SamplingParams] = [

@@ -391,7 +391,8 @@ def build(fn, cons, warps, indexed):
                       options=dict(num_warps=warps, num_stages=2))
     assert kernel.asm["cubin"], "no cubin"
     loads = kernel.asm["ptx"].count("ld.global")
-    print("ok", fn.__name__, cons["HEAD_DIM"], indexed, loads)
+    print("ok", fn.__name__ + ("_direct" if cons.get("DIRECT") else ""), cons["HEAD_DIM"],
+          indexed, loads)
 
 
 for indexed in (False, True):
@@ -401,8 +402,10 @@ for indexed in (False, True):
         build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=head_dim, BLOCK_SIZE=16,
                                     BLOCK_Q=block_m // 4, BLOCK_N=block_n, PRECISION="tf32"),
               warps, indexed)
-    build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
-                                     BLOCK_N=64, PRECISION="tf32"), 4, indexed)
+    for direct in (False, True):  # the one-split variant stores the output itself
+        build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
+                                         BLOCK_N=64, PRECISION="tf32", DIRECT=direct),
+              4, indexed)
     build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128), 4, indexed)
 """
 
@@ -414,7 +417,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 8
+    assert len(lines) == 10
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:

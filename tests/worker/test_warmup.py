@@ -22,11 +22,14 @@ if not torch.cuda.is_available():
     fix_interpreter_loop_bounds()
 
 
-def _spy(monkeypatch, module, name, calls):
+def _spy(monkeypatch, module, name, calls, record=None):
+    """Count calls of module.name in calls[name]; record(args, kwargs) sees each one."""
     real = getattr(module, name)
 
     def spy(*args, **kwargs):
         calls[name] += 1
+        if record is not None:
+            record(args, kwargs)
         return real(*args, **kwargs)
     monkeypatch.setattr(module, name, spy)
 
@@ -38,8 +41,11 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     runner = ModelRunner(config, torch.device("cpu"))
     runner.backend = TritonBackend()
     calls = Counter()
-    for name in ("paged_prefill", "paged_decode", "write_kv_cache", "rope_write_kv_cache"):
+    for name in ("paged_prefill", "write_kv_cache", "rope_write_kv_cache"):
         _spy(monkeypatch, triton_backend, name, calls)
+    splits = set()  # paged_decode(query, kv_cache, out, ..., scale, num_splits, ...)
+    _spy(monkeypatch, triton_backend, "paged_decode", calls,
+         lambda args, kwargs: splits.add(args[8]))
     _spy(monkeypatch, TritonBackend, "_sdpa_prefill", calls)
     _spy(monkeypatch, sampler_module, "apply_top_k_top_p", calls)
     _spy(monkeypatch, model_runner_module, "warm_up", calls)
@@ -48,14 +54,16 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     assert calls["warm_up"] == 1
     num_layers = len(runner.kv_caches)
     # STEP_SHAPES: one fresh prompt goes to SDPA; five prompts and a chunk after context go
-    # to the paged prefill kernel; a decode batch to the split-K decode kernel; a prompt
-    # beside a decode is split, its prompt to the prefill kernel and its decode to the
-    # decode kernel (both with a request index: that warms those variants up too). Every
-    # layer does each, and writes (to nowhere) every time, through the kernel that also
-    # applies rotary (the runner fuses it for this backend).
+    # to the paged prefill kernel; two decode batches to the split-K decode kernel, one with
+    # a single split (no reduce kernel) and one with several; a prompt beside a decode is
+    # split, its prompt to the prefill kernel and its decode to the decode kernel (both
+    # with a request index: that warms those variants up too). Every layer does each, and
+    # writes (to nowhere) every time, through the kernel that also applies rotary (the
+    # runner fuses it for this backend).
     assert calls["_sdpa_prefill"] == num_layers
     assert calls["paged_prefill"] == 3 * num_layers
-    assert calls["paged_decode"] == 2 * num_layers
+    assert calls["paged_decode"] == 3 * num_layers
+    assert 1 in splits and max(splits) > 1, splits
     assert calls["rope_write_kv_cache"] == len(warmup_module.STEP_SHAPES) * num_layers
     assert calls["write_kv_cache"] == 0
     assert calls["apply_top_k_top_p"] == 1
