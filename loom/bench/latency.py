@@ -140,16 +140,16 @@ def profile_iteration(bench: OfflineBench, args: argparse.Namespace,
                       rng: np.random.Generator, host: bool = False) -> None:
     """One more iteration of the main series under torch.profiler (or, with `host`, Python's
     cProfile) on every rank."""
-    executor = bench.llm.engine.executor
+    engine = bench.llm.engine
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0,
                             top_p=1.0)
     prompts = bench.random_prompts(rng, args.batch_size, args.input_len)
     suffix = "-host" if host else ""
-    executor.collective_rpc("profile", "start" + suffix)
+    engine.collective_rpc("profile", "start" + suffix)
     try:
         bench.llm.generate(prompts, params, use_tqdm=False)
     finally:
-        tables = executor.collective_rpc("profile", "stop" + suffix, args.profile_result_dir)
+        tables = engine.collective_rpc("profile", "stop" + suffix, args.profile_result_dir)
     what = "host functions" if host else "trace and table"
     print(f"Profile of one iteration (rank 0; every rank's {what} in "
           f"{args.profile_result_dir}/):")
@@ -225,7 +225,7 @@ def tp_all_reduce_target(bench: OfflineBench, args: argparse.Namespace,
     if main.output_len != 1:
         # A decode step all-reduces [batch, hidden] `count` times inside its CUDA graph.
         try:
-            per_call = bench.llm.engine.executor.collective_rpc(
+            per_call = bench.llm.engine.collective_rpc(
                 "time_all_reduce", args.batch_size, count, True)[0]
         except Exception as e:  # noqa: BLE001 - a diagnostic must not cost the run's result
             print(f"All-reduce timing skipped: {type(e).__name__}: {e}")
@@ -233,7 +233,7 @@ def tp_all_reduce_target(bench: OfflineBench, args: argparse.Namespace,
         return {"decode_all_reduce_s": per_call, "all_reduces_per_forward": count,
                 "decode_all_reduce_step_s": per_call * count}
     tokens = args.input_len * args.batch_size
-    per_call = bench.llm.engine.executor.collective_rpc("time_all_reduce", tokens, 10)[0]
+    per_call = bench.llm.engine.collective_rpc("time_all_reduce", tokens, 10)[0]
     out: dict[str, Any] = {"all_reduce_s": per_call, "all_reduces_per_forward": count,
                            "all_reduce_forward_s": per_call * count}
     if args.reference_json:

@@ -9,7 +9,9 @@ num_params at the measured matmul rate, divided by tp (`loom.bench.floors`).
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,11 @@ def register(subparsers) -> None:
     p.add_argument("--step-breakdown", action="store_true",
                    help="time every engine step and report prompt-carrying and pure decode "
                         "steps apart, each against its own floor")
+    p.add_argument("--profile-steps", type=int, nargs=2, metavar=("START", "COUNT"),
+                   help="run engine steps START .. START+COUNT-1 (1-based, in launch order) "
+                        "under torch.profiler on every rank: print rank 0's ops by device "
+                        "time, write Chrome traces and tables to --profile-result-dir")
+    p.add_argument("--profile-result-dir", default="loom-profile")
     add_offline_args(p)
     p.set_defaults(func=run_throughput)
 
@@ -42,7 +49,13 @@ def register(subparsers) -> None:
 def run_throughput(args: argparse.Namespace) -> int:
     check_positive(input_len=args.input_len, output_len=args.output_len,
                    num_prompts=args.num_prompts)
+    if args.profile_steps is not None:
+        start, count = args.profile_steps
+        check_positive(profile_steps=min(start, count))
     bench = setup_offline(args)
+    engine = bench.llm.engine
+    if args.profile_steps is not None:
+        engine.collective_rpc("profile_steps", *args.profile_steps, args.profile_result_dir)
     prompts = bench.random_prompts(np.random.default_rng(args.seed), args.num_prompts,
                                    args.input_len)
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0, top_p=1.0)
@@ -57,6 +70,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = throughput_figures(bench, len(outputs), prompt_tokens, output_tokens, elapsed)
     print_throughput(result)
+    if args.profile_steps is not None:
+        result["profiled_steps"] = print_step_profile(
+            engine.collective_rpc("profile_steps_result")[0], args)
     print_ceilings(bench.ceilings)
     if log is not None:
         bench.llm.engine.step_observer = None
@@ -98,3 +114,19 @@ def print_throughput(r: dict[str, Any]) -> None:
     print(f"Throughput: {r['requests_per_second']:.2f} requests/s, "
           f"{r['tokens_per_second']:.2f} total tokens/s, "
           f"{r['output_tokens_per_second']:.2f} output tokens/s")
+
+
+def print_step_profile(profile: dict, args: argparse.Namespace) -> list[dict]:
+    """Rank 0's table of the profiled steps, headed by what they held; their contents."""
+    start, count = args.profile_steps
+    steps = json.loads(Path(profile["steps_file"]).read_text())
+    if not steps:
+        print(f"Profile: the run had fewer than {start} steps; nothing was profiled")
+        return steps
+    prompt = sum(s["prompt_tokens"] for s in steps)
+    decodes = sum(s["decodes"] for s in steps)
+    print(f"Profile of steps {start}-{start + len(steps) - 1} ({prompt} prompt tokens, "
+          f"{decodes} decodes; rank 0, every rank's trace and table in "
+          f"{args.profile_result_dir}/):")
+    print(profile["table"])
+    return steps

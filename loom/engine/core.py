@@ -126,13 +126,25 @@ class EngineCore:
             if ahead.is_empty:
                 break
         if self._in_flight:
-            scheduler_output, step = self._in_flight.popleft()
-            result = self.executor.collect(step)
-            if self.step_observer is not None:
-                self.step_observer.collected()
-            outputs += self.scheduler.update_from_output(scheduler_output, result)
+            outputs += self._collect_one()
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
                                  scheduler_stats=self.scheduler.make_stats())
+
+    def _collect_one(self) -> list[EngineCoreOutput]:
+        scheduler_output, step = self._in_flight.popleft()
+        result = self.executor.collect(step)
+        if self.step_observer is not None:
+            self.step_observer.collected()
+        return self.scheduler.update_from_output(scheduler_output, result)
+
+    def collective_rpc(self, method: str, *args) -> list:
+        """A worker method on every rank, once the steps still in flight are collected
+        (their outputs come with the next step()): a rank answers in order, so its reply
+        would otherwise arrive behind a step's output. LLM.generate returns as soon as its
+        requests finish, which can leave a step launched ahead."""
+        while self._in_flight:
+            self._pending += self._collect_one()
+        return self.executor.collective_rpc(method, *args)
 
     def _launch(self, scheduler_output: SchedulerOutput) -> None:
         if self.step_observer is not None:

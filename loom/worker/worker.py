@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import cProfile
 import io
+import json
 import os
 import pstats
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,9 +42,11 @@ class Worker:
         # Unseeded requests draw from the global generator; seed it so runs repeat.
         torch.manual_seed(config.model.seed)
         self.model_runner = ModelRunner(config, self.device, is_driver=rank == 0)
+        self._step_window: _StepWindow | None = None
 
     RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env",
-                             "time_all_reduce", "profile"})
+                             "time_all_reduce", "profile", "profile_steps",
+                             "profile_steps_result"})
 
     def rpc(self, method: str, args: list):
         """A call from the executor by name; only the methods listed are reachable."""
@@ -133,6 +137,45 @@ class Worker:
                 sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=80))
         return table
 
+    def profile_steps(self, start: int, count: int, out_dir: str) -> None:
+        """Profile (as `profile`) the launches start .. start + count - 1 from now (1-based),
+        inside a run: this rank starts and stops the profiler itself between two of its
+        steps, where no RPC can reach it. `profile_steps_result` collects the outcome."""
+        if start < 1 or count < 1:
+            raise ValueError(f"profile_steps: start and count must be positive, got {start}, "
+                             f"{count}")
+        self._step_window = _StepWindow(start, count, out_dir)
+
+    def profile_steps_result(self) -> dict | None:
+        """The window's op table (None if the run never reached it) and the file listing
+        what its steps held (prompt tokens, decodes), beside the trace; the profiler is
+        stopped here if the run ended inside the window. None: no window was armed."""
+        window, self._step_window = self._step_window, None
+        if window is None:
+            return None
+        if window.steps and window.table is None:
+            window.table = self._stop_step_profile(window)
+        steps_file = Path(window.out_dir) / f"steps-rank{self.rank}.json"
+        steps_file.parent.mkdir(parents=True, exist_ok=True)
+        steps_file.write_text(json.dumps(window.steps))
+        return {"table": window.table, "steps_file": str(steps_file)}
+
+    def _stop_step_profile(self, window: _StepWindow) -> str:
+        self._sync()  # the window's last step must be on the device before the trace ends
+        return self.profile("stop", window.out_dir)
+
+    def _watch_step(self, so: SchedulerOutput) -> None:
+        window = self._step_window
+        window.launches += 1
+        if window.launches == window.start:
+            self.profile("start")
+        if window.start <= window.launches < window.start + window.count:
+            counts = so.num_scheduled_tokens.values()
+            window.steps.append({"prompt_tokens": sum(n for n in counts if n > 1),
+                                 "decodes": sum(1 for n in counts if n == 1)})
+        elif window.launches == window.start + window.count:
+            window.table = self._stop_step_profile(window)
+
     @staticmethod
     def get_env(name: str) -> str | None:
         return os.environ.get(name)
@@ -144,7 +187,20 @@ class Worker:
         self.model_runner.initialize_cache(num_blocks)
 
     def launch(self, so: SchedulerOutput) -> StepHandle:
+        if self._step_window is not None and self._step_window.table is None:
+            self._watch_step(so)
         return self.model_runner.launch(so)
+
+
+@dataclass
+class _StepWindow:
+    """Steps a worker profiles by itself (`Worker.profile_steps`)."""
+    start: int
+    count: int
+    out_dir: str
+    launches: int = 0
+    steps: list[dict] = field(default_factory=list)
+    table: str | None = None
 
 
 def _write_host_profile(prof: cProfile.Profile, path: Path) -> str:

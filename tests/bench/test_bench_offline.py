@@ -264,3 +264,45 @@ def test_a_ceiling_is_the_best_of_its_trials(monkeypatch):
     monkeypatch.setattr(ceilings_module, "_time_cuda", fake_time)
     assert ceilings_module._best_seconds(lambda: None, None, warmup=10, iters=20) == 1.3e-3
     assert calls == [10, 0, 0, 0, 0]  # warmed up once
+
+
+def test_throughput_profiles_the_steps_asked_for_on_every_rank(tiny, tmp_path, capsys,
+                                                              monkeypatch):
+    """Steps 2-4 of a TP=2 run, profiled by the workers themselves: what each rank says the
+    steps held matches what the engine launched (its step log), and each rank's trace holds
+    ops."""
+    from loom.bench import step_log
+    launched, real = [], step_log.StepLog.launched
+
+    def record(self, scheduler_output, scheduler):
+        real(self, scheduler_output, scheduler)
+        launched.append(self._launched[-1][:2])  # (prompt tokens, decodes)
+    monkeypatch.setattr(step_log.StepLog, "launched", record)
+    out, profile_dir = tmp_path / "throughput.json", tmp_path / "prof"
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
+            "--max-num-batched-tokens", "16", "-tp", "2", "--step-breakdown",
+            "--profile-steps", "2", "3", "--profile-result-dir", str(profile_dir),
+            "--output-json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^Profile of steps 2-4 \(\d+ prompt tokens, \d+ decodes", text, re.M)
+    assert "aten::" in text
+    steps = json.loads(out.read_text())["profiled_steps"]
+    assert [(s["prompt_tokens"], s["decodes"]) for s in steps] == launched[1:4]
+    assert steps[0]["prompt_tokens"] > 0  # 48 prompt tokens at 16 a step: still prefilling
+    for rank in range(2):
+        trace = json.loads((profile_dir / f"trace-rank{rank}.json").read_text())
+        assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+
+
+def test_throughput_profile_past_the_last_step_says_so(tiny, tmp_path, capsys, monkeypatch):
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--output-len", "2", "--num-prompts", "2", "--max-model-len", "64",
+            "--profile-steps", "1000", "1", "--profile-result-dir", str(tmp_path / "p")]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    assert main(argv) == 0
+    assert "the run had fewer than 1000 steps; nothing was profiled" in capsys.readouterr().out
+    assert main(["bench", "throughput", "--model", tiny, "--profile-steps", "0", "1"]) == 2
+    assert "profile_steps: must be at least 1" in capsys.readouterr().err
