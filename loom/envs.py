@@ -146,6 +146,13 @@ def moe_align_torch() -> bool:
     return _flag("LOOM_MOE_ALIGN_TORCH")
 
 
+def decode_rope_unfused() -> bool:
+    """LOOM_DECODE_ROPE_UNFUSED=1: a pure decode step rotates and writes the new tokens in
+    their own kernel before the Triton decode attention, rather than inside it; a fallback
+    while the fused path is new."""
+    return _flag("LOOM_DECODE_ROPE_UNFUSED")
+
+
 def decode_gemv() -> bool:
     """LOOM_DECODE_GEMV=1: at level 3, decode-size matmuls of a weight take loom's Triton
     GEMV where a measured config exists (loom/compilation/passes/decode_gemv.py)."""

@@ -85,6 +85,15 @@ class AttentionBackend(abc.ABC):
             kv_out[1].copy_(value)
         return rotate_at(positions, query, cos_sin_cache)
 
+    def decode_rope(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                    kv_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float) -> torch.Tensor | None:
+        """A pure decode step whole, from unrotated query and key: rotate, write the cache
+        and attend, in fewer launches than rope_write_kv then forward. None (this default):
+        the backend has no such path, and the caller takes those two."""
+        return None
+
     def attends_batch_kv(self, meta: AttentionMetadata, kv_cache: torch.Tensor,
                          key: torch.Tensor) -> bool:
         """Whether `forward` would attend over this batch's own keys and values (passed as

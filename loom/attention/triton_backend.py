@@ -12,6 +12,7 @@ kernels beat a generic Triton tile there), after gathering each request's keys f
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass
 
@@ -23,8 +24,11 @@ from loom import envs
 from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.torch_native import gather_kv
 from loom.kernels.kv_write import write_kv_cache
-from loom.kernels.paged_attention import default_num_splits, paged_decode, paged_prefill
+from loom.kernels.paged_attention import (NewTokens, default_num_splits, paged_decode,
+                                          paged_prefill)
 from loom.kernels.rope_kv_write import rope_write_kv_cache
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,10 @@ class TritonBackend(AttentionBackend):
                                 else envs.sdpa_min_tokens())
         self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
         """The last step's metadata (weakly) and its split: every layer reads it again."""
+        self._fused_rope_off = envs.decode_rope_unfused()
+        if self._fused_rope_off:
+            logger.info("LOOM_DECODE_ROPE_UNFUSED: decode steps rotate and write the KV cache "
+                        "in a kernel of their own")
 
     def write_kv(self, key, value, kv_cache, slot_mapping):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
@@ -149,12 +157,29 @@ class TritonBackend(AttentionBackend):
         # that they are exactly what the cache holds.
         return kv_cache.dtype == key.dtype and not meta.is_pure_decode and self._use_sdpa(meta)
 
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float, batch_kv=None) -> torch.Tensor:
+    def decode_rope(self, query, key, value, positions, cos_sin_cache, kv_cache, meta,
+                    scale):
+        # The decode kernel rotates q and k and stores k and v itself: one launch a layer
+        # fewer than rope_write_kv_cache first (a few microseconds each at decode).
+        if self._fused_rope_off:
+            return None
+        out = self._new_out(query, meta)
+        if meta.num_reqs and meta.num_actual_tokens:
+            self._decode(query, kv_cache, meta, scale, out, new_tokens=NewTokens(
+                key, value, positions, cos_sin_cache, meta.slot_mapping))
+        return out
+
+    @staticmethod
+    def _new_out(query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         out = torch.empty_like(query)
         # Padding rows belong to no request; zero them so no garbage (NaN) flows onwards.
         if meta.num_actual_tokens < out.shape[0]:
             out[meta.num_actual_tokens:].zero_()
+        return out
+
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float, batch_kv=None) -> torch.Tensor:
+        out = self._new_out(query, meta)
         if meta.num_reqs == 0 or meta.num_actual_tokens == 0:
             return out
         if meta.is_pure_decode:
@@ -190,8 +215,9 @@ class TritonBackend(AttentionBackend):
                       block_m=block_m, block_n=block_n, num_warps=warps, req_index=req_index)
 
     def _decode(self, query, kv_cache, meta, scale, out, num_reqs=None, max_seq_len=None,
-                req_index=None) -> None:
-        """All the batch's requests (a pure decode), or those req_index names."""
+                req_index=None, new_tokens=None) -> None:
+        """All the batch's requests (a pure decode), or those req_index names; new_tokens:
+        see paged_decode."""
         num_reqs = meta.num_reqs if num_reqs is None else num_reqs
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
         # About 16 KB of keys per tile: wide keys (fp32, head dim 256) take fewer per tile.
@@ -201,7 +227,7 @@ class TritonBackend(AttentionBackend):
             num_reqs, kv_cache.shape[3], max_seq_len, block_n)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                      meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
-                     req_index=req_index)
+                     req_index=req_index, new_tokens=new_tokens)
 
     def prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
         """(block_m, block_n, num_warps) of the varlen prefill kernel for these inputs."""

@@ -17,9 +17,13 @@ Cache layout per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
+
+from loom.kernels.kv_write import check_slot_layout
 
 _LOG2E = 1.4426950408889634
 # tl.dot needs at least 16 rows; decode pads its GQA group up to this.
@@ -107,19 +111,44 @@ def _prefill_kernel(
              mask=row_ok[:, None])
 
 
+@triton.jit
+def _rotate_half(x_ptr, offs, dims, ok, cos_sin_row, HEAD_DIM: tl.constexpr):
+    """Rotary (rotate-half) of the rows at x_ptr + offs [R, HEAD_DIM] at one position, as
+    rope_kv_write computes it: float32 products and sums, rounded to the input's dtype.
+    Element d pairs with d + D/2 (or d - D/2): x * cos - partner * sin below the half,
+    x * cos + partner * sin above it."""
+    half: tl.constexpr = HEAD_DIM // 2
+    low = dims < half
+    freq = tl.where(low, dims, dims - half)
+    cos = tl.load(cos_sin_row + freq)[None, :]
+    sin = tl.load(cos_sin_row + half + freq)[None, :]
+    sign = tl.where(low, -1.0, 1.0)[None, :]
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    partner = tl.where(low, dims + half, dims - half)
+    xp = tl.load(x_ptr + offs - dims[None, :] + partner[None, :], mask=ok,
+                 other=0.0).to(tl.float32)
+    return (x * cos + (sign * xp) * sin).to(x_ptr.dtype.element_ty)
+
+
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
-    block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr, scale_log2, num_heads,
-    num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_plane, stride_cblk,
-    stride_cslot, stride_chead, stride_bt, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr,
+    k_ptr, v_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, scale_log2, num_heads,
+    num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt,
+    stride_vh, stride_pos, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
     # The partials are indexed by the program (`slot`), the batch's tensors by the request.
     # DIRECT (one split): the program holds the whole softmax and writes the output itself.
+    # ROPE: q, k and v come unrotated and unwritten (no rope_kv_write launch before): every
+    # program rotates its q heads, and the one whose split holds the new token rotates its
+    # key and stores key and value into the cache before attending.
     slot = tl.program_id(0)
     req = slot
     if HAS_REQ_INDEX:
@@ -139,13 +168,29 @@ def _decode_split_kernel(
     g_ok = g < GROUP
     dims = tl.arange(0, HEAD_DIM)
     q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :]
-    q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)
+    k_base = cache_ptr + kv_head * stride_chead
+    if ROPE:
+        cos_sin_row = cos_sin_ptr + tl.load(positions_ptr + q_start).to(tl.int64) * stride_pos
+        q = _rotate_half(q_ptr, q_off, dims, g_ok[:, None], cos_sin_row, HEAD_DIM)
+        new_slot = tl.load(slot_mapping_ptr + q_start)
+        if (lo <= seq_len - 1) & (seq_len - 1 < hi) & (new_slot >= 0):
+            row = q_start.to(tl.int64)
+            one = tl.full([1], 1, tl.int1)
+            key = _rotate_half(k_ptr, (row * stride_kt + kv_head * stride_kh + dims)[None, :],
+                               dims, one[:, None], cos_sin_row, HEAD_DIM)
+            value = tl.load(v_ptr + row * stride_vt + kv_head * stride_vh + dims)
+            dst = k_base + new_slot.to(tl.int64) * stride_cslot + dims
+            elem = cache_ptr.dtype.element_ty
+            tl.store(dst[None, :], key.to(elem))
+            tl.store(dst + stride_plane, value.to(elem))
+            tl.debug_barrier()  # the stores are visible to this program's loads below
+    else:
+        q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
-    k_base = cache_ptr + kv_head * stride_chead
     # An empty split (lo >= hi) leaves m=-inf, l=0, acc=0, which the reduce weighs as 0.
     for start in range(lo, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
@@ -261,11 +306,24 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block
     return max(1, min(want, max_splits, triton.cdiv(max(1, max_seq_len), block_n)))
 
 
+class NewTokens(NamedTuple):
+    """A decode step's new tokens, for paged_decode to rotate and cache itself: key and
+    value [T, Hkv, D] (unrotated, head dim contiguous), positions [T], the float32
+    cos_sin_cache [max_pos, D] of loom.layers.rotary, slot_mapping [T] (< 0: not stored)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  block_table: torch.Tensor, query_start_loc: torch.Tensor,
                  seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
                  block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
-                 req_index: torch.Tensor | None = None) -> torch.Tensor:
+                 req_index: torch.Tensor | None = None,
+                 new_tokens: NewTokens | None = None) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
@@ -273,10 +331,28 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     there are none, and the split kernel writes out itself (one launch a layer). req_index:
     int32 [num_reqs] on the device, the batch's requests to decode (each must have a query of
     one token or none); out gets each one's row at its query_start_loc.
+
+    new_tokens: query and the new keys come unrotated and the new keys and values are not
+    in the cache yet; the kernel rotates and stores them as rope_write_kv_cache would (the
+    same arithmetic), saving that launch. Not with req_index.
     """
     group, num_kv_heads = _check(query, kv_cache)
     _check_req_index(req_index, num_reqs)
     num_heads, head_dim = query.shape[1], query.shape[2]
+    rope = new_tokens is not None
+    if rope:
+        key, value, positions, cos_sin_cache, slot_mapping = new_tokens
+        if req_index is not None:
+            raise ValueError("paged_decode: new_tokens with req_index is not supported")
+        check_slot_layout(kv_cache, "paged_decode")
+        if key.stride(2) != 1 or value.stride(2) != 1 or cos_sin_cache.stride(1) != 1 \
+                or cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[1] != head_dim:
+            raise ValueError("paged_decode: new_tokens need contiguous head dims and a float32 "
+                             f"[max_pos, {head_dim}] cos_sin_cache")
+    else:  # never read (ROPE off): any tensors of the right kind
+        key = value = query
+        positions = slot_mapping = query_start_loc
+        cos_sin_cache = query
     direct = num_splits == 1
     if direct:  # no partials: the pointers are never read
         part_m = part_l = part_acc = out
@@ -288,12 +364,14 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                                device=query.device)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         query, kv_cache, part_m, part_l, part_acc, out, block_table, query_start_loc,
-        seq_lens, req_index, scale * _LOG2E, num_heads, num_splits, query.stride(0),
-        query.stride(1), out.stride(0), out.stride(1), *_cache_strides(kv_cache),
+        seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping,
+        scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
+        out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
+        value.stride(1), cos_sin_cache.stride(0), *_cache_strides(kv_cache),
         block_table.stride(0), GROUP=group,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, num_warps=num_warps,
+        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope, num_warps=num_warps,
         num_stages=num_stages,
     )
     if direct:

@@ -39,6 +39,11 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         ctx.backend.write_kv(k, v, kv_cache, meta.slot_mapping)
         batch_kv = (k, v) if own_kv else None
     else:
+        if meta.is_pure_decode:
+            out = ctx.backend.decode_rope(q, k, v, positions, cos_sin_cache, kv_cache, meta,
+                                          scale)
+            if out is not None:
+                return out.reshape(query.shape)
         kv_out = k.new_empty((2,) + tuple(k.shape)) if own_kv else None
         q = ctx.backend.rope_write_kv(q, k, v, positions, cos_sin_cache, kv_cache,
                                       meta.slot_mapping, kv_out=kv_out)

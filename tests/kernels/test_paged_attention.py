@@ -184,6 +184,68 @@ def test_sdpa_min_tokens_sends_short_fresh_prefills_to_the_kernel(monkeypatch):
     assert not TritonBackend()._use_sdpa(batch.meta)
 
 
+def check_decode_with_new_tokens(batch: Batch, splits: int, block_n: int, atol, rtol) -> None:
+    """new_tokens: the decode kernel rotates q and k and stores k and v as
+    rope_write_kv_cache does, so the cache comes out identical and the output the same as
+    that kernel followed by paged_decode, and close to the torch backend's."""
+    from loom.kernels.paged_attention import NewTokens
+    from loom.kernels.rope_kv_write import rope_write_kv_cache
+    from loom.layers.rotary import RotaryEmbedding
+    m, scale = batch.meta, batch.query.shape[-1] ** -0.5
+    device = batch.query.device
+    cos_sin = RotaryEmbedding(batch.query.shape[-1], 8192, 10000.0).cos_sin_cache.to(device)
+    # Positions as the runner gives them: each decode at its request's last position.
+    pad = batch.query.shape[0] - m.num_actual_tokens
+    positions = torch.cat([m.seq_lens.long() - 1, torch.zeros(pad, dtype=torch.long,
+                                                              device=device)])
+    unfused_cache = batch.kv_cache.clone()
+    q_rot = rope_write_kv_cache(batch.query, batch.key, batch.value, positions, cos_sin,
+                                unfused_cache, m.slot_mapping)
+    unfused = torch.full_like(batch.query, float("nan"))
+    paged_decode(q_rot, unfused_cache, unfused, m.block_table, m.query_start_loc, m.seq_lens,
+                 m.num_reqs, scale, splits, block_n)
+    fused = torch.full_like(batch.query, float("nan"))
+    paged_decode(batch.query, batch.kv_cache, fused, m.block_table, m.query_start_loc,
+                 m.seq_lens, m.num_reqs, scale, splits, block_n,
+                 new_tokens=NewTokens(batch.key, batch.value, positions, cos_sin,
+                                      m.slot_mapping))
+    if device.type == "cpu":
+        assert torch.equal(batch.kv_cache.nan_to_num(7.0), unfused_cache.nan_to_num(7.0))
+    else:  # the GPU compiler may contract the rotation's products into FMAs either way
+        torch.testing.assert_close(batch.kv_cache, unfused_cache, atol=atol, rtol=rtol,
+                                   equal_nan=True)
+    n = m.num_actual_tokens
+    torch.testing.assert_close(fused[:n], unfused[:n], atol=atol, rtol=rtol)
+    # Against the torch backend too, on the rotated inputs: nobody here wrote that one.
+    _, ref = reference(Batch(q_rot, *_rotated_kv(batch, positions, cos_sin), unfused_cache,
+                             m), scale)
+    torch.testing.assert_close(fused[:n].float(), ref[:n], atol=10 * atol, rtol=10 * rtol)
+
+
+@cpu_only
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", DECODE.values(), ids=DECODE.keys())
+def test_decode_rotates_and_caches_the_new_tokens_itself(case, splits):
+    check_decode_with_new_tokens(make_batch(*case[:6], pad=case[6]), splits, 16, 1e-5, 1e-5)
+
+
+def _rotated_kv(batch: Batch, positions, cos_sin) -> tuple[torch.Tensor, torch.Tensor]:
+    from loom.layers.rotary import rotate_at
+    return rotate_at(positions, batch.key, cos_sin), batch.value
+
+
+def test_new_tokens_refuse_a_request_index():
+    from loom.kernels.paged_attention import NewTokens
+    batch = make_batch([1], [5], 2, 1, 16, 16)
+    m = batch.meta
+    with pytest.raises(ValueError, match="new_tokens with req_index"):
+        paged_decode(batch.query, batch.kv_cache, batch.query.clone(), m.block_table,
+                     m.query_start_loc, m.seq_lens, 1, 1.0, 1, 16,
+                     req_index=torch.zeros(1, dtype=torch.int32),
+                     new_tokens=NewTokens(batch.key, batch.value, torch.zeros(1).long(),
+                                          torch.zeros(8, 16), m.slot_mapping))
+
+
 @cpu_only
 def test_decode_single_split_and_more_splits_than_tiles():
     """One split covers everything; too many splits leave some empty (m=-inf, l=0)."""
@@ -221,6 +283,18 @@ def test_gpu_bf16(case, sdpa):
         batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad, dtype=torch.bfloat16,
                            device="cuda")
         check_kernel(batch, max(q_lens) == 1, tiles, 2e-2, 2e-2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("splits", [1, 7])
+@pytest.mark.parametrize("case", [c for c in GPU_CASES.values() if max(c[0]) == 1],
+                         ids=[k for k, c in GPU_CASES.items() if max(c[0]) == 1])
+def test_gpu_bf16_decode_with_new_tokens(case, splits):
+    q_lens, s_lens, h, hkv, d, bs, pad = case
+    batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad, dtype=torch.bfloat16,
+                       device="cuda")
+    check_decode_with_new_tokens(batch, splits, 64, 2e-2, 2e-2)
 
 
 # ---- mixed steps: decodes to the split-K kernels, prompt chunks to the varlen kernel ----
@@ -354,6 +428,7 @@ def test_req_index_must_match_num_reqs():
 
 
 _OFFLINE_COMPILE = r"""
+import itertools
 import os
 os.environ["TRITON_INTERPRET"] = "0"
 from triton.backends.compiler import GPUTarget
@@ -364,7 +439,9 @@ from loom.kernels.paged_attention import (
 FLOATS = {"scale_log2"}
 POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_ptr": "*fp32",
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
-            "query_start_ptr": "*i32", "seq_lens_ptr": "*i32"}
+            "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
+            "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
+            "slot_mapping_ptr": "*i64"}
 UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
 
 
@@ -391,8 +468,9 @@ def build(fn, cons, warps, indexed):
                       options=dict(num_warps=warps, num_stages=2))
     assert kernel.asm["cubin"], "no cubin"
     loads = kernel.asm["ptx"].count("ld.global")
-    print("ok", fn.__name__ + ("_direct" if cons.get("DIRECT") else ""), cons["HEAD_DIM"],
-          indexed, loads)
+    name = fn.__name__ + ("_direct" if cons.get("DIRECT") else "") \
+        + ("_rope" if cons.get("ROPE") else "")
+    print("ok", name, cons["HEAD_DIM"], indexed, loads)
 
 
 for indexed in (False, True):
@@ -402,10 +480,13 @@ for indexed in (False, True):
         build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=head_dim, BLOCK_SIZE=16,
                                     BLOCK_Q=block_m // 4, BLOCK_N=block_n, PRECISION="tf32"),
               warps, indexed)
-    for direct in (False, True):  # the one-split variant stores the output itself
+    # one split stores the output itself; ROPE rotates and caches the new tokens (pure
+    # decode steps only, so never with a request index)
+    for direct, rope in itertools.product((False, True), (False, True) if not indexed
+                                          else (False,)):
         build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
-                                         BLOCK_N=64, PRECISION="tf32", DIRECT=direct),
-              4, indexed)
+                                         BLOCK_N=64, PRECISION="tf32", DIRECT=direct,
+                                         ROPE=rope), 4, indexed)
     build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128), 4, indexed)
 """
 
@@ -417,8 +498,22 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 10
+    assert len(lines) == 12
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:
             assert loads[(name, dim, True)] == loads[(name, dim, False)] + 1, loads
+
+
+@cpu_only
+def test_decode_rope_unfused_falls_back_to_the_rotary_kernel(monkeypatch):
+    monkeypatch.setenv("LOOM_DECODE_ROPE_UNFUSED", "1")
+    assert TritonBackend().decode_rope(*[None] * 8) is None  # the caller rotates first
+    monkeypatch.delenv("LOOM_DECODE_ROPE_UNFUSED")
+    batch = make_batch([1], [5], 2, 1, 16, 16)
+    from loom.layers.rotary import RotaryEmbedding
+    out = TritonBackend().decode_rope(batch.query, batch.key, batch.value,
+                                      batch.meta.seq_lens.long() - 1,
+                                      RotaryEmbedding(16, 64, 10000.0).cos_sin_cache,
+                                      batch.kv_cache, batch.meta, 0.25)
+    assert out is not None and not out.isnan().any()

@@ -49,10 +49,16 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
         real = getattr(triton_backend, name)
         monkeypatch.setattr(triton_backend, name, lambda *a, _real=real, _name=name, **kw: (
             calls.update([_name]), _real(*a, **kw))[1])
+    real_decode = triton_backend.paged_decode
+    monkeypatch.setattr(triton_backend, "paged_decode", lambda *a, **kw: (
+        calls.update(["decode, rotating itself" if kw.get("new_tokens") else "decode"]),
+        real_decode(*a, **kw))[1])
     prompts = _prompts(seed=3, lengths=(5, 21))  # 21 spans two cache blocks
 
     fused = _generate(path, prompts)
     assert calls["rope_write_kv_cache"] > 0 and calls["write_kv_cache"] == 0
+    # Decode steps rotate and write inside the decode kernel, with no launch before it.
+    assert calls["decode, rotating itself"] > 0 and calls["decode"] == 0
     # Both prompts are fresh prefills in one step: SDPA attends over the keys and values
     # the rotary kernel also wrote out, none read back from the cache.
     assert calls["gather_kv"] == 0

@@ -43,9 +43,12 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     calls = Counter()
     for name in ("paged_prefill", "write_kv_cache", "rope_write_kv_cache"):
         _spy(monkeypatch, triton_backend, name, calls)
-    splits = set()  # paged_decode(query, kv_cache, out, ..., scale, num_splits, ...)
-    _spy(monkeypatch, triton_backend, "paged_decode", calls,
-         lambda args, kwargs: splits.add(args[8]))
+    splits, fused = set(), Counter()  # paged_decode(query, kv_cache, out, ..., num_splits)
+
+    def record(args, kwargs):
+        splits.add(args[8])
+        fused[kwargs.get("new_tokens") is not None] += 1
+    _spy(monkeypatch, triton_backend, "paged_decode", calls, record)
     _spy(monkeypatch, TritonBackend, "_sdpa_prefill", calls)
     _spy(monkeypatch, sampler_module, "apply_top_k_top_p", calls)
     _spy(monkeypatch, model_runner_module, "warm_up", calls)
@@ -58,13 +61,15 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     # a single split (no reduce kernel) and one with several; a prompt beside a decode is
     # split, its prompt to the prefill kernel and its decode to the decode kernel (both
     # with a request index: that warms those variants up too). Every layer does each, and
-    # writes (to nowhere) every time, through the kernel that also applies rotary (the
-    # runner fuses it for this backend).
+    # writes (to nowhere) every time, with rotary applied on the way (the runner leaves it
+    # to this backend): in the rope + KV write kernel, or, in the two pure decode steps,
+    # inside the decode kernel itself.
     assert calls["_sdpa_prefill"] == num_layers
     assert calls["paged_prefill"] == 3 * num_layers
     assert calls["paged_decode"] == 3 * num_layers
     assert 1 in splits and max(splits) > 1, splits
-    assert calls["rope_write_kv_cache"] == len(warmup_module.STEP_SHAPES) * num_layers
+    assert fused == {True: 2 * num_layers, False: num_layers}
+    assert calls["rope_write_kv_cache"] == (len(warmup_module.STEP_SHAPES) - 2) * num_layers
     assert calls["write_kv_cache"] == 0
     assert calls["apply_top_k_top_p"] == 1
 
