@@ -336,3 +336,24 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @decode_linear.register_fake
 def _(x, weight):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@loom_op("decode_silu_mul_linear", "(Tensor x, Tensor weight) -> Tensor")
+def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(silu(gate) * up) @ weight^T for x [M, 2K] = [gate | up]: an MLP's down projection
+    with its activation. Where decode_linear would take the GEMV (the down weight's measured
+    config), the GEMV applies the activation as it reads x, so no SiLU·mul kernel runs
+    before it; otherwise torch's eager silu and mul (two elementwise kernels where Inductor
+    fused one: the cost of this op for larger batches), then F.linear."""
+    m, k = x.shape[0], weight.shape[1]
+    if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
+        cfg = tuned_config(m, weight.shape[0], k, x.dtype, x.device)
+        if cfg is not None:
+            return gemv(x.contiguous(), weight, silu_mul_input=True, config=cfg)
+    gate, up = x.split(k, dim=-1)
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight)
+
+
+@decode_silu_mul_linear.register_fake
+def _(x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0])

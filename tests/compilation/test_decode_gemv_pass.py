@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -20,11 +21,12 @@ from tests.compilation.test_level3 import _tokens
 def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkeypatch, caplog):
     path, _ = tiny_model_factory("llama")
     eager = _tokens(path)
-    rows = []
+    rows, with_silu = [], []
     real_gemv = gemv_module.gemv
 
     def spy(x, weight, **kwargs):
         rows.append(x.shape[0])
+        with_silu.append(kwargs.get("silu_mul_input", False))
         return real_gemv(x, weight, **kwargs)
 
     monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
@@ -38,8 +40,24 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
     with fresh_cache():
         assert _tokens(path, compilation_config={"level": 3}) == eager
     assert "matmuls take the Triton GEMV" in caplog.text
+    # Each layer's down projection reads silu(gate) * up straight from gate_up's output
+    # (one per piece of the graph split at attention; the tiny model has 2 layers).
+    fused = re.findall(r"(\d+) of them with the SiLU·mul before them", caplog.text)
+    assert sum(map(int, fused)) == 2, fused
+    assert any(with_silu) and not all(with_silu)
     assert rows and max(rows) <= gemv_module.MAX_M, "decode steps (3 requests) took the GEMV"
     assert 3 in rows
+
+
+def test_decode_silu_mul_linear_is_the_mlps_down_projection():
+    """With a config: the GEMV applying the activation itself; without one (or past 8
+    rows): torch's silu * up then F.linear. Both against plain torch."""
+    x, w = torch.randn(3, 16), torch.randn(4, 8)
+    ref = F.linear(F.silu(x[:, :8]) * x[:, 8:], w)
+    torch.testing.assert_close(torch.ops.loom.decode_silu_mul_linear(x, w), ref)
+    many = torch.randn(9, 16)
+    torch.testing.assert_close(torch.ops.loom.decode_silu_mul_linear(many, w),
+                               F.linear(F.silu(many[:, :8]) * many[:, 8:], w))
 
 
 def test_decode_linear_falls_back_to_cublas_without_a_config():

@@ -13,6 +13,8 @@ Runs after the TP passes, which match the matmuls they fuse first.
 from __future__ import annotations
 
 import logging
+import operator
+from typing import Any
 
 import torch
 from torch import fx
@@ -38,12 +40,71 @@ def _weight_of(node: fx.Node) -> fx.Node | None:
     return w
 
 
+def _strip_convert(node: Any) -> Any:
+    return node.args[0] if is_op(node, "prims.convert_element_type.default") else node
+
+
+def _silu_of(node: Any) -> fx.Node | None:
+    """g where node is silu(g), as Inductor decomposes it: g / (1 + exp(-g)), computed in
+    float32 and rounded back (or aten.silu itself); else None."""
+    node = _strip_convert(node)
+    if is_op(node, "aten.silu.default"):
+        return node.args[0]
+    if not is_op(node, "aten.div.Tensor"):
+        return None
+    num, den = node.args
+    if not (is_op(den, "aten.add.Tensor") and den.args[1] == 1
+            and is_op(den.args[0], "aten.exp.default")
+            and is_op(den.args[0].args[0], "aten.neg.default")
+            and den.args[0].args[0].args[0] is num):
+        return None
+    return _strip_convert(num)
+
+
+def _silu_mul_source(node: Any) -> fx.Node | None:
+    """x [M, 2K] where node is silu(x[:, :K]) * x[:, K:] (the MLP's split of its gate_up
+    output); else None."""
+    if not is_op(node, "aten.mul.Tensor"):
+        return None
+    for act, up in (node.args, node.args[::-1]):
+        gate = _silu_of(act)
+        if gate is None or not (_is_getitem(gate) and _is_getitem(up)):
+            continue
+        split = gate.args[0]
+        if not (up.args[0] is split and gate.args[1] == 0 and up.args[1] == 1
+                and is_op(split, "aten.split.Tensor") and split.args[2] in (-1, 1)):
+            continue
+        x = split.args[0]
+        val = x.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dim() == 2 and val.shape[1] == 2 * split.args[1]:
+            return x
+    return None
+
+
+def _is_getitem(node: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" \
+        and node.target is operator.getitem
+
+
+def _erase_unused(graph: fx.Graph, node: Any) -> None:
+    """Erase node and, in turn, the inputs it leaves unused (pure ops only: those the
+    rewritten activation was built of)."""
+    pending = [node]
+    while pending:
+        n = pending.pop()
+        if not isinstance(n, fx.Node) or n.users or n.op != "call_function" or n.is_impure():
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        pending.extend(inputs)
+
+
 class DecodeGemvPass:
     name = "decode_gemv"
 
     def __call__(self, graph: fx.Graph) -> int:
         from loom.kernels.gemv import MAX_M
-        rewritten = 0
+        rewritten = with_silu = 0
         mode = None
         for node in nodes_of(graph, MM):
             rows = token_dim(node)
@@ -54,14 +115,21 @@ class DecodeGemvPass:
             if w is None:
                 continue
             mode = mode or fake_mode(graph)
+            gate_up = _silu_mul_source(x)
             with graph.inserting_before(node):
-                new = emit(graph, mode, torch.ops.loom.decode_linear.default, x, w)
+                if gate_up is not None:  # the down projection: its activation goes in too
+                    new = emit(graph, mode, torch.ops.loom.decode_silu_mul_linear.default,
+                               gate_up, w)
+                    with_silu += 1
+                else:
+                    new = emit(graph, mode, torch.ops.loom.decode_linear.default, x, w)
             node.replace_all_uses_with(new)
             graph.erase_node(node)
-            if not wt.users:
-                graph.erase_node(wt)
+            _erase_unused(graph, wt)
+            _erase_unused(graph, x)
             rewritten += 1
         if rewritten:
             logger.info("%s: %d matmuls take the Triton GEMV at 1..%d rows where a measured "
-                        "config exists (cuBLAS otherwise)", self.name, rewritten, MAX_M)
+                        "config exists (cuBLAS otherwise), %d of them with the SiLU·mul "
+                        "before them", self.name, rewritten, MAX_M, with_silu)
         return rewritten
