@@ -53,6 +53,10 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._req_blocks.get(request_id, ())]
 
+    def num_blocks_of(self, request_id: str) -> int:
+        """len(get_block_ids(request_id)), without building the list."""
+        return len(self._req_blocks.get(request_id, ()))
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest cached prefix of the request's tokens, in whole blocks.
 

@@ -231,7 +231,7 @@ class Scheduler:
 
     def _growth_blocks(self, request: Request) -> int:
         """Blocks a request would still allocate to reach _target_tokens."""
-        held = len(self.kv_cache_manager.get_block_ids(request.request_id))
+        held = self.kv_cache_manager.num_blocks_of(request.request_id)
         return max(0, cdiv(self._target_tokens(request), self.block_size) - held)
 
     def _admit(self, request: Request, num_hit: int, num_new: int, step: _Step) -> None:
