@@ -56,14 +56,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from loom.bench.common import command_line, git_commit, now_iso, write_json
+from loom.bench.kernel_timing import KernelTimer, nan_fresh_tensors
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZES = (1, 8, 64, 256, 512, 1024)
 DEFAULT_CONTEXT_LENS = (1024, 1280, 4096)
 DTYPES = ("bfloat16", "float16", "float32")
-FLUSH_BYTES = 256 << 20
-"""Written before every timed replay: several times the H200's 60 MB of L2."""
 REFERENCE_BYTES = 1 << 30
 """About the most float32 keys, values and scores the reference holds at once."""
 # A row's error against the float32 reference must stay under this: bf16 rounding of the
@@ -277,24 +276,6 @@ def max_rel_error(out, ref) -> float:
 
 
 @contextlib.contextmanager
-def _nan_outputs() -> Iterator[None]:
-    """Fresh float tensors (the backend's output, the decode partials) start as NaN, so that
-    a row no kernel writes cannot pass on stale memory."""
-    import torch
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def poison(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = lambda *a, **kw: poison(real_empty(*a, **kw))
-    torch.empty_like = lambda *a, **kw: poison(real_empty_like(*a, **kw))
-    try:
-        yield
-    finally:
-        torch.empty, torch.empty_like = real_empty, real_empty_like
-
-
-@contextlib.contextmanager
 def recorded_launches() -> Iterator[list[dict[str, Any]]]:
     """The tiles of every paged_decode / paged_prefill launch the backend makes meanwhile
     (what its current choice is, read rather than restated here)."""
@@ -327,88 +308,6 @@ def recorded_launches() -> Iterator[list[dict[str, Any]]]:
 
 
 # -- timing ------------------------------------------------------------------------------------
-class Timer:
-    """Median time of a call: CUDA events over graph replays after an L2 flush on a GPU,
-    perf_counter around plain calls on the CPU (the interpreter)."""
-
-    def __init__(self, device, warmup: int, iters: int) -> None:
-        import torch
-        self.torch, self.device, self.warmup, self.iters = torch, device, warmup, iters
-        self.cuda = device.type == "cuda"
-        self.flush = (torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device)
-                      if self.cuda else None)
-        self.method = "cuda_graph" if self.cuda else "perf_counter"
-        """How the last call was timed: cuda_graph, launches (capture failed) or
-        perf_counter."""
-
-    def spin(self, seconds: float = 0.2) -> None:
-        """Busy the GPU a moment so that its clocks are up before anything is timed."""
-        if not self.cuda:
-            return
-        torch = self.torch
-        a = torch.randn(4096, 4096, device=self.device, dtype=torch.bfloat16)
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            for _ in range(10):
-                a @ a
-            torch.cuda.synchronize(self.device)
-
-    def time_us(self, fn: Callable[[], Any]) -> float:
-        if not self.cuda:
-            for _ in range(self.warmup):
-                fn()
-            times = []
-            for _ in range(self.iters):
-                start = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - start) * 1e6)
-            return _median(times)
-        torch = self.torch
-        for _ in range(max(1, self.warmup)):  # compiles before any capture
-            fn()
-        torch.cuda.synchronize(self.device)
-        graph = self._capture(fn)
-        self.method = "cuda_graph" if graph is not None else "launches"
-        launch = graph.replay if graph is not None else fn
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(self.iters)]
-        for start, end in events:
-            self.flush.zero_()
-            start.record()
-            launch()
-            end.record()
-        torch.cuda.synchronize(self.device)
-        del graph
-        return _median([start.elapsed_time(end) * 1e3 for start, end in events])
-
-    def _capture(self, fn: Callable[[], Any]):
-        """A CUDA graph of fn, or None (to time plain launches) if capture fails."""
-        torch = self.torch
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        try:
-            with torch.cuda.stream(stream):
-                graph.capture_begin()
-                try:
-                    fn()
-                finally:
-                    graph.capture_end()
-        except RuntimeError as e:
-            logger.warning("attention: CUDA graph capture failed (%s); timing plain launches",
-                           str(e).splitlines()[0] if str(e) else type(e).__name__)
-            torch.cuda.synchronize(self.device)
-            return None
-        finally:
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-        return graph
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    return values[len(values) // 2]
-
-
 # -- the variants timed ------------------------------------------------------------------------
 def backend_call(backend, inputs: Inputs) -> Callable[[], Any]:
     """What a model layer runs: the backend's forward (decode, or the mixed split)."""
@@ -453,7 +352,7 @@ def decode_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
 
 def checked(fn: Callable[[], Any], ref, dtype: str, what: str) -> float:
     """fn's worst row error against the reference; KernelMismatch over the tolerance."""
-    with _nan_outputs():
+    with nan_fresh_tensors():
         err = max_rel_error(fn(), ref)
     limit = MAX_REL_ERROR[dtype]
     if not err <= limit:
@@ -486,7 +385,7 @@ def _no_empty_split(seq_len: int, block_n: int, splits: int) -> bool:
     return (splits - 1) * split_len < seq_len
 
 
-def tune_decode(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: Timer,
+def tune_decode(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: KernelTimer,
                 args: argparse.Namespace, dtype: str) -> dict[str, Any]:
     timed: list[tuple[float, dict[str, int]]] = []
     skipped: list[str] = []
@@ -524,7 +423,7 @@ def _figures(us: float, nbytes: int, flops: int, ceilings) -> dict[str, Any]:
 
 
 def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: dict[str, Any],
-              timer: Timer) -> dict[str, Any]:
+              timer: KernelTimer) -> dict[str, Any]:
     from loom.attention.triton_backend import TritonBackend
     inputs = make_inputs(step, shape, args.block_size, env["dtype"], env["device"],
                          args.seed * 1_000_003 + len(step.seq_lens) * 7919 + step.seq_lens[0])
@@ -660,7 +559,8 @@ def run_attention(args: argparse.Namespace) -> int:
     if ceilings is not None:
         print(f"ceilings: copy {ceilings.copy_tb_per_s:.2f} TB/s (read+write), bf16 matmul "
               f"{ceilings.matmul_tflop_per_s:.0f} TFLOP/s", flush=True)
-    timer = Timer(env["device"], args.num_iters_warmup, args.num_iters)
+    timer = KernelTimer(env["device"], args.num_iters_warmup, args.num_iters,
+                        fall_back_to_launches=True)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     for ctx, batch in itertools.product(dict.fromkeys(args.context_lens),

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from loom.bench.common import command_line, git_commit, now_iso, write_json
+from loom.bench.kernel_timing import KernelTimer, nan_fresh_tensors
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("bfloat16", "float16")
@@ -43,8 +44,6 @@ SMEM_LIMIT = 227 * 1024
 ACC_PER_THREAD_LIMIT = 128
 TOP_FOR_GROUPS = 3
 """How many of the fastest configs of a batch size get re-timed, with GROUP_M variants."""
-FLUSH_BYTES = 256 << 20
-"""Written before every timed replay: several times the H200's 60 MB of L2."""
 
 
 def register(subparsers) -> None:
@@ -175,30 +174,19 @@ class Bench:
     def __init__(self, shape: MoeShape, dtype, seed: int, warmup: int, iters: int) -> None:
         import torch
         self.torch = torch
-        self.shape, self.dtype, self.warmup, self.iters = shape, dtype, warmup, iters
+        self.shape, self.dtype = shape, dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
         gen = torch.Generator(device=self.device).manual_seed(seed)
         e, h, n = shape.num_experts, shape.hidden, shape.inter
         self.w13 = (torch.randn(e, 2 * n, h, device=self.device, generator=gen)
                     * h ** -0.5).to(dtype)
         self.w2 = (torch.randn(e, h, n, device=self.device, generator=gen) * n ** -0.5).to(dtype)
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=self.device)
+        self.timer = KernelTimer(self.device, warmup, iters)
         self.seed = seed
         self.inputs: tuple | None = None
         self.num_tokens = 0
         self.experts_touched = 0
         self._reference = None
-
-    def spin(self, seconds: float = 0.2) -> None:
-        """Busy the GPU for a moment so that its clocks are up before anything is timed
-        (an idle H200 drops to a few hundred MHz, which would favour later configs)."""
-        torch = self.torch
-        a = torch.randn(4096, 4096, device=self.device, dtype=self.dtype)
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            for _ in range(10):
-                a @ a
-            torch.cuda.synchronize()
 
     def set_batch(self, num_tokens: int) -> None:
         torch = self.torch
@@ -214,7 +202,7 @@ class Bench:
         self.experts_touched = int(ids.unique().numel())
         self._reference = None
         torch.cuda.empty_cache()
-        self.spin()
+        self.timer.spin()
 
     def call(self, config: dict[str, int]):
         from loom.kernels.fused_moe import fused_moe
@@ -222,44 +210,10 @@ class Bench:
 
     def time_us(self, config: dict[str, int], iters: int | None = None,
                 budget_s: float | None = None) -> float:
-        """Median us of one call replayed from a CUDA graph. With budget_s, as many replays
-        as fit in it (at least 3, at most iters): the search's first pass at large M."""
-        torch = self.torch
-        iters = iters or self.iters
-        for _ in range(max(1, self.warmup)):
-            self.call(config)  # compiles, if the precompile missed this config
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph.capture_begin()
-            try:
-                out = self.call(config)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(stream)
-        try:
-            if budget_s is not None:
-                first = self._replays(graph, 1)[0]
-                iters = max(3, min(iters, int(budget_s * 1e6 / max(first, 1.0))))
-            times = self._replays(graph, iters)
-        finally:
-            del graph, out
-        times.sort()
-        return times[len(times) // 2]
-
-    def _replays(self, graph, n: int) -> list[float]:
-        torch = self.torch
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(n)]
-        for start, end in events:
-            self.flush.zero_()
-            start.record()
-            graph.replay()
-            end.record()
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) * 1e3 for start, end in events]
+        """Median us of one call replayed from a CUDA graph (KernelTimer). With budget_s,
+        as many replays as fit in it (at least 3, at most iters): the search's first pass
+        at large M."""
+        return self.timer.time_us(lambda: self.call(config), iters, budget_s)
 
     def check(self, config: dict[str, int]) -> float:
         """Worst per-token relative error against moe_reference, every scratch buffer
@@ -268,26 +222,11 @@ class Bench:
         torch = self.torch
         if self._reference is None:
             self._reference = moe_reference(*self.inputs).float()
-        with _nan_scratch(torch):
+        with nan_fresh_tensors():
             out = self.call(config).float()
         ref = self._reference
         err = (out - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)
         return float(torch.nan_to_num(err, nan=float("inf")).max())
-
-
-@contextlib.contextmanager
-def _nan_scratch(torch):
-    real_empty = torch.empty
-
-    def nan_empty(*a, **kw):
-        t = real_empty(*a, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = nan_empty
-    try:
-        yield
-    finally:
-        torch.empty = real_empty
 
 
 # A winner's per-token error against the fp32 reference must stay under this: bf16
