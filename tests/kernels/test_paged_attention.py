@@ -193,7 +193,9 @@ def check_decode_with_new_tokens(batch: Batch, splits: int, block_n: int, atol, 
     from loom.layers.rotary import RotaryEmbedding
     m, scale = batch.meta, batch.query.shape[-1] ** -0.5
     device = batch.query.device
-    cos_sin = RotaryEmbedding(batch.query.shape[-1], 8192, 10000.0).cos_sin_cache.to(device)
+    # The table must cover every position: the GPU cases reach 9000 tokens.
+    max_pos = int(m.seq_lens.max())
+    cos_sin = RotaryEmbedding(batch.query.shape[-1], max_pos, 10000.0).cos_sin_cache.to(device)
     # Positions as the runner gives them: each decode at its request's last position.
     pad = batch.query.shape[0] - m.num_actual_tokens
     positions = torch.cat([m.seq_lens.long() - 1, torch.zeros(pad, dtype=torch.long,
