@@ -9,6 +9,10 @@ head_dim) comes from `--model`. Each shape is one layer's attention in one step:
   context_len tokens in the cache (--context-lens), timed through the attention backend's
   own call (TritonBackend.forward: its block_n and default_num_splits, the split-K kernel and
   its reduce).
+- `--mode prefill`: --prompt-tokens of prompt chunks alone (no decodes), --chunk-len tokens
+  each after --chunk-context cached tokens (one shape per --chunk-context value): the varlen
+  kernel at throughput's prompt steps (whole 1024-token prompts, more of them than go to
+  SDPA).
 - `--mode mixed`: the same decodes plus --prompt-tokens of prompt chunks of --chunk-len
   tokens (each after --chunk-context cached tokens) in one step. It times the backend's
   mixed path (decodes through paged_decode and the chunks through paged_prefill, each over a
@@ -30,9 +34,10 @@ Bytes read = every request's keys and values (seq_len x 2 x kv_heads x head_dim 
 steps add the prompt chunks' causal attention FLOPs (4 x heads x head_dim per visible
 (query, key) pair) at the bf16 matmul rate, as if the two did not overlap.
 
-With `--tune` (decode mode) each shape also sweeps paged_decode's block_n, num_warps,
-num_stages and num_splits (the default_num_splits choice for that block_n, and of a few
-other values those that leave no split empty), skips configs that fail to compile or
+With `--tune` each shape also sweeps the kernel's tiles: in decode mode paged_decode's
+block_n, num_warps, num_stages and num_splits (the default_num_splits choice for that
+block_n, and of a few other values those that leave no split empty); in prefill mode
+paged_prefill's block_m, block_n, num_warps and num_stages. It skips configs that fail to compile or
 launch, checks the fastest against the reference and reports it with its speedup over the
 backend's current choice. It writes no file: the winners are for changing the backend's
 defaults by hand.
@@ -73,6 +78,10 @@ TUNE_BLOCK_N = (16, 32, 64, 128)
 TUNE_WARPS = (2, 4, 8)
 TUNE_STAGES = (1, 2, 3)
 TUNE_SPLITS = (1, 2, 4, 8, 16)
+TUNE_PREFILL_BLOCK_M = (64, 128)
+TUNE_PREFILL_BLOCK_N = (32, 64, 128)
+TUNE_PREFILL_WARPS = (4, 8)
+TUNE_PREFILL_STAGES = (1, 2, 3, 4)
 TOP_CONFIGS = 5
 """How many of the fastest tuned configs a row lists."""
 
@@ -80,25 +89,27 @@ TOP_CONFIGS = 5
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "attention", help="time the paged-attention kernels against the KV-read floor; "
-                          "--tune searches the decode kernel's tiles",
+                          "--tune searches the kernels' tiles",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-3.1-8b",
                    help="a shipped config name (loom/bench/configs), a model directory or a "
                         "config.json (default llama-3.1-8b)")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
                    help="each rank holds heads / TP query heads and KV heads / TP (at least 1)")
-    p.add_argument("--mode", choices=("decode", "mixed"), default="decode",
-                   help="decode: B one-token queries; mixed: the same beside prompt chunks")
+    p.add_argument("--mode", choices=("decode", "prefill", "mixed"), default="decode",
+                   help="decode: B one-token queries; prefill: prompt chunks alone; mixed: "
+                        "the decodes beside prompt chunks")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES),
                    help="decoding requests per step")
     p.add_argument("--context-lens", type=int, nargs="+", default=list(DEFAULT_CONTEXT_LENS),
                    help="each decoding request's length (its cached tokens + its query)")
     p.add_argument("--prompt-tokens", type=int, default=8192,
-                   help="mixed: prompt-chunk tokens in the step beside the decodes")
+                   help="prefill, mixed: prompt-chunk tokens in the step")
     p.add_argument("--chunk-len", type=int, default=1024,
-                   help="mixed: tokens per prompt chunk (the last takes the remainder)")
-    p.add_argument("--chunk-context", type=int, default=0,
-                   help="mixed: tokens already cached before each chunk (0: whole prompts)")
+                   help="prefill, mixed: tokens per prompt chunk (the last takes the remainder)")
+    p.add_argument("--chunk-context", type=int, nargs="+", default=[0],
+                   help="prefill, mixed: tokens already cached before each chunk (0: whole "
+                        "prompts); one shape per value")
     p.add_argument("--block-size", type=int, default=None,
                    help="KV cache block size (default: the engine's, CacheConfig.block_size)")
     p.add_argument("--dtype", default=None, choices=DTYPES,
@@ -106,12 +117,20 @@ def register(subparsers) -> None:
     p.add_argument("--num-iters-warmup", type=int, default=3)
     p.add_argument("--num-iters", type=int, default=20, help="timed replays per result")
     p.add_argument("--tune", action="store_true",
-                   help="decode: sweep block_n, num_warps, num_stages and num_splits per shape")
+                   help="decode: sweep block_n, num_warps, num_stages and num_splits per shape; "
+                        "prefill: block_m, block_n, num_warps and num_stages")
     p.add_argument("--tune-block-n", type=int, nargs="+", default=list(TUNE_BLOCK_N))
     p.add_argument("--tune-warps", type=int, nargs="+", default=list(TUNE_WARPS))
     p.add_argument("--tune-stages", type=int, nargs="+", default=list(TUNE_STAGES))
     p.add_argument("--tune-splits", type=int, nargs="+", default=list(TUNE_SPLITS),
                    help="split counts tried besides default_num_splits' choice")
+    p.add_argument("--tune-prefill-block-m", type=int, nargs="+",
+                   default=list(TUNE_PREFILL_BLOCK_M))
+    p.add_argument("--tune-prefill-block-n", type=int, nargs="+",
+                   default=list(TUNE_PREFILL_BLOCK_N))
+    p.add_argument("--tune-prefill-warps", type=int, nargs="+", default=list(TUNE_PREFILL_WARPS))
+    p.add_argument("--tune-prefill-stages", type=int, nargs="+",
+                   default=list(TUNE_PREFILL_STAGES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None)
     p.set_defaults(func=run_attention)
@@ -350,6 +369,23 @@ def decode_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
     return call
 
 
+def prefill_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
+    """paged_prefill over the whole batch (prompt chunks only) with the given tiles."""
+    import torch
+
+    from loom.kernels import paged_attention
+    q, meta = inputs.query, inputs.meta
+    out = torch.full_like(q, float("nan"))
+
+    def call():
+        return paged_attention.paged_prefill(
+            q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
+            meta.num_reqs, meta.max_query_len, inputs.scale, block_m=config["block_m"],
+            block_n=config["block_n"], num_warps=config["num_warps"],
+            num_stages=config["num_stages"])
+    return call
+
+
 def checked(fn: Callable[[], Any], ref, dtype: str, what: str) -> float:
     """fn's worst row error against the reference; KernelMismatch over the tolerance."""
     with nan_fresh_tensors():
@@ -385,23 +421,35 @@ def _no_empty_split(seq_len: int, block_n: int, splits: int) -> bool:
     return (splits - 1) * split_len < seq_len
 
 
-def tune_decode(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: KernelTimer,
-                args: argparse.Namespace, dtype: str) -> dict[str, Any]:
+def prefill_tune_configs(args: argparse.Namespace) -> list[dict[str, int]]:
+    return [{"block_m": m, "block_n": n, "num_warps": w, "num_stages": st}
+            for m, n, w, st in itertools.product(
+                sorted(set(args.tune_prefill_block_m)), sorted(set(args.tune_prefill_block_n)),
+                sorted(set(args.tune_prefill_warps)), sorted(set(args.tune_prefill_stages)))]
+
+
+def tune(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: KernelTimer,
+         args: argparse.Namespace, dtype: str) -> dict[str, Any]:
+    """Every config of the mode's sweep timed; the fastest that matches the reference."""
+    if args.mode == "decode":
+        configs, make_call = tune_configs(step, shape, args), decode_call
+    else:
+        configs, make_call = prefill_tune_configs(args), prefill_call
     timed: list[tuple[float, dict[str, int]]] = []
     skipped: list[str] = []
-    for config in tune_configs(step, shape, args):
+    for config in configs:
         try:
-            timed.append((timer.time_us(decode_call(inputs, config)), config))
+            timed.append((timer.time_us(make_call(inputs, config)), config))
         except Exception as e:  # noqa: BLE001 - out of shared memory, a compile failure
             text = str(e).strip().splitlines()
             skipped.append(f"{config}: {type(e).__name__}: {text[0] if text else ''}"[:200])
     if not timed:
-        raise ValueError(f"attention: no decode config ran: {skipped[:3]}")
+        raise ValueError(f"attention: no {args.mode} config ran: {skipped[:3]}")
     timed.sort(key=lambda t: t[0])
     rejected = []
     for us, config in timed:
         try:
-            err = checked(decode_call(inputs, config), ref, dtype, f"decode config {config}")
+            err = checked(make_call(inputs, config), ref, dtype, f"{args.mode} config {config}")
         except KernelMismatch as e:
             rejected.append(str(e))
             continue
@@ -418,7 +466,8 @@ def _figures(us: float, nbytes: int, flops: int, ceilings) -> dict[str, Any]:
     if ceilings is not None:
         floor_us = (nbytes / (ceilings.copy_tb_per_s * 1e12)
                     + flops / (ceilings.matmul_tflop_per_s * 1e12)) * 1e6
-    return {"us": us, "gbps": nbytes / (us * 1e-6) / 1e9, "floor_us": floor_us,
+    return {"us": us, "gbps": nbytes / (us * 1e-6) / 1e9, "tflops": flops / (us * 1e-6) / 1e12,
+            "floor_us": floor_us,
             "ratio_to_floor": us / floor_us if floor_us else None}
 
 
@@ -442,9 +491,10 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
         "num_tokens": step.num_tokens, "bytes": nbytes, "flops": flops,
         **_figures(us, nbytes, flops, env["ceilings"]), "launches": launches,
         "max_rel_error": err, "timed_with": timer.method}
-    if args.mode == "mixed":
+    if args.mode != "decode":
         chunks = list(zip(step.query_lens, step.seq_lens))[num_decodes:]
         row["prompt_chunks"] = [{"query_len": q, "seq_len": s} for q, s in chunks]
+    if args.mode == "mixed":
         single, config = single_launch_call(backend, inputs)
         single_err = checked(single, ref, dtype, "the single paged_prefill launch")
         single_us = timer.time_us(single)
@@ -453,7 +503,7 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
                                 "timed_with": timer.method}
         row["speedup_over_single_launch"] = row["single_launch"]["us"] / row["us"]
     if args.tune:
-        best = tune_decode(inputs, step, shape, ref, timer, args, dtype)
+        best = tune(inputs, step, shape, ref, timer, args, dtype)
         row["tuned"] = {**best, **_figures(best["us"], nbytes, flops, env["ceilings"]),
                         "speedup": row["us"] / best["us"]}
     return row
@@ -468,7 +518,8 @@ def _fmt_launch(launch: dict[str, Any]) -> str:
 def _line(row: dict[str, Any]) -> str:
     def timing(r: dict[str, Any]) -> str:
         ratio = f"{r['ratio_to_floor']:5.2f}x floor" if r["ratio_to_floor"] else "no floor"
-        return f"{r['us']:>10.1f} us {r['gbps']:>7.0f} GB/s {ratio}"
+        rate = f"{r['tflops']:>5.0f} TFLOP/s" if r["tflops"] else f"{r['gbps']:>7.0f} GB/s"
+        return f"{r['us']:>10.1f} us {rate} {ratio}"
     text = (f"B={row['batch_size']:>5} ctx={row['context_len']:>6}  {timing(row)}  "
             f"{' + '.join(_fmt_launch(c) for c in row['launches'])}")
     if "single_launch" in row:
@@ -476,8 +527,9 @@ def _line(row: dict[str, Any]) -> str:
                  f"(the split path: {row['speedup_over_single_launch']:.2f}x as fast)")
     if "tuned" in row:
         t = row["tuned"]
+        kernel = "prefill" if "block_m" in t["config"] else "decode"
         text += (f"\n{'':>19}tuned {timing(t)}  {t['speedup']:.2f}x  "
-                 f"{_fmt_launch({'kernel': 'decode', **t['config']})}")
+                 f"{_fmt_launch({'kernel': kernel, **t['config']})}")
     return text
 
 
@@ -492,19 +544,23 @@ def _interpreted() -> bool:
 def _validate(args: argparse.Namespace) -> None:
     positive = {"batch_sizes": args.batch_sizes, "context_lens": args.context_lens,
                 "tune_block_n": args.tune_block_n, "tune_warps": args.tune_warps,
-                "tune_stages": args.tune_stages, "tune_splits": args.tune_splits}
+                "tune_stages": args.tune_stages, "tune_splits": args.tune_splits,
+                "tune_prefill_block_m": args.tune_prefill_block_m,
+                "tune_prefill_block_n": args.tune_prefill_block_n,
+                "tune_prefill_warps": args.tune_prefill_warps,
+                "tune_prefill_stages": args.tune_prefill_stages}
     for name, values in positive.items():
         if not values or min(values) < 1:
             raise ValueError(f"{name}: must be positive, got {values}")
     if args.num_iters < 1 or args.num_iters_warmup < 0:
         raise ValueError("num_iters must be positive and num_iters_warmup >= 0")
-    if args.mode == "mixed" and (args.prompt_tokens < 2 or args.chunk_len < 2
-                                 or args.prompt_tokens % args.chunk_len == 1
-                                 or args.chunk_context < 0):
-        raise ValueError("mixed: prompt_tokens, chunk_len and the last chunk must be at least "
-                         "2 tokens (a chunk of one token is a decode), chunk_context >= 0")
-    if args.tune and args.mode != "decode":
-        raise ValueError("tune: sweeps the decode kernel; run it with --mode decode")
+    if args.mode != "decode" and (args.prompt_tokens < 2 or args.chunk_len < 2
+                                  or args.prompt_tokens % args.chunk_len == 1
+                                  or not args.chunk_context or min(args.chunk_context) < 0):
+        raise ValueError(f"{args.mode}: prompt_tokens, chunk_len and the last chunk must be at "
+                         "least 2 tokens (a chunk of one token is a decode), chunk_context >= 0")
+    if args.tune and args.mode == "mixed":
+        raise ValueError("tune: sweeps one kernel's tiles; run it with --mode decode or prefill")
     if args.block_size is not None and (args.block_size < 1
                                         or args.block_size & (args.block_size - 1)):
         raise ValueError(f"block_size: must be a positive power of two, got {args.block_size}")
@@ -563,10 +619,13 @@ def run_attention(args: argparse.Namespace) -> int:
                         fall_back_to_launches=True)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for ctx, batch in itertools.product(dict.fromkeys(args.context_lens),
-                                        dict.fromkeys(args.batch_sizes)):
+    decode_shapes = (dict.fromkeys(args.context_lens), dict.fromkeys(args.batch_sizes))
+    if args.mode == "prefill":  # no decodes: the batch and context flags do not apply
+        decode_shapes = ((0,), (0,))
+    chunk_contexts = (0,) if args.mode == "decode" else dict.fromkeys(args.chunk_context)
+    for ctx, batch, chunk_context in itertools.product(*decode_shapes, chunk_contexts):
         step = (decode_step(batch, ctx) if args.mode == "decode" else
-                mixed_step(batch, ctx, args.prompt_tokens, args.chunk_len, args.chunk_context))
+                mixed_step(batch, ctx, args.prompt_tokens, args.chunk_len, chunk_context))
         try:
             row = run_shape(step, shape, args, env, timer)
         except torch.OutOfMemoryError:
@@ -585,7 +644,7 @@ def run_attention(args: argparse.Namespace) -> int:
             "command": command_line(), "device": env["device_name"],
             "ceilings": dataclasses.asdict(ceilings) if ceilings is not None else None,
             "floor": "bytes / copy rate" + (" + prompt-chunk attention FLOPs / matmul rate"
-                                            if args.mode == "mixed" else ""),
+                                            if args.mode != "decode" else ""),
             "model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
             "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
             "head_dim": shape.head_dim, "dtype": args.dtype, "block_size": args.block_size,

@@ -134,6 +134,37 @@ def test_tune_sweeps_the_grid_and_checks_its_winner(model, tmp_path, monkeypatch
     assert tuned["speedup"] == pytest.approx(row["us"] / tuned["us"])
 
 
+def test_prefill_mode_times_prompt_chunks_alone_and_tunes_their_tiles(
+        model, tmp_path, monkeypatch, fake_ceilings):
+    out = tmp_path / "prefill.json"
+    assert _run(monkeypatch, "--model", model, "--mode", "prefill", "--prompt-tokens", "88",
+                "--chunk-len", "16", "--chunk-context", "0", "7", "--tune",
+                "--tune-prefill-block-m", "16", "32", "--tune-prefill-block-n", "16",
+                "--tune-prefill-warps", "4", "--tune-prefill-stages", "1", "2",
+                "--output-json", str(out)) == 0
+    r = json.loads(out.read_text())
+    assert len(r["rows"]) == 2  # one per chunk context
+    for row, before in zip(r["rows"], (0, 7)):
+        chunks = [(16, before + 16)] * 5 + [(8, before + 8)]
+        assert row["batch_size"] == 0 and row["num_tokens"] == 88
+        assert [(c["query_len"], c["seq_len"]) for c in row["prompt_chunks"]] == chunks
+        flops = 4 * HEADS * HEAD_DIM * sum(q * (s - q) + q * (q + 1) // 2 for q, s in chunks)
+        assert row["flops"] == flops
+        assert row["bytes"] == sum(_kv_bytes(s) for _, s in chunks) + _q_out_bytes(88)
+        assert row["floor_us"] == pytest.approx((row["bytes"] / 1e9 + flops / 2e9) * 1e6)
+        assert row["tflops"] == pytest.approx(flops / row["us"] / 1e6)
+        # The six chunks take one unindexed launch of the varlen kernel (more requests than
+        # go to SDPA).
+        (launch,) = row["launches"]
+        assert (launch["kernel"], launch["num_reqs"], launch["max_query_len"],
+                launch["indexed"]) == ("paged_prefill", 6, 16, False)
+        tuned = row["tuned"]
+        assert tuned["searched"] == 4 and not tuned["skipped"] and not tuned["rejected"]
+        assert sorted((c["config"]["block_m"], c["config"]["num_stages"])
+                      for c in tuned["top"]) == [(16, 1), (16, 2), (32, 1), (32, 2)]
+        assert tuned["max_rel_error"] <= 1e-4
+
+
 @pytest.mark.parametrize("unwritten", [False, True], ids=["wrong-row", "unwritten"])
 def test_a_corrupted_output_is_an_error_not_a_timing(model, tmp_path, monkeypatch, capsys,
                                                      unwritten):
@@ -164,7 +195,8 @@ def test_without_a_gpu_or_the_interpreter_it_says_so(model, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--mode", "mixed", "--tune"], "tune: sweeps the decode kernel"),
+    (["--mode", "mixed", "--tune"], "tune: sweeps one kernel's tiles"),
+    (["--mode", "prefill", "--chunk-len", "1"], "prefill: prompt_tokens, chunk_len"),
     (["--batch-sizes", "0"], "batch_sizes: must be positive"),
     (["--block-size", "24"], "block_size: must be a positive power of two"),
     (["-tp", "3"], "tensor_parallel_size: 3 does not divide"),

@@ -306,3 +306,23 @@ def test_throughput_profile_past_the_last_step_says_so(tiny, tmp_path, capsys, m
     assert "the run had fewer than 1000 steps; nothing was profiled" in capsys.readouterr().out
     assert main(["bench", "throughput", "--model", tiny, "--profile-steps", "0", "1"]) == 2
     assert "profile_steps: must be at least 1" in capsys.readouterr().err
+
+
+def test_step_floor_takes_the_longer_of_weights_and_flops_plus_attention():
+    """Llama-3.1-8B at H200-like rates, from its published sizes: 8.03e9 weights (16.06 GB
+    in bf16), 6.98e9 of them in the decoder layers' matmuls, KV 128 KiB a token."""
+    from loom.bench.step_log import Step, step_floor_s
+    arch = ModelArch.from_hf_config(shipped_hf_config("llama-3.1-8b"))
+    rates = Ceilings(device="h200-like", copy_tb_per_s=4.0, matmul_tflop_per_s=800.0)
+    kv = 32 * 8 * 128 * 2 * 2
+    one = Step(0.0, 0, 1, 1000, 0)  # batch 1: the weights' bytes bound the linear layers
+    assert step_floor_s(one, arch, 2, 1, rates) == pytest.approx(
+        (16.06e9 + 1000 * kv) / 4e12, rel=0.01)
+    wide = Step(0.0, 0, 500, 500 * 1200, 0)  # 500 decodes: 2 x 6.98e9 x 500 FLOPs bound them
+    assert step_floor_s(wide, arch, 2, 1, rates) == pytest.approx(
+        2 * 6.98e9 * 500 / 800e12 + 500 * 1200 * kv / 4e12, rel=0.01)
+    # 1024 prompt tokens from scratch: 1024 x 1025 / 2 visible pairs, 4 x 32 x 128 x 32 FLOPs
+    # each; TP=2 halves it all.
+    prompt = Step(0.0, 1024, 0, 0, 1024 * 1025 // 2)
+    assert step_floor_s(prompt, arch, 2, 2, rates) == pytest.approx(
+        (2 * 6.98e9 * 1024 + 1024 * 1025 / 2 * 4 * 32 * 128 * 32) / 800e12 / 2, rel=0.01)

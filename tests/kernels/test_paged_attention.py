@@ -249,6 +249,23 @@ def test_new_tokens_refuse_a_request_index():
 
 
 @cpu_only
+def test_wide_decode_batches_take_the_wider_tiles(monkeypatch):
+    """16 requests x 4 KV heads of 16-bit keys: 128-key tiles three stages deep (the
+    interpreter runs float16; the kernel is the same for bf16); a narrow batch keeps 64."""
+    calls = _spy_kernels(monkeypatch)
+    lens = [1 + 37 * i % 300 for i in range(16)]
+    check_backend(make_batch([1] * 16, lens, 8, 4, 64, 16, dtype=torch.float16),
+                  TritonTiles(), 2e-3, 2e-3)
+    (wide,) = calls
+    assert (wide["block_n"], wide["num_stages"]) == (128, 3)
+    calls.clear()
+    check_backend(make_batch([1] * 3, lens[:3], 8, 4, 64, 16, dtype=torch.float16),
+                  TritonTiles(), 2e-3, 2e-3)
+    (narrow,) = calls
+    assert (narrow["block_n"], narrow["num_stages"]) == (64, 2)
+
+
+@cpu_only
 def test_decode_single_split_and_more_splits_than_tiles():
     """One split covers everything; too many splits leave some empty (m=-inf, l=0)."""
     for splits in (1, 8):
@@ -261,6 +278,10 @@ GPU_CASES = {
     "decode-gqa8-d128-b16": ([1] * 6, [4100, 1, 777, 2048, 33, 9000], 32, 4, 128, 16, 3),
     "decode-gqa4-d64-b32": ([1] * 3, [1500, 64, 3001], 16, 4, 64, 32, 0),
     "decode-gqa1-d128-b32": ([1] * 2, [5000, 257], 8, 8, 128, 32, 1),
+    # 20 requests x 4 KV heads: enough programs for the backend's wide tiles (128 keys, 3
+    # stages; the entry-point checks below fix their own)
+    "decode-wide-gqa8-d128-b16": ([1] * 20, [1 + 97 * i % 3000 for i in range(20)], 32, 4,
+                                  128, 16, 2),
     "mixed-gqa8-d128-b16": ([1, 300, 1, 77], [2000, 1300, 45, 77], 32, 4, 128, 16, 5),
     "mixed-gqa4-d64-b32": ([64, 1, 200], [4096, 129, 900], 16, 4, 64, 32, 0),
     "mixed-gqa1-d256-b16": ([50, 1], [300, 600], 4, 4, 256, 16, 2),
@@ -447,7 +468,7 @@ POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_
 UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
 
 
-def build(fn, cons, warps, indexed):
+def build(fn, cons, warps, indexed, stages=2):
     names = list(fn.arg_names)
     cons = dict(cons, HAS_REQ_INDEX=indexed)
     sig = {}
@@ -467,11 +488,14 @@ def build(fn, cons, warps, indexed):
                     constexprs={(names.index(k),): v for k, v in cons.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
-                      options=dict(num_warps=warps, num_stages=2))
+                      options=dict(num_warps=warps, num_stages=stages))
     assert kernel.asm["cubin"], "no cubin"
+    # An H100/H200 block may opt into 227 KiB of shared memory.
+    assert kernel.metadata.shared <= 227 * 1024, (fn.__name__, cons, kernel.metadata.shared)
     loads = kernel.asm["ptx"].count("ld.global")
     name = fn.__name__ + ("_direct" if cons.get("DIRECT") else "") \
-        + ("_rope" if cons.get("ROPE") else "")
+        + ("_rope" if cons.get("ROPE") else "") + (f"_n{cons['BLOCK_N']}s{stages}"
+                                                   if "BLOCK_N" in cons else "")
     print("ok", name, cons["HEAD_DIM"], indexed, loads)
 
 
@@ -486,9 +510,12 @@ for indexed in (False, True):
     # decode steps only, so never with a request index)
     for direct, rope in itertools.product((False, True), (False, True) if not indexed
                                           else (False,)):
-        build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
-                                         BLOCK_N=64, PRECISION="tf32", DIRECT=direct,
-                                         ROPE=rope), 4, indexed)
+        # the backend's two decode tiles: 64 keys two stages deep, 128 three deep (wide
+        # batches)
+        for block_n, stages in ((64, 2), (128, 3)):
+            build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128,
+                                             BLOCK_SIZE=16, BLOCK_N=block_n, PRECISION="tf32",
+                                             DIRECT=direct, ROPE=rope), 4, indexed, stages)
     build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128), 4, indexed)
 """
 
@@ -500,7 +527,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 12
+    assert len(lines) == 18
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:
