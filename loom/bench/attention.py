@@ -339,15 +339,14 @@ def single_launch_call(backend, inputs: Inputs) -> tuple[Callable[[], Any], dict
 
     from loom.kernels import paged_attention
     q, meta = inputs.query, inputs.meta
-    block_m, block_n, warps = backend.prefill_tiles(q.shape[2], q.dtype)
-    stages = inspect.signature(paged_attention.paged_prefill).parameters["num_stages"].default
+    block_m, block_n, warps, stages = backend.prefill_tiles(q.shape[2], q.dtype)
     out = torch.full_like(q, float("nan"))
 
     def call():
         return paged_attention.paged_prefill(
             q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
             meta.num_reqs, meta.max_query_len, inputs.scale, block_m=block_m, block_n=block_n,
-            num_warps=warps)
+            num_warps=warps, num_stages=stages)
     return call, {"kernel": "paged_prefill", "num_reqs": meta.num_reqs,
                   "max_query_len": meta.max_query_len, "block_m": block_m, "block_n": block_n,
                   "num_warps": warps, "num_stages": stages}

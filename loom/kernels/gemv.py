@@ -82,6 +82,33 @@ def _silu_mul(gate, up, elem: tl.constexpr):
 
 
 @triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, K, stride_x, stride_o, BLOCK: tl.constexpr):
+    # grid: (row, column block). x [M, 2K] = [gate | up] -> out [M, K].
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < K
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=ok)
+    up = tl.load(x_ptr + row * stride_x + K + cols, mask=ok)
+    tl.store(out_ptr + row * stride_o + cols, _silu_mul(gate, up, out_ptr.dtype.element_ty),
+             mask=ok)
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for x [M, 2K] = [gate | up], as torch's eager ops round it, in one
+    kernel (eager torch takes two, each reading and writing the whole activation)."""
+    k = x.shape[1] // 2
+    if x.dim() != 2 or x.shape[1] != 2 * k or x.stride(1) != 1:
+        raise ValueError(f"silu_mul: x must be [M, 2K] with contiguous rows, got "
+                         f"{tuple(x.shape)} strides {x.stride()}")
+    out = torch.empty(x.shape[0], k, dtype=x.dtype, device=x.device)
+    if out.numel():
+        block = 1024
+        _silu_mul_kernel[(x.shape[0], triton.cdiv(k, block))](
+            x, out, k, x.stride(0), out.stride(0), BLOCK=block)
+    return out
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, N,
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -343,13 +370,15 @@ def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
     """(silu(gate) * up) @ weight^T for x [M, 2K] = [gate | up]: an MLP's down projection
     with its activation. Where decode_linear would take the GEMV (the down weight's measured
     config), the GEMV applies the activation as it reads x, so no SiLU·mul kernel runs
-    before it; otherwise torch's eager silu and mul (two elementwise kernels where Inductor
-    fused one: the cost of this op for larger batches), then F.linear."""
+    before it; otherwise the activation in one kernel (`silu_mul`, as Inductor would have
+    fused it; torch's two eager ops on the CPU), then F.linear."""
     m, k = x.shape[0], weight.shape[1]
     if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
         cfg = tuned_config(m, weight.shape[0], k, x.dtype, x.device)
         if cfg is not None:
             return gemv(x.contiguous(), weight, silu_mul_input=True, config=cfg)
+    if x.is_cuda:
+        return torch.nn.functional.linear(silu_mul(x.contiguous()), weight)
     gate, up = x.split(k, dim=-1)
     return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight)
 

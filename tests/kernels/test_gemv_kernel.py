@@ -234,3 +234,19 @@ def test_compiles_for_sm90_offline():
     Triton's bundled ptxas (no GPU needed); its K loop is software-pipelined."""
     from tests.triton_interpreter import compile_for_sm90_offline
     assert compile_for_sm90_offline(_OFFLINE_COMPILE).count("ok") == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_mul_kernel_rounds_as_torch_eager(dtype):
+    """Past the GEMV's rows the down projection's activation is one kernel: silu(gate) * up
+    as torch's two eager ops round it (K not a multiple of the 1024-wide block: masked)."""
+    from loom.kernels.gemv import silu_mul
+    x = (torch.randn(3, 2 * 1100, device=DEVICE) * 4).to(dtype)
+    gate, up = x.split(1100, dim=-1)
+    ref = F.silu(gate.cpu().float()).to(dtype).float() * up.cpu().float()
+    out = silu_mul(x)
+    assert out.shape == (3, 1100) and out.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(out.cpu().float(), ref.to(dtype).float(), atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="silu_mul: x must be"):
+        silu_mul(x[:, :-1])

@@ -500,12 +500,13 @@ def build(fn, cons, warps, indexed, stages=2):
 
 
 for indexed in (False, True):
-    # the backend's bf16 prefill tiles: head dim 128 (128 rows x 64 keys, 8 warps) and 256
-    # (64 x 32, 4 warps), GQA group 4 (Llama-3.1-8B)
-    for head_dim, block_m, block_n, warps in [(128, 128, 64, 8), (256, 64, 32, 4)]:
+    # the backend's bf16 prefill tiles: head dim 128 (128 rows x 64 keys, 4 warps, 3
+    # stages) and 256 (64 x 32, 4 warps, 2 stages), GQA group 4 (Llama-3.1-8B)
+    for head_dim, block_m, block_n, warps, stages in [(128, 128, 64, 4, 3),
+                                                      (256, 64, 32, 4, 2)]:
         build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=head_dim, BLOCK_SIZE=16,
                                     BLOCK_Q=block_m // 4, BLOCK_N=block_n, PRECISION="tf32"),
-              warps, indexed)
+              warps, indexed, stages)
     # one split stores the output itself; ROPE rotates and caches the new tokens (pure
     # decode steps only, so never with a request index)
     for direct, rope in itertools.product((False, True), (False, True) if not indexed
