@@ -7,6 +7,8 @@
 #    cuBLASLt preferred.
 # 2. `loom bench attention -tp 2` at batch 1 (256 and 2048 tokens) with --tune: the split
 #    count issue 4's decode takes (32 at max_model_len 2048) against the best.
+# 2b. The prefill kernel with its interior key tiles unmasked against every tile masked
+#    (session 10, after the last call; 616 / 1547 us in run_zd at these shapes).
 # 3. Side by side: GPU0 8B throughput with decode-only steps 300-302 under the profiler (the
 #    1.21x of decode steps: GEMMs at ~480 rows against the KV reads); GPU1 Qwen3-30B-A3B
 #    throughput with prompt steps 40-42 profiled (prompt steps 2.26x their floors: the MoE).
@@ -21,6 +23,8 @@ for f in tp2-decode tp2-decode-nogemv tp2-decode-push-lt; do echo "$f: $(grep -E
 grep -ho 'decode_gemv: [0-9]* matmuls.*' $R/tp2-decode.log | sort | uniq -c | head -4; stamp "tp2 decode"
 CUDA_VISIBLE_DEVICES=0 timeout 60 $LOOM bench attention --model llama-3.1-8b -tp 2 --batch-sizes 1 --context-lens 256 2048 --tune --tune-block-n 32 64 128 --tune-warps 4 8 --output-json $R/attention-tp2-b1.json > $R/attention-tp2-b1.log 2>&1
 quiet < $R/attention-tp2-b1.log | tail -6 | cut -c1-200; stamp "attention tp2"
+CUDA_VISIBLE_DEVICES=0 timeout 60 $LOOM bench attention --model llama-3.1-8b --mode prefill --prompt-tokens 16384 --chunk-len 1024 --chunk-context 0 1024 --tune --tune-prefill-block-m 128 --tune-prefill-block-n 64 --tune-prefill-warps 4 8 --tune-prefill-stages 3 --tune-prefill-mask-all 0 1 --output-json $R/attention-prefill.json > $R/attention-prefill.log 2>&1
+quiet < $R/attention-prefill.log | tail -5 | cut -c1-220; python3 -c "import json; [print(r['context_len'], [(c['config'], round(c['us'], 1)) for c in r['tuned']['top']]) for r in json.load(open('$R/attention-prefill.json'))['rows']]"; stamp "attention prefill"
 T="--load-format dummy --input-len 1024 --output-len 256 --num-prompts 1000 --max-model-len 2048 -O 3 --step-breakdown"
 ( export CUDA_VISIBLE_DEVICES=0
   timeout $(left 560) $LOOM bench throughput --model llama-3.1-8b $T --profile-steps 300 3 --profile-result-dir $R/prof-8b-decode --output-json $R/throughput-8b-prof.json > $R/thr8b-prof.log 2>&1 ) &

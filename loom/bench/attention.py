@@ -131,6 +131,9 @@ def register(subparsers) -> None:
     p.add_argument("--tune-prefill-warps", type=int, nargs="+", default=list(TUNE_PREFILL_WARPS))
     p.add_argument("--tune-prefill-stages", type=int, nargs="+",
                    default=list(TUNE_PREFILL_STAGES))
+    p.add_argument("--tune-prefill-mask-all", type=int, nargs="+", choices=(0, 1), default=[0],
+                   help="1: also time each tile with every key tile masked (the kernel "
+                        "before its interior tiles went unmasked)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None)
     p.set_defaults(func=run_attention)
@@ -381,7 +384,7 @@ def prefill_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
             q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
             meta.num_reqs, meta.max_query_len, inputs.scale, block_m=config["block_m"],
             block_n=config["block_n"], num_warps=config["num_warps"],
-            num_stages=config["num_stages"])
+            num_stages=config["num_stages"], mask_all=bool(config.get("mask_all", 0)))
     return call
 
 
@@ -421,10 +424,16 @@ def _no_empty_split(seq_len: int, block_n: int, splits: int) -> bool:
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list[dict[str, int]]:
-    return [{"block_m": m, "block_n": n, "num_warps": w, "num_stages": st}
-            for m, n, w, st in itertools.product(
-                sorted(set(args.tune_prefill_block_m)), sorted(set(args.tune_prefill_block_n)),
-                sorted(set(args.tune_prefill_warps)), sorted(set(args.tune_prefill_stages)))]
+    """The prefill sweep; `mask_all` 1 (the kernel masking every key tile, as before its
+    interior tiles went unmasked) only where --tune-prefill-mask-all asks for it."""
+    configs = []
+    for m, n, w, st, mask_all in itertools.product(
+            sorted(set(args.tune_prefill_block_m)), sorted(set(args.tune_prefill_block_n)),
+            sorted(set(args.tune_prefill_warps)), sorted(set(args.tune_prefill_stages)),
+            sorted(set(args.tune_prefill_mask_all))):
+        config = {"block_m": m, "block_n": n, "num_warps": w, "num_stages": st}
+        configs.append({**config, "mask_all": 1} if mask_all else config)
+    return configs
 
 
 def tune(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: KernelTimer,
@@ -509,7 +518,7 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
 
 
 def _fmt_launch(launch: dict[str, Any]) -> str:
-    keys = ("block_m", "block_n", "num_splits", "num_warps", "num_stages")
+    keys = ("block_m", "block_n", "num_splits", "num_warps", "num_stages", "mask_all")
     tiles = " ".join(f"{k}={launch[k]}" for k in keys if k in launch)
     return f"{launch['kernel'].removeprefix('paged_')}({tiles})"
 

@@ -34,27 +34,37 @@ _MIN_DOT_ROWS = 16
 def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v_base,
                  stride_cblk, stride_cslot, scale_log2,
                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """One step of online softmax over keys [start, start + BLOCK_N)."""
+                 BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FULL: tl.constexpr = False):
+    """One step of online softmax over keys [start, start + BLOCK_N). FULL: every key of
+    the tile exists and every row sees it (no masks; CAUSAL is then ignored)."""
     k_pos = start + tl.arange(0, BLOCK_N)
-    k_ok = k_pos < kv_end
-    # Block-table indirection per key: BLOCK_N may span several cache blocks.
-    blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-    off = blk * stride_cblk + (k_pos % BLOCK_SIZE) * stride_cslot
     dims = tl.arange(0, HEAD_DIM)
-    k = tl.load(k_base + off[None, :] + dims[:, None], mask=k_ok[None, :], other=0.0)
-    s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
-    visible = k_ok[None, :]
-    if CAUSAL:
-        visible = visible & (k_pos[None, :] <= q_pos[:, None])
-    # Every row sees key 0 (prefill) or the split's first key (decode) in its first tile,
-    # so m_new is finite from then on and exp2(-inf - m_new) is a clean 0.
-    s = tl.where(visible, s, float("-inf"))
+    if FULL:
+        blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE).to(tl.int64)
+        off = blk * stride_cblk + (k_pos % BLOCK_SIZE) * stride_cslot
+        k = tl.load(k_base + off[None, :] + dims[:, None])
+        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
+    else:
+        k_ok = k_pos < kv_end
+        # Block-table indirection per key: BLOCK_N may span several cache blocks.
+        blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+        off = blk * stride_cblk + (k_pos % BLOCK_SIZE) * stride_cslot
+        k = tl.load(k_base + off[None, :] + dims[:, None], mask=k_ok[None, :], other=0.0)
+        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
+        visible = k_ok[None, :]
+        if CAUSAL:
+            visible = visible & (k_pos[None, :] <= q_pos[:, None])
+        # Every row sees key 0 (prefill) or the split's first key (decode) in its first
+        # tile, so m_new is finite from then on and exp2(-inf - m_new) is a clean 0.
+        s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_base + off[:, None] + dims[None, :], mask=k_ok[:, None], other=0.0)
+    if FULL:
+        v = tl.load(v_base + off[:, None] + dims[None, :])
+    else:
+        v = tl.load(v_base + off[:, None] + dims[None, :], mask=k_ok[:, None], other=0.0)
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_new, l_i
 
@@ -68,7 +78,7 @@ def _prefill_kernel(
     stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, MASK_ALL: tl.constexpr = False,
 ):
     # grid: (request, query tile, kv head). Rows are BLOCK_Q tokens x GROUP_PAD heads.
     req = tl.program_id(0)
@@ -100,7 +110,18 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], tl.float32)
     block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
     k_base = cache_ptr + kv_head * stride_chead
-    for start in range(0, kv_end, BLOCK_N):
+    # Keys before the tile's first query are seen by every row: whole tiles of them take
+    # no masks. The rest (the diagonal, and a partial last tile) are masked. MASK_ALL: mask
+    # every tile (the kernel as it was before the split; kept to compare).
+    full_end = 0
+    if not MASK_ALL:
+        full_end = (ctx_len + q_tile * BLOCK_Q) // BLOCK_N * BLOCK_N
+    for start in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base,
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
+            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, True)
+    for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base,
             k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
@@ -272,13 +293,16 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                   block_table: torch.Tensor, query_start_loc: torch.Tensor,
                   seq_lens: torch.Tensor, num_reqs: int, max_query_len: int, scale: float,
                   block_m: int = 64, block_n: int = 64, num_warps: int = 4,
-                  num_stages: int = 2, req_index: torch.Tensor | None = None) -> torch.Tensor:
+                  num_stages: int = 2, req_index: torch.Tensor | None = None,
+                  mask_all: bool = False) -> torch.Tensor:
     """Causal varlen attention of query [T, H, D] over the paged cache into out [T, H, D].
 
     block_m is the tile's row count (query tokens x padded GQA group); block_n its keys.
     Rows of out that belong to no request launched are left untouched. req_index: int32
     [num_reqs] on the device, the batch's requests to attend for (block_table, query_start_loc
     and seq_lens stay the whole batch's); then max_query_len need only cover those.
+    Key tiles wholly before a query tile's first token take no masks; mask_all masks every
+    tile, as the kernel did before (for comparing the two).
     """
     group, num_kv_heads = _check(query, kv_cache)
     _check_req_index(req_index, num_reqs)
@@ -293,7 +317,7 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=query.shape[2],
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_N=block_n,
         PRECISION=_precision(query.dtype), HAS_REQ_INDEX=req_index is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        MASK_ALL=mask_all, num_warps=num_warps, num_stages=num_stages,
     )
     return out
 

@@ -141,7 +141,7 @@ def test_prefill_mode_times_prompt_chunks_alone_and_tunes_their_tiles(
                 "--chunk-len", "16", "--chunk-context", "0", "7", "--tune",
                 "--tune-prefill-block-m", "16", "32", "--tune-prefill-block-n", "16",
                 "--tune-prefill-warps", "4", "--tune-prefill-stages", "1", "2",
-                "--output-json", str(out)) == 0
+                "--tune-prefill-mask-all", "0", "1", "--output-json", str(out)) == 0
     r = json.loads(out.read_text())
     assert len(r["rows"]) == 2  # one per chunk context
     for row, before in zip(r["rows"], (0, 7)):
@@ -159,9 +159,10 @@ def test_prefill_mode_times_prompt_chunks_alone_and_tunes_their_tiles(
         assert (launch["kernel"], launch["num_reqs"], launch["max_query_len"],
                 launch["indexed"]) == ("paged_prefill", 6, 16, False)
         tuned = row["tuned"]
-        assert tuned["searched"] == 4 and not tuned["skipped"] and not tuned["rejected"]
-        assert sorted((c["config"]["block_m"], c["config"]["num_stages"])
-                      for c in tuned["top"]) == [(16, 1), (16, 2), (32, 1), (32, 2)]
+        # 2 x 2 tiles, each with its interior tiles unmasked and with every tile masked
+        assert tuned["searched"] == 8 and not tuned["skipped"] and not tuned["rejected"]
+        assert len(tuned["top"]) == 5 and all(c["config"]["block_n"] == 16
+                                              for c in tuned["top"])
         assert tuned["max_rel_error"] <= 1e-4
 
 

@@ -249,6 +249,24 @@ def test_new_tokens_refuse_a_request_index():
 
 
 @cpu_only
+@pytest.mark.parametrize("mask_all", [False, True], ids=["unmasked-interior", "mask-all"])
+def test_prefill_interior_tiles_take_no_masks(mask_all):
+    """Chunks after cached context, a query tile much shorter than the key tiles before it,
+    a partial last tile: the unmasked interior tiles and the masked diagonal give the
+    reference's output, as does masking every tile."""
+    batch = make_batch([37, 20, 5], [37 + 70, 20, 5 + 33], 4, 2, 32, 16, pad=2)
+    m, scale = batch.meta, batch.query.shape[-1] ** -0.5
+    _, ref = reference(batch, scale)
+    write_kv_cache(batch.key, batch.value, batch.kv_cache, m.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))
+    paged_prefill(batch.query, batch.kv_cache, out, m.block_table, m.query_start_loc,
+                  m.seq_lens, m.num_reqs, m.max_query_len, scale, block_m=16, block_n=16,
+                  mask_all=mask_all)
+    n = m.num_actual_tokens
+    torch.testing.assert_close(out[:n], ref[:n], atol=1e-4, rtol=1e-4)
+
+
+@cpu_only
 def test_wide_decode_batches_take_the_wider_tiles(monkeypatch):
     """16 requests x 4 KV heads of 16-bit keys: 128-key tiles three stages deep (the
     interpreter runs float16; the kernel is the same for bf16); a narrow batch keeps 64."""
@@ -505,7 +523,8 @@ for indexed in (False, True):
     for head_dim, block_m, block_n, warps, stages in [(128, 128, 64, 4, 3),
                                                       (256, 64, 32, 4, 2)]:
         build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=head_dim, BLOCK_SIZE=16,
-                                    BLOCK_Q=block_m // 4, BLOCK_N=block_n, PRECISION="tf32"),
+                                    BLOCK_Q=block_m // 4, BLOCK_N=block_n, PRECISION="tf32",
+                                    MASK_ALL=False),
               warps, indexed, stages)
     # one split stores the output itself; ROPE rotates and caches the new tokens (pure
     # decode steps only, so never with a request index)
