@@ -338,54 +338,32 @@ def backend_call(backend, inputs: Inputs) -> Callable[[], Any]:
 
 def single_launch_call(backend, inputs: Inputs) -> tuple[Callable[[], Any], dict[str, Any]]:
     """The old mixed path: one paged_prefill over the whole batch, the backend's tiles."""
-    import torch
-
-    from loom.kernels import paged_attention
     q, meta = inputs.query, inputs.meta
     block_m, block_n, warps, stages = backend.prefill_tiles(q.shape[2], q.dtype)
-    out = torch.full_like(q, float("nan"))
-
-    def call():
-        return paged_attention.paged_prefill(
-            q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
-            meta.num_reqs, meta.max_query_len, inputs.scale, block_m=block_m, block_n=block_n,
-            num_warps=warps, num_stages=stages)
-    return call, {"kernel": "paged_prefill", "num_reqs": meta.num_reqs,
-                  "max_query_len": meta.max_query_len, "block_m": block_m, "block_n": block_n,
-                  "num_warps": warps, "num_stages": stages}
+    config = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+    return tiled_call(inputs, config), {"kernel": "paged_prefill", "num_reqs": meta.num_reqs,
+                                        "max_query_len": meta.max_query_len, **config}
 
 
-def decode_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
-    """paged_decode over the whole (pure decode) batch with the given tiles."""
+def tiled_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
+    """One kernel over the whole batch with the given tiles, into a fresh output:
+    paged_decode where the config has num_splits (a pure decode batch), else paged_prefill
+    (mask_all 1: every key tile masked)."""
     import torch
 
     from loom.kernels import paged_attention
     q, meta = inputs.query, inputs.meta
     out = torch.full_like(q, float("nan"))
-
-    def call():
-        return paged_attention.paged_decode(
-            q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
-            meta.num_reqs, inputs.scale, config["num_splits"], block_n=config["block_n"],
-            num_warps=config["num_warps"], num_stages=config["num_stages"])
-    return call
-
-
-def prefill_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
-    """paged_prefill over the whole batch (prompt chunks only) with the given tiles."""
-    import torch
-
-    from loom.kernels import paged_attention
-    q, meta = inputs.query, inputs.meta
-    out = torch.full_like(q, float("nan"))
-
-    def call():
-        return paged_attention.paged_prefill(
-            q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
-            meta.num_reqs, meta.max_query_len, inputs.scale, block_m=config["block_m"],
-            block_n=config["block_n"], num_warps=config["num_warps"],
-            num_stages=config["num_stages"], mask_all=bool(config.get("mask_all", 0)))
-    return call
+    common = (q, inputs.kv_cache, out, meta.block_table, meta.query_start_loc, meta.seq_lens,
+              meta.num_reqs)
+    tiles = {"block_n": config["block_n"], "num_warps": config["num_warps"],
+             "num_stages": config["num_stages"]}
+    if "num_splits" in config:
+        return lambda: paged_attention.paged_decode(*common, inputs.scale,
+                                                    config["num_splits"], **tiles)
+    return lambda: paged_attention.paged_prefill(
+        *common, meta.max_query_len, inputs.scale, block_m=config["block_m"],
+        mask_all=bool(config.get("mask_all", 0)), **tiles)
 
 
 def checked(fn: Callable[[], Any], ref, dtype: str, what: str) -> float:
@@ -439,15 +417,13 @@ def prefill_tune_configs(args: argparse.Namespace) -> list[dict[str, int]]:
 def tune(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: KernelTimer,
          args: argparse.Namespace, dtype: str) -> dict[str, Any]:
     """Every config of the mode's sweep timed; the fastest that matches the reference."""
-    if args.mode == "decode":
-        configs, make_call = tune_configs(step, shape, args), decode_call
-    else:
-        configs, make_call = prefill_tune_configs(args), prefill_call
+    configs = (tune_configs(step, shape, args) if args.mode == "decode"
+               else prefill_tune_configs(args))
     timed: list[tuple[float, dict[str, int]]] = []
     skipped: list[str] = []
     for config in configs:
         try:
-            timed.append((timer.time_us(make_call(inputs, config)), config))
+            timed.append((timer.time_us(tiled_call(inputs, config)), config))
         except Exception as e:  # noqa: BLE001 - out of shared memory, a compile failure
             text = str(e).strip().splitlines()
             skipped.append(f"{config}: {type(e).__name__}: {text[0] if text else ''}"[:200])
@@ -457,7 +433,7 @@ def tune(inputs: Inputs, step: Step, shape: AttentionShape, ref, timer: KernelTi
     rejected = []
     for us, config in timed:
         try:
-            err = checked(make_call(inputs, config), ref, dtype, f"{args.mode} config {config}")
+            err = checked(tiled_call(inputs, config), ref, dtype, f"{args.mode} config {config}")
         except KernelMismatch as e:
             rejected.append(str(e))
             continue
