@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,3 +84,37 @@ def test_tuned_config_takes_the_smallest_measured_rows_at_or_above(tmp_path, mon
         torch.testing.assert_close(torch.ops.loom.decode_linear(x, w), F.linear(x, w))
     finally:
         gemv_module._table.cache_clear()
+
+
+@pytest.mark.slow
+def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monkeypatch, capfd):
+    """The GEMV is on by default on GPUs at any TP size: at TP=2 (two CPU workers, gloo) the
+    pass rewrites each rank's matmuls, a table measured for every per-rank weight shape
+    (but the vocabulary-sized LM head) sends the decode steps through the interpreted GEMV,
+    and the tokens and logprobs are TP=1 eager's."""
+    from tests.compilation.test_tp2_passes import _generate
+    path, _ = tiny_model_factory("llama")
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // heads
+    shapes = [((heads + 2 * kv) * hd // 2, h), (h, heads * hd // 2), (i, h), (h, i // 2)]
+    table = {f"{n},{k}": {"8": {"block_n": 16, "block_k": 32}} for n, k in shapes}
+    (tmp_path / "gemv,dtype=float32,device_name=cpu.json").write_text(json.dumps(table))
+    monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))  # the workers read it too
+    gemv_module._table.cache_clear()
+    try:  # the table the workers load: every rank shape has a config for 1..8 rows
+        assert all(tuned_config(m, n, k, torch.float32, torch.device("cpu")) is not None
+                   for n, k in shapes for m in (1, 8))
+    finally:
+        gemv_module._table.cache_clear()
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")  # compile for real: log lines
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    tokens1, logprobs1 = _generate(path, 1)
+    monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
+    tokens2, logprobs2 = _generate(path, 2, compilation_config={"level": 3})
+    assert tokens2 == tokens1
+    torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
+    fused = re.findall(r"rank(\d).*decode_gemv: \d+ matmuls take the Triton GEMV.*?(\d+) of "
+                       r"them with the SiLU·mul", capfd.readouterr().err)
+    assert {rank for rank, _ in fused} == {"0", "1"}, fused
