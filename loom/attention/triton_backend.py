@@ -241,7 +241,7 @@ class TritonBackend(AttentionBackend):
         programs: there 32 KB tiles three deep read the cache faster (`loom bench attention
         --tune` on an H200, Llama-3.1-8B heads: 1.04x at 430 requests x 1280 tokens, 1.2x at
         8, no gain at batch 1, where more splits of smaller tiles win)."""
-        elem = torch.empty((), dtype=dtype).element_size()
+        elem = dtype.itemsize
         if self.tiles.decode_block_n:
             return self.tiles.decode_block_n, 2
         # Measured (and compiled offline without spills) for 16-bit keys of up to 128 dims.
