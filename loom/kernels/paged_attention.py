@@ -39,18 +39,20 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
     the tile exists and every row sees it (no masks; CAUSAL is then ignored)."""
     k_pos = start + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
+    # Block-table indirection per key: BLOCK_N may span several cache blocks.
     if FULL:
-        blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE).to(tl.int64)
-        off = blk * stride_cblk + (k_pos % BLOCK_SIZE) * stride_cslot
-        k = tl.load(k_base + off[None, :] + dims[:, None])
-        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
+        blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE)
     else:
         k_ok = k_pos < kv_end
-        # Block-table indirection per key: BLOCK_N may span several cache blocks.
-        blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-        off = blk * stride_cblk + (k_pos % BLOCK_SIZE) * stride_cslot
-        k = tl.load(k_base + off[None, :] + dims[:, None], mask=k_ok[None, :], other=0.0)
-        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
+        blk = tl.load(block_row_ptr + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
+    off = blk.to(tl.int64) * stride_cblk + (k_pos % BLOCK_SIZE) * stride_cslot
+    k_ptrs = k_base + off[None, :] + dims[:, None]
+    if FULL:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=k_ok[None, :], other=0.0)
+    s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
+    if not FULL:
         visible = k_ok[None, :]
         if CAUSAL:
             visible = visible & (k_pos[None, :] <= q_pos[:, None])
@@ -61,10 +63,11 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    v_ptrs = v_base + off[:, None] + dims[None, :]
     if FULL:
-        v = tl.load(v_base + off[:, None] + dims[None, :])
+        v = tl.load(v_ptrs)
     else:
-        v = tl.load(v_base + off[:, None] + dims[None, :], mask=k_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_new, l_i
 
