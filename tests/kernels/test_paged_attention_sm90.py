@@ -1,0 +1,88 @@
+"""The paged-attention kernels' compiled path, which Triton's CPU interpreter never
+exercises: each variant the backend launches builds for Hopper (sm_90) with Triton's bundled
+ptxas, no GPU needed, within an H100/H200 block's shared memory."""
+
+_OFFLINE_COMPILE = r"""
+import itertools
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as tcompile
+from loom.kernels.paged_attention import (
+    _decode_reduce_kernel, _decode_split_kernel, _prefill_kernel)
+
+FLOATS = {"scale_log2"}
+POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_ptr": "*fp32",
+            "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
+            "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
+            "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
+            "slot_mapping_ptr": "*i64"}
+UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
+
+
+def build(fn, cons, warps, indexed, stages=2):
+    names = list(fn.arg_names)
+    cons = dict(cons, HAS_REQ_INDEX=indexed)
+    sig = {}
+    for name in names:
+        if name in cons:
+            sig[name] = "constexpr"
+        elif name == "req_index_ptr":
+            sig[name] = "*i32" if indexed else "constexpr"
+            if not indexed:
+                cons[name] = None
+        else:
+            sig[name] = POINTERS.get(name, "fp32" if name in FLOATS else "i32")
+    # What a launch specialises on: 16-byte aligned pointers, strides that are multiples of 16.
+    aligned = [i for i, n in enumerate(names)
+               if sig[n] not in ("constexpr", "fp32") and n not in UNALIGNED]
+    src = ASTSource(fn=fn, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in cons.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
+                      options=dict(num_warps=warps, num_stages=stages))
+    assert kernel.asm["cubin"], "no cubin"
+    # An H100/H200 block may opt into 227 KiB of shared memory.
+    assert kernel.metadata.shared <= 227 * 1024, (fn.__name__, cons, kernel.metadata.shared)
+    loads = kernel.asm["ptx"].count("ld.global")
+    name = fn.__name__ + ("_direct" if cons.get("DIRECT") else "") \
+        + ("_rope" if cons.get("ROPE") else "") + (f"_n{cons['BLOCK_N']}s{stages}"
+                                                   if "BLOCK_N" in cons else "")
+    print("ok", name, cons["HEAD_DIM"], indexed, loads)
+
+
+for indexed in (False, True):
+    # the backend's bf16 prefill tiles: head dim 128 (128 rows x 64 keys, 4 warps, 3
+    # stages) and 256 (64 x 32, 4 warps, 2 stages), GQA group 4 (Llama-3.1-8B)
+    for head_dim, block_m, block_n, warps, stages in [(128, 128, 64, 4, 3),
+                                                      (256, 64, 32, 4, 2)]:
+        build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=head_dim, BLOCK_SIZE=16,
+                                    BLOCK_Q=block_m // 4, BLOCK_N=block_n, PRECISION="tf32",
+                                    MASK_ALL=False),
+              warps, indexed, stages)
+    # one split stores the output itself; ROPE rotates and caches the new tokens (pure
+    # decode steps only, so never with a request index)
+    for direct, rope in itertools.product((False, True), (False, True) if not indexed
+                                          else (False,)):
+        # the backend's two decode tiles: 64 keys two stages deep, 128 three deep (wide
+        # batches)
+        for block_n, stages in ((64, 2), (128, 3)):
+            build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128,
+                                             BLOCK_SIZE=16, BLOCK_N=block_n, PRECISION="tf32",
+                                             DIRECT=direct, ROPE=rope), 4, indexed, stages)
+    build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128), 4, indexed)
+"""
+
+
+def test_compiles_for_sm90_offline():
+    """The compiled path, which the interpreter never exercises, builds for Hopper with
+    Triton's bundled ptxas (no GPU needed), with the request index on and off; on, each
+    kernel loads one more value (its request's index)."""
+    from tests.triton_interpreter import compile_for_sm90_offline
+    stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
+    lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
+    assert len(lines) == 18
+    loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
+    for name, dim, indexed in loads:
+        if indexed:
+            assert loads[(name, dim, True)] == loads[(name, dim, False)] + 1, loads
