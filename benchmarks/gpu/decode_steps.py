@@ -35,7 +35,7 @@ def kind(name: str) -> str:
     return "other"
 
 
-def steps_of(trace: dict) -> list[dict]:
+def steps_of(trace: dict, sequence: list | None = None) -> list[dict]:
     events = trace["traceEvents"]
     launches = {e["args"].get("correlation") for e in events
                 if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch" and "args" in e}
@@ -51,6 +51,9 @@ def steps_of(trace: dict) -> list[dict]:
     steps = []
     for a, b in zip(starts, starts[1:]):
         ks = kernels[a:b]
+        if sequence is not None:
+            sequence.append([(k["name"][:60], round(k["ts"] - ks[0]["ts"], 2), k["dur"])
+                             for k in ks])
         span = kernels[b]["ts"] - ks[0]["ts"]
         per = defaultdict(float)
         for k in ks:
@@ -70,10 +73,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profile_dir")
     parser.add_argument("--json")
+    parser.add_argument("--sequence", type=int, metavar="N",
+                        help="also print the Nth step's kernels in order: start, duration, gap")
     args = parser.parse_args()
     out = {}
     for path in sorted(glob.glob(f"{args.profile_dir}/trace-rank*.json")):
-        steps = steps_of(json.load(open(path)))
+        seq: list = []
+        steps = steps_of(json.load(open(path)), seq)
         # the first replays follow the prefill; the last one has no successor
         steps = steps[2:] if len(steps) > 10 else steps
         if not steps:
@@ -86,6 +92,11 @@ def main() -> None:
         print(f"{path}: {len(steps)} steps, median span {med['span']} us, busy {med['busy']}, "
               f"idle {med['idle']}, {med['kernels']:.0f} kernels")
         print("  " + ", ".join(f"{k} {med[k]}" for k in order))
+        if args.sequence is not None and len(seq) > args.sequence + 2:
+            end = 0.0
+            for name, start, dur in seq[args.sequence + 2]:
+                print(f"    {start:9.2f} {dur:7.2f} gap {start - end:6.2f}  {name}")
+                end = start + dur
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
