@@ -153,6 +153,28 @@ def decode_rope_unfused() -> bool:
     return _flag("LOOM_DECODE_ROPE_UNFUSED")
 
 
+def pdl() -> bool:
+    """LOOM_PDL: loom's decode kernels (GEMV, decode attention, all-reduce + norm) launch
+    with programmatic dependent launch on sm_90+ GPUs, each GEMV prefetching its weights
+    into L2 while the kernel before it finishes (loom/kernels/pdl.py). On unless 0."""
+    return os.environ.get("LOOM_PDL", "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def pdl_prefetch_bytes() -> int:
+    """LOOM_PDL_PREFETCH_MB: how much of its weight a GEMV launched with PDL asks into L2
+    before its predecessor finishes, in MiB (24; 0: none). A 50 MiB L2 holds it beside the
+    predecessor's working set; the window (an all-reduce, a decode attention: ~3-8 us)
+    streams ~12-30 MiB at the H200's bandwidth."""
+    return int(_float("LOOM_PDL_PREFETCH_MB", 24.0) * (1 << 20))
+
+
+def triton_add_norm() -> bool:
+    """LOOM_TRITON_ADD_NORM=1: at level 3, residual add + RMSNorm stays one loom op, run on
+    CUDA by loom's Triton kernel (`kernels/all_reduce_norm.add_rms_norm`, launched with PDL
+    like the GEMV around it) instead of being decomposed for Inductor to fuse."""
+    return _flag("LOOM_TRITON_ADD_NORM")
+
+
 def decode_gemv() -> bool:
     """LOOM_DECODE_GEMV: at level 3, decode-size matmuls of a weight take loom's Triton
     GEMV where a measured config exists (loom/compilation/passes/decode_gemv.py). On by

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from loom import envs
 from loom.distributed.ops import FUSED_NORM_MAX_ROWS
+from loom.kernels import pdl
 
 _MAX_SPIN = tl.constexpr(1 << 26)
 """Give up waiting after this many polls (tens of seconds): a peer that never arrives has
@@ -53,8 +54,10 @@ def _all_reduce_add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, data_ptrs, flag_ptrs, rank, eps,
     stride_x, stride_r, stride_o, stride_ro,
     N: tl.constexpr, BLOCK: tl.constexpr, WORLD: tl.constexpr, MAX_ROWS: tl.constexpr,
-    PUSH: tl.constexpr = False, SLOT: tl.constexpr = 0,
+    PUSH: tl.constexpr = False, SLOT: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched early (loom/kernels/pdl.py): x is the previous kernel's output
+        pdl.wait_then_release()
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -125,12 +128,13 @@ def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_row
                           device=x.device)
     if num_rows:
         block = triton.next_power_of_2(n)
+        use_pdl = pdl.enabled(x.device)
         _all_reduce_add_rms_norm_kernel[(num_rows,)](
             x, residual, weight, out, res_out, data_ptrs, flag_ptrs, rank, eps,
             x.stride(0), residual.stride(0), out.stride(0), res_out.stride(0),
             N=n, BLOCK=block, WORLD=world, MAX_ROWS=max_rows,
-            PUSH=push, SLOT=slot_bytes // x.element_size(),
-            num_warps=max(1, min(16, block // 512)))
+            PUSH=push, SLOT=slot_bytes // x.element_size(), PDL=use_pdl,
+            num_warps=max(1, min(16, block // 512)), launch_pdl=use_pdl)
     return out.view(shape), res_out.view(shape)
 
 

@@ -45,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom import envs
+from loom.kernels import pdl
 from loom.library import loom_op
 
 MAX_M = 8
@@ -114,9 +116,12 @@ def _gemv_kernel(
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, SPLIT_MODE: tl.constexpr, USE_DOT: tl.constexpr,
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
+    # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
+    # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
+    # into L2 before waiting for the previous kernel; x and everything else after.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # Rows padded to a power of two; a dot's operand to 16.
@@ -135,6 +140,11 @@ def _gemv_kernel(
         rows_ld = tl.minimum(rows, N - 1)
     mcols = tl.arange(0, M_PAD)
     k0 = pid_k * K_SPLIT
+    if PDL:
+        if PREFETCH_BYTES > 0:
+            pdl.prefetch_l2(w_ptr + rows_ld.to(tl.int64) * K + k0,
+                            tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
+        pdl.wait_then_release()
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -193,7 +203,10 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _split_k_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _split_k_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr = False):
+    if PDL:
+        pdl.wait_then_release()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     total = tl.zeros([BLOCK], dtype=tl.float32)
@@ -250,6 +263,20 @@ def _counters(device: torch.device, needed: int) -> torch.Tensor:
     return counters
 
 
+def prefetch_bytes(cfg: GemvConfig, block_k: int, n: int, k: int, itemsize: int,
+                   budget: int) -> int:
+    """What each row of a program's slab asks into L2 before a PDL wait: whole BLOCK_K
+    chunks, so that the programs together ask for about `budget` bytes of the weight (all of
+    it if smaller). 0 where a slice of K would run past its row (an uneven split) or a row
+    does not start 16-byte aligned, as the bulk prefetch needs."""
+    k_split = -(-k // (cfg.split_k * block_k)) * block_k
+    if budget <= 0 or k_split * cfg.split_k != k or (k * itemsize) % 16:
+        return 0
+    k_iters = k_split // block_k
+    chunks = min(k_iters, -(-k_iters * budget // (n * k * itemsize)))
+    return chunks * block_k * itemsize
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
          config: GemvConfig | dict | None = None) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul_input) times weight [N, K]^T, for
@@ -299,16 +326,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
         part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     elif mode == 3:
         part = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    use_pdl = pdl.enabled(x.device)
+    ahead = 0
+    if use_pdl and weight.data_ptr() % 16 == 0:
+        ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
+                               envs.pdl_prefetch_bytes())
     _gemv_kernel[(n_blocks, split_k)](
         x, weight, y, part, counters, n,
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        NUM_STAGES=cfg.num_stages, PDL=use_pdl, PREFETCH_BYTES=ahead,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024
         _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
-            part, y, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
+            part, y, m * n, SPLIT_K=split_k, BLOCK=block, PDL=use_pdl, num_warps=4,
+            launch_pdl=use_pdl)
     elif mode == 3:
         y.copy_(part)
     return y

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels import pdl
 from loom.kernels.kv_write import check_slot_layout
 
 _LOG2E = 1.4426950408889634
@@ -164,7 +165,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
-    ROPE: tl.constexpr,
+    ROPE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
@@ -173,6 +174,8 @@ def _decode_split_kernel(
     # ROPE: q, k and v come unrotated and unwritten (no rope_kv_write launch before): every
     # program rotates its q heads, and the one whose split holds the new token rotates its
     # key and stores key and value into the cache before attending.
+    if PDL:  # launched early (loom/kernels/pdl.py): every input is a predecessor's output
+        pdl.wait_then_release()
     slot = tl.program_id(0)
     req = slot
     if HAS_REQ_INDEX:
@@ -237,9 +240,11 @@ def _decode_split_kernel(
 def _decode_reduce_kernel(
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, query_start_ptr, req_index_ptr, num_heads,
     num_splits, stride_ot, stride_oh, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_REQ_INDEX: tl.constexpr,
+    HAS_REQ_INDEX: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # grid: (request, query head). Rescale each split to the global max, then normalise.
+    if PDL:
+        pdl.wait_then_release()
     slot = tl.program_id(0)
     req = slot
     if HAS_REQ_INDEX:
@@ -381,6 +386,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         positions = slot_mapping = query_start_loc
         cos_sin_cache = query
     direct = num_splits == 1
+    use_pdl = pdl.enabled(query.device)
     if direct:  # no partials: the pointers are never read
         part_m = part_l = part_acc = out
     else:
@@ -398,14 +404,15 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         block_table.stride(0), GROUP=group,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope, num_warps=num_warps,
-        num_stages=num_stages,
+        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope, PDL=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if direct:
         return out
     _decode_reduce_kernel[(num_reqs, num_heads)](
         part_m, part_l, part_acc, out, query_start_loc, req_index, num_heads, num_splits,
         out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
-        HEAD_DIM=head_dim, HAS_REQ_INDEX=req_index is not None,
+        HEAD_DIM=head_dim, HAS_REQ_INDEX=req_index is not None, PDL=use_pdl,
+        launch_pdl=use_pdl,
     )
     return out
