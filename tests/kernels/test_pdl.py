@@ -105,14 +105,14 @@ def test_prefetch_bytes(cfg, block_k, n, k, budget, expected):
     assert prefetch_bytes(cfg, block_k, n, k, 2, budget) == expected
 
 
-def test_enabled_only_on_cuda_and_not_with_loom_pdl_0(monkeypatch):
+def test_enabled_only_on_cuda_with_loom_pdl_1(monkeypatch):
+    monkeypatch.setenv("LOOM_PDL", "1")
     assert not pdl.enabled(torch.device("cpu"))
     if not torch.cuda.is_available():
         return
-    monkeypatch.setenv("LOOM_PDL", "0")
-    assert not pdl.enabled(torch.device("cuda"))
-    monkeypatch.delenv("LOOM_PDL")
     assert pdl.enabled(torch.device("cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+    monkeypatch.delenv("LOOM_PDL")
+    assert not pdl.enabled(torch.device("cuda"))
 
 
 @pytest.mark.gpu
