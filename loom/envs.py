@@ -167,13 +167,6 @@ def pdl_prefetch_bytes() -> int:
     return int(_float("LOOM_PDL_PREFETCH_MB", 0.0) * (1 << 20))
 
 
-def triton_add_norm() -> bool:
-    """LOOM_TRITON_ADD_NORM=1: at level 3, residual add + RMSNorm stays one loom op, run on
-    CUDA by loom's Triton kernel (`kernels/all_reduce_norm.add_rms_norm`, launched with PDL
-    like the GEMV around it) instead of being decomposed for Inductor to fuse."""
-    return _flag("LOOM_TRITON_ADD_NORM")
-
-
 def decode_gemv() -> bool:
     """LOOM_DECODE_GEMV: at level 3, decode-size matmuls of a weight take loom's Triton
     GEMV where a measured config exists (loom/compilation/passes/decode_gemv.py). On by

@@ -19,9 +19,12 @@ A kernel launched without the attribute (cuBLAS, Inductor's) waits for its prede
 usual, and one launched with it after such a kernel starts when that one completes; mixing
 is safe. Off under the CPU interpreter and before sm_90; on only with LOOM_PDL=1.
 
-Measured (run_zk, 1 H200, Llama-3.1-8B decode at batch 1): not a win as it stands. 4.338
-ms/token without, 4.439 with PDL, 5.496 with 24 MiB of weight prefetch: the kernels did
-overlap, but each GEMV ran slower (the o projection 9.9 -> 20 us with the prefetch).
+Measured (run_zk, run_zl: 1 H200, Llama-3.1-8B decode at batch 1): not a win as it stands.
+4.338 ms/token without, 4.396-4.439 with PDL, 4.744 with 2 MiB and 5.496 with 24 MiB of
+weight prefetch. The kernels did overlap, but the work after each wait ran slower: the
+decode attention 6.0 -> 8.4 us past the GEMV's end, the o projection 9.9 -> 20 us with the
+prefetch. Left opt-in for issue 4's TP=2 decode, where the all-reduces' waits on the peer
+are the windows it was meant for; not yet measured there.
 """
 
 from __future__ import annotations

@@ -45,11 +45,6 @@ def _(x, weight, eps):
          "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)")
 def fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.is_cuda and x.dtype == residual.dtype == weight.dtype:
-        # kept opaque by LOOM_TRITON_ADD_NORM=1 (the norm decomposition pass): one Triton
-        # kernel with the reference's roundings
-        from loom.kernels.all_reduce_norm import add_rms_norm
-        return add_rms_norm(x, residual, weight, eps)
     out, residual_out = fused_add_rms_norm(x, residual, weight, eps)
     return out.contiguous(), residual_out.contiguous()
 

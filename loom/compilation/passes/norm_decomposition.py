@@ -18,7 +18,6 @@ from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from loom import envs
 from loom.compilation.passes.graph_utils import (FUSED_ADD_RMS_NORM, RMS_NORM, fake_mode,
                                                  getitem_users, op_name)
 from loom.layers.norm import fused_add_rms_norm, rms_norm
@@ -32,10 +31,7 @@ class NormDecompositionPass:
     name = "norm_decomposition"
 
     def __call__(self, graph: fx.Graph) -> int:
-        # LOOM_TRITON_ADD_NORM=1 keeps the fused add + norm opaque: on CUDA its op runs
-        # loom's Triton kernel, which chains with the GEMVs by PDL (kernels/pdl.py).
-        keep = {FUSED_ADD_RMS_NORM} if envs.triton_add_norm() else set()
-        nodes = [n for n in graph.nodes if op_name(n) in _REFERENCES and op_name(n) not in keep]
+        nodes = [n for n in graph.nodes if op_name(n) in _REFERENCES]
         if not nodes:
             return 0
         mode = fake_mode(graph)
@@ -50,8 +46,7 @@ class NormDecompositionPass:
 
     def cache_state(self) -> str:
         """The references are inlined into compiled graphs: their source is in the key."""
-        text = "".join(inspect.getsource(f) for f in _REFERENCES.values()) \
-            + f"keep_add_norm={envs.triton_add_norm()}"
+        text = "".join(inspect.getsource(f) for f in _REFERENCES.values())
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
