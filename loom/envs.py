@@ -167,13 +167,6 @@ def pdl_prefetch_bytes() -> int:
     return int(_float("LOOM_PDL_PREFETCH_MB", 0.0) * (1 << 20))
 
 
-def decode_reduce_kernel() -> bool:
-    """LOOM_DECODE_REDUCE_KERNEL=1: split-K decode attention merges its splits in a second
-    kernel, as before the last split program did it (`kernels/paged_attention.paged_decode`'s
-    fixup); for A/B timings."""
-    return _flag("LOOM_DECODE_REDUCE_KERNEL")
-
-
 def decode_gemv() -> bool:
     """LOOM_DECODE_GEMV: at level 3, decode-size matmuls of a weight take loom's Triton
     GEMV where a measured config exists (loom/compilation/passes/decode_gemv.py). On by

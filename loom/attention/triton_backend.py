@@ -144,10 +144,6 @@ class TritonBackend(AttentionBackend):
         if self._fused_rope_off:
             logger.info("LOOM_DECODE_ROPE_UNFUSED: decode steps rotate and write the KV cache "
                         "in a kernel of their own")
-        self._reduce_kernel = envs.decode_reduce_kernel()
-        if self._reduce_kernel:
-            logger.info("LOOM_DECODE_REDUCE_KERNEL: decode attention merges its splits in a "
-                        "second kernel")
 
     def write_kv(self, key, value, kv_cache, slot_mapping):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
@@ -234,8 +230,7 @@ class TritonBackend(AttentionBackend):
             num_reqs, kv_cache.shape[3], max_seq_len, block_n)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                      meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
-                     num_stages=stages, req_index=req_index, new_tokens=new_tokens,
-                     fixup=not self._reduce_kernel)
+                     num_stages=stages, req_index=req_index, new_tokens=new_tokens)
 
     def decode_tiles(self, num_reqs: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype) -> tuple[int, int]:

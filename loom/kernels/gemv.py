@@ -17,9 +17,10 @@ reduce kernel (about 1.7 us at decode). This kernel is the plain streaming alter
   idle. Three ways to sum the slices (`split_mode`):
     "fixup":  each program stores its float32 partial, then bumps a per-row-block counter;
               the last one to arrive sums the partials in slice order (deterministic) and
-              writes y, and resets the counter. One launch (`kernels/counters.py`: the
-              first call must not be inside a CUDA graph capture; two fixup GEMVs on one
-              device must not run concurrently on different streams).
+              writes y, and resets the counter. One launch. The counters are a small
+              zeroed int32 buffer per device, made by the first call (which must not be
+              inside a CUDA graph capture) and reused; so two fixup GEMVs on one device
+              must not run concurrently on different streams.
     "reduce": partials to a [SPLIT_K, M, N] float32 buffer, then a second tiny kernel sums
               and casts (two launches, deterministic; what cuBLAS does).
     "atomic": float32 atomic adds into a zeroed [M, N] buffer, then a cast (a memset and
@@ -46,7 +47,6 @@ import triton.language as tl
 
 from loom import envs
 from loom.kernels import pdl
-from loom.kernels.counters import counters as fixup_counters
 from loom.library import loom_op
 
 MAX_M = 8
@@ -54,6 +54,9 @@ MAX_M = 8
 
 SPLIT_MODES = ("fixup", "reduce", "atomic")
 
+_COUNTERS_SIZE = 1 << 16
+"""Row blocks the "fixup" counters cover: N up to 524288 at BLOCK_N = 8."""
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +249,20 @@ def _check_config(cfg: GemvConfig, k: int) -> None:
         raise ValueError(f"gemv: split_k={cfg.split_k} exceeds K={k}")
 
 
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
+    if needed > _COUNTERS_SIZE:
+        raise ValueError(f"gemv: {needed} row blocks exceed the fixup counters "
+                         f"({_COUNTERS_SIZE}); use a larger block_n or split_mode='reduce'")
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gemv: the first split_mode='fixup' call on a device must run "
+                               "outside CUDA graph capture (it allocates the counters)")
+        counters = _COUNTERS[device] = torch.zeros(_COUNTERS_SIZE, dtype=torch.int32,
+                                                   device=device)
+    return counters
+
+
 def prefetch_bytes(cfg: GemvConfig, block_k: int, n: int, k: int, itemsize: int,
                    budget: int) -> int:
     """What each row of a program's slab asks into L2 before a PDL wait: whole BLOCK_K
@@ -303,7 +320,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
     part = y  # unused placeholders keep one signature
     counters = y
     if mode == 1:
-        counters = fixup_counters("gemv", x.device, n_blocks)
+        counters = _counters(x.device, n_blocks)
         part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     elif mode == 2:
         part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)

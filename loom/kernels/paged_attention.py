@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loom.kernels import counters, pdl
+from loom.kernels import pdl
 from loom.kernels.kv_write import check_slot_layout
 
 _LOG2E = 1.4426950408889634
@@ -165,15 +165,12 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
-    ROPE: tl.constexpr, PDL: tl.constexpr = False, count_ptr=None,
-    FIXUP: tl.constexpr = False, SPLITS_PAD: tl.constexpr = 1,
+    ROPE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
     # The partials are indexed by the program (`slot`), the batch's tensors by the request.
     # DIRECT (one split): the program holds the whole softmax and writes the output itself.
-    # FIXUP (several): the last split program of a (request, KV head) to store its partials
-    # merges them all, as the reduce kernel would, so no second launch is needed.
     # ROPE: q, k and v come unrotated and unwritten (no rope_kv_write launch before): every
     # program rotates its q heads, and the one whose split holds the new token rotates its
     # key and stores key and value into the cache before attending.
@@ -237,37 +234,6 @@ def _decode_split_kernel(
         tl.store(part_l_ptr + part, l_i, mask=g_ok)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
                  mask=g_ok[:, None])
-        if FIXUP:
-            # As the GEMV's split-K fixup: every thread's partials are stored before the
-            # barrier, and the counter's release (one thread) is ordered after it.
-            tl.debug_barrier()
-            counter = count_ptr + slot * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
-                for h in tl.static_range(GROUP):
-                    _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, slot,
-                                  kv_head * GROUP + h, q_start, num_heads, num_splits,
-                                  stride_ot, stride_oh, SPLITS_PAD, HEAD_DIM)
-                tl.store(counter, 0)  # ready for the next call
-
-
-@triton.jit
-def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, slot, head, q_start,
-                  num_heads, num_splits, stride_ot, stride_oh, SPLITS_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr):
-    """One query head's output from its splits' partials: each rescaled to the global max,
-    then normalised. .cg: from L2, where other programs stored them, never from L1."""
-    s = tl.arange(0, SPLITS_PAD)
-    s_ok = s < num_splits
-    part = (slot.to(tl.int64) * num_heads + head) * num_splits + s
-    m = tl.load(part_m_ptr + part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(part_l_ptr + part, mask=s_ok, other=0.0, cache_modifier=".cg")
-    dims = tl.arange(0, HEAD_DIM)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
-                  mask=s_ok[:, None], other=0.0, cache_modifier=".cg")
-    w = tl.exp2(m - tl.max(m, axis=0))  # split 0 is never empty, so the max is finite
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
-    tl.store(out_ptr + o_off + dims, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -287,8 +253,18 @@ def _decode_reduce_kernel(
     q_start = tl.load(query_start_ptr + req)
     if tl.load(query_start_ptr + req + 1) == q_start:
         return
-    _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, slot, head, q_start,
-                  num_heads, num_splits, stride_ot, stride_oh, SPLITS_PAD, HEAD_DIM)
+    s = tl.arange(0, SPLITS_PAD)
+    s_ok = s < num_splits
+    part = (slot.to(tl.int64) * num_heads + head) * num_splits + s
+    m = tl.load(part_m_ptr + part, mask=s_ok, other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=s_ok, other=0.0)
+    dims = tl.arange(0, HEAD_DIM)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                  mask=s_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))  # split 0 is never empty, so the max is finite
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + o_off + dims, out.to(out_ptr.dtype.element_ty))
 
 
 def _check(query: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int]:
@@ -379,14 +355,12 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
                  block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                  req_index: torch.Tensor | None = None,
-                 new_tokens: NewTokens | None = None, fixup: bool = True) -> torch.Tensor:
+                 new_tokens: NewTokens | None = None) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
-    when capturing CUDA graphs. The last split program of each (request, KV head) merges the
-    splits' partials (`fixup`, one launch a layer: `kernels/counters.py` for its counters),
-    or, with fixup=False, a second kernel does; with one split there are none, and the
-    split kernel writes out itself. req_index:
+    when capturing CUDA graphs. A second kernel merges the splits' partials; with one split
+    there are none, and the split kernel writes out itself (one launch a layer). req_index:
     int32 [num_reqs] on the device, the batch's requests to decode (each must have a query of
     one token or none); out gets each one's row at its query_start_loc.
 
@@ -413,9 +387,6 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         cos_sin_cache = query
     direct = num_splits == 1
     use_pdl = pdl.enabled(query.device)
-    fixup = fixup and not direct and num_reqs * num_kv_heads <= counters.SIZE
-    count = counters.counters("decode_split", query.device, num_reqs * num_kv_heads) \
-        if fixup else None
     if direct:  # no partials: the pointers are never read
         part_m = part_l = part_acc = out
     else:
@@ -434,10 +405,9 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
         HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope, PDL=use_pdl,
-        count_ptr=count, FIXUP=fixup, SPLITS_PAD=triton.next_power_of_2(num_splits),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
-    if direct or fixup:
+    if direct:
         return out
     _decode_reduce_kernel[(num_reqs, num_heads)](
         part_m, part_l, part_acc, out, query_start_loc, req_index, num_heads, num_splits,

@@ -291,26 +291,6 @@ def test_decode_single_split_and_more_splits_than_tiles():
         check_kernel(make_batch([1, 1], [40, 17], 4, 2, 64, 16), True, tiles, 1e-4, 1e-4)
 
 
-@cpu_only
-def test_decode_fixup_merge_equals_the_reduce_kernel():
-    """The last split program's merge (the default) does the reduce kernel's arithmetic in
-    the same order: the same bits, with splits left empty and a request with no query; and
-    every arrival counter is back at zero for the next call."""
-    from loom.kernels import counters
-    batch = make_batch([1, 0, 1, 1], [150, 9, 37, 1], 8, 2, 64, 16, pad=1)
-    write_kv_cache(batch.key, batch.value, batch.kv_cache, batch.meta.slot_mapping)
-    m = batch.meta
-    outs = []
-    for fixup in (True, False, True):
-        out = torch.full_like(batch.query, float("nan"))
-        paged_decode(batch.query, batch.kv_cache, out, m.block_table, m.query_start_loc,
-                     m.seq_lens, m.num_reqs, 0.125, 8, 16, fixup=fixup)
-        outs.append(out)
-    for other in outs[1:]:
-        torch.testing.assert_close(outs[0], other, rtol=0, atol=0, equal_nan=True)
-    assert int(counters._BUFFERS[("decode_split", batch.query.device)].abs().sum()) == 0
-
-
 # ---- CUDA, compiled, bf16, larger shapes ----
 GPU_CASES = {
     "decode-gqa8-d128-b16": ([1] * 6, [4100, 1, 777, 2048, 33, 9000], 32, 4, 128, 16, 3),

@@ -16,7 +16,7 @@ POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
-            "slot_mapping_ptr": "*i64", "count_ptr": "*i32"}
+            "slot_mapping_ptr": "*i64"}
 UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
 
 
@@ -66,12 +66,10 @@ for indexed in (False, True):
                                           else (False,)):
         # the backend's two decode tiles: 64 keys two stages deep, 128 three deep (wide
         # batches)
-        # several splits: merged by the last split program (fixup, the default)
         for block_n, stages in ((64, 2), (128, 3)):
             build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128,
                                              BLOCK_SIZE=16, BLOCK_N=block_n, PRECISION="tf32",
-                                             DIRECT=direct, ROPE=rope, FIXUP=not direct,
-                                             SPLITS_PAD=32), 4, indexed, stages)
+                                             DIRECT=direct, ROPE=rope), 4, indexed, stages)
     build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128), 4, indexed)
 """
 
