@@ -380,18 +380,23 @@ def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
     return per_m[min(fits)] if fits else None
 
 
-@loom_op("decode_linear", "(Tensor x, Tensor weight) -> Tensor")
-def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight^T, by the Triton GEMV for batches of up to MAX_M rows where the table has
-    a config for the shape (`tuned_config`), else by F.linear (cuBLAS). One opaque op, so
-    the choice is made per call from the real row count: under CUDA graphs each decode
-    size captures its own kernel, and no guard on the token count enters the graph."""
+    a config for the shape (`tuned_config`), else by F.linear (cuBLAS)."""
     m = x.shape[0]
     if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
         cfg = tuned_config(m, weight.shape[0], weight.shape[1], x.dtype, x.device)
         if cfg is not None:
             return gemv(x.contiguous(), weight, config=cfg)
     return torch.nn.functional.linear(x, weight)
+
+
+@loom_op("decode_linear", "(Tensor x, Tensor weight) -> Tensor")
+def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`linear` as one opaque op, so that the choice is made per call from the real row
+    count: under CUDA graphs each decode size captures its own kernel, and no guard on the
+    token count enters the graph."""
+    return linear(x, weight)
 
 
 @decode_linear.register_fake

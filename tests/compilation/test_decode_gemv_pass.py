@@ -68,6 +68,30 @@ def test_decode_linear_falls_back_to_cublas_without_a_config():
     assert torch.equal(torch.ops.loom.decode_linear(many, w), F.linear(many, w))
 
 
+def test_lm_head_logits_take_the_gemv_at_decode_sizes(monkeypatch):
+    """The logits are computed eagerly, outside the compiled graph: with the decode GEMV on,
+    up to 8 rows go through the GEMV where a config exists (every shape here), more rows
+    and the GEMV turned off through F.linear."""
+    from loom.layers.embedding import ParallelLMHead
+    calls = []
+    real_gemv = gemv_module.gemv
+
+    def spy(x, weight, **kwargs):
+        calls.append(x.shape[0])
+        return real_gemv(x, weight, **kwargs)
+    monkeypatch.setattr(gemv_module, "tuned_config",
+                        lambda m, n, k, dtype, device: GemvConfig(block_n=16, block_k=32))
+    monkeypatch.setattr(gemv_module, "gemv", spy)
+    for flag, rows, expected in (("1", 3, [3]), ("1", 9, []), ("0", 3, [])):
+        monkeypatch.setenv("LOOM_DECODE_GEMV", flag)
+        head = ParallelLMHead(40, 32)
+        head.weight.data.normal_()
+        hidden = torch.randn(rows, 32)
+        calls.clear()
+        torch.testing.assert_close(head.compute_logits(hidden), F.linear(hidden, head.weight))
+        assert calls == expected, (flag, rows, calls)
+
+
 def test_tuned_config_takes_the_smallest_measured_rows_at_or_above(tmp_path, monkeypatch):
     table = {"16,32": {"1": {"block_n": 8, "block_k": 32}, "4": {"block_n": 16, "block_k": 32,
                                                                    "use_dot": True}}}
@@ -90,15 +114,17 @@ def test_tuned_config_takes_the_smallest_measured_rows_at_or_above(tmp_path, mon
 def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monkeypatch, capfd):
     """The GEMV is on by default on GPUs at any TP size: at TP=2 (two CPU workers, gloo) the
     pass rewrites each rank's matmuls, a table measured for every per-rank weight shape
-    (but the vocabulary-sized LM head) sends the decode steps through the interpreted GEMV,
-    and the tokens and logprobs are TP=1 eager's."""
+    sends the decode steps through the interpreted GEMV (the LM head's shard too, computed
+    eagerly after the graph), and the tokens and logprobs are TP=1 eager's."""
     from tests.compilation.test_tp2_passes import _generate
     path, _ = tiny_model_factory("llama")
     cfg = json.loads((Path(path) / "config.json").read_text())
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // heads
-    shapes = [((heads + 2 * kv) * hd // 2, h), (h, heads * hd // 2), (i, h), (h, i // 2)]
+    vocab = cfg["vocab_size"]
+    shapes = [((heads + 2 * kv) * hd // 2, h), (h, heads * hd // 2), (i, h), (h, i // 2),
+              (-(-vocab // 2), h)]
     table = {f"{n},{k}": {"8": {"block_n": 16, "block_k": 32}} for n, k in shapes}
     (tmp_path / "gemv,dtype=float32,device_name=cpu.json").write_text(json.dumps(table))
     monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))  # the workers read it too
