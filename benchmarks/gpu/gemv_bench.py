@@ -537,7 +537,7 @@ def main() -> int:
 
 
 def write_table(results: dict, path: str, margin: float = 0.98) -> str:
-    """Merge the winners into loom's decode table (loom.kernels.gemv.tuned_config reads
+    """Merge the winners into loom's decode table (loom.kernels.gemv_decode.tuned_config reads
     it): per (N, K) and M, the fastest unsplit config that checked out, only where it beat
     F.linear by more than the margin; fused-SwiGLU rows are not used by the model."""
     table = json.load(open(path)) if os.path.exists(path) else {}

@@ -107,7 +107,7 @@ class PassManager(CustomGraphPass):
             passes.append(self._fusion)
         from loom import envs
         if envs.decode_gemv():
-            import loom.kernels.gemv  # noqa: F401  (registers torch.ops.loom.decode_linear)
+            import loom.kernels.gemv_decode  # noqa: F401  (registers torch.ops.loom.decode_linear)
             from loom.compilation.passes.decode_gemv import DecodeGemvPass
             passes.append(DecodeGemvPass())
         passes.append(NormDecompositionPass())

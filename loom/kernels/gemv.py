@@ -32,14 +32,13 @@ reduce kernel (about 1.7 us at decode). This kernel is the plain streaming alter
 
 Everything accumulates in float32; y has x's dtype. No host syncs: it can be captured in a
 CUDA graph (after one eager call for the "fixup" counters, as for any Triton kernel's
-compile).
+compile). Which shapes take it at decode, and the ops compiled graphs call:
+`kernels/gemv_decode.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 
 import torch
 import triton
@@ -47,7 +46,6 @@ import triton.language as tl
 
 from loom import envs
 from loom.kernels import pdl
-from loom.library import loom_op
 
 MAX_M = 8
 """Most rows per call: beyond this a tensor-core GEMM is the right tool."""
@@ -346,82 +344,3 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
     elif mode == 3:
         y.copy_(part)
     return y
-
-
-# --- the decode path: a measured table and one opaque op ------------------------------
-
-@functools.cache
-def _table(dtype: torch.dtype, device_name: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
-    """(N, K) -> {M: config} from loom/kernels/configs/gemv,dtype=...,device_name=....json
-    (`benchmarks/gpu/gemv_bench.py`'s winners where they beat cuBLAS); {} if none."""
-    from loom.kernels.fused_moe import config_dir
-    name = f"gemv,dtype={str(dtype).removeprefix('torch.')},device_name={device_name}.json"
-    path = config_dir() / name
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
-    try:
-        return {tuple(int(v) for v in shape.split(",")): {int(m): GemvConfig(**c)
-                                                          for m, c in per_m.items()}
-                for shape, per_m in raw.items()}
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"gemv config file {path}: {e}") from None
-
-
-def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
-                 device: torch.device) -> GemvConfig | None:
-    """The measured config for this weight shape at the smallest measured row count >= m;
-    None where nothing was measured to beat cuBLAS (the caller then takes F.linear)."""
-    from loom.kernels.fused_moe import device_name
-    per_m = _table(dtype, device_name(device)).get((n, k))
-    if not per_m:
-        return None
-    fits = [key for key in per_m if key >= m]
-    return per_m[min(fits)] if fits else None
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T, by the Triton GEMV for batches of up to MAX_M rows where the table has
-    a config for the shape (`tuned_config`), else by F.linear (cuBLAS)."""
-    m = x.shape[0]
-    if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
-        cfg = tuned_config(m, weight.shape[0], weight.shape[1], x.dtype, x.device)
-        if cfg is not None:
-            return gemv(x.contiguous(), weight, config=cfg)
-    return torch.nn.functional.linear(x, weight)
-
-
-@loom_op("decode_linear", "(Tensor x, Tensor weight) -> Tensor")
-def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`linear` as one opaque op, so that the choice is made per call from the real row
-    count: under CUDA graphs each decode size captures its own kernel, and no guard on the
-    token count enters the graph."""
-    return linear(x, weight)
-
-
-@decode_linear.register_fake
-def _(x, weight):
-    return x.new_empty(x.shape[0], weight.shape[0])
-
-
-@loom_op("decode_silu_mul_linear", "(Tensor x, Tensor weight) -> Tensor")
-def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(silu(gate) * up) @ weight^T for x [M, 2K] = [gate | up]: an MLP's down projection
-    with its activation. Where decode_linear would take the GEMV (the down weight's measured
-    config), the GEMV applies the activation as it reads x, so no SiLU·mul kernel runs
-    before it; otherwise the activation in one kernel (`silu_mul`, as Inductor would have
-    fused it; torch's two eager ops on the CPU), then F.linear."""
-    m, k = x.shape[0], weight.shape[1]
-    if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
-        cfg = tuned_config(m, weight.shape[0], k, x.dtype, x.device)
-        if cfg is not None:
-            return gemv(x.contiguous(), weight, silu_mul_input=True, config=cfg)
-    if x.is_cuda:
-        return torch.nn.functional.linear(silu_mul(x.contiguous()), weight)
-    gate, up = x.split(k, dim=-1)
-    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight)
-
-
-@decode_silu_mul_linear.register_fake
-def _(x, weight):
-    return x.new_empty(x.shape[0], weight.shape[0])

@@ -48,17 +48,16 @@ class ParallelLMHead(VocabParallelEmbedding):
         # The logits are computed eagerly, after the compiled forward, so the decode GEMV
         # pass never sees this matmul: decode batches take the Triton GEMV here where its
         # table has the shape (an H200: 233 against cuBLAS's ~244 us at TP=1).
-        self.decode_gemv = envs.decode_gemv()
+        self._linear = F.linear
+        if envs.decode_gemv():
+            from loom.kernels.gemv_decode import linear
+            self._linear = linear
 
     def tie_weights(self, embed: VocabParallelEmbedding) -> None:
         self.weight = embed.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.decode_gemv:
-            from loom.kernels.gemv import linear
-            logits = linear(hidden, self.weight)
-        else:
-            logits = F.linear(hidden, self.weight)
+        logits = self._linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = tp_all_gather(logits, dim=-1)
         return logits[..., :self.vocab_size]

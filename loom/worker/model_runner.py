@@ -253,7 +253,7 @@ class ModelRunner:
             return None
         total = sum(counts)
         size = next((s for s in self.piece_sizes if s >= total), None)
-        if size is None and total >= 64 * self.pad_multiple > 64:
+        if size is None and self.pad_multiple > 1 and total >= 64 * self.pad_multiple:
             size = _round_up(total, self.pad_multiple)
         return size
 

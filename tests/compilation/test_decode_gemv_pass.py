@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.utils import fresh_cache
 
-import loom.kernels.gemv as gemv_module
-from loom.kernels.gemv import GemvConfig, tuned_config
+import loom.kernels.gemv_decode as gemv_module
+from loom.kernels.gemv import GemvConfig
+from loom.kernels.gemv_decode import tuned_config
 from tests.compilation.test_level3 import _tokens
 
 
