@@ -15,6 +15,9 @@ from typing import Any
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cuda", "cpu")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+"""auto: the model's dtype. fp8 (= fp8_e4m3) and fp8_e5m2 store keys and values in 8 bits,
+unscaled (vLLM's k_scale = v_scale = 1.0), saturated at the format's largest finite value."""
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
@@ -68,8 +71,14 @@ class CacheConfig:
     default is 1 GiB."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of identical prompt prefixes across requests."""
+    cache_dtype: str = "auto"
+    """The KV cache's element type, one of KV_CACHE_DTYPES (vLLM's --kv-cache-dtype). fp8
+    halves the cache's bytes: twice the tokens in the same memory, and half the reads of a
+    decode's attention; the model computes in its own dtype either way."""
 
     def __post_init__(self) -> None:
+        _check(self.cache_dtype in KV_CACHE_DTYPES,
+               f"kv_cache_dtype: {self.cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         _check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
                f"block_size: must be a positive power of two, got {self.block_size}")
         _check(0.0 < self.gpu_memory_utilization <= 1.0,

@@ -1,6 +1,6 @@
 """Triton's CPU interpreter, made to run loom's kernels, and offline sm_90 compiles (tests only)."""
 
-from loom.kernels.interpreter import fix_interpreter_loop_bounds  # noqa: F401  (re-exported)
+from loom.kernels.interpreter import patch_interpreter  # noqa: F401  (re-exported)
 
 
 def compile_for_sm90_offline(script: str) -> str:

@@ -21,8 +21,11 @@ class TorchNativeBackend(AttentionBackend):
         if not bool(valid.all()):
             slots, key, value = slots[valid], key[valid], value[valid]
         flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
-        flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
-        flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
+        key, value = to_cache_dtype(key, kv_cache.dtype), to_cache_dtype(value, kv_cache.dtype)
+        if kv_cache.element_size() == 1:  # index_copy_ has no 8-bit float kernels: copy bytes
+            flat, key, value = (t.view(torch.uint8) for t in (flat, key, value))
+        flat[0].index_copy_(0, slots, key)
+        flat[1].index_copy_(0, slots, value)
 
     def forward(self, query, kv_cache, meta: AttentionMetadata, scale, batch_kv=None):
         block_size = kv_cache.shape[2]
@@ -35,6 +38,15 @@ class TorchNativeBackend(AttentionBackend):
             k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], block_size)
             out[starts[i]:starts[i + 1]] = attend(q, k, v, scale)
         return out
+
+
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as a cache of `dtype` stores it: an 8-bit cache saturates at its largest value, as
+    the Triton kernels' `to_cache` does."""
+    if torch.empty((), dtype=dtype).element_size() == 1:
+        limit = torch.finfo(dtype).max
+        x = x.float().clamp(-limit, limit)
+    return x.to(dtype)
 
 
 def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int,
@@ -50,6 +62,8 @@ def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int,
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Q, H, D] are the last Q positions of k/v [S, Hkv, D]; causal."""
     q_len, seq_len = q.shape[0], k.shape[0]
+    if k.element_size() == 1:  # an 8-bit cache: attend in the query's dtype
+        k, v = k.to(q.dtype), v.to(q.dtype)
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)

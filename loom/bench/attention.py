@@ -412,8 +412,8 @@ def _environment(args: argparse.Namespace) -> dict[str, Any]:
         device = torch.device("cuda", torch.cuda.current_device())
     elif interpreted:
         device = torch.device("cpu")
-        from loom.kernels.interpreter import fix_interpreter_loop_bounds
-        fix_interpreter_loop_bounds()
+        from loom.kernels.interpreter import patch_interpreter
+        patch_interpreter()
         if args.dtype == "bfloat16":
             raise ValueError("attention: Triton's interpreter mishandles bfloat16; use "
                              "--dtype float32 or float16 on the CPU")

@@ -32,6 +32,8 @@ class OfflineBench:
     engine_args: EngineArgs
     arch: ModelArch
     dtype_bytes: int
+    kv_dtype_bytes: int
+    """The KV cache's element size (--kv-cache-dtype)."""
     device: str
     ceilings: Ceilings | None
     vocab_size: int
@@ -63,13 +65,11 @@ def _check_fits(args: argparse.Namespace, max_model_len: int) -> None:
 
 def setup_offline(args: argparse.Namespace) -> OfflineBench:
     """Measure the ceilings on the idle device, then build the engine."""
-    import torch
-
     from loom.bench.ceilings import device_name, measure_ceilings
     from loom.engine.core import resolve_max_model_len
     from loom.entrypoints.llm import LLM
     from loom.models.loader import resolve
-    from loom.worker.model_loader import resolve_dtype
+    from loom.worker.model_loader import resolve_dtype, resolve_kv_cache_dtype
     from loom.worker.worker import resolve_device
 
     engine_args = EngineArgs.from_cli_args(args)
@@ -81,7 +81,9 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
         raise ValueError(f"reference_json: no such file: {args.reference_json}")
     device = resolve_device(engine_args.device)
     ceilings = measure_ceilings(device)
-    dtype_bytes = torch.empty((), dtype=resolve_dtype(config.model.dtype, arch.dtype, device)).element_size()
+    dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
+    dtype_bytes = dtype.itemsize
+    kv_dtype_bytes = resolve_kv_cache_dtype(config.cache.cache_dtype, dtype).itemsize
     tokenizer, skip = offline_tokenizer(engine_args.model, engine_args.tokenizer)
     kwargs = dataclasses.asdict(engine_args)
     kwargs["tokenizer"] = tokenizer
@@ -89,7 +91,8 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     vocab = llm.engine.get_model_info()["vocab_size"]
     if llm.tokenizer is not None:
         vocab = min(vocab, llm.tokenizer.vocab_size)
-    return OfflineBench(llm, engine_args, arch, dtype_bytes, device_name(device), ceilings, vocab)
+    return OfflineBench(llm, engine_args, arch, dtype_bytes, kv_dtype_bytes, device_name(device),
+                        ceilings, vocab)
 
 def _jsonable(value: Any) -> Any:
     """Engine args as JSON: a CompilationConfig object becomes its fields."""

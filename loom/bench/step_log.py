@@ -77,14 +77,17 @@ class StepLog:
         self._last = now
 
 
-def step_floor_s(step: Step, arch: ModelArch, dtype_bytes: int, tp: int, ceilings) -> float:
+def step_floor_s(step: Step, arch: ModelArch, dtype_bytes: int, tp: int, ceilings,
+                 kv_dtype_bytes: int | None = None) -> float:
     """The step's floor: linear layers (weights or FLOPs, whichever is longer), then the
-    decodes' KV reads, then the prompt chunks' attention FLOPs."""
+    decodes' KV reads (kv_dtype_bytes an element; None: dtype_bytes), then the prompt
+    chunks' attention FLOPs."""
     copy, matmul = ceilings.copy_tb_per_s * 1e12, ceilings.matmul_tflop_per_s * 1e12
     tokens = step.prompt_tokens + step.decode_tokens
     linear = max(floors.decode_bytes(arch, dtype_bytes, tokens) / copy,
                  2 * arch.num_params * tokens / matmul)
-    kv_bytes_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * dtype_bytes
+    kv_bytes_per_token = (2 * arch.num_layers * arch.num_kv_heads * arch.head_dim
+                          * (kv_dtype_bytes or dtype_bytes))
     attention_flops_per_pair = 2 * 2 * arch.num_layers * arch.num_heads * arch.head_dim
     return (linear + step.decode_context * kv_bytes_per_token / copy
             + step.attention_pairs * attention_flops_per_pair / matmul) / tp
@@ -95,7 +98,7 @@ FLOOR_BASIS = ("per step: max(weights at the copy rate, linear FLOPs at the matm
 
 
 def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
-              ceilings) -> dict[str, Any]:
+              ceilings, kv_dtype_bytes: int | None = None) -> dict[str, Any]:
     """Totals and floors per class of step; the floors are None without ceilings (CPU)."""
     out = {}
     for name, steps in (("decode_only", [s for s in log.steps if s.prompt_tokens == 0]),
@@ -107,8 +110,8 @@ def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
                "mean_decode_batch": decode / len(steps) if steps else 0.0,
                "floor_s": None, "ratio_to_floor": None}
         if ceilings is not None and steps:
-            row["floor_s"] = sum(step_floor_s(s, arch, dtype_bytes, tp, ceilings)
-                                 for s in steps)
+            row["floor_s"] = sum(step_floor_s(s, arch, dtype_bytes, tp, ceilings,
+                                              kv_dtype_bytes) for s in steps)
             row["floor_basis"] = FLOOR_BASIS
             row["ratio_to_floor"] = seconds / row["floor_s"]
         out[name] = row

@@ -77,7 +77,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     if log is not None:
         bench.llm.engine.step_observer = None
         result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
-                                             bench.ceilings)
+                                             bench.ceilings, bench.kv_dtype_bytes)
         print_breakdown(result["step_breakdown"], elapsed)
         computed = sum(row["prompt_tokens"] for row in result["step_breakdown"].values())
         result["prompt_tokens_computed"] = computed

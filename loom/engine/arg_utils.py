@@ -6,9 +6,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, LOAD_FORMATS, CacheConfig,
-                         CompilationConfig, DeviceConfig, EngineConfig, ModelConfig,
-                         ParallelConfig, SchedulerConfig)
+from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS,
+                         CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
+                         ModelConfig, ParallelConfig, SchedulerConfig)
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 
 
@@ -37,6 +37,7 @@ class EngineArgs:
     """SchedulerConfig.kv_headroom_tokens; 0 admits as vLLM does."""
     block_size: int = 16
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     load_format: str = "auto"
     seed: int | None = 0
@@ -72,6 +73,9 @@ class EngineArgs:
                        "prompt fits, as vLLM")
         g.add_argument("--block-size", type=int, default=16)
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                       help="the KV cache's element type: auto (the model's dtype), or fp8 "
+                       "(= fp8_e4m3) / fp8_e5m2, unscaled: half the cache's bytes")
         g.add_argument("--enforce-eager", action="store_true")
         g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
         g.add_argument("--seed", type=int, default=0)
@@ -120,7 +124,8 @@ class EngineArgs:
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
-                              self.kv_cache_memory_bytes, self.enable_prefix_caching),
+                              self.kv_cache_memory_bytes, self.enable_prefix_caching,
+                              self.kv_cache_dtype),
             scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                                       self.async_scheduling, usage_context,
                                       self.kv_headroom_tokens),

@@ -11,19 +11,45 @@ def interpreted(kernel) -> bool:
     return isinstance(kernel, InterpretedFunction)
 
 
-def fix_interpreter_loop_bounds() -> None:
-    """Triton 3.6's interpreter turns a tensor loop bound into an int with int(array) on a
-    shape-(1,) array, which numpy >= 2.4 rejects (triton-lang/triton#9171, fixed after
-    3.6): read its one element instead. The kernels keep ordinary runtime-bounded loops,
-    which the GPU compiler software-pipelines; only the interpreter's conversion is patched."""
+def patch_interpreter() -> None:
+    """Two fixes to Triton 3.6's interpreter, for the tests and the CPU benchmarks; the GPU
+    path never runs it, and the kernels stay as the GPU compiler wants them.
+
+    - A tensor loop bound becomes an int through int(array) on a shape-(1,) array, which
+      numpy >= 2.4 rejects (triton-lang/triton#9171, fixed after 3.6): read its one element
+      instead. The kernels keep ordinary runtime-bounded loops, which the GPU compiler
+      software-pipelines.
+    - Its float-to-fp8 conversion rounds the mantissa without carrying into the exponent
+      (1.95 becomes 1.0, not 2.0): fp8 results are taken from torch's conversion, round to
+      nearest even as the GPU's cvt.rn is.
+    """
     from triton.runtime import interpreter
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "loom_fixed", False):
+    if getattr(interpreter._patch_lang_tensor, "loom_fixed", False):
         return
+    original_patch = interpreter._patch_lang_tensor
 
     def patched(tensor, scope):
-        original(tensor, scope)
+        original_patch(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     patched.loom_fixed = True
     interpreter._patch_lang_tensor = patched
+    interpreter._convert_float = _fp8_by_torch(interpreter._convert_float)
+
+
+def _fp8_by_torch(original):
+    import numpy as np
+    import torch
+    import triton.language as tl
+    sources = {tl.float32: torch.float32, tl.float16: torch.float16,
+               tl.bfloat16: torch.bfloat16}
+    targets = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        source, target = sources.get(input_dtype), targets.get(output_dtype)
+        if source is None or target is None:
+            return original(input, input_dtype, output_dtype, rounding_mode)
+        values = torch.frombuffer(bytearray(np.ascontiguousarray(input).tobytes()),
+                                  dtype=source)
+        return values.to(target).view(torch.uint8).numpy().reshape(input.shape)
+    return convert

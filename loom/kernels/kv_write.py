@@ -13,11 +13,26 @@ import triton.language as tl
 
 
 @triton.jit
+def to_cache(x, elem: tl.constexpr, SAT: tl.constexpr):
+    """x as the cache's element type; SAT > 0 (an 8-bit cache, `saturation`) clamps it to
+    +-SAT first, so that a large value is stored as the largest one, not as inf or NaN."""
+    if SAT > 0:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -SAT), SAT)
+    return x.to(elem)
+
+
+def saturation(kv_cache: torch.Tensor) -> float:
+    """The SAT of `to_cache` for this cache: its dtype's largest value if 8-bit, else 0."""
+    return float(torch.finfo(kv_cache.dtype).max) if kv_cache.element_size() == 1 else 0.0
+
+
+@triton.jit
 def _kv_write_kernel(
     key_ptr, value_ptr, cache_ptr, slot_mapping_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_plane, stride_slot, stride_chead,
     HEAD_DIM: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK: tl.constexpr,
+    SAT: tl.constexpr,
 ):
     # One program per token: all its heads in one vector, so a tiny decode batch still
     # issues wide, coalesced stores instead of one short store per head.
@@ -34,8 +49,8 @@ def _kv_write_kernel(
     # int64 slot arithmetic: slot * stride overflows int32 for caches beyond 2 G elements.
     dst = cache_ptr + slot.to(tl.int64) * stride_slot + head * stride_chead + dim
     elem = cache_ptr.dtype.element_ty
-    tl.store(dst, tl.load(src_k, mask=ok).to(elem), mask=ok)
-    tl.store(dst + stride_plane, tl.load(src_v, mask=ok).to(elem), mask=ok)
+    tl.store(dst, to_cache(tl.load(src_k, mask=ok), elem, SAT), mask=ok)
+    tl.store(dst + stride_plane, to_cache(tl.load(src_v, mask=ok), elem, SAT), mask=ok)
 
 
 def check_slot_layout(kv_cache: torch.Tensor, caller: str) -> None:
@@ -62,5 +77,5 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         HEAD_DIM=head_dim, NUM_KV_HEADS=num_kv_heads,
-        BLOCK=triton.next_power_of_2(num_kv_heads * head_dim),
+        BLOCK=triton.next_power_of_2(num_kv_heads * head_dim), SAT=saturation(kv_cache),
     )

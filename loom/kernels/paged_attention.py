@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels import pdl
-from loom.kernels.kv_write import check_slot_layout
+from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
 
 _LOG2E = 1.4426950408889634
 # tl.dot needs at least 16 rows; decode pads its GQA group up to this.
@@ -165,7 +165,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
-    ROPE: tl.constexpr, PDL: tl.constexpr = False,
+    ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, PDL: tl.constexpr = False,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
@@ -208,8 +208,8 @@ def _decode_split_kernel(
             value = tl.load(v_ptr + row * stride_vt + kv_head * stride_vh + dims)
             dst = k_base + new_slot.to(tl.int64) * stride_cslot + dims
             elem = cache_ptr.dtype.element_ty
-            tl.store(dst[None, :], key.to(elem))
-            tl.store(dst + stride_plane, value.to(elem))
+            tl.store(dst[None, :], to_cache(key, elem, SAT))
+            tl.store(dst + stride_plane, to_cache(value, elem, SAT))
             tl.debug_barrier()  # the stores are visible to this program's loads below
     else:
         q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)
@@ -404,7 +404,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         block_table.stride(0), GROUP=group,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
-        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope, PDL=use_pdl,
+        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope,
+        SAT=saturation(kv_cache) if rope else 0.0, PDL=use_pdl,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if direct:

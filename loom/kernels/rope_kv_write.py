@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loom.kernels.kv_write import check_slot_layout
+from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
 
 
 @triton.jit
@@ -25,6 +25,7 @@ def _rope_kv_write_kernel(
     stride_kvo_plane, stride_kvo_t, stride_kvo_h,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS: tl.constexpr, HALF_BLOCK: tl.constexpr, WRITE_KV_OUT: tl.constexpr,
+    SAT: tl.constexpr,
 ):
     # Program (token, group): the first groups take HEADS query heads each, the rest HEADS
     # key heads (and their values). Spreading one token's heads over a few programs keeps
@@ -65,13 +66,13 @@ def _rope_kv_write_kernel(
             elem = cache_ptr.dtype.element_ty
             k1 = (x1 * cos - x2 * sin).to(key_ty)
             k2 = (x2 * cos + x1 * sin).to(key_ty)
-            tl.store(dst, k1.to(elem), mask=ok)
-            tl.store(dst + half, k2.to(elem), mask=ok)
+            tl.store(dst, to_cache(k1, elem, SAT), mask=ok)
+            tl.store(dst + half, to_cache(k2, elem, SAT), mask=ok)
             src_v = v_ptr + row * stride_vt + head[:, None] * stride_vh + dim[None, :]
             v1 = tl.load(src_v, mask=ok)
             v2 = tl.load(src_v + half, mask=ok)
-            tl.store(dst + stride_plane, v1.to(elem), mask=ok)
-            tl.store(dst + stride_plane + half, v2.to(elem), mask=ok)
+            tl.store(dst + stride_plane, to_cache(v1, elem, SAT), mask=ok)
+            tl.store(dst + stride_plane + half, to_cache(v2, elem, SAT), mask=ok)
             if WRITE_KV_OUT:  # the batch's own rotated keys and values, for its attention
                 out = kv_out_ptr + row * stride_kvo_t + head[:, None] * stride_kvo_h \
                     + dim[None, :]
@@ -133,5 +134,6 @@ def rope_write_kv_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         *kv_strides,
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HEADS=heads, HALF_BLOCK=half_block, WRITE_KV_OUT=kv_out is not None,
+        SAT=saturation(kv_cache),
     )
     return q_out

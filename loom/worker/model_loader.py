@@ -27,6 +27,15 @@ def resolve_dtype(requested: str, checkpoint: str | None, device: torch.device) 
     return torch.bfloat16
 
 
+_KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                    "fp8_e5m2": torch.float8_e5m2}
+
+
+def resolve_kv_cache_dtype(requested: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for `CacheConfig.cache_dtype` (auto: the model's)."""
+    return model_dtype if requested == "auto" else _KV_CACHE_DTYPES[requested]
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype):
     previous = torch.get_default_dtype()

@@ -26,7 +26,7 @@ from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes, piece
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
-from loom.worker.model_loader import load_model
+from loom.worker.model_loader import load_model, resolve_kv_cache_dtype
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
@@ -74,6 +74,11 @@ class ModelRunner:
         self.model, self.arch, self.dtype = load_model(config, device)
         logger.info("loaded %s (%s, %s) in %.1f s", self.arch.architecture, self.dtype, device,
                     time.perf_counter() - start)
+        self.kv_dtype = resolve_kv_cache_dtype(config.cache.cache_dtype, self.dtype)
+        if self.kv_dtype != self.dtype:
+            logger.info("KV cache in %s (the model computes in %s): keys and values stored "
+                        "unscaled, saturated at +-%g", str(self.kv_dtype).removeprefix("torch."),
+                        str(self.dtype).removeprefix("torch."), torch.finfo(self.kv_dtype).max)
         self.backend = select_backend(device)
         self.sampler = Sampler()
         self.requests = RequestStates(config.scheduler.max_num_seqs,
@@ -93,7 +98,7 @@ class ModelRunner:
     @property
     def kv_block_bytes(self) -> int:
         attn = self.model.model.layers[0].self_attn.attn
-        per_token = 2 * attn.num_kv_heads * attn.head_dim * self.dtype.itemsize
+        per_token = 2 * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
         return per_token * self.block_size * self.arch.num_layers
 
     def determine_num_blocks(self) -> int:
@@ -126,7 +131,7 @@ class ModelRunner:
         attn = self.model.model.layers[0].self_attn.attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         try:
-            self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
                               for _ in range(self.arch.num_layers)]
         except (RuntimeError, MemoryError) as e:  # torch's allocator says RuntimeError
             if "memory" not in str(e).lower() and not isinstance(e, MemoryError):

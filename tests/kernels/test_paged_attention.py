@@ -28,14 +28,14 @@ from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E4
 from loom.kernels.kv_write import write_kv_cache  # noqa: E402
 from loom.kernels.paged_attention import (  # noqa: E402
     _decode_split_kernel, paged_decode, paged_prefill)
-from tests.triton_interpreter import fix_interpreter_loop_bounds  # noqa: E402
+from tests.triton_interpreter import patch_interpreter  # noqa: E402
 
 # What the kernels were actually built as: another module may have imported them first.
 INTERPRET = isinstance(_decode_split_kernel, InterpretedFunction)
 
 
 if INTERPRET:
-    fix_interpreter_loop_bounds()
+    patch_interpreter()
 
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU checks need TRITON_INTERPRET=1")
 needs_gpu = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(),

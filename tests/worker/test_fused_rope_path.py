@@ -21,12 +21,12 @@ from loom.worker import model_runner as model_runner_module  # noqa: E402
 from loom.worker.model_loader import load_model  # noqa: E402
 from tests.conftest import hf_greedy  # noqa: E402
 from tests.e2e.test_correctness import _prompts  # noqa: E402
-from tests.triton_interpreter import fix_interpreter_loop_bounds  # noqa: E402
+from tests.triton_interpreter import patch_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="runs the Triton kernels on CPU tensors, interpreted")
 if not torch.cuda.is_available():
-    fix_interpreter_loop_bounds()
+    patch_interpreter()
 
 NEW_TOKENS = 6
 

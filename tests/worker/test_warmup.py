@@ -14,12 +14,12 @@ from loom.worker import model_runner as model_runner_module  # noqa: E402
 from loom.worker import sampler as sampler_module  # noqa: E402
 from loom.worker import warmup as warmup_module  # noqa: E402
 from loom.worker.model_runner import ModelRunner  # noqa: E402
-from tests.triton_interpreter import fix_interpreter_loop_bounds  # noqa: E402
+from tests.triton_interpreter import patch_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="runs the Triton kernels on CPU tensors, interpreted")
 if not torch.cuda.is_available():
-    fix_interpreter_loop_bounds()
+    patch_interpreter()
 
 
 def _spy(monkeypatch, module, name, calls, record=None):
