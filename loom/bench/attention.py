@@ -64,6 +64,7 @@ from loom.bench.attention_workload import (AttentionShape, Inputs, Step, attenti
                                            mixed_step, reference, step_bytes, step_flops)
 from loom.bench.common import command_line, git_commit, now_iso, write_json
 from loom.bench.kernel_timing import KernelTimer, nan_fresh_tensors
+from loom.config import KV_CACHE_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ def register(subparsers) -> None:
                    help="KV cache block size (default: the engine's, CacheConfig.block_size)")
     p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="default bfloat16 (float32 in Triton's interpreter)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="the cache's element type, as the engine's flag (auto: --dtype)")
     p.add_argument("--num-iters-warmup", type=int, default=3)
     p.add_argument("--num-iters", type=int, default=20, help="timed replays per result")
     p.add_argument("--tune", action="store_true",
@@ -305,11 +308,13 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
               timer: KernelTimer) -> dict[str, Any]:
     from loom.attention.triton_backend import TritonBackend
     inputs = make_inputs(step, shape, args.block_size, env["dtype"], env["device"],
-                         args.seed * 1_000_003 + len(step.seq_lens) * 7919 + step.seq_lens[0])
+                         args.seed * 1_000_003 + len(step.seq_lens) * 7919 + step.seq_lens[0],
+                         env["kv_dtype"])
     ref = reference(inputs, step)
     timer.spin()
     dtype, elem = args.dtype, inputs.query.element_size()
-    nbytes, flops = step_bytes(step, shape, elem), step_flops(step, shape)
+    nbytes = step_bytes(step, shape, elem, inputs.kv_cache.element_size())
+    flops = step_flops(step, shape)
     num_decodes = sum(q == 1 for q in step.query_lens)
     backend = TritonBackend()
     call = backend_call(backend, inputs)
@@ -426,7 +431,10 @@ def _environment(args: argparse.Namespace) -> dict[str, Any]:
     # Before any input is drawn: the copy buffers then leave the memory to the caches.
     ceilings = ceilings_module.measure_ceilings(device)
     name = ceilings_module.device_name(device)
-    return {"device": device, "device_name": name, "dtype": getattr(torch, args.dtype),
+    from loom.worker.model_loader import resolve_kv_cache_dtype
+    dtype = getattr(torch, args.dtype)
+    return {"device": device, "device_name": name, "dtype": dtype,
+            "kv_dtype": resolve_kv_cache_dtype(args.kv_cache_dtype, dtype),
             "ceilings": ceilings, "interpreted": interpreted}
 
 
@@ -440,7 +448,8 @@ def run_attention(args: argparse.Namespace) -> int:
     import torch
     ceilings = env["ceilings"]
     print(f"{env['device_name']}: {shape.num_heads} heads, {shape.num_kv_heads} KV heads, "
-          f"head_dim {shape.head_dim} (TP {args.tensor_parallel_size}), {args.dtype}, "
+          f"head_dim {shape.head_dim} (TP {args.tensor_parallel_size}), {args.dtype} "
+          f"(KV cache {str(env['kv_dtype']).removeprefix('torch.')}), "
           f"block size {args.block_size}, {args.mode}", flush=True)
     if ceilings is not None:
         print(f"ceilings: copy {ceilings.copy_tb_per_s:.2f} TB/s (read+write), bf16 matmul "
@@ -459,7 +468,7 @@ def run_attention(args: argparse.Namespace) -> int:
         try:
             row = run_shape(step, shape, args, env, timer)
         except torch.OutOfMemoryError:
-            gb = step_bytes(step, shape, env["dtype"].itemsize) / 1e9
+            gb = step_bytes(step, shape, env["dtype"].itemsize, env["kv_dtype"].itemsize) / 1e9
             raise ValueError(f"attention: B={batch} ctx={ctx} does not fit in device memory "
                              f"(its KV cache alone is {gb:.1f} GB); drop that shape") from None
         rows.append(row)
@@ -477,7 +486,9 @@ def run_attention(args: argparse.Namespace) -> int:
                                             if args.mode != "decode" else ""),
             "model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
             "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim, "dtype": args.dtype, "block_size": args.block_size,
+            "head_dim": shape.head_dim, "dtype": args.dtype,
+            "kv_cache_dtype": str(env["kv_dtype"]).removeprefix("torch."),
+            "block_size": args.block_size,
             "mode": args.mode, "tuned": args.tune, "interpreted": env["interpreted"],
             "num_iters": args.num_iters, "elapsed_s": elapsed, "rows": rows}
         print(f"Wrote {write_json(args.output_json, payload)}")

@@ -69,11 +69,13 @@ def mixed_step(batch_size: int, context_len: int, prompt_tokens: int, chunk_len:
                 decode.seq_lens + tuple(chunk_context + n for n in chunks))
 
 
-def step_bytes(step: Step, shape: AttentionShape, elem_size: int) -> int:
-    """Every request's keys and values once, the queries and the outputs."""
+def step_bytes(step: Step, shape: AttentionShape, elem_size: int,
+               kv_elem_size: int | None = None) -> int:
+    """Every request's keys and values once (kv_elem_size bytes each; None: elem_size), the
+    queries and the outputs."""
     kv = sum(step.seq_lens) * 2 * shape.num_kv_heads * shape.head_dim
     q_out = 2 * step.num_tokens * shape.num_heads * shape.head_dim
-    return (kv + q_out) * elem_size
+    return kv * (kv_elem_size or elem_size) + q_out * elem_size
 
 
 def step_flops(step: Step, shape: AttentionShape) -> int:
@@ -97,7 +99,9 @@ class Inputs:
 
 
 def make_inputs(step: Step, shape: AttentionShape, block_size: int, dtype, device,
-                seed: int) -> Inputs:
+                seed: int, cache_dtype=None) -> Inputs:
+    """cache_dtype: the KV cache's (None: dtype); an 8-bit cache holds the random values
+    converted."""
     import torch
 
     from loom.attention.backend import AttentionMetadata
@@ -109,7 +113,7 @@ def make_inputs(step: Step, shape: AttentionShape, block_size: int, dtype, devic
     for i, row in enumerate(torch.split(order, blocks)):
         table[i, :len(row)] = row
     cache = torch.randn(2, sum(blocks), block_size, shape.num_kv_heads, shape.head_dim,
-                        generator=gen, device=device, dtype=dtype)
+                        generator=gen, device=device, dtype=dtype).to(cache_dtype or dtype)
     query = torch.randn(step.num_tokens, shape.num_heads, shape.head_dim, generator=gen,
                         device=device, dtype=dtype)
     starts = torch.tensor((0,) + step.query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)

@@ -217,3 +217,15 @@ def test_shipped_shapes_per_rank():
     assert per_token * 32 == 128 << 10
     assert bench.step_bytes(step, bench.attention_shape("llama-3.1-8b", 1), 2) == (
         430 * 1200 * per_token + 2 * 430 * 32 * 128 * 2)
+
+
+def test_fp8_cache_halves_the_kv_bytes(model, tmp_path, monkeypatch, fake_ceilings):
+    out = tmp_path / "fp8.json"
+    assert _run(monkeypatch, "--model", model, "--batch-sizes", "2", "--context-lens", "20",
+                "--kv-cache-dtype", "fp8", "--output-json", str(out)) == 0
+    r = json.loads(out.read_text())
+    assert r["kv_cache_dtype"] == "float8_e4m3fn"
+    (row,) = r["rows"]
+    # one byte a cached element; the float32 queries and outputs as they are
+    assert row["bytes"] == 2 * _kv_bytes(20) // F32 + _q_out_bytes(2)
+    assert row["max_rel_error"] < 1e-4  # against the reference over the same 8-bit cache
