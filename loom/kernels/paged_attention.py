@@ -73,6 +73,17 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
     return acc, m_new, l_i
 
 
+@triton.jit
+def _dot_dtype(q, F16_DOT: tl.constexpr):
+    """q as the dots take it. F16_DOT (an 8-bit cache beside 16-bit queries): fp16, clamped
+    to its range, and `_attend_tile` then converts keys, values and probabilities to fp16
+    too. An 8-bit key becomes fp16 in one instruction per pair, bf16 in a further one per
+    element; fp16 also holds an 8-bit value and a probability more exactly than bf16."""
+    if F16_DOT:
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    return q
+
+
 # Integers that change from step to step are not specialised on (Triton would compile a
 # variant per divisibility by 16 and per value 1, each costing a serving request a stall).
 @triton.jit(do_not_specialize=["stride_bt"])
@@ -83,6 +94,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, MASK_ALL: tl.constexpr = False,
+    F16_DOT: tl.constexpr = False,
 ):
     # grid: (request, query tile, kv head). Rows are BLOCK_Q tokens x GROUP_PAD heads.
     req = tl.program_id(0)
@@ -104,7 +116,8 @@ def _prefill_kernel(
     row_ok = (tok < q_len) & (g < GROUP)
     dims = tl.arange(0, HEAD_DIM)
     q_off = (q_start + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
-    q = tl.load(q_ptr + q_off + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q = _dot_dtype(tl.load(q_ptr + q_off + dims[None, :], mask=row_ok[:, None], other=0.0),
+                   F16_DOT)
     q_pos = ctx_len + tok
 
     # Keys past this tile's last query are masked for every row: stop there.
@@ -165,7 +178,8 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
-    ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, PDL: tl.constexpr = False,
+    ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, F16_DOT: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
@@ -213,6 +227,7 @@ def _decode_split_kernel(
             tl.debug_barrier()  # the stores are visible to this program's loads below
     else:
         q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)
+    q = _dot_dtype(q, F16_DOT)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -279,6 +294,11 @@ def _check(query: torch.Tensor, kv_cache: torch.Tensor) -> tuple[int, int]:
     return num_heads // num_kv_heads, num_kv_heads
 
 
+def _f16_dot(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether the dots run in fp16 (`_dot_dtype`): an 8-bit cache and 16-bit queries."""
+    return kv_cache.element_size() == 1 and query.element_size() == 2
+
+
 def _precision(dtype: torch.dtype) -> str:
     # fp32 inputs would silently drop to tf32 on tensor cores; keep them exact.
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -325,7 +345,8 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=query.shape[2],
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_N=block_n,
         PRECISION=_precision(query.dtype), HAS_REQ_INDEX=req_index is not None,
-        MASK_ALL=mask_all, num_warps=num_warps, num_stages=num_stages,
+        MASK_ALL=mask_all, F16_DOT=_f16_dot(query, kv_cache), num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 
@@ -405,7 +426,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         GROUP_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
         HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope,
-        SAT=saturation(kv_cache) if rope else 0.0, PDL=use_pdl,
+        SAT=saturation(kv_cache) if rope else 0.0, F16_DOT=_f16_dot(query, kv_cache),
+        PDL=use_pdl,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if direct:
