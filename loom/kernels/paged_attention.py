@@ -64,22 +64,11 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if v_base.dtype.element_ty.primitive_bitwidth == 8:
-        # 8-bit values, loaded as V^T and transposed once converted: the PV dot wants them
-        # key-major, and without an 8-bit ldmatrix.trans Triton would read them from shared
-        # memory a byte at a time.
-        vt_ptrs = v_base + off[None, :] + dims[:, None]
-        if FULL:
-            vt = tl.load(vt_ptrs)
-        else:
-            vt = tl.load(vt_ptrs, mask=k_ok[None, :], other=0.0)
-        v = tl.trans(vt.to(q.dtype))
+    v_ptrs = v_base + off[:, None] + dims[None, :]
+    if FULL:
+        v = tl.load(v_ptrs)
     else:
-        v_ptrs = v_base + off[:, None] + dims[None, :]
-        if FULL:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_new, l_i
 
