@@ -97,19 +97,6 @@ def sdpa_min_tokens() -> int:
     return _optional_int("LOOM_SDPA_MIN_TOKENS") or 0
 
 
-def pad_tokens_multiple() -> int:
-    """LOOM_PAD_TOKENS: a step of at least 64 times this many tokens that no piecewise graph
-    holds runs padded up to a multiple of it (1, the default: no padding), so that its
-    GEMMs see a round row count (at most 1/64 more rows); for measuring cuBLAS's choice at
-    a throughput prompt step's ~16824 rows against 16896."""
-    value = _optional_int("LOOM_PAD_TOKENS")
-    if value is None:
-        return 1
-    if value < 1:
-        raise ValueError(f"LOOM_PAD_TOKENS: expected a positive integer, got {value}")
-    return value
-
-
 def all_reduce_norm_push() -> bool:
     """LOOM_AR_NORM_PUSH=1: the fused all-reduce + norm kernel writes its row into every
     peer's buffer (posted NVLink stores) and sums from its own, instead of writing its own

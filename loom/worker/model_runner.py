@@ -89,7 +89,6 @@ class ModelRunner:
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None
         self.piece_sizes: list[int] = []
-        self.pad_multiple = envs.pad_tokens_multiple()
         """Token counts other batches are padded up to (cudagraph_mode FULL_AND_PIECEWISE)."""
         self._pending: PendingTokens | None = None
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
@@ -117,8 +116,7 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward at the largest batch, attention skipped, to measure activation memory."""
-        n = _round_up(_round_up(self.config.scheduler.max_num_batched_tokens,
-                                self.token_multiple), self.pad_multiple)
+        n = _round_up(self.config.scheduler.max_num_batched_tokens, self.token_multiple)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         positions = torch.zeros(n, dtype=torch.long, device=self.device)
         with forward_context(ForwardContext(None, self.kv_caches, self.backend)):
@@ -250,17 +248,15 @@ class ModelRunner:
         return handle
 
     def _padded_rows(self, counts: list[int]) -> int | None:
-        """The rows a batch is padded up to: the piecewise-graph size that holds it, else
-        for a large step the next multiple of LOOM_PAD_TOKENS; None where a decode graph
-        takes it, or neither applies."""
+        """The piecewise-graph size a batch is padded up to; None where a decode graph takes
+        it, or it is larger than every size."""
+        if not self.piece_sizes:
+            return None
         if self.graph_runner is not None and max(counts) == 1 \
                 and len(counts) <= self.graph_runner.sizes[-1]:
             return None
         total = sum(counts)
-        size = next((s for s in self.piece_sizes if s >= total), None)
-        if size is None and self.pad_multiple > 1 and total >= 64 * self.pad_multiple:
-            size = _round_up(total, self.pad_multiple)
-        return size
+        return next((s for s in self.piece_sizes if s >= total), None)
 
     def _share_tokens(self, tokens: torch.Tensor | None, n: int) -> torch.Tensor:
         """Every rank feeds the sampled tokens to its next step: the driver's, broadcast on

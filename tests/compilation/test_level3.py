@@ -154,7 +154,7 @@ def test_piecewise_sizes_stop_at_the_first_that_holds_a_full_batch():
 def test_a_batch_pads_to_the_next_piecewise_size_unless_a_decode_graph_takes_it():
     from types import SimpleNamespace
     runner = SimpleNamespace(piece_sizes=[8, 16, 24, 32],  # 24: a compile size
-                             graph_runner=SimpleNamespace(sizes=[1, 2, 4]), pad_multiple=1)
+                             graph_runner=SimpleNamespace(sizes=[1, 2, 4]))
     rows = lambda counts: model_runner.ModelRunner._padded_rows(runner, counts)  # noqa: E731
     assert rows([1, 1, 1]) is None  # a pure decode of 3: the decode graph of 4
     assert rows([1] * 5) == 8  # more decodes than the largest decode graph
@@ -162,13 +162,8 @@ def test_a_batch_pads_to_the_next_piecewise_size_unless_a_decode_graph_takes_it(
     assert rows([33]) is None  # past the largest size: eager pieces
     runner.graph_runner = None
     assert rows([1, 1, 1]) == 8
-    # LOOM_PAD_TOKENS=16: steps of at least 64 x 16 tokens that no piece holds, up to a
-    # multiple of 16
-    runner.pad_multiple = 16
-    assert rows([1030, 1, 1]) == 1040 and rows([1100]) == 1104 and rows([1024]) == 1024
-    assert rows([1000]) is None and rows([15, 1]) == 16
     runner.piece_sizes = []
-    assert rows([1, 1, 1]) is None and rows([1100]) == 1104
+    assert rows([1, 1, 1]) is None
 
 
 def test_cudagraph_mode_is_checked():
