@@ -5,7 +5,13 @@ device-to-device copy (memory bandwidth, read + write bytes counted) and a bf16 
 Each ceiling is the best of several timed trials: a ceiling is the rate the device can
 reach, and one 50-call timing of the matmul ranged 736-800 TFLOP/s between processes on the
 same H200, which moved a prefill's fraction of it by 7 points (benchmarks/results/
-h200-tp1-prefill8192-piecewise-6528cc9/)."""
+h200-tp1-prefill8192-piecewise-6528cc9/).
+
+The offline benchmarks also hold the matmul for a few seconds and report the rate it
+settles at: an H200 at its power limit lowers its clocks within a second of sustained
+tensor-core work (8192^3 held 20 s: 680 TFLOP/s at ~1500 MHz and ~690 W, against a burst
+rate of 807, `benchmarks/gpu/gemm_probe.py`), and a 40-s throughput run or back-to-back
+prefills are held work. The floors keep the burst rate; the held one is printed beside."""
 
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ class Ceilings:
     """bf16 (MATMUL_N x MATMUL_N) @ (MATMUL_N x MATMUL_N), 2 N^3 FLOPs each, in TFLOP/s."""
     matmul_n: int = MATMUL_N
     copy_bytes: int = COPY_BYTES
+    matmul_held_tflop_per_s: float | None = None
+    """The same matmul back to back for matmul_held_s: its rate over the last third."""
+    matmul_held_s: float | None = None
 
 
 TRIALS = 5
@@ -74,17 +83,33 @@ def matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 20) -> f
     return 2 * n ** 3 / seconds / 1e12
 
 
-def measure_ceilings(device: torch.device) -> Ceilings | None:
-    """Both ceilings on a CUDA device; None (and a log line saying so) on CPU."""
+def held_matmul_tflops(device: torch.device, seconds: float, n: int = MATMUL_N) -> float:
+    """The matmul back to back for `seconds`; its rate over the last third (the clocks
+    settle within the first second)."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    per_call = _time_cuda(lambda: torch.mm(a, b, out=out), device, warmup=3, iters=10)
+    calls = max(1, int(seconds / 3 / per_call))
+    _time_cuda(lambda: torch.mm(a, b, out=out), device, warmup=0, iters=2 * calls)
+    return 2 * n ** 3 / _time_cuda(lambda: torch.mm(a, b, out=out), device, 0, calls) / 1e12
+
+
+def measure_ceilings(device: torch.device, held_s: float = 0.0) -> Ceilings | None:
+    """Both ceilings on a CUDA device (and, with held_s, the matmul's held rate); None (and
+    a log line saying so) on CPU."""
     if device.type != "cuda":
         logger.info("ceilings: skipped on %s (measured on CUDA devices only)", device)
         return None
     copy = copy_bandwidth_tbps(device)
     rate = matmul_tflops(device)
+    held = held_matmul_tflops(device, held_s) if held_s > 0 else None
     torch.cuda.empty_cache()
-    ceilings = Ceilings(torch.cuda.get_device_name(device), copy, rate)
-    logger.info("ceilings on %s: copy %.2f TB/s (read+write), bf16 matmul %.0f TFLOP/s",
-                ceilings.device, copy, rate)
+    ceilings = Ceilings(torch.cuda.get_device_name(device), copy, rate,
+                        matmul_held_tflop_per_s=held, matmul_held_s=held_s or None)
+    logger.info("ceilings on %s: copy %.2f TB/s (read+write), bf16 matmul %.0f TFLOP/s%s",
+                ceilings.device, copy, rate,
+                f" (held {held_s:.0f} s: {held:.0f})" if held is not None else "")
     return ceilings
 
 

@@ -29,6 +29,7 @@ from loom.bench.offline import (
     OfflineBench,
     add_offline_args,
     check_positive,
+    held_ratio,
     print_ceilings,
     setup_offline,
 )
@@ -193,8 +194,10 @@ def _prefill_ratio(bench: OfflineBench, args: argparse.Namespace,
         floor = floors.prefill_floor_s(bench.arch, args.input_len, args.batch_size,
                                        bench.ceilings.matmul_tflop_per_s, bench.tp)
     fraction = floor / measured_s if floor is not None and measured_s else None
+    ratio = held_ratio(bench.ceilings)
     return {"prefill_floor_s": floor, "prefill_latency_s": measured_s,
-            "prefill_fraction_of_ceiling": fraction}
+            "prefill_fraction_of_ceiling": fraction,
+            "prefill_fraction_of_held_ceiling": fraction / ratio if fraction and ratio else None}
 
 
 def _decode_ratio(bench: OfflineBench, args: argparse.Namespace, main: Series,
@@ -261,7 +264,9 @@ def print_floors(r: dict[str, Any]) -> None:
     if r["prefill_latency_s"] is not None and r["prefill_floor_s"] is not None:
         print(f"Prefill: {r['prefill_latency_s']:.4f} s, floor {r['prefill_floor_s']:.4f} s "
               f"({r['prefill_flops'] / 1e12:.2f} TFLOP, tp={r['tensor_parallel_size']}) -> "
-              f"{100 * r['prefill_fraction_of_ceiling']:.1f}% of the matmul ceiling")
+              f"{100 * r['prefill_fraction_of_ceiling']:.1f}% of the matmul ceiling"
+              + (f" ({100 * r['prefill_fraction_of_held_ceiling']:.1f}% of its held rate)"
+                 if r.get("prefill_fraction_of_held_ceiling") else ""))
     if "decode_ms_per_token" not in r:
         return
     line = f"Decode: {r['decode_ms_per_token']:.3f} ms/token ({r['decode_ms_per_token_method']})"

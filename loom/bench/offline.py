@@ -63,6 +63,10 @@ def _check_fits(args: argparse.Namespace, max_model_len: int) -> None:
                          "--max-model-len or shorten the request")
 
 
+HELD_MATMUL_S = 3.0
+"""Seconds the offline benchmarks hold the matmul for its held rate (`loom.bench.ceilings`)."""
+
+
 def setup_offline(args: argparse.Namespace) -> OfflineBench:
     """Measure the ceilings on the idle device, then build the engine."""
     from loom.bench.ceilings import device_name, measure_ceilings
@@ -80,7 +84,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     if getattr(args, "reference_json", None) and not os.path.isfile(args.reference_json):
         raise ValueError(f"reference_json: no such file: {args.reference_json}")
     device = resolve_device(engine_args.device)
-    ceilings = measure_ceilings(device)
+    ceilings = measure_ceilings(device, held_s=HELD_MATMUL_S)
     dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
     dtype_bytes = dtype.itemsize
     kv_dtype_bytes = resolve_kv_cache_dtype(config.cache.cache_dtype, dtype).itemsize
@@ -112,8 +116,21 @@ def print_ceilings(ceilings: Ceilings | None) -> None:
     if ceilings is None:
         print("Ceilings: skipped (measured on CUDA only); no floor ratios on this device")
         return
+    held = ""
+    if ceilings.matmul_held_tflop_per_s is not None:
+        held = (f"; held {ceilings.matmul_held_s:.0f} s: {ceilings.matmul_held_tflop_per_s:.1f}"
+                f" TFLOP/s ({ceilings.matmul_held_tflop_per_s / ceilings.matmul_tflop_per_s:.0%}"
+                " of it)")
     print(f"Ceilings on {ceilings.device}: copy {ceilings.copy_tb_per_s:.3f} TB/s (read+write), "
-          f"bf16 matmul {ceilings.matmul_tflop_per_s:.1f} TFLOP/s")
+          f"bf16 matmul {ceilings.matmul_tflop_per_s:.1f} TFLOP/s{held}")
+
+
+def held_ratio(ceilings: Ceilings | None) -> float | None:
+    """The held matmul rate over the burst one (a floor at the burst rate, divided by this,
+    is the floor at the held rate); None where it was not measured."""
+    if ceilings is None or ceilings.matmul_held_tflop_per_s is None:
+        return None
+    return ceilings.matmul_held_tflop_per_s / ceilings.matmul_tflop_per_s
 
 
 def check_positive(**values: int) -> None:

@@ -40,7 +40,7 @@ def model(tmp_path):
 
 @pytest.fixture
 def fake_ceilings(monkeypatch):
-    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
 
 
 def _run(monkeypatch, *argv: str) -> int:

@@ -3,6 +3,7 @@ configs and the floors they imply."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -117,7 +118,7 @@ def test_tp_decode_prints_the_all_reduce_time_of_a_step(tiny, tmp_path, capsys, 
 
 
 def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
     out = tmp_path / "prefill.json"
     assert _latency(tiny, out, monkeypatch, "--output-len", "1") == 0
     assert "of the matmul ceiling" in capsys.readouterr().out
@@ -139,7 +140,7 @@ def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypa
 
 
 def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
     out = tmp_path / "throughput.json"
     argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
             "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
@@ -155,6 +156,31 @@ def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
     assert r["requests_per_second"] == pytest.approx(6 / r["elapsed_time"])
     assert r["runtime_ratio_to_floor"] == pytest.approx(r["elapsed_time"] / r["floor_s"])
     assert {"device", "git_commit", "command", "engine_args", "ceilings"} <= set(r)
+    assert r["floor_held_s"] is None  # FAKE has no held rate
+
+
+def test_floors_at_the_held_matmul_rate(tiny, tmp_path, capsys, monkeypatch):
+    # The matmul held at 3/4 of its burst rate: every compute floor is 4/3 as long.
+    held = dataclasses.replace(FAKE, matmul_held_tflop_per_s=0.75e-3, matmul_held_s=3.0)
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: held)
+    out = tmp_path / "throughput.json"
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
+            "--output-json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "held 3 s: 0.0 TFLOP/s (75% of it)" in text
+    assert "Compute floor at the held matmul rate:" in text
+    r = json.loads(out.read_text())
+    assert r["floor_held_s"] == pytest.approx(r["floor_s"] * 4 / 3)
+    assert r["runtime_ratio_to_held_floor"] == pytest.approx(r["elapsed_time"] / r["floor_held_s"])
+    out = tmp_path / "prefill.json"
+    assert _latency(tiny, out, monkeypatch, "--output-len", "1") == 0
+    assert "of its held rate)" in capsys.readouterr().out
+    f = json.loads(out.read_text())["floors"]
+    assert f["prefill_fraction_of_held_ceiling"] == pytest.approx(
+        f["prefill_fraction_of_ceiling"] * 4 / 3)
 
 
 def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_path, capsys,
@@ -162,7 +188,7 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     """6 prompts of 8 tokens -> 4 outputs, in chunks of at most 16 batched tokens: every
     prompt token is in a prompt-carrying step, every output after the first is one decode
     token, and the steps' times add up to the run."""
-    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device: FAKE)
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
     out = tmp_path / "throughput.json"
     argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
             "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
@@ -230,8 +256,10 @@ def test_building_the_cli_does_not_import_torch():
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_ceilings_measure_on_cuda():
     import torch
-    c = ceilings_module.measure_ceilings(torch.device("cuda", 0))
+    c = ceilings_module.measure_ceilings(torch.device("cuda", 0), held_s=1.0)
     assert c is not None and c.copy_tb_per_s > 0.1 and c.matmul_tflop_per_s > 1
+    # best of short bursts against a held rate; a little timing noise allowed
+    assert 0.3 * c.matmul_tflop_per_s < c.matmul_held_tflop_per_s < 1.05 * c.matmul_tflop_per_s
 
 
 def test_latency_captures_only_the_graph_it_replays(capsys):
