@@ -139,14 +139,19 @@ def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypa
     assert r["decode_ratio_to_floor"] == pytest.approx(r["decode_ms_per_token"] / floor_ms)
 
 
-def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
-    out = tmp_path / "throughput.json"
+def _throughput(tiny: str, out_json, monkeypatch, ceilings: Ceilings) -> int:
+    """6 prompts of 8 tokens -> 4 outputs, judged by the given ceilings."""
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: ceilings)
     argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
             "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
-            "--output-json", str(out)]
+            "--output-json", str(out_json)]
     monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    assert main(argv) == 0
+    return main(argv)
+
+
+def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "throughput.json"
+    assert _throughput(tiny, out, monkeypatch, FAKE) == 0
     text = capsys.readouterr().out
     req_s, tok_s, out_s = map(float, THROUGHPUT.search(text).groups())
     assert tok_s == pytest.approx(req_s * 12, rel=1e-3) and out_s == pytest.approx(req_s * 4, rel=1e-3)
@@ -162,13 +167,8 @@ def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
 def test_floors_at_the_held_matmul_rate(tiny, tmp_path, capsys, monkeypatch):
     # The matmul held at 3/4 of its burst rate: every compute floor is 4/3 as long.
     held = dataclasses.replace(FAKE, matmul_held_tflop_per_s=0.75e-3, matmul_held_s=3.0)
-    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: held)
     out = tmp_path / "throughput.json"
-    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
-            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
-            "--output-json", str(out)]
-    monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    assert main(argv) == 0
+    assert _throughput(tiny, out, monkeypatch, held) == 0
     text = capsys.readouterr().out
     assert "held 3 s: 0.0 TFLOP/s (75% of it)" in text
     assert "Compute floor at the held matmul rate:" in text

@@ -18,11 +18,14 @@ POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_
             "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
             "slot_mapping_ptr": "*i64"}
 UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
+# Compile-time flags the launchers always pass; a test variant may override them.
+DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False}
 
 
-def build(fn, cons, warps, indexed, stages=2):
+def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
     names = list(fn.arg_names)
-    cons = dict(cons, HAS_REQ_INDEX=indexed)
+    cons = dict({k: v for k, v in DEFAULTS.items() if k in names}, **cons,
+                HAS_REQ_INDEX=indexed)
     sig = {}
     for name in names:
         if name in cons:
@@ -32,7 +35,8 @@ def build(fn, cons, warps, indexed, stages=2):
             if not indexed:
                 cons[name] = None
         else:
-            sig[name] = POINTERS.get(name, "fp32" if name in FLOATS else "i32")
+            sig[name] = dict(POINTERS, cache_ptr=cache).get(
+                name, "fp32" if name in FLOATS else "i32")
     # What a launch specialises on: 16-byte aligned pointers, strides that are multiples of 16.
     aligned = [i for i, n in enumerate(names)
                if sig[n] not in ("constexpr", "fp32") and n not in UNALIGNED]
@@ -47,7 +51,8 @@ def build(fn, cons, warps, indexed, stages=2):
     loads = kernel.asm["ptx"].count("ld.global")
     name = fn.__name__ + ("_direct" if cons.get("DIRECT") else "") \
         + ("_rope" if cons.get("ROPE") else "") + (f"_n{cons['BLOCK_N']}s{stages}"
-                                                   if "BLOCK_N" in cons else "")
+                                                   if "BLOCK_N" in cons else "") \
+        + ("_fp8" if cache != "*bf16" else "")
     print("ok", name, cons["HEAD_DIM"], indexed, loads)
 
 
@@ -71,6 +76,13 @@ for indexed in (False, True):
                                              BLOCK_SIZE=16, BLOCK_N=block_n, PRECISION="tf32",
                                              DIRECT=direct, ROPE=rope), 4, indexed, stages)
     build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128), 4, indexed)
+# an 8-bit cache (--kv-cache-dtype fp8): fp16 dots, saturating stores of the new tokens
+build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_Q=32,
+                            BLOCK_N=64, PRECISION="tf32", MASK_ALL=False, F16_DOT=True),
+      4, False, 3, cache="*fp8e4nv")
+build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
+                                 BLOCK_N=128, PRECISION="tf32", DIRECT=False, ROPE=True,
+                                 SAT=448.0, F16_DOT=True), 4, False, 3, cache="*fp8e4nv")
 """
 
 
@@ -81,7 +93,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 18
+    assert len(lines) == 20
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:

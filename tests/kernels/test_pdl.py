@@ -75,7 +75,8 @@ build(_split_k_reduce_kernel, dict(SPLIT_K=4, BLOCK=1024, PDL=True))
 for direct, rope in ((True, True), (False, False)):
     build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                      BLOCK_N=64, PRECISION="tf32", HAS_REQ_INDEX=False,
-                                     DIRECT=direct, ROPE=rope, PDL=True))
+                                     DIRECT=direct, ROPE=rope, SAT=0.0, F16_DOT=False,
+                                     PDL=True))
 build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128, HAS_REQ_INDEX=False, PDL=True))
 for push in (False, True):
     build(_all_reduce_add_rms_norm_kernel, dict(N=4096, BLOCK=4096, WORLD=2, MAX_ROWS=8,
