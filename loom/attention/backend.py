@@ -1,7 +1,9 @@
 """The attention backend interface and the per-step metadata every backend reads.
 
 KV cache layout, per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]`
-(index 0 keys, 1 values). A token's slot is `block_id * block_size + offset`.
+(index 0 keys, 1 values), in the model's dtype or 8-bit (`CacheConfig.cache_dtype`: writers
+store a value as torch converts it, saturated; readers attend over what the cache holds).
+A token's slot is `block_id * block_size + offset`.
 The batch is flat: the query tokens of request i are rows
 `query_start_loc[i]:query_start_loc[i+1]`, and they are the last query tokens of its
 `seq_lens[i]` tokens (context already in the cache, then the new ones).
