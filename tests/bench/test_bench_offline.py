@@ -349,6 +349,9 @@ def test_step_floor_takes_the_longer_of_weights_and_flops_plus_attention():
     wide = Step(0.0, 0, 500, 500 * 1200, 0)  # 500 decodes: 2 x 6.98e9 x 500 FLOPs bound them
     assert step_floor_s(wide, arch, 2, 1, rates) == pytest.approx(
         2 * 6.98e9 * 500 / 800e12 + 500 * 1200 * kv / 4e12, rel=0.01)
+    # an 8-bit KV cache: half the decodes' bytes, the same weights
+    assert step_floor_s(wide, arch, 2, 1, rates, kv_dtype_bytes=1) == pytest.approx(
+        2 * 6.98e9 * 500 / 800e12 + 500 * 1200 * kv / 2 / 4e12, rel=0.01)
     # 1024 prompt tokens from scratch: 1024 x 1025 / 2 visible pairs, 4 x 32 x 128 x 32 FLOPs
     # each; TP=2 halves it all.
     prompt = Step(0.0, 1024, 0, 0, 1024 * 1025 // 2)
