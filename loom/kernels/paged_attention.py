@@ -32,34 +32,6 @@ _MIN_DOT_ROWS = 16
 
 
 @triton.jit
-def _load_fp8_pairs(base, off, k_pos, kv_end, FULL: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    dtype):
-    """[BLOCK_N, HEAD_DIM] 8-bit values as `dtype`, read as 16-bit pairs of neighbouring
-    dims and split by bit operations, so that the tile reaches the dot's layout in 16 bits
-    (ldmatrix.trans) rather than a byte at a time. e4m3: sign, then exponent and mantissa
-    shifted into fp16's fields and scaled by 2^8 (the two biases differ by 8; exact, its
-    subnormals included; its NaN byte would read as 480, but writers saturate and never
-    store it); e5m2 is the top byte of an fp16."""
-    pairs = base.to(tl.pointer_type(tl.uint16), bitcast=True)
-    half = tl.arange(0, HEAD_DIM // 2)
-    ptrs = pairs + (off // 2)[:, None] + half[None, :]
-    if FULL:
-        raw = tl.load(ptrs)
-    else:
-        raw = tl.load(ptrs, mask=(k_pos < kv_end)[:, None], other=0)
-    lo = (raw & 0xFF).to(tl.uint16)
-    hi = (raw >> 8).to(tl.uint16)
-    if base.dtype.element_ty == tl.float8e5:
-        lo16 = (lo << 8).to(tl.float16, bitcast=True)
-        hi16 = (hi << 8).to(tl.float16, bitcast=True)
-    else:
-        lo16 = (((lo & 0x80) << 8) | ((lo & 0x7F) << 7)).to(tl.float16, bitcast=True) * 256.0
-        hi16 = (((hi & 0x80) << 8) | ((hi & 0x7F) << 7)).to(tl.float16, bitcast=True) * 256.0
-    v = tl.reshape(tl.join(lo16, hi16), [off.shape[0], HEAD_DIM])
-    return v.to(dtype)
-
-
-@triton.jit
 def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v_base,
                  stride_cblk, stride_cslot, scale_log2,
                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -92,14 +64,11 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if v_base.dtype.element_ty.primitive_bitwidth == 8:
-        v = _load_fp8_pairs(v_base, off, k_pos, kv_end, FULL, HEAD_DIM, q.dtype)
+    v_ptrs = v_base + off[:, None] + dims[None, :]
+    if FULL:
+        v = tl.load(v_ptrs)
     else:
-        v_ptrs = v_base + off[:, None] + dims[None, :]
-        if FULL:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_new, l_i
 
