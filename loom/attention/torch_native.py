@@ -43,7 +43,7 @@ class TorchNativeBackend(AttentionBackend):
 def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x as a cache of `dtype` stores it: an 8-bit cache saturates at its largest value, as
     the Triton kernels' `to_cache` does."""
-    if torch.empty((), dtype=dtype).element_size() == 1:
+    if dtype.itemsize == 1:
         limit = torch.finfo(dtype).max
         x = x.float().clamp(-limit, limit)
     return x.to(dtype)

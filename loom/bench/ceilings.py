@@ -75,24 +75,26 @@ def copy_bandwidth_tbps(device: torch.device, nbytes: int = COPY_BYTES, iters: i
     return 2 * nbytes / seconds / 1e12
 
 
-def matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 20) -> float:
+def _matmul(device: torch.device, n: int) -> Callable[[], None]:
+    """One bf16 (n x n) @ (n x n) into a preallocated output, as a call."""
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
-    seconds = _best_seconds(lambda: torch.mm(a, b, out=out), device, warmup=10, iters=iters)
+    return lambda: torch.mm(a, b, out=out)
+
+
+def matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 20) -> float:
+    seconds = _best_seconds(_matmul(device, n), device, warmup=10, iters=iters)
     return 2 * n ** 3 / seconds / 1e12
 
 
 def held_matmul_tflops(device: torch.device, seconds: float, n: int = MATMUL_N) -> float:
     """The matmul back to back for `seconds`; its rate over the last third (the clocks
     settle within the first second)."""
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
-    per_call = _time_cuda(lambda: torch.mm(a, b, out=out), device, warmup=3, iters=10)
-    calls = max(1, int(seconds / 3 / per_call))
-    _time_cuda(lambda: torch.mm(a, b, out=out), device, warmup=0, iters=2 * calls)
-    return 2 * n ** 3 / _time_cuda(lambda: torch.mm(a, b, out=out), device, 0, calls) / 1e12
+    mm = _matmul(device, n)
+    calls = max(1, int(seconds / 3 / _time_cuda(mm, device, warmup=3, iters=10)))
+    _time_cuda(mm, device, warmup=0, iters=2 * calls)  # the first two thirds: clocks settle
+    return 2 * n ** 3 / _time_cuda(mm, device, warmup=0, iters=calls) / 1e12
 
 
 def measure_ceilings(device: torch.device, held_s: float = 0.0) -> Ceilings | None:

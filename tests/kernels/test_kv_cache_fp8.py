@@ -18,11 +18,9 @@ pytest.importorskip("triton")
 
 from loom.attention.torch_native import TorchNativeBackend  # noqa: E402
 from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
-from loom.kernels.paged_attention import NewTokens, paged_decode  # noqa: E402
-from loom.kernels.rope_kv_write import rope_write_kv_cache  # noqa: E402
-from loom.layers.rotary import RotaryEmbedding  # noqa: E402
 from tests.kernels.test_paged_attention import (  # noqa: E402
-    CPU_TILES, DECODE, MIXED, PREFILL, Batch, cpu_only, make_batch, needs_gpu)
+    CPU_TILES, DECODE, MIXED, PREFILL, Batch, cpu_only, decode_fused_and_unfused, make_batch,
+    needs_gpu)
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -114,42 +112,19 @@ def test_large_keys_saturate_instead_of_overflowing(fmt):
         assert float(stored.abs().max()) == torch.finfo(fmt).max, backend.name
 
 
-def _decode_new_tokens(b: Batch, splits: int, block_n: int):
-    """paged_decode rotating and storing the new tokens itself, and rope_write_kv_cache then
-    paged_decode: (fused cache, fused out, unfused cache, unfused out, rotated q)."""
-    m, scale = b.meta, b.query.shape[-1] ** -0.5
-    device = b.query.device
-    cos_sin = RotaryEmbedding(b.query.shape[-1], int(m.seq_lens.max()), 10000.0
-                              ).cos_sin_cache.to(device)
-    pad = b.query.shape[0] - m.num_actual_tokens
-    positions = torch.cat([m.seq_lens.long() - 1, torch.zeros(pad, dtype=torch.long,
-                                                              device=device)])
-    unfused_cache = b.kv_cache.clone()
-    q_rot = rope_write_kv_cache(b.query, b.key, b.value, positions, cos_sin, unfused_cache,
-                                m.slot_mapping)
-    unfused = torch.full_like(b.query, float("nan"))
-    paged_decode(q_rot, unfused_cache, unfused, m.block_table, m.query_start_loc, m.seq_lens,
-                 m.num_reqs, scale, splits, block_n)
-    fused = torch.full_like(b.query, float("nan"))
-    paged_decode(b.query, b.kv_cache, fused, m.block_table, m.query_start_loc, m.seq_lens,
-                 m.num_reqs, scale, splits, block_n,
-                 new_tokens=NewTokens(b.key, b.value, positions, cos_sin, m.slot_mapping))
-    return b.kv_cache, fused, unfused_cache, unfused, q_rot
-
-
 @cpu_only
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_with_new_tokens_stores_as_the_rotary_kernel_does(splits):
     fmt = torch.float8_e4m3fn
     b = fp8_batch(DECODE["gqa8-d64-b16"], fmt, scale_kv=300.0)  # some keys saturate
-    fused_cache, fused, unfused_cache, unfused, q_rot = _decode_new_tokens(b, splits, 16)
-    assert torch.equal(fused_cache.view(torch.uint8), unfused_cache.view(torch.uint8))
+    r = decode_fused_and_unfused(b, splits, 16)
+    assert torch.equal(b.kv_cache.view(torch.uint8), r.unfused_cache.view(torch.uint8))
     n = b.meta.num_actual_tokens
-    torch.testing.assert_close(fused[:n], unfused[:n], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(r.fused[:n], r.unfused[:n], atol=1e-5, rtol=1e-5)
     # Both attend over the 8-bit cache, as the torch backend does over the same bytes.
-    ref = TorchNativeBackend().forward(q_rot.float(), unfused_cache.float(), b.meta,
+    ref = TorchNativeBackend().forward(r.q_rot.float(), r.unfused_cache.float(), b.meta,
                                        b.query.shape[-1] ** -0.5)
-    torch.testing.assert_close(fused[:n], ref[:n], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(r.fused[:n], ref[:n], atol=1e-4, rtol=1e-4)
 
 
 GPU_CASES = {  # compiled, bf16 compute, Llama-3.1-8B heads
@@ -175,10 +150,10 @@ def test_gpu_fp8_cache(case, sdpa, fmt):
 def test_gpu_fp8_decode_with_new_tokens(splits):
     b = fp8_batch(GPU_CASES["decode"], torch.float8_e4m3fn, device="cuda",
                   compute=torch.bfloat16)
-    fused_cache, fused, unfused_cache, unfused, _ = _decode_new_tokens(b, splits, 64)
+    r = decode_fused_and_unfused(b, splits, 64)
     # The compiler may contract the rotation into FMAs differently in the two kernels: a
     # key may round to the neighbouring 8-bit value.
-    torch.testing.assert_close(fused_cache.float(), unfused_cache.float(), atol=0.07,
+    torch.testing.assert_close(b.kv_cache.float(), r.unfused_cache.float(), atol=0.07,
                                rtol=0.07, equal_nan=True)
     n = b.meta.num_actual_tokens
-    torch.testing.assert_close(fused[:n], unfused[:n], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(r.fused[:n], r.unfused[:n], atol=2e-2, rtol=2e-2)

@@ -184,10 +184,20 @@ def test_sdpa_min_tokens_sends_short_fresh_prefills_to_the_kernel(monkeypatch):
     assert not TritonBackend()._use_sdpa(batch.meta)
 
 
-def check_decode_with_new_tokens(batch: Batch, splits: int, block_n: int, atol, rtol) -> None:
-    """new_tokens: the decode kernel rotates q and k and stores k and v as
-    rope_write_kv_cache does, so the cache comes out identical and the output the same as
-    that kernel followed by paged_decode, and close to the torch backend's."""
+@dataclass
+class FusedAndUnfused:
+    fused: torch.Tensor
+    """paged_decode's output rotating and storing the new tokens itself (batch.kv_cache)."""
+    unfused: torch.Tensor
+    """rope_write_kv_cache then paged_decode, on a copy of the cache (unfused_cache)."""
+    unfused_cache: torch.Tensor
+    q_rot: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+
+
+def decode_fused_and_unfused(batch: Batch, splits: int, block_n: int) -> FusedAndUnfused:
+    """A pure decode both ways, into NaN-poisoned outputs."""
     from loom.kernels.paged_attention import NewTokens
     from loom.kernels.rope_kv_write import rope_write_kv_cache
     from loom.layers.rotary import RotaryEmbedding
@@ -211,6 +221,17 @@ def check_decode_with_new_tokens(batch: Batch, splits: int, block_n: int, atol, 
                  m.seq_lens, m.num_reqs, scale, splits, block_n,
                  new_tokens=NewTokens(batch.key, batch.value, positions, cos_sin,
                                       m.slot_mapping))
+    return FusedAndUnfused(fused, unfused, unfused_cache, q_rot, positions, cos_sin)
+
+
+def check_decode_with_new_tokens(batch: Batch, splits: int, block_n: int, atol, rtol) -> None:
+    """new_tokens: the decode kernel rotates q and k and stores k and v as
+    rope_write_kv_cache does, so the cache comes out identical and the output the same as
+    that kernel followed by paged_decode, and close to the torch backend's."""
+    m, scale = batch.meta, batch.query.shape[-1] ** -0.5
+    device = batch.query.device
+    r = decode_fused_and_unfused(batch, splits, block_n)
+    fused, unfused, unfused_cache = r.fused, r.unfused, r.unfused_cache
     if device.type == "cpu":
         assert torch.equal(batch.kv_cache.nan_to_num(7.0), unfused_cache.nan_to_num(7.0))
     else:  # the GPU compiler may contract the rotation's products into FMAs either way
@@ -219,8 +240,8 @@ def check_decode_with_new_tokens(batch: Batch, splits: int, block_n: int, atol, 
     n = m.num_actual_tokens
     torch.testing.assert_close(fused[:n], unfused[:n], atol=atol, rtol=rtol)
     # Against the torch backend too, on the rotated inputs: nobody here wrote that one.
-    _, ref = reference(Batch(q_rot, *_rotated_kv(batch, positions, cos_sin), unfused_cache,
-                             m), scale)
+    _, ref = reference(Batch(r.q_rot, *_rotated_kv(batch, r.positions, r.cos_sin),
+                             unfused_cache, m), scale)
     torch.testing.assert_close(fused[:n].float(), ref[:n], atol=10 * atol, rtol=10 * rtol)
 
 
