@@ -8,6 +8,11 @@ run at ~95%. Two suspects, each measured here:
 2. The clocks. The ceiling is the best of five short bursts; a throughput run keeps the
    tensor cores busy for 40 s. The 8192^3 matmul back to back for --seconds, its rate per
    second of the run, beside the SM clock nvidia-smi reports (read only).
+
+`--rows 484 512 --seconds 0 --max-autotune` asks the decode steps' question instead (their
+GEMMs ran at ~61% of the ceiling at ~484 rows padded to 512): the same four shapes, and
+beside cuBLAS the GEMM Inductor's max-autotune picks for that one shape (cuBLAS or a Triton
+template, whichever it timed faster).
 """
 import argparse
 import subprocess
@@ -19,7 +24,9 @@ from loom.bench.ceilings import measure_ceilings
 from loom.bench.kernel_timing import KernelTimer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--seconds", type=float, default=20.0)
+parser.add_argument("--seconds", type=float, default=20.0, help="0: skip the held matmul")
+parser.add_argument("--rows", type=int, nargs="+", default=[8192, 16384, 16824, 16896])
+parser.add_argument("--max-autotune", action="store_true")
 args = parser.parse_args()
 dev = torch.device("cuda")
 ceil = measure_ceilings(dev)
@@ -28,18 +35,33 @@ timer = KernelTimer(dev, 2, 10)
 timer.spin()
 shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 weights = {k: torch.randn(n, kk, device=dev, dtype=torch.bfloat16) / 64 for k, (n, kk) in shapes.items()}
-for m in (8192, 16384, 16824, 16896):
-    row = []
-    total_flops = total_us = 0.0
-    for name, w in weights.items():
-        x = torch.randn(m, w.shape[1], device=dev, dtype=torch.bfloat16)
-        us = timer.time_us(lambda: torch.nn.functional.linear(x, w))
-        flops = 2 * m * w.shape[0] * w.shape[1]
-        total_flops += flops
-        total_us += us
-        row.append(f"{name} {flops / us / 1e6:6.1f}")
-    print(f"M={m:6d}: " + ", ".join(row) + f" TFLOP/s; a layer {total_flops / total_us / 1e6:.1f} "
-          f"({total_flops / total_us / 1e6 / ceil.matmul_tflop_per_s:.1%} of the ceiling)")
+
+
+def linear(x, w):
+    return torch.nn.functional.linear(x, w)
+
+
+variants = {"cuBLAS": linear}
+if args.max_autotune:
+    torch._dynamo.config.cache_size_limit = 64  # one graph per shape and row count
+    variants["max-autotune"] = torch.compile(linear, mode="max-autotune-no-cudagraphs",
+                                             dynamic=False)
+for m in args.rows:
+    for label, fn in variants.items():
+        row = []
+        total_flops = total_us = 0.0
+        for name, w in weights.items():
+            x = torch.randn(m, w.shape[1], device=dev, dtype=torch.bfloat16)
+            fn(x, w)  # compiles (and autotunes) outside the timer
+            us = timer.time_us(lambda: fn(x, w))
+            flops = 2 * m * w.shape[0] * w.shape[1]
+            total_flops += flops
+            total_us += us
+            row.append(f"{name} {flops / us / 1e6:6.1f}")
+        print(f"M={m:6d} {label}: " + ", ".join(row) + f" TFLOP/s; a layer "
+              f"{total_flops / total_us / 1e6:.1f} "
+              f"({total_flops / total_us / 1e6 / ceil.matmul_tflop_per_s:.1%} of the ceiling, "
+              f"{total_us:.0f} us)", flush=True)
 
 
 def sm_clock() -> str:
@@ -51,6 +73,8 @@ def sm_clock() -> str:
         return "?"
 
 
+if args.seconds <= 0:
+    raise SystemExit(0)
 n = 8192
 a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
 b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)

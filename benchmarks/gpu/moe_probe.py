@@ -1,0 +1,85 @@
+"""Each fused-MoE kernel alone, against the copy rate: where does a decode-size MoE call
+(~62% of the copy rate at 512 tokens) lose its time, and do the transposed tiles
+(SWAP_AB) or a config per kernel do better?
+
+For each token count M: the experts' weight bytes the routing touches (gate_up reads
+2 * H * I of each, down H * I), then gate_up and down timed alone (CUDA graph, L2 flushed:
+KernelTimer) for every config `loom bench moe --tune` would search at M, plus the tuned
+table's. Prints, per kernel, the tuned config's time and the best untransposed and
+transposed ones, as a share of the copy rate over those bytes (the compute-bound sizes:
+as TFLOP/s too), and the whole call with the tuned config.
+
+    python3 moe_probe.py [--model qwen3-30b-a3b] [--rows 1 128 512 1024 16384] [--json OUT]
+"""
+import argparse
+import json
+
+import torch
+
+from loom.bench.ceilings import measure_ceilings
+from loom.bench.moe import Bench, _precompile, moe_shape, search_space
+from loom.kernels import fused_moe as fm
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--model", default="qwen3-30b-a3b")
+parser.add_argument("--rows", type=int, nargs="+", default=[1, 128, 512, 1024, 16384])
+parser.add_argument("--search-up-to", type=int, default=2048,
+                    help="past this M only the tuned config is timed")
+parser.add_argument("--json", default=None)
+args = parser.parse_args()
+
+shape = moe_shape(args.model, 1)
+bench = Bench(shape, torch.bfloat16, seed=0, warmup=3, iters=20)
+ceil = measure_ceilings(bench.device)
+print(f"ceilings: copy {ceil.copy_tb_per_s:.3f} TB/s, matmul {ceil.matmul_tflop_per_s:.1f} "
+      f"TFLOP/s", flush=True)
+KERNELS = ("gate_up", "down")
+results = {"ceilings": {"copy_tb_per_s": ceil.copy_tb_per_s,
+                        "matmul_tflop_per_s": ceil.matmul_tflop_per_s}, "rows": []}
+
+
+def time_kernels(config):
+    launches, _ = fm.moe_launches(*bench.inputs, fm.get_config(
+        bench.num_tokens, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
+        bench.device, config))
+    return [bench.timer.time_us(lambda k=k, g=g, a=a, kw=kw: k[g](*a, **kw))
+            for k, g, a, kw in launches]
+
+
+for m in args.rows:
+    bench.set_batch(m)
+    expert_bytes = 2 * shape.hidden * shape.inter  # one H x I matrix in bf16
+    nbytes = {"gate_up": 2 * expert_bytes * bench.experts_touched,
+              "down": expert_bytes * bench.experts_touched}
+    flops = {"gate_up": 4 * m * shape.top_k * shape.hidden * shape.inter,
+             "down": 2 * m * shape.top_k * shape.hidden * shape.inter}
+    tuned = fm.get_config(m, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
+                          bench.device)
+    configs = [tuned] + (search_space(shape, m) if m <= args.search_up_to else [])
+    _precompile(bench, configs)
+    timed = []
+    for config in configs:
+        try:
+            timed.append((config, time_kernels(config)))
+        except Exception as e:  # a config the compiler refuses: skip it, say so
+            print(f"  skipped {config}: {type(e).__name__}: {str(e)[:100]}")
+    row = {"M": m, "experts_touched": bench.experts_touched,
+           "call_us": bench.time_us(tuned), "kernels": {}}
+    print(f"M={m} ({bench.experts_touched} experts): the whole call {row['call_us']:.1f} us "
+          f"with the tuned config", flush=True)
+    for i, name in enumerate(KERNELS):
+        floor_us = nbytes[name] / (ceil.copy_tb_per_s * 1e6)
+        picks = {"tuned": timed[0]}
+        for swap in (0, 1):
+            cands = [t for t in timed[1:] if t[0].get("SWAP_AB", 0) == swap]
+            if cands:
+                picks[f"best swap={swap}"] = min(cands, key=lambda t: t[1][i])
+        row["kernels"][name] = {"floor_us": floor_us}
+        for label, (config, us) in picks.items():
+            row["kernels"][name][label] = {"config": config, "us": us[i]}
+            print(f"  {name:7s} {label:12s} {us[i]:8.1f} us: {floor_us / us[i]:6.1%} of the "
+                  f"copy rate, {flops[name] / us[i] / 1e6:6.1f} TFLOP/s  {config}", flush=True)
+    results["rows"].append(row)
+if args.json:
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
