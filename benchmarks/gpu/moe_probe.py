@@ -1,12 +1,10 @@
 """Each fused-MoE kernel alone, against the copy rate: where does a decode-size MoE call
-(~62% of the copy rate at 512 tokens) lose its time, and do the transposed tiles
-(SWAP_AB) or a config per kernel do better?
+lose its time, and would a config per kernel do better than the tuned one they share?
 
 For each token count M: the experts' weight bytes the routing touches (gate_up reads
 2 * H * I of each, down H * I), then gate_up and down timed alone (CUDA graph, L2 flushed:
 KernelTimer) for every config `loom bench moe --tune` would search at M, plus the tuned
-table's. Prints, per kernel, the tuned config's time and the best untransposed and
-transposed ones, as a share of the copy rate over those bytes (the compute-bound sizes:
+table's. Prints, per kernel, the tuned config's time and the best one's, as a share of the copy rate over those bytes (the compute-bound sizes:
 as TFLOP/s too), and the whole call with the tuned config.
 
     python3 moe_probe.py [--model qwen3-30b-a3b] [--rows 1 128 512 1024 16384] [--json OUT]
@@ -70,10 +68,8 @@ for m in args.rows:
     for i, name in enumerate(KERNELS):
         floor_us = nbytes[name] / (ceil.copy_tb_per_s * 1e6)
         picks = {"tuned": timed[0]}
-        for swap in (0, 1):
-            cands = [t for t in timed[1:] if t[0].get("SWAP_AB", 0) == swap]
-            if cands:
-                picks[f"best swap={swap}"] = min(cands, key=lambda t: t[1][i])
+        if len(timed) > 1:
+            picks["best"] = min(timed[1:], key=lambda t: t[1][i])
         row["kernels"][name] = {"floor_us": floor_us}
         for label, (config, us) in picks.items():
             row["kernels"][name][label] = {"config": config, "us": us[i]}

@@ -119,10 +119,9 @@ def moe_shape(model: str, tp: int) -> MoeShape:
 
 
 # -- the search grid ---------------------------------------------------------------------------
-def _config(bm: int, bn: int, bk: int, group: int, warps: int, stages: int,
-            swap: int = 0) -> dict[str, int]:
+def _config(bm: int, bn: int, bk: int, group: int, warps: int, stages: int) -> dict[str, int]:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
-            "num_warps": warps, "num_stages": stages, "SWAP_AB": swap}
+            "num_warps": warps, "num_stages": stages}
 
 
 def fits(config: dict[str, int], elem_size: int = 2) -> bool:
@@ -139,9 +138,7 @@ def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
     """The first pass's configs for M = num_tokens, all with GROUP_M = 1, by rows per
     expert: a row block never spans two experts, so tall blocks only pay off when each
     expert has many rows, and decode is a weight stream, where narrow column tiles make
-    more programs and deep K tiles keep more loads in flight. Below 128 rows per expert
-    also the transposed tiles (SWAP_AB): the weight tile, 64 rows or more, is the MMA's
-    tall side and the expert's few rows its narrow one."""
+    more programs and deep K tiles keep more loads in flight."""
     per_expert = num_tokens * shape.top_k / shape.num_experts
     if per_expert < 2:
         space = [(16,), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 5)]
@@ -156,10 +153,6 @@ def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
     bms, bns, bks, warps, stages = space
     configs = [_config(bm, bn, bk, 1, w, s)
                for bm, bn, bk, w, s in itertools.product(bms, bns, bks, warps, stages)]
-    if per_expert < 128:
-        rows = [bm for bm in (16, 32, 64) if bm == 16 or bm < 2 * per_expert]
-        configs += [_config(bm, bn, bk, 1, w, s, swap=1) for bm, bn, bk, w, s in
-                    itertools.product(rows, (64, 128, 256), (64, 128), (4, 8), stages)]
     # 8 warps need a tile of at least 64 x 64 to share.
     return [c for c in configs if fits(c) and (c["num_warps"] == 4 or
                                                c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 64)]
@@ -315,7 +308,6 @@ def merged_table(path: Path, rows: list[dict[str, Any]]) -> dict[str, dict[str, 
 def _fmt(config: dict[str, int]) -> str:
     return (f"BLOCK_M={config['BLOCK_M']} BLOCK_N={config['BLOCK_N']} "
             f"BLOCK_K={config['BLOCK_K']} GROUP_M={config['GROUP_M']} "
-            f"SWAP_AB={config.get('SWAP_AB', 0)} "
             f"warps={config['num_warps']} stages={config['num_stages']}")
 
 

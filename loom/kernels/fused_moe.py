@@ -149,27 +149,6 @@ def _tile_ids(num_row_blocks, NUM_COL_TILES: tl.constexpr, GROUP_M: tl.constexpr
     return pid_m, pid_n
 
 
-@triton.jit
-def _mma(a, b, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + a @ b. SWAP_AB keeps acc as (b^T a^T), [N, M]: the weight tile becomes the
-    MMA's tall side, so a few rows per expert (decode) still make a 64-row warpgroup MMA
-    (wgmma) instead of padding the rows to 16 for mma.sync."""
-    if SWAP_AB:
-        acc = tl.dot(tl.trans(b), tl.trans(a), acc, input_precision=PRECISION)
-    else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def _zeros_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    return acc
-
-
 # The row counts are launch sizes, not shapes worth a compiled variant each.
 @triton.jit(do_not_specialize=["num_slots", "num_row_blocks"])
 def _gate_up_kernel(
@@ -177,7 +156,7 @@ def _gate_up_kernel(
     stride_xt, stride_we, stride_wn, stride_wk, stride_it,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SWAP_AB: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_n = _tile_ids(num_row_blocks, (INTER + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -192,8 +171,8 @@ def _gate_up_kernel(
     w_base = w13_ptr + expert.to(tl.int64) * stride_we
     # gate and up columns n and INTER + n live in one program so the SwiGLU product is
     # formed in registers and the [P, 2 * INTER] pre-activation never reaches memory.
-    acc_gate = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    acc_up = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):  # HIDDEN is constexpr: a model constant
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < HIDDEN
@@ -203,11 +182,8 @@ def _gate_up_kernel(
         w_ptr = w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn
         w_gate = tl.load(w_ptr, mask=w_mask, other=0.0)
         w_up = tl.load(w_ptr + INTER * stride_wn, mask=w_mask, other=0.0)
-        acc_gate = _mma(x, w_gate, acc_gate, SWAP_AB, PRECISION)
-        acc_up = _mma(x, w_up, acc_up, SWAP_AB, PRECISION)
-    if SWAP_AB:
-        acc_gate = tl.trans(acc_gate)
-        acc_up = tl.trans(acc_up)
+        acc_gate = tl.dot(x, w_gate, acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
     dst = inter_ptr + rows.to(tl.int64)[:, None] * stride_it + cols[None, :]
     tl.store(dst, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -219,7 +195,7 @@ def _down_kernel(
     num_slots, num_row_blocks, stride_it, stride_we, stride_wn, stride_wk, stride_ot,
     HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SWAP_AB: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_n = _tile_ids(num_row_blocks, (HIDDEN + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -231,7 +207,7 @@ def _down_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < HIDDEN
     w_base = w2_ptr + expert.to(tl.int64) * stride_we
-    acc = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < INTER
@@ -239,9 +215,7 @@ def _down_kernel(
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = _mma(a, w, acc, SWAP_AB, PRECISION)
-    if SWAP_AB:
-        acc = tl.trans(acc)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
     weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
     # One row per slot (not an atomic add per token): deterministic, any output dtype.
@@ -256,7 +230,7 @@ def _default_block_m(num_slots: int, num_experts: int) -> int:
 
 
 # -- tile configs --------------------------------------------------------------------------------
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SWAP_AB")
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """Where tuned configs live; LOOM_MOE_CONFIG_DIR, when set, takes its place."""
 # vLLM's names for the same things, accepted in a config so its tuned files read as they are.
@@ -271,13 +245,12 @@ def default_config(num_tokens: int, top_k: int, num_experts: int,
     # (the sizes that ptxas compiles without spills for sm_90).
     tile = 32 if dtype == torch.float32 else 64
     return {"BLOCK_M": _default_block_m(num_tokens * top_k, num_experts), "BLOCK_N": tile,
-            "BLOCK_K": tile, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "SWAP_AB": 0}
+            "BLOCK_K": tile, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
 
 
 def normalize_config(config: dict[str, Any]) -> dict[str, int]:
     """A config with loom's key names, checked: tile sizes powers of two >= 16 (tl.dot's
-    minimum), GROUP_M, num_warps and num_stages positive, SWAP_AB 0 or 1 (1: each tile
-    computed transposed, weights x rows^T, see _mma). Keys it lacks stay absent."""
+    minimum), GROUP_M, num_warps and num_stages positive. Keys it lacks stay absent."""
     out: dict[str, int] = {}
     for key, value in config.items():
         name = _ALIASES.get(key, key)
@@ -286,10 +259,7 @@ def normalize_config(config: dict[str, Any]) -> dict[str, int]:
         value = int(value)
         if name.startswith("BLOCK_") and (value < 16 or value & (value - 1)):
             raise ValueError(f"fused_moe config: {name} must be a power of two >= 16, got {value}")
-        if name == "SWAP_AB":
-            if value not in (0, 1):
-                raise ValueError(f"fused_moe config: SWAP_AB must be 0 or 1, got {value}")
-        elif value < 1:
+        if value < 1:
             raise ValueError(f"fused_moe config: {name} must be positive, got {value}")
         out[name] = value
     return out
@@ -372,8 +342,6 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
     else:
         table = _tuned_table(num_experts, inter, dtype, torch.device(device))
         chosen = nearest_config(table, num_tokens) if table is not None else {}
-        if chosen:  # files written before SWAP_AB existed mean the untransposed tiles
-            chosen.setdefault("SWAP_AB", 0)
     if len(chosen) < len(CONFIG_KEYS):
         # Only when needed: under torch.compile the default BLOCK_M adds range guards of
         # its own, which a complete tuned config should not bring along.
@@ -386,14 +354,13 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               config: dict[str, Any] | None = None,
               block_m: int | None = None, block_n: int | None = None,
               block_k: int | None = None, group_m: int | None = None,
-              num_warps: int | None = None, num_stages: int | None = None,
-              swap_ab: int | None = None) -> torch.Tensor:
+              num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """sum_k topk_weights[t, k] * (silu(x W_g^T) * (x W_u^T)) W_2^T for expert topk_ids[t, k].
 
     hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, K]. Returns [T, H] in hidden's dtype.
     Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
-    swap_ab given here on top.
+    num_stages given here on top.
     """
     num_tokens, hidden_size = hidden.shape
     if num_tokens == 0:
@@ -406,8 +373,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     cfg = get_config(num_tokens, topk_ids.shape[1], num_experts, inter, hidden.dtype,
                      hidden.device, config)
     overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                 "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
-                 "SWAP_AB": swap_ab}
+                 "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages}
     cfg.update(normalize_config({k: v for k, v in overrides.items() if v is not None}))
     return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg)
 
@@ -458,7 +424,6 @@ def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     # One program per (row block, column tile), in the order _tile_ids gives them.
     launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": cfg["BLOCK_K"],
               "GROUP_M": cfg["GROUP_M"], "PRECISION": precision,
-              "SWAP_AB": bool(cfg["SWAP_AB"]),
               "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     inter_buf = torch.empty(sorted_ids.numel(), inter, dtype=hidden.dtype, device=hidden.device)
     gate_up = (_gate_up_kernel, (num_blocks * triton.cdiv(inter, block_n),), (

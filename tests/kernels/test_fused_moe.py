@@ -142,12 +142,10 @@ def test_moe_reference_matches_dense_loop():
                     reason="needs CUDA and compiled Triton")
 @pytest.mark.parametrize("tokens", [1, 7, 64, 2048])
 @pytest.mark.parametrize("experts,top_k,hidden,inter", [(128, 8, 2048, 768), (8, 2, 1024, 512)])
-@pytest.mark.parametrize("config", [None, {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128,
-                                           "SWAP_AB": 1}], ids=["tuned", "swap-ab"])
-def test_fused_moe_gpu_bf16(tokens, experts, top_k, hidden, inter, config, monkeypatch):
+def test_fused_moe_gpu_bf16(tokens, experts, top_k, hidden, inter, monkeypatch):
     x, w13, w2, weights, ids = make_moe(tokens, hidden, inter, experts, top_k,
                                         dtype=torch.bfloat16, device="cuda")
-    out = run_poisoned(monkeypatch, x, w13, w2, weights, ids, config=config)
+    out = run_poisoned(monkeypatch, x, w13, w2, weights, ids)
     ref = moe_reference(x, w13, w2, weights, ids)
     torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
 

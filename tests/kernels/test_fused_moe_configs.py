@@ -71,10 +71,6 @@ CONFIGS = {
                        "num_stages": 2},
     "vllm-names": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 32,
                    "GROUP_SIZE_M": 3},
-    # each tile computed transposed (weights x rows^T), ragged column tiles in both kernels
-    "swap-ab": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SWAP_AB": 1},
-    "swap-ab-tall-grouped": {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2,
-                             "SWAP_AB": 1},
 }
 
 
@@ -90,7 +86,7 @@ def test_configs_match_reference(config):
 def test_default_config_is_the_former_fixed_tiles():
     assert fm.default_config(1, 8, 128, torch.bfloat16) == {
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
-        "num_stages": 3, "SWAP_AB": 0}
+        "num_stages": 3}
     assert fm.default_config(1025, 8, 128, torch.bfloat16)["BLOCK_M"] == 64
     assert fm.default_config(512, 8, 128, torch.float16)["BLOCK_M"] == 32
     fp32 = fm.default_config(4, 2, 8, torch.float32)
@@ -102,7 +98,6 @@ def test_default_config_is_the_former_fixed_tiles():
     ({"BLOCK_M": 24}, "power of two"),
     ({"BLOCK_K": 8}, "power of two"),
     ({"num_warps": 0}, "positive"),
-    ({"SWAP_AB": 2}, "0 or 1"),
 ])
 def test_bad_configs_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -140,8 +135,7 @@ def test_file_name():
     (1, "1"), (8, "1"), (9, "16"),  # 8.5 is the midpoint: a tie goes to the smaller key
     (40, "16"), (41, "64"), (544, "64"), (545, "1024"), (100_000, "1024")])
 def test_nearest_key_wins(config_dir, tokens, key):
-    # TABLE, like files tuned before SWAP_AB existed, leaves it out: untransposed tiles
-    assert lookup(tokens) == {**TABLE[key], "SWAP_AB": 0}
+    assert lookup(tokens) == TABLE[key]
 
 
 def test_single_entry_file(tmp_path, monkeypatch):
@@ -243,51 +237,6 @@ def test_bench_moe_reads_the_expert_shapes():
         space = search_space(shape, tokens)
         assert space and all(fm.normalize_config(c) == c for c in space)
     assert {c["BLOCK_M"] for c in search_space(shape, 1)} == {16}
-    # transposed tiles where experts get few rows, never where tall row tiles pay
-    assert {c["SWAP_AB"] for c in search_space(shape, 64)} == {0, 1}
-    assert {c["SWAP_AB"] for c in search_space(shape, 16384)} == {0}
-
-
-_TILES_OFFLINE_COMPILE = r"""
-import os
-os.environ["TRITON_INTERPRET"] = "0"
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile as tcompile
-from loom.kernels.fused_moe import _down_kernel, _gate_up_kernel
-pointers = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "inter_ptr": "*bf16", "w2_ptr": "*bf16",
-            "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
-            "topk_weights_ptr": "*fp32"}
-for swap in (False, True):
-    for fn in (_gate_up_kernel, _down_kernel):
-        # Qwen3-30B-A3B's experts at a decode config; the weights' K stride is 1, which a
-        # launch specialises on
-        cons = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, PRECISION="tf32",
-                    HIDDEN=2048, INTER=768, SWAP_AB=swap, stride_wk=1)
-        if fn is _gate_up_kernel:
-            cons["TOP_K"] = 8
-        names = list(fn.arg_names)
-        sig = {n: "constexpr" if n in cons else pointers.get(n, "i32") for n in names}
-        src = ASTSource(fn=fn, signature=sig,
-                        constexprs={(names.index(k),): v for k, v in cons.items()},
-                        attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                               if sig[n] != "constexpr" and not n.startswith("num_")})
-        kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4, num_stages=3))
-        assert kernel.metadata.shared <= 227 * 1024
-        ptx = kernel.asm["ptx"]
-        print(fn.__name__, swap, "wgmma" if "wgmma.mma_async" in ptx else
-              "mma.sync" if "mma.sync" in ptx else "none")
-"""
-
-
-def test_swapped_tiles_take_warpgroup_mma_on_sm90_offline():
-    """The point of SWAP_AB: 16 rows an expert make mma.sync tiles, while the transposed
-    tile (64 weight rows tall) builds to Hopper's wgmma."""
-    from tests.triton_interpreter import compile_for_sm90_offline
-    out = compile_for_sm90_offline(_TILES_OFFLINE_COMPILE).split("\n")
-    assert [line for line in out if line.startswith("_")] == [
-        "_gate_up_kernel False mma.sync", "_down_kernel False mma.sync",
-        "_gate_up_kernel True wgmma", "_down_kernel True wgmma"]
 
 
 @cpu_only
@@ -318,7 +267,7 @@ def test_tuning_some_sizes_keeps_the_files_other_entries(tmp_path):
     from loom.bench.moe import merged_table
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"1": _tile(16), "1024": _tile(64, 8)}))
-    new = {**_tile(32), "SWAP_AB": 1}
+    new = _tile(32, 4)
     table = merged_table(path, [{"batch_size": 1024, "config": new},
                                 {"batch_size": 64, "config": new}])
     assert list(table) == ["1", "64", "1024"]
