@@ -18,6 +18,7 @@ from collections import defaultdict
 
 KINDS = [  # first match wins
     ("all_reduce", r"all_reduce|one_shot|two_shot|nccl|AllReduce"),
+    ("moe", r"_gate_up|_down_kernel|_down_gemv|_align_"),
     ("gemv", r"_gemv_kernel|_split_k_reduce_kernel"),
     ("cublas", r"nvjet|gemm|cutlass|splitKreduce|xmma"),
     ("attention", r"_decode_split|_decode_reduce|_prefill|kv_write|rope"),

@@ -119,15 +119,19 @@ def moe_shape(model: str, tp: int) -> MoeShape:
 
 
 # -- the search grid ---------------------------------------------------------------------------
-def _config(bm: int, bn: int, bk: int, group: int, warps: int, stages: int) -> dict[str, int]:
+def _config(bm: int, bn: int, bk: int, group: int, warps: int, stages: int,
+            gemv: int = 0) -> dict[str, int]:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
-            "num_warps": warps, "num_stages": stages}
+            "num_warps": warps, "num_stages": stages, "GEMV": gemv}
 
 
 def fits(config: dict[str, int], elem_size: int = 2) -> bool:
     """Whether gate_up (the larger kernel: an activation tile, two weight tiles and two
     accumulators) plausibly fits: pipelined tiles in shared memory, accumulators in
-    registers. What slips through and still fails is skipped when it fails."""
+    registers. What slips through and still fails is skipped when it fails. The GEMV
+    kernels' grid (gemv_space) is sized by hand."""
+    if config.get("GEMV"):
+        return True
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     smem = config["num_stages"] * (bm * bk + 2 * bk * bn) * elem_size
     acc = 2 * bm * bn / (32 * config["num_warps"])
@@ -138,7 +142,8 @@ def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
     """The first pass's configs for M = num_tokens, all with GROUP_M = 1, by rows per
     expert: a row block never spans two experts, so tall blocks only pay off when each
     expert has many rows, and decode is a weight stream, where narrow column tiles make
-    more programs and deep K tiles keep more loads in flight."""
+    more programs and deep K tiles keep more loads in flight. Where the tokens leave each
+    expert two rows or fewer, also the GEMV kernels (gemv_space)."""
     per_expert = num_tokens * shape.top_k / shape.num_experts
     if per_expert < 2:
         space = [(16,), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 5)]
@@ -154,8 +159,18 @@ def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
     configs = [_config(bm, bn, bk, 1, w, s)
                for bm, bn, bk, w, s in itertools.product(bms, bns, bks, warps, stages)]
     # 8 warps need a tile of at least 64 x 64 to share.
-    return [c for c in configs if fits(c) and (c["num_warps"] == 4 or
-                                               c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 64)]
+    configs = [c for c in configs if fits(c) and (c["num_warps"] == 4 or
+                                                  c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 64)]
+    return configs + (gemv_space() if per_expert <= 2 else [])
+
+
+def gemv_space() -> list[dict[str, int]]:
+    """loom/kernels/moe_gemv.py's configs: a few rows per program streamed in long K chunks
+    (the dense GEMV's winners at batch 1 had 8 rows and 1024 columns), at most 8192 weights
+    a chunk so that each thread's share stays in registers."""
+    return [_config(16, bn, bk, 1, w, s, gemv=1)
+            for bn, bk, w, s in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (2, 3, 4))
+            if bn * bk <= 8192]
 
 
 def group_variants(shape: MoeShape, num_tokens: int,
@@ -308,6 +323,7 @@ def merged_table(path: Path, rows: list[dict[str, Any]]) -> dict[str, dict[str, 
 def _fmt(config: dict[str, int]) -> str:
     return (f"BLOCK_M={config['BLOCK_M']} BLOCK_N={config['BLOCK_N']} "
             f"BLOCK_K={config['BLOCK_K']} GROUP_M={config['GROUP_M']} "
+            f"{'GEMV ' if config.get('GEMV') else ''}"
             f"warps={config['num_warps']} stages={config['num_stages']}")
 
 

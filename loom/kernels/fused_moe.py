@@ -5,10 +5,12 @@ expert's run is padded to a multiple of BLOCK_M, so every BLOCK_M rows of the so
 belong to one expert and a grouped GEMM can treat them as one dense tile. Two kernels:
   1. gate_up: rows of hidden @ w13[e]^T, both halves in one program -> silu(gate) * up,
   2. down:    that @ w2[e]^T, scaled by the slot's routing weight, written per slot;
-then a sum over k. Alignment uses torch ops only, sized by an upper bound, so there is no
-host sync and the launch shapes depend on T, top_k and E alone (CUDA-graph friendly).
+then a sum over k. The alignment (two small Triton kernels) is sized by an upper bound, so
+there is no host sync and the launch shapes depend on T, top_k and E alone (CUDA-graph
+friendly). A config with GEMV = 1 takes loom/kernels/moe_gemv.py's two kernels instead: for
+a handful of tokens, each slot reads its expert's rows directly, nothing sorted or padded.
 
-Tiles come from a config (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): one
+Tiles come from a config (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, GEMV): one
 passed in, else a tuned one from configs/ (`loom bench moe --tune` writes them: one JSON file
 per expert count, intermediate size per shard, dtype and device, mapping a token count M to
 a config; the key nearest to M is used), else the defaults below.
@@ -28,6 +30,7 @@ import triton
 import triton.language as tl
 
 from loom import envs
+from loom.kernels.moe_gemv import moe_gemv_launches
 from loom.library import loom_op
 
 
@@ -230,7 +233,7 @@ def _default_block_m(num_slots: int, num_experts: int) -> int:
 
 
 # -- tile configs --------------------------------------------------------------------------------
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "GEMV")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """Where tuned configs live; LOOM_MOE_CONFIG_DIR, when set, takes its place."""
 # vLLM's names for the same things, accepted in a config so its tuned files read as they are.
@@ -245,23 +248,29 @@ def default_config(num_tokens: int, top_k: int, num_experts: int,
     # (the sizes that ptxas compiles without spills for sm_90).
     tile = 32 if dtype == torch.float32 else 64
     return {"BLOCK_M": _default_block_m(num_tokens * top_k, num_experts), "BLOCK_N": tile,
-            "BLOCK_K": tile, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+            "BLOCK_K": tile, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "GEMV": 0}
 
 
 def normalize_config(config: dict[str, Any]) -> dict[str, int]:
     """A config with loom's key names, checked: tile sizes powers of two >= 16 (tl.dot's
-    minimum), GROUP_M, num_warps and num_stages positive. Keys it lacks stay absent."""
+    minimum; BLOCK_N >= 1 for the GEMV kernels, which take no dot), GROUP_M, num_warps and
+    num_stages positive, GEMV 0 or 1 (1: loom/kernels/moe_gemv.py's two kernels with
+    BLOCK_N, BLOCK_K, num_warps and num_stages). Keys it lacks stay absent."""
     out: dict[str, int] = {}
     for key, value in config.items():
         name = _ALIASES.get(key, key)
         if name not in CONFIG_KEYS:
             raise ValueError(f"fused_moe config: unknown key {key!r}; known: {list(CONFIG_KEYS)}")
-        value = int(value)
-        if name.startswith("BLOCK_") and (value < 16 or value & (value - 1)):
-            raise ValueError(f"fused_moe config: {name} must be a power of two >= 16, got {value}")
-        if value < 1:
+        out[name] = int(value)
+    if out.get("GEMV", 0) not in (0, 1):
+        raise ValueError(f"fused_moe config: GEMV must be 0 or 1, got {out['GEMV']}")
+    for name, value in out.items():
+        least = 1 if name == "BLOCK_N" and out.get("GEMV") else 16
+        if name.startswith("BLOCK_") and (value < least or value & (value - 1)):
+            raise ValueError(f"fused_moe config: {name} must be a power of two >= {least}, "
+                             f"got {value}")
+        if name != "GEMV" and value < 1:
             raise ValueError(f"fused_moe config: {name} must be positive, got {value}")
-        out[name] = value
     return out
 
 
@@ -342,6 +351,8 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
     else:
         table = _tuned_table(num_experts, inter, dtype, torch.device(device))
         chosen = nearest_config(table, num_tokens) if table is not None else {}
+        if chosen:  # files tuned before the GEMV kernels existed mean the grouped GEMM
+            chosen.setdefault("GEMV", 0)
     if len(chosen) < len(CONFIG_KEYS):
         # Only when needed: under torch.compile the default BLOCK_M adds range guards of
         # its own, which a complete tuned config should not bring along.
@@ -354,13 +365,14 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               config: dict[str, Any] | None = None,
               block_m: int | None = None, block_n: int | None = None,
               block_k: int | None = None, group_m: int | None = None,
-              num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+              num_warps: int | None = None, num_stages: int | None = None,
+              gemv: int | None = None) -> torch.Tensor:
     """sum_k topk_weights[t, k] * (silu(x W_g^T) * (x W_u^T)) W_2^T for expert topk_ids[t, k].
 
     hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, K]. Returns [T, H] in hidden's dtype.
     Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
-    num_stages given here on top.
+    gemv given here on top.
     """
     num_tokens, hidden_size = hidden.shape
     if num_tokens == 0:
@@ -373,8 +385,9 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     cfg = get_config(num_tokens, topk_ids.shape[1], num_experts, inter, hidden.dtype,
                      hidden.device, config)
     overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                 "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages}
-    cfg.update(normalize_config({k: v for k, v in overrides.items() if v is not None}))
+                 "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
+                 "GEMV": gemv}
+    cfg = normalize_config({**cfg, **{k: v for k, v in overrides.items() if v is not None}})
     return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg)
 
 
@@ -442,7 +455,10 @@ def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 def _fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int],
                compile_only: bool = False) -> torch.Tensor | None:
-    launches, per_slot = moe_launches(hidden, w13, w2, topk_weights, topk_ids, cfg)
+    if cfg["GEMV"]:
+        launches, out = moe_gemv_launches(hidden, w13, w2, topk_weights, topk_ids, cfg)
+    else:
+        launches, out = moe_launches(hidden, w13, w2, topk_weights, topk_ids, cfg)
     for kernel, grid, args, kwargs in launches:
         if compile_only:
             kernel.warmup(*args, grid=grid, **kwargs)
@@ -450,7 +466,9 @@ def _fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             kernel[grid](*args, **kwargs)
     if compile_only:
         return None
-    return per_slot.view(hidden.shape[0], topk_ids.shape[1], hidden.shape[1]).sum(dim=1)
+    if cfg["GEMV"]:
+        return out
+    return out.view(hidden.shape[0], topk_ids.shape[1], hidden.shape[1]).sum(dim=1)
 
 
 def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
