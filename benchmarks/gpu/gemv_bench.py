@@ -61,6 +61,12 @@ SHAPES = {  # name: (N, K, silu_mul_input)
     "gate_up1": (28672, 4096, False),
     "down1": (4096, 14336, False),
     "lm_head1": (128256, 4096, False),
+    # Qwen3-30B-A3B on one GPU (--shapes q3_qkv,q3_o,q3_router,q3_lm_head): its attention
+    # and router run on cuBLAS at batch-1 decode until the table has them
+    "q3_qkv": (5120, 2048, False),
+    "q3_o": (2048, 4096, False),
+    "q3_router": (128, 2048, False),
+    "q3_lm_head": (151936, 2048, False),
 }
 DEFAULT_SHAPES = ("qkv", "o_proj", "gate_up", "down", "lm_head", "down+silu")
 PROFILED_CUBLAS_US = {"qkv": 9.42 + 1.7, "o_proj": 6.73, "gate_up": 30.96,
