@@ -14,9 +14,11 @@ routing touched (3 * H * I elements each).
 Without --tune it times the config fused_moe itself would pick (the tuned file, else the
 defaults). With --tune it compiles a pruned grid of configs on every CPU at once (Triton's
 compile dominates the search), times each config per M, re-times the fastest few with
-GROUP_M variants, checks the winner against moe_reference, and writes
-`E=..,N=..,dtype=..,device_name=...json` to loom/kernels/configs/ (or --save-dir), where
-fused_moe looks it up (the key nearest to the call's token count wins).
+GROUP_M variants, checks the winner against moe_reference, and writes the winners into
+`E=..,N=..,dtype=..,device_name=...json` in loom/kernels/configs/ (or --save-dir), keeping
+the file's entries for other batch sizes; fused_moe looks it up (the key nearest to the
+call's token count wins). Where a batch leaves each expert two rows or fewer, the grid also
+holds the GEMV kernels' configs (GEMV = 1, loom/kernels/moe_gemv.py).
 """
 
 from __future__ import annotations
