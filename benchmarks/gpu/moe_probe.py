@@ -17,6 +17,7 @@ import torch
 from loom.bench.ceilings import measure_ceilings
 from loom.bench.moe import Bench, _precompile, moe_shape, search_space
 from loom.kernels import fused_moe as fm
+from loom.kernels import moe_config as mc
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default="qwen3-30b-a3b")
@@ -37,7 +38,7 @@ results = {"ceilings": {"copy_tb_per_s": ceil.copy_tb_per_s,
 
 
 def time_kernels(config):
-    launches, _ = fm.moe_launches(*bench.inputs, fm.get_config(
+    launches, _ = fm.moe_launches(*bench.inputs, mc.get_config(
         bench.num_tokens, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
         bench.device, config))
     return [bench.timer.time_us(lambda k=k, g=g, a=a, kw=kw: k[g](*a, **kw))
@@ -51,7 +52,7 @@ for m in args.rows:
               "down": expert_bytes * bench.experts_touched}
     flops = {"gate_up": 4 * m * shape.top_k * shape.hidden * shape.inter,
              "down": 2 * m * shape.top_k * shape.hidden * shape.inter}
-    tuned = fm.get_config(m, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
+    tuned = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
                           bench.device)
     configs = [tuned] + (search_space(shape, m) if m <= args.search_up_to else [])
     _precompile(bench, configs)

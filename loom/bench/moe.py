@@ -315,10 +315,10 @@ def tune_batch(bench: Bench, num_tokens: int, bar) -> dict[str, Any]:
 def merged_table(path: Path, rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """The file's table with the tuned batch sizes' entries replaced or added and the
     others kept (tuning a few sizes leaves the rest of a file alone), sorted by size."""
-    from loom.kernels import fused_moe as fm
+    from loom.kernels import moe_config as mc
     table = json.loads(path.read_text()) if path.is_file() else {}
     for r in rows:
-        table[str(r["batch_size"])] = {k: r["config"][k] for k in fm.CONFIG_KEYS}
+        table[str(r["batch_size"])] = {k: r["config"][k] for k in mc.CONFIG_KEYS}
     return dict(sorted(table.items(), key=lambda item: int(item[0])))
 
 
@@ -364,13 +364,13 @@ def run_moe(args: argparse.Namespace) -> int:
         from tqdm import tqdm
     except ImportError as e:
         raise ValueError(f"moe: {e.name} is not installed (pip install 'loom[triton]')") from None
-    from loom.kernels import fused_moe as fm
+    from loom.kernels import moe_config as mc
 
     dtype = getattr(torch, args.dtype)
     elem_size = torch.empty((), dtype=dtype).element_size()
     bench = Bench(shape, dtype, args.seed, args.num_iters_warmup, args.num_iters)
-    device = fm.device_name(bench.device)
-    file_name = fm.config_file_name(shape.num_experts, shape.inter, dtype, device)
+    device = mc.device_name(bench.device)
+    file_name = mc.config_file_name(shape.num_experts, shape.inter, dtype, device)
     print(f"{torch.cuda.get_device_name(bench.device)}: E={shape.num_experts} "
           f"top_k={shape.top_k} H={shape.hidden} N={shape.inter} (TP {args.tensor_parallel_size})"
           f" {args.dtype}", flush=True)
@@ -395,17 +395,17 @@ def run_moe(args: argparse.Namespace) -> int:
                        "skipped": best["skipped"], "rejected": best["rejected"]}
                 rows.append(row)
                 bar.write(_line(row))
-        save_dir = Path(args.save_dir) if args.save_dir else fm.config_dir()
+        save_dir = Path(args.save_dir) if args.save_dir else mc.config_dir()
         config_file = write_json(save_dir / file_name, merged_table(save_dir / file_name, rows))
-        fm.load_config_file.cache_clear()
+        mc.load_config_file.cache_clear()
         print(f"Wrote {config_file}")
     else:
-        path = fm.config_dir() / file_name
-        config_file = path if fm.load_config_file(str(path)) is not None else None
+        path = mc.config_dir() / file_name
+        config_file = path if mc.load_config_file(str(path)) is not None else None
         print(f"configs: {config_file or 'defaults (no tuned file ' + str(path) + ')'}")
         for m in sizes:
             bench.set_batch(m)
-            config = fm.get_config(m, shape.top_k, shape.num_experts, shape.inter, dtype,
+            config = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, dtype,
                                    bench.device)
             row = _row(bench, m, config, bench.time_us(config), elem_size)
             rows.append(row)

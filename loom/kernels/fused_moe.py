@@ -10,18 +10,12 @@ there is no host sync and the launch shapes depend on T, top_k and E alone (CUDA
 friendly). A config with GEMV = 1 takes loom/kernels/moe_gemv.py's two kernels instead: for
 a handful of tokens, each slot reads its expert's rows directly, nothing sorted or padded.
 
-Tiles come from a config (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, GEMV): one
-passed in, else a tuned one from configs/ (`loom bench moe --tune` writes them: one JSON file
-per expert count, intermediate size per shard, dtype and device, mapping a token count M to
-a config; the key nearest to M is used), else the defaults below.
+Tiles come from a config (loom/kernels/moe_config.py): one passed in, else a tuned one,
+else the defaults.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +24,7 @@ import triton
 import triton.language as tl
 
 from loom import envs
+from loom.kernels.moe_config import get_config, normalize_config
 from loom.kernels.moe_gemv import moe_gemv_launches
 from loom.library import loom_op
 
@@ -224,140 +219,6 @@ def _down_kernel(
     # One row per slot (not an atomic add per token): deterministic, any output dtype.
     dst = out_ptr + slot.to(tl.int64)[:, None] * stride_ot + cols[None, :]
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-
-
-def _default_block_m(num_slots: int, num_experts: int) -> int:
-    # Few rows per expert (decode) waste most of a tall tile on padding.
-    per_expert = num_slots / num_experts
-    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
-
-
-# -- tile configs --------------------------------------------------------------------------------
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "GEMV")
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-"""Where tuned configs live; LOOM_MOE_CONFIG_DIR, when set, takes its place."""
-# vLLM's names for the same things, accepted in a config so its tuned files read as they are.
-_ALIASES = {"BLOCK_SIZE_M": "BLOCK_M", "BLOCK_SIZE_N": "BLOCK_N", "BLOCK_SIZE_K": "BLOCK_K",
-            "GROUP_SIZE_M": "GROUP_M"}
-
-
-def default_config(num_tokens: int, top_k: int, num_experts: int,
-                   dtype: torch.dtype) -> dict[str, int]:
-    """The tiles used where no tuned config applies."""
-    # fp32 takes exact FMA dots whose operands need far more registers: halve the tile
-    # (the sizes that ptxas compiles without spills for sm_90).
-    tile = 32 if dtype == torch.float32 else 64
-    return {"BLOCK_M": _default_block_m(num_tokens * top_k, num_experts), "BLOCK_N": tile,
-            "BLOCK_K": tile, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "GEMV": 0}
-
-
-def normalize_config(config: dict[str, Any]) -> dict[str, int]:
-    """A config with loom's key names, checked: tile sizes powers of two >= 16 (tl.dot's
-    minimum; BLOCK_N >= 1 for the GEMV kernels, which take no dot), GROUP_M, num_warps and
-    num_stages positive, GEMV 0 or 1 (1: loom/kernels/moe_gemv.py's two kernels with
-    BLOCK_N, BLOCK_K, num_warps and num_stages). Keys it lacks stay absent."""
-    out: dict[str, int] = {}
-    for key, value in config.items():
-        name = _ALIASES.get(key, key)
-        if name not in CONFIG_KEYS:
-            raise ValueError(f"fused_moe config: unknown key {key!r}; known: {list(CONFIG_KEYS)}")
-        out[name] = int(value)
-    if out.get("GEMV", 0) not in (0, 1):
-        raise ValueError(f"fused_moe config: GEMV must be 0 or 1, got {out['GEMV']}")
-    for name, value in out.items():
-        least = 1 if name == "BLOCK_N" and out.get("GEMV") else 16
-        if name.startswith("BLOCK_") and (value < least or value & (value - 1)):
-            raise ValueError(f"fused_moe config: {name} must be a power of two >= {least}, "
-                             f"got {value}")
-        if name != "GEMV" and value < 1:
-            raise ValueError(f"fused_moe config: {name} must be positive, got {value}")
-    return out
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def config_file_name(num_experts: int, inter: int, dtype: torch.dtype | str,
-                     device_name: str) -> str:
-    """E=128,N=768,dtype=bfloat16,device_name=NVIDIA_H200.json (N: intermediate per shard)."""
-    dtype = dtype if isinstance(dtype, str) else _dtype_name(dtype)
-    device = device_name.replace(" ", "_")
-    return f"E={num_experts},N={inter},dtype={dtype},device_name={device}.json"
-
-
-def config_dir() -> Path:
-    root = os.environ.get("LOOM_MOE_CONFIG_DIR")
-    return Path(root) if root else CONFIG_DIR
-
-
-@functools.cache
-def device_name(device: torch.device) -> str:
-    """The name in a config file's name: torch.cuda.get_device_name with spaces as
-    underscores (NVIDIA_H200), or the device type off CUDA (cpu)."""
-    if device.type != "cuda":
-        return device.type
-    return torch.cuda.get_device_name(device).replace(" ", "_")
-
-
-ConfigTable = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]
-
-
-@functools.cache
-def load_config_file(path: str) -> ConfigTable | None:
-    """A tuned file as ((M, ((key, value), ...)), ...) sorted by M; None if there is none.
-    Read once per path (functools.cache); load_config_file.cache_clear() forgets them."""
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        raw = json.load(f)
-    try:
-        table = tuple(sorted((int(m), tuple(sorted(normalize_config(c).items())))
-                             for m, c in raw.items()))
-    except (AttributeError, TypeError, ValueError) as e:
-        raise ValueError(f"fused_moe config file {path}: {e}") from None
-    if not table:
-        raise ValueError(f"fused_moe config file {path}: no entries")
-    return table
-
-
-@torch.compiler.assume_constant_result
-def _tuned_table(num_experts: int, inter: int, dtype: torch.dtype,
-                 device: torch.device) -> ConfigTable | None:
-    # A constant to torch.compile: it runs this once while tracing (files, device
-    # queries) and keeps the result, so the lookup never breaks the graph.
-    name = config_file_name(num_experts, inter, dtype, device_name(device))
-    return load_config_file(str(config_dir() / name))
-
-
-def nearest_config(table: ConfigTable, num_tokens: int) -> dict[str, int]:
-    """The config of the key nearest to num_tokens, the smaller key on a tie. Written as
-    comparisons against midpoints so that a symbolic token count under torch.compile gets
-    one range guard per key crossed."""
-    for i in range(len(table) - 1):
-        if 2 * num_tokens <= table[i][0] + table[i + 1][0]:
-            return dict(table[i][1])
-    return dict(table[-1][1])
-
-
-def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
-               dtype: torch.dtype, device: torch.device | str,
-               config: dict[str, Any] | None = None) -> dict[str, int]:
-    """The full config fused_moe launches with: `config` if given, else the tuned one
-    nearest num_tokens for this E, N (= inter, per shard), dtype and device, else the
-    defaults; keys the chosen one lacks come from the defaults."""
-    if config is not None:
-        chosen = normalize_config(config)
-    else:
-        table = _tuned_table(num_experts, inter, dtype, torch.device(device))
-        chosen = nearest_config(table, num_tokens) if table is not None else {}
-        if chosen:  # files tuned before the GEMV kernels existed mean the grouped GEMM
-            chosen.setdefault("GEMV", 0)
-    if len(chosen) < len(CONFIG_KEYS):
-        # Only when needed: under torch.compile the default BLOCK_M adds range guards of
-        # its own, which a complete tuned config should not bring along.
-        chosen = {**default_config(num_tokens, top_k, num_experts, dtype), **chosen}
-    return chosen
 
 
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -1,5 +1,6 @@
-"""The fused MoE's tile configs: the GROUP_M launch order, non-default tiles against the
-reference (Triton's CPU interpreter), the tuned-file lookup, and `loom bench moe` off CUDA."""
+"""The fused MoE's tile configs (loom/kernels/moe_config.py): the GROUP_M launch order,
+non-default tiles against the reference (Triton's CPU interpreter), the tuned-file lookup,
+and `loom bench moe` off CUDA."""
 
 import json
 import os
@@ -16,6 +17,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from loom.kernels import fused_moe as fm
+from loom.kernels import moe_config as mc
 
 INTERPRET = isinstance(fm._down_kernel, InterpretedFunction)
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU checks need TRITON_INTERPRET=1")
@@ -84,12 +86,12 @@ def test_configs_match_reference(config):
 
 
 def test_default_config_is_the_former_fixed_tiles():
-    assert fm.default_config(1, 8, 128, torch.bfloat16) == {
+    assert mc.default_config(1, 8, 128, torch.bfloat16) == {
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
         "num_stages": 3, "GEMV": 0}
-    assert fm.default_config(1025, 8, 128, torch.bfloat16)["BLOCK_M"] == 64
-    assert fm.default_config(512, 8, 128, torch.float16)["BLOCK_M"] == 32
-    fp32 = fm.default_config(4, 2, 8, torch.float32)
+    assert mc.default_config(1025, 8, 128, torch.bfloat16)["BLOCK_M"] == 64
+    assert mc.default_config(512, 8, 128, torch.float16)["BLOCK_M"] == 32
+    fp32 = mc.default_config(4, 2, 8, torch.float32)
     assert (fp32["BLOCK_N"], fp32["BLOCK_K"]) == (32, 32)
 
 
@@ -104,7 +106,7 @@ def test_default_config_is_the_former_fixed_tiles():
 ])
 def test_bad_configs_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
-        fm.normalize_config(bad)
+        mc.normalize_config(bad)
 
 
 # -- the tuned-file lookup -----------------------------------------------------------------
@@ -120,17 +122,17 @@ TABLE = {"1": _tile(16), "16": _tile(16, 2), "64": _tile(32, 4), "1024": _tile(6
 def config_dir(tmp_path, monkeypatch):
     """A tuned file for E=4, N=48, float32 on the CPU in a fresh LOOM_MOE_CONFIG_DIR."""
     monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
-    name = fm.config_file_name(4, 48, torch.float32, "cpu")
+    name = mc.config_file_name(4, 48, torch.float32, "cpu")
     (tmp_path / name).write_text(json.dumps(TABLE))
     return tmp_path
 
 
 def lookup(tokens, experts=4, inter=48, dtype=torch.float32):
-    return fm.get_config(tokens, 2, experts, inter, dtype, "cpu")
+    return mc.get_config(tokens, 2, experts, inter, dtype, "cpu")
 
 
 def test_file_name():
-    assert fm.config_file_name(128, 768, torch.bfloat16, "NVIDIA H200") == \
+    assert mc.config_file_name(128, 768, torch.bfloat16, "NVIDIA H200") == \
         "E=128,N=768,dtype=bfloat16,device_name=NVIDIA_H200.json"
 
 
@@ -144,28 +146,29 @@ def test_nearest_key_wins(config_dir, tokens, key):
 
 def test_single_entry_file(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
-    (tmp_path / fm.config_file_name(4, 48, torch.float32, "cpu")).write_text(
+    (tmp_path / mc.config_file_name(4, 48, torch.float32, "cpu")).write_text(
         json.dumps({"64": {"BLOCK_M": 32}}))
     # Keys a file leaves out come from the defaults.
-    assert lookup(1) == {**fm.default_config(1, 2, 4, torch.float32), "BLOCK_M": 32}
+    assert lookup(1) == {**mc.default_config(1, 2, 4, torch.float32), "BLOCK_M": 32}
 
 
 def test_no_file_means_the_defaults(config_dir):
     for tokens in (1, 40, 5000):
         for other in ({"experts": 8}, {"inter": 32}, {"dtype": torch.bfloat16}):
-            assert lookup(tokens, **other) == fm.default_config(
+            assert lookup(tokens, **other) == mc.default_config(
                 tokens, 2, other.get("experts", 4), other.get("dtype", torch.float32))
 
 
 def test_default_directory_has_no_cpu_file(monkeypatch):
     monkeypatch.delenv("LOOM_MOE_CONFIG_DIR", raising=False)
-    assert fm.config_dir() == fm.CONFIG_DIR
-    assert lookup(40) == fm.default_config(40, 2, 4, torch.float32)
+    from loom.kernels.tuned import CONFIG_DIR
+    assert mc.config_dir() == CONFIG_DIR
+    assert lookup(40) == mc.default_config(40, 2, 4, torch.float32)
 
 
 def test_a_broken_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
-    (tmp_path / fm.config_file_name(4, 48, torch.float32, "cpu")).write_text(
+    (tmp_path / mc.config_file_name(4, 48, torch.float32, "cpu")).write_text(
         json.dumps({"16": {"BLOCK_M": 20}}))
     with pytest.raises(ValueError, match="config file .*power of two"):
         lookup(16)
@@ -200,7 +203,7 @@ def test_lookup_traces_whole_under_torch_compile(config_dir):
     """A tuned file is read while tracing, not in the graph: fullgraph holds, and each
     token count still gets its nearest key (through range guards)."""
     def f(x):
-        config = fm.get_config(x.shape[0], 2, 4, 48, x.dtype, x.device)
+        config = mc.get_config(x.shape[0], 2, 4, 48, x.dtype, x.device)
         return x + config["BLOCK_M"] + config["GROUP_M"] / 10
 
     compiled = torch.compile(f, backend="eager", fullgraph=True, dynamic=True)
@@ -239,7 +242,7 @@ def test_bench_moe_reads_the_expert_shapes():
     assert shape.flops(1) == 2 * 8 * (2048 * 2 * 384 + 384 * 2048)
     for tokens in (1, 256, 16384):
         space = search_space(shape, tokens)
-        assert space and all(fm.normalize_config(c) == c for c in space)
+        assert space and all(mc.normalize_config(c) == c for c in space)
     assert {c["BLOCK_M"] for c in search_space(shape, 1)} == {16}
     # the GEMV kernels where a token or two leave each expert a row at most
     assert {c["GEMV"] for c in search_space(shape, 1)} == {0, 1}
