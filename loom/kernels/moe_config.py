@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from typing import Any
 
 import torch
 
 from loom.kernels.tuned import config_dir, device_name
+
+logger = logging.getLogger(__name__)
 
 
 def _default_block_m(num_slots: int, num_experts: int) -> int:
@@ -103,7 +106,16 @@ def _tuned_table(num_experts: int, inter: int, dtype: torch.dtype,
     # A constant to torch.compile: it runs this once while tracing (files, device
     # queries) and keeps the result, so the lookup never breaks the graph.
     name = config_file_name(num_experts, inter, dtype, device_name(device))
-    return load_config_file(str(config_dir() / name))
+    table = load_config_file(str(config_dir() / name))
+    if table is None and device.type == "cuda":
+        _say_untuned(str(config_dir() / name))
+    return table
+
+
+@functools.cache
+def _say_untuned(path: str) -> None:
+    logger.info("fused_moe: no tuned configs (%s); the built-in tiles serve every batch "
+                "size (`loom bench moe --tune` measures this GPU's)", path)
 
 
 def nearest_config(table: ConfigTable, num_tokens: int) -> dict[str, int]:

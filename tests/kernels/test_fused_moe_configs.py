@@ -159,6 +159,18 @@ def test_no_file_means_the_defaults(config_dir):
                 tokens, 2, other.get("experts", 4), other.get("dtype", torch.float32))
 
 
+def test_an_untuned_gpu_says_so_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setattr(mc, "device_name", lambda device: "Untuned_GPU")
+    with caplog.at_level("INFO", logger="loom.kernels.moe_config"):
+        for _ in range(3):
+            assert mc._tuned_table(4, 48, torch.bfloat16, torch.device("cuda")) is None
+        mc._tuned_table(4, 48, torch.bfloat16, torch.device("cpu"))  # the CPU: never tuned
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "E=4,N=48,dtype=bfloat16,device_name=Untuned_GPU.json" in lines[0]
+    assert "loom bench moe --tune" in lines[0]
+
+
 def test_default_directory_has_no_cpu_file(monkeypatch):
     monkeypatch.delenv("LOOM_MOE_CONFIG_DIR", raising=False)
     from loom.kernels.tuned import CONFIG_DIR
