@@ -4,26 +4,32 @@ lose its time, and would a config per kernel do better than the tuned one they s
 For each token count M: the experts' weight bytes the routing touches (gate_up reads
 2 * H * I of each, down H * I), then gate_up and down timed alone (CUDA graph, L2 flushed:
 KernelTimer) for every config `loom bench moe --tune` would search at M, plus the tuned
-table's. Prints, per kernel, the tuned config's time and the best one's, as a share of the copy rate over those bytes (the compute-bound sizes:
+table's. Prints, per kernel, the tuned config's time and the best grouped-GEMM and GEMV
+(loom/kernels/moe_gemv.py) configs', as a share of the copy rate over those bytes (the compute-bound sizes:
 as TFLOP/s too), and the whole call with the tuned config.
 
     python3 moe_probe.py [--model qwen3-30b-a3b] [--rows 1 128 512 1024 16384] [--json OUT]
 """
 import argparse
+import itertools
 import json
 
 import torch
 
 from loom.bench.ceilings import measure_ceilings
-from loom.bench.moe import Bench, _precompile, moe_shape, search_space
+from loom.bench.moe import Bench, _config, _precompile, moe_shape, search_space
 from loom.kernels import fused_moe as fm
 from loom.kernels import moe_config as mc
+from loom.kernels.moe_gemv import moe_gemv_launches
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default="qwen3-30b-a3b")
 parser.add_argument("--rows", type=int, nargs="+", default=[1, 128, 512, 1024, 16384])
 parser.add_argument("--search-up-to", type=int, default=2048,
                     help="past this M only the tuned config is timed")
+parser.add_argument("--gemv-grid", action="store_true",
+                    help="at M <= 8 also a wider GEMV grid than the tuner's (BLOCK_K 128-2048, "
+                         "BLOCK_N 2-32, 2-8 warps, 2-5 stages): would a config per kernel pay?")
 parser.add_argument("--json", default=None)
 args = parser.parse_args()
 
@@ -38,9 +44,10 @@ results = {"ceilings": {"copy_tb_per_s": ceil.copy_tb_per_s,
 
 
 def time_kernels(config):
-    launches, _ = fm.moe_launches(*bench.inputs, mc.get_config(
-        bench.num_tokens, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
-        bench.device, config))
+    cfg = mc.get_config(bench.num_tokens, shape.top_k, shape.num_experts, shape.inter,
+                        torch.bfloat16, bench.device, config)
+    launch = moe_gemv_launches if cfg["GEMV"] else fm.moe_launches
+    launches, _ = launch(*bench.inputs, cfg)
     return [bench.timer.time_us(lambda k=k, g=g, a=a, kw=kw: k[g](*a, **kw))
             for k, g, a, kw in launches]
 
@@ -55,6 +62,10 @@ for m in args.rows:
     tuned = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
                           bench.device)
     configs = [tuned] + (search_space(shape, m) if m <= args.search_up_to else [])
+    if args.gemv_grid and m <= 8:
+        configs += [_config(16, bn, bk, 1, w, st, gemv=1) for bn, bk, w, st in itertools.product(
+            (2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048), (2, 4, 8), (2, 3, 4, 5))
+            if bn * bk <= 16384 and _config(16, bn, bk, 1, w, st, gemv=1) not in configs]
     _precompile(bench, configs)
     timed = []
     for config in configs:
@@ -69,8 +80,10 @@ for m in args.rows:
     for i, name in enumerate(KERNELS):
         floor_us = nbytes[name] / (ceil.copy_tb_per_s * 1e6)
         picks = {"tuned": timed[0]}
-        if len(timed) > 1:
-            picks["best"] = min(timed[1:], key=lambda t: t[1][i])
+        for label, gemv in (("best grouped", 0), ("best GEMV", 1)):
+            cands = [t for t in timed[1:] if t[0].get("GEMV", 0) == gemv]
+            if cands:
+                picks[label] = min(cands, key=lambda t: t[1][i])
         row["kernels"][name] = {"floor_us": floor_us}
         for label, (config, us) in picks.items():
             row["kernels"][name][label] = {"config": config, "us": us[i]}
