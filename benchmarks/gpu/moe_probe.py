@@ -20,7 +20,6 @@ from loom.bench.ceilings import measure_ceilings
 from loom.bench.moe import Bench, _config, _precompile, moe_shape, search_space
 from loom.kernels import fused_moe as fm
 from loom.kernels import moe_config as mc
-from loom.kernels.moe_gemv import moe_gemv_launches
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default="qwen3-30b-a3b")
@@ -46,8 +45,7 @@ results = {"ceilings": {"copy_tb_per_s": ceil.copy_tb_per_s,
 def time_kernels(config):
     cfg = mc.get_config(bench.num_tokens, shape.top_k, shape.num_experts, shape.inter,
                         torch.bfloat16, bench.device, config)
-    launch = moe_gemv_launches if cfg["GEMV"] else fm.moe_launches
-    launches, _ = launch(*bench.inputs, cfg)
+    launches, _ = fm.kernel_launches(*bench.inputs, cfg)
     return [bench.timer.time_us(lambda k=k, g=g, a=a, kw=kw: k[g](*a, **kw))
             for k, g, a, kw in launches]
 

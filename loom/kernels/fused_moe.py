@@ -248,7 +248,9 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                  "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
                  "GEMV": gemv}
-    cfg = normalize_config({**cfg, **{k: v for k, v in overrides.items() if v is not None}})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given:  # checked together: BLOCK_N's least value depends on GEMV
+        cfg = normalize_config({**cfg, **given})
     return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg)
 
 
@@ -313,22 +315,26 @@ def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return [gate_up, down], per_slot
 
 
+def kernel_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int]
+                    ) -> tuple[list[tuple[Any, tuple[int], tuple, dict[str, Any]]], torch.Tensor]:
+    """The launches cfg asks for: the GEMV kernels' (their output is [T, H]) or the grouped
+    GEMM's (moe_launches: one row per slot, [T * top_k, H], still to be summed over k)."""
+    launch = moe_gemv_launches if cfg["GEMV"] else moe_launches
+    return launch(hidden, w13, w2, topk_weights, topk_ids, cfg)
+
+
 def _fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int],
                compile_only: bool = False) -> torch.Tensor | None:
-    if cfg["GEMV"]:
-        launches, out = moe_gemv_launches(hidden, w13, w2, topk_weights, topk_ids, cfg)
-    else:
-        launches, out = moe_launches(hidden, w13, w2, topk_weights, topk_ids, cfg)
+    launches, out = kernel_launches(hidden, w13, w2, topk_weights, topk_ids, cfg)
     for kernel, grid, args, kwargs in launches:
         if compile_only:
             kernel.warmup(*args, grid=grid, **kwargs)
         else:
             kernel[grid](*args, **kwargs)
-    if compile_only:
-        return None
-    if cfg["GEMV"]:
-        return out
+    if compile_only or cfg["GEMV"]:
+        return None if compile_only else out
     return out.view(hidden.shape[0], topk_ids.shape[1], hidden.shape[1]).sum(dim=1)
 
 

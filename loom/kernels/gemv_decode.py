@@ -11,15 +11,15 @@ import json
 import torch
 
 from loom.kernels.gemv import MAX_M, GemvConfig, gemv, silu_mul
+from loom.kernels.tuned import config_dir, device_name
 from loom.library import loom_op
 
 
 @functools.cache
-def _table(dtype: torch.dtype, device_name: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
+def _table(dtype: torch.dtype, gpu: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
     """(N, K) -> {M: config} from loom/kernels/configs/gemv,dtype=...,device_name=....json
     (`benchmarks/gpu/gemv_bench.py`'s winners where they beat cuBLAS); {} if none."""
-    from loom.kernels.tuned import config_dir
-    name = f"gemv,dtype={str(dtype).removeprefix('torch.')},device_name={device_name}.json"
+    name = f"gemv,dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
     path = config_dir() / name
     if not path.is_file():
         return {}
@@ -36,7 +36,6 @@ def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
                  device: torch.device) -> GemvConfig | None:
     """The measured config for this weight shape at the smallest measured row count >= m;
     None where nothing was measured to beat cuBLAS (the caller then takes F.linear)."""
-    from loom.kernels.tuned import device_name
     per_m = _table(dtype, device_name(device)).get((n, k))
     if not per_m:
         return None
