@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loom.layers.norm import QKNorm
 from loom.layers.rotary import rotate_at
 
 
@@ -73,13 +74,17 @@ class AttentionBackend(abc.ABC):
     def rope_write_kv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                       kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      kv_out: torch.Tensor | None = None) -> torch.Tensor:
+                      kv_out: torch.Tensor | None = None,
+                      qk_norm: QKNorm | None = None) -> torch.Tensor:
         """Rotate query [T, num_heads, head_dim] and key at positions[:T] (rotate-half;
         cos_sin_cache is `RotaryEmbedding.cos_sin_cache`), write_kv the rotated key and the
         value, and return the rotated query; kv_out [2, T, num_kv_heads, head_dim], when
-        given, receives the rotated key and the value too. This default is the reference:
-        torch's rotation, then write_kv."""
+        given, receives the rotated key and the value too. qk_norm: normalise each query
+        and key head before rotating it. This default is the reference: torch's norm and
+        rotation, then write_kv."""
         positions = positions[:query.shape[0]]
+        if qk_norm is not None:
+            query, key = qk_norm.apply(query, key)
         key = rotate_at(positions, key, cos_sin_cache)
         self.write_kv(key, value, kv_cache, slot_mapping)
         if kv_out is not None:
@@ -90,9 +95,9 @@ class AttentionBackend(abc.ABC):
     def decode_rope(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                     kv_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor | None:
-        """A pure decode step whole, from unrotated query and key: rotate, write the cache
-        and attend, in fewer launches than rope_write_kv then forward. None (this default):
+                    scale: float, qk_norm: QKNorm | None = None) -> torch.Tensor | None:
+        """A pure decode step whole, from unrotated (and, with qk_norm, unnormalised) query
+        and key: normalise, rotate, write the cache and attend, in fewer launches than rope_write_kv then forward. None (this default):
         the backend has no such path, and the caller takes those two."""
         return None
 

@@ -149,10 +149,11 @@ class TritonBackend(AttentionBackend):
         write_kv_cache(key, value, kv_cache, slot_mapping[:key.shape[0]])
 
     def rope_write_kv(self, query, key, value, positions, cos_sin_cache, kv_cache,
-                      slot_mapping, kv_out=None):
-        # One kernel for both: at decode each alone is mostly launch and ramp-up.
+                      slot_mapping, kv_out=None, qk_norm=None):
+        # One kernel for both (and a q/k norm): at decode each alone is mostly launch and
+        # ramp-up.
         return rope_write_kv_cache(query, key, value, positions, cos_sin_cache, kv_cache,
-                                   slot_mapping, kv_out=kv_out)
+                                   slot_mapping, kv_out=kv_out, qk_norm=qk_norm)
 
     def attends_batch_kv(self, meta, kv_cache, key) -> bool:
         # A fresh prefill's keys are all this batch's: SDPA reads them where the rotary
@@ -161,7 +162,7 @@ class TritonBackend(AttentionBackend):
         return kv_cache.dtype == key.dtype and not meta.is_pure_decode and self._use_sdpa(meta)
 
     def decode_rope(self, query, key, value, positions, cos_sin_cache, kv_cache, meta,
-                    scale):
+                    scale, qk_norm=None):
         # The decode kernel rotates q and k and stores k and v itself: one launch a layer
         # fewer than rope_write_kv_cache first (a few microseconds each at decode).
         if self._fused_rope_off:
@@ -169,7 +170,7 @@ class TritonBackend(AttentionBackend):
         out = self._new_out(query, meta)
         if meta.num_reqs and meta.num_actual_tokens:
             self._decode(query, kv_cache, meta, scale, out, new_tokens=NewTokens(
-                key, value, positions, cos_sin_cache, meta.slot_mapping))
+                key, value, positions, cos_sin_cache, meta.slot_mapping, qk_norm))
         return out
 
     @staticmethod

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from loom.kernels import pdl
 from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
+from loom.kernels.rope_kv_write import check_qk_norm, rms_scale
 
 _LOG2E = 1.4426950408889634
 # tl.dot needs at least 16 rows; decode pads its GQA group up to this.
@@ -150,11 +151,13 @@ def _prefill_kernel(
 
 
 @triton.jit
-def _rotate_half(x_ptr, offs, dims, ok, cos_sin_row, HEAD_DIM: tl.constexpr):
+def _rotate_half(x_ptr, offs, dims, ok, cos_sin_row, norm_ptr, norm_eps,
+                 HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
     """Rotary (rotate-half) of the rows at x_ptr + offs [R, HEAD_DIM] at one position, as
     rope_kv_write computes it: float32 products and sums, rounded to the input's dtype.
     Element d pairs with d + D/2 (or d - D/2): x * cos - partner * sin below the half,
-    x * cos + partner * sin above it."""
+    x * cos + partner * sin above it. NORM: each row is first RMS-normalised with the
+    weights at norm_ptr (a per-head q/k norm), as rope_kv_write does it."""
     half: tl.constexpr = HEAD_DIM // 2
     low = dims < half
     freq = tl.where(low, dims, dims - half)
@@ -165,6 +168,12 @@ def _rotate_half(x_ptr, offs, dims, ok, cos_sin_row, HEAD_DIM: tl.constexpr):
     partner = tl.where(low, dims + half, dims - half)
     xp = tl.load(x_ptr + offs - dims[None, :] + partner[None, :], mask=ok,
                  other=0.0).to(tl.float32)
+    if NORM:
+        elem = x_ptr.dtype.element_ty
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + norm_eps)[:, None]
+        every = tl.full([1, HEAD_DIM], 1, tl.int1)
+        x = rms_scale(x, rstd, norm_ptr, dims[None, :], every, elem)
+        xp = rms_scale(xp, rstd, norm_ptr, partner[None, :], every, elem)
     return (x * cos + (sign * xp) * sin).to(x_ptr.dtype.element_ty)
 
 
@@ -172,14 +181,15 @@ def _rotate_half(x_ptr, offs, dims, ok, cos_sin_row, HEAD_DIM: tl.constexpr):
 def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr,
-    k_ptr, v_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, scale_log2, num_heads,
+    k_ptr, v_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
+    norm_eps, scale_log2, num_heads,
     num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt,
     stride_vh, stride_pos, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, F16_DOT: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, QK_NORM: tl.constexpr = False,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe).
@@ -187,7 +197,8 @@ def _decode_split_kernel(
     # DIRECT (one split): the program holds the whole softmax and writes the output itself.
     # ROPE: q, k and v come unrotated and unwritten (no rope_kv_write launch before): every
     # program rotates its q heads, and the one whose split holds the new token rotates its
-    # key and stores key and value into the cache before attending.
+    # key and stores key and value into the cache before attending. QK_NORM (with ROPE):
+    # q and k are RMS-normalised per head first (Qwen3's q_norm / k_norm).
     if PDL:  # launched early (loom/kernels/pdl.py): every input is a predecessor's output
         pdl.wait_then_release()
     slot = tl.program_id(0)
@@ -212,13 +223,15 @@ def _decode_split_kernel(
     k_base = cache_ptr + kv_head * stride_chead
     if ROPE:
         cos_sin_row = cos_sin_ptr + tl.load(positions_ptr + q_start).to(tl.int64) * stride_pos
-        q = _rotate_half(q_ptr, q_off, dims, g_ok[:, None], cos_sin_row, HEAD_DIM)
+        q = _rotate_half(q_ptr, q_off, dims, g_ok[:, None], cos_sin_row, q_norm_ptr, norm_eps,
+                         HEAD_DIM, QK_NORM)
         new_slot = tl.load(slot_mapping_ptr + q_start)
         if (lo <= seq_len - 1) & (seq_len - 1 < hi) & (new_slot >= 0):
             row = q_start.to(tl.int64)
             one = tl.full([1], 1, tl.int1)
             key = _rotate_half(k_ptr, (row * stride_kt + kv_head * stride_kh + dims)[None, :],
-                               dims, one[:, None], cos_sin_row, HEAD_DIM)
+                               dims, one[:, None], cos_sin_row, k_norm_ptr, norm_eps,
+                               HEAD_DIM, QK_NORM)
             value = tl.load(v_ptr + row * stride_vt + kv_head * stride_vh + dims)
             dst = k_base + new_slot.to(tl.int64) * stride_cslot + dims
             elem = cache_ptr.dtype.element_ty
@@ -362,13 +375,16 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block
 class NewTokens(NamedTuple):
     """A decode step's new tokens, for paged_decode to rotate and cache itself: key and
     value [T, Hkv, D] (unrotated, head dim contiguous), positions [T], the float32
-    cos_sin_cache [max_pos, D] of loom.layers.rotary, slot_mapping [T] (< 0: not stored)."""
+    cos_sin_cache [max_pos, D] of loom.layers.rotary, slot_mapping [T] (< 0: not stored);
+    qk_norm: (q_weight, k_weight, eps) of a per-head norm before rotary
+    (`loom.layers.norm.QKNorm`), or None."""
 
     key: torch.Tensor
     value: torch.Tensor
     positions: torch.Tensor
     cos_sin_cache: torch.Tensor
     slot_mapping: torch.Tensor
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
 
 
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
@@ -387,14 +403,15 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
 
     new_tokens: query and the new keys come unrotated and the new keys and values are not
     in the cache yet; the kernel rotates and stores them as rope_write_kv_cache would (the
-    same arithmetic), saving that launch. Not with req_index.
+    same arithmetic, a per-head q/k norm first where new_tokens has one), saving that
+    launch. Not with req_index.
     """
     group, num_kv_heads = _check(query, kv_cache)
     _check_req_index(req_index, num_reqs)
     num_heads, head_dim = query.shape[1], query.shape[2]
     rope = new_tokens is not None
     if rope:
-        key, value, positions, cos_sin_cache, slot_mapping = new_tokens
+        key, value, positions, cos_sin_cache, slot_mapping, qk_norm = new_tokens
         if req_index is not None:
             raise ValueError("paged_decode: new_tokens with req_index is not supported")
         check_slot_layout(kv_cache, "paged_decode")
@@ -406,6 +423,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         key = value = query
         positions = slot_mapping = query_start_loc
         cos_sin_cache = query
+        qk_norm = None
+    q_norm, k_norm, norm_eps = check_qk_norm(qk_norm, query, key, "paged_decode")
     direct = num_splits == 1
     use_pdl = pdl.enabled(query.device)
     if direct:  # no partials: the pointers are never read
@@ -418,8 +437,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                                device=query.device)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         query, kv_cache, part_m, part_l, part_acc, out, block_table, query_start_loc,
-        seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping,
-        scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
+        seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping, q_norm, k_norm,
+        norm_eps, scale * _LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
         out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *_cache_strides(kv_cache),
         block_table.stride(0), GROUP=group,
@@ -427,7 +446,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=_precision(query.dtype),
         HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope,
         SAT=saturation(kv_cache) if rope else 0.0, F16_DOT=_f16_dot(query, kv_cache),
-        PDL=use_pdl,
+        PDL=use_pdl, QK_NORM=qk_norm is not None,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if direct:

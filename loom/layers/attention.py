@@ -3,7 +3,8 @@
 `loom::attention` is the op that level-3 compilation splits the graph at; it reads the
 batch's metadata and this layer's cache from the forward context. Given positions and the
 rotary table it also rotates the query and key, so that a backend can fuse the rotation
-into its cache write (one op name either way, so graph splitting treats both alike).
+into its cache write (one op name either way, so graph splitting treats both alike); given
+q/k norm weights too, it normalises each head before rotating it.
 """
 
 from __future__ import annotations
@@ -12,17 +13,27 @@ import torch
 from torch import nn
 
 from loom.forward_context import get_forward_context
+from loom.layers.norm import QKNorm
 from loom.library import loom_op
 
 
 @loom_op("attention",
          "(Tensor query, Tensor key, Tensor value, int layer_idx, float scale, "
-         "Tensor? positions=None, Tensor? cos_sin_cache=None) -> Tensor")
+         "Tensor? positions=None, Tensor? cos_sin_cache=None, Tensor? q_norm=None, "
+         "Tensor? k_norm=None, float norm_eps=0.0) -> Tensor")
 def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  layer_idx: int, scale: float, positions: torch.Tensor | None = None,
-                 cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+                 cos_sin_cache: torch.Tensor | None = None, q_norm: torch.Tensor | None = None,
+                 k_norm: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
     """query [T, Hq*D], key/value [T, Hkv*D] -> [T, Hq*D]; writes key/value to the cache.
-    With positions (and cos_sin_cache), query and key come unrotated and are rotated here."""
+    With positions (and cos_sin_cache), query and key come unrotated and are rotated here;
+    with q_norm and k_norm ([D] weights) too, unnormalised, and each head is RMS-normalised
+    (eps norm_eps) before its rotation."""
+    qk_norm = None
+    if q_norm is not None or k_norm is not None:
+        if q_norm is None or k_norm is None or positions is None:
+            raise ValueError("attention: q_norm and k_norm come together, with positions")
+        qk_norm = QKNorm(q_norm, k_norm, norm_eps)
     ctx = get_forward_context()
     if ctx.layer_clock is not None:
         ctx.layer_clock.mark()
@@ -41,18 +52,19 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     else:
         if meta.is_pure_decode:
             out = ctx.backend.decode_rope(q, k, v, positions, cos_sin_cache, kv_cache, meta,
-                                          scale)
+                                          scale, qk_norm)
             if out is not None:
                 return out.reshape(query.shape)
         kv_out = k.new_empty((2,) + tuple(k.shape)) if own_kv else None
         q = ctx.backend.rope_write_kv(q, k, v, positions, cos_sin_cache, kv_cache,
-                                      meta.slot_mapping, kv_out=kv_out)
+                                      meta.slot_mapping, kv_out=kv_out, qk_norm=qk_norm)
         batch_kv = tuple(kv_out) if own_kv else None
     return ctx.backend.forward(q, kv_cache, meta, scale, batch_kv).reshape(query.shape)
 
 
 @attention_op.register_fake
-def _(query, key, value, layer_idx, scale, positions=None, cos_sin_cache=None):
+def _(query, key, value, layer_idx, scale, positions=None, cos_sin_cache=None, q_norm=None,
+      k_norm=None, norm_eps=0.0):
     return torch.empty_like(query)
 
 
@@ -69,9 +81,13 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 positions: torch.Tensor | None = None,
-                cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+                cos_sin_cache: torch.Tensor | None = None,
+                qk_norm: QKNorm | None = None) -> torch.Tensor:
+        if qk_norm is None:
+            return torch.ops.loom.attention(q, k, v, self.layer_idx, self.scale, positions,
+                                            cos_sin_cache)
         return torch.ops.loom.attention(q, k, v, self.layer_idx, self.scale, positions,
-                                        cos_sin_cache)
+                                        cos_sin_cache, *qk_norm)
 
 
 def set_fused_rope(model: nn.Module, enabled: bool) -> None:

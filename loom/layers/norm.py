@@ -9,6 +9,8 @@ them. Eager runs the reference functions below and never pays custom-op dispatch
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -28,6 +30,20 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     """(norm(x + residual), x + residual): the normalised input and the new residual."""
     x = x + residual
     return rms_norm(x, weight, eps), x
+
+
+class QKNorm(NamedTuple):
+    """Per-head RMSNorm of the query and key heads before rotary (Qwen3): each head's
+    head_dim values normalised by `rms_norm` with its own weight [head_dim]. Handed to the
+    attention op, so that a backend that rotates in its kernels normalises there too."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+
+    def apply(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """query [T, Hq, D] and key [T, Hkv, D], normalised (the reference)."""
+        return rms_norm(query, self.q_weight, self.eps), rms_norm(key, self.k_weight, self.eps)
 
 
 @loom_op("rms_norm", "(Tensor x, Tensor weight, float eps) -> Tensor")

@@ -14,7 +14,7 @@ from torch import nn
 from loom.layers.attention import Attention
 from loom.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from loom.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from loom.layers.norm import RMSNorm
+from loom.layers.norm import QKNorm, RMSNorm
 from loom.layers.rotary import RotaryEmbedding
 from loom.models.arch import ModelArch
 from loom.models.weights import load_named_weights
@@ -51,12 +51,16 @@ class SelfAttention(nn.Module):
         n, d = qkv.shape[0], self.head_dim
         q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size:]  # a strided view: the cache write reads it
+        if self.attn.fused_rope:
+            # The attention backend rotates q and k (normalising them first) in its
+            # cache-write kernel.
+            qk_norm = None if self.q_norm is None else QKNorm(
+                self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            return self.o_proj(self.attn(q, k, v, positions, self.rotary_emb.cos_sin_cache,
+                                         qk_norm))
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(n, -1, d)).flatten(1)
             k = self.k_norm(k.reshape(n, -1, d)).flatten(1)
-        if self.attn.fused_rope:
-            # The attention backend rotates q and k in its cache-write kernel.
-            return self.o_proj(self.attn(q, k, v, positions, self.rotary_emb.cos_sin_cache))
         if self.q_norm is None:
             # Query and key heads sit side by side in each row: one rotation for both.
             qk = self.rotary_emb.rotate(positions, qkv[:, :self.q_size + self.kv_size]

@@ -11,15 +11,15 @@ from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.paged_attention import (
     _decode_reduce_kernel, _decode_split_kernel, _prefill_kernel)
 
-FLOATS = {"scale_log2"}
+FLOATS = {"scale_log2", "norm_eps"}
 POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_ptr": "*fp32",
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
-            "slot_mapping_ptr": "*i64"}
+            "slot_mapping_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16"}
 UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
 # Compile-time flags the launchers always pass; a test variant may override them.
-DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False}
+DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False, "QK_NORM": False}
 
 
 def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
@@ -50,7 +50,8 @@ def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
     assert kernel.metadata.shared <= 227 * 1024, (fn.__name__, cons, kernel.metadata.shared)
     loads = kernel.asm["ptx"].count("ld.global")
     name = fn.__name__ + ("_direct" if cons.get("DIRECT") else "") \
-        + ("_rope" if cons.get("ROPE") else "") + (f"_n{cons['BLOCK_N']}s{stages}"
+        + ("_rope" if cons.get("ROPE") else "") + ("_qknorm" if cons.get("QK_NORM") else "") \
+        + (f"_n{cons['BLOCK_N']}s{stages}"
                                                    if "BLOCK_N" in cons else "") \
         + ("_fp8" if cache != "*bf16" else "")
     print("ok", name, cons["HEAD_DIM"], indexed, loads)
@@ -83,6 +84,10 @@ build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=128, BLOCK_SIZE=16, B
 build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                  BLOCK_N=128, PRECISION="tf32", DIRECT=False, ROPE=True,
                                  SAT=448.0, F16_DOT=True), 4, False, 3, cache="*fp8e4nv")
+# Qwen3's q/k norm before the rotation (Qwen3-30B-A3B: 32 query heads over 4 KV heads)
+build(_decode_split_kernel, dict(GROUP=8, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
+                                 BLOCK_N=64, PRECISION="tf32", DIRECT=False, ROPE=True,
+                                 QK_NORM=True), 4, False, 2)
 """
 
 
@@ -93,7 +98,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 20
+    assert len(lines) == 21
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:

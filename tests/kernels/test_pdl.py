@@ -33,8 +33,8 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
-            "slot_mapping_ptr": "*i64"}
-FLOATS = {"eps", "scale_log2"}
+            "slot_mapping_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16"}
+FLOATS = {"eps", "scale_log2", "norm_eps"}
 
 
 def build(fn, cons, warps=4, stages=2):
@@ -76,7 +76,7 @@ for direct, rope in ((True, True), (False, False)):
     build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                      BLOCK_N=64, PRECISION="tf32", HAS_REQ_INDEX=False,
                                      DIRECT=direct, ROPE=rope, SAT=0.0, F16_DOT=False,
-                                     PDL=True))
+                                     PDL=True, QK_NORM=False))
 build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128, HAS_REQ_INDEX=False, PDL=True))
 for push in (False, True):
     build(_all_reduce_add_rms_norm_kernel, dict(N=4096, BLOCK=4096, WORLD=2, MAX_ROWS=8,

@@ -39,7 +39,7 @@ def _generate(path, prompts):
     return [o.outputs[0] for o in outs]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])  # qwen3: q/k norm before rotary
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])  # qwen3: q/k norm, in the kernels too
 def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkeypatch):
     path, hf = tiny_model_factory(kind)
     monkeypatch.setattr(model_runner_module, "select_backend", lambda device: TritonBackend())
@@ -48,10 +48,13 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
     for name in ("write_kv_cache", "rope_write_kv_cache", "gather_kv"):
         real = getattr(triton_backend, name)
         monkeypatch.setattr(triton_backend, name, lambda *a, _real=real, _name=name, **kw: (
-            calls.update([_name]), _real(*a, **kw))[1])
+            calls.update([_name] + (["normalising"] if kw.get("qk_norm") else [])),
+            _real(*a, **kw))[1])
     real_decode = triton_backend.paged_decode
     monkeypatch.setattr(triton_backend, "paged_decode", lambda *a, **kw: (
-        calls.update(["decode, rotating itself" if kw.get("new_tokens") else "decode"]),
+        calls.update(["decode, rotating itself" if kw.get("new_tokens") else "decode"]
+                     + (["decode, normalising"] if kw.get("new_tokens")
+                        and kw["new_tokens"].qk_norm else [])),
         real_decode(*a, **kw))[1])
     prompts = _prompts(seed=3, lengths=(5, 21))  # 21 spans two cache blocks
 
@@ -59,6 +62,10 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
     assert calls["rope_write_kv_cache"] > 0 and calls["write_kv_cache"] == 0
     # Decode steps rotate and write inside the decode kernel, with no launch before it.
     assert calls["decode, rotating itself"] > 0 and calls["decode"] == 0
+    # Qwen3's q/k norm goes into both kernels with the rotation (no norm kernel before).
+    normalises = kind == "qwen3"
+    assert (calls["normalising"] == calls["rope_write_kv_cache"]) == normalises
+    assert (calls["decode, normalising"] == calls["decode, rotating itself"]) == normalises
     # Both prompts are fresh prefills in one step: SDPA attends over the keys and values
     # the rotary kernel also wrote out, none read back from the cache.
     assert calls["gather_kv"] == 0
@@ -71,16 +78,22 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
     for prompt, a, b in zip(prompts, fused, unfused):
         assert a.token_ids == b.token_ids == hf_greedy(hf, prompt, NEW_TOKENS)
         for step_a, step_b in zip(a.logprobs, b.logprobs):
-            # float32, interpreted: the kernel's rotation is torch's, bit for bit.
-            assert {t: p.logprob for t, p in step_a.items()} == \
-                {t: p.logprob for t, p in step_b.items()}
+            fused_lp = {t: p.logprob for t, p in step_a.items()}
+            unfused_lp = {t: p.logprob for t, p in step_b.items()}
+            if kind == "llama":
+                # float32, interpreted: the kernel's rotation is torch's, bit for bit.
+                assert fused_lp == unfused_lp
+            else:  # the kernels' q/k norm sums its squares in another order than torch
+                assert fused_lp.keys() == unfused_lp.keys()
+                assert fused_lp == pytest.approx(unfused_lp, rel=1e-5, abs=1e-5)
 
 
-def test_traced_graph_takes_rotary_into_the_split_attention_op(tiny_model_factory):
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_traced_graph_takes_rotary_into_the_split_attention_op(kind, tiny_model_factory):
     """torch.compile traces the flag's choice: with it on, every `loom::attention` call gets
-    positions and the rotary table, the graph has no rotary arithmetic of its own, and
-    level 3 still splits at each attention call."""
-    path, _ = tiny_model_factory("llama")
+    positions and the rotary table (and Qwen3's q/k norm weights), the graph has no rotary
+    arithmetic (nor q/k norm) of its own, and level 3 still splits at each attention call."""
+    path, _ = tiny_model_factory(kind)
     model, arch, _ = load_model(EngineConfig(ModelConfig(model=path, dtype="float32")),
                                 torch.device("cpu"))
     graphs = []
@@ -103,7 +116,23 @@ def test_traced_graph_takes_rotary_into_the_split_attention_op(tiny_model_factor
                  and str(n.target).startswith("loom.attention")]
         assert len(calls) == arch.num_layers
         assert all((len(n.args) > 5 and n.args[5] is not None) == fused for n in calls)
-        rotations = [n for n in gm.graph.nodes if n.target is torch.cat]  # one a layer
-        assert len(rotations) == (0 if fused else arch.num_layers)
+        normed = fused and kind == "qwen3"
+        assert all((len(n.args) > 8 and n.args[7] is not None) == normed for n in calls)
+        rotations = [n for n in gm.graph.nodes if n.target is torch.cat]  # q and k, or qk
+        assert len(rotations) == (0 if fused else arch.num_layers * (1 + (kind == "qwen3")))
+        # Norms without a residual: the first layer's input norm, and q/k norms unless the
+        # attention op takes them.
+        norms = [n for n in gm.graph.nodes if n.op == "call_function"
+                 and str(n.target).startswith("loom.rms_norm")]
+        assert len(norms) == 1 + (2 * arch.num_layers if kind == "qwen3" and not fused else 0)
         _, pieces = split_graph(gm, DEFAULT_SPLITTING_OPS)
         assert len(pieces) == arch.num_layers
+
+
+def test_attention_op_takes_q_and_k_norm_together_and_with_positions():
+    q = torch.zeros(2, 8)
+    w = torch.ones(4)
+    with pytest.raises(ValueError, match="q_norm and k_norm come together"):
+        torch.ops.loom.attention(q, q, q, 0, 1.0, torch.zeros(2).long(), torch.zeros(8, 4), w)
+    with pytest.raises(ValueError, match="with positions"):
+        torch.ops.loom.attention(q, q, q, 0, 1.0, None, None, w, w, 1e-6)
