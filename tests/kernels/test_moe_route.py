@@ -57,3 +57,101 @@ def test_route_topk_reads_a_strided_view_and_breaks_ties_low():
 def test_route_topk_bad_top_k():
     with pytest.raises(ValueError, match="top_k must be in 1..8"):
         route_topk(torch.randn(2, 8, device=DEVICE), 9, True)
+
+
+def _router_inputs(tokens, experts, hidden, dtype):
+    x = torch.randn(tokens, hidden, device=DEVICE).to(dtype)
+    weight = (torch.randn(experts, hidden, device=DEVICE) / hidden ** 0.5 * 3).to(dtype)
+    return x, weight
+
+
+@pytest.mark.parametrize("tokens, experts, hidden, top_k, block_n, block_k", [
+    (1, 128, 256, 8, 8, 64),    # Qwen3-30B-A3B's routing (hidden cut down): 16 programs
+    (3, 60, 100, 6, 16, 32),    # neither a power of two; K chunks that do not divide
+    (8, 16, 64, 16, 4, 64),     # every expert, the most tokens the GEMV takes
+    (5, 8, 48, 2, 8, 16),       # Mixtral's routing, one program
+])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_router_topk_matches_linear_then_route(tokens, experts, hidden, top_k, block_n,
+                                               block_k, renormalize):
+    """The GEMV whose last program routes: the logits torch's linear gives (float32, so no
+    ties), then loom.layers.moe.route's experts and weights. Called twice with fresh inputs:
+    the last program must leave its counter ready for the next launch."""
+    from loom.kernels.gemv import GemvConfig
+    from loom.kernels.moe_route import router_topk
+    cfg = GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=2)
+    for _ in range(2):
+        x, weight = _router_inputs(tokens, experts, hidden, torch.float32)
+        weights, ids = router_topk(x, weight, top_k, renormalize, config=cfg)
+        want_weights, want_ids = route(torch.nn.functional.linear(x, weight), top_k,
+                                       renormalize)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+
+
+def test_router_topk_past_the_gemv_rows_takes_linear_then_route():
+    from loom.kernels.moe_route import router_topk
+    x, weight = _router_inputs(11, 16, 32, torch.float32)
+    weights, ids = router_topk(x, weight, 4, True)
+    want_weights, want_ids = route(torch.nn.functional.linear(x, weight), 4, True)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+
+
+def test_router_topk_bad_arguments():
+    from loom.kernels.moe_route import router_topk
+    x, weight = _router_inputs(2, 8, 32, torch.float32)
+    with pytest.raises(ValueError, match="top_k must be in 1..8"):
+        router_topk(x, weight, 9, True)
+    with pytest.raises(ValueError, match=r"weight must be \[E, 32\]"):
+        router_topk(x, weight[:, :16], 2, True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [1, 2, 3, 8])
+def test_gpu_router_topk_bf16_qwen3_shape(tokens):
+    """bf16 at Qwen3-30B-A3B's router shape (128 experts over 2048): the logits may differ
+    from cuBLAS's by an ulp of bf16, so each chosen expert's probability (from cuBLAS's
+    logits) must be within that of the one torch ranks in its place."""
+    from loom.kernels.moe_route import router_topk
+    x, weight = _router_inputs(tokens, 128, 2048, torch.bfloat16)
+    weights, ids = router_topk(x, weight, 8, True)
+    probs = torch.softmax(torch.nn.functional.linear(x, weight).float(), dim=-1)
+    assert all(len(set(row)) == 8 for row in ids.tolist())
+    torch.testing.assert_close(probs.gather(1, ids), probs.topk(8, dim=-1).values,
+                               atol=0, rtol=2e-2)
+    want_weights, _ = route(torch.nn.functional.linear(x, weight), 8, True)
+    torch.testing.assert_close(weights, want_weights, atol=2e-3, rtol=2e-2)
+
+
+_ROUTER_OFFLINE_COMPILE = r"""
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as tcompile
+from loom.kernels.moe_route import _router_topk_kernel
+pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "weights_ptr": "*fp32",
+            "ids_ptr": "*i64", "count_ptr": "*i32"}
+# Qwen3-30B-A3B's router at 1 and 3 tokens, with the GEMV table's tiles for its shape
+for m, block_n, block_k, warps, stages in ((1, 8, 1024, 8, 1), (3, 8, 256, 4, 3)):
+    cons = dict(M=m, M_PAD=1 << (m - 1).bit_length(), K=2048, E=128, EXPERTS_PAD=128,
+                BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, TOP_K=8, TOP_K_PAD=8,
+                RENORMALIZE=True)
+    names = list(_router_topk_kernel.arg_names)
+    sig = {n: "constexpr" if n in cons else pointers[n] for n in names}
+    src = ASTSource(fn=_router_topk_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in cons.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                           if sig[n] != "constexpr"})
+    kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
+                      options=dict(num_warps=warps, num_stages=stages))
+    assert kernel.asm["cubin"]
+    print("ok")
+"""
+
+
+def test_router_topk_kernel_compiles_for_sm90_offline():
+    """The atomic semaphore and the last program's routing, which only the interpreter runs
+    here, build for Hopper."""
+    from tests.triton_interpreter import compile_for_sm90_offline
+    assert compile_for_sm90_offline(_ROUTER_OFFLINE_COMPILE).count("ok") == 2
