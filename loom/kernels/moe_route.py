@@ -10,6 +10,9 @@ by k rounds of argmax (the lowest expert index wins a tie), renormalising if ask
 the router weight whose last program to finish routes the batch (a counter, as the GEMV's
 "fixup" split sums its slices), so the route costs no launch of its own. At batch-1 decode
 the router GEMV and the route kernel were two ~2.5 us launches a layer (run_zza's profile).
+With the GEMV table's tile (8 warps) the one launch took 6.9 us (run_zze): the last
+program's routing pays for every reduction across warps. So its tiles are measured apart
+(`benchmarks/gpu/router_probe.py`) and taken only where they beat the two launches.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels import gemv_decode
-from loom.kernels.gemv import MAX_M, GemvConfig, default_config, fixup_counters
+from loom.kernels.gemv import MAX_M, GemvConfig, fixup_counters
 from loom.library import loom_op
 
 
@@ -132,10 +135,11 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
 
 def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
                 config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """route_topk(x @ weight^T, ...) for x [M, K] and a router weight [E, K] of x's dtype:
-    in one launch for 1 <= M <= MAX_M (the GEMV's tile from config, else the GEMV table's
-    for the router's shape, else its default; a split of K is not taken), else the decode
-    linear (`gemv_decode.linear`) and then route_topk."""
+    """route_topk(x @ weight^T, ...) for x [M, K] and a router weight [E, K] of x's dtype.
+    One launch with config (a GemvConfig; its split and dot fields are not used), or where
+    the router table has a config for the shape at M (`benchmarks/gpu/router_probe.py`:
+    measured to beat the two launches); otherwise the decode linear
+    (`gemv_decode.linear`) and then route_topk."""
     m, k = x.shape
     num_experts = weight.shape[0]
     if weight.dim() != 2 or weight.shape[1] != k or weight.dtype != x.dtype:
@@ -143,21 +147,22 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: 
                          f"{tuple(weight.shape)} {weight.dtype}")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"router_topk: top_k must be in 1..{num_experts}, got {top_k}")
-    if not 1 <= m <= MAX_M:
+    if config is None and 1 <= m <= MAX_M:
+        config = gemv_decode.tuned_config(m, num_experts, k, x.dtype, x.device,
+                                          kind="router_topk")
+    if config is None or not 1 <= m <= MAX_M:
         return route_topk(gemv_decode.linear(x, weight), top_k, renormalize)
-    cfg = config or gemv_decode.tuned_config(m, num_experts, k, x.dtype, x.device) or \
-        default_config(m, num_experts, k)
     x, weight = x.contiguous(), weight.contiguous()
     logits = torch.empty(m, num_experts, dtype=x.dtype, device=x.device)
     weights = torch.empty(m, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(m, top_k, dtype=torch.int64, device=x.device)
-    _router_topk_kernel[(triton.cdiv(num_experts, cfg.block_n),)](
+    _router_topk_kernel[(triton.cdiv(num_experts, config.block_n),)](
         x, weight, logits, weights, ids, fixup_counters(x.device, 1),
         M=m, M_PAD=triton.next_power_of_2(m), K=k, E=num_experts,
-        EXPERTS_PAD=triton.next_power_of_2(num_experts), BLOCK_N=cfg.block_n,
-        BLOCK_K=min(cfg.block_k, triton.next_power_of_2(k)), NUM_STAGES=cfg.num_stages,
-        TOP_K=top_k, TOP_K_PAD=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        EXPERTS_PAD=triton.next_power_of_2(num_experts), BLOCK_N=config.block_n,
+        BLOCK_K=min(config.block_k, triton.next_power_of_2(k)),
+        NUM_STAGES=config.num_stages, TOP_K=top_k, TOP_K_PAD=triton.next_power_of_2(top_k),
+        RENORMALIZE=renormalize, num_warps=config.num_warps, num_stages=config.num_stages)
     return weights, ids
 
 

@@ -89,13 +89,38 @@ def test_router_topk_matches_linear_then_route(tokens, experts, hidden, top_k, b
         torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
 
 
-def test_router_topk_past_the_gemv_rows_takes_linear_then_route():
-    from loom.kernels.moe_route import router_topk
-    x, weight = _router_inputs(11, 16, 32, torch.float32)
-    weights, ids = router_topk(x, weight, 4, True)
-    want_weights, want_ids = route(torch.nn.functional.linear(x, weight), 4, True)
-    assert torch.equal(ids, want_ids)
-    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+@pytest.mark.parametrize("tokens, table_rows", [(11, "8"), (2, None), (5, "4")])
+def test_router_topk_off_its_table_takes_linear_then_route(tokens, table_rows, tmp_path,
+                                                          monkeypatch):
+    """Past the GEMV's 8 rows, where the router table has no file, or no row count at or
+    above the batch's: the decode linear then the route kernel, never the fused launch.
+    Within its rows the table's config is taken."""
+    import json
+
+    from loom.kernels import gemv_decode, moe_route
+    if table_rows:
+        table = {"16,32": {table_rows: {"block_n": 4, "block_k": 16, "num_warps": 1,
+                                        "num_stages": 1}}}
+        name = f"router_topk,dtype=float32,device_name={DEVICE}.json"
+        (tmp_path / name).write_text(json.dumps(table))
+    monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
+    gemv_decode._table.cache_clear()
+    launches = []
+    real = moe_route._router_topk_kernel
+    monkeypatch.setattr(moe_route, "_router_topk_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
+    try:
+        x, weight = _router_inputs(tokens, 16, 32, torch.float32)
+        weights, ids = moe_route.router_topk(x, weight, 4, True)
+        want_weights, want_ids = route(torch.nn.functional.linear(x, weight), 4, True)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+        assert launches == []
+        if table_rows == "4":  # 3 rows take the config measured at 4: 16 experts in 4 blocks
+            moe_route.router_topk(x[:3], weight, 4, True)
+            assert launches == [(4,)]
+    finally:
+        gemv_decode._table.cache_clear()
 
 
 def test_router_topk_bad_arguments():
