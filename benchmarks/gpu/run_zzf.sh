@@ -5,6 +5,9 @@
 #    the winners into the router table (an M where none wins takes the pair).
 # 2. Qwen3 decode with the table, without it (the pair: LOOM_MOE_CONFIG_DIR at a copy of
 #    the configs without the router file), and with it again.
+# The probe ran past its 240 s before M=8 and never wrote the table, so all three decode runs
+# took the pair. It found the one launch 0.93x the pair at one token, 1.04x at two, 1.26x at
+# four: router_topk was taken out again (its kernel and this probe are in 79ac674).
 source benchmarks/gpu/env.sh
 R=/tmp/zzf; mkdir -p $R
 left() { echo $(( $1 - ($(date +%s) - T0) )); }

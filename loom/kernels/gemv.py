@@ -247,20 +247,15 @@ def _check_config(cfg: GemvConfig, k: int) -> None:
         raise ValueError(f"gemv: split_k={cfg.split_k} exceeds K={k}")
 
 
-def fixup_counters(device: torch.device, needed: int) -> torch.Tensor:
-    """The device's zeroed int32 semaphores (at least `needed`) for a kernel whose last
-    program to finish completes the launch and then resets the ones it used to 0: the GEMV's
-    "fixup" split and `moe_route.router_topk`. Kernels on one stream share them; two such
-    kernels must not run concurrently on different streams."""
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
     if needed > _COUNTERS_SIZE:
         raise ValueError(f"gemv: {needed} row blocks exceed the fixup counters "
                          f"({_COUNTERS_SIZE}); use a larger block_n or split_mode='reduce'")
     counters = _COUNTERS.get(device)
     if counters is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("gemv: the first split_mode='fixup' (or router_topk) call on a "
-                               "device must run outside CUDA graph capture (it allocates the "
-                               "counters)")
+            raise RuntimeError("gemv: the first split_mode='fixup' call on a device must run "
+                               "outside CUDA graph capture (it allocates the counters)")
         counters = _COUNTERS[device] = torch.zeros(_COUNTERS_SIZE, dtype=torch.int32,
                                                    device=device)
     return counters
@@ -323,7 +318,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
     part = y  # unused placeholders keep one signature
     counters = y
     if mode == 1:
-        counters = fixup_counters(x.device, n_blocks)
+        counters = _counters(x.device, n_blocks)
         part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     elif mode == 2:
         part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)

@@ -16,13 +16,10 @@ from loom.library import loom_op
 
 
 @functools.cache
-def _table(kind: str, dtype: torch.dtype,
-           gpu: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
-    """(N, K) -> {M: config} from loom/kernels/configs/<kind>,dtype=...,device_name=....json
-    (kind "gemv": `benchmarks/gpu/gemv_bench.py`'s winners where they beat cuBLAS;
-    "router_topk": `benchmarks/gpu/router_probe.py`'s where they beat the GEMV and the route
-    kernel one after the other); {} if none."""
-    name = f"{kind},dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
+def _table(dtype: torch.dtype, gpu: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
+    """(N, K) -> {M: config} from loom/kernels/configs/gemv,dtype=...,device_name=....json
+    (`benchmarks/gpu/gemv_bench.py`'s winners where they beat cuBLAS); {} if none."""
+    name = f"gemv,dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
     path = config_dir() / name
     if not path.is_file():
         return {}
@@ -32,15 +29,14 @@ def _table(kind: str, dtype: torch.dtype,
                                                           for m, c in per_m.items()}
                 for shape, per_m in raw.items()}
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{kind} config file {path}: {e}") from None
+        raise ValueError(f"gemv config file {path}: {e}") from None
 
 
-def tuned_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
-                 kind: str = "gemv") -> GemvConfig | None:
+def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
+                 device: torch.device) -> GemvConfig | None:
     """The measured config for this weight shape at the smallest measured row count >= m;
-    None where nothing was measured to beat the alternative (cuBLAS for the GEMV: the
-    caller then takes F.linear)."""
-    per_m = _table(kind, dtype, device_name(device)).get((n, k))
+    None where nothing was measured to beat cuBLAS (the caller then takes F.linear)."""
+    per_m = _table(dtype, device_name(device)).get((n, k))
     if not per_m:
         return None
     fits = [key for key in per_m if key >= m]

@@ -85,21 +85,8 @@ class FusedMoE(nn.Module):
                                                      self.renormalize)
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
-        return self.routed(x, weights, ids)
-
-    def route_and_run(self, x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
-        """forward(x, x @ router_weight^T); on CUDA the router's GEMV and the routing are
-        one op (`moe_route.router_topk`: one launch for a decode batch of up to 8 tokens)."""
-        if not x.is_cuda:
-            return self.forward(x, F.linear(x, router_weight))
-        import loom.kernels.moe_route  # noqa: F401  (registers torch.ops.loom.router_topk)
-        weights, ids = torch.ops.loom.router_topk(x, router_weight, self.top_k,
-                                                  self.renormalize)
-        return self.routed(x, weights, ids)
-
-    def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The experts' weighted sum for routing weights and ids [T, top_k], all-reduced."""
-        return tp_all_reduce(self.experts(x, weights, ids))
+        out = self.experts(x, weights, ids)
+        return tp_all_reduce(out)
 
     def experts(self, x, weights, ids):
         if x.is_cuda:

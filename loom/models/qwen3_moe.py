@@ -20,7 +20,7 @@ class SparseMoeBlock(nn.Module):
                                 arch.moe_intermediate_size, arch.norm_topk_prob)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.experts.route_and_run(x, self.gate.weight)
+        return self.experts(x, self.gate(x))
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
