@@ -67,6 +67,11 @@ SHAPES = {  # name: (N, K, silu_mul_input)
     "q3_o": (2048, 4096, False),
     "q3_router": (128, 2048, False),
     "q3_lm_head": (151936, 2048, False),
+    # the same at TP=2, one rank's shards (--shapes q3tp2_qkv,q3tp2_o,q3tp2_lm_head); the
+    # router is replicated, so q3_router serves both
+    "q3tp2_qkv": (2560, 2048, False),
+    "q3tp2_o": (2048, 2048, False),
+    "q3tp2_lm_head": (75968, 2048, False),
 }
 DEFAULT_SHAPES = ("qkv", "o_proj", "gate_up", "down", "lm_head", "down+silu")
 PROFILED_CUBLAS_US = {"qkv": 9.42 + 1.7, "o_proj": 6.73, "gate_up": 30.96,
