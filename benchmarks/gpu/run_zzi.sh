@@ -4,6 +4,8 @@
 # at 128-256 tokens of context in run_zzg, a chain of dependent loads). Against the tree
 # before it (281c8ea) in the same call; needs its loom/ unpacked beside the tree:
 #   git archive 281c8ea loom | tar -x -C oldH
+# Result: no faster (decode kernel 6.9 us; Qwen3 3.090 against 3.091 ms/token, 8B 4.333
+# against 4.307): taken out again; the change is in c9151f7.
 source benchmarks/gpu/env.sh
 R=/tmp/zzi; mkdir -p $R
 left() { echo $(( $1 - ($(date +%s) - T0) )); }

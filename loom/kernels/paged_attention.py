@@ -36,13 +36,9 @@ _MIN_DOT_ROWS = 16
 def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v_base,
                  stride_cblk, stride_cslot, scale_log2,
                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FULL: tl.constexpr = False,
-                 patch_pos=0, new_k=0, new_v=0, PATCH: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FULL: tl.constexpr = False):
     """One step of online softmax over keys [start, start + BLOCK_N). FULL: every key of
-    the tile exists and every row sees it (no masks; CAUSAL is then ignored). PATCH (decode):
-    the key and value at position patch_pos are new_k / new_v [1, HEAD_DIM] (as the cache
-    stores them), taken from registers, not from the cache this program is writing them to;
-    the values load before the scores are computed, so their latency is not added to it."""
+    the tile exists and every row sees it (no masks; CAUSAL is then ignored)."""
     k_pos = start + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     # Block-table indirection per key: BLOCK_N may span several cache blocks.
@@ -57,11 +53,6 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
         k = tl.load(k_ptrs)
     else:
         k = tl.load(k_ptrs, mask=k_ok[None, :], other=0.0)
-    v_ptrs = v_base + off[:, None] + dims[None, :]
-    if PATCH:
-        v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
-        k = tl.where(k_pos[None, :] == patch_pos, tl.trans(new_k), k)
-        v = tl.where(k_pos[:, None] == patch_pos, new_v, v)
     s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
     if not FULL:
         visible = k_ok[None, :]
@@ -74,9 +65,10 @@ def _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, 
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    v_ptrs = v_base + off[:, None] + dims[None, :]
     if FULL:
         v = tl.load(v_ptrs)
-    elif not PATCH:
+    else:
         v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_new, l_i
@@ -234,12 +226,6 @@ def _decode_split_kernel(
         q = _rotate_half(q_ptr, q_off, dims, g_ok[:, None], cos_sin_row, q_norm_ptr, norm_eps,
                          HEAD_DIM, QK_NORM)
         new_slot = tl.load(slot_mapping_ptr + q_start)
-        # The split holding the new token stores its key and value and attends over them
-        # from registers (PATCH in _attend_tile): no wait for its own stores to land.
-        elem = cache_ptr.dtype.element_ty
-        patch_pos = seq_len * 0 - 1  # no key patched in the other splits
-        new_k = tl.zeros([1, HEAD_DIM], elem)
-        new_v = tl.zeros([1, HEAD_DIM], elem)
         if (lo <= seq_len - 1) & (seq_len - 1 < hi) & (new_slot >= 0):
             row = q_start.to(tl.int64)
             one = tl.full([1], 1, tl.int1)
@@ -248,11 +234,10 @@ def _decode_split_kernel(
                                HEAD_DIM, QK_NORM)
             value = tl.load(v_ptr + row * stride_vt + kv_head * stride_vh + dims)
             dst = k_base + new_slot.to(tl.int64) * stride_cslot + dims
-            new_k = to_cache(key, elem, SAT)
-            new_v = to_cache(value[None, :], elem, SAT)
-            tl.store(dst[None, :], new_k)
-            tl.store(dst[None, :] + stride_plane, new_v)
-            patch_pos = seq_len - 1
+            elem = cache_ptr.dtype.element_ty
+            tl.store(dst[None, :], to_cache(key, elem, SAT))
+            tl.store(dst + stride_plane, to_cache(value, elem, SAT))
+            tl.debug_barrier()  # the stores are visible to this program's loads below
     else:
         q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)
     q = _dot_dtype(q, F16_DOT)
@@ -263,17 +248,10 @@ def _decode_split_kernel(
     block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
     # An empty split (lo >= hi) leaves m=-inf, l=0, acc=0, which the reduce weighs as 0.
     for start in range(lo, hi, BLOCK_N):
-        if ROPE:
-            acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
-                k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
-                False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, False, patch_pos, new_k,
-                new_v, True)
-        else:
-            acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
-                k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
-                False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
+            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
     if DIRECT:
         o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :]
         out = acc / l_i[:, None]
