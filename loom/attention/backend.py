@@ -97,8 +97,9 @@ class AttentionBackend(abc.ABC):
                     kv_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, qk_norm: QKNorm | None = None) -> torch.Tensor | None:
         """A pure decode step whole, from unrotated (and, with qk_norm, unnormalised) query
-        and key: normalise, rotate, write the cache and attend, in fewer launches than rope_write_kv then forward. None (this default):
-        the backend has no such path, and the caller takes those two."""
+        and key: normalise, rotate, write the cache and attend, in fewer launches than
+        rope_write_kv then forward. None (this default): the backend has no such path, and
+        the caller takes those two."""
         return None
 
     def attends_batch_kv(self, meta: AttentionMetadata, kv_cache: torch.Tensor,
