@@ -17,7 +17,8 @@ import json
 import torch
 
 from loom.bench.ceilings import measure_ceilings
-from loom.bench.moe import Bench, _config, _precompile, moe_shape, search_space
+from loom.bench.moe import Bench, _precompile
+from loom.bench.moe_space import moe_shape, search_space, tile_config
 from loom.kernels import fused_moe as fm
 from loom.kernels import moe_config as mc
 
@@ -61,9 +62,11 @@ for m in args.rows:
                           bench.device)
     configs = [tuned] + (search_space(shape, m) if m <= args.search_up_to else [])
     if args.gemv_grid and m <= 8:
-        configs += [_config(16, bn, bk, 1, w, st, gemv=1) for bn, bk, w, st in itertools.product(
-            (2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048), (2, 4, 8), (2, 3, 4, 5))
-            if bn * bk <= 16384 and _config(16, bn, bk, 1, w, st, gemv=1) not in configs]
+        grid = itertools.product((2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048), (2, 4, 8),
+                                 (2, 3, 4, 5))
+        configs += [tile_config(16, bn, bk, 1, w, st, gemv=1) for bn, bk, w, st in grid
+                    if bn * bk <= 16384 and tile_config(16, bn, bk, 1, w, st, gemv=1)
+                    not in configs]
     _precompile(bench, configs)
     timed = []
     for config in configs:

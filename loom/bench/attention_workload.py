@@ -23,7 +23,7 @@ class AttentionShape:
 
 
 def attention_shape(model: str, tp: int) -> AttentionShape:
-    from loom.bench.moe import model_config_json
+    from loom.bench.moe_space import model_config_json
     hf = model_config_json(model)
     hf = hf if "num_attention_heads" in hf else hf.get("text_config", hf)
     heads = hf.get("num_attention_heads")

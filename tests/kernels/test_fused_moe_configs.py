@@ -248,7 +248,7 @@ def test_bench_moe_flag_errors(flags, message, capsys):
 
 
 def test_bench_moe_reads_the_expert_shapes():
-    from loom.bench.moe import moe_shape, search_space
+    from loom.bench.moe_space import moe_shape, search_space
     shape = moe_shape("qwen3-30b-a3b", 2)
     assert (shape.hidden, shape.inter, shape.num_experts, shape.top_k) == (2048, 384, 128, 8)
     assert shape.flops(1) == 2 * 8 * (2048 * 2 * 384 + 384 * 2048)
