@@ -19,8 +19,8 @@ pytest.importorskip("triton")
 from loom.attention.torch_native import TorchNativeBackend  # noqa: E402
 from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
 from tests.kernels.test_paged_attention import (  # noqa: E402
-    CPU_TILES, DECODE, MIXED, PREFILL, Batch, cpu_only, decode_fused_and_unfused, make_batch,
-    needs_gpu)
+    CPU_TILES, DECODE, MIXED, PREFILL, Batch, cpu_only, make_batch, needs_gpu)
+from tests.kernels.test_paged_attention_rope import decode_fused_and_unfused  # noqa: E402
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
