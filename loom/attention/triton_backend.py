@@ -24,8 +24,8 @@ from loom import envs
 from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.torch_native import gather_kv
 from loom.kernels.kv_write import write_kv_cache
-from loom.kernels.paged_attention import (NewTokens, default_num_splits, paged_decode,
-                                          paged_prefill)
+from loom.kernels.paged_attention import paged_prefill
+from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
 from loom.kernels.rope_kv_write import rope_write_kv_cache
 
 logger = logging.getLogger(__name__)

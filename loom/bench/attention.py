@@ -1,6 +1,6 @@
-"""`loom bench attention`: the Triton paged-attention kernels (loom/kernels/paged_attention.py)
-at serving shapes, against the floor of reading every request's KV cache, and with `--tune`
-a search for the split-K decode kernel's tiles.
+"""`loom bench attention`: the Triton paged-attention kernels (loom/kernels/paged_attention.py
+and paged_decode.py) at serving shapes, against the floor of reading every request's KV
+cache, and with `--tune` a search for the split-K decode kernel's tiles.
 
 The model's attention shape on one rank (num_attention_heads / TP, num_key_value_heads / TP,
 head_dim) comes from `--model`. Each shape is one layer's attention in one step:
@@ -207,9 +207,9 @@ def _line(row: dict[str, Any]) -> str:
 # -- the command -------------------------------------------------------------------------------
 def _interpreted() -> bool:
     """Whether the paged-attention kernels were built for Triton's CPU interpreter."""
-    from loom.kernels import paged_attention
+    from loom.kernels import paged_decode
     from loom.kernels.interpreter import interpreted
-    return interpreted(paged_attention._decode_split_kernel)
+    return interpreted(paged_decode._decode_split_kernel)
 
 
 def _validate(args: argparse.Namespace) -> None:

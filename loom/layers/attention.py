@@ -83,11 +83,8 @@ class Attention(nn.Module):
                 positions: torch.Tensor | None = None,
                 cos_sin_cache: torch.Tensor | None = None,
                 qk_norm: QKNorm | None = None) -> torch.Tensor:
-        if qk_norm is None:
-            return torch.ops.loom.attention(q, k, v, self.layer_idx, self.scale, positions,
-                                            cos_sin_cache)
         return torch.ops.loom.attention(q, k, v, self.layer_idx, self.scale, positions,
-                                        cos_sin_cache, *qk_norm)
+                                        cos_sin_cache, *(qk_norm or ()))
 
 
 def set_fused_rope(model: nn.Module, enabled: bool) -> None:

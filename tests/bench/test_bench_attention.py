@@ -22,7 +22,7 @@ from loom.bench import attention as bench  # noqa: E402
 from loom.bench import ceilings as ceilings_module  # noqa: E402
 from loom.bench.ceilings import Ceilings  # noqa: E402
 from loom.cli import main  # noqa: E402
-from loom.kernels.paged_attention import default_num_splits  # noqa: E402
+from loom.kernels.paged_decode import default_num_splits  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 F32 = 4

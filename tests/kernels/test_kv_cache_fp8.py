@@ -76,7 +76,7 @@ def test_triton_backend_stores_torch_fp8_and_attends_over_it(case, fmt):
 @pytest.mark.parametrize("case", [DECODE["gqa8-d64-b16"], MIXED["gqa4-d64-b16"]],
                          ids=["decode", "mixed"])
 def test_16bit_queries_take_fp16_dots(case):
-    # With 16-bit queries the kernels attend in fp16 (`_dot_dtype`): the probabilities are
+    # With 16-bit queries the kernels attend in fp16 (`dot_dtype`): the probabilities are
     # rounded to fp16 before the PV dot, hence the looser tolerance.
     fmt = torch.float8_e4m3fn
     check(fp8_batch(case, fmt, compute=torch.float16), fmt, TritonBackend(CPU_TILES),

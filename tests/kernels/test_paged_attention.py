@@ -26,8 +26,8 @@ from loom.attention.backend import AttentionMetadata  # noqa: E402
 from loom.attention.torch_native import TorchNativeBackend  # noqa: E402
 from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
 from loom.kernels.kv_write import write_kv_cache  # noqa: E402
-from loom.kernels.paged_attention import (  # noqa: E402
-    _decode_split_kernel, paged_decode, paged_prefill)
+from loom.kernels.paged_attention import paged_prefill  # noqa: E402
+from loom.kernels.paged_decode import _decode_split_kernel, paged_decode  # noqa: E402
 from tests.triton_interpreter import patch_interpreter  # noqa: E402
 
 # What the kernels were actually built as: another module may have imported them first.
@@ -306,7 +306,7 @@ def _spy_kernels(monkeypatch) -> list[dict]:
 @pytest.mark.parametrize("case", SPLIT.values(), ids=SPLIT.keys())
 def test_mixed_step_splits_decodes_from_prompt_chunks(case, monkeypatch):
     from loom.attention import triton_backend
-    from loom.kernels.paged_attention import default_num_splits
+    from loom.kernels.paged_decode import default_num_splits
     q_lens, s_lens, h, hkv, d, bs, pad = case
     calls = _spy_kernels(monkeypatch)
     uploads = []

@@ -13,7 +13,7 @@ from tests.kernels.test_paged_attention import (  # noqa: F401  (_seed: the auto
     DECODE, GPU_CASES, Batch, _seed, cpu_only, make_batch, needs_gpu, reference)
 
 from loom.attention.triton_backend import TritonBackend
-from loom.kernels.paged_attention import paged_decode
+from loom.kernels.paged_decode import paged_decode
 
 QK_NORM_CASES = ["gqa8-d64-b16", "gqa1-d128-b32"]  # padding rows in one, a group of 1
 
@@ -33,7 +33,7 @@ class FusedAndUnfused:
 def decode_fused_and_unfused(batch: Batch, splits: int, block_n: int,
                              qk_norm=None) -> FusedAndUnfused:
     """A pure decode both ways, into NaN-poisoned outputs; qk_norm: a `QKNorm` both apply."""
-    from loom.kernels.paged_attention import NewTokens
+    from loom.kernels.paged_decode import NewTokens
     from loom.kernels.rope_kv_write import rope_write_kv_cache
     from loom.layers.rotary import RotaryEmbedding
     m, scale = batch.meta, batch.query.shape[-1] ** -0.5
@@ -113,7 +113,7 @@ def _rotated_kv(batch: Batch, positions, cos_sin,
 
 
 def test_new_tokens_refuse_a_request_index():
-    from loom.kernels.paged_attention import NewTokens
+    from loom.kernels.paged_decode import NewTokens
     batch = make_batch([1], [5], 2, 1, 16, 16)
     m = batch.meta
     with pytest.raises(ValueError, match="new_tokens with req_index"):

@@ -8,8 +8,8 @@ import os
 os.environ["TRITON_INTERPRET"] = "0"
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as tcompile
-from loom.kernels.paged_attention import (
-    _decode_reduce_kernel, _decode_split_kernel, _prefill_kernel)
+from loom.kernels.paged_attention import _prefill_kernel
+from loom.kernels.paged_decode import _decode_reduce_kernel, _decode_split_kernel
 
 FLOATS = {"scale_log2", "norm_eps"}
 POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_ptr": "*fp32",

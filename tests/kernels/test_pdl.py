@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.all_reduce_norm import _all_reduce_add_rms_norm_kernel
 from loom.kernels.gemv import _gemv_kernel, _split_k_reduce_kernel
-from loom.kernels.paged_attention import _decode_reduce_kernel, _decode_split_kernel
+from loom.kernels.paged_decode import _decode_reduce_kernel, _decode_split_kernel
 
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
             "count_ptr": "*i32", "res_ptr": "*bf16", "out_ptr": "*bf16",
@@ -123,7 +123,7 @@ def test_gemv_and_decode_same_with_and_without_pdl_in_a_cuda_graph(monkeypatch):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm_90+ GPU")
     from loom.kernels.gemv import gemv
-    from loom.kernels.paged_attention import paged_decode
+    from loom.kernels.paged_decode import paged_decode
     torch.manual_seed(0)
     dev = torch.device("cuda")
     heads, kv_heads, hd, block, ctx = 32, 8, 128, 16, 300

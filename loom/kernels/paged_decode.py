@@ -1,0 +1,260 @@
+"""Split-K flash-decoding over the paged KV cache (one query token per request), the decode
+half of `paged_attention.py`: a kernel over (request, KV head, split) that can also rotate,
+normalise and cache the step's new tokens itself, and the kernel that merges the splits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from loom.kernels import pdl
+from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
+from loom.kernels.paged_attention import (LOG2E, MIN_DOT_ROWS, attend_tile, cache_strides,
+                                          check_heads, check_req_index, dot_dtype, f16_dot,
+                                          precision)
+from loom.kernels.rope_kv_write import check_qk_norm, rms_scale
+
+
+@triton.jit
+def _rotate_half(x_ptr, offs, dims, ok, cos_sin_row, norm_ptr, norm_eps,
+                 HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
+    """Rotary (rotate-half) of the rows at x_ptr + offs [R, HEAD_DIM] at one position, as
+    rope_kv_write computes it: float32 products and sums, rounded to the input's dtype.
+    Element d pairs with d + D/2 (or d - D/2): x * cos - partner * sin below the half,
+    x * cos + partner * sin above it. NORM: each row is first RMS-normalised with the
+    weights at norm_ptr (a per-head q/k norm), as rope_kv_write does it."""
+    half: tl.constexpr = HEAD_DIM // 2
+    low = dims < half
+    freq = tl.where(low, dims, dims - half)
+    cos = tl.load(cos_sin_row + freq)[None, :]
+    sin = tl.load(cos_sin_row + half + freq)[None, :]
+    sign = tl.where(low, -1.0, 1.0)[None, :]
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    partner = tl.where(low, dims + half, dims - half)
+    xp = tl.load(x_ptr + offs - dims[None, :] + partner[None, :], mask=ok,
+                 other=0.0).to(tl.float32)
+    if NORM:
+        elem = x_ptr.dtype.element_ty
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + norm_eps)[:, None]
+        every = tl.full([1, HEAD_DIM], 1, tl.int1)
+        x = rms_scale(x, rstd, norm_ptr, dims[None, :], every, elem)
+        xp = rms_scale(xp, rstd, norm_ptr, partner[None, :], every, elem)
+    return (x * cos + (sign * xp) * sin).to(x_ptr.dtype.element_ty)
+
+
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
+def _decode_split_kernel(
+    q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr,
+    k_ptr, v_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
+    norm_eps, scale_log2, num_heads,
+    num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt,
+    stride_vh, stride_pos, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
+    ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, F16_DOT: tl.constexpr = False,
+    PDL: tl.constexpr = False, QK_NORM: tl.constexpr = False,
+):
+    # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
+    # request's own length, so the grid does not depend on sequence lengths (graph-safe).
+    # The partials are indexed by the program (`slot`), the batch's tensors by the request.
+    # DIRECT (one split): the program holds the whole softmax and writes the output itself.
+    # ROPE: q, k and v come unrotated and unwritten (no rope_kv_write launch before): every
+    # program rotates its q heads, and the one whose split holds the new token rotates its
+    # key and stores key and value into the cache before attending. QK_NORM (with ROPE):
+    # q and k are RMS-normalised per head first (Qwen3's q_norm / k_norm).
+    if PDL:  # launched early (loom/kernels/pdl.py): every input is a predecessor's output
+        pdl.wait_then_release()
+    slot = tl.program_id(0)
+    req = slot
+    if HAS_REQ_INDEX:
+        req = tl.load(req_index_ptr + slot)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + req)
+    if tl.load(query_start_ptr + req + 1) == q_start:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(seq_len, lo + split_len)
+
+    g = tl.arange(0, GROUP_PAD)
+    head = kv_head * GROUP + g
+    g_ok = g < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :]
+    k_base = cache_ptr + kv_head * stride_chead
+    if ROPE:
+        cos_sin_row = cos_sin_ptr + tl.load(positions_ptr + q_start).to(tl.int64) * stride_pos
+        q = _rotate_half(q_ptr, q_off, dims, g_ok[:, None], cos_sin_row, q_norm_ptr, norm_eps,
+                         HEAD_DIM, QK_NORM)
+        new_slot = tl.load(slot_mapping_ptr + q_start)
+        if (lo <= seq_len - 1) & (seq_len - 1 < hi) & (new_slot >= 0):
+            row = q_start.to(tl.int64)
+            one = tl.full([1], 1, tl.int1)
+            key = _rotate_half(k_ptr, (row * stride_kt + kv_head * stride_kh + dims)[None, :],
+                               dims, one[:, None], cos_sin_row, k_norm_ptr, norm_eps,
+                               HEAD_DIM, QK_NORM)
+            value = tl.load(v_ptr + row * stride_vt + kv_head * stride_vh + dims)
+            dst = k_base + new_slot.to(tl.int64) * stride_cslot + dims
+            elem = cache_ptr.dtype.element_ty
+            tl.store(dst[None, :], to_cache(key, elem, SAT))
+            tl.store(dst + stride_plane, to_cache(value, elem, SAT))
+            tl.debug_barrier()  # the stores are visible to this program's loads below
+    else:
+        q = tl.load(q_ptr + q_off, mask=g_ok[:, None], other=0.0)
+    q = dot_dtype(q, F16_DOT)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
+    # An empty split (lo >= hi) leaves m=-inf, l=0, acc=0, which the reduce weighs as 0.
+    for start in range(lo, hi, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
+            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
+    if DIRECT:
+        o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :]
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        part = (slot.to(tl.int64) * num_heads + head) * num_splits + split
+        tl.store(part_m_ptr + part, m_i, mask=g_ok)
+        tl.store(part_l_ptr + part, l_i, mask=g_ok)
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
+                 mask=g_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, query_start_ptr, req_index_ptr, num_heads,
+    num_splits, stride_ot, stride_oh, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_REQ_INDEX: tl.constexpr, PDL: tl.constexpr = False,
+):
+    # grid: (request, query head). Rescale each split to the global max, then normalise.
+    if PDL:
+        pdl.wait_then_release()
+    slot = tl.program_id(0)
+    req = slot
+    if HAS_REQ_INDEX:
+        req = tl.load(req_index_ptr + slot)
+    head = tl.program_id(1)
+    q_start = tl.load(query_start_ptr + req)
+    if tl.load(query_start_ptr + req + 1) == q_start:
+        return
+    s = tl.arange(0, SPLITS_PAD)
+    s_ok = s < num_splits
+    part = (slot.to(tl.int64) * num_heads + head) * num_splits + s
+    m = tl.load(part_m_ptr + part, mask=s_ok, other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=s_ok, other=0.0)
+    dims = tl.arange(0, HEAD_DIM)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                  mask=s_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))  # split 0 is never empty, so the max is finite
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + o_off + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
+                       target_programs: int = 264, max_splits: int = 32) -> int:
+    """Enough splits to fill the GPU (about 2 programs per SM of an H200) but none that
+    would be empty for the longest request."""
+    want = triton.cdiv(target_programs, max(1, num_reqs * num_kv_heads))
+    return max(1, min(want, max_splits, triton.cdiv(max(1, max_seq_len), block_n)))
+
+
+class NewTokens(NamedTuple):
+    """A decode step's new tokens, for paged_decode to rotate and cache itself: key and
+    value [T, Hkv, D] (unrotated, head dim contiguous), positions [T], the float32
+    cos_sin_cache [max_pos, D] of loom.layers.rotary, slot_mapping [T] (< 0: not stored);
+    qk_norm: (q_weight, k_weight, eps) of a per-head norm before rotary
+    (`loom.layers.norm.QKNorm`), or None."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
+
+
+def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
+                 block_table: torch.Tensor, query_start_loc: torch.Tensor,
+                 seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
+                 block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+                 req_index: torch.Tensor | None = None,
+                 new_tokens: NewTokens | None = None) -> torch.Tensor:
+    """Split-K flash-decoding: one query token per request, attending to all its keys.
+
+    The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
+    when capturing CUDA graphs. A second kernel merges the splits' partials; with one split
+    there are none, and the split kernel writes out itself (one launch a layer). req_index:
+    int32 [num_reqs] on the device, the batch's requests to decode (each must have a query of
+    one token or none); out gets each one's row at its query_start_loc.
+
+    new_tokens: query and the new keys come unrotated and the new keys and values are not
+    in the cache yet; the kernel rotates and stores them as rope_write_kv_cache would (the
+    same arithmetic, a per-head q/k norm first where new_tokens has one), saving that
+    launch. Not with req_index.
+    """
+    group, num_kv_heads = check_heads(query, kv_cache)
+    check_req_index(req_index, num_reqs)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    rope = new_tokens is not None
+    if rope:
+        key, value, positions, cos_sin_cache, slot_mapping, qk_norm = new_tokens
+        if req_index is not None:
+            raise ValueError("paged_decode: new_tokens with req_index is not supported")
+        check_slot_layout(kv_cache, "paged_decode")
+        if key.stride(2) != 1 or value.stride(2) != 1 or cos_sin_cache.stride(1) != 1 \
+                or cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[1] != head_dim:
+            raise ValueError("paged_decode: new_tokens need contiguous head dims and a float32 "
+                             f"[max_pos, {head_dim}] cos_sin_cache")
+    else:  # never read (ROPE off): any tensors of the right kind
+        key = value = query
+        positions = slot_mapping = query_start_loc
+        cos_sin_cache = query
+        qk_norm = None
+    q_norm, k_norm, norm_eps = check_qk_norm(qk_norm, query, key, "paged_decode")
+    direct = num_splits == 1
+    use_pdl = pdl.enabled(query.device)
+    if direct:  # no partials: the pointers are never read
+        part_m = part_l = part_acc = out
+    else:
+        part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
+                             device=query.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
+                               device=query.device)
+    _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
+        query, kv_cache, part_m, part_l, part_acc, out, block_table, query_start_loc,
+        seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping, q_norm, k_norm,
+        norm_eps, scale * LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
+        out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
+        value.stride(1), cos_sin_cache.stride(0), *cache_strides(kv_cache),
+        block_table.stride(0), GROUP=group,
+        GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=precision(query.dtype),
+        HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope,
+        SAT=saturation(kv_cache) if rope else 0.0, F16_DOT=f16_dot(query, kv_cache),
+        PDL=use_pdl, QK_NORM=qk_norm is not None,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
+    )
+    if direct:
+        return out
+    _decode_reduce_kernel[(num_reqs, num_heads)](
+        part_m, part_l, part_acc, out, query_start_loc, req_index, num_heads, num_splits,
+        out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim, HAS_REQ_INDEX=req_index is not None, PDL=use_pdl,
+        launch_pdl=use_pdl,
+    )
+    return out
