@@ -30,6 +30,10 @@ parser.add_argument("--search-up-to", type=int, default=2048,
 parser.add_argument("--gemv-grid", action="store_true",
                     help="at M <= 8 also a wider GEMV grid than the tuner's (BLOCK_K 128-2048, "
                          "BLOCK_N 2-32, 2-8 warps, 2-5 stages): would a config per kernel pay?")
+parser.add_argument("--grouped-mm-from", type=int, default=1024,
+                    help="from this M on, also time torch._grouped_mm (CUTLASS's grouped GEMM) "
+                         "at both kernels' shapes, its rows gathered into expert order: a peer "
+                         "for the grouped GEMM at prompt sizes")
 parser.add_argument("--json", default=None)
 args = parser.parse_args()
 
@@ -49,6 +53,26 @@ def time_kernels(config):
     launches, _ = fm.kernel_launches(*bench.inputs, cfg)
     return [bench.timer.time_us(lambda k=k, g=g, a=a, kw=kw: k[g](*a, **kw))
             for k, g, a, kw in launches]
+
+
+def time_grouped_mm(flops):
+    """torch._grouped_mm at gate_up's and down's shapes (no SiLU, no routing weight), and
+    the gather that puts a step's rows in expert order, which it needs and we do not."""
+    x, w13, w2, _, ids = bench.inputs
+    order = torch.argsort(ids.flatten(), stable=True)
+    offs = torch.bincount(ids.flatten(), minlength=shape.num_experts).cumsum(0).to(torch.int32)
+    token = (order // shape.top_k).contiguous()
+    xs = x.index_select(0, token)
+    act = torch.randn(xs.shape[0], shape.inter, device=x.device, dtype=x.dtype) * 0.1
+    w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+    out = {"gather_us": bench.timer.time_us(lambda: x.index_select(0, token)),
+           "gate_up_us": bench.timer.time_us(lambda: torch._grouped_mm(xs, w13t, offs=offs)),
+           "down_us": bench.timer.time_us(lambda: torch._grouped_mm(act, w2t, offs=offs))}
+    for name in KERNELS:
+        print(f"  {name:7s} torch._grouped_mm {out[name + '_us']:8.1f} us, "
+              f"{flops[name] / out[name + '_us'] / 1e6:6.1f} TFLOP/s", flush=True)
+    print(f"  gather into expert order {out['gather_us']:.1f} us", flush=True)
+    return out
 
 
 for m in args.rows:
@@ -90,6 +114,11 @@ for m in args.rows:
             row["kernels"][name][label] = {"config": config, "us": us[i]}
             print(f"  {name:7s} {label:12s} {us[i]:8.1f} us: {floor_us / us[i]:6.1%} of the "
                   f"copy rate, {flops[name] / us[i] / 1e6:6.1f} TFLOP/s  {config}", flush=True)
+    if m >= args.grouped_mm_from and hasattr(torch, "_grouped_mm"):
+        try:
+            row["grouped_mm"] = time_grouped_mm(flops)
+        except Exception as e:  # not built for this GPU or this torch: say so, go on
+            print(f"  torch._grouped_mm: {type(e).__name__}: {str(e)[:160]}", flush=True)
     results["rows"].append(row)
 if args.json:
     with open(args.json, "w") as f:
