@@ -4,8 +4,9 @@ lose its time, and would a config per kernel do better than the tuned one they s
 For each token count M: the experts' weight bytes the routing touches (gate_up reads
 2 * H * I of each, down H * I), then gate_up and down timed alone (CUDA graph, L2 flushed:
 KernelTimer) for every config `loom bench moe --tune` would search at M, plus the tuned
-table's. Prints, per kernel, the tuned config's time and the best grouped-GEMM and GEMV
-(loom/kernels/moe_gemv.py) configs', as a share of the copy rate over those bytes (the compute-bound sizes:
+table's and the tuned tiles with TMA switched. Prints, per kernel, the tuned config's time
+and the best grouped-GEMM (pointer loads, and TMA) and GEMV (loom/kernels/moe_gemv.py)
+configs', as a share of the copy rate over those bytes (the compute-bound sizes:
 as TFLOP/s too), and the whole call with the tuned config.
 
     python3 moe_probe.py [--model qwen3-30b-a3b] [--rows 1 128 512 1024 16384] [--json OUT]
@@ -85,6 +86,8 @@ for m in args.rows:
     tuned = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, torch.bfloat16,
                           bench.device)
     configs = [tuned] + (search_space(shape, m) if m <= args.search_up_to else [])
+    if not tuned.get("GEMV"):  # the tuned tiles the other way round: TMA on, or off
+        configs.insert(1, {**tuned, "TMA": 1 - tuned.get("TMA", 0)})
     if args.gemv_grid and m <= 8:
         grid = itertools.product((2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048), (2, 4, 8),
                                  (2, 3, 4, 5))
@@ -105,8 +108,10 @@ for m in args.rows:
     for i, name in enumerate(KERNELS):
         floor_us = nbytes[name] / (ceil.copy_tb_per_s * 1e6)
         picks = {"tuned": timed[0]}
-        for label, gemv in (("best grouped", 0), ("best GEMV", 1)):
-            cands = [t for t in timed[1:] if t[0].get("GEMV", 0) == gemv]
+        for label, gemv, tma in (("best grouped", 0, 0), ("best TMA", 0, 1),
+                                 ("best GEMV", 1, 0)):
+            cands = [t for t in timed[1:] if t[0].get("GEMV", 0) == gemv
+                     and t[0].get("TMA", 0) == tma]
             if cands:
                 picks[label] = min(cands, key=lambda t: t[1][i])
         row["kernels"][name] = {"floor_us": floor_us}

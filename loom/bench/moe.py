@@ -202,14 +202,14 @@ def merged_table(path: Path, rows: list[dict[str, Any]]) -> dict[str, dict[str, 
     from loom.kernels import moe_config as mc
     table = json.loads(path.read_text()) if path.is_file() else {}
     for r in rows:
-        table[str(r["batch_size"])] = {k: r["config"][k] for k in mc.CONFIG_KEYS}
+        table[str(r["batch_size"])] = {k: r["config"].get(k, 0) for k in mc.CONFIG_KEYS}
     return dict(sorted(table.items(), key=lambda item: int(item[0])))
 
 
 def _fmt(config: dict[str, int]) -> str:
     return (f"BLOCK_M={config['BLOCK_M']} BLOCK_N={config['BLOCK_N']} "
             f"BLOCK_K={config['BLOCK_K']} GROUP_M={config['GROUP_M']} "
-            f"{'GEMV ' if config.get('GEMV') else ''}"
+            f"{'GEMV ' if config.get('GEMV') else ''}{'TMA ' if config.get('TMA') else ''}"
             f"warps={config['num_warps']} stages={config['num_stages']}")
 
 

@@ -66,9 +66,9 @@ def moe_shape(model: str, tp: int) -> MoeShape:
 
 # -- the search grid ---------------------------------------------------------------------------
 def tile_config(bm: int, bn: int, bk: int, group: int, warps: int, stages: int,
-                gemv: int = 0) -> dict[str, int]:
+                gemv: int = 0, tma: int = 0) -> dict[str, int]:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
-            "num_warps": warps, "num_stages": stages, "GEMV": gemv}
+            "num_warps": warps, "num_stages": stages, "GEMV": gemv, "TMA": tma}
 
 
 def fits(config: dict[str, int], elem_size: int = 2) -> bool:
@@ -88,8 +88,9 @@ def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
     """The first pass's configs for M = num_tokens, all with GROUP_M = 1, by rows per
     expert: a row block never spans two experts, so tall blocks only pay off when each
     expert has many rows, and decode is a weight stream, where narrow column tiles make
-    more programs and deep K tiles keep more loads in flight. Where the tokens leave each
-    expert two rows or fewer, also the GEMV kernels (gemv_space)."""
+    more programs and deep K tiles keep more loads in flight. From 128 rows an expert
+    (prompt sizes), each config also with TMA = 1. Where the tokens leave each expert two
+    rows or fewer, also the GEMV kernels (gemv_space)."""
     per_expert = num_tokens * shape.top_k / shape.num_experts
     if per_expert < 2:
         space = [(16,), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 5)]
@@ -107,6 +108,8 @@ def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
     # 8 warps need a tile of at least 64 x 64 to share.
     configs = [c for c in configs if fits(c) and (c["num_warps"] == 4 or
                                                   c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 64)]
+    if per_expert >= 128:  # prompt sizes, compute-bound: also each tile through TMA
+        configs += [{**c, "TMA": 1} for c in configs]
     return configs + (gemv_space() if per_expert <= 2 else [])
 
 

@@ -23,6 +23,7 @@ further apart than the kernels are.)
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -93,6 +94,9 @@ def step_floor_s(step: Step, arch: ModelArch, dtype_bytes: int, tp: int, ceiling
             + step.attention_pairs * attention_flops_per_pair / matmul) / tp
 
 
+SLOWEST = 5
+"""Steps of each class the breakdown names, slowest first."""
+
 FLOOR_BASIS = ("per step: max(weights at the copy rate, linear FLOPs at the matmul rate) + "
                "decodes' KV at the copy rate + prompt attention FLOPs at the matmul rate")
 
@@ -101,14 +105,22 @@ def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
               ceilings, kv_dtype_bytes: int | None = None) -> dict[str, Any]:
     """Totals and floors per class of step; the floors are None without ceilings (CPU)."""
     out = {}
-    for name, steps in (("decode_only", [s for s in log.steps if s.prompt_tokens == 0]),
-                        ("with_prompt", [s for s in log.steps if s.prompt_tokens > 0])):
-        seconds = sum(s.seconds for s in steps)
-        decode = sum(s.decode_tokens for s in steps)
+    numbered = list(enumerate(log.steps, start=1))
+    for name, steps in (("decode_only", [(i, s) for i, s in numbered if s.prompt_tokens == 0]),
+                        ("with_prompt", [(i, s) for i, s in numbered if s.prompt_tokens > 0])):
+        seconds = sum(s.seconds for _, s in steps)
+        decode = sum(s.decode_tokens for _, s in steps)
+        # The slowest few, by number: a handful of long ones (a kernel compiled mid-run, a
+        # host stall) and a class that is slow throughout read differently.
+        slowest = sorted(steps, key=lambda p: -p[1].seconds)[:SLOWEST]
         row = {"steps": len(steps), "seconds": seconds,
-               "prompt_tokens": sum(s.prompt_tokens for s in steps), "decode_tokens": decode,
+               "prompt_tokens": sum(s.prompt_tokens for _, s in steps), "decode_tokens": decode,
                "mean_decode_batch": decode / len(steps) if steps else 0.0,
+               "median_step_s": statistics.median(s.seconds for _, s in steps) if steps else 0.0,
+               "slowest_steps": [{"step": i, "seconds": s.seconds, "prompt_tokens": s.prompt_tokens,
+                                  "decode_tokens": s.decode_tokens} for i, s in slowest],
                "floor_s": None, "ratio_to_floor": None}
+        steps = [s for _, s in steps]
         if ceilings is not None and steps:
             row["floor_s"] = sum(step_floor_s(s, arch, dtype_bytes, tp, ceilings,
                                               kv_dtype_bytes) for s in steps)
@@ -128,6 +140,9 @@ def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
         if r["floor_s"] is not None:
             line += f"; floor {r['floor_s']:.3f} s -> {r['ratio_to_floor']:.2f}x"
         print(line)
+        if r["steps"]:
+            slow = ", ".join(f"#{x['step']} {x['seconds'] * 1e3:.0f} ms" for x in r["slowest_steps"])
+            print(f"    median step {r['median_step_s'] * 1e3:.1f} ms; slowest: {slow}")
     floored = [r for r in rows.values() if r["floor_s"] is not None]
     if floored:
         total = sum(r["floor_s"] for r in floored)

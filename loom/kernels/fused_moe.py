@@ -16,17 +16,22 @@ else the defaults.
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from loom import envs
 from loom.kernels.moe_config import get_config, normalize_config
 from loom.kernels.moe_gemv import moe_gemv_launches
 from loom.library import loom_op
+
+logger = logging.getLogger(__name__)
 
 
 def _align_capacity(num_slots: int, num_experts: int, block_m: int) -> int:
@@ -154,8 +159,9 @@ def _gate_up_kernel(
     stride_xt, stride_we, stride_wn, stride_wk, stride_it,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
+    # TMA: w13_ptr is a tensor descriptor over w13 as [E * 2I, H] rows; else a pointer.
     pid_m, pid_n = _tile_ids(num_row_blocks, (INTER + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:  # the capacity bound over-provisions blocks; these have no rows
@@ -166,7 +172,9 @@ def _gate_up_kernel(
     token = (slot // TOP_K).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < INTER
-    w_base = w13_ptr + expert.to(tl.int64) * stride_we
+    # A descriptor's tile past this expert's INTER gate rows reads its up rows (or past the
+    # last expert, zeros): those columns are never stored.
+    w_row = expert * (2 * INTER) + pid_n * BLOCK_N
     # gate and up columns n and INTER + n live in one program so the SwiGLU product is
     # formed in registers and the [P, 2 * INTER] pre-activation never reaches memory.
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -176,10 +184,15 @@ def _gate_up_kernel(
         k_ok = ks < HIDDEN
         x = tl.load(x_ptr + token[:, None] * stride_xt + ks[None, :],
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w_mask = k_ok[:, None] & col_ok[None, :]
-        w_ptr = w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn
-        w_gate = tl.load(w_ptr, mask=w_mask, other=0.0)
-        w_up = tl.load(w_ptr + INTER * stride_wn, mask=w_mask, other=0.0)
+        if TMA:
+            w_gate = w13_ptr.load([w_row, k0]).T
+            w_up = w13_ptr.load([w_row + INTER, k0]).T
+        else:
+            w_mask = k_ok[:, None] & col_ok[None, :]
+            w_ptr = (w13_ptr + expert.to(tl.int64) * stride_we + ks[:, None] * stride_wk
+                     + cols[None, :] * stride_wn)
+            w_gate = tl.load(w_ptr, mask=w_mask, other=0.0)
+            w_up = tl.load(w_ptr + INTER * stride_wn, mask=w_mask, other=0.0)
         acc_gate = tl.dot(x, w_gate, acc_gate, input_precision=PRECISION)
         acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
@@ -193,8 +206,11 @@ def _down_kernel(
     num_slots, num_row_blocks, stride_it, stride_we, stride_wn, stride_wk, stride_ot,
     HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
+    # TMA: inter_ptr and w2_ptr are tensor descriptors, over the [P, I] buffer and over w2
+    # as [E * H, I] rows. The buffer's padding rows hold whatever was there: each output
+    # row depends on its own row alone, and padding rows are never stored.
     pid_m, pid_n = _tile_ids(num_row_blocks, (HIDDEN + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -204,15 +220,20 @@ def _down_kernel(
     row_ok = slot < num_slots
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < HIDDEN
-    w_base = w2_ptr + expert.to(tl.int64) * stride_we
+    w_row = expert * HIDDEN + pid_n * BLOCK_N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < INTER
-        a = tl.load(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + ks[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                    mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if TMA:
+            a = inter_ptr.load([pid_m * BLOCK_M, k0])
+            w = w2_ptr.load([w_row, k0]).T
+        else:
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < INTER
+            a = tl.load(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + ks[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w2_ptr + expert.to(tl.int64) * stride_we + ks[:, None] * stride_wk
+                        + cols[None, :] * stride_wn,
+                        mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
     weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
@@ -227,13 +248,13 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               block_m: int | None = None, block_n: int | None = None,
               block_k: int | None = None, group_m: int | None = None,
               num_warps: int | None = None, num_stages: int | None = None,
-              gemv: int | None = None) -> torch.Tensor:
+              gemv: int | None = None, tma: int | None = None) -> torch.Tensor:
     """sum_k topk_weights[t, k] * (silu(x W_g^T) * (x W_u^T)) W_2^T for expert topk_ids[t, k].
 
     hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, K]. Returns [T, H] in hidden's dtype.
     Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
-    gemv given here on top.
+    tma given here on top.
     """
     num_tokens, hidden_size = hidden.shape
     if num_tokens == 0:
@@ -247,7 +268,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      hidden.device, config)
     overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                  "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
-                 "GEMV": gemv}
+                 "GEMV": gemv, "TMA": tma}
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:  # checked together: BLOCK_N's least value depends on GEMV
         cfg = normalize_config({**cfg, **given})
@@ -282,6 +303,23 @@ def compile_fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg, compile_only=True)
 
 
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can cover these tensors as 2-D row-major matrices: each
+    contiguous, 16-byte aligned, rows a multiple of 16 bytes (the copy engine's rules).
+    Where they cannot, the kernels take pointer loads (said once)."""
+    ok = all(t.is_contiguous() and t.data_ptr() % 16 == 0
+             and t.shape[-1] * t.element_size() % 16 == 0 for t in tensors)
+    if not ok:
+        _say_no_tma(tuple(tuple(t.shape) for t in tensors))
+    return ok
+
+
+@functools.cache
+def _say_no_tma(shapes: tuple) -> None:
+    logger.info("fused_moe: the config asks for TMA but %s are not contiguous 16-byte aligned "
+                "rows; pointer loads instead", shapes)
+
+
 def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int]
                  ) -> tuple[list[tuple[Any, tuple[int], tuple, dict[str, Any]]], torch.Tensor]:
@@ -297,18 +335,25 @@ def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     sorted_ids, block_expert = moe_align(topk_ids, num_experts, block_m)
     num_blocks = block_expert.numel()
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
+    inter_buf = torch.empty(sorted_ids.numel(), inter, dtype=hidden.dtype, device=hidden.device)
+    tma = bool(cfg.get("TMA")) and tma_ok(w13, w2, inter_buf)
     # One program per (row block, column tile), in the order _tile_ids gives them.
     launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": cfg["BLOCK_K"],
-              "GROUP_M": cfg["GROUP_M"], "PRECISION": precision,
+              "GROUP_M": cfg["GROUP_M"], "PRECISION": precision, "TMA": tma,
               "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    inter_buf = torch.empty(sorted_ids.numel(), inter, dtype=hidden.dtype, device=hidden.device)
+    w13_arg, w2_arg, inter_in = w13, w2, inter_buf
+    if tma:
+        block_k = cfg["BLOCK_K"]
+        w13_arg = TensorDescriptor.from_tensor(w13.view(-1, hidden_size), [block_n, block_k])
+        w2_arg = TensorDescriptor.from_tensor(w2.view(-1, inter), [block_n, block_k])
+        inter_in = TensorDescriptor.from_tensor(inter_buf, [block_m, block_k])
     gate_up = (_gate_up_kernel, (num_blocks * triton.cdiv(inter, block_n),), (
-        hidden, w13, inter_buf, sorted_ids, block_expert, num_slots, num_blocks,
+        hidden, w13_arg, inter_buf, sorted_ids, block_expert, num_slots, num_blocks,
         hidden.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), inter_buf.stride(0)),
         {"TOP_K": top_k, "HIDDEN": hidden_size, "INTER": inter, **launch})
     per_slot = torch.empty(num_slots, hidden_size, dtype=hidden.dtype, device=hidden.device)
     down = (_down_kernel, (num_blocks * triton.cdiv(hidden_size, block_n),), (
-        inter_buf, w2, per_slot, sorted_ids, block_expert, topk_weights.contiguous(),
+        inter_in, w2_arg, per_slot, sorted_ids, block_expert, topk_weights.contiguous(),
         num_slots, num_blocks, inter_buf.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
         per_slot.stride(0)),
         {"HIDDEN": hidden_size, "INTER": inter, **launch})

@@ -206,6 +206,16 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     assert decode["seconds"] + mixed["seconds"] == pytest.approx(r["elapsed_time"], rel=0.2)
     for row in (decode, mixed):
         assert row["ratio_to_floor"] == pytest.approx(row["seconds"] / row["floor_s"])
+        slow = row["slowest_steps"]
+        assert 1 <= len(slow) <= 5 and [x["seconds"] for x in slow] == sorted(
+            (x["seconds"] for x in slow), reverse=True)
+        assert slow[0]["seconds"] >= row["median_step_s"] > 0
+    # step numbers count all steps from 1; each named step is of its own class
+    assert all(x["prompt_tokens"] == 0 for x in decode["slowest_steps"])
+    assert all(x["prompt_tokens"] > 0 for x in mixed["slowest_steps"])
+    numbers = [x["step"] for row in (decode, mixed) for x in row["slowest_steps"]]
+    assert len(set(numbers)) == len(numbers) and 1 <= min(numbers)
+    assert max(numbers) <= decode["steps"] + mixed["steps"]
 
 
 def test_bad_arguments_are_cli_errors(tiny, capsys):

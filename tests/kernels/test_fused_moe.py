@@ -106,13 +106,17 @@ CPU_CASES = {
 
 
 @cpu_only
+@pytest.mark.parametrize("tma", [0, 1], ids=["pointers", "tma"])
 @pytest.mark.parametrize("case", CPU_CASES.values(), ids=CPU_CASES.keys())
-def test_fused_moe_cpu(case, monkeypatch):
+def test_fused_moe_cpu(case, tma, monkeypatch):
+    """With TMA the weights (and down's activations) come through tensor descriptors: tiles
+    past an expert's gate rows, past the K edge and over the NaN-poisoned padding rows of
+    the intermediate buffer must all stay out of the result."""
     tokens, hidden, inter, experts, top_k, used, bm, bn, bk = case
     x, w13, w2, weights, ids = make_moe(tokens, hidden, inter, experts, top_k,
                                         used_experts=used)
     out = run_poisoned(monkeypatch, x, w13, w2, weights, ids,
-                       block_m=bm, block_n=bn, block_k=bk)
+                       block_m=bm, block_n=bn, block_k=bk, tma=tma)
     torch.testing.assert_close(out, moe_reference(x, w13, w2, weights, ids),
                                atol=1e-4, rtol=1e-4)
 
@@ -135,6 +139,20 @@ def test_fused_moe_gemv_cpu(case, monkeypatch):
     out = run_poisoned(monkeypatch, x, w13, w2, weights, ids, gemv=1, block_n=bn, block_k=bk)
     torch.testing.assert_close(out, moe_reference(x, w13, w2, weights, ids),
                                atol=1e-4, rtol=1e-4)
+
+
+@cpu_only
+def test_tma_on_strided_weights_falls_back_to_pointer_loads(monkeypatch, caplog):
+    """A descriptor needs contiguous rows: w13 as a transposed view cannot have one, so the
+    kernels take pointer loads, say so once, and still compute the right thing."""
+    x, w13, w2, weights, ids = make_moe(9, 32, 16, 4, 2)
+    w13_strided = w13.transpose(1, 2).contiguous().transpose(1, 2)  # same values, strided
+    fused_moe_module._say_no_tma.cache_clear()
+    with caplog.at_level("INFO", logger="loom.kernels.fused_moe"):
+        out = run_poisoned(monkeypatch, x, w13_strided, w2, weights, ids, tma=1)
+    torch.testing.assert_close(out, moe_reference(x, w13, w2, weights, ids),
+                               atol=1e-4, rtol=1e-4)
+    assert "pointer loads instead" in caplog.text
 
 
 @cpu_only
@@ -162,8 +180,10 @@ def test_moe_reference_matches_dense_loop():
                     reason="needs CUDA and compiled Triton")
 @pytest.mark.parametrize("tokens", [1, 7, 64, 2048])
 @pytest.mark.parametrize("experts,top_k,hidden,inter", [(128, 8, 2048, 768), (8, 2, 1024, 512)])
-@pytest.mark.parametrize("config", [None, {"GEMV": 1, "BLOCK_N": 8, "BLOCK_K": 512}],
-                         ids=["tuned", "gemv"])
+@pytest.mark.parametrize("config", [None, {"GEMV": 1, "BLOCK_N": 8, "BLOCK_K": 512},
+                                    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1,
+                                     "num_warps": 8}],
+                         ids=["tuned", "gemv", "tma"])
 def test_fused_moe_gpu_bf16(tokens, experts, top_k, hidden, inter, config, monkeypatch):
     x, w13, w2, weights, ids = make_moe(tokens, hidden, inter, experts, top_k,
                                         dtype=torch.bfloat16, device="cuda")
@@ -218,6 +238,49 @@ for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
         assert kernel.asm["cubin"] and kernel.metadata.shared <= 227 * 1024
         print("ok")
 """
+
+
+_GROUPED_OFFLINE_COMPILE = r"""
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as tcompile
+from loom.kernels.fused_moe import _down_kernel, _gate_up_kernel
+BM, BN, BK = 128, 128, 64  # the H200 table's tiles from 2048 tokens up
+for tma in (0, 1):
+    desc = lambda rows: f"tensordesc<bf16[{rows}, {BK}]>" if tma else "*bf16"
+    pointers = {"x_ptr": "*bf16", "w13_ptr": desc(BN), "w2_ptr": desc(BN),
+                "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+                "topk_weights_ptr": "*fp32"}
+    for fn in (_gate_up_kernel, _down_kernel):
+        # gate_up writes the intermediate buffer through a pointer; down reads it
+        inter = "*bf16" if fn is _gate_up_kernel else desc(BM)
+        cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
+                    GROUP_M=8, PRECISION="tf32", TMA=tma)
+        names = list(fn.arg_names)
+        sig = {n: "constexpr" if n in cons else "i32" if n.startswith(("num_", "stride_"))
+               else inter if n == "inter_ptr" else pointers[n] for n in names}
+        src = ASTSource(fn=fn, signature=sig,
+                        constexprs={(names.index(k),): v for k, v in cons.items() if k in names},
+                        # as at run time: pointers and strides divisible by 16
+                        attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                               if sig[n].startswith("*") or n.startswith("stride_")})
+        kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=8, num_stages=3))
+        assert kernel.asm["cubin"] and kernel.metadata.shared <= 227 * 1024
+        ptx = kernel.asm["ptx"]
+        # TMA: the descriptor loads are bulk tensor copies, and nothing spills
+        assert ("cp.async.bulk.tensor" in ptx) == bool(tma), (fn.__name__, tma)
+        print("ok", fn.__name__, tma, kernel.metadata.shared)
+"""
+
+
+def test_grouped_gemm_kernels_compile_for_sm90_offline():
+    """The grouped GEMM at the H200 table's prompt-size tiles, with pointer loads and with
+    TMA descriptors: both build for Hopper within its shared memory, and the TMA form's
+    loads are bulk tensor copies."""
+    from tests.triton_interpreter import compile_for_sm90_offline
+    assert compile_for_sm90_offline(_GROUPED_OFFLINE_COMPILE).count("ok") == 4
 
 
 def test_gemv_kernels_compile_for_sm90_offline():

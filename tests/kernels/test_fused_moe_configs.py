@@ -88,7 +88,7 @@ def test_configs_match_reference(config):
 def test_default_config_is_the_former_fixed_tiles():
     assert mc.default_config(1, 8, 128, torch.bfloat16) == {
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
-        "num_stages": 3, "GEMV": 0}
+        "num_stages": 3, "GEMV": 0, "TMA": 0}
     assert mc.default_config(1025, 8, 128, torch.bfloat16)["BLOCK_M"] == 64
     assert mc.default_config(512, 8, 128, torch.float16)["BLOCK_M"] == 32
     fp32 = mc.default_config(4, 2, 8, torch.float32)
@@ -101,6 +101,8 @@ def test_default_config_is_the_former_fixed_tiles():
     ({"BLOCK_K": 8}, "power of two"),
     ({"num_warps": 0}, "positive"),
     ({"GEMV": 2}, "0 or 1"),
+    ({"TMA": 2}, "TMA must be 0 or 1"),
+    ({"GEMV": 1, "TMA": 1, "BLOCK_N": 8}, "not to GEMV"),
     ({"BLOCK_N": 8}, "power of two >= 16"),
     ({"GEMV": 1, "BLOCK_N": 6}, "power of two >= 1"),
 ])
@@ -140,8 +142,8 @@ def test_file_name():
     (1, "1"), (8, "1"), (9, "16"),  # 8.5 is the midpoint: a tie goes to the smaller key
     (40, "16"), (41, "64"), (544, "64"), (545, "1024"), (100_000, "1024")])
 def test_nearest_key_wins(config_dir, tokens, key):
-    # TABLE, like files tuned before the GEMV kernels existed, leaves GEMV out
-    assert lookup(tokens) == {**TABLE[key], "GEMV": 0}
+    # TABLE, like files tuned before the GEMV and TMA keys existed, leaves both out
+    assert lookup(tokens) == {**TABLE[key], "GEMV": 0, "TMA": 0}
 
 
 def test_single_entry_file(tmp_path, monkeypatch):
@@ -259,6 +261,10 @@ def test_bench_moe_reads_the_expert_shapes():
     # the GEMV kernels where a token or two leave each expert a row at most
     assert {c["GEMV"] for c in search_space(shape, 1)} == {0, 1}
     assert {c["GEMV"] for c in search_space(shape, 64)} == {0}
+    # TMA only where the GEMMs are compute-bound (128 rows an expert), every tile both ways
+    assert {c["TMA"] for c in search_space(shape, 1024)} == {0}
+    prompt = search_space(shape, 2048)
+    assert [{**c, "TMA": 1} for c in prompt if not c["TMA"]] == [c for c in prompt if c["TMA"]]
 
 
 @cpu_only
@@ -289,7 +295,7 @@ def test_tuning_some_sizes_keeps_the_files_other_entries(tmp_path):
     from loom.bench.moe import merged_table
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"1": _tile(16), "1024": _tile(64, 8)}))
-    new = {**_tile(32, 4), "GEMV": 0}
+    new = {**_tile(32, 4), "GEMV": 0, "TMA": 1}
     table = merged_table(path, [{"batch_size": 1024, "config": new},
                                 {"batch_size": 64, "config": new}])
     assert list(table) == ["1", "64", "1024"]
