@@ -50,14 +50,19 @@ class StepLog:
     def __init__(self) -> None:
         self.steps: list[Step] = []
         self._launched: deque[tuple[int, int, int, int]] = deque()
-        self._last = time.perf_counter()
+        self._last = self._start = time.perf_counter()
+        self.first_launch_s: float | None = None
+        """Seconds from start() to the first step's launch: the requests' intake."""
 
     def start(self) -> None:
         self.steps.clear()
         self._launched.clear()
-        self._last = time.perf_counter()
+        self._last = self._start = time.perf_counter()
+        self.first_launch_s = None
 
     def launched(self, scheduler_output, scheduler) -> None:
+        if self.first_launch_s is None:
+            self.first_launch_s = time.perf_counter() - self._start
         prompt = decode = context = pairs = 0
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             # The scheduler has already counted this step's tokens as computed.

@@ -80,6 +80,9 @@ def run_throughput(args: argparse.Namespace) -> int:
         result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
                                              bench.ceilings, bench.kv_dtype_bytes)
         print_breakdown(result["step_breakdown"], elapsed)
+        result["first_step_launched_s"] = log.first_launch_s
+        print(f"  the first step launched {log.first_launch_s:.3f} s into the run (taking in "
+              f"the {len(prompts)} requests); step #1 ends with its results")
         computed = sum(row["prompt_tokens"] for row in result["step_breakdown"].values())
         result["prompt_tokens_computed"] = computed
         print(f"Prompt tokens computed: {computed} for {prompt_tokens} in the prompts "

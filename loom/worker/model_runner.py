@@ -22,6 +22,7 @@ from loom.compilation.backend import CompiledForward
 from loom import envs
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
+from loom.kernels import jit_watch
 from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
@@ -138,6 +139,8 @@ class ModelRunner:
                              f"({num_blocks * self.kv_block_bytes / 2**30:.1f} GiB) cannot be "
                              f"allocated on {self.device}: {e}") from None
         self._compile_and_capture()
+        if self.device.type == "cuda":  # from here on, a Triton compile stalls a step: say so
+            jit_watch.arm()
         # Start-up leaves a large heap (compiled graphs, guards, kernels) that lives as long
         # as the engine: moved out of the collector's reach, a full collection during a step
         # no longer walks it.

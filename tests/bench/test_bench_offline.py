@@ -213,6 +213,7 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     # step numbers count all steps from 1; each named step is of its own class
     assert all(x["prompt_tokens"] == 0 for x in decode["slowest_steps"])
     assert all(x["prompt_tokens"] > 0 for x in mixed["slowest_steps"])
+    assert 0 < r["first_step_launched_s"] < r["elapsed_time"]
     numbers = [x["step"] for row in (decode, mixed) for x in row["slowest_steps"]]
     assert len(set(numbers)) == len(numbers) and 1 <= min(numbers)
     assert max(numbers) <= decode["steps"] + mixed["steps"]
