@@ -23,6 +23,7 @@ further apart than the kernels are.)
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections import deque
@@ -53,12 +54,32 @@ class StepLog:
         self._last = self._start = time.perf_counter()
         self.first_launch_s: float | None = None
         """Seconds from start() to the first step's launch: the requests' intake."""
+        self.gc_pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        """Seconds of each garbage collection between start() and stop(), by generation."""
+        self._gc_began: float | None = None
 
     def start(self) -> None:
         self.steps.clear()
         self._launched.clear()
         self._last = self._start = time.perf_counter()
         self.first_launch_s = None
+        self.gc_pauses = {0: [], 1: [], 2: []}
+        self._gc_began = None
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        """Python's collections in this process (the engine's, where it runs here): a
+        full collection over a large heap stops every step behind it."""
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            self.gc_pauses[info["generation"]].append(time.perf_counter() - self._gc_began)
+            self._gc_began = None
 
     def launched(self, scheduler_output, scheduler) -> None:
         if self.first_launch_s is None:

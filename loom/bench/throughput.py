@@ -76,6 +76,7 @@ def run_throughput(args: argparse.Namespace) -> int:
             engine.collective_rpc("profile_steps_result")[0], args)
     print_ceilings(bench.ceilings)
     if log is not None:
+        log.stop()
         bench.llm.engine.step_observer = None
         result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
                                              bench.ceilings, bench.kv_dtype_bytes)
@@ -83,6 +84,12 @@ def run_throughput(args: argparse.Namespace) -> int:
         result["first_step_launched_s"] = log.first_launch_s
         print(f"  the first step launched {log.first_launch_s:.3f} s into the run (taking in "
               f"the {len(prompts)} requests); step #1 ends with its results")
+        result["gc"] = {f"gen{g}": {"collections": len(p), "seconds": sum(p),
+                                    "longest_s": max(p, default=0.0)}
+                        for g, p in log.gc_pauses.items()}
+        print("  Python GC in this process: " + ", ".join(
+            f"gen{g} {len(p)} x, {sum(p) * 1e3:.0f} ms (longest {max(p, default=0) * 1e3:.0f})"
+            for g, p in log.gc_pauses.items()))
         computed = sum(row["prompt_tokens"] for row in result["step_breakdown"].values())
         result["prompt_tokens_computed"] = computed
         print(f"Prompt tokens computed: {computed} for {prompt_tokens} in the prompts "

@@ -40,10 +40,14 @@ STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     ("a decode batch outside CUDA graphs", [1, 1, 1], [40, 17, 5]),  # last: 3 rows to sample
 ]
 
-SAMPLING: list[SamplingParams] = [
-    SamplingParams(temperature=0.0),
-    SamplingParams(temperature=1.0),
-    SamplingParams(temperature=0.7, top_p=0.9, top_k=20, logprobs=2),
+SAMPLING: list[list[SamplingParams]] = [
+    # Each batch takes its own path through the sampler, each a kernel variant of its own:
+    [SamplingParams(temperature=0.0)] * 2,  # all greedy
+    [SamplingParams(temperature=1.0)] * 2,  # temperature only (throughput's)
+    [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8)],  # the two mixed
+    # top-p / top-k and logprobs: the torch path
+    [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_p=0.9, top_k=20,
+                                                     logprobs=2)],
 ]
 
 
@@ -90,16 +94,67 @@ def warm_up(runner) -> None:
         ids = torch.zeros(n, dtype=torch.long, device=runner.device)
         with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)):
             hidden = runner.forward(ids, positions)
+    variants = warm_up_mixed_decodes(runner)
     if hidden is not None:
-        rows = min(len(SAMPLING), hidden.shape[0])
+        rows = min(max(len(batch) for batch in SAMPLING), hidden.shape[0])
         logits = runner.model.compute_logits(hidden[:rows]).float()
-        if runner.is_driver:
-            params = SAMPLING[:rows]
+        for params in SAMPLING if runner.is_driver else []:
+            params = params[:rows]
             meta = SamplingMetadata.build(params, [[] for _ in params], [[] for _ in params],
-                                          [set() for _ in params], [None] * rows,
+                                          [set() for _ in params], [None] * len(params),
                                           runner.device, runner.arch.vocab_size)
-            runner.sampler(logits, meta)
+            runner.sampler(logits[:len(params)].clone(), meta)  # sampling may write logits
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
-    logger.info("warm-up: %d step shapes (%s) and the sampler in %.1f s", len(shapes),
-                ", ".join(s[0] for s in shapes), time.perf_counter() - start)
+    logger.info("warm-up: %d step shapes (%s), %d decode kernel variants of mixed steps and "
+                "the sampler in %.1f s", len(shapes), ", ".join(s[0] for s in shapes),
+                len(variants), time.perf_counter() - start)
+
+
+def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                          max_num_seqs: int, max_model_len: int) -> list[tuple[int, int, int]]:
+    """The (block_n, num_stages, num_splits) the decode kernel can take for the decodes of a
+    mixed step (prompt chunks beside them: the request-index path, never in a CUDA graph),
+    one num_splits per compiled variant (the reduce kernel's is the next power of two; one
+    split has no reduce)."""
+    from loom.kernels.paged_decode import default_num_splits
+    seen: dict[tuple[int, int, int], int] = {}
+    lens = sorted({min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)})
+    for num_reqs in range(1, max_num_seqs + 1):
+        block_n, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype)
+        for seq_len in lens:
+            splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)
+            pad = 1 if splits == 1 else 1 << (splits - 1).bit_length()
+            seen.setdefault((block_n, stages, pad), splits)
+    return sorted((bn, st, splits) for (bn, st, _), splits in seen.items())
+
+
+def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int]]:
+    """Run the decode kernel once per variant mixed_decode_variants names, for one request
+    reading block 0 (nothing is written). A mixed step's decodes number anywhere from one to
+    max_num_seqs and their contexts grow as they go, so its splits (and tiles) change from
+    step to step; each new variant compiled mid-run stalled a step 0.2-0.7 s on an H200
+    (throughput's first steps, run_zzn)."""
+    from loom.kernels.paged_decode import paged_decode
+    backend, kv_cache = runner.backend, runner.kv_caches[0]
+    if not hasattr(backend, "decode_tiles"):
+        return []
+    cfg = runner.config
+    num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    num_heads = runner.arch.num_heads // cfg.parallel.tensor_parallel_size
+    max_len = runner.requests.tokens.shape[1]
+    variants = mixed_decode_variants(backend, num_kv_heads, head_dim, runner.dtype,
+                                     cfg.scheduler.max_num_seqs or 1, max_len)
+    device = runner.device
+    query = torch.zeros(1, num_heads, head_dim, dtype=runner.dtype, device=device)
+    out = torch.empty_like(query)
+    starts = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    req_index = torch.zeros(1, dtype=torch.int32, device=device)
+    for block_n, stages, splits in variants:
+        seq_len = min(max_len, splits * block_n)
+        blocks = -(-seq_len // runner.block_size)
+        block_table = torch.zeros(1, blocks, dtype=torch.int32, device=device)
+        seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
+        paged_decode(query, kv_cache, out, block_table, starts, seq_lens, 1, 1.0, splits,
+                     block_n=block_n, num_stages=stages, req_index=req_index)
+    return variants

@@ -214,9 +214,27 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     assert all(x["prompt_tokens"] == 0 for x in decode["slowest_steps"])
     assert all(x["prompt_tokens"] > 0 for x in mixed["slowest_steps"])
     assert 0 < r["first_step_launched_s"] < r["elapsed_time"]
+    gc_rows = r["gc"]
+    assert set(gc_rows) == {"gen0", "gen1", "gen2"}
+    assert all(g["seconds"] >= g["longest_s"] >= 0 for g in gc_rows.values())
     numbers = [x["step"] for row in (decode, mixed) for x in row["slowest_steps"]]
     assert len(set(numbers)) == len(numbers) and 1 <= min(numbers)
     assert max(numbers) <= decode["steps"] + mixed["steps"]
+
+
+def test_step_log_times_the_collections_between_start_and_stop():
+    import gc
+
+    from loom.bench.step_log import StepLog
+    log = StepLog()
+    log.start()
+    gc.collect()  # a full collection: generation 2
+    gc.collect(0)
+    log.stop()
+    gc.collect()  # after stop: not counted
+    assert [len(log.gc_pauses[g]) for g in (0, 1, 2)] == [1, 0, 1]
+    assert all(p >= 0 for p in log.gc_pauses[2])
+    assert log._on_gc not in gc.callbacks
 
 
 def test_bad_arguments_are_cli_errors(tiny, capsys):

@@ -86,5 +86,5 @@ def test_a_real_compile_is_seen_once(hooks, caplog):
     torch.cuda.synchronize()
     assert [name for name, _ in jit_watch.compiles()] == ["_scale_kernel"]
     assert "SCALE=0.5" in caplog.text
-    assert torch.equal(x, torch.ones(100, device="cuda"))
+    assert torch.equal(x, torch.full((100,), 2.0, device="cuda"))  # x 2, x 2, x 0.5
     jit_watch.disarm()

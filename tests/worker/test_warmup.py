@@ -52,6 +52,21 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     _spy(monkeypatch, TritonBackend, "_sdpa_prefill", calls)
     _spy(monkeypatch, sampler_module, "apply_top_k_top_p", calls)
     _spy(monkeypatch, model_runner_module, "warm_up", calls)
+    from loom.kernels import paged_decode as paged_decode_module
+    mixed = set()  # the mixed-step variants, run directly: (block_n, num_stages, splits)
+    real_decode = paged_decode_module.paged_decode
+
+    def direct_decode(*a, **kw):
+        mixed.add((kw["block_n"], kw["num_stages"], a[8]))
+        return real_decode(*a, **kw)
+    monkeypatch.setattr(paged_decode_module, "paged_decode", direct_decode)
+    sampled = []
+    real_sample = sampler_module.Sampler.forward
+
+    def sample(self, logits, metadata):
+        sampled.append((metadata.all_greedy, metadata.all_random, metadata.no_top_p))
+        return real_sample(self, logits, metadata)
+    monkeypatch.setattr(sampler_module.Sampler, "forward", sample)
 
     runner.initialize_cache(8)  # compiles (level 0 here) and warms up
     assert calls["warm_up"] == 1
@@ -72,6 +87,15 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     assert calls["rope_write_kv_cache"] == (len(warmup_module.STEP_SHAPES) - 2) * num_layers
     assert calls["write_kv_cache"] == 0
     assert calls["apply_top_k_top_p"] == 1
+    # each sampler path once: all greedy, all random, the two mixed, top-p
+    assert sampled == [(True, False, True), (False, True, True), (False, False, True),
+                       (False, False, False)]
+    # every decode variant a mixed step can reach, and the reduce kernel's splits with them
+    cache = runner.kv_caches[0]
+    want = warmup_module.mixed_decode_variants(
+        runner.backend, cache.shape[3], cache.shape[4], runner.dtype,
+        config.scheduler.max_num_seqs or 1, runner.requests.tokens.shape[1])
+    assert mixed == set(want) and {s for _, _, s in want} >= {1, 2}
 
     for cache in runner.kv_caches:
         cache.normal_()
@@ -93,3 +117,24 @@ def test_warm_up_skips_shapes_longer_than_the_model(tiny_model_factory):
 def test_step_positions_end_each_request_at_its_length():
     positions = warmup_module.step_positions([1, 3], [5, 3], 6)
     assert positions.tolist() == [4, 0, 1, 2, 0, 0]
+
+
+def test_mixed_decode_variants_cover_every_reachable_kernel():
+    """Brute force over every batch size and context length (not the powers of two the
+    enumeration samples): each compiled variant of the decode and reduce kernels a mixed
+    step can meet is among those warmed up, at Llama-3.1-8B's and Qwen3's bf16 heads."""
+    from loom.kernels.paged_decode import default_num_splits
+    backend = TritonBackend()
+    for kv_heads, max_seqs, max_len in ((8, 256, 1100), (4, 300, 700)):
+        got = warmup_module.mixed_decode_variants(backend, kv_heads, 128, torch.bfloat16,
+                                                  max_seqs, max_len)
+        warmed = {(bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()) for bn, st, s in got}
+        reachable = set()
+        for n in range(1, max_seqs + 1):
+            bn, st = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16)
+            for seq_len in range(1, max_len + 1):
+                s = default_num_splits(n, kv_heads, seq_len, bn)
+                reachable.add((bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()))
+        assert warmed == reachable
+        assert {bn for bn, _, _ in reachable} == {64, 128}  # both tile sizes at these batches
+        assert len(got) == len(warmed)  # one launch per variant
