@@ -57,6 +57,9 @@ class StepLog:
         self.gc_pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
         """Seconds of each garbage collection between start() and stop(), by generation."""
         self._gc_began: float | None = None
+        self.gc_heaps: list[dict[str, Any]] = []
+        """What the first two full collections found: objects per generation, and the
+        most common types in generation 2."""
 
     def start(self) -> None:
         self.steps.clear()
@@ -64,6 +67,7 @@ class StepLog:
         self._last = self._start = time.perf_counter()
         self.first_launch_s = None
         self.gc_pauses = {0: [], 1: [], 2: []}
+        self.gc_heaps = []
         self._gc_began = None
         if self._on_gc not in gc.callbacks:
             gc.callbacks.append(self._on_gc)
@@ -74,8 +78,11 @@ class StepLog:
 
     def _on_gc(self, phase: str, info: dict) -> None:
         """Python's collections in this process (the engine's, where it runs here): a
-        full collection over a large heap stops every step behind it."""
+        full collection over a large heap stops every step behind it. The first two full
+        ones also say what they walk (counted before the clock starts)."""
         if phase == "start":
+            if info["generation"] == 2 and len(self.gc_heaps) < 2:
+                self.gc_heaps.append(_heap_census())
             self._gc_began = time.perf_counter()
         elif self._gc_began is not None:
             self.gc_pauses[info["generation"]].append(time.perf_counter() - self._gc_began)
@@ -102,6 +109,14 @@ class StepLog:
         prompt, decode, context, pairs = self._launched.popleft()
         self.steps.append(Step(now - self._last, prompt, decode, context, pairs))
         self._last = now
+
+
+def _heap_census(top: int = 8) -> dict[str, Any]:
+    from collections import Counter
+    old = gc.get_objects(generation=2)
+    kinds = Counter(type(o).__qualname__ for o in old).most_common(top)
+    return {"objects": [len(gc.get_objects(generation=g)) for g in (0, 1)] + [len(old)],
+            "frozen": gc.get_freeze_count(), "gen2_types": kinds}
 
 
 def step_floor_s(step: Step, arch: ModelArch, dtype_bytes: int, tp: int, ceilings,

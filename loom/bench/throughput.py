@@ -90,6 +90,10 @@ def run_throughput(args: argparse.Namespace) -> int:
         print("  Python GC in this process: " + ", ".join(
             f"gen{g} {len(p)} x, {sum(p) * 1e3:.0f} ms (longest {max(p, default=0) * 1e3:.0f})"
             for g, p in log.gc_pauses.items()))
+        result["gc"]["heaps"] = log.gc_heaps
+        for heap in log.gc_heaps:
+            print(f"    a full collection walked {heap['objects']} objects (gen0, 1, 2; "
+                  f"{heap['frozen']} frozen), gen2 mostly {heap['gen2_types'][:5]}")
         computed = sum(row["prompt_tokens"] for row in result["step_breakdown"].values())
         result["prompt_tokens_computed"] = computed
         print(f"Prompt tokens computed: {computed} for {prompt_tokens} in the prompts "

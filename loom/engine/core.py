@@ -8,6 +8,7 @@ lives in the frontend; this class only sees `EngineCoreRequest`s and returns
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 from collections import deque
@@ -59,11 +60,16 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
+        """Launched steps not yet collected, oldest first."""
         self.step_observer = None
         """A benchmark's hook (`loom.bench.step_log.StepLog`): told of every step at launch
         and when its results are back."""
-        """Launched steps not yet collected, oldest first."""
         self.structured_output = StructuredOutputManager(tokenizer_path(config.model))
+        # What start-up built lives as long as the engine: the scheduler's KV blocks (one
+        # object each, built after the model runner froze its own heap) and the rest. Moved
+        # out of the collector's reach, a full collection during a step no longer walks it.
+        gc.collect()
+        gc.freeze()
 
     def _init_kv_cache(self) -> int:
         num_blocks = self.executor.determine_num_blocks()

@@ -215,8 +215,9 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     assert all(x["prompt_tokens"] > 0 for x in mixed["slowest_steps"])
     assert 0 < r["first_step_launched_s"] < r["elapsed_time"]
     gc_rows = r["gc"]
-    assert set(gc_rows) == {"gen0", "gen1", "gen2"}
-    assert all(g["seconds"] >= g["longest_s"] >= 0 for g in gc_rows.values())
+    assert set(gc_rows) == {"gen0", "gen1", "gen2", "heaps"}
+    assert all(gc_rows[g]["seconds"] >= gc_rows[g]["longest_s"] >= 0
+               for g in ("gen0", "gen1", "gen2"))
     numbers = [x["step"] for row in (decode, mixed) for x in row["slowest_steps"]]
     assert len(set(numbers)) == len(numbers) and 1 <= min(numbers)
     assert max(numbers) <= decode["steps"] + mixed["steps"]
@@ -233,6 +234,8 @@ def test_step_log_times_the_collections_between_start_and_stop():
     log.stop()
     gc.collect()  # after stop: not counted
     assert [len(log.gc_pauses[g]) for g in (0, 1, 2)] == [1, 0, 1]
+    assert len(log.gc_heaps) == 1  # the full one says what it walked
+    assert len(log.gc_heaps[0]["objects"]) == 3 and log.gc_heaps[0]["gen2_types"]
     assert all(p >= 0 for p in log.gc_pauses[2])
     assert log._on_gc not in gc.callbacks
 
