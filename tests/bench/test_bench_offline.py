@@ -227,6 +227,8 @@ def test_step_log_times_the_collections_between_start_and_stop():
     import gc
 
     from loom.bench.step_log import StepLog
+    kept = [[i] for i in range(5000)]  # long-lived lists: in generation 2 after this
+    gc.collect()
     log = StepLog()
     log.start()
     gc.collect()  # a full collection: generation 2
@@ -235,7 +237,9 @@ def test_step_log_times_the_collections_between_start_and_stop():
     gc.collect()  # after stop: not counted
     assert [len(log.gc_pauses[g]) for g in (0, 1, 2)] == [1, 0, 1]
     assert len(log.gc_heaps) == 1  # the full one says what it walked
-    assert len(log.gc_heaps[0]["objects"]) == 3 and log.gc_heaps[0]["gen2_types"]
+    heap = log.gc_heaps[0]
+    assert len(heap["objects"]) == 3 and heap["objects"][2] >= len(kept)
+    assert dict(heap["gen2_types"])["list"] >= len(kept)
     assert all(p >= 0 for p in log.gc_pauses[2])
     assert log._on_gc not in gc.callbacks
 
