@@ -9,6 +9,7 @@ num_params at the measured matmul rate, divided by tp (`loom.bench.floors`).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -91,6 +92,7 @@ def run_throughput(args: argparse.Namespace) -> int:
             f"gen{g} {len(p)} x, {sum(p) * 1e3:.0f} ms (longest {max(p, default=0) * 1e3:.0f})"
             for g, p in log.gc_pauses.items()))
         result["gc"]["heaps"] = log.gc_heaps
+        result["gc"]["thresholds"] = list(gc.get_threshold())
         for heap in log.gc_heaps:
             print(f"    a full collection walked {heap['objects']} objects (gen0, 1, 2; "
                   f"{heap['frozen']} frozen), gen2 mostly {heap['gen2_types'][:5]}")

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import deque
 
+from loom import envs
 from loom.config import EngineConfig
 from loom.core.request import Request
 from loom.core.sched_output import SchedulerOutput
@@ -70,6 +71,7 @@ class EngineCore:
         # out of the collector's reach, a full collection during a step no longer walks it.
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*envs.gc_thresholds())
 
     def _init_kv_cache(self) -> int:
         num_blocks = self.executor.determine_num_blocks()
