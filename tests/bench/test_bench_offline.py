@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from loom import envs
 from loom.bench import ceilings as ceilings_module
 from loom.bench import floors
 from loom.bench.ceilings import Ceilings
@@ -215,7 +216,8 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     assert all(x["prompt_tokens"] > 0 for x in mixed["slowest_steps"])
     assert 0 < r["first_step_launched_s"] < r["elapsed_time"]
     gc_rows = r["gc"]
-    assert set(gc_rows) == {"gen0", "gen1", "gen2", "heaps"}
+    assert set(gc_rows) == {"gen0", "gen1", "gen2", "heaps", "thresholds"}
+    assert tuple(gc_rows["thresholds"]) == envs.GC_THRESHOLDS  # the engine set them
     assert all(gc_rows[g]["seconds"] >= gc_rows[g]["longest_s"] >= 0
                for g in ("gen0", "gen1", "gen2"))
     numbers = [x["step"] for row in (decode, mixed) for x in row["slowest_steps"]]
