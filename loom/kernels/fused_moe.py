@@ -44,7 +44,9 @@ _ALIGN_CHUNK = 64
 chunk against every expert, a [CHUNK, E] tile, so this stays small."""
 
 
-@triton.jit
+# The slot and block counts are launch sizes: specialised (on divisibility by 16), each
+# parity of a step's token count compiled a variant of its own mid-run (run_zzo).
+@triton.jit(do_not_specialize=["num_slots"])
 def _align_count_kernel(ids_ptr, counts_ptr, rank_ptr, num_slots, CHUNK: tl.constexpr):
     # Each slot takes the next place in its expert's run: the old value of an atomic
     # increment. The order within a run is arbitrary; every row's result is the same
@@ -56,7 +58,7 @@ def _align_count_kernel(ids_ptr, counts_ptr, rank_ptr, num_slots, CHUNK: tl.cons
     tl.store(rank_ptr + offs, rank, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "num_blocks"])
 def _align_place_kernel(ids_ptr, counts_ptr, rank_ptr, sorted_ids_ptr, block_expert_ptr,
                         num_slots, num_blocks, NUM_EXPERTS: tl.constexpr,
                         EXPERTS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
