@@ -146,6 +146,8 @@ class ModelRunner:
         # no longer walks it.
         gc.collect()
         gc.freeze()
+        # TP workers run Python every step too: the engine's collector policy (loom.envs).
+        gc.set_threshold(*envs.gc_thresholds())
 
     def _compile_and_capture(self) -> None:
         cfg = self.config

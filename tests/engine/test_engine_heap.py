@@ -3,6 +3,7 @@
 import gc
 
 import pytest
+import torch
 
 from loom import LLM, SamplingParams, envs
 from loom.core.block_pool import KVBlock
@@ -42,3 +43,21 @@ def test_bad_gc_thresholds_name_the_variable(monkeypatch, raw):
     monkeypatch.setenv("LOOM_GC_THRESHOLDS", raw)
     with pytest.raises(ValueError, match="LOOM_GC_THRESHOLDS: expected three positive"):
         envs.gc_thresholds()
+
+
+def test_a_model_runner_takes_the_serving_thresholds_too(tiny_model_factory):
+    """TP workers are processes of their own, each stepping in Python: the runner sets the
+    same collector thresholds once it has started."""
+    from loom.config import EngineConfig, ModelConfig
+    from loom.worker.model_runner import ModelRunner
+    path, _ = tiny_model_factory("llama")
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        runner = ModelRunner(EngineConfig(ModelConfig(model=path, dtype="float32")),
+                             torch.device("cpu"))
+        runner.initialize_cache(8)
+        assert gc.get_threshold() == envs.GC_THRESHOLDS
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
