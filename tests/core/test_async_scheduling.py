@@ -12,7 +12,7 @@ import pytest
 
 from loom.config import CacheConfig, SchedulerConfig
 from loom.core.scheduler import Scheduler
-from tests.core.test_scheduler import BS, FakeWorker, add, run_to_end
+from tests.core.scheduler_fakes import BS, FakeWorker, add, run_to_end
 
 
 def make(async_scheduling: bool, num_blocks: int = 64, budget: int = 256,
