@@ -147,21 +147,21 @@ def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
     """Totals and floors per class of step; the floors are None without ceilings (CPU)."""
     out = {}
     numbered = list(enumerate(log.steps, start=1))
-    for name, steps in (("decode_only", [(i, s) for i, s in numbered if s.prompt_tokens == 0]),
-                        ("with_prompt", [(i, s) for i, s in numbered if s.prompt_tokens > 0])):
-        seconds = sum(s.seconds for _, s in steps)
-        decode = sum(s.decode_tokens for _, s in steps)
+    for name, of_class in (("decode_only", [p for p in numbered if p[1].prompt_tokens == 0]),
+                           ("with_prompt", [p for p in numbered if p[1].prompt_tokens > 0])):
+        steps = [s for _, s in of_class]
+        seconds = sum(s.seconds for s in steps)
+        decode = sum(s.decode_tokens for s in steps)
         # The slowest few, by number: a handful of long ones (a kernel compiled mid-run, a
         # host stall) and a class that is slow throughout read differently.
-        slowest = sorted(steps, key=lambda p: -p[1].seconds)[:SLOWEST]
+        slowest = sorted(of_class, key=lambda p: -p[1].seconds)[:SLOWEST]
         row = {"steps": len(steps), "seconds": seconds,
-               "prompt_tokens": sum(s.prompt_tokens for _, s in steps), "decode_tokens": decode,
+               "prompt_tokens": sum(s.prompt_tokens for s in steps), "decode_tokens": decode,
                "mean_decode_batch": decode / len(steps) if steps else 0.0,
-               "median_step_s": statistics.median(s.seconds for _, s in steps) if steps else 0.0,
+               "median_step_s": statistics.median(s.seconds for s in steps) if steps else 0.0,
                "slowest_steps": [{"step": i, "seconds": s.seconds, "prompt_tokens": s.prompt_tokens,
                                   "decode_tokens": s.decode_tokens} for i, s in slowest],
                "floor_s": None, "ratio_to_floor": None}
-        steps = [s for _, s in steps]
         if ceilings is not None and steps:
             row["floor_s"] = sum(step_floor_s(s, arch, dtype_bytes, tp, ceilings,
                                               kv_dtype_bytes) for s in steps)
@@ -189,3 +189,23 @@ def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
         total = sum(r["floor_s"] for r in floored)
         print(f"  steps' floors ({FLOOR_BASIS}): {total:.3f} s; runtime {runtime_s:.3f} s -> "
               f"{runtime_s / total:.2f}x")
+
+
+def gc_report(log: StepLog) -> dict[str, Any]:
+    """The run's collections by generation (count, seconds, longest), what the first full
+    ones walked, and the thresholds the engine collected at."""
+    report: dict[str, Any] = {
+        f"gen{g}": {"collections": len(p), "seconds": sum(p), "longest_s": max(p, default=0.0)}
+        for g, p in log.gc_pauses.items()}
+    report["heaps"] = log.gc_heaps
+    report["thresholds"] = list(gc.get_threshold())
+    return report
+
+
+def print_gc(report: dict[str, Any]) -> None:
+    print("  Python GC in this process: " + ", ".join(
+        f"gen{g} {report[f'gen{g}']['collections']} x, {report[f'gen{g}']['seconds'] * 1e3:.0f} "
+        f"ms (longest {report[f'gen{g}']['longest_s'] * 1e3:.0f})" for g in (0, 1, 2)))
+    for heap in report["heaps"]:
+        print(f"    a full collection walked {heap['objects']} objects (gen0, 1, 2; "
+              f"{heap['frozen']} frozen), gen2 mostly {heap['gen2_types'][:5]}")

@@ -9,7 +9,6 @@ num_params at the measured matmul rate, divided by tp (`loom.bench.floors`).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from loom.bench import floors
 from loom.bench.common import write_json
-from loom.bench.step_log import StepLog, breakdown, print_breakdown
+from loom.bench.step_log import StepLog, breakdown, gc_report, print_breakdown, print_gc
 from loom.bench.offline import (
     OfflineBench,
     add_offline_args,
@@ -85,17 +84,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         result["first_step_launched_s"] = log.first_launch_s
         print(f"  the first step launched {log.first_launch_s:.3f} s into the run (taking in "
               f"the {len(prompts)} requests); step #1 ends with its results")
-        result["gc"] = {f"gen{g}": {"collections": len(p), "seconds": sum(p),
-                                    "longest_s": max(p, default=0.0)}
-                        for g, p in log.gc_pauses.items()}
-        print("  Python GC in this process: " + ", ".join(
-            f"gen{g} {len(p)} x, {sum(p) * 1e3:.0f} ms (longest {max(p, default=0) * 1e3:.0f})"
-            for g, p in log.gc_pauses.items()))
-        result["gc"]["heaps"] = log.gc_heaps
-        result["gc"]["thresholds"] = list(gc.get_threshold())
-        for heap in log.gc_heaps:
-            print(f"    a full collection walked {heap['objects']} objects (gen0, 1, 2; "
-                  f"{heap['frozen']} frozen), gen2 mostly {heap['gen2_types'][:5]}")
+        result["gc"] = gc_report(log)
+        print_gc(result["gc"])
         computed = sum(row["prompt_tokens"] for row in result["step_breakdown"].values())
         result["prompt_tokens_computed"] = computed
         print(f"Prompt tokens computed: {computed} for {prompt_tokens} in the prompts "

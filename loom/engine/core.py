@@ -8,12 +8,11 @@ lives in the frontend; this class only sees `EngineCoreRequest`s and returns
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import time
 from collections import deque
 
-from loom import envs
+from loom import heap
 from loom.config import EngineConfig
 from loom.core.request import Request
 from loom.core.sched_output import SchedulerOutput
@@ -66,12 +65,9 @@ class EngineCore:
         """A benchmark's hook (`loom.bench.step_log.StepLog`): told of every step at launch
         and when its results are back."""
         self.structured_output = StructuredOutputManager(tokenizer_path(config.model))
-        # What start-up built lives as long as the engine: the scheduler's KV blocks (one
-        # object each, built after the model runner froze its own heap) and the rest. Moved
-        # out of the collector's reach, a full collection during a step no longer walks it.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*envs.gc_thresholds())
+        # Again after the model runner's: the scheduler's KV blocks (one object each) were
+        # built after it.
+        heap.settle()
 
     def _init_kv_cache(self) -> int:
         num_blocks = self.executor.determine_num_blocks()

@@ -6,7 +6,6 @@ It owns the model, the paged KV cache and the per-request state of one rank.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import time
 
@@ -19,7 +18,7 @@ from loom.engine.protocol import Logprobs
 from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
 from loom.compilation.backend import CompiledForward
-from loom import envs
+from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.kernels import jit_watch
@@ -141,13 +140,7 @@ class ModelRunner:
         self._compile_and_capture()
         if self.device.type == "cuda":  # from here on, a Triton compile stalls a step: say so
             jit_watch.arm()
-        # Start-up leaves a large heap (compiled graphs, guards, kernels) that lives as long
-        # as the engine: moved out of the collector's reach, a full collection during a step
-        # no longer walks it.
-        gc.collect()
-        gc.freeze()
-        # TP workers run Python every step too: the engine's collector policy (loom.envs).
-        gc.set_threshold(*envs.gc_thresholds())
+        heap.settle()  # each TP worker steps in Python too
 
     def _compile_and_capture(self) -> None:
         cfg = self.config

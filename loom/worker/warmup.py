@@ -117,6 +117,8 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
     mixed step (prompt chunks beside them: the request-index path, never in a CUDA graph),
     one num_splits per compiled variant (the reduce kernel's is the next power of two; one
     split has no reduce)."""
+    import triton
+
     from loom.kernels.paged_decode import default_num_splits
     seen: dict[tuple[int, int, int], int] = {}
     lens = sorted({min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)})
@@ -124,7 +126,7 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
         block_n, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype)
         for seq_len in lens:
             splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)
-            pad = 1 if splits == 1 else 1 << (splits - 1).bit_length()
+            pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # the reduce's
             seen.setdefault((block_n, stages, pad), splits)
     return sorted((bn, st, splits) for (bn, st, _), splits in seen.items())
 
@@ -137,8 +139,6 @@ def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int]]:
     (throughput's first steps, run_zzn)."""
     from loom.kernels.paged_decode import paged_decode
     backend, kv_cache = runner.backend, runner.kv_caches[0]
-    if not hasattr(backend, "decode_tiles"):
-        return []
     cfg = runner.config
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     num_heads = runner.arch.num_heads // cfg.parallel.tensor_parallel_size
