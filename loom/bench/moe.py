@@ -29,13 +29,13 @@ import dataclasses
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from loom.bench.common import command_line, git_commit, now_iso, write_json
 from loom.bench.kernel_timing import KernelTimer, nan_fresh_tensors
 from loom.bench.moe_space import MoeShape, group_variants, moe_shape, search_space
+from loom.kernels.compile_pool import compile_pool
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("bfloat16", "float16")
@@ -141,12 +141,9 @@ def _precompile(bench: Bench, configs: list[dict[str, int]]) -> float:
     are left for the timed run to meet (and skip)."""
     from loom.kernels.fused_moe import compile_fused_moe
     start = time.perf_counter()
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:  # an older Triton: each compiles at its first launch instead
-        return 0.0
-    with (ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool,
-          AsyncCompileMode(pool, ignore_errors=True)):
+    with compile_pool(os.cpu_count() or 4, ignore_errors=True) as threads:
+        if not threads:  # an older Triton: each compiles at its first launch instead
+            return 0.0
         for config in configs:
             # A config that cannot even be set up fails again, visibly, when timed.
             with contextlib.suppress(Exception):

@@ -5,6 +5,7 @@ normalise and cache the step's new tokens itself, and the kernel that merges the
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -192,7 +193,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
                  block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                  req_index: torch.Tensor | None = None,
-                 new_tokens: NewTokens | None = None) -> torch.Tensor:
+                 new_tokens: NewTokens | None = None,
+                 compile_only: bool = False) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
@@ -205,6 +207,9 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     in the cache yet; the kernel rotates and stores them as rope_write_kv_cache would (the
     same arithmetic, a per-head q/k norm first where new_tokens has one), saving that
     launch. Not with req_index.
+
+    compile_only: compile the kernels these arguments need and run nothing (inside
+    compile_pool, on its threads).
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
@@ -235,7 +240,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)
-    _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
+    _launch(_decode_split_kernel, (num_reqs, num_kv_heads, num_splits), compile_only)(
         query, kv_cache, part_m, part_l, part_acc, out, block_table, query_start_loc,
         seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping, q_norm, k_norm,
         norm_eps, scale * LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
@@ -251,10 +256,17 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     )
     if direct:
         return out
-    _decode_reduce_kernel[(num_reqs, num_heads)](
+    _launch(_decode_reduce_kernel, (num_reqs, num_heads), compile_only)(
         part_m, part_l, part_acc, out, query_start_loc, req_index, num_heads, num_splits,
         out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim, HAS_REQ_INDEX=req_index is not None, PDL=use_pdl,
         launch_pdl=use_pdl,
     )
     return out
+
+
+def _launch(kernel, grid: tuple[int, ...], compile_only: bool):
+    """kernel[grid], or with compile_only its compile alone (Triton's warmup)."""
+    if compile_only:
+        return functools.partial(kernel.warmup, grid=grid)
+    return kernel[grid]

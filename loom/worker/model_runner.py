@@ -31,6 +31,7 @@ from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
 from loom.worker.step_handle import StepHandle
+from loom.worker.moe_warmup import warm_up_moe
 from loom.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,10 @@ class ModelRunner:
             self.profile_run()  # traces and compiles the general graph once, up front
             logger.info("torch.compile level %d: %.1f s", self.forward.level,
                         time.perf_counter() - start)
+        if self.device.type == "cuda":  # the fused MoE's Triton kernels, every config
+            warm_up_moe(self.model, _round_up(cfg.scheduler.max_num_batched_tokens,
+                                              self.token_multiple),
+                        self.token_multiple, self.device)
         if self.backend.name == "triton":  # JIT kernels: compile them before serving
             warm_up(self)
         sizes = cfg.compilation.cudagraph_capture_sizes

@@ -23,6 +23,7 @@ import torch
 
 from loom.attention.backend import AttentionMetadata
 from loom.forward_context import ForwardContext, forward_context
+from loom.kernels.compile_pool import compile_pool
 from loom.sampling_params import SamplingParams
 from loom.worker.sampler import SamplingMetadata
 
@@ -132,11 +133,12 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
 
 
 def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int]]:
-    """Run the decode kernel once per variant mixed_decode_variants names, for one request
-    reading block 0 (nothing is written). A mixed step's decodes number anywhere from one to
-    max_num_seqs and their contexts grow as they go, so its splits (and tiles) change from
-    step to step; each new variant compiled mid-run stalled a step 0.2-0.7 s on an H200
-    (throughput's first steps, run_zzn)."""
+    """Compile the decode kernel once per variant mixed_decode_variants names, side by side
+    on threads, with the arguments of one request reading block 0 (nothing runs). A mixed
+    step's decodes number anywhere from one to max_num_seqs and their contexts grow as they
+    go, so its splits (and tiles) change from step to step; each new variant compiled
+    mid-run stalled a step 0.2-0.7 s on an H200 (throughput's first steps, run_zzn). One
+    after another they added 4.7 s to 8B's start-up (run_zzo)."""
     from loom.kernels.paged_decode import paged_decode
     backend, kv_cache = runner.backend, runner.kv_caches[0]
     cfg = runner.config
@@ -150,11 +152,13 @@ def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int]]:
     out = torch.empty_like(query)
     starts = torch.tensor([0, 1], dtype=torch.int32, device=device)
     req_index = torch.zeros(1, dtype=torch.int32, device=device)
-    for block_n, stages, splits in variants:
-        seq_len = min(max_len, splits * block_n)
-        blocks = -(-seq_len // runner.block_size)
-        block_table = torch.zeros(1, blocks, dtype=torch.int32, device=device)
-        seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
-        paged_decode(query, kv_cache, out, block_table, starts, seq_lens, 1, 1.0, splits,
-                     block_n=block_n, num_stages=stages, req_index=req_index)
+    with compile_pool(len(variants)):  # compiled side by side, nothing run
+        for block_n, stages, splits in variants:
+            seq_len = min(max_len, splits * block_n)
+            blocks = -(-seq_len // runner.block_size)
+            block_table = torch.zeros(1, blocks, dtype=torch.int32, device=device)
+            seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
+            paged_decode(query, kv_cache, out, block_table, starts, seq_lens, 1, 1.0, splits,
+                         block_n=block_n, num_stages=stages, req_index=req_index,
+                         compile_only=True)
     return variants
