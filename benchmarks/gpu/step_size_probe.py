@@ -8,6 +8,7 @@ The first call of a size pays whatever that size compiles (a fused-MoE config of
 """
 import argparse
 import json
+import logging
 import sys
 import time
 
@@ -22,6 +23,7 @@ parser.add_argument("--model", required=True)
 parser.add_argument("--lens", default="37,333,777,1501,3001,6007,12011")
 parser.add_argument("--json", default=None)
 args = parser.parse_args()
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 start = time.perf_counter()
 llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True)
 result = {"model": args.model, "start_up_s": time.perf_counter() - start, "calls": []}

@@ -41,6 +41,9 @@ STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     ("a decode batch outside CUDA graphs", [1, 1, 1], [40, 17, 5]),  # last: 3 rows to sample
 ]
 
+LOGITS_ROWS = 8
+"""The LM head is warmed up at 1 .. this many rows: the decode GEMV's limit (gemv.MAX_M)."""
+
 SAMPLING: list[list[SamplingParams]] = [
     # Each batch takes its own path through the sampler, each a kernel variant of its own:
     [SamplingParams(temperature=0.0)] * 2,  # all greedy
@@ -87,16 +90,23 @@ def warm_up(runner) -> None:
     max_len = runner.requests.tokens.shape[1]  # max_model_len
     multiple = runner.token_multiple
     shapes = [s for s in STEP_SHAPES if max(s[2]) <= max_len]
-    hidden = None
+    hidden = None  # the widest step's
     for _, query_lens, seq_lens in shapes:
         n = -(-sum(query_lens) // multiple) * multiple
         meta = step_metadata(query_lens, seq_lens, n, runner.block_size, runner.device)
         positions = step_positions(query_lens, seq_lens, n).to(runner.device)
         ids = torch.zeros(n, dtype=torch.long, device=runner.device)
         with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)):
-            hidden = runner.forward(ids, positions)
+            out = runner.forward(ids, positions)
+        if hidden is None or out.shape[0] > hidden.shape[0]:
+            hidden = out
     variants = warm_up_mixed_decodes(runner)
     if hidden is not None:
+        # The LM head runs eagerly, after the forward and its CUDA graphs: on the GEMV its
+        # row count is a constexpr, and each count of requests in a step (up to the GEMV's
+        # limit) compiled a variant of its own at its first step (run_zzs).
+        for rows in range(1, min(LOGITS_ROWS, hidden.shape[0]) + 1):
+            logits = runner.model.compute_logits(hidden[:rows])
         rows = min(max(len(batch) for batch in SAMPLING), hidden.shape[0])
         logits = runner.model.compute_logits(hidden[:rows]).float()
         for params in SAMPLING if runner.is_driver else []:

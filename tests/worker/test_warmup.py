@@ -68,8 +68,20 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
         return real_sample(self, logits, metadata)
     monkeypatch.setattr(sampler_module.Sampler, "forward", sample)
 
+    logits_rows = []
+    real_logits = runner.model.compute_logits
+
+    def compute_logits(hidden):
+        logits_rows.append(hidden.shape[0])
+        return real_logits(hidden)
+    monkeypatch.setattr(runner.model, "compute_logits", compute_logits)
+
     runner.initialize_cache(8)  # compiles (level 0 here) and warms up
     assert calls["warm_up"] == 1
+    # the LM head at every row count the decode GEMV takes (then the sampler's two rows)
+    from loom.kernels.gemv import MAX_M
+    assert warmup_module.LOGITS_ROWS == MAX_M
+    assert logits_rows[-MAX_M - 1:] == [*range(1, MAX_M + 1), 2]
     num_layers = len(runner.kv_caches)
     # STEP_SHAPES: one fresh prompt goes to SDPA; five prompts and a chunk after context go
     # to the paged prefill kernel; two decode batches to the split-K decode kernel, one with
