@@ -6,8 +6,10 @@ split-K decode kernels and the rest to the varlen kernel, each launched over onl
 requests through a device list of request indices (built once per step from the host-side
 bounds). Run whole through the varlen kernel, a decode took a tile of BLOCK_Q query tokens
 with one real, and the grid was sized by the longest prompt chunk for every request.
-A pure prefill of few requests with no cached context takes PyTorch's SDPA instead (its flash
-kernels beat a generic Triton tile there), after gathering each request's keys from the cache.
+A pure prefill of few requests with no cached context and enough tokens takes PyTorch's SDPA
+instead (cuDNN's flash attention beats a generic Triton tile on long prompts), reading each
+request's keys where the rotary kernel left them (gathered from the cache where it holds 8-bit
+keys).
 """
 
 from __future__ import annotations
@@ -47,9 +49,16 @@ class TritonTiles:
     sdpa_max_reqs: int = 4
     """Pure prefills of at most this many requests go to SDPA; 0 turns SDPA off."""
     sdpa_min_tokens: int | None = None
-    """...and of at least this many tokens (None: LOOM_SDPA_MIN_TOKENS, default 0). Below,
-    the paged kernel's one launch may beat SDPA's host work (a cast, a gather and cuDNN's
-    plan lookup per layer) in a prefill run eagerly; not yet measured on a GPU."""
+    """...and of at least this many tokens (None: LOOM_SDPA_MIN_TOKENS, default
+    envs.SDPA_MIN_TOKENS). Below, the paged kernel's one launch beats SDPA's host work."""
+
+
+SDPA_BUCKET = 512
+"""SDPA runs each request at its length rounded up to a multiple of this. cuDNN builds an
+execution graph per new shape: 42-65 ms (run_zzt, H200), paid by the first step of every new
+prompt length. Rounded, the lengths are few enough to build them all at start-up
+(warm_up_sdpa). Exact: the padding keys come after every real query, so causality masks
+them, and the padding queries' rows are dropped."""
 
 
 @dataclass(frozen=True)
@@ -285,10 +294,42 @@ class TritonBackend(AttentionBackend):
                 k, v = (t[starts[i]:starts[i + 1]] for t in batch_kv)
             else:
                 k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], kv_cache.shape[2])
-            # 4-D [1, heads, seq, dim]: the flash kernels take only batched inputs; 3-D falls
-            # back to the math kernel, which materialises the whole score matrix.
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k.transpose(0, 1).to(q.dtype)[None],
-                v.transpose(0, 1).to(q.dtype)[None], is_causal=True, scale=scale,
-                enable_gqa=True)[0]
-            out[starts[i]:starts[i + 1]] = o.transpose(0, 1)
+            out[starts[i]:starts[i + 1]] = sdpa_causal(q, k, v, scale)
+
+    def warm_up_sdpa(self, num_heads: int, num_kv_heads: int, head_dim: int,
+                     dtype: torch.dtype, device: torch.device, scale: float,
+                     max_tokens: int) -> list[int]:
+        """Run SDPA once at every padded length a request of up to max_tokens can take
+        (none where SDPA is off), so that cuDNN builds its graphs before serving; the
+        lengths run."""
+        if not self.tiles.sdpa_max_reqs or max_tokens < max(self.sdpa_min_tokens, 1):
+            return []
+        lengths = list(range(SDPA_BUCKET, _round_up(max_tokens, SDPA_BUCKET) + 1, SDPA_BUCKET))
+        for n in lengths:
+            q = torch.zeros(n, num_heads, head_dim, dtype=dtype, device=device)
+            kv = torch.zeros(n, num_kv_heads, head_dim, dtype=dtype, device=device)
+            sdpa_causal(q, kv, kv, scale)
+        return lengths
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """Causal GQA attention of one request through SDPA: q [L, H, D], k and v [L, H_kv, D]
+    (any strides and dtype; cast to q's) -> [L, H, D]. Copied into zero-padded contiguous
+    buffers of SDPA_BUCKET-rounded length: one layout and few shapes for cuDNN's graphs."""
+    n = q.shape[0]
+    padded = _round_up(n, SDPA_BUCKET)
+    bufs = []
+    for t in (q, k, v):
+        buf = torch.empty(padded, *t.shape[1:], dtype=q.dtype, device=q.device)
+        buf[:n] = t
+        buf[n:].zero_()
+        # 4-D [1, heads, seq, dim]: the flash kernels take only batched inputs; 3-D falls
+        # back to the math kernel, which materialises the whole score matrix.
+        bufs.append(buf.transpose(0, 1)[None])
+    out = F.scaled_dot_product_attention(*bufs, is_causal=True, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)[:n]

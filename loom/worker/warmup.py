@@ -101,6 +101,7 @@ def warm_up(runner) -> None:
         if hidden is None or out.shape[0] > hidden.shape[0]:
             hidden = out
     variants = warm_up_mixed_decodes(runner)
+    sdpa_lengths = warm_up_sdpa(runner) if runner.device.type == "cuda" else []
     if hidden is not None:
         # The LM head runs eagerly, after the forward and its CUDA graphs: on the GEMV its
         # row count is a constexpr, and each count of requests in a step (up to the GEMV's
@@ -117,9 +118,22 @@ def warm_up(runner) -> None:
             runner.sampler(logits[:len(params)].clone(), meta)  # sampling may write logits
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
-    logger.info("warm-up: %d step shapes (%s), %d decode kernel variants of mixed steps and "
-                "the sampler in %.1f s", len(shapes), ", ".join(s[0] for s in shapes),
-                len(variants), time.perf_counter() - start)
+    logger.info("warm-up: %d step shapes (%s), %d decode kernel variants of mixed steps, SDPA "
+                "at %d lengths and the sampler in %.1f s", len(shapes),
+                ", ".join(s[0] for s in shapes), len(variants), len(sdpa_lengths),
+                time.perf_counter() - start)
+
+
+def warm_up_sdpa(runner) -> list[int]:
+    """SDPA at every padded length a fresh prompt can take (one per SDPA_BUCKET up to a
+    step's tokens), so that cuDNN has built each one's graph before the first such prompt."""
+    from loom.layers.attention import Attention
+    attn = next(m for m in runner.model.modules() if isinstance(m, Attention))
+    kv_cache = runner.kv_caches[0]
+    max_tokens = min(runner.config.scheduler.max_num_batched_tokens,
+                     runner.requests.tokens.shape[1])
+    return runner.backend.warm_up_sdpa(attn.num_heads, kv_cache.shape[3], kv_cache.shape[4],
+                                       runner.dtype, runner.device, attn.scale, max_tokens)
 
 
 def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torch.dtype,

@@ -88,7 +88,7 @@ def test_16bit_queries_take_fp16_dots(case):
 def test_fresh_prefill_through_sdpa_reads_the_8bit_cache(case):
     # SDPA would otherwise attend over the batch's own full-precision keys.
     fmt = torch.float8_e4m3fn
-    backend = TritonBackend(TritonTiles(sdpa_max_reqs=8))
+    backend = TritonBackend(TritonTiles(sdpa_max_reqs=8, sdpa_min_tokens=0))
     b = fp8_batch(case, fmt)
     assert not backend.attends_batch_kv(b.meta, b.kv_cache, b.key)
     check(b, fmt, backend)
@@ -141,7 +141,8 @@ GPU_CASES = {  # compiled, bf16 compute, Llama-3.1-8B heads
 @pytest.mark.parametrize("case", GPU_CASES.values(), ids=GPU_CASES.keys())
 def test_gpu_fp8_cache(case, sdpa, fmt):
     b = fp8_batch(case, fmt, device="cuda", compute=torch.bfloat16)
-    check(b, fmt, TritonBackend(TritonTiles(sdpa_max_reqs=sdpa)), atol=2e-2, rtol=2e-2)
+    check(b, fmt, TritonBackend(TritonTiles(sdpa_max_reqs=sdpa, sdpa_min_tokens=0)),
+          atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu

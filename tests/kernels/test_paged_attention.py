@@ -168,7 +168,8 @@ def test_mixed_prefill_with_context(case):
 @pytest.mark.parametrize("sdpa", [False, True], ids=["kernel", "sdpa"])
 def test_pure_prefill(case, sdpa):
     q_lens, s_lens, h, hkv, d, bs, pad = case
-    tiles = TritonTiles(prefill_block_m=16, prefill_block_n=16, sdpa_max_reqs=8 if sdpa else 0)
+    tiles = TritonTiles(prefill_block_m=16, prefill_block_n=16, sdpa_max_reqs=8 if sdpa else 0,
+                        sdpa_min_tokens=0)
     check_backend(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), tiles, 1e-4, 1e-4)
     if not sdpa:
         check_kernel(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), False, tiles,
@@ -177,11 +178,17 @@ def test_pure_prefill(case, sdpa):
 
 def test_sdpa_min_tokens_sends_short_fresh_prefills_to_the_kernel(monkeypatch):
     batch = make_batch([20, 9], [20, 9], 4, 2, 64, 16)  # a fresh prefill of 29 tokens
-    assert TritonBackend(TritonTiles())._use_sdpa(batch.meta)  # the default: SDPA
+    assert not TritonBackend(TritonTiles())._use_sdpa(batch.meta)  # the default: 2048
+    assert TritonBackend(TritonTiles(sdpa_min_tokens=0))._use_sdpa(batch.meta)
     assert not TritonBackend(TritonTiles(sdpa_min_tokens=30))._use_sdpa(batch.meta)
     assert TritonBackend(TritonTiles(sdpa_min_tokens=29))._use_sdpa(batch.meta)
+    monkeypatch.setenv("LOOM_SDPA_MIN_TOKENS", "29")
+    assert TritonBackend()._use_sdpa(batch.meta)
     monkeypatch.setenv("LOOM_SDPA_MIN_TOKENS", "1000")
     assert not TritonBackend()._use_sdpa(batch.meta)
+    monkeypatch.setenv("LOOM_SDPA_MIN_TOKENS", "lots")
+    with pytest.raises(ValueError, match="LOOM_SDPA_MIN_TOKENS"):
+        TritonBackend()
 
 
 @cpu_only
@@ -252,7 +259,7 @@ def test_gpu_bf16(case, sdpa):
     q_lens, s_lens, h, hkv, d, bs, pad = case
     batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad, dtype=torch.bfloat16,
                        device="cuda")
-    check_backend(batch, TritonTiles(sdpa_max_reqs=sdpa), 2e-2, 2e-2)
+    check_backend(batch, TritonTiles(sdpa_max_reqs=sdpa, sdpa_min_tokens=0), 2e-2, 2e-2)
     if not sdpa:  # the entry points themselves, into a NaN-poisoned output
         big = d > 128
         tiles = TritonTiles(prefill_block_m=64 if big else 128, prefill_block_n=32 if big else 64,

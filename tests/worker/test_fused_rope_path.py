@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from loom import LLM, SamplingParams  # noqa: E402
 from loom.attention import triton_backend  # noqa: E402
-from loom.attention.triton_backend import TritonBackend  # noqa: E402
+from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
 from loom.compilation.backend import DEFAULT_SPLITTING_OPS, split_graph  # noqa: E402
 from loom.config import EngineConfig, ModelConfig  # noqa: E402
 from loom.forward_context import ForwardContext, forward_context  # noqa: E402
@@ -42,7 +42,9 @@ def _generate(path, prompts):
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])  # qwen3: q/k norm, in the kernels too
 def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkeypatch):
     path, hf = tiny_model_factory(kind)
-    monkeypatch.setattr(model_runner_module, "select_backend", lambda device: TritonBackend())
+    # SDPA for the fresh prompts however short (the default takes 2048 tokens and up)
+    monkeypatch.setattr(model_runner_module, "select_backend",
+                        lambda device: TritonBackend(TritonTiles(sdpa_min_tokens=0)))
     monkeypatch.setattr(model_runner_module, "warm_up", lambda runner: None)  # not under test
     calls = Counter()
     for name in ("write_kv_cache", "rope_write_kv_cache", "gather_kv"):
