@@ -15,6 +15,7 @@ block 0, whatever it holds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from itertools import accumulate
@@ -29,9 +30,13 @@ from loom.worker.sampler import SamplingMetadata
 
 logger = logging.getLogger(__name__)
 
+SDPA_SHAPE = "one fresh prompt through SDPA"
 STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     # (what it covers, query tokens per request, sequence length per request)
     ("one fresh prompt", [37], [37]),
+    # SDPA takes only long fresh prompts; the shape runs with its threshold lifted, so that
+    # the kernels of that path (rotary writing the keys out for SDPA) compile here too.
+    (SDPA_SHAPE, [37], [37]),
     ("a prompt beside a decode", [1, 37], [40, 37]),
     ("five fresh prompts", [9] * 5, [9] * 5),
     ("a prompt chunk after cached context", [16], [48]),
@@ -91,12 +96,13 @@ def warm_up(runner) -> None:
     multiple = runner.token_multiple
     shapes = [s for s in STEP_SHAPES if max(s[2]) <= max_len]
     hidden = None  # the widest step's
-    for _, query_lens, seq_lens in shapes:
+    for name, query_lens, seq_lens in shapes:
         n = -(-sum(query_lens) // multiple) * multiple
         meta = step_metadata(query_lens, seq_lens, n, runner.block_size, runner.device)
         positions = step_positions(query_lens, seq_lens, n).to(runner.device)
         ids = torch.zeros(n, dtype=torch.long, device=runner.device)
-        with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)):
+        with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)), \
+                sdpa_at_any_length(runner.backend, name == SDPA_SHAPE):
             out = runner.forward(ids, positions)
         if hidden is None or out.shape[0] > hidden.shape[0]:
             hidden = out
@@ -122,6 +128,19 @@ def warm_up(runner) -> None:
                 "at %d lengths and the sampler in %.1f s", len(shapes),
                 ", ".join(s[0] for s in shapes), len(variants), len(sdpa_lengths),
                 time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def sdpa_at_any_length(backend, lift: bool):
+    """With lift, the backend's SDPA takes fresh prompts of any length for the block."""
+    threshold = getattr(backend, "sdpa_min_tokens", None)
+    if lift and threshold is not None:
+        backend.sdpa_min_tokens = 0
+    try:
+        yield
+    finally:
+        if lift and threshold is not None:
+            backend.sdpa_min_tokens = threshold
 
 
 def warm_up_sdpa(runner) -> list[int]:

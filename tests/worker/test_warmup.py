@@ -83,17 +83,18 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     assert warmup_module.LOGITS_ROWS == MAX_M
     assert logits_rows[-MAX_M - 1:] == [*range(1, MAX_M + 1), 2]
     num_layers = len(runner.kv_caches)
-    # STEP_SHAPES: one fresh prompt, five prompts and a chunk after context go to the paged
-    # prefill kernel (SDPA takes longer prompts: warmed up on CUDA by length, below); two
-    # decode batches to the split-K decode kernel, one with
+    # STEP_SHAPES: one fresh prompt goes to the paged prefill kernel and once more, its
+    # threshold lifted, to SDPA; five prompts and a chunk after context go to the paged
+    # prefill kernel; two decode batches to the split-K decode kernel, one with
     # a single split (no reduce kernel) and one with several; a prompt beside a decode is
     # split, its prompt to the prefill kernel and its decode to the decode kernel (both
     # with a request index: that warms those variants up too). Every layer does each, and
     # writes (to nowhere) every time, with rotary applied on the way (the runner leaves it
     # to this backend): in the rope + KV write kernel, or, in the two pure decode steps,
     # inside the decode kernel itself.
-    assert calls["_sdpa_prefill"] == 0
+    assert calls["_sdpa_prefill"] == num_layers
     assert calls["paged_prefill"] == 4 * num_layers
+    assert runner.backend.sdpa_min_tokens == 2048  # lifted for that shape alone
     assert calls["paged_decode"] == 3 * num_layers
     assert 1 in splits and max(splits) > 1, splits
     assert fused == {True: 2 * num_layers, False: num_layers}
