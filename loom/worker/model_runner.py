@@ -27,11 +27,11 @@ from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
 from loom.worker.model_loader import load_model, resolve_kv_cache_dtype
+from loom.worker.moe_warmup import warm_up_moe
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
 from loom.worker.step_handle import StepHandle
-from loom.worker.moe_warmup import warm_up_moe
 from loom.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
