@@ -113,8 +113,8 @@ def test_tuned_config_takes_the_smallest_measured_rows_at_or_above(tmp_path, mon
 
 @pytest.mark.slow
 def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monkeypatch, capfd):
-    """The GEMV is on by default on GPUs at any TP size: at TP=2 (two CPU workers, gloo) the
-    pass rewrites each rank's matmuls, a table measured for every per-rank weight shape
+    """The GEMV is on by default on GPUs at any TP size: at TP=2 (two CPU workers, gloo, the
+    all-reduce + norm fusion on as well) the pass rewrites each rank's matmuls, a table measured for every per-rank weight shape
     sends the decode steps through the interpreted GEMV (the LM head's shard too, computed
     eagerly after the graph), and the tokens and logprobs are TP=1 eager's."""
     from tests.compilation.test_tp2_passes import _generate
@@ -142,6 +142,11 @@ def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monke
     tokens2, logprobs2 = _generate(path, 2, compilation_config={"level": 3})
     assert tokens2 == tokens1
     torch.testing.assert_close(logprobs2, logprobs1, rtol=1e-4, atol=1e-5)
+    log = capfd.readouterr().err
     fused = re.findall(r"rank(\d).*decode_gemv: \d+ matmuls take the Triton GEMV.*?(\d+) of "
-                       r"them with the SiLU·mul", capfd.readouterr().err)
+                       r"them with the SiLU·mul", log)
     assert {rank for rank, _ in fused} == {"0", "1"}, fused
+    # The all-reduce + norm fusion (on by default at TP > 1) in the same graphs, beside the
+    # GEMV as on a GPU: its engine check (TP=2's tokens are TP=1's) is this one.
+    assert "all_reduce_norm_fusion: dynamic token count up to 64: fused 2 of 2" in log
+    assert "all_reduce_norm_fusion: dynamic token count above 64: kept 2 all_reduce" in log
