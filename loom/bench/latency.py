@@ -85,6 +85,13 @@ def run_latency(args: argparse.Namespace) -> int:
         raise ValueError("decode_split: needs --output-len of at least 2")
     args.compilation_config = only_the_replayed_graph(args)
     bench = setup_offline(args)
+    try:
+        return _run(bench, args)
+    finally:  # the workers go now, not whenever the LLM is collected (a caller may go on)
+        bench.llm.shutdown()
+
+
+def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     main = measure(bench, args, args.output_len, rng)
     print_series(main)

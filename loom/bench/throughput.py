@@ -54,6 +54,13 @@ def run_throughput(args: argparse.Namespace) -> int:
         start, count = args.profile_steps
         check_positive(profile_steps=min(start, count))
     bench = setup_offline(args)
+    try:
+        return _run(bench, args)
+    finally:  # the workers go now, not whenever the LLM is collected (a caller may go on)
+        bench.llm.shutdown()
+
+
+def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     engine = bench.llm.engine
     if args.profile_steps is not None:
         engine.collective_rpc("profile_steps", *args.profile_steps, args.profile_result_dir)
