@@ -58,22 +58,23 @@ def warm_up_moe(model: torch.nn.Module, max_tokens: int, multiple: int,
         return 0
     from loom.kernels import fused_moe
     start = time.perf_counter()
-    jobs = [(layer, cfg) for layer in layers
-            for cfg in reachable_configs(layer, max_tokens, multiple, device)]
+    configs = [reachable_configs(layer, max_tokens, multiple, device) for layer in layers]
+    count = sum(map(len, configs))
     try:
-        with compile_pool(min(8, len(jobs))) as threads:
-            for layer, cfg in jobs:
+        with compile_pool(min(8, count)) as threads:
+            for layer, layer_configs in zip(layers, configs):
                 # As route_topk hands them over: weights float32, ids int64. 16 tokens:
                 # the launch sizes are not specialised on, so any count compiles the same.
                 hidden = torch.zeros(16, layer.w13.shape[2], dtype=layer.w13.dtype,
                                      device=device)
                 ids = torch.zeros(16, layer.top_k, dtype=torch.int64, device=device)
                 weights = torch.zeros(16, layer.top_k, dtype=torch.float32, device=device)
-                fused_moe.compile_fused_moe(hidden, layer.w13, layer.w2, weights, ids, cfg)
+                for cfg in layer_configs:
+                    fused_moe.compile_fused_moe(hidden, layer.w13, layer.w2, weights, ids, cfg)
     except Exception as e:  # noqa: BLE001 - start-up goes on; the step that needs it fails
         logger.warning("fused_moe warm-up: a config failed to compile (%s: %s); configs "
                        "not compiled here compile at first use", type(e).__name__, e)
         return 0
     logger.info("fused_moe warm-up: %d configs for 1-%d tokens compiled on %d threads in "
-                "%.1f s", len(jobs), max_tokens, threads or 1, time.perf_counter() - start)
-    return len(jobs)
+                "%.1f s", count, max_tokens, threads or 1, time.perf_counter() - start)
+    return count

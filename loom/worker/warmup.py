@@ -101,8 +101,9 @@ def warm_up(runner) -> None:
         meta = step_metadata(query_lens, seq_lens, n, runner.block_size, runner.device)
         positions = step_positions(query_lens, seq_lens, n).to(runner.device)
         ids = torch.zeros(n, dtype=torch.long, device=runner.device)
-        with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)), \
-                sdpa_at_any_length(runner.backend, name == SDPA_SHAPE):
+        lifted = sdpa_at_any_length(runner.backend) if name == SDPA_SHAPE else \
+            contextlib.nullcontext()
+        with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)), lifted:
             out = runner.forward(ids, positions)
         if hidden is None or out.shape[0] > hidden.shape[0]:
             hidden = out
@@ -113,7 +114,7 @@ def warm_up(runner) -> None:
         # row count is a constexpr, and each count of requests in a step (up to the GEMV's
         # limit) compiled a variant of its own at its first step (run_zzs).
         for rows in range(1, min(LOGITS_ROWS, hidden.shape[0]) + 1):
-            logits = runner.model.compute_logits(hidden[:rows])
+            runner.model.compute_logits(hidden[:rows])
         rows = min(max(len(batch) for batch in SAMPLING), hidden.shape[0])
         logits = runner.model.compute_logits(hidden[:rows]).float()
         for params in SAMPLING if runner.is_driver else []:
@@ -131,16 +132,13 @@ def warm_up(runner) -> None:
 
 
 @contextlib.contextmanager
-def sdpa_at_any_length(backend, lift: bool):
-    """With lift, the backend's SDPA takes fresh prompts of any length for the block."""
-    threshold = getattr(backend, "sdpa_min_tokens", None)
-    if lift and threshold is not None:
-        backend.sdpa_min_tokens = 0
+def sdpa_at_any_length(backend):
+    """For the block, the (Triton) backend's SDPA takes fresh prompts of any length."""
+    threshold, backend.sdpa_min_tokens = backend.sdpa_min_tokens, 0
     try:
         yield
     finally:
-        if lift and threshold is not None:
-            backend.sdpa_min_tokens = threshold
+        backend.sdpa_min_tokens = threshold
 
 
 def warm_up_sdpa(runner) -> list[int]:
