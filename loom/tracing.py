@@ -46,6 +46,7 @@ class SpanAttributes:
     GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
     GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e"
     GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+    GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
 
 
 def otel_import_error() -> ImportError | None:
@@ -115,6 +116,8 @@ class RequestTrace:
         self.num_completion_tokens = 0
         self.queue_time: float | None = None
         """Seconds in the engine's queue, from the engine's first output."""
+        self.prefill_time: float | None = None
+        """Seconds from first scheduling to the first token, as the engine measured them."""
 
     def observe(self, output: RequestOutput, now: float) -> None:
         """Fold in one delta output, at monotonic time now."""
@@ -146,4 +149,6 @@ class RequestTrace:
             attrs[a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] = self.first_token - self.arrival
         if self.queue_time is not None:
             attrs[a.GEN_AI_LATENCY_TIME_IN_QUEUE] = self.queue_time
+        if self.prefill_time is not None:
+            attrs[a.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL] = self.prefill_time
         return attrs

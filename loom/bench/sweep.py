@@ -35,6 +35,7 @@ from loom.bench.common import (
     now_iso,
     write_json,
 )
+from loom.bench import server_latency
 from loom.bench.serve import ServeBenchConfig, add_workload_args, run_benchmark
 from loom.bench.server_process import ServerSpec, running_server
 
@@ -172,10 +173,15 @@ def _run_rate(plan: SweepPlan, mode: str, rate: float, base_url: str) -> dict[st
         cfg = replace(cfg, compute_floor=True, model=plan.spec.model,
                       tensor_parallel_size=_server_tp(plan.spec.extra_args))
     print(f"\n===== {mode}: {rate:g} req/s, {n} prompts =====")
+    before = server_latency.read_totals(base_url)
     run = run_benchmark(cfg)
+    server_ms = server_latency.mean_ms(before, server_latency.read_totals(base_url))
+    if server_ms is not None:
+        print(server_latency.describe(server_ms))
     m, floor = run.metrics, (run.result or {}).get("compute_floor")
     return {"completed": m.completed, "failed": m.failed, "duration_s": m.duration_s,
-            "mean_ttft_ms": m.stats["ttft"].mean_ms, "mean_tpot_ms": m.stats["tpot"].mean_ms,
+            "server_mean_ms": server_ms, "mean_ttft_ms": m.stats["ttft"].mean_ms,
+            "mean_tpot_ms": m.stats["tpot"].mean_ms,
             "output_throughput": m.output_throughput, "result": f"serve-{mode}-{rate:g}qps.json",
             "duration_ratio_to_floor": floor["duration_ratio_to_floor"] if floor else None}
 

@@ -69,6 +69,9 @@ class Request:
         self.added_at = time.monotonic()
         self.queue_time_s: float | None = None
         """Set when first scheduled; reported once, on the first output."""
+        self.scheduled_at: float | None = None
+        """When first scheduled (monotonic); the prefill time runs from here to the first
+        token, reported once, with it (`take_prefill_time`)."""
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
@@ -78,6 +81,16 @@ class Request:
     def take_queue_time(self) -> float | None:
         """The queue time, the first time it is asked for after scheduling; then None."""
         value, self.queue_time_s = self.queue_time_s, None
+        return value
+
+    def take_prefill_time(self, new_token_ids: list[int]) -> float | None:
+        """Seconds from first scheduling to the first token, when new_token_ids are the
+        request's first (vLLM's prefill time: every prompt chunk, and any step it waited
+        behind, counted); else None."""
+        if (self.scheduled_at is None or not new_token_ids
+                or self.num_output_tokens != len(new_token_ids)):
+            return None
+        value, self.scheduled_at = time.monotonic() - self.scheduled_at, None
         return value
 
     @property

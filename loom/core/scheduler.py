@@ -238,7 +238,8 @@ class Scheduler:
         rid = request.request_id
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_hit
-            request.queue_time_s = time.monotonic() - request.added_at
+            request.scheduled_at = time.monotonic()
+            request.queue_time_s = request.scheduled_at - request.added_at
             self._num_prompt_tokens += request.num_prompt_tokens
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_hit
@@ -329,6 +330,7 @@ class Scheduler:
             prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
             stop_reason=request.stop_reason, num_cached_tokens=max(0, request.num_cached_tokens),
             queue_time_s=request.take_queue_time(),
+            prefill_time_s=request.take_prefill_time(new_token_ids),
             error=request.grammar.error if request.grammar is not None else None)
 
     def _remove_finished(self) -> None:

@@ -77,6 +77,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     queue_time_s: float | None = None
     """Seconds from the engine core receiving the request to first scheduling it; on the
     request's first output only."""
+    prefill_time_s: float | None = None
+    """Seconds from first scheduling the request to its first token; on the output that
+    carries that token only."""
 
     @property
     def finished(self) -> bool:

@@ -55,6 +55,8 @@ class StatsSink(Protocol):
 
     def on_queued(self, seconds: float) -> None: ...
 
+    def on_prefill(self, seconds: float) -> None: ...
+
 
 @dataclass
 class _Stream:
@@ -213,8 +215,8 @@ class AsyncLLM:
     def _process(self, outputs: list[EngineCoreOutput], timestamp: float) -> None:
         accepted = []
         for out in outputs:
-            if out.queue_time_s is not None:
-                self._record_queue_time(out.request_id, out.queue_time_s)
+            if out.queue_time_s is not None or out.prefill_time_s is not None:
+                self._record_engine_times(out)
             if out.request_id in self._pooling:
                 self._pooling_done(out)
             elif out.error is not None:
@@ -233,13 +235,22 @@ class AsyncLLM:
                     stream.trace.observe(output, now)
                 stream.queue.put_nowait(output)
 
-    def _record_queue_time(self, engine_request_id: str, seconds: float) -> None:
+    def _record_engine_times(self, out: EngineCoreOutput) -> None:
+        """The engine's queue and prefill times (each on one output of the request)."""
         if self._stats is not None:
-            self._stats.on_queued(seconds)
-        child = self.output_processor.children.get(engine_request_id)
-        stream = self.streams.get(child.parent.request_id if child else engine_request_id)
-        if stream is not None and stream.trace is not None and stream.trace.queue_time is None:
-            stream.trace.queue_time = seconds  # n > 1: the first child scheduled
+            if out.queue_time_s is not None:
+                self._stats.on_queued(out.queue_time_s)
+            if out.prefill_time_s is not None:
+                self._stats.on_prefill(out.prefill_time_s)
+        child = self.output_processor.children.get(out.request_id)
+        stream = self.streams.get(child.parent.request_id if child else out.request_id)
+        if stream is None or stream.trace is None:
+            return
+        trace = stream.trace  # n > 1: the first child's times
+        if trace.queue_time is None and out.queue_time_s is not None:
+            trace.queue_time = out.queue_time_s
+        if trace.prefill_time is None and out.prefill_time_s is not None:
+            trace.prefill_time = out.prefill_time_s
 
     def _reject(self, out: EngineCoreOutput) -> None:
         child = self.output_processor.children.get(out.request_id)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from loom.bench.server_process import stop
 from loom.cli import main
 
@@ -34,6 +36,14 @@ def test_sweep_runs_both_frontend_modes(tiny_llama_with_tokenizer, tmp_path, cap
         burst = json.loads((tmp_path / f"serve-{mode}-infqps.json").read_text())
         assert burst["completed"] == 3 and burst["total_output_tokens"] == 12
         assert (tmp_path / f"server-{mode}.log").is_file()
+    # Each rate's server-side TTFT, split by the server's own histograms, over that rate's
+    # requests only (the burst's differ): the engine's parts lie within the API's TTFT.
+    for r in summary["runs"]:
+        ms = r["server_mean_ms"]
+        assert 0 < ms["prefill"] and 0 <= ms["queue"] and ms["between"] >= 0, ms
+        assert ms["ttft"] == pytest.approx(ms["queue"] + ms["prefill"] + ms["between"])
+        assert ms["ttft"] <= r["mean_ttft_ms"]  # the client's adds HTTP and tokenization
+    assert out.count("server side, mean ms: TTFT") == 4
     inproc_log = (tmp_path / "server-inprocess.log").read_text().splitlines()[0]
     assert "--disable-frontend-multiprocessing" in inproc_log
 
@@ -66,3 +76,25 @@ def test_server_tp_is_read_from_the_engine_flags():
     assert _server_tp(("--load-format", "dummy")) == 1
     assert _server_tp(("-tp", "2")) == 2
     assert _server_tp(("--tensor-parallel-size=4",)) == 4
+
+
+def test_server_latency_means_come_from_the_metrics_text():
+    """Parsed from what prometheus_client renders for ServerMetrics: the means of what was
+    observed between two readings, not since the server started."""
+    from loom.bench import server_latency
+    from loom.entrypoints.openai.metrics import ServerMetrics
+    metrics = ServerMetrics("m")
+    metrics.on_first_token(0.5)
+    metrics.on_queued(0.1)
+    metrics.on_prefill(0.2)
+    before = server_latency.parse_totals(metrics.render()[0].decode())
+    for ttft, queue, prefill in ((0.050, 0.010, 0.030), (0.070, 0.002, 0.040)):
+        metrics.on_first_token(ttft)
+        metrics.on_queued(queue)
+        metrics.on_prefill(prefill)
+    after = server_latency.parse_totals(metrics.render()[0].decode())
+    means = server_latency.mean_ms(before, after)
+    assert means == pytest.approx({"ttft": 60.0, "queue": 6.0, "prefill": 35.0, "between": 19.0})
+    assert server_latency.mean_ms(after, after) is None  # nothing new observed
+    assert server_latency.parse_totals("# no histograms\n") is None
+    assert server_latency.read_totals("http://127.0.0.1:9") is None  # nothing listens

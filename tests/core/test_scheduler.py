@@ -3,6 +3,8 @@ prefix cache, logprobs and stats: test_scheduler_outputs.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from loom.config import CacheConfig, SchedulerConfig
@@ -23,11 +25,13 @@ def test_one_request_prefills_then_decodes_to_max_tokens():
     assert out.new_reqs[0].token_ids == [1, 2, 3, 4, 5]
     assert out.new_reqs[0].block_ids == [0, 1]  # ceil(5 / 4)
     assert out.num_scheduled_tokens == {"a": 5} and out.total_num_scheduled_tokens == 5
-    # The first output reports how long the request waited to be scheduled, once.
-    assert 0 <= outs[0].queue_time_s < 1
-    assert outs == [EngineCoreOutput("a", [105], queue_time_s=outs[0].queue_time_s)]
+    # The first output reports how long the request waited to be scheduled, and how long
+    # from there to its first token, once.
+    assert 0 <= outs[0].queue_time_s < 1 and 0 <= outs[0].prefill_time_s < 1
+    assert outs == [EngineCoreOutput("a", [105], queue_time_s=outs[0].queue_time_s,
+                                     prefill_time_s=outs[0].prefill_time_s)]
     out, outs = step(sched, worker)
-    assert outs[0].queue_time_s is None
+    assert outs[0].queue_time_s is None and outs[0].prefill_time_s is None
     assert out.num_scheduled_tokens == {"a": 1}
     assert out.cached_reqs[0].num_computed_tokens == 5
     out, outs = step(sched, worker)
@@ -37,6 +41,21 @@ def test_one_request_prefills_then_decodes_to_max_tokens():
     assert sched.kv_cache_manager.num_free_blocks == 8
     assert not sched.has_unfinished_requests()
     assert sched.schedule().finished_req_ids == ["a"]
+
+
+def test_prefill_time_runs_from_first_scheduling_to_the_first_token():
+    """A prompt in two chunks: the time is the first token's, counted from the first
+    chunk's scheduling, not from the last chunk's, nor from the request's arrival."""
+    sched, worker = make_scheduler(budget=4), FakeWorker()
+    add(sched, "a", list(range(1, 7)), max_tokens=2)
+    time.sleep(0.05)  # queued: counts in queue_time, not in prefill_time
+    _, outs = step(sched, worker)
+    assert outs == []  # a chunk: no token, nothing reported yet
+    time.sleep(0.05)  # between the chunks: counts in prefill_time
+    _, outs = step(sched, worker)
+    assert outs[0].new_token_ids == [106]
+    assert outs[0].queue_time_s >= 0.05 and 0.05 <= outs[0].prefill_time_s < 1
+    assert outs[0].queue_time_s + outs[0].prefill_time_s >= 0.1
 
 
 def test_chunked_prefill_under_a_small_budget():

@@ -89,8 +89,10 @@ def test_metrics_and_health(server):
                  "loom:prefix_cache_hits_total", "loom:prompt_tokens_total",
                  "loom:generation_tokens_total", "loom:time_to_first_token_seconds_bucket",
                  "loom:inter_token_latency_seconds_bucket", "loom:e2e_request_latency_seconds_count",
-                 "loom:request_queue_time_seconds_count"]:
+                 "loom:request_queue_time_seconds_count",
+                 "loom:request_prefill_time_seconds_count"]:
         assert name in text, name
+    assert _sample(text, "loom:request_prefill_time_seconds_count") >= 1
     generated = _sample(text, "loom:generation_tokens_total")
     assert generated >= 4
 

@@ -113,6 +113,9 @@ def test_request_span_has_parent_and_attributes(traced):
     assert attrs["gen_ai.usage.completion_tokens"] == resp.usage.completion_tokens == 5
     assert 0 < attrs["gen_ai.latency.time_to_first_token"] <= attrs["gen_ai.latency.e2e"]
     assert 0 <= attrs["gen_ai.latency.time_in_queue"] < attrs["gen_ai.latency.time_to_first_token"]
+    # The engine's queue and prefill both lie within the API's time to the first token.
+    assert 0 < attrs["gen_ai.latency.time_in_model_prefill"] <= (
+        attrs["gen_ai.latency.time_to_first_token"] - attrs["gen_ai.latency.time_in_queue"])
     assert completion.end_time_unix_nano > completion.start_time_unix_nano
     chat = next(s for s in spans if s is not completion)  # no traceparent: a root span
     assert chat.trace_id.hex() != TRACE_ID and not chat.parent_span_id

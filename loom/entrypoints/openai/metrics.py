@@ -62,6 +62,9 @@ class ServerMetrics:
         self.queue_time = histogram("request_queue_time_seconds",
                                     "Time a request waited in the engine before it was first "
                                     "scheduled.", E2E_BUCKETS)
+        self.prefill_time = histogram("request_prefill_time_seconds",
+                                      "Time from a request's first scheduling to its first "
+                                      "token, in the engine.", E2E_BUCKETS)
         self._success = Counter("loom:request_success", "Finished requests by finish reason.",
                                 ["model_name", "finished_reason"], registry=self.registry)
         self._label = model_name
@@ -86,6 +89,9 @@ class ServerMetrics:
 
     def on_queued(self, seconds: float) -> None:
         self.queue_time.observe(seconds)
+
+    def on_prefill(self, seconds: float) -> None:
+        self.prefill_time.observe(seconds)
 
     def on_finished(self, e2e_seconds: float, finish_reason: str) -> None:
         self.e2e.observe(e2e_seconds)
