@@ -1,10 +1,14 @@
 """Serving's steps without the HTTP side: an 8B engine in this process, a 550-token prompt
 added every 1/--rate s (150 output tokens each, greedy, ignore_eos), as `loom bench sweep
---rates 10` sends them; each step timed (bench/step_log.StepLog) and each request's time
-from its arrival to its first token.
+--rates 10` sends them; each step() call timed and each request's time from its arrival to
+its first token. Only public engine calls (LLM.engine, LLM.processor), so that an older
+tree runs it too (run_zzz3 runs it on 07a738d's).
 
 run_zzv/zzw: at 10 QPS this tree's steps that carry a prompt took ~40-50 ms where
 07a738d's took 15-35 (inter-token latency seen by the client); TTFT 52-88 ms against 40.5.
+With --no-async a step() call is one step (launch and collect): a "prompt step" is one that
+returns a request's first token. With async scheduling a call collects the step before, and
+only the TTFT means anything.
 
     python3 serve_steps_probe.py [--no-async] [--cudagraph-mode M] [--json OUT]
 """
@@ -18,7 +22,6 @@ import numpy as np
 
 sys.path.insert(0, ".")
 from loom import LLM, SamplingParams  # noqa: E402
-from loom.bench.step_log import StepLog  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default="llama-3.1-8b")
@@ -30,18 +33,19 @@ parser.add_argument("--seconds", type=float, default=12.0)
 parser.add_argument("--no-async", action="store_true")
 parser.add_argument("--cudagraph-mode", default=None)
 parser.add_argument("--json", default=None)
+parser.add_argument("--level", type=int, default=3)
 args = parser.parse_args()
-compilation = {"level": 3}
+# Decode graphs up to 64 (as run_zzz's servers): ~15-25 requests run at 10 QPS.
+compilation = {"level": args.level, "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]}
 if args.cudagraph_mode:
     compilation["cudagraph_mode"] = args.cudagraph_mode
-llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, max_model_len=args.max_model_len,
-          max_num_batched_tokens=8192, async_scheduling=not args.no_async,
-          compilation_config=compilation)
+llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True,
+          max_model_len=args.max_model_len, max_num_batched_tokens=8192,
+          async_scheduling=not args.no_async, compilation_config=compilation)
 core = llm.engine
 params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
 rng = np.random.default_rng(0)
-log = core.step_observer = StepLog()
-log.start()
+steps = []  # (seconds, first tokens returned, requests stepped)
 arrived, first = {}, {}
 start = time.perf_counter()
 next_at, i = start, 0
@@ -55,17 +59,22 @@ while True:
         i += 1
         next_at += 1 / args.rate
     if core.has_unfinished_requests():
-        for out in core.step().outputs:
+        began = time.perf_counter()
+        outputs = core.step().outputs
+        ended = time.perf_counter()
+        firsts = 0
+        for out in outputs:
             if out.new_token_ids and out.request_id not in first:
-                first[out.request_id] = time.perf_counter()
+                first[out.request_id] = ended
+                firsts += 1
+        steps.append((ended - began, firsts, len(outputs)))
     elif now - start >= args.seconds:
         break
     else:
         time.sleep(0.0002)
-log.stop()
 ttft = [1e3 * (first[r] - arrived[r]) for r in arrived if r in first]
-prompt_steps = [s for s in log.steps if s.prompt_tokens]
-decode_steps = [s for s in log.steps if not s.prompt_tokens and s.decode_tokens]
+prompt_steps = [s for s in steps if s[1]]
+decode_steps = [s for s in steps if not s[1] and s[2]]
 
 
 def pct(values, q):
@@ -75,14 +84,13 @@ def pct(values, q):
 result = {"args": vars(args), "requests": len(arrived), "ttft_ms": {
     "mean": statistics.fmean(ttft), "median": pct(ttft, 50), "p90": pct(ttft, 90)},
     "prompt_steps": {"n": len(prompt_steps),
-                     "median_ms": 1e3 * pct([s.seconds for s in prompt_steps], 50),
-                     "p90_ms": 1e3 * pct([s.seconds for s in prompt_steps], 90),
-                     "mean_prompt_tokens": statistics.fmean(s.prompt_tokens for s in prompt_steps),
-                     "mean_decodes": statistics.fmean(s.decode_tokens for s in prompt_steps)},
+                     "median_ms": 1e3 * pct([s[0] for s in prompt_steps], 50),
+                     "p90_ms": 1e3 * pct([s[0] for s in prompt_steps], 90),
+                     "mean_requests": statistics.fmean(s[2] for s in prompt_steps)},
     "decode_steps": {"n": len(decode_steps),
-                     "median_ms": 1e3 * pct([s.seconds for s in decode_steps], 50),
-                     "p90_ms": 1e3 * pct([s.seconds for s in decode_steps], 90)},
-    "prompt_step_ms": [round(1e3 * s.seconds, 2) for s in prompt_steps]}
+                     "median_ms": 1e3 * pct([s[0] for s in decode_steps], 50),
+                     "p90_ms": 1e3 * pct([s[0] for s in decode_steps], 90)},
+    "prompt_step_ms": [round(1e3 * s[0], 2) for s in prompt_steps]}
 print(json.dumps({k: v for k, v in result.items() if k != "prompt_step_ms"}), flush=True)
 print("prompt steps (ms):", result["prompt_step_ms"][:40], flush=True)
 if args.json:
