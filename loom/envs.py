@@ -103,6 +103,18 @@ def sdpa_min_tokens() -> int:
     return SDPA_MIN_TOKENS if value is None else value
 
 
+MIXED_SPLIT_MIN_DECODES = 1
+
+
+def mixed_split_min_decodes() -> int:
+    """LOOM_MIXED_SPLIT_MIN_DECODES: a mixed step (prompt chunks beside one-token decodes)
+    sends its decodes to the split-K decode kernel and its chunks to the varlen kernel in
+    two launches only from this many decodes; with fewer, one varlen launch serves them all
+    (decodes as one-row queries). Default MIXED_SPLIT_MIN_DECODES."""
+    value = _optional_int("LOOM_MIXED_SPLIT_MIN_DECODES")
+    return MIXED_SPLIT_MIN_DECODES if value is None else value
+
+
 def all_reduce_norm_push() -> bool:
     """LOOM_AR_NORM_PUSH=1: the fused all-reduce + norm kernel writes its row into every
     peer's buffer (posted NVLink stores) and sums from its own, instead of writing its own

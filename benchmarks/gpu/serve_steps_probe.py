@@ -90,9 +90,12 @@ result = {"args": vars(args), "requests": len(arrived), "ttft_ms": {
     "decode_steps": {"n": len(decode_steps),
                      "median_ms": 1e3 * pct([s[0] for s in decode_steps], 50),
                      "p90_ms": 1e3 * pct([s[0] for s in decode_steps], 90)},
-    "prompt_step_ms": [round(1e3 * s[0], 2) for s in prompt_steps]}
-print(json.dumps({k: v for k, v in result.items() if k != "prompt_step_ms"}), flush=True)
-print("prompt steps (ms):", result["prompt_step_ms"][:40], flush=True)
+    "prompt_step_ms": [round(1e3 * s[0], 2) for s in prompt_steps],
+    "prompt_step_requests": [s[2] for s in prompt_steps]}
+print(json.dumps({k: v for k, v in result.items() if not k.startswith("prompt_step_")}),
+      flush=True)
+print("prompt steps (ms, requests):", list(zip(result["prompt_step_ms"],
+                                               result["prompt_step_requests"]))[:40], flush=True)
 if args.json:
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)

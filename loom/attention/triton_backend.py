@@ -74,12 +74,14 @@ class MixedSplit:
     prefill_max_query_len: int
 
 
-def split_by_query_len(meta: AttentionMetadata, device: torch.device) -> MixedSplit | None:
-    """The split of a step that has both kinds of request, else None (one launch serves)."""
+def split_by_query_len(meta: AttentionMetadata, device: torch.device,
+                       min_decodes: int = 1) -> MixedSplit | None:
+    """The split of a step that has both kinds of request, at least min_decodes of them
+    decodes, else None (one launch serves)."""
     starts, seq_lens = meta.host_bounds
     q_lens = np.diff(np.asarray(starts, dtype=np.int64))
     decode, prefill = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
-    if not len(decode) or not len(prefill):
+    if len(decode) < max(1, min_decodes) or not len(prefill):
         return None
     decode_index, prefill_index = _upload_indices([decode, prefill], device)
     return MixedSplit(decode_index, prefill_index,
@@ -147,6 +149,7 @@ class TritonBackend(AttentionBackend):
         self.sdpa_min_tokens = (self.tiles.sdpa_min_tokens
                                 if self.tiles.sdpa_min_tokens is not None
                                 else envs.sdpa_min_tokens())
+        self.mixed_split_min_decodes = envs.mixed_split_min_decodes()
         self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
         """The last step's metadata (weakly) and its split: every layer reads it again."""
         self._fused_rope_off = envs.decode_rope_unfused()
@@ -216,7 +219,7 @@ class TritonBackend(AttentionBackend):
         changed, so the first layer's split (and its upload) serves every layer."""
         if self._split_of is not None and self._split_of[0]() is meta:
             return self._split_of[1]
-        split = split_by_query_len(meta, device)
+        split = split_by_query_len(meta, device, self.mixed_split_min_decodes)
         self._split_of = (weakref.ref(meta), split)
         return split
 
