@@ -14,11 +14,13 @@ only the TTFT means anything.
 """
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
 
 import numpy as np
+import torch
 
 sys.path.insert(0, ".")
 from loom import LLM, SamplingParams  # noqa: E402
@@ -35,6 +37,10 @@ parser.add_argument("--cudagraph-mode", default=None)
 parser.add_argument("--json", default=None)
 parser.add_argument("--level", type=int, default=3)
 args = parser.parse_args()
+# LOOM_LAYER_TIMES=1 logs each eager step's host and GPU time per layer (at INFO).
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(message)s",
+                    datefmt="%H:%M:%S")
+logging.getLogger("loom.worker.step_handle").setLevel(logging.INFO)
 # Decode graphs up to 64 (as run_zzz's servers): ~15-25 requests run at 10 QPS.
 compilation = {"level": args.level, "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]}
 if args.cudagraph_mode:
@@ -45,7 +51,7 @@ llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True,
 core = llm.engine
 params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
 rng = np.random.default_rng(0)
-steps = []  # (seconds, first tokens returned, requests stepped)
+steps = []  # (seconds, first tokens returned, requests stepped, wall clock at the end)
 arrived, first = {}, {}
 start = time.perf_counter()
 next_at, i = start, 0
@@ -67,7 +73,7 @@ while True:
             if out.new_token_ids and out.request_id not in first:
                 first[out.request_id] = ended
                 firsts += 1
-        steps.append((ended - began, firsts, len(outputs)))
+        steps.append((ended - began, firsts, len(outputs), time.time()))
     elif now - start >= args.seconds:
         break
     else:
@@ -91,7 +97,12 @@ result = {"args": vars(args), "requests": len(arrived), "ttft_ms": {
                      "median_ms": 1e3 * pct([s[0] for s in decode_steps], 50),
                      "p90_ms": 1e3 * pct([s[0] for s in decode_steps], 90)},
     "prompt_step_ms": [round(1e3 * s[0], 2) for s in prompt_steps],
-    "prompt_step_requests": [s[2] for s in prompt_steps]}
+    "prompt_step_requests": [s[2] for s in prompt_steps],
+    "prompt_step_wall_clock": [round(s[3], 3) for s in prompt_steps]}
+if torch.cuda.is_available():  # cudaMalloc / cudaFree in the run synchronise the device
+    stats = torch.cuda.memory_stats()
+    result["allocator"] = {k: stats.get(k) for k in ("num_alloc_retries", "num_device_alloc",
+                                                     "num_device_free")}
 print(json.dumps({k: v for k, v in result.items() if not k.startswith("prompt_step_")}),
       flush=True)
 print("prompt steps (ms, requests):", list(zip(result["prompt_step_ms"],

@@ -93,10 +93,12 @@ def test_logprobs_are_passed_through_even_for_a_chunk():
     outs = sched.update_from_output(out, ModelRunnerOutput(["r"], [[]], [None], {"r": [lp] * 3}))
     assert outs == [EngineCoreOutput("r", [], prompt_logprobs=[lp] * 3,
                                      queue_time_s=outs[0].queue_time_s)]
-    assert outs[0].queue_time_s is not None
+    assert outs[0].queue_time_s is not None and outs[0].prefill_time_s is None  # no token yet
     out = sched.schedule()
     outs = sched.update_from_output(out, ModelRunnerOutput(["r"], [[8]], [lp], {"r": [lp] * 2}))
-    assert outs == [EngineCoreOutput("r", [8], new_logprobs=[lp], prompt_logprobs=[lp] * 2)]
+    assert outs == [EngineCoreOutput("r", [8], new_logprobs=[lp], prompt_logprobs=[lp] * 2,
+                                     prefill_time_s=outs[0].prefill_time_s)]
+    assert outs[0].prefill_time_s >= 0  # with the first token
 
 
 def test_stats_are_deltas():
