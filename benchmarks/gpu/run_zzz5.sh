@@ -4,7 +4,8 @@
 # the mixed-step split and FULL_AND_PIECEWISE was off. Is it the GPU (clocks, power) or the
 # host? Both trees in turn with the GPU's SM clock, power and throttle reasons sampled every
 # 100 ms beside each step's wall clock, this tree's per-layer host/GPU times
-# (LOOM_LAYER_TIMES=1) and the allocator's cudaMalloc/cudaFree counts.
+# (LOOM_LAYER_TIMES=1) and the allocator's cudaMalloc/cudaFree counts; the second run of
+# each tree profiles five prompt steps: each kernel's GPU time per step, both trees.
 # Before the call: mkdir -p old07 && git archive 07a738d loom | tar -x -C old07
 source benchmarks/gpu/env.sh
 R=$OUT/zzz5; mkdir -p $R
@@ -17,10 +18,11 @@ probe() {  # name dir deadline [probe flags...]
   local smi=$!
   (cd $dir && timeout $(left $deadline) python3 $P --seconds 12 --no-async --json $R/$name.json "$@" > $R/$name.log 2>&1)
   kill $smi
-  grep -E '^\{|prompt steps' $R/$name.log | cut -c1-700; stamp "$name"
+  grep -E '^\{|prompt steps' $R/$name.log | cut -c1-700
+  grep -A26 "^profiled" $R/$name.log; stamp "$name"
 }
 probe old07 old07 100
 LOOM_LAYER_TIMES=1 probe head . 200
-probe old07-again old07 280
-LOOM_LAYER_TIMES=1 probe head-again . 360
+probe old07-again old07 280 --profile-prompt-steps 5
+probe head-again . 360 --profile-prompt-steps 5
 tar czf $OUT/zzz5.tgz -C $R . ; stamp done

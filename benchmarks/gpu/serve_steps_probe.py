@@ -36,6 +36,9 @@ parser.add_argument("--no-async", action="store_true")
 parser.add_argument("--cudagraph-mode", default=None)
 parser.add_argument("--json", default=None)
 parser.add_argument("--level", type=int, default=3)
+parser.add_argument("--profile-prompt-steps", type=int, default=0, metavar="K",
+                    help="with --no-async: run the steps that take in requests 40 .. 40+K-1 "
+                         "under torch.profiler and print their kernels' GPU time per step")
 args = parser.parse_args()
 # LOOM_LAYER_TIMES=1 logs each eager step's host and GPU time per layer (at INFO).
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(message)s",
@@ -53,6 +56,11 @@ params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature
 rng = np.random.default_rng(0)
 steps = []  # (seconds, first tokens returned, requests stepped, wall clock at the end)
 arrived, first = {}, {}
+CUDA = torch.cuda.is_available()  # on the CPU (a check of this script) its ops are timed
+ACTIVITY = torch.profiler.ProfilerActivity.CUDA if CUDA else torch.profiler.ProfilerActivity.CPU
+DEVICE_TYPE = torch.autograd.DeviceType.CUDA if CUDA else torch.autograd.DeviceType.CPU
+kernel_us: dict[str, list[float]] = {}  # name -> [GPU us, calls] summed over the profiled steps
+profiled_wall_ms: list[float] = []
 start = time.perf_counter()
 next_at, i = start, 0
 while True:
@@ -65,9 +73,25 @@ while True:
         i += 1
         next_at += 1 / args.rate
     if core.has_unfinished_requests():
+        prof = None
+        if args.no_async and 40 <= i - 1 < 40 + args.profile_prompt_steps \
+                and f"r{i - 1}" not in first and len(profiled_wall_ms) < i - 40:
+            prof = torch.profiler.profile(activities=[ACTIVITY])
+            prof.__enter__()
         began = time.perf_counter()
         outputs = core.step().outputs
         ended = time.perf_counter()
+        if prof is not None:
+            if CUDA:
+                torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            profiled_wall_ms.append(1e3 * (ended - began))
+            for ev in prof.key_averages():
+                us = ev.self_device_time_total if CUDA else ev.self_cpu_time_total
+                if ev.device_type == DEVICE_TYPE and us:
+                    acc = kernel_us.setdefault(ev.key, [0.0, 0])
+                    acc[0] += us
+                    acc[1] += ev.count
         firsts = 0
         for out in outputs:
             if out.new_token_ids and out.request_id not in first:
@@ -107,6 +131,15 @@ print(json.dumps({k: v for k, v in result.items() if not k.startswith("prompt_st
       flush=True)
 print("prompt steps (ms, requests):", list(zip(result["prompt_step_ms"],
                                                result["prompt_step_requests"]))[:40], flush=True)
+if profiled_wall_ms:
+    k = len(profiled_wall_ms)
+    busy = sum(v[0] for v in kernel_us.values()) / k / 1e3
+    print(f"profiled {k} prompt steps: wall {statistics.fmean(profiled_wall_ms):.2f} ms (under "
+          f"the profiler), kernels {busy:.2f} ms of GPU time a step", flush=True)
+    for name, (us, calls) in sorted(kernel_us.items(), key=lambda kv: -kv[1][0])[:25]:
+        print(f"  {us / k / 1e3:8.3f} ms {calls / k:6.1f} calls  {name[:110]}", flush=True)
+    result["profiled"] = {"wall_ms": profiled_wall_ms, "kernel_ms_per_step": busy,
+                          "kernels": {n: [v[0] / k / 1e3, v[1] / k] for n, v in kernel_us.items()}}
 if args.json:
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
