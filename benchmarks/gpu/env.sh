@@ -6,4 +6,5 @@ export LOOM_GIT_COMMIT=${LOOM_GIT_COMMIT:?}
 LOOM="python3 -m loom.cli"
 T0=$(date +%s)
 stamp() { echo "=== $(( $(date +%s) - T0 ))s: $*"; }
+left() { echo $(( $1 - ($(date +%s) - T0) )); }  # seconds left until $1 s after the start
 quiet() { grep -v -E "^(INFO|DEBUG)|it/s\]|s/it\]" ; }

@@ -9,10 +9,8 @@
 # Before the call: mkdir -p old07 && git archive 07a738d loom | tar -x -C old07
 source benchmarks/gpu/env.sh
 R=$OUT/zzz5; mkdir -p $R
-left() { echo $(( $1 - ($(date +%s) - T0) )); }
-P=$PWD/benchmarks/gpu/serve_steps_probe.py
 probe() {  # name dir deadline [probe flags...]
-  local name=$1 dir=$2 deadline=$3; shift 3
+  local name=$1 dir=$2 deadline=$3 P=$PWD/benchmarks/gpu/serve_steps_probe.py; shift 3
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv,noheader -lms 100 > $R/smi-$name.csv 2>&1 &
   local smi=$!
