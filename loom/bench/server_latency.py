@@ -32,7 +32,10 @@ def read_totals(base_url: str, timeout_s: float = 10.0) -> Totals | None:
             text = resp.read().decode()
     except (urllib.error.URLError, OSError):
         return None
-    return parse_totals(text)
+    try:
+        return parse_totals(text)
+    except ValueError:  # not Prometheus text
+        return None
 
 
 def parse_totals(text: str) -> Totals | None:

@@ -97,4 +97,15 @@ def test_server_latency_means_come_from_the_metrics_text():
     assert means == pytest.approx({"ttft": 60.0, "queue": 6.0, "prefill": 35.0, "between": 19.0})
     assert server_latency.mean_ms(after, after) is None  # nothing new observed
     assert server_latency.parse_totals("# no histograms\n") is None
+
+
+
+def test_a_server_without_prometheus_metrics_gives_no_split(monkeypatch):
+    import io
+    import urllib.request
+
+    from loom.bench import server_latency
+    monkeypatch.setattr(urllib.request, "urlopen",
+                        lambda url, timeout: io.BytesIO(b"<html>not metrics</html>\n"))
+    assert server_latency.read_totals("http://server") is None
     assert server_latency.read_totals("http://127.0.0.1:9") is None  # nothing listens
