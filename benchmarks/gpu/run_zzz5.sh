@@ -9,9 +9,12 @@
 # Before the call: mkdir -p old07 && git archive 07a738d loom | tar -x -C old07
 source benchmarks/gpu/env.sh
 R=$OUT/zzz5; mkdir -p $R
+# clocks_event_reasons (newer drivers) was clocks_throttle_reasons: whichever this one knows
+REASONS=clocks_event_reasons.active
+nvidia-smi --query-gpu=$REASONS --format=csv,noheader > /dev/null 2>&1 || REASONS=clocks_throttle_reasons.active
 probe() {  # name dir deadline [probe flags...]
   local name=$1 dir=$2 deadline=$3 P=$PWD/benchmarks/gpu/serve_steps_probe.py; shift 3
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$REASONS \
     --format=csv,noheader -lms 100 > $R/smi-$name.csv 2>&1 &
   local smi=$!
   (cd $dir && timeout $(left $deadline) python3 $P --seconds 12 --no-async --json $R/$name.json "$@" > $R/$name.log 2>&1)
