@@ -10,6 +10,7 @@ start-up's warm-ups and by the MoE tuner.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
@@ -30,3 +31,11 @@ def compile_pool(max_threads: int = 8, ignore_errors: bool = False) -> Iterator[
     with ThreadPoolExecutor(max_workers=threads) as pool, \
             AsyncCompileMode(pool, ignore_errors=ignore_errors):
         yield threads
+
+
+def launch_or_compile(kernel, grid: tuple[int, ...], compile_only: bool):
+    """kernel[grid], or with compile_only its compile alone (Triton's warmup: inside
+    compile_pool, handed to a thread; nothing runs), to be called with the launch's args."""
+    if compile_only:
+        return functools.partial(kernel.warmup, grid=grid)
+    return kernel[grid]

@@ -46,6 +46,7 @@ import triton.language as tl
 
 from loom import envs
 from loom.kernels import pdl
+from loom.kernels.compile_pool import launch_or_compile
 
 MAX_M = 8
 """Most rows per call: beyond this a tensor-core GEMM is the right tool."""
@@ -276,11 +277,12 @@ def prefetch_bytes(cfg: GemvConfig, block_k: int, n: int, k: int, itemsize: int,
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
-         config: GemvConfig | dict | None = None) -> torch.Tensor:
+         config: GemvConfig | dict | None = None, compile_only: bool = False) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul_input) times weight [N, K]^T, for
     1 <= M <= 8; returns a new [M, N] tensor of x's dtype. Both contiguous, same dtype
     (bfloat16, float16 or float32) and device. config: a GemvConfig, a dict of its fields,
-    or None for `default_config`."""
+    or None for `default_config`. compile_only: compile the kernels this call needs and
+    run nothing (inside compile_pool, on its threads); the tensor returned is unwritten."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv: expected x [M, K] and weight [N, K], got {tuple(x.shape)} "
                          f"and {tuple(weight.shape)}")
@@ -329,7 +331,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
     if use_pdl and weight.data_ptr() % 16 == 0:
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
-    _gemv_kernel[(n_blocks, split_k)](
+    launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
         x, weight, y, part, counters, n,
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
@@ -338,9 +340,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024
-        _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
+        launch_or_compile(_split_k_reduce_kernel, (triton.cdiv(m * n, block),), compile_only)(
             part, y, m * n, SPLIT_K=split_k, BLOCK=block, PDL=use_pdl, num_warps=4,
             launch_pdl=use_pdl)
-    elif mode == 3:
+    elif mode == 3 and not compile_only:
         y.copy_(part)
     return y

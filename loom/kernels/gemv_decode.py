@@ -46,12 +46,26 @@ def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight^T, by the Triton GEMV for batches of up to MAX_M rows where the table has
     a config for the shape (`tuned_config`), else by F.linear (cuBLAS)."""
+    cfg = _gemv_config(x, weight)
+    if cfg is not None:
+        return gemv(x.contiguous(), weight, config=cfg)
+    return torch.nn.functional.linear(x, weight)
+
+
+def compile_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Compile, without running, the GEMV that `linear(x, weight)` would launch (inside
+    compile_pool, on its threads); False where linear takes cuBLAS (nothing to compile)."""
+    cfg = _gemv_config(x, weight)
+    if cfg is not None:
+        gemv(x.contiguous(), weight, config=cfg, compile_only=True)
+    return cfg is not None
+
+
+def _gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
     m = x.shape[0]
     if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
-        cfg = tuned_config(m, weight.shape[0], weight.shape[1], x.dtype, x.device)
-        if cfg is not None:
-            return gemv(x.contiguous(), weight, config=cfg)
-    return torch.nn.functional.linear(x, weight)
+        return tuned_config(m, weight.shape[0], weight.shape[1], x.dtype, x.device)
+    return None
 
 
 @loom_op("decode_linear", "(Tensor x, Tensor weight) -> Tensor")

@@ -5,7 +5,6 @@ normalise and cache the step's new tokens itself, and the kernel that merges the
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -13,6 +12,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels import pdl
+from loom.kernels.compile_pool import launch_or_compile
 from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
 from loom.kernels.paged_attention import (LOG2E, MIN_DOT_ROWS, attend_tile, cache_strides,
                                           check_heads, check_req_index, dot_dtype, f16_dot,
@@ -240,7 +240,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)
-    _launch(_decode_split_kernel, (num_reqs, num_kv_heads, num_splits), compile_only)(
+    launch_or_compile(_decode_split_kernel, (num_reqs, num_kv_heads, num_splits), compile_only)(
         query, kv_cache, part_m, part_l, part_acc, out, block_table, query_start_loc,
         seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping, q_norm, k_norm,
         norm_eps, scale * LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
@@ -256,17 +256,10 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     )
     if direct:
         return out
-    _launch(_decode_reduce_kernel, (num_reqs, num_heads), compile_only)(
+    launch_or_compile(_decode_reduce_kernel, (num_reqs, num_heads), compile_only)(
         part_m, part_l, part_acc, out, query_start_loc, req_index, num_heads, num_splits,
         out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim, HAS_REQ_INDEX=req_index is not None, PDL=use_pdl,
         launch_pdl=use_pdl,
     )
     return out
-
-
-def _launch(kernel, grid: tuple[int, ...], compile_only: bool):
-    """kernel[grid], or with compile_only its compile alone (Triton's warmup)."""
-    if compile_only:
-        return functools.partial(kernel.warmup, grid=grid)
-    return kernel[grid]

@@ -56,6 +56,14 @@ class ParallelLMHead(VocabParallelEmbedding):
     def tie_weights(self, embed: VocabParallelEmbedding) -> None:
         self.weight = embed.weight
 
+    def compile_logits(self, hidden: torch.Tensor) -> bool:
+        """Compile, running nothing (inside compile_pool, on its threads), the decode GEMV
+        that compute_logits(hidden) would launch; False where it takes cuBLAS."""
+        if self._linear is F.linear:
+            return False
+        from loom.kernels.gemv_decode import compile_linear
+        return compile_linear(hidden, self.weight)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self._linear(hidden, self.weight)
         if self.tp_size > 1:

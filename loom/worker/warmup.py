@@ -112,8 +112,11 @@ def warm_up(runner) -> None:
     if hidden is not None:
         # The LM head runs eagerly, after the forward and its CUDA graphs: on the GEMV its
         # row count is a constexpr, and each count of requests in a step (up to the GEMV's
-        # limit) compiled a variant of its own at its first step (run_zzs).
-        for rows in range(1, min(LOGITS_ROWS, hidden.shape[0]) + 1):
+        # limit) compiled a variant of its own at its first step (run_zzs). Compiled side
+        # by side first, then run one by one.
+        row_counts = range(1, min(LOGITS_ROWS, hidden.shape[0]) + 1)
+        compile_logits_gemv(runner, [hidden[:rows] for rows in row_counts])
+        for rows in row_counts:
             runner.model.compute_logits(hidden[:rows])
         rows = min(max(len(batch) for batch in SAMPLING), hidden.shape[0])
         logits = runner.model.compute_logits(hidden[:rows]).float()
@@ -129,6 +132,17 @@ def warm_up(runner) -> None:
                 "at %d lengths and the sampler in %.1f s", len(shapes),
                 ", ".join(s[0] for s in shapes), len(variants), len(sdpa_lengths),
                 time.perf_counter() - start)
+
+
+def compile_logits_gemv(runner, inputs: list[torch.Tensor]) -> int:
+    """Compile the LM head's decode GEMV for each of inputs on threads, running nothing
+    (CUDA only: the interpreter compiles nothing); returns how many take the GEMV. A
+    compile that fails here is dropped: the head's first run compiles it again, in line."""
+    head = getattr(runner.model, "lm_head", None)
+    if runner.device.type != "cuda" or head is None:
+        return 0
+    with compile_pool(len(inputs), ignore_errors=True):
+        return sum(head.compile_logits(x) for x in inputs)
 
 
 @contextlib.contextmanager

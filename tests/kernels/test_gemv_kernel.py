@@ -250,3 +250,48 @@ def test_silu_mul_kernel_rounds_as_torch_eager(dtype):
     torch.testing.assert_close(out.cpu().float(), ref.to(dtype).float(), atol=tol, rtol=tol)
     with pytest.raises(ValueError, match="silu_mul: x must be"):
         silu_mul(x[:, :-1])
+
+
+@pytest.mark.skipif(not INTERPRET, reason="counts the interpreter's launches")
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[5]], ids=lambda c: c.describe())
+def test_compile_only_launches_nothing(cfg, monkeypatch):
+    """compile_only hands each kernel the call needs (the reduce kernel too) to Triton's
+    warmup and launches none; the same call run is the reference's product."""
+    calls = []
+    for kernel in (gemv_mod._gemv_kernel, gemv_mod._split_k_reduce_kernel):
+        real = kernel.run
+
+        def spy(*a, _real=real, _name=kernel.fn.__name__, **kw):
+            calls.append((_name, kw["warmup"]))
+            return _real(*a, **kw)
+        monkeypatch.setattr(kernel, "run", spy)
+    x, w = torch.randn(3, 64), torch.randn(40, 64)
+    gemv(x, w, config=cfg, compile_only=True)
+    names = {"_gemv_kernel"} | ({"_split_k_reduce_kernel"} if cfg.split_mode == "reduce"
+                                and cfg.split_k > 1 else set())
+    assert {name for name, _ in calls} == names and all(warm for _, warm in calls), calls
+    calls.clear()
+    y = gemv(x, w, config=cfg)
+    assert calls and not any(warm for _, warm in calls)
+    torch.testing.assert_close(y, x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_lm_head_compiles_its_gemv_only_where_it_takes_one(monkeypatch):
+    """ParallelLMHead.compile_logits: the GEMV the head would launch, compiled and not run
+    (False where the head takes cuBLAS, or the table has no config for the shape)."""
+    from loom.kernels import gemv_decode
+    from loom.layers.embedding import ParallelLMHead
+    head = ParallelLMHead(40, 64)
+    hidden = torch.randn(2, 64)
+    head._linear = F.linear
+    assert head.compile_logits(hidden) is False
+    head._linear = gemv_decode.linear
+    compiled = []
+    monkeypatch.setattr(gemv_decode, "gemv", lambda x, w, **kw: compiled.append(kw))
+    monkeypatch.setattr(gemv_decode, "tuned_config", lambda *a: None)
+    assert head.compile_logits(hidden) is False and compiled == []
+    cfg = GemvConfig(block_n=16, block_k=32)
+    monkeypatch.setattr(gemv_decode, "tuned_config", lambda m, n, k, dtype, device: cfg)
+    assert head.compile_logits(hidden) is True
+    assert compiled == [{"config": cfg, "compile_only": True}]
+    assert head.compile_logits(torch.randn(9, 64)) is False  # beyond the GEMV's rows
