@@ -68,3 +68,31 @@ def test_compiled_on_threads_then_launched_without_a_compile(monkeypatch):
         jit_watch.disarm()
     ref = reference(batch, batch.query.shape[-1] ** -0.5)[1]
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gemv_compiled_on_threads_then_launched_without_a_compile(monkeypatch):
+    """As the warm-up compiles the LM head's GEMV: compile_only on the pool, then the real
+    call at the same shapes compiles nothing and matches cuBLAS."""
+    from loom.kernels.gemv import GemvConfig, gemv
+    monkeypatch.setattr(jit_watch, "_events", [])
+    # A variant no other test compiles (one warp, five stages), split-K by the reduce kernel
+    # (which an earlier test may have compiled already).
+    cfg = GemvConfig(block_n=32, block_k=64, num_warps=1, num_stages=5, split_k=2,
+                     split_mode="reduce")
+    x = torch.randn(5, 512, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(320, 512, dtype=torch.bfloat16, device="cuda")
+    jit_watch.arm()
+    try:
+        with compile_pool() as threads:
+            gemv(x, w, config=cfg, compile_only=True)
+        torch.cuda.synchronize()
+        compiled = [name for name, _ in jit_watch.compiles()]
+        assert threads >= 1 and "_gemv_kernel" in compiled
+        y = gemv(x, w, config=cfg)
+        torch.cuda.synchronize()
+        assert [name for name, _ in jit_watch.compiles()] == compiled
+    finally:
+        jit_watch.disarm()
+    torch.testing.assert_close(y.float(), (x.float() @ w.float().T), atol=0.5, rtol=2e-2)
