@@ -6,6 +6,8 @@
 # 100 ms beside each step's wall clock, this tree's per-layer host/GPU times
 # (LOOM_LAYER_TIMES=1) and the allocator's cudaMalloc/cudaFree counts; the second run of
 # each tree profiles five prompt steps: each kernel's GPU time per step, both trees.
+# The first run of this tree is on a cold Triton cache: its warm-up line times the LM head's
+# GEMV compiled on threads (6a85b4c; session 16: 16-20 s cold).
 # Before the call: mkdir -p old07 && git archive 07a738d loom | tar -x -C old07
 source benchmarks/gpu/env.sh
 R=$OUT/zzz5; mkdir -p $R
@@ -19,6 +21,7 @@ probe() {  # name dir deadline [probe flags...]
   local smi=$!
   (cd $dir && timeout $(left $deadline) python3 $P --seconds 12 --no-async --json $R/$name.json "$@" > $R/$name.log 2>&1)
   kill $smi
+  grep -E "warm-up:|torch.compile level" $R/$name.log | cut -c1-160
   grep -E '^\{|prompt steps' $R/$name.log | cut -c1-700
   grep -A26 "^profiled" $R/$name.log; stamp "$name"
 }
