@@ -134,15 +134,16 @@ def warm_up(runner) -> None:
                 time.perf_counter() - start)
 
 
-def compile_logits_gemv(runner, inputs: list[torch.Tensor]) -> int:
+def compile_logits_gemv(runner, inputs: list[torch.Tensor]) -> None:
     """Compile the LM head's decode GEMV for each of inputs on threads, running nothing
-    (CUDA only: the interpreter compiles nothing); returns how many take the GEMV. A
-    compile that fails here is dropped: the head's first run compiles it again, in line."""
+    (CUDA only: the interpreter compiles nothing). A compile that fails here is dropped:
+    the head's first run compiles it again, in line."""
     head = getattr(runner.model, "lm_head", None)
     if runner.device.type != "cuda" or head is None:
-        return 0
+        return
     with compile_pool(len(inputs), ignore_errors=True):
-        return sum(head.compile_logits(x) for x in inputs)
+        for x in inputs:
+            head.compile_logits(x)
 
 
 @contextlib.contextmanager
