@@ -30,3 +30,4 @@ LOOM_LAYER_TIMES=1 probe head . 200
 probe old07-again old07 280 --profile-prompt-steps 5
 probe head-again . 360 --profile-prompt-steps 5
 tar czf $OUT/zzz5.tgz -C $R . ; stamp done
+timeout $(left 540) python3 -m pytest -q -m gpu tests/kernels/test_compile_pool.py 2>&1 | tail -5; stamp tests
