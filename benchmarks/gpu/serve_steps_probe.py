@@ -39,7 +39,13 @@ parser.add_argument("--level", type=int, default=3)
 parser.add_argument("--profile-prompt-steps", type=int, default=0, metavar="K",
                     help="with --no-async: run the steps that take in requests 40 .. 40+K-1 "
                          "under torch.profiler and print their kernels' GPU time per step")
+parser.add_argument("--piece-sizes", default=None, metavar="N,N,...",
+                    help="replace loom.worker.cuda_graph.PIECEWISE_SIZES (the token counts "
+                         "other batches are padded to under FULL_AND_PIECEWISE)")
 args = parser.parse_args()
+if args.piece_sizes:
+    import loom.worker.cuda_graph
+    loom.worker.cuda_graph.PIECEWISE_SIZES = tuple(int(s) for s in args.piece_sizes.split(","))
 # LOOM_LAYER_TIMES=1 logs each eager step's host and GPU time per layer (at INFO).
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(message)s",
                     datefmt="%H:%M:%S")
