@@ -11,7 +11,7 @@ probe() {  # name deadline [probe flags...]
   LOOM_LAYER_TIMES=1 timeout $(left $deadline) python3 $P --seconds 12 --no-async --json $R/$name.json "$@" > $R/$name.log 2>&1
   grep -E "piecewise CUDA graphs" $R/$name.log | cut -c1-200
   grep -E '^\{' $R/$name.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d[k] for k in ('ttft_ms','prompt_steps','decode_steps')})"
-  grep -E "layer times: 5[5-9][0-9] tokens" $R/$name.log | tail -40 | awk '{print $8, $12}' | sort | uniq -c | sort -rn | head -3
+  grep -E "layer times: 5[5-9][0-9] tokens" $R/$name.log | awk '{h=h" "$9; g=g" "$12} END{print "host/layer:" h; print "GPU/layer:" g}' | cut -c1-400
   stamp "$name"
 }
 probe default-1 110
