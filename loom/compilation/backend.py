@@ -168,6 +168,8 @@ class Piece:
         """compile_sizes and the runner's padded sizes replay CUDA graphs from their second
         run (not a piece with attention inside)."""
         self.graphs: dict[int, piece_graph.PieceGraph | None] = {}
+        self.slots = piece_graph.InputSlots(
+            lambda: max(self.compile_sizes | self.piece_sizes, default=0))
         self.split = pass_manager.range_split
         self.small = None
         if self.split is not None:
@@ -210,7 +212,7 @@ class Piece:
             if n not in self.warm:
                 self.warm.add(n)
                 return fn(*args)
-            self.graphs[n] = self.captures.capture(fn, list(args), n) \
+            self.graphs[n] = self.captures.capture(fn, list(args), n, self.slots) \
                 if piece_graph.can_capture(list(args)) else None
         graph = self.graphs[n]
         return graph(*args) if graph is not None else fn(*args)

@@ -1,18 +1,22 @@
 """CUDA graphs of pieces at one token count (`cudagraph_mode: FULL_AND_PIECEWISE`).
 
 An eagerly run prefill spends host time on every piece: Inductor's wrapper, a few cuBLAS and
-Triton launches and a collective, ~1 ms a layer at TP=2. Up to ~2048 tokens that is more
-than the GPU's work (docs/performance.md). At one token count (a compile_sizes entry, or a
+Triton launches and a collective, 0.7-1.5 ms a layer (docs/performance.md). Up to ~2048
+tokens that can be more than the GPU's work. At one token count (a compile_sizes entry, or a
 size the model runner pads batches up to) a piece always runs the same kernels on the same
 shapes, so it is captured once and then replayed. Attention stays eager between the
 pieces: its metadata changes from batch to batch.
 
-A replay reads its inputs from the addresses they had at capture. The capture's own
-argument tensors are kept as the static inputs. Where a later call's argument lives
-elsewhere (attention's output, allocated eagerly), it is copied in first. A piece's output
-is the previous piece's static input, so it is already in place. All pieces share one
-memory pool and are captured in call order, so a replay reuses memory exactly as the
-capture did.
+A replay reads its inputs from the addresses they had at capture, and writes its outputs
+where the capture did. Memory does not grow with the number of sizes:
+- A piece's outputs live in the compiled forward's graph pool, and the graphs keep no
+  reference to them (a weak alias, `_weak_alias`): the capturing forward frees each
+  as its last user is done, as an eager forward would, and the next capture reuses the
+  memory. Every forward replays the pieces of one size in the order they were captured,
+  and no two forwards overlap, so a replay reuses memory exactly as its capture did.
+- An input made eagerly (attention's output, the step's input ids) is copied into a slot
+  of the piece (`InputSlots`): one buffer per input, shared by the graphs of every size.
+- Parameters, and inputs of another shape, are kept as they were given.
 """
 
 from __future__ import annotations
@@ -22,16 +26,6 @@ import logging
 import torch
 
 logger = logging.getLogger(__name__)
-
-_pool = None
-
-
-def _shared_pool():
-    global _pool
-    if _pool is None:
-        _pool = torch.cuda.graph_pool_handle()
-    return _pool
-
 
 def can_capture(args: list) -> bool:
     """CUDA graphs need the piece to run on a CUDA device."""
@@ -44,21 +38,82 @@ def inside_capture() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def _weak_alias(t):
+    """A tensor on t's memory that does not keep that memory allocated (CUDA tensors of the
+    graph pool only: on the CPU a freed block goes straight back to any allocation)."""
+    if not isinstance(t, torch.Tensor) or not t.is_cuda:
+        return t
+    storage = t.untyped_storage()
+    weak = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device,
+                                                         storage.nbytes())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(weak, t.storage_offset(),
+                                                               t.shape, t.stride())
+
+
+def _tensors(out) -> tuple:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+class InputSlots:
+    """A piece's eagerly made inputs, one buffer each shared by every size's graph: only one
+    size runs at a time, so each graph's static input is the first rows of the buffer."""
+
+    def __init__(self, max_tokens) -> None:
+        self.max_tokens = max_tokens
+        """() -> the most tokens any graph of the piece is captured at."""
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def slot(self, index: int, arg: torch.Tensor, num_tokens: int) -> torch.Tensor | None:
+        """The static input for argument `index`, its first `num_tokens` rows; None where the
+        argument is not one row per token."""
+        if arg.dim() == 0 or arg.shape[0] != num_tokens or not arg.is_contiguous():
+            return None
+        key = (index, arg.dtype, arg.device, tuple(arg.shape[1:]))
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.shape[0] < num_tokens:
+            # A larger size than planned: earlier graphs keep the old buffer (their view).
+            rows = max(self.max_tokens(), num_tokens)
+            buffer = self.buffers[key] = torch.empty((rows, *arg.shape[1:]), dtype=arg.dtype,
+                                                     device=arg.device)
+        return buffer[:num_tokens]
+
+
 class PieceGraph:
     """One call of `fn` captured; calling it replays with the new arguments copied in."""
 
-    def __init__(self, fn, args: list) -> None:
-        self.args = list(args)
-        """The static inputs: the capture call's own arguments, kept alive."""
-        self.out = self._capture(fn, self.args)
-        """Capturing ran nothing: the capturing call's results come from its first replay."""
+    def __init__(self, fn, args: list, log: CaptureLog | None = None,
+                 slots: InputSlots | None = None, num_tokens: int | None = None) -> None:
+        log = log or CaptureLog()
+        static = []
+        for i, arg in enumerate(args):
+            slot = None
+            if slots is not None and isinstance(arg, torch.Tensor) \
+                    and not isinstance(arg, torch.nn.Parameter) and not log.in_pool(arg):
+                slot = slots.slot(i, arg, num_tokens)
+            if slot is not None:
+                slot.copy_(arg)
+            static.append(arg if slot is None else slot)
+        out = self._capture(fn, static, log)
+        inputs = {a.untyped_storage().data_ptr() for a in static if isinstance(a, torch.Tensor)}
+        log.add_pool_outputs(t for t in _tensors(out) if isinstance(t, torch.Tensor)
+                             and t.untyped_storage().data_ptr() not in inputs)
+        self.first = out
+        """The capturing call's own outputs, handed back once: that forward frees them as
+        their users finish, so later captures reuse the memory."""
+        self.args = [_weak_alias(a) if isinstance(a, torch.Tensor) and log.in_pool(a) else a
+                     for a in static]
+        """The static inputs: slots, parameters, and weak aliases of earlier pieces' outputs."""
+        weak = [_weak_alias(t) for t in _tensors(out)]
+        self.out = type(out)(weak) if isinstance(out, tuple | list) else weak[0]
+        """What every later replay returns: weak aliases of the capture's outputs."""
 
-    def _capture(self, fn, args: list):
+    def _capture(self, fn, args: list, log: CaptureLog):
+        """Capturing runs nothing: the capturing call's results come from its first replay."""
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: the NCCL watchdog thread may query the events of collectives run
         # eagerly just before; in the default (global) mode that would void the capture.
-        with torch.cuda.graph(self.graph, pool=_shared_pool(), capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, pool=log.pool(), capture_error_mode="thread_local"):
             return fn(*args)
 
     def _replay(self) -> None:
@@ -75,28 +130,45 @@ class PieceGraph:
             elif arg != static:
                 raise RuntimeError(f"piece graph: captured with {static!r}, called with {arg!r}")
         self._replay()
-        return self.out
+        out, self.first = (self.out if self.first is None else self.first), None
+        return out
 
 
 class CaptureLog:
     """One compiled forward's captures, per token count: one line as a size's capture
     starts, one when its last piece is in, with the GPU memory the graphs reserved (their
-    pool, and every piece's outputs kept alive for the replays)."""
+    pool's growth, and the pieces' input slots). It owns the forward's graph pool."""
 
     def __init__(self) -> None:
         self.num_pieces = 0
         """Set by the backend once it has built every piece."""
         self.sizes: dict[int, list[int]] = {}
         """num_tokens -> [pieces captured, pieces failed, bytes reserved before the first]."""
+        self._pool = None
+        self._pool_storages: set[int] = set()
+        """Addresses of the pieces' outputs' storages: memory of the pool, which no eager
+        tensor shares while these graphs live."""
 
-    def capture(self, fn, args: list, num_tokens: int) -> PieceGraph | None:
+    def pool(self):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def add_pool_outputs(self, tensors) -> None:
+        self._pool_storages.update(t.untyped_storage().data_ptr() for t in tensors if t.is_cuda)
+
+    def in_pool(self, t: torch.Tensor) -> bool:
+        return t.is_cuda and t.untyped_storage().data_ptr() in self._pool_storages
+
+    def capture(self, fn, args: list, num_tokens: int,
+                slots: InputSlots | None = None) -> PieceGraph | None:
         """The piece's graph, or None (logged) where capturing fails: it then runs eagerly."""
         state = self.sizes.get(num_tokens)
         if state is None:
             state = self.sizes[num_tokens] = [0, 0, _reserved()]
             logger.info("piecewise CUDA graphs: capturing the pieces for %d tokens", num_tokens)
         try:
-            graph = PieceGraph(fn, args)
+            graph = PieceGraph(fn, args, self, slots, num_tokens)
             state[0] += 1
         except RuntimeError as e:
             logger.warning("piecewise CUDA graph for %d tokens could not be captured (%s); that "

@@ -30,7 +30,7 @@ class Pooler:
         complete = first_position + rows.shape[0] >= num_prompt_tokens
         kind = params.pooling_type
         if kind == "cls" and first_position == 0:
-            self._partial[req_id] = rows[0].float()
+            self._partial[req_id] = rows[0].to(torch.float32, copy=True)
         elif kind == "mean":
             chunk_sum = rows.float().sum(dim=0)
             previous = self._partial.get(req_id) if first_position > 0 else None

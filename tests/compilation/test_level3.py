@@ -60,7 +60,7 @@ class _FakeGraph(piece_graph.PieceGraph):
     captured: list = []
     replays = 0
 
-    def _capture(self, fn, args):
+    def _capture(self, fn, args, log):
         self.fn = fn
         _FakeGraph.captured.append(self)
         return fn(*args)
@@ -146,7 +146,10 @@ def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, tiny_model_fact
 
 
 def test_piecewise_sizes_stop_at_the_first_that_holds_a_full_batch():
-    assert piecewise_sizes(8192) == [8, 16, 32, 64, 128, 256, 512]
+    assert piecewise_sizes(8192) == [8, 16, 32, 64, 128, 256, 512, 576, 640, 704, 768, 832,
+                                     896, 960, 1024, 1152, 1280, 1408, 1536, 1664, 1792,
+                                     1920, 2048]
+    assert piecewise_sizes(600) == [8, 16, 32, 64, 128, 256, 512, 576, 640]
     assert piecewise_sizes(100) == [8, 16, 32, 64, 128]  # 128 holds a 100-token batch
     assert piecewise_sizes(64) == [8, 16, 32, 64]
 
