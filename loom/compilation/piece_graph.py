@@ -21,11 +21,24 @@ where the capture did. Memory does not grow with the number of sizes:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 
 logger = logging.getLogger(__name__)
+_quiet = False
+"""Set by `quiet()`: a size's capture lines go to DEBUG (the caller sums them up)."""
+
+
+@contextlib.contextmanager
+def quiet():
+    global _quiet
+    previous, _quiet = _quiet, True
+    try:
+        yield
+    finally:
+        _quiet = previous
 
 def can_capture(args: list) -> bool:
     """CUDA graphs need the piece to run on a CUDA device."""
@@ -166,7 +179,8 @@ class CaptureLog:
         state = self.sizes.get(num_tokens)
         if state is None:
             state = self.sizes[num_tokens] = [0, 0, _reserved()]
-            logger.info("piecewise CUDA graphs: capturing the pieces for %d tokens", num_tokens)
+            (logger.debug if _quiet else logger.info)(
+                "piecewise CUDA graphs: capturing the pieces for %d tokens", num_tokens)
         try:
             graph = PieceGraph(fn, args, self, slots, num_tokens)
             state[0] += 1
@@ -176,7 +190,8 @@ class CaptureLog:
             graph = None
             state[1] += 1
         if state[0] + state[1] == self.num_pieces:
-            logger.info("piecewise CUDA graphs for %d tokens: %d of %d pieces captured, %.2f GB "
+            (logger.debug if _quiet else logger.info)(
+                "piecewise CUDA graphs for %d tokens: %d of %d pieces captured, %.2f GB "
                         "more GPU memory reserved", num_tokens, state[0], self.num_pieces,
                         (_reserved() - state[2]) / 1e9)
         return graph

@@ -33,12 +33,11 @@ its size, so padding costs little GPU time. Above, where the matmuls grow with t
 steps of 64 then 128 (at most 12.5% padding): a 10 QPS step of one 550-token prompt and ~14
 decodes ran its pieces eagerly at 33-37 ms and, padded to 576, at 23 ms (run_zzz6). The
 graphs of every size share their memory (`compilation/piece_graph.py`), so more sizes cost
-no more of it; each size is captured on its second run (~50 ms, once)."""
+little more of it; all are captured at start-up (`warmup.capture_pieces`, ~50 ms a size)."""
 
 
 def piecewise_sizes(max_num_batched_tokens: int) -> list[int]:
-    """PIECEWISE_SIZES up to the first that holds max_num_batched_tokens. They are captured
-    lazily, so unlike the decode graphs (`cudagraph_capture_sizes`) they cost no start-up."""
+    """PIECEWISE_SIZES up to the first that holds max_num_batched_tokens."""
     sizes = []
     for size in PIECEWISE_SIZES:
         sizes.append(size)

@@ -32,7 +32,7 @@ from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
 from loom.worker.step_handle import StepHandle
-from loom.worker.warmup import warm_up
+from loom.worker.warmup import capture_pieces, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ class ModelRunner:
                              f"({num_blocks * self.kv_block_bytes / 2**30:.1f} GiB) cannot be "
                              f"allocated on {self.device}: {e}") from None
         self._compile_and_capture()
+        capture_pieces(self)
         if self.device.type == "cuda":  # from here on, a Triton compile stalls a step: say so
             jit_watch.arm()
         heap.settle()  # each TP worker steps in Python too
@@ -198,8 +199,7 @@ class ModelRunner:
         self.piece_sizes = sorted(set(pieces).union(
             s for s in cfg.compilation.compile_sizes if s <= pieces[-1]))
         logger.info("piecewise CUDA graphs: batches of up to %d tokens that no decode graph "
-                    "takes are padded to %s tokens; each size's pieces are captured on its "
-                    "second run", pieces[-1], self.piece_sizes)
+                    "takes are padded to %s tokens", pieces[-1], self.piece_sizes)
 
     @property
     def token_multiple(self) -> int:

@@ -23,6 +23,7 @@ from itertools import accumulate
 import torch
 
 from loom.attention.backend import AttentionMetadata
+from loom.compilation import piece_graph
 from loom.forward_context import ForwardContext, forward_context
 from loom.kernels.compile_pool import compile_pool
 from loom.sampling_params import SamplingParams
@@ -132,6 +133,41 @@ def warm_up(runner) -> None:
                 "at %d lengths and the sampler in %.1f s", len(shapes),
                 ", ".join(s[0] for s in shapes), len(variants), len(sdpa_lengths),
                 time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def capture_pieces(runner) -> None:
+    """Capture the piecewise CUDA graphs of every size batches are padded to (each size's
+    pieces are captured on its second run), so that no request waits for one: captured as
+    they came, the first requests of a 10 QPS sweep had TTFTs of 0.18-0.38 s against a
+    mean of 33 ms (run_zzz8). Each size runs as fresh prompts of up to max_model_len tokens
+    that write nowhere and read block 0."""
+    sizes = runner.piece_sizes
+    if not sizes or not runner.kv_caches:
+        return
+    start = time.perf_counter()
+    before = _reserved(runner.device)
+    max_len = runner.requests.tokens.shape[1]
+    with piece_graph.quiet():
+        for n in sizes:
+            query_lens = [max_len] * (n // max_len) + ([n % max_len] if n % max_len else [])
+            meta = step_metadata(query_lens, query_lens, n, runner.block_size, runner.device)
+            positions = step_positions(query_lens, query_lens, n).to(runner.device)
+            ids = torch.zeros(n, dtype=torch.long, device=runner.device)
+            with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)):
+                for _ in range(2):
+                    runner.forward(ids, positions)
+    logger.info("piecewise CUDA graphs: the pieces captured at %d sizes (%d .. %d tokens) in "
+                "%.1f s, %.2f GB of GPU memory", len(sizes), sizes[0], sizes[-1],
+                time.perf_counter() - start, (_reserved(runner.device) - before) / 1e9)
+
+
+def _reserved(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
 
 
 def compile_logits_gemv(runner, inputs: list[torch.Tensor]) -> None:

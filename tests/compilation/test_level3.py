@@ -80,8 +80,8 @@ class _FakeGraph(piece_graph.PieceGraph):
 def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_decode_capture,
                                                              tiny_model_factory, caplog,
                                                              monkeypatch):
-    """cudagraph_mode FULL_AND_PIECEWISE: each static-size piece is captured on its second
-    run and replayed after; attention's fresh outputs are copied into the captured inputs,
+    """cudagraph_mode FULL_AND_PIECEWISE: each static-size piece is captured at start-up
+    (its second run) and replayed after; attention's fresh outputs are copied into the captured inputs,
     so every decode step of 3 requests still computes eager's tokens. While a whole-forward
     decode graph is being captured, a piece neither captures nor replays its own graph (a
     capture inside a capture fails on CUDA): it runs its kernels into the outer graph."""
@@ -104,9 +104,10 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
     if in_decode_capture:
         assert not _FakeGraph.captured and _FakeGraph.replays == 0
         return
-    assert len(_FakeGraph.captured) == 3  # the three pieces around two attention layers
-    assert caplog.text.count("capturing the pieces for 3 tokens") == 1
-    assert "piecewise CUDA graphs for 3 tokens: 3 of 3 pieces captured" in caplog.text
+    # At start-up: the three pieces around two attention layers, at the compile size and at
+    # each size batches are padded to.
+    assert len(_FakeGraph.captured) == 3 * 5
+    assert "the pieces captured at 5 sizes (3 .. 64 tokens)" in caplog.text
     # Decode steps of 3 tokens after the capture step: every piece replayed in each.
     assert _FakeGraph.replays >= 3 * 4 and _FakeGraph.replays % 3 == 0
 
@@ -116,8 +117,8 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
 def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, tiny_model_factory, caplog,
                                                            monkeypatch):
     """FULL_AND_PIECEWISE with no compile_sizes: a batch no decode graph takes (on the CPU,
-    every batch) is padded up to a piecewise size, and at that size the general graph's
-    pieces are captured on the second run and replayed after. The padding rows must change
+    every batch) is padded up to a piecewise size, whose pieces were captured at start-up
+    and are replayed. The padding rows must change
     no real token: the tokens stay eager's."""
     path, _ = tiny_model_factory(kind)
     eager = _tokens(path)
@@ -140,9 +141,11 @@ def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, tiny_model_fact
     # padded to 8.
     assert rows[0] == (64, 34) and all(r == (8, 3) for r in rows[1:]) and len(rows) == 6
     assert "padded to [8, 16, 32, 64] tokens" in caplog.text
-    assert len(_FakeGraph.captured) == 3  # size 8's three pieces, on its second step
-    assert _FakeGraph.replays == 3 * 4  # replayed in that step and the three after
-    assert "piecewise CUDA graphs for 8 tokens: 3 of 3 pieces captured" in caplog.text
+    # Every size's three pieces at start-up, each replayed once there (its capturing run),
+    # then in each of the six steps.
+    assert len(_FakeGraph.captured) == 3 * 4
+    assert _FakeGraph.replays == 3 * 4 + 3 * 6
+    assert "the pieces captured at 4 sizes (8 .. 64 tokens)" in caplog.text
 
 
 def test_piecewise_sizes_stop_at_the_first_that_holds_a_full_batch():
@@ -185,7 +188,7 @@ def test_piecewise_graphs_on_gpu(tp, tiny_model_factory, capfd, caplog):
     if torch.cuda.device_count() < tp:
         pytest.skip(f"needs {tp} GPUs")
     path, _ = tiny_model_factory("llama")
-    caplog.set_level(logging.INFO, logger="loom.compilation.piece_graph")  # TP=1: in-process
+    caplog.set_level(logging.INFO, logger="loom.worker.warmup")  # TP=1: in-process
     prompts = _prompts(4, (70, 50, 90, 30))
     results = []
     for mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
@@ -200,4 +203,5 @@ def test_piecewise_graphs_on_gpu(tp, tiny_model_factory, capfd, caplog):
         llm.shutdown()
     assert results[0] == results[1]
     # TP=2: the workers' log lines reach the test as stderr.
-    assert "capturing the pieces for 24 tokens" in caplog.text + capfd.readouterr().err
+    assert "the pieces captured at 4 sizes (8 .. 32 tokens)" in \
+        caplog.text + capfd.readouterr().err

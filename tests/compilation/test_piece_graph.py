@@ -80,15 +80,15 @@ def test_the_first_call_hands_back_the_captures_own_outputs_then_the_kept_ones()
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pieces_of_many_sizes_share_the_pool_and_keep_eager_tokens(tiny_model_factory, caplog):
     """Prompts of many lengths, chunked and mixed with decodes, pad to most sizes from 8 to
-    256 in an order of their own; each size's pieces reuse memory that other sizes' captures
-    freed. A replay writing over live data would change tokens: they must be the tokens of
-    FULL_DECODE_ONLY, whose prompt steps run no piece graph."""
+    256, in an order of their own; each size's pieces reuse memory that other sizes'
+    captures freed. A replay writing over live data would change tokens: they must be the
+    tokens of FULL_DECODE_ONLY, whose prompt steps run no piece graph."""
     path, _ = tiny_model_factory("llama")
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(3, 200, (24,), generator=gen).tolist()
     prompts = [{"prompt_token_ids": torch.randint(5, 100, (n,), generator=gen).tolist()}
                for n in lengths]
-    caplog.set_level(logging.INFO, logger="loom.compilation.piece_graph")
+    caplog.set_level(logging.INFO, logger="loom.worker.warmup")
     results = []
     for mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
         llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda",
@@ -97,10 +97,10 @@ def test_pieces_of_many_sizes_share_the_pool_and_keep_eager_tokens(tiny_model_fa
                   compilation_config={"level": 3, "cudagraph_mode": mode})
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
         runs = []
-        for order in (prompts, prompts[::-1], prompts[::2]):  # the third: all sizes captured
+        for order in (prompts, prompts[::-1], prompts[::2]):
             runs.append([o.outputs[0].token_ids
                          for o in llm.generate(order, params, use_tqdm=False)])
         results.append(runs)
         llm.shutdown()
     assert results[0] == results[1]
-    assert caplog.text.count("piecewise CUDA graphs: capturing the pieces for") >= 4
+    assert "the pieces captured at 6 sizes (8 .. 256 tokens)" in caplog.text
