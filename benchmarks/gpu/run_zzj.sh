@@ -1,14 +1,16 @@
 # x2 (~9 min), for the next session a 2-GPU host is lent (none since session 11's run_zg).
 # With run_zzk, everything issue 4 still asks for, and the Qwen3 TP=2 tables of run_zzh:
 # 1. the GPU tests: TP=2 greedy tokens = TP=1 (tiny Llama, Qwen3, Qwen3-MoE), the fused
-#    all-reduce + norm kernel;
+#    all-reduce + norm kernel, piecewise graphs at TP=2 (session 18's shared memory: run
+#    only at TP=1 so far);
 # 2. Llama-3.1-8B TP=2 decode (goal 2.6 ms/token; 2.915 in run_zg): default, LOOM_PDL=1,
 #    LOOM_AR_NORM_PUSH=1 with cuBLASLt (2.860 in run_zg), each printed beside the default;
 # 3. Qwen3-30B-A3B TP=2 decode with the N=384 MoE table and its GEMV shards.
 source benchmarks/gpu/env.sh
 R=/tmp/zzj; mkdir -p $R
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
-timeout 150 python3 -m pytest -v -m gpu tests/distributed/test_tp.py tests/distributed/test_all_reduce_norm_gpu.py > $R/tests.log 2>&1
+timeout 190 python3 -m pytest -v -m gpu tests/distributed/test_tp.py tests/distributed/test_all_reduce_norm_gpu.py \
+  "tests/compilation/test_level3.py::test_piecewise_graphs_on_gpu[2]" > $R/tests.log 2>&1
 echo "tests: $(grep -c ' PASSED' $R/tests.log) passed, $(grep -cE ' FAILED|ERROR' $R/tests.log) failed"; grep -E 'FAILED|^E ' $R/tests.log | head -5; stamp tests
 D="--model llama-3.1-8b --load-format dummy --no-enable-prefix-caching --max-model-len 2048 -tp 2 --input-len 128 --output-len 128 --batch-size 1 --decode-split --num-iters-warmup 2 --num-iters 5 -O 3"
 run() { name=$1; shift; env "$@" timeout 80 $LOOM bench latency $D --output-json $R/$name.json > $R/$name.log 2>&1; echo "$name: $(grep -E '^Decode' $R/$name.log | head -1)"; }

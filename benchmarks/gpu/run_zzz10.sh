@@ -1,0 +1,26 @@
+# 1 GPU (~6 min), prepared in session 18, not yet run. With the 10 QPS prompt step replaying
+# piecewise graphs (445af8e: 17.2 ms median against 13.8 ms of kernels), the attention op
+# is the host's main cost in a mixed step: a mixed-step split launches the decode kernel,
+# its reduce and the prefill kernel (three launches a layer where one did). Does handing a
+# few decodes to the prefill kernel (LOOM_MIXED_SPLIT_MIN_DECODES) cost GPU time or save
+# host time now? A/B/A/B in one call, no async; then each with five prompt steps profiled
+# (kernels' GPU time a step); LOOM_LAYER_TIMES on the first pair (host against GPU a layer).
+source benchmarks/gpu/env.sh
+R=$OUT/zzz10; mkdir -p $R
+P=$PWD/benchmarks/gpu/serve_steps_probe.py
+probe() {  # name deadline [probe flags...]
+  local name=$1 deadline=$2; shift 2
+  timeout $(left $deadline) python3 $P --seconds 10 --no-async --json $R/$name.json "$@" > $R/$name.log 2>&1
+  grep -E '^\{' $R/$name.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d[k] for k in ('ttft_ms','prompt_steps','decode_steps')})"
+  grep -E "layer times: 5[5-9][0-9] tokens" $R/$name.log | python3 -c "
+import re, statistics, sys
+h = [float(m.group(1)) for m in (re.search(r'host ([\d.]+) ms', l) for l in sys.stdin) if m]
+print(f'host/layer median {statistics.median(h):.3f} ms over {len(h)} steps') if h else None"
+  grep -A12 "^profiled" $R/$name.log | head -13; stamp "$name"
+}
+NOSPLIT=1000000
+LOOM_LAYER_TIMES=1 probe split-1 100
+LOOM_LAYER_TIMES=1 LOOM_MIXED_SPLIT_MIN_DECODES=$NOSPLIT probe nosplit-1 180
+probe split-2 260 --profile-prompt-steps 5
+LOOM_MIXED_SPLIT_MIN_DECODES=$NOSPLIT probe nosplit-2 340 --profile-prompt-steps 5
+tar czf $OUT/zzz10.tgz -C $R . ; stamp done
