@@ -185,15 +185,17 @@ class CaptureLog:
             graph = PieceGraph(fn, args, self, slots, num_tokens)
             state[0] += 1
         except RuntimeError as e:
-            logger.warning("piecewise CUDA graph for %d tokens could not be captured (%s); that "
-                           "piece runs without one", num_tokens, str(e).splitlines()[0])
+            if not state[1]:  # once a size: a failure (out of memory) tends to repeat
+                logger.warning("piecewise CUDA graph for %d tokens could not be captured (%s); "
+                               "that piece runs without one", num_tokens,
+                               str(e).splitlines()[0])
             graph = None
             state[1] += 1
         if state[0] + state[1] == self.num_pieces:
-            (logger.debug if _quiet else logger.info)(
-                "piecewise CUDA graphs for %d tokens: %d of %d pieces captured, %.2f GB "
-                        "more GPU memory reserved", num_tokens, state[0], self.num_pieces,
-                        (_reserved() - state[2]) / 1e9)
+            (logger.warning if state[1] else logger.debug if _quiet else logger.info)(
+                "piecewise CUDA graphs for %d tokens: %d of %d pieces captured, %.2f GB more "
+                "GPU memory reserved", num_tokens, state[0], self.num_pieces,
+                (_reserved() - state[2]) / 1e9)
         return graph
 
 

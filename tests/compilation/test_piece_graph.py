@@ -104,3 +104,22 @@ def test_pieces_of_many_sizes_share_the_pool_and_keep_eager_tokens(tiny_model_fa
         llm.shutdown()
     assert results[0] == results[1]
     assert "the pieces captured at 6 sizes (8 .. 256 tokens)" in caplog.text
+
+
+def test_a_size_whose_captures_fail_warns_once_and_says_how_many(monkeypatch, caplog):
+    class _OutOfMemory(_Rerun):
+        def _capture(self, fn, args, log):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    monkeypatch.setattr(piece_graph, "PieceGraph", _OutOfMemory)
+    log = piece_graph.CaptureLog()
+    log.num_pieces = 3
+    caplog.set_level(logging.INFO, logger="loom.compilation.piece_graph")
+    with piece_graph.quiet():
+        graphs = [log.capture(lambda x: x, [torch.zeros(4, 2)], 4) for _ in range(3)]
+    assert graphs == [None, None, None]  # each piece then runs eagerly
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "piecewise CUDA graph for 4 tokens could not be captured (CUDA out of memory. Tried "
+        "to allocate 2.00 GiB); that piece runs without one",
+        "piecewise CUDA graphs for 4 tokens: 0 of 3 pieces captured, 0.00 GB more GPU memory "
+        "reserved"]
