@@ -40,6 +40,7 @@ def quiet():
     finally:
         _quiet = previous
 
+
 def can_capture(args: list) -> bool:
     """CUDA graphs need the piece to run on a CUDA device."""
     return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)

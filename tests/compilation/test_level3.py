@@ -61,7 +61,7 @@ class _FakeGraph(piece_graph.PieceGraph):
     replays = 0
 
     def _capture(self, fn, args, log):
-        self.fn = fn
+        self.fn, self.num_tokens = fn, backend._num_tokens
         _FakeGraph.captured.append(self)
         return fn(*args)
 
@@ -144,6 +144,8 @@ def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, tiny_model_fact
     # Every size's three pieces at start-up, each replayed once there (its capturing run),
     # then in each of the six steps.
     assert len(_FakeGraph.captured) == 3 * 4
+    # Largest first, so that smaller sizes reuse the pool's blocks.
+    assert [g.num_tokens for g in _FakeGraph.captured[::3]] == [64, 32, 16, 8]
     assert _FakeGraph.replays == 3 * 4 + 3 * 6
     assert "the pieces captured at 4 sizes (8 .. 64 tokens)" in caplog.text
 
