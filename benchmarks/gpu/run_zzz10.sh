@@ -5,12 +5,15 @@
 # few decodes to the prefill kernel (LOOM_MIXED_SPLIT_MIN_DECODES) cost GPU time or save
 # host time now? A/B/A/B in one call, no async; then each with five prompt steps profiled
 # (kernels' GPU time a step); LOOM_LAYER_TIMES on the first pair (host against GPU a layer).
+# Each probe's start-up line also gives the piece graphs' memory captured largest first
+# (c98274f; 1.16 GB + 0.50 GB smallest first in run_zzz9).
 source benchmarks/gpu/env.sh
 R=$OUT/zzz10; mkdir -p $R
 P=$PWD/benchmarks/gpu/serve_steps_probe.py
 probe() {  # name deadline [probe flags...]
   local name=$1 deadline=$2; shift 2
   timeout $(left $deadline) python3 $P --seconds 10 --no-async --json $R/$name.json "$@" > $R/$name.log 2>&1
+  grep -E "the pieces captured at|for 64 tokens: " $R/$name.log | cut -c1-200  # c98274f: largest first, memory?
   grep -E '^\{' $R/$name.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d[k] for k in ('ttft_ms','prompt_steps','decode_steps')})"
   grep -E "layer times: 5[5-9][0-9] tokens" $R/$name.log | python3 -c "
 import re, statistics, sys
