@@ -13,7 +13,10 @@ P=$PWD/benchmarks/gpu/serve_steps_probe.py
 probe() {  # name deadline [probe flags...]
   local name=$1 deadline=$2; shift 2
   timeout $(left $deadline) python3 $P --seconds 10 --no-async --json $R/$name.json "$@" > $R/$name.log 2>&1
-  grep -E "the pieces captured at|for 64 tokens: " $R/$name.log | cut -c1-200  # c98274f: largest first, memory?
+  # start-up: c98274f's pieces largest first (memory?); the warm-up's phases (16 s at
+  # fe61b90 against 4.5-5 s at 07a738d, run_zzz5); the decode graphs' capture (~14 s?)
+  grep -E "the pieces captured at|for 64 tokens: |captured [0-9]+ CUDA graphs|torch.compile level" $R/$name.log | cut -c1-200
+  grep -E "warm-up:" $R/$name.log | sed 's/.*the sampler in/warm-up: the sampler in/' 
   grep -E '^\{' $R/$name.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d[k] for k in ('ttft_ms','prompt_steps','decode_steps')})"
   grep -E "layer times: 5[5-9][0-9] tokens" $R/$name.log | python3 -c "
 import re, statistics, sys

@@ -50,7 +50,7 @@ if args.piece_sizes:
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s.%(msecs)03d %(message)s",
                     datefmt="%H:%M:%S")
 for name in ("loom.worker.step_handle", "loom.worker.warmup", "loom.worker.model_runner",
-             "loom.compilation.piece_graph"):
+             "loom.compilation.piece_graph", "loom.worker.cuda_graph"):
     logging.getLogger(name).setLevel(logging.INFO)  # and start-up's compile and warm-up times
 # Decode graphs up to 64 (as run_zzz's servers): ~15-25 requests run at 10 QPS.
 compilation = {"level": args.level, "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]}

@@ -93,6 +93,7 @@ def warm_up(runner) -> None:
     if not runner.kv_caches or runner.kv_caches[0].shape[1] == 0:
         return
     start = time.perf_counter()
+    phases = _Phases(runner.device)
     max_len = runner.requests.tokens.shape[1]  # max_model_len
     multiple = runner.token_multiple
     shapes = [s for s in STEP_SHAPES if max(s[2]) <= max_len]
@@ -108,8 +109,11 @@ def warm_up(runner) -> None:
             out = runner.forward(ids, positions)
         if hidden is None or out.shape[0] > hidden.shape[0]:
             hidden = out
+    phases.done("step shapes")
     variants = warm_up_mixed_decodes(runner)
+    phases.done("mixed decodes")
     sdpa_lengths = warm_up_sdpa(runner) if runner.device.type == "cuda" else []
+    phases.done("SDPA")
     if hidden is not None:
         # The LM head runs eagerly, after the forward and its CUDA graphs: on the GEMV its
         # row count is a constexpr, and each count of requests in a step (up to the GEMV's
@@ -119,6 +123,7 @@ def warm_up(runner) -> None:
         compile_logits_gemv(runner, [hidden[:rows] for rows in row_counts])
         for rows in row_counts:
             runner.model.compute_logits(hidden[:rows])
+        phases.done("LM head")
         rows = min(max(len(batch) for batch in SAMPLING), hidden.shape[0])
         logits = runner.model.compute_logits(hidden[:rows]).float()
         for params in SAMPLING if runner.is_driver else []:
@@ -127,12 +132,28 @@ def warm_up(runner) -> None:
                                           [set() for _ in params], [None] * len(params),
                                           runner.device, runner.arch.vocab_size)
             runner.sampler(logits[:len(params)].clone(), meta)  # sampling may write logits
-    if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
+    phases.done("sampler")
     logger.info("warm-up: %d step shapes (%s), %d decode kernel variants of mixed steps, SDPA "
-                "at %d lengths and the sampler in %.1f s", len(shapes),
+                "at %d lengths and the sampler in %.1f s (%s)", len(shapes),
                 ", ".join(s[0] for s in shapes), len(variants), len(sdpa_lengths),
-                time.perf_counter() - start)
+                time.perf_counter() - start, phases)
+
+
+class _Phases:
+    """Seconds per phase of the warm-up, each ended on the device (start-up on an H200 took
+    16 s of warm-up at fe61b90 against 4.5-5 s at 07a738d, run_zzz5: which phase?)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.last, self.seconds = device, time.perf_counter(), {}
+
+    def done(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[name], self.last = now - self.last, now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {s:.1f}" for name, s in self.seconds.items()) + " s"
 
 
 @torch.inference_mode()

@@ -1,5 +1,7 @@
 """The start-up warm-up takes every attention path of the Triton backend and writes no KV."""
 
+import logging
+import re
 from collections import Counter
 
 import pytest
@@ -35,8 +37,9 @@ def _spy(monkeypatch, module, name, calls, record=None):
 
 
 def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_factory,
-                                                                  monkeypatch):
+                                                                  monkeypatch, caplog):
     path, _ = tiny_model_factory("llama")
+    caplog.set_level(logging.INFO, logger="loom.worker.warmup")
     config = EngineConfig(ModelConfig(model=path, dtype="float32"))
     runner = ModelRunner(config, torch.device("cpu"))
     runner.backend = TritonBackend()
@@ -110,6 +113,10 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
         runner.backend, cache.shape[3], cache.shape[4], runner.dtype,
         config.scheduler.max_num_seqs or 1, runner.requests.tokens.shape[1])
     assert mixed == set(want) and {s for _, _, s in want} >= {1, 2}
+    # the log line says where the seconds went
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up:"))
+    assert re.search(r"and the sampler in [\d.]+ s \(step shapes [\d.]+, mixed decodes "
+                     r"[\d.]+, SDPA [\d.]+, LM head [\d.]+, sampler [\d.]+ s\)$", line), line
 
     for cache in runner.kv_caches:
         cache.normal_()
