@@ -95,9 +95,8 @@ class InputSlots:
 class PieceGraph:
     """One call of `fn` captured; calling it replays with the new arguments copied in."""
 
-    def __init__(self, fn, args: list, log: CaptureLog | None = None,
-                 slots: InputSlots | None = None, num_tokens: int | None = None) -> None:
-        log = log or CaptureLog()
+    def __init__(self, fn, args: list, log: CaptureLog, slots: InputSlots | None = None,
+                 num_tokens: int | None = None) -> None:
         static = []
         for i, arg in enumerate(args):
             slot = None
@@ -179,7 +178,7 @@ class CaptureLog:
         """The piece's graph, or None (logged) where capturing fails: it then runs eagerly."""
         state = self.sizes.get(num_tokens)
         if state is None:
-            state = self.sizes[num_tokens] = [0, 0, _reserved()]
+            state = self.sizes[num_tokens] = [0, 0, reserved()]
             (logger.debug if _quiet else logger.info)(
                 "piecewise CUDA graphs: capturing the pieces for %d tokens", num_tokens)
         try:
@@ -196,11 +195,11 @@ class CaptureLog:
             (logger.warning if state[1] else logger.debug if _quiet else logger.info)(
                 "piecewise CUDA graphs for %d tokens: %d of %d pieces captured, %.2f GB more "
                 "GPU memory reserved", num_tokens, state[0], self.num_pieces,
-                (_reserved() - state[2]) / 1e9)
+                (reserved() - state[2]) / 1e9)
         return graph
 
 
-def _reserved() -> int:
+def reserved() -> int:
     """GPU memory the allocator holds, its cache of free blocks emptied first: every capture
     (`torch.cuda.graph`) empties it anyway, so without this the blocks that the first capture
     frees would count against the graphs (run_w logged -0.84 GB for 128 tokens)."""

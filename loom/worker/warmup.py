@@ -86,6 +86,19 @@ def step_positions(query_lens: list[int], seq_lens: list[int], num_tokens: int) 
     return positions
 
 
+def run_step(runner, query_lens: list[int], seq_lens: list[int], num_tokens: int,
+             times: int = 1) -> torch.Tensor:
+    """The runner's forward over a step of these requests (`step_metadata`, padded to
+    num_tokens rows), run `times` times; returns the last run's hidden states."""
+    meta = step_metadata(query_lens, seq_lens, num_tokens, runner.block_size, runner.device)
+    positions = step_positions(query_lens, seq_lens, num_tokens).to(runner.device)
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=runner.device)
+    with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)):
+        for _ in range(times):
+            out = runner.forward(ids, positions)
+    return out
+
+
 @torch.inference_mode()
 def warm_up(runner) -> None:
     """Run STEP_SHAPES through the runner's forward (every rank, in the same order: the
@@ -100,13 +113,9 @@ def warm_up(runner) -> None:
     hidden = None  # the widest step's
     for name, query_lens, seq_lens in shapes:
         n = -(-sum(query_lens) // multiple) * multiple
-        meta = step_metadata(query_lens, seq_lens, n, runner.block_size, runner.device)
-        positions = step_positions(query_lens, seq_lens, n).to(runner.device)
-        ids = torch.zeros(n, dtype=torch.long, device=runner.device)
-        lifted = sdpa_at_any_length(runner.backend) if name == SDPA_SHAPE else \
-            contextlib.nullcontext()
-        with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)), lifted:
-            out = runner.forward(ids, positions)
+        with sdpa_at_any_length(runner.backend) if name == SDPA_SHAPE else \
+                contextlib.nullcontext():
+            out = run_step(runner, query_lens, seq_lens, n)
         if hidden is None or out.shape[0] > hidden.shape[0]:
             hidden = out
     phases.done("step shapes")
@@ -167,30 +176,17 @@ def capture_pieces(runner) -> None:
     if not sizes or not runner.kv_caches:
         return
     start = time.perf_counter()
-    before = _reserved(runner.device)
+    before = piece_graph.reserved()
     max_len = runner.requests.tokens.shape[1]
     with piece_graph.quiet():
         # Largest first: the pool's blocks that a size frees are split for smaller sizes; in
         # the other order each larger size needs blocks of its own (1.16 GB for 8B, run_zzz9).
         for n in reversed(sizes):
             query_lens = [max_len] * (n // max_len) + ([n % max_len] if n % max_len else [])
-            meta = step_metadata(query_lens, query_lens, n, runner.block_size, runner.device)
-            positions = step_positions(query_lens, query_lens, n).to(runner.device)
-            ids = torch.zeros(n, dtype=torch.long, device=runner.device)
-            with forward_context(ForwardContext(meta, runner.kv_caches, runner.backend)):
-                for _ in range(2):
-                    runner.forward(ids, positions)
+            run_step(runner, query_lens, query_lens, n, times=2)
     logger.info("piecewise CUDA graphs: the pieces captured at %d sizes (%d .. %d tokens) in "
                 "%.1f s, %.2f GB more GPU memory reserved", len(sizes), sizes[0], sizes[-1],
-                time.perf_counter() - start, (_reserved(runner.device) - before) / 1e9)
-
-
-def _reserved(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 0
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_reserved(device)
+                time.perf_counter() - start, (piece_graph.reserved() - before) / 1e9)
 
 
 def compile_logits_gemv(runner, inputs: list[torch.Tensor]) -> None:
