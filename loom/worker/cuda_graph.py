@@ -81,7 +81,9 @@ class CUDAGraphRunner:
     def capture(self) -> None:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        took: dict[int, float] = {}
         for size in reversed(self.sizes):  # largest first: later graphs reuse its memory
+            begin = time.perf_counter()
             ctx = ForwardContext(self._metadata(size), self.kv_caches, self.backend)
             with forward_context(ctx):
                 for _ in range(2):  # warm up: Triton autotuning and compilation
@@ -91,9 +93,13 @@ class CUDAGraphRunner:
                 with torch.cuda.graph(graph, pool=pool):
                     out = self.forward(self.input_ids[:size], self.positions[:size])
             self.graphs[size] = (graph, out)
+            took[size] = time.perf_counter() - begin
         torch.cuda.synchronize()
-        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d) in %.1f s",
-                    len(self.graphs), self.sizes[0], self.sizes[-1], time.perf_counter() - start)
+        slowest = max(took, key=took.get)
+        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d) in %.1f s (the "
+                    "slowest, batch %d: %.2f s; the fastest %.2f s)", len(self.graphs),
+                    self.sizes[0], self.sizes[-1], time.perf_counter() - start, slowest,
+                    took[slowest], min(took.values()))
 
     def padded_size(self, batch: StepBatch) -> int | None:
         meta = batch.attn_metadata

@@ -234,7 +234,8 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
     from loom.kernels.paged_decode import default_num_splits
     seen: dict[tuple[int, int, int], int] = {}
     lens = sorted({min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)})
-    for num_reqs in range(1, max_num_seqs + 1):
+    fewest = max(1, getattr(backend, "mixed_split_min_decodes", 1))  # fewer: no split
+    for num_reqs in range(fewest, max_num_seqs + 1):
         block_n, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype)
         for seq_len in lens:
             splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)

@@ -28,6 +28,7 @@ NEW_TOKENS = 5
 
 def test_split_mixed_steps_generate_what_transformers_does(tiny_model_factory, monkeypatch):
     path, hf = tiny_model_factory("llama")  # GQA group 2
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # a few decodes split too
     monkeypatch.setattr(model_runner_module, "select_backend", lambda device: TritonBackend())
     monkeypatch.setattr(model_runner_module, "warm_up", lambda runner: None)  # not under test
     calls = Counter()

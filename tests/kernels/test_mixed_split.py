@@ -28,7 +28,7 @@ def test_split_names_each_kind_and_needs_enough_decodes():
 
 
 def test_the_threshold_comes_from_the_environment(monkeypatch):
-    assert TritonBackend().mixed_split_min_decodes == 1  # the default: split from one decode
+    assert TritonBackend().mixed_split_min_decodes == 16  # the default
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "64")
     assert TritonBackend().mixed_split_min_decodes == 64
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "many")

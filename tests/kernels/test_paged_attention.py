@@ -315,6 +315,7 @@ def test_mixed_step_splits_decodes_from_prompt_chunks(case, monkeypatch):
     from loom.attention import triton_backend
     from loom.kernels.paged_decode import default_num_splits
     q_lens, s_lens, h, hkv, d, bs, pad = case
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # a few decodes split too
     calls = _spy_kernels(monkeypatch)
     uploads = []
     real_upload = triton_backend._upload_indices
@@ -338,9 +339,10 @@ def test_mixed_step_splits_decodes_from_prompt_chunks(case, monkeypatch):
 
 
 @cpu_only
-def test_split_is_made_once_per_step():
+def test_split_is_made_once_per_step(monkeypatch):
     """Every layer of a step reuses the first layer's split (one upload); a new step's
     metadata gets its own."""
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # a few decodes split too
     backend = TritonBackend(SPLIT_TILES)
     q_lens, s_lens, h, hkv, d, bs, pad = SPLIT["gqa4-d32-b16"]
     batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad)

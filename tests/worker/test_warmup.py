@@ -42,6 +42,7 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     caplog.set_level(logging.INFO, logger="loom.worker.warmup")
     config = EngineConfig(ModelConfig(model=path, dtype="float32"))
     runner = ModelRunner(config, torch.device("cpu"))
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # this model's few decodes split
     runner.backend = TritonBackend()
     calls = Counter()
     for name in ("paged_prefill", "write_kv_cache", "rope_write_kv_cache"):
@@ -140,22 +141,27 @@ def test_step_positions_end_each_request_at_its_length():
     assert positions.tolist() == [4, 0, 1, 2, 0, 0]
 
 
-def test_mixed_decode_variants_cover_every_reachable_kernel():
+@pytest.mark.parametrize("fewest", ["1", None])
+def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch):
     """Brute force over every batch size and context length (not the powers of two the
     enumeration samples): each compiled variant of the decode and reduce kernels a mixed
-    step can meet is among those warmed up, at Llama-3.1-8B's and Qwen3's bf16 heads."""
+    step can meet is among those warmed up, at Llama-3.1-8B's and Qwen3's bf16 heads, with
+    every decode count split (fewest 1) and from the default count up."""
     from loom.kernels.paged_decode import default_num_splits
+    if fewest:
+        monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", fewest)
     backend = TritonBackend()
     for kv_heads, max_seqs, max_len in ((8, 256, 1100), (4, 300, 700)):
         got = warmup_module.mixed_decode_variants(backend, kv_heads, 128, torch.bfloat16,
                                                   max_seqs, max_len)
         warmed = {(bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()) for bn, st, s in got}
         reachable = set()
-        for n in range(1, max_seqs + 1):
+        for n in range(backend.mixed_split_min_decodes, max_seqs + 1):  # fewer: no split
             bn, st = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16)
             for seq_len in range(1, max_len + 1):
                 s = default_num_splits(n, kv_heads, seq_len, bn)
                 reachable.add((bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()))
         assert warmed == reachable
-        assert {bn for bn, _, _ in reachable} == {64, 128}  # both tile sizes at these batches
+        if fewest:  # both tile sizes at these batches
+            assert {bn for bn, _, _ in reachable} == {64, 128}
         assert len(got) == len(warmed)  # one launch per variant
