@@ -15,9 +15,10 @@ head_dim) comes from `--model`. Each shape is one layer's attention in one step:
   SDPA).
 - `--mode mixed`: the same decodes plus --prompt-tokens of prompt chunks of --chunk-len
   tokens (each after --chunk-context cached tokens) in one step. It times the backend's
-  mixed path (decodes through paged_decode and the chunks through paged_prefill, each over a
+  split path (decodes through paged_decode and the chunks through paged_prefill, each over a
   device list of its request indices) and, beside it, the one paged_prefill launch over the
-  whole batch that mixed steps took before (`single_launch` in the JSON).
+  whole batch (`single_launch` in the JSON), which the backend takes below
+  LOOM_MIXED_SPLIT_MIN_DECODES decodes (`split_by_default` says which it takes).
 
 Every shape gets fresh inputs: a random cache of exactly the blocks the requests need, handed
 out in a shuffled order (a real cache's blocks are not contiguous), and random queries. Each
@@ -153,6 +154,9 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
     flops = step_flops(step, shape)
     num_decodes = sum(q == 1 for q in step.query_lens)
     backend = TritonBackend()
+    splits_by_default = num_decodes >= backend.mixed_split_min_decodes
+    if args.mode == "mixed":  # the split path whatever the count (the single launch beside)
+        backend.mixed_split_min_decodes = 1
     call = backend_call(backend, inputs)
     with recorded_launches() as launches:
         err = checked(call, ref, dtype, f"the backend's {args.mode} path")
@@ -166,6 +170,7 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
         chunks = list(zip(step.query_lens, step.seq_lens))[num_decodes:]
         row["prompt_chunks"] = [{"query_len": q, "seq_len": s} for q, s in chunks]
     if args.mode == "mixed":
+        row["split_by_default"] = splits_by_default
         single, config = single_launch_call(backend, inputs)
         single_err = checked(single, ref, dtype, "the single paged_prefill launch")
         single_us = timer.time_us(single)
@@ -195,7 +200,8 @@ def _line(row: dict[str, Any]) -> str:
             f"{' + '.join(_fmt_launch(c) for c in row['launches'])}")
     if "single_launch" in row:
         text += (f"\n{'':>19}single launch {timing(row['single_launch'])} "
-                 f"(the split path: {row['speedup_over_single_launch']:.2f}x as fast)")
+                 f"(the split path: {row['speedup_over_single_launch']:.2f}x as fast; the "
+                 f"backend takes {'the split' if row['split_by_default'] else 'one launch'})")
     if "tuned" in row:
         t = row["tuned"]
         kernel = "prefill" if "block_m" in t["config"] else "decode"

@@ -38,7 +38,7 @@ STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     # SDPA takes only long fresh prompts; the shape runs with its threshold lifted, so that
     # the kernels of that path (rotary writing the keys out for SDPA) compile here too.
     (SDPA_SHAPE, [37], [37]),
-    ("a prompt beside a decode", [1, 37], [40, 37]),
+    ("a prompt beside a decode", [1, 37], [40, 37]),  # one launch (below the split's count)
     ("five fresh prompts", [9] * 5, [9] * 5),
     ("a prompt chunk after cached context", [16], [48]),
     # Short contexts take one split (the decode kernel writes the output itself); a longer
@@ -100,6 +100,19 @@ def run_step(runner, query_lens: list[int], seq_lens: list[int], num_tokens: int
 
 
 @torch.inference_mode()
+def split_shape(runner) -> list[tuple[str, list[int], list[int]]]:
+    """The shape of a mixed step the attention backend splits (decodes to the split-K
+    kernel, the prompt to the varlen kernel, each over a list of request indices: kernel
+    variants of their own), where it needs more decodes than "a prompt beside a decode"
+    has and the batch can hold them. Without it those variants compiled at the first such
+    step, stalling it 1.8 s (a served 10 QPS run on an H200, run_zzz12)."""
+    decodes = getattr(runner.backend, "mixed_split_min_decodes", 1)
+    if decodes <= 1 or decodes + 1 > runner.requests.tokens.shape[0]:
+        return []
+    return [(f"a prompt beside {decodes} decodes (split)", [1] * decodes + [37],
+             [40] * decodes + [37])]
+
+
 def warm_up(runner) -> None:
     """Run STEP_SHAPES through the runner's forward (every rank, in the same order: the
     forward's collectives need them all) and SAMPLING through the driver's sampler."""
@@ -109,7 +122,7 @@ def warm_up(runner) -> None:
     phases = _Phases(runner.device)
     max_len = runner.requests.tokens.shape[1]  # max_model_len
     multiple = runner.token_multiple
-    shapes = [s for s in STEP_SHAPES if max(s[2]) <= max_len]
+    shapes = [s for s in STEP_SHAPES + split_shape(runner) if max(s[2]) <= max_len]
     hidden = None  # the widest step's
     for name, query_lens, seq_lens in shapes:
         n = -(-sum(query_lens) // multiple) * multiple

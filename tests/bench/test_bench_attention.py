@@ -105,6 +105,7 @@ def test_mixed_times_the_split_path_and_the_single_launch(model, tmp_path, monke
             assert timed["floor_us"] == pytest.approx(floor_us)
             assert timed["ratio_to_floor"] == pytest.approx(timed["us"] / floor_us)
         assert row["speedup_over_single_launch"] == pytest.approx(single["us"] / row["us"])
+        assert row["split_by_default"] is False  # 2 or 3 decodes: below the default count
         # The backend split the step: the decodes and the chunks, each over its own requests.
         decode, prefill = row["launches"]
         assert (decode["kernel"], decode["num_reqs"], decode["indexed"]) == (

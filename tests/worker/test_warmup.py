@@ -3,6 +3,7 @@
 import logging
 import re
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -42,10 +43,15 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     caplog.set_level(logging.INFO, logger="loom.worker.warmup")
     config = EngineConfig(ModelConfig(model=path, dtype="float32"))
     runner = ModelRunner(config, torch.device("cpu"))
-    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # this model's few decodes split
     runner.backend = TritonBackend()
+    split_from = runner.backend.mixed_split_min_decodes
     calls = Counter()
-    for name in ("paged_prefill", "write_kv_cache", "rope_write_kv_cache"):
+    indexed = Counter()  # launches over a list of request indices (a split step's)
+
+    def index(args, kwargs):
+        indexed[kwargs.get("req_index") is not None] += 1
+    _spy(monkeypatch, triton_backend, "paged_prefill", calls, index)
+    for name in ("write_kv_cache", "rope_write_kv_cache"):
         _spy(monkeypatch, triton_backend, name, calls)
     splits, fused = set(), Counter()  # paged_decode(query, kv_cache, out, ..., num_splits)
 
@@ -88,21 +94,23 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     assert logits_rows[-MAX_M - 1:] == [*range(1, MAX_M + 1), 2]
     num_layers = len(runner.kv_caches)
     # STEP_SHAPES: one fresh prompt goes to the paged prefill kernel and once more, its
-    # threshold lifted, to SDPA; five prompts and a chunk after context go to the paged
-    # prefill kernel; two decode batches to the split-K decode kernel, one with
-    # a single split (no reduce kernel) and one with several; a prompt beside a decode is
-    # split, its prompt to the prefill kernel and its decode to the decode kernel (both
-    # with a request index: that warms those variants up too). Every layer does each, and
-    # writes (to nowhere) every time, with rotary applied on the way (the runner leaves it
-    # to this backend): in the rope + KV write kernel, or, in the two pure decode steps,
-    # inside the decode kernel itself.
+    # threshold lifted, to SDPA; five prompts, a chunk after context and a prompt beside
+    # one decode (too few decodes to split) go to the paged prefill kernel; two decode
+    # batches to the split-K decode kernel, one with a single split (no reduce kernel) and
+    # one with several. Then a prompt beside enough decodes is split, its prompt to the
+    # prefill kernel and its decodes to the decode kernel (both with a request index: that
+    # warms those variants up too). Every layer does each, and writes (to nowhere) every
+    # time, with rotary applied on the way (the runner leaves it to this backend): in the
+    # rope + KV write kernel, or, in the two pure decode steps, inside the decode kernel.
+    assert split_from > 1 and warmup_module.split_shape(runner)[0][1].count(1) == split_from
     assert calls["_sdpa_prefill"] == num_layers
-    assert calls["paged_prefill"] == 4 * num_layers
+    assert calls["paged_prefill"] == 5 * num_layers
+    assert indexed == {False: 4 * num_layers, True: num_layers}
     assert runner.backend.sdpa_min_tokens == 2048  # lifted for that shape alone
     assert calls["paged_decode"] == 3 * num_layers
     assert 1 in splits and max(splits) > 1, splits
     assert fused == {True: 2 * num_layers, False: num_layers}
-    assert calls["rope_write_kv_cache"] == (len(warmup_module.STEP_SHAPES) - 2) * num_layers
+    assert calls["rope_write_kv_cache"] == (len(warmup_module.STEP_SHAPES) + 1 - 2) * num_layers
     assert calls["write_kv_cache"] == 0
     assert calls["apply_top_k_top_p"] == 1
     # each sampler path once: all greedy, all random, the two mixed, top-p
@@ -112,7 +120,7 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     cache = runner.kv_caches[0]
     want = warmup_module.mixed_decode_variants(
         runner.backend, cache.shape[3], cache.shape[4], runner.dtype,
-        config.scheduler.max_num_seqs or 1, runner.requests.tokens.shape[1])
+        runner.config.scheduler.max_num_seqs, runner.requests.tokens.shape[1])
     assert mixed == set(want) and {s for _, _, s in want} >= {1, 2}
     # the log line says where the seconds went
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up:"))
@@ -165,3 +173,20 @@ def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch)
         if fewest:  # both tile sizes at these batches
             assert {bn for bn, _, _ in reachable} == {64, 128}
         assert len(got) == len(warmed)  # one launch per variant
+
+
+def test_the_split_shape_needs_a_split_and_room_for_it(monkeypatch):
+    """A split mixed step is warmed up only where the backend splits some step that "a
+    prompt beside a decode" does not, and the batch can hold its decodes and prompt."""
+    import numpy as np
+
+    def runner(max_num_seqs, backend):
+        return SimpleNamespace(backend=backend,
+                               requests=SimpleNamespace(tokens=np.zeros((max_num_seqs, 4))))
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "5")
+    (name, query_lens, seq_lens), = warmup_module.split_shape(runner(6, TritonBackend()))
+    assert query_lens == [1] * 5 + [37] and len(seq_lens) == 6 and "5 decodes" in name
+    assert warmup_module.split_shape(runner(5, TritonBackend())) == []  # no room
+    assert warmup_module.split_shape(runner(6, object())) == []  # a backend that never splits
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # "a prompt beside a decode" splits
+    assert warmup_module.split_shape(runner(6, TritonBackend())) == []
