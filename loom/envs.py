@@ -109,14 +109,29 @@ one launch took the prompt step from 23.1 / 23.2 to 17.7 / 17.5 ms (median, two 
 the host's time a layer fell from 0.61 to 0.40 ms, the kernels' 14.35 to 14.15 ms a step.
 Throughput's mixed steps (hundreds of decodes) keep the split, 1.9-2.2x faster there."""
 
+MIXED_SPLIT_MIN_CONTEXT = 1024
+"""One launch walks each decode's keys in one program, with no split along them: beside a
+550-token prompt (run_zzz14, one 8B layer) it matched the split at 700-token contexts up to
+16 decodes (the split 0.86-0.93x as fast) but lost from 2000 on at any count (the split
+1.5-2.1x as fast at 2000, 2.0-3.1x at 4000, 2.1-5.1x at 8000)."""
+
 
 def mixed_split_min_decodes() -> int:
     """LOOM_MIXED_SPLIT_MIN_DECODES: a mixed step (prompt chunks beside one-token decodes)
     sends its decodes to the split-K decode kernel and its chunks to the varlen kernel in
-    two launches only from this many decodes; with fewer, one varlen launch serves them all
-    (decodes as one-row queries). Default MIXED_SPLIT_MIN_DECODES."""
+    two launches from this many decodes (or from LOOM_MIXED_SPLIT_MIN_CONTEXT); otherwise
+    one varlen launch serves them all (decodes as one-row queries). Default
+    MIXED_SPLIT_MIN_DECODES."""
     value = _optional_int("LOOM_MIXED_SPLIT_MIN_DECODES")
     return MIXED_SPLIT_MIN_DECODES if value is None else value
+
+
+def mixed_split_min_context() -> int:
+    """LOOM_MIXED_SPLIT_MIN_CONTEXT: a mixed step is split, whatever its number of decodes,
+    where its longest decode reads at least this many tokens. Default
+    MIXED_SPLIT_MIN_CONTEXT."""
+    value = _optional_int("LOOM_MIXED_SPLIT_MIN_CONTEXT")
+    return MIXED_SPLIT_MIN_CONTEXT if value is None else value
 
 
 def all_reduce_norm_push() -> bool:

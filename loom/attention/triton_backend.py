@@ -74,19 +74,21 @@ class MixedSplit:
     prefill_max_query_len: int
 
 
-def split_by_query_len(meta: AttentionMetadata, device: torch.device,
-                       min_decodes: int = 1) -> MixedSplit | None:
-    """The split of a step that has both kinds of request, at least min_decodes of them
-    decodes, else None (one launch serves)."""
+def split_by_query_len(meta: AttentionMetadata, device: torch.device, min_decodes: int = 1,
+                       min_context: int | None = None) -> MixedSplit | None:
+    """The split of a step that has both kinds of request, with at least min_decodes
+    decodes or (min_context given) a decode of at least min_context tokens; else None (one
+    launch serves)."""
     starts, seq_lens = meta.host_bounds
     q_lens = np.diff(np.asarray(starts, dtype=np.int64))
     decode, prefill = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
-    if len(decode) < max(1, min_decodes) or not len(prefill):
+    if not len(decode) or not len(prefill):
+        return None
+    longest = int(np.asarray(seq_lens, dtype=np.int64)[decode].max())
+    if len(decode) < min_decodes and (min_context is None or longest < min_context):
         return None
     decode_index, prefill_index = _upload_indices([decode, prefill], device)
-    return MixedSplit(decode_index, prefill_index,
-                      int(np.asarray(seq_lens, dtype=np.int64)[decode].max()),
-                      int(q_lens[prefill].max()))
+    return MixedSplit(decode_index, prefill_index, longest, int(q_lens[prefill].max()))
 
 
 _INDEX_ALIGN = 64
@@ -150,6 +152,7 @@ class TritonBackend(AttentionBackend):
                                 if self.tiles.sdpa_min_tokens is not None
                                 else envs.sdpa_min_tokens())
         self.mixed_split_min_decodes = envs.mixed_split_min_decodes()
+        self.mixed_split_min_context = envs.mixed_split_min_context()
         self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
         """The last step's metadata (weakly) and its split: every layer reads it again."""
         self._fused_rope_off = envs.decode_rope_unfused()
@@ -219,7 +222,8 @@ class TritonBackend(AttentionBackend):
         changed, so the first layer's split (and its upload) serves every layer."""
         if self._split_of is not None and self._split_of[0]() is meta:
             return self._split_of[1]
-        split = split_by_query_len(meta, device, self.mixed_split_min_decodes)
+        split = split_by_query_len(meta, device, self.mixed_split_min_decodes,
+                                   self.mixed_split_min_context)
         self._split_of = (weakref.ref(meta), split)
         return split
 

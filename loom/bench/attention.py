@@ -18,7 +18,8 @@ head_dim) comes from `--model`. Each shape is one layer's attention in one step:
   split path (decodes through paged_decode and the chunks through paged_prefill, each over a
   device list of its request indices) and, beside it, the one paged_prefill launch over the
   whole batch (`single_launch` in the JSON), which the backend takes below
-  LOOM_MIXED_SPLIT_MIN_DECODES decodes (`split_by_default` says which it takes).
+  LOOM_MIXED_SPLIT_MIN_DECODES decodes where no decode reads LOOM_MIXED_SPLIT_MIN_CONTEXT
+  tokens (`split_by_default` says which it takes).
 
 Every shape gets fresh inputs: a random cache of exactly the blocks the requests need, handed
 out in a shuffled order (a real cache's blocks are not contiguous), and random queries. Each
@@ -143,7 +144,7 @@ def _figures(us: float, nbytes: int, flops: int, ceilings) -> dict[str, Any]:
 
 def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: dict[str, Any],
               timer: KernelTimer) -> dict[str, Any]:
-    from loom.attention.triton_backend import TritonBackend
+    from loom.attention.triton_backend import TritonBackend, split_by_query_len
     inputs = make_inputs(step, shape, args.block_size, env["dtype"], env["device"],
                          args.seed * 1_000_003 + len(step.seq_lens) * 7919 + step.seq_lens[0],
                          env["kv_dtype"])
@@ -154,8 +155,10 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
     flops = step_flops(step, shape)
     num_decodes = sum(q == 1 for q in step.query_lens)
     backend = TritonBackend()
-    splits_by_default = num_decodes >= backend.mixed_split_min_decodes
-    if args.mode == "mixed":  # the split path whatever the count (the single launch beside)
+    splits_by_default = split_by_query_len(inputs.meta, inputs.query.device,
+                                           backend.mixed_split_min_decodes,
+                                           backend.mixed_split_min_context) is not None
+    if args.mode == "mixed":  # the split path whatever the step (the single launch beside)
         backend.mixed_split_min_decodes = 1
     call = backend_call(backend, inputs)
     with recorded_launches() as launches:

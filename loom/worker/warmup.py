@@ -103,14 +103,21 @@ def run_step(runner, query_lens: list[int], seq_lens: list[int], num_tokens: int
 def split_shape(runner) -> list[tuple[str, list[int], list[int]]]:
     """The shape of a mixed step the attention backend splits (decodes to the split-K
     kernel, the prompt to the varlen kernel, each over a list of request indices: kernel
-    variants of their own), where it needs more decodes than "a prompt beside a decode"
-    has and the batch can hold them. Without it those variants compiled at the first such
+    variants of their own) where "a prompt beside a decode" is not split: enough decodes,
+    if the batch holds them, else one decode as long as the split's context threshold (if
+    the model's length reaches it). Without it those variants compiled at the first such
     step, stalling it 1.8 s (a served 10 QPS run on an H200, run_zzz12)."""
-    decodes = getattr(runner.backend, "mixed_split_min_decodes", 1)
-    if decodes <= 1 or decodes + 1 > runner.requests.tokens.shape[0]:
-        return []
-    return [(f"a prompt beside {decodes} decodes (split)", [1] * decodes + [37],
-             [40] * decodes + [37])]
+    backend = runner.backend
+    decodes = getattr(backend, "mixed_split_min_decodes", 1)
+    context = getattr(backend, "mixed_split_min_context", None)
+    if decodes <= 1 or (context is not None and context <= 40):
+        return []  # "a prompt beside a decode" is split
+    if decodes + 1 <= runner.requests.tokens.shape[0]:
+        return [(f"a prompt beside {decodes} decodes (split)", [1] * decodes + [37],
+                 [40] * decodes + [37])]
+    if context is not None and context <= runner.requests.tokens.shape[1]:
+        return [(f"a prompt beside a {context}-token decode (split)", [1, 37], [context, 37])]
+    return []
 
 
 def warm_up(runner) -> None:
@@ -247,10 +254,14 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
     from loom.kernels.paged_decode import default_num_splits
     seen: dict[tuple[int, int, int], int] = {}
     lens = sorted({min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)})
-    fewest = max(1, getattr(backend, "mixed_split_min_decodes", 1))  # fewer: no split
-    for num_reqs in range(fewest, max_num_seqs + 1):
+    # Fewer decodes than this split only where the longest reads min_context tokens or more.
+    fewest = max(1, getattr(backend, "mixed_split_min_decodes", 1))
+    min_context = getattr(backend, "mixed_split_min_context", None)
+    long_lens = [] if min_context is None or min_context > max_model_len else sorted(
+        {min_context, *(n for n in lens if n >= min_context)})
+    for num_reqs in range(1, max_num_seqs + 1):
         block_n, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype)
-        for seq_len in lens:
+        for seq_len in lens if num_reqs >= fewest else long_lens:
             splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)
             pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # the reduce's
             seen.setdefault((block_n, stages, pad), splits)

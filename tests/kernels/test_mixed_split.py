@@ -27,8 +27,19 @@ def test_split_names_each_kind_and_needs_enough_decodes():
     assert split_by_query_len(_meta([1, 1]), CPU) is None  # no prompt chunk
 
 
+def test_a_long_decode_splits_the_step_whatever_the_count():
+    meta = _meta([1, 5, 1])  # decodes of 8 tokens each (q + 7)
+    assert split_by_query_len(meta, CPU, min_decodes=3, min_context=9) is None
+    split = split_by_query_len(meta, CPU, min_decodes=3, min_context=8)
+    assert split is not None and split.decode_index.tolist() == [0, 2]
+    assert split_by_query_len(_meta([5, 3]), CPU, min_context=1) is None  # still no decodes
+
+
 def test_the_threshold_comes_from_the_environment(monkeypatch):
-    assert TritonBackend().mixed_split_min_decodes == 16  # the default
+    assert TritonBackend().mixed_split_min_decodes == 16  # the defaults
+    assert TritonBackend().mixed_split_min_context == 1024
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_CONTEXT", "4096")
+    assert TritonBackend().mixed_split_min_context == 4096
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "64")
     assert TritonBackend().mixed_split_min_decodes == 64
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "many")

@@ -164,9 +164,12 @@ def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch)
                                                   max_seqs, max_len)
         warmed = {(bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()) for bn, st, s in got}
         reachable = set()
-        for n in range(backend.mixed_split_min_decodes, max_seqs + 1):  # fewer: no split
+        for n in range(1, max_seqs + 1):
             bn, st = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16)
             for seq_len in range(1, max_len + 1):
+                if (n < backend.mixed_split_min_decodes
+                        and seq_len < backend.mixed_split_min_context):
+                    continue  # one launch: no decode kernel
                 s = default_num_splits(n, kv_heads, seq_len, bn)
                 reachable.add((bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()))
         assert warmed == reachable
@@ -177,16 +180,23 @@ def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch)
 
 def test_the_split_shape_needs_a_split_and_room_for_it(monkeypatch):
     """A split mixed step is warmed up only where the backend splits some step that "a
-    prompt beside a decode" does not, and the batch can hold its decodes and prompt."""
+    prompt beside a decode" does not: by its count of decodes where the batch holds them,
+    else by one decode's context where the model's length reaches the threshold."""
     import numpy as np
 
-    def runner(max_num_seqs, backend):
-        return SimpleNamespace(backend=backend,
-                               requests=SimpleNamespace(tokens=np.zeros((max_num_seqs, 4))))
+    def runner(max_num_seqs, max_len, backend):
+        tokens = np.zeros((max_num_seqs, max_len))
+        return SimpleNamespace(backend=backend, requests=SimpleNamespace(tokens=tokens))
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "5")
-    (name, query_lens, seq_lens), = warmup_module.split_shape(runner(6, TritonBackend()))
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_CONTEXT", "100")
+    (name, query_lens, seq_lens), = warmup_module.split_shape(runner(6, 64, TritonBackend()))
     assert query_lens == [1] * 5 + [37] and len(seq_lens) == 6 and "5 decodes" in name
-    assert warmup_module.split_shape(runner(5, TritonBackend())) == []  # no room
-    assert warmup_module.split_shape(runner(6, object())) == []  # a backend that never splits
-    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # "a prompt beside a decode" splits
-    assert warmup_module.split_shape(runner(6, TritonBackend())) == []
+    assert warmup_module.split_shape(runner(5, 64, TritonBackend())) == []  # room for neither
+    (name, query_lens, seq_lens), = warmup_module.split_shape(runner(5, 100, TritonBackend()))
+    assert (query_lens, seq_lens) == ([1, 37], [100, 37]) and "100-token decode" in name
+    assert warmup_module.split_shape(runner(6, 64, object())) == []  # a backend never splitting
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_CONTEXT", "40")  # "a prompt beside a decode" splits
+    assert warmup_module.split_shape(runner(6, 64, TritonBackend())) == []
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_CONTEXT", "100")
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # so it does here
+    assert warmup_module.split_shape(runner(6, 64, TritonBackend())) == []
