@@ -12,8 +12,8 @@ one() {  # name deadline sizes
   echo "$1: $(grep -E '^Decode' $R/$1.log | cut -c1-120)"
   grep -E "captured [0-9]+ CUDA graphs|torch.compile level" $R/$1.log | cut -c1-160; stamp "$1"
 }
-one size1-a 60 1
-one size2-a 120 2
-one size1-b 180 1
-one size2-b 240 2
+one size1-a 80 1
+one size2-a 145 2
+one size1-b 210 1
+one size2-b 275 2
 tar czf $OUT/zzz15.tgz -C $R . ; stamp done
