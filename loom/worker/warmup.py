@@ -32,13 +32,14 @@ from loom.worker.sampler import SamplingMetadata
 logger = logging.getLogger(__name__)
 
 SDPA_SHAPE = "one fresh prompt through SDPA"
+BESIDE_A_DECODE, DECODE_LEN = "a prompt beside a decode", 40
 STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     # (what it covers, query tokens per request, sequence length per request)
     ("one fresh prompt", [37], [37]),
     # SDPA takes only long fresh prompts; the shape runs with its threshold lifted, so that
     # the kernels of that path (rotary writing the keys out for SDPA) compile here too.
     (SDPA_SHAPE, [37], [37]),
-    ("a prompt beside a decode", [1, 37], [40, 37]),  # one launch (below the split's count)
+    (BESIDE_A_DECODE, [1, 37], [DECODE_LEN, 37]),  # one launch by default (see split_shape)
     ("five fresh prompts", [9] * 5, [9] * 5),
     ("a prompt chunk after cached context", [16], [48]),
     # Short contexts take one split (the decode kernel writes the output itself); a longer
@@ -99,7 +100,6 @@ def run_step(runner, query_lens: list[int], seq_lens: list[int], num_tokens: int
     return out
 
 
-@torch.inference_mode()
 def split_shape(runner) -> list[tuple[str, list[int], list[int]]]:
     """The shape of a mixed step the attention backend splits (decodes to the split-K
     kernel, the prompt to the varlen kernel, each over a list of request indices: kernel
@@ -110,16 +110,17 @@ def split_shape(runner) -> list[tuple[str, list[int], list[int]]]:
     backend = runner.backend
     decodes = getattr(backend, "mixed_split_min_decodes", 1)
     context = getattr(backend, "mixed_split_min_context", None)
-    if decodes <= 1 or (context is not None and context <= 40):
-        return []  # "a prompt beside a decode" is split
+    if decodes <= 1 or (context is not None and context <= DECODE_LEN):
+        return []  # BESIDE_A_DECODE is split
     if decodes + 1 <= runner.requests.tokens.shape[0]:
         return [(f"a prompt beside {decodes} decodes (split)", [1] * decodes + [37],
-                 [40] * decodes + [37])]
+                 [DECODE_LEN] * decodes + [37])]
     if context is not None and context <= runner.requests.tokens.shape[1]:
         return [(f"a prompt beside a {context}-token decode (split)", [1, 37], [context, 37])]
     return []
 
 
+@torch.inference_mode()
 def warm_up(runner) -> None:
     """Run STEP_SHAPES through the runner's forward (every rank, in the same order: the
     forward's collectives need them all) and SAMPLING through the driver's sampler."""

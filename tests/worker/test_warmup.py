@@ -86,8 +86,17 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
         return real_logits(hidden)
     monkeypatch.setattr(runner.model, "compute_logits", compute_logits)
 
+    inference = []  # each step's mode: Dynamo guards on it, and a normal tensor re-traced
+    real_run_step = warmup_module.run_step  # the whole forward (5.6 s more on an H200)
+
+    def run_step(*a, **kw):
+        inference.append(torch.is_inference_mode_enabled())
+        return real_run_step(*a, **kw)
+    monkeypatch.setattr(warmup_module, "run_step", run_step)
+
     runner.initialize_cache(8)  # compiles (level 0 here) and warms up
     assert calls["warm_up"] == 1
+    assert len(inference) == len(warmup_module.STEP_SHAPES) + 1 and all(inference)
     # the LM head at every row count the decode GEMV takes (then the sampler's two rows)
     from loom.kernels.gemv import MAX_M
     assert warmup_module.LOGITS_ROWS == MAX_M
