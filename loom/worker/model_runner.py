@@ -184,7 +184,24 @@ class ModelRunner:
         self.graph_runner = CUDAGraphRunner(
             self.forward, self.backend, self.kv_caches, list(sizes),
             -(-max_len // self.block_size), max_len, self.device)
-        self.graph_runner.capture()
+        self._capture_decode_graphs()
+
+    def _capture_decode_graphs(self) -> None:
+        """Capture the decode graphs. They take their memory after the KV cache was sized,
+        so running out here means the budget left too little: say which setting to lower."""
+        try:
+            self.graph_runner.capture()
+        except torch.OutOfMemoryError:
+            cache = self.config.cache
+            kv_gib = sum(c.numel() * c.element_size() for c in self.kv_caches) / 2**30
+            setting = (f"kv_cache_memory_bytes (now {cache.kv_cache_memory_bytes})"
+                       if cache.kv_cache_memory_bytes is not None else
+                       f"gpu_memory_utilization (now {cache.gpu_memory_utilization})")
+            sizes = self.graph_runner.sizes
+            raise ValueError(
+                f"{setting}: the decode batches' CUDA graphs (sizes {sizes[0]}..{sizes[-1]}) "
+                f"ran out of GPU memory beside a {kv_gib:.1f} GiB KV cache; lower it, capture "
+                "fewer sizes (cudagraph_capture_sizes) or pass --enforce-eager") from None
 
     def _plan_pieces(self) -> None:
         cfg = self.config

@@ -26,3 +26,25 @@ def test_capture_inputs_need_no_recompile(tiny_model_factory):
           torch._dynamo.config.patch(error_on_recompile=True)):
         for size in reversed(sizes):  # what capture() runs, minus the CUDA graph itself
             runner.forward(graphs.input_ids[:size], graphs.positions[:size])
+
+
+def test_running_out_of_memory_in_capture_names_the_setting(tiny_model_factory):
+    """The decode graphs take memory after the KV cache is sized: an out-of-memory error
+    there becomes a ValueError naming the budget to lower, not a traceback."""
+    import pytest
+    path, _ = tiny_model_factory("llama")
+    runner = ModelRunner(EngineConfig(ModelConfig(model=path, dtype="float32")),
+                         torch.device("cpu"))
+    runner.initialize_cache(8)
+
+    class OutOfMemory:
+        sizes = [1, 2, 4]
+
+        def capture(self):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    runner.graph_runner = OutOfMemory()
+    kv_gib = sum(c.numel() * c.element_size() for c in runner.kv_caches) / 2**30
+    with pytest.raises(ValueError, match=r"^gpu_memory_utilization \(now 0\.9\): the decode "
+                       rf"batches' CUDA graphs \(sizes 1\.\.4\) ran out of GPU memory beside a "
+                       rf"{kv_gib:.1f} GiB KV cache; .*--enforce-eager"):
+        runner._capture_decode_graphs()
