@@ -74,18 +74,24 @@ class MixedSplit:
     prefill_max_query_len: int
 
 
+def splits_mixed(num_decodes: int, longest: int, min_decodes: int,
+                 min_context: int | None) -> bool:
+    """Whether a mixed step of num_decodes decodes, the longest reading `longest` tokens, is
+    split: from min_decodes decodes, or (min_context given) a decode of min_context tokens."""
+    return num_decodes >= min_decodes or (min_context is not None and longest >= min_context)
+
+
 def split_by_query_len(meta: AttentionMetadata, device: torch.device, min_decodes: int = 1,
                        min_context: int | None = None) -> MixedSplit | None:
-    """The split of a step that has both kinds of request, with at least min_decodes
-    decodes or (min_context given) a decode of at least min_context tokens; else None (one
-    launch serves)."""
+    """The split of a step that has both kinds of request, where `splits_mixed` says so;
+    else None (one launch serves)."""
     starts, seq_lens = meta.host_bounds
     q_lens = np.diff(np.asarray(starts, dtype=np.int64))
     decode, prefill = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
     if not len(decode) or not len(prefill):
         return None
     longest = int(np.asarray(seq_lens, dtype=np.int64)[decode].max())
-    if len(decode) < min_decodes and (min_context is None or longest < min_context):
+    if not splits_mixed(len(decode), longest, min_decodes, min_context):
         return None
     decode_index, prefill_index = _upload_indices([decode, prefill], device)
     return MixedSplit(decode_index, prefill_index, longest, int(q_lens[prefill].max()))
@@ -216,6 +222,11 @@ class TritonBackend(AttentionBackend):
                 self._prefill(query, kv_cache, meta, scale, out, len(split.prefill_index),
                               split.prefill_max_query_len, split.prefill_index)
         return out
+
+    def splits_mixed(self, num_decodes: int, longest: int) -> bool:
+        """`splits_mixed` at this backend's thresholds."""
+        return splits_mixed(num_decodes, longest, self.mixed_split_min_decodes,
+                            self.mixed_split_min_context)
 
     def _split(self, meta: AttentionMetadata, device: torch.device) -> MixedSplit | None:
         """split_by_query_len, once per step: a step's metadata is built afresh and never

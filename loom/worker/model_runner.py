@@ -193,7 +193,7 @@ class ModelRunner:
             self.graph_runner.capture()
         except torch.OutOfMemoryError:
             cache = self.config.cache
-            kv_gib = sum(c.numel() * c.element_size() for c in self.kv_caches) / 2**30
+            kv_gib = self.kv_caches[0].shape[1] * self.kv_block_bytes / 2**30
             setting = (f"kv_cache_memory_bytes (now {cache.kv_cache_memory_bytes})"
                        if cache.kv_cache_memory_bytes is not None else
                        f"gpu_memory_utilization (now {cache.gpu_memory_utilization})")

@@ -108,14 +108,14 @@ def split_shape(runner) -> list[tuple[str, list[int], list[int]]]:
     the model's length reaches it). Without it those variants compiled at the first such
     step, stalling it 1.8 s (a served 10 QPS run on an H200, run_zzz12)."""
     backend = runner.backend
-    decodes = getattr(backend, "mixed_split_min_decodes", 1)
-    context = getattr(backend, "mixed_split_min_context", None)
-    if decodes <= 1 or (context is not None and context <= DECODE_LEN):
-        return []  # BESIDE_A_DECODE is split
+    splits = getattr(backend, "splits_mixed", None)
+    if splits is None or splits(1, DECODE_LEN):
+        return []  # a backend that never splits, or BESIDE_A_DECODE is split
+    decodes, context = backend.mixed_split_min_decodes, backend.mixed_split_min_context
     if decodes + 1 <= runner.requests.tokens.shape[0]:
         return [(f"a prompt beside {decodes} decodes (split)", [1] * decodes + [37],
                  [DECODE_LEN] * decodes + [37])]
-    if context is not None and context <= runner.requests.tokens.shape[1]:
+    if context <= runner.requests.tokens.shape[1]:
         return [(f"a prompt beside a {context}-token decode (split)", [1, 37], [context, 37])]
     return []
 
@@ -254,15 +254,14 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
 
     from loom.kernels.paged_decode import default_num_splits
     seen: dict[tuple[int, int, int], int] = {}
-    lens = sorted({min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)})
-    # Fewer decodes than this split only where the longest reads min_context tokens or more.
-    fewest = max(1, getattr(backend, "mixed_split_min_decodes", 1))
-    min_context = getattr(backend, "mixed_split_min_context", None)
-    long_lens = [] if min_context is None or min_context > max_model_len else sorted(
-        {min_context, *(n for n in lens if n >= min_context)})
+    lens = {min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)}
+    if backend.mixed_split_min_context <= max_model_len:
+        lens.add(backend.mixed_split_min_context)  # fewer decodes split from there on
     for num_reqs in range(1, max_num_seqs + 1):
         block_n, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype)
-        for seq_len in lens if num_reqs >= fewest else long_lens:
+        for seq_len in sorted(lens):
+            if not backend.splits_mixed(num_reqs, seq_len):
+                continue  # one launch: no decode kernel
             splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)
             pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # the reduce's
             seen.setdefault((block_n, stages, pad), splits)
