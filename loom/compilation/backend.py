@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -255,10 +256,12 @@ class CompiledForward:
             # The pass manager still runs: it turns loom's norm ops back into aten ops.
             self.fn = torch.compile(forward, dynamic=True, fullgraph=True,
                                     options={**inductor_patches(config),
-                                             "post_grad_custom_post_pass": passes})
+                                             "post_grad_custom_post_pass": passes,
+                                             "guard_filter_fn": keep_guards})
         else:
             backend = self.backend = PiecewiseBackend(config, passes)
-            self.fn = torch.compile(forward, backend=backend, dynamic=True, fullgraph=True)
+            self.fn = torch.compile(forward, backend=backend, dynamic=True, fullgraph=True,
+                                    options={"guard_filter_fn": keep_guards})
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # Norm epsilons and attention scales are constants of the model, not inputs.
         torch._dynamo.config.specialize_float = True
@@ -281,11 +284,34 @@ class CompiledForward:
             for t in (input_ids, positions):
                 torch._dynamo.mark_static(t, 1)
         if self.level > 0 and input_ids.shape[0] > 1:
-            # One graph for every token count >= 2 (1 is specialised by Dynamo anyway).
+            # One graph for every token count, 1 included (`keep_guards`); Dynamo refuses to
+            # mark a dimension of size 1 dynamic, so only larger batches are marked.
             torch._dynamo.mark_dynamic(input_ids, 0)
             torch._dynamo.mark_dynamic(positions, 0)
         with _running_size(num_tokens):
             return self.fn(input_ids, positions)
+
+
+_TOKEN_COUNT_GUARDS = (re.compile(r"2 <= L\['\w+'\]\.size\(\)\[0\]"),
+                       re.compile(r"L\['\w+'\]\.size\(\)\[0\] == L\['\w+'\]\.size\(\)\[0\]"))
+"""Shape guards that say only that the token count is at least 2 and the same in every
+input (Dynamo's guard code for the forward's [n] or [n / m, m] inputs)."""
+
+
+def keep_guards(entries: list) -> list[bool]:
+    """Dynamo's guard_filter_fn: every guard but a shape guard made only of
+    `_TOKEN_COUNT_GUARDS`. Dynamo assumes a dynamic size is never 0 or 1, so the general
+    graph's "at least 2" sent a one-token batch (batch-1 decode, its CUDA graph) to a
+    second trace and compile of the whole forward: 4.7-7.5 s of an 8B start-up (run_zzz12).
+    The graph computes one token as it does two (checked against eager on the CPU), so it
+    serves that batch too. Any other shape guard (a branch on the token count) is kept."""
+    return [not _only_token_count(e) for e in entries]
+
+
+def _only_token_count(entry) -> bool:
+    code = getattr(getattr(entry, "orig_guard", None), "code_list", None)
+    return entry.guard_type == "SHAPE_ENV" and bool(code) and all(
+        any(p.fullmatch(line) for p in _TOKEN_COUNT_GUARDS) for line in code)
 
 
 def _flattening(forward: Callable) -> Callable:

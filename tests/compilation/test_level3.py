@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -45,6 +46,41 @@ def test_level3_matches_eager(splitting_ops, tiny_model_factory, caplog, monkeyp
 
 def _size(inputs) -> str:
     return next((str(x.shape[0]) for x in inputs if hasattr(x, "shape") and x.dim() > 0), "")
+
+
+@pytest.mark.slow
+def test_one_token_batches_run_the_general_graph(tiny_model_factory, monkeypatch):
+    """A lone request decodes one token a step: the forward traced for many tokens serves
+    it (Dynamo traced once, not again for size 1) and gives eager's tokens. Qwen3: its
+    per-head q/k norm reshapes by -1."""
+    path, _ = tiny_model_factory("qwen3")
+    traced = []
+    original = backend.PiecewiseBackend.__call__
+    monkeypatch.setattr(backend.PiecewiseBackend, "__call__", lambda self, gm, inputs: (
+        traced.append(gm), original(self, gm, inputs))[1])
+    prompt = _prompts(5, (9,))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    tokens = []
+    for level in (0, 3):
+        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
+                  max_model_len=128, compilation_config={"level": level})
+        tokens.append(llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
+    assert tokens[1] == tokens[0]
+    assert len(traced) == 1
+
+
+def _guard(kind: str, code: list[str] | None = None) -> SimpleNamespace:
+    return SimpleNamespace(guard_type=kind, orig_guard=SimpleNamespace(code_list=code))
+
+
+def test_only_the_token_count_floor_is_dropped_from_the_guards():
+    floor = ["L['positions'].size()[0] == L['input_ids'].size()[0]",
+             "2 <= L['input_ids'].size()[0]"]
+    branch = floor + ["L['input_ids'].size()[0] <= 8192"]  # a branch on the token count
+    entries = [_guard("TENSOR_MATCH"), _guard("SHAPE_ENV", floor), _guard("GLOBAL_STATE"),
+               _guard("SHAPE_ENV", branch), _guard("SHAPE_ENV", ["3 <= L['x'].size()[0]"]),
+               _guard("SHAPE_ENV", None)]
+    assert backend.keep_guards(entries) == [True, False, True, True, True, True]
 
 
 def test_unknown_inductor_option_is_a_clear_error(tiny_model_factory):

@@ -34,6 +34,21 @@ def test_gpu_float32_equals_cpu(kind, compilation, tiny_model_factory):
     assert gpu == cpu
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_gpu_lone_request_equals_cpu(kind, tiny_model_factory):
+    """One request at a time: every decode step is one token, replayed from the batch-1
+    CUDA graph that the general (many-token) compiled graph was captured into."""
+    path, _ = tiny_model_factory(kind)
+    prompt = _prompts(7, (21,))
+    out = []
+    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": {"level": 3}})):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
+                  dtype="float32", **extra)
+        out.append(llm.generate(prompt, PARAMS, use_tqdm=False)[0].outputs[0].token_ids)
+        llm.shutdown()
+    assert out[1] == out[0]
+
+
 def test_gpu_bf16_first_tokens_match_transformers(tiny_model_factory):
     path, hf = tiny_model_factory("llama")
     hf = hf.to("cuda", torch.bfloat16)
