@@ -4,23 +4,26 @@
 # (LOOM_MIXED_SPLIT_MIN_CONTEXT, default 1024) splits such a step; "oneshot" turns it off
 # (one launch for every mixed step under 16 decodes), A/B/A in one call. Kernel level
 # (run_zzz14): the split 2.0-3.1x as fast at 4000-token contexts. Then a smoke run of the
-# split gemv_bench.py (one small shape, short budget).
+# split gemv_bench.py (two small shapes, short budget). Arguments: the sweeps (default
+# ctx oneshot ctx-again); Dynamo's recompile reasons are logged (TORCH_LOGS=recompiles).
 source benchmarks/gpu/env.sh
 R=$OUT/zzz16; mkdir -p $R
 O='{"level":3,"cudagraph_capture_sizes":[1,2,4,8,16,24,32,40,48,56,64]}'
 deadline=0
-for name in ctx oneshot ctx-again; do
-  deadline=$((deadline + 140))
+[ $# -eq 0 ] && set -- ctx oneshot ctx-again
+for name in "$@"; do
+  deadline=$((deadline + 130))
   case $name in oneshot) ctx=100000000 ;; *) ctx=1024 ;; esac
-  LOOM_MIXED_SPLIT_MIN_CONTEXT=$ctx timeout $(left $deadline) $LOOM bench sweep --model llama-3.1-8b \
+  TORCH_LOGS=recompiles LOOM_MIXED_SPLIT_MIN_CONTEXT=$ctx timeout $(left $deadline) $LOOM bench sweep --model llama-3.1-8b \
     --rates 5 --modes multiprocess --duration 30 --ignore-eos --dataset-name random \
     --random-input-len 4000 --random-output-len 150 --result-dir $R/$name \
     -- --load-format dummy --max-model-len 8192 -O "$O" > $R/$name.log 2>&1
   grep -E "server side|^ +5 \|" $R/$name.log
-  grep -h "compiled while serving" $R/$name/server-*.log | cut -c1-160; stamp "$name"
+  grep -h "compiled while serving" $R/$name/server-*.log | cut -c1-160
+  grep -h -A3 "Recompiling function" $R/$name/server-*.log | cut -c1-240 | head -8; stamp "$name"
 done
-timeout $(left $((deadline + 90))) python3 benchmarks/gpu/gemv_bench.py --output-json $R/gemv-smoke.json \
-  --shapes q3_router,q3_o --jobs 12 --budget-s 40 > $R/gemv-smoke.log 2>&1
+timeout $(left $((deadline + 60))) python3 benchmarks/gpu/gemv_bench.py --output-json $R/gemv-smoke.json \
+  --shapes q3_router,q3_o --jobs 12 --budget-s 30 > $R/gemv-smoke.log 2>&1
 echo "gemv_bench rc=$?"; tail -n 12 $R/gemv-smoke.log; stamp gemv
 find $R -name "server-multiprocess.log" -size +2M -delete
 tar czf $OUT/zzz16.tgz -C $R . ; stamp done

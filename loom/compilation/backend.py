@@ -292,10 +292,12 @@ class CompiledForward:
             return self.fn(input_ids, positions)
 
 
-_TOKEN_COUNT_GUARDS = (re.compile(r"2 <= L\['\w+'\]\.size\(\)\[0\]"),
-                       re.compile(r"L\['\w+'\]\.size\(\)\[0\] == L\['\w+'\]\.size\(\)\[0\]"))
-"""Shape guards that say only that the token count is at least 2 and the same in every
-input (Dynamo's guard code for the forward's [n] or [n / m, m] inputs)."""
+_SIZE = r"(L\['\w+'\]|\w+)\.size\(\)\[0\]"
+_TOKEN_COUNT_GUARDS = (re.compile(rf"2 <= {_SIZE}( <= (2147483647|9223372036854775807))?"),
+                       re.compile(rf"{_SIZE} == {_SIZE}"))
+"""Shape guards that say only that the token count is at least 2 (below a bound far past any
+batch: PyTorch 2.11 on CUDA adds 2**31 - 1) and the same in every input: Dynamo's guard
+code for the forward's [n] or [n / m, m] inputs."""
 
 
 def keep_guards(entries: list) -> list[bool]:
@@ -305,7 +307,12 @@ def keep_guards(entries: list) -> list[bool]:
     second trace and compile of the whole forward: 4.7-7.5 s of an 8B start-up (run_zzz12).
     The graph computes one token as it does two (checked against eager on the CPU), so it
     serves that batch too. Any other shape guard (a branch on the token count) is kept."""
-    return [not _only_token_count(e) for e in entries]
+    keep = [not _only_token_count(e) for e in entries]
+    kept = [e for e, k in zip(entries, keep) if k and e.guard_type == "SHAPE_ENV"]
+    if kept:
+        logger.info("torch.compile: shape guards %s kept: a one-token batch traces and "
+                    "compiles the forward again", getattr(kept[0].orig_guard, "code_list", "?"))
+    return keep
 
 
 def _only_token_count(entry) -> bool:
