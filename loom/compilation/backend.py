@@ -292,12 +292,16 @@ class CompiledForward:
             return self.fn(input_ids, positions)
 
 
-_SIZE = r"(L\['\w+'\]|\w+)\.size\(\)\[0\]"
-_TOKEN_COUNT_GUARDS = (re.compile(rf"2 <= {_SIZE}( <= (2147483647|9223372036854775807))?"),
+_SIZE = r"(\d+\*)?(L\['\w+'\]|\w+)\.size\(\)\[0\]"
+_INT_MAX = r"(2147483647|9223372036854775807)"
+_TOKEN_COUNT_GUARDS = (re.compile(rf"2 <= {_SIZE}( <= {_INT_MAX})?"),
+                       re.compile(rf"{_SIZE} <= {_INT_MAX}"),
                        re.compile(rf"{_SIZE} == {_SIZE}"))
-"""Shape guards that say only that the token count is at least 2 (below a bound far past any
-batch: PyTorch 2.11 on CUDA adds 2**31 - 1) and the same in every input: Dynamo's guard
-code for the forward's [n] or [n / m, m] inputs."""
+"""Shape guard terms that say only that the token count is at least 2, the same in every
+input, and small enough to index with 32 (or 64) bits: Dynamo's guard code for the
+forward's [n] or [n / m, m] inputs (PyTorch 2.11 on CUDA adds the index bounds, as
+"4096*L['input_ids'].size()[0] <= 2147483647"). The first compile is the profile run at
+the largest batch, so every later batch is within its index bounds."""
 
 
 def keep_guards(entries: list) -> list[bool]:
@@ -308,17 +312,22 @@ def keep_guards(entries: list) -> list[bool]:
     The graph computes one token as it does two (checked against eager on the CPU), so it
     serves that batch too. Any other shape guard (a branch on the token count) is kept."""
     keep = [not _only_token_count(e) for e in entries]
-    kept = [e for e, k in zip(entries, keep) if k and e.guard_type == "SHAPE_ENV"]
-    if kept:
+    kept = [_code(e) for e, k in zip(entries, keep) if k and e.guard_type == "SHAPE_ENV"]
+    if any(kept):
         logger.info("torch.compile: shape guards %s kept: a one-token batch traces and "
-                    "compiles the forward again", getattr(kept[0].orig_guard, "code_list", "?"))
+                    "compiles the forward again", next(c for c in kept if c))
     return keep
 
 
+def _code(entry) -> list[str] | None:
+    return getattr(getattr(entry, "orig_guard", None), "code_list", None)
+
+
 def _only_token_count(entry) -> bool:
-    code = getattr(getattr(entry, "orig_guard", None), "code_list", None)
+    code = _code(entry)
     return entry.guard_type == "SHAPE_ENV" and bool(code) and all(
-        any(p.fullmatch(line) for p in _TOKEN_COUNT_GUARDS) for line in code)
+        any(p.fullmatch(term) for p in _TOKEN_COUNT_GUARDS)
+        for line in code for term in line.split(" and "))
 
 
 def _flattening(forward: Callable) -> Callable:

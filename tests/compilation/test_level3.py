@@ -81,8 +81,12 @@ def test_only_the_token_count_floor_is_dropped_from_the_guards():
                _guard("SHAPE_ENV", branch), _guard("SHAPE_ENV", ["3 <= L['x'].size()[0]"]),
                _guard("SHAPE_ENV", None)]
     assert backend.keep_guards(entries) == [True, False, True, True, True, True]
-    bounded = [floor[0], floor[1] + " <= 2147483647"]  # as PyTorch 2.11 writes it on CUDA
-    assert backend.keep_guards([_guard("SHAPE_ENV", bounded)]) == [False]
+    cuda = ["4096*L['input_ids'].size()[0] <= 2147483647",  # as PyTorch 2.11 writes it
+            "2 <= L['input_ids'].size()[0] and L['input_ids'].size()[0] <= 2147483647",
+            "2 <= L['positions'].size()[0]", floor[1] + " <= 2147483647"]
+    assert backend.keep_guards([_guard("SHAPE_ENV", cuda)]) == [False]
+    assert backend.keep_guards([_guard("SHAPE_ENV", cuda + ["L['x'].size()[0] <= 64"])]) \
+        == [True]
     assert backend.keep_guards([_guard("SHAPE_ENV", [floor[1] + " <= 8192"])]) == [True]
 
 
