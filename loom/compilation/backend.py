@@ -314,10 +314,11 @@ def keep_guards(entries: list) -> list[bool]:
     5.6, batch-1 decode unchanged (run_zzz19). Any other shape guard (a branch on the token
     count) is kept."""
     keep = [not _only_token_count(e) for e in entries]
-    kept = [_code(e) for e, k in zip(entries, keep) if k and e.guard_type == "SHAPE_ENV"]
-    if any(kept):
+    kept = [code for e, k in zip(entries, keep)
+            if k and e.guard_type == "SHAPE_ENV" and (code := _code(e))]
+    if kept:
         logger.info("torch.compile: shape guards %s kept: a one-token batch traces and "
-                    "compiles the forward again", next(c for c in kept if c))
+                    "compiles the forward again", kept[0])
     return keep
 
 
