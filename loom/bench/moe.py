@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import dataclasses
 import json
 import os
@@ -226,8 +227,8 @@ def _line(row: dict[str, Any]) -> str:
             f"({row['experts_touched']} experts)")
 
 
-def run_moe(args: argparse.Namespace) -> int:
-    shape = moe_shape(args.model, args.tensor_parallel_size)
+def _check_args(args: argparse.Namespace) -> list[int]:
+    """The distinct batch sizes, once the arguments and the machine can run them."""
     sizes = list(dict.fromkeys(args.batch_sizes))
     if not sizes or min(sizes) < 1:
         raise ValueError(f"batch_sizes: must be positive, got {args.batch_sizes}")
@@ -240,42 +241,70 @@ def run_moe(args: argparse.Namespace) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise ValueError("moe: TRITON_INTERPRET is set: the kernels would run on the CPU "
                          "interpreter; unset it")
-    try:
-        import triton  # noqa: F401
-        from tqdm import tqdm
-    except ImportError as e:
-        raise ValueError(f"moe: {e.name} is not installed (pip install 'loom[triton]')") from None
+    for module in ("triton", "tqdm"):
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"moe: {module} is not installed (pip install 'loom[triton]')")
+    return sizes
+
+
+def _tune_rows(bench: Bench, sizes: list[int],
+               elem_size: int) -> tuple[list[dict[str, Any]], float]:
+    """Search each batch size's configs (all compiled first, on every CPU); returns the
+    rows and the seconds the compile took."""
+    from tqdm import tqdm
+    spaces = {m: search_space(bench.shape, m) for m in sizes}
+    union = list({tuple(sorted(c.items())): c for s in spaces.values() for c in s}.values())
+    bench.set_batch(sizes[0])
+    print(f"compiling {len(union)} configs on {os.cpu_count()} threads...", flush=True)
+    compile_s = _precompile(bench, union)
+    print(f"compiled in {compile_s:.1f} s", flush=True)
+    rows = []
+    with tqdm(total=sum(len(s) for s in spaces.values()), desc="tuning",
+              unit="config", dynamic_ncols=True) as bar:
+        for m in sizes:
+            bar.set_postfix_str(f"M={m}")
+            bench.set_batch(m)
+            best = tune_batch(bench, m, bar)
+            row = {**_row(bench, m, best["config"], best["us"], elem_size),
+                   "max_rel_error": best["max_rel_error"], "searched": best["searched"],
+                   "skipped": best["skipped"], "rejected": best["rejected"]}
+            rows.append(row)
+            bar.write(_line(row))
+    return rows, compile_s
+
+
+def _picked_rows(bench: Bench, sizes: list[int], elem_size: int) -> list[dict[str, Any]]:
+    """Time the config fused_moe itself picks at each batch size."""
+    from loom.kernels import moe_config as mc
+    shape = bench.shape
+    rows = []
+    for m in sizes:
+        bench.set_batch(m)
+        config = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, bench.dtype,
+                               bench.device)
+        row = _row(bench, m, config, bench.time_us(config), elem_size)
+        rows.append(row)
+        print(_line(row), flush=True)
+    return rows
+
+
+def run_moe(args: argparse.Namespace) -> int:
+    shape = moe_shape(args.model, args.tensor_parallel_size)
+    sizes = _check_args(args)
+    import torch
     from loom.kernels import moe_config as mc
 
     dtype = getattr(torch, args.dtype)
     elem_size = torch.empty((), dtype=dtype).element_size()
     bench = Bench(shape, dtype, args.seed, args.num_iters_warmup, args.num_iters)
-    device = mc.device_name(bench.device)
-    file_name = mc.config_file_name(shape.num_experts, shape.inter, dtype, device)
-    print(f"{torch.cuda.get_device_name(bench.device)}: E={shape.num_experts} "
-          f"top_k={shape.top_k} H={shape.hidden} N={shape.inter} (TP {args.tensor_parallel_size})"
-          f" {args.dtype}", flush=True)
-    rows: list[dict[str, Any]] = []
-    compile_s = None
+    file_name = mc.config_file_name(shape.num_experts, shape.inter, dtype,
+                                    mc.device_name(bench.device))
+    device = torch.cuda.get_device_name(bench.device)
+    print(f"{device}: E={shape.num_experts} top_k={shape.top_k} H={shape.hidden} "
+          f"N={shape.inter} (TP {args.tensor_parallel_size}) {args.dtype}", flush=True)
     started = time.perf_counter()
     if args.tune:
-        spaces = {m: search_space(shape, m) for m in sizes}
-        union = list({tuple(sorted(c.items())): c for s in spaces.values() for c in s}.values())
-        bench.set_batch(sizes[0])
-        print(f"compiling {len(union)} configs on {os.cpu_count()} threads...", flush=True)
-        compile_s = _precompile(bench, union)
-        print(f"compiled in {compile_s:.1f} s", flush=True)
-        with tqdm(total=sum(len(s) for s in spaces.values()), desc="tuning",
-                  unit="config", dynamic_ncols=True) as bar:
-            for m in sizes:
-                bar.set_postfix_str(f"M={m}")
-                bench.set_batch(m)
-                best = tune_batch(bench, m, bar)
-                row = {**_row(bench, m, best["config"], best["us"], elem_size),
-                       "max_rel_error": best["max_rel_error"], "searched": best["searched"],
-                       "skipped": best["skipped"], "rejected": best["rejected"]}
-                rows.append(row)
-                bar.write(_line(row))
+        rows, compile_s = _tune_rows(bench, sizes, elem_size)
         save_dir = Path(args.save_dir) if args.save_dir else mc.config_dir()
         config_file = write_json(save_dir / file_name, merged_table(save_dir / file_name, rows))
         mc.load_config_file.cache_clear()
@@ -284,13 +313,7 @@ def run_moe(args: argparse.Namespace) -> int:
         path = mc.config_dir() / file_name
         config_file = path if mc.load_config_file(str(path)) is not None else None
         print(f"configs: {config_file or 'defaults (no tuned file ' + str(path) + ')'}")
-        for m in sizes:
-            bench.set_batch(m)
-            config = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, dtype,
-                                   bench.device)
-            row = _row(bench, m, config, bench.time_us(config), elem_size)
-            rows.append(row)
-            print(_line(row), flush=True)
+        rows, compile_s = _picked_rows(bench, sizes, elem_size), None
     elapsed = time.perf_counter() - started
     print(f"{len(rows)} batch sizes in {elapsed:.0f} s")
     from loom.bench.ceilings import measure_ceilings
@@ -300,7 +323,7 @@ def run_moe(args: argparse.Namespace) -> int:
     if args.output_json:
         payload = {"benchmark": "moe", "date": now_iso(), "git_commit": git_commit(),
                    "ceilings": dataclasses.asdict(ceilings),
-                   "command": command_line(), "device": torch.cuda.get_device_name(bench.device),
+                   "command": command_line(), "device": device,
                    "model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
                    "dtype": args.dtype, "hidden_size": shape.hidden,
                    "intermediate_size_per_shard": shape.inter, "num_experts": shape.num_experts,

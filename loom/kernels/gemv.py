@@ -276,13 +276,9 @@ def prefetch_bytes(cfg: GemvConfig, block_k: int, n: int, k: int, itemsize: int,
     return chunks * block_k * itemsize
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
-         config: GemvConfig | dict | None = None, compile_only: bool = False) -> torch.Tensor:
-    """x [M, K] (or [M, 2K] = [gate | up] with silu_mul_input) times weight [N, K]^T, for
-    1 <= M <= 8; returns a new [M, N] tensor of x's dtype. Both contiguous, same dtype
-    (bfloat16, float16 or float32) and device. config: a GemvConfig, a dict of its fields,
-    or None for `default_config`. compile_only: compile the kernels this call needs and
-    run nothing (inside compile_pool, on its threads); the tensor returned is unwritten."""
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor,
+                  silu_mul_input: bool) -> tuple[int, int, int]:
+    """gemv's argument checks; returns (M, K, N)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv: expected x [M, K] and weight [N, K], got {tuple(x.shape)} "
                          f"and {tuple(weight.shape)}")
@@ -304,13 +300,28 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
         raise ValueError("gemv: x and weight must be contiguous")
     if x.device != weight.device:
         raise ValueError(f"gemv: x on {x.device}, weight on {weight.device}")
+    return m, k, n
+
+
+def _resolve_config(config: GemvConfig | dict | None, m: int, n: int, k: int) -> GemvConfig:
+    """config as gemv takes it (None: `default_config`), checked against K."""
     if config is None:
-        cfg = default_config(m, n, k)
+        config = default_config(m, n, k)
     elif isinstance(config, dict):
-        cfg = GemvConfig(**config)
-    else:
-        cfg = config
-    _check_config(cfg, k)
+        config = GemvConfig(**config)
+    _check_config(config, k)
+    return config
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
+         config: GemvConfig | dict | None = None, compile_only: bool = False) -> torch.Tensor:
+    """x [M, K] (or [M, 2K] = [gate | up] with silu_mul_input) times weight [N, K]^T, for
+    1 <= M <= 8; returns a new [M, N] tensor of x's dtype. Both contiguous, same dtype
+    (bfloat16, float16 or float32) and device. config: a GemvConfig, a dict of its fields,
+    or None for `default_config`. compile_only: compile the kernels this call needs and
+    run nothing (inside compile_pool, on its threads); the tensor returned is unwritten."""
+    m, k, n = _check_inputs(x, weight, silu_mul_input)
+    cfg = _resolve_config(config, m, n, k)
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)

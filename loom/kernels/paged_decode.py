@@ -188,6 +188,35 @@ class NewTokens(NamedTuple):
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
 
 
+def _new_token_args(new_tokens: NewTokens | None, query: torch.Tensor, kv_cache: torch.Tensor,
+                    query_start_loc: torch.Tensor) -> NewTokens:
+    """new_tokens, checked; without them (ROPE off) placeholders the kernel never reads."""
+    if new_tokens is None:
+        return NewTokens(query, query, query_start_loc, query, query_start_loc, None)
+    key, value, _, cos_sin_cache, _, _ = new_tokens
+    head_dim = query.shape[2]
+    check_slot_layout(kv_cache, "paged_decode")
+    if key.stride(2) != 1 or value.stride(2) != 1 or cos_sin_cache.stride(1) != 1 \
+            or cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[1] != head_dim:
+        raise ValueError("paged_decode: new_tokens need contiguous head dims and a float32 "
+                         f"[max_pos, {head_dim}] cos_sin_cache")
+    return new_tokens
+
+
+def _partials(query: torch.Tensor, out: torch.Tensor, num_reqs: int,
+              num_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The splits' running max, sum and output for the reduce; with one split there are
+    none (the kernel writes out itself) and the pointers are never read."""
+    if num_splits == 1:
+        return out, out, out
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
+                         device=query.device)
+    part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
+                           device=query.device)
+    return part_m, torch.empty_like(part_m), part_acc
+
+
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  block_table: torch.Tensor, query_start_loc: torch.Tensor,
                  seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
@@ -215,31 +244,14 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     check_req_index(req_index, num_reqs)
     num_heads, head_dim = query.shape[1], query.shape[2]
     rope = new_tokens is not None
-    if rope:
-        key, value, positions, cos_sin_cache, slot_mapping, qk_norm = new_tokens
-        if req_index is not None:
-            raise ValueError("paged_decode: new_tokens with req_index is not supported")
-        check_slot_layout(kv_cache, "paged_decode")
-        if key.stride(2) != 1 or value.stride(2) != 1 or cos_sin_cache.stride(1) != 1 \
-                or cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[1] != head_dim:
-            raise ValueError("paged_decode: new_tokens need contiguous head dims and a float32 "
-                             f"[max_pos, {head_dim}] cos_sin_cache")
-    else:  # never read (ROPE off): any tensors of the right kind
-        key = value = query
-        positions = slot_mapping = query_start_loc
-        cos_sin_cache = query
-        qk_norm = None
+    if rope and req_index is not None:
+        raise ValueError("paged_decode: new_tokens with req_index is not supported")
+    key, value, positions, cos_sin_cache, slot_mapping, qk_norm = _new_token_args(
+        new_tokens, query, kv_cache, query_start_loc)
     q_norm, k_norm, norm_eps = check_qk_norm(qk_norm, query, key, "paged_decode")
     direct = num_splits == 1
     use_pdl = pdl.enabled(query.device)
-    if direct:  # no partials: the pointers are never read
-        part_m = part_l = part_acc = out
-    else:
-        part_m = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
-                             device=query.device)
-        part_l = torch.empty_like(part_m)
-        part_acc = torch.empty(num_reqs, num_heads, num_splits, head_dim, dtype=torch.float32,
-                               device=query.device)
+    part_m, part_l, part_acc = _partials(query, out, num_reqs, num_splits)
     launch_or_compile(_decode_split_kernel, (num_reqs, num_kv_heads, num_splits), compile_only)(
         query, kv_cache, part_m, part_l, part_acc, out, block_table, query_start_loc,
         seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping, q_norm, k_norm,
