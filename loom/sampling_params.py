@@ -70,8 +70,17 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Structured output; None: unconstrained."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
+        # As vLLM takes them: None for none, one string, or any sequence.
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
             self.stop = [self.stop]
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        elif isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
         self._check_types()
         if self.top_k == -1:
             self.top_k = 0

@@ -111,6 +111,15 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self._pending.extend(self.scheduler.abort_requests(request_ids))
 
+    def abort_all(self) -> None:
+        """Drop every request and collect the steps still in flight, outputs discarded: the
+        offline LLM's recovery after an exception (Ctrl-C included) cut a step short, when
+        the scheduler may count a token for a step that never launched."""
+        self.scheduler.abort_requests(list(self.scheduler.requests))
+        while self._in_flight:
+            self._collect_one()
+        self._pending = []
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
 

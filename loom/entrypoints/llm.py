@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 
@@ -45,8 +46,9 @@ class LLM:
     def _load_tokenizer(config, chat_template: str | None) -> Tokenizer:
         path = tokenizer_path(config.model)
         if path is None:
-            raise ValueError(f"tokenizer: {config.model.model} ships no tokenizer; pass "
-                             "tokenizer=... or skip_tokenizer_init=True with token-id prompts")
+            raise ValueError(f"tokenizer: {config.model.model} ships no tokenizer; pass one "
+                             "(tokenizer=..., --tokenizer), or skip_tokenizer_init=True with "
+                             "token-id prompts")
         return load_tokenizer(path, chat_template=chat_template)
 
     def get_tokenizer(self) -> Tokenizer | None:
@@ -60,28 +62,32 @@ class LLM:
         prompts = _prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
         requests = self._prepare(prompts, params)  # validates everything before adding any
-        for request_id, prompt, prompt_ids, p in requests:
-            for child_id, child_params in self.output_processor.add_request(
-                    request_id, prompt, prompt_ids, p, OutputKind.FINAL_ONLY):
-                self.engine.add_request(self.processor.process(child_id, prompt_ids, child_params))
+        with self._abort_on_error():
+            for request_id, prompt, prompt_ids, p in requests:
+                for child_id, child_params in self.output_processor.add_request(
+                        request_id, prompt, prompt_ids, p, OutputKind.FINAL_ONLY):
+                    self.engine.add_request(
+                        self.processor.process(child_id, prompt_ids, child_params))
+            outputs = self._run(len(requests), use_tqdm)
         order = {r[0]: i for i, r in enumerate(requests)}
-        outputs = self._run(len(requests), use_tqdm)
         return sorted(outputs, key=lambda o: order[o.request_id])
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
-              pooling_params: PoolingParams | None = None,
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
-        """One pooled hidden state per prompt (text or token ids), in input order."""
+        """One pooled hidden state per prompt (text or token ids), in input order;
+        pooling_params: one for all prompts, or one per prompt."""
         self._check_open()
         prompts = _prompt_list(prompts)
-        params = pooling_params or PoolingParams()
+        params = _per_prompt(pooling_params, len(prompts), PoolingParams, "pooling_params")
         requests = []  # all validated before any is added
-        for prompt in prompts:
-            _, ids = self.processor.tokenize(prompt) if self.tokenizer else (None, prompt)
-            requests.append(self.processor.process_pooling(str(next(self._ids)), ids, params))
-        for request in requests:
-            self.engine.add_request(request)
-        return self._run_pooling(requests, use_tqdm)
+        for prompt, p in zip(prompts, params):
+            _, ids = self.processor.tokenize(prompt)
+            requests.append(self.processor.process_pooling(str(next(self._ids)), ids, p))
+        with self._abort_on_error():
+            for request in requests:
+                self.engine.add_request(request)
+            return self._run_pooling(requests, use_tqdm)
 
     def _run_pooling(self, requests: list[EngineCoreRequest],
                      use_tqdm: bool) -> list[EmbeddingRequestOutput]:
@@ -126,20 +132,27 @@ class LLM:
         if self._shut_down:
             raise RuntimeError("LLM: shut down; build a new LLM to generate again")
 
+    @contextlib.contextmanager
+    def _abort_on_error(self):
+        """A call that ends in an exception (Ctrl-C included) leaves no request behind: an
+        interrupt between scheduling a step and collecting it would otherwise leave the
+        scheduler counting a token in flight that never comes, and the next call would
+        wait for it forever (and get this call's outputs)."""
+        try:
+            yield
+        except BaseException:
+            self.engine.abort_all()
+            self.output_processor.clear()
+            raise
+
     @staticmethod
     def _params_per_prompt(params, count: int) -> list[SamplingParams]:
-        if params is None:
-            return [SamplingParams()] * count
-        if isinstance(params, SamplingParams):
-            return [params] * count
-        if len(params) != count:
-            raise ValueError(f"sampling_params: {len(params)} given for {count} prompts")
-        return list(params)
+        return _per_prompt(params, count, SamplingParams, "sampling_params")
 
     def _prepare(self, prompts, params):
         requests = []
         for prompt, p in zip(prompts, params):
-            text, ids = self.processor.tokenize(prompt) if self.tokenizer else (None, prompt)
+            text, ids = self.processor.tokenize(prompt)
             request_id = str(next(self._ids))
             self.processor.process(request_id, ids, p)
             requests.append((request_id, text, ids, p))
@@ -164,6 +177,24 @@ class LLM:
         if not self._shut_down:
             self._shut_down = True
             self.engine.shutdown()
+
+
+def _per_prompt(params, count: int, kind: type, field: str) -> list:
+    """`params` for each of `count` prompts: None (kind's defaults), one for all, or a
+    sequence of one per prompt."""
+    if params is None:
+        return [kind()] * count
+    if isinstance(params, kind):
+        return [params] * count
+    if not isinstance(params, list | tuple):
+        raise ValueError(f"{field}: expected {kind.__name__} or a list of them, got "
+                         f"{type(params).__name__}")
+    if len(params) != count:
+        raise ValueError(f"{field}: {len(params)} given for {count} prompts")
+    wrong = [type(p).__name__ for p in params if not isinstance(p, kind)]
+    if wrong:
+        raise ValueError(f"{field}: expected {kind.__name__} for every prompt, got {wrong[0]}")
+    return list(params)
 
 
 def _conversations(messages) -> list[list[Message]]:

@@ -28,12 +28,14 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: _Decoder, prompt_token_ids: Sequence[int],
                  skip_special_tokens: bool = True, stop: Sequence[str] = (),
-                 include_stop_str_in_output: bool = False) -> None:
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._stop = [s for s in stop if s]
         self._max_stop_len = max((len(s) for s in self._stop), default=0)
         self._include_stop = include_stop_str_in_output
+        # As vLLM: stop strings count only once more than min_tokens tokens are out.
+        self._min_tokens = min_tokens
         # Only the prompt's tail is kept: it is all that the first windows look at.
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
         self._ids: list[int] = context
@@ -110,7 +112,7 @@ class IncrementalDetokenizer:
 
         Ending first, not starting first, is what a token-by-token stream would have hit,
         so the result does not depend on how many tokens arrive per update."""
-        if not self._stop:
+        if not self._stop or len(self._ids) - self._num_context <= self._min_tokens:
             return None
         window_start = max(0, new_text_start - self._max_stop_len + 1)
         best: tuple[int, int, str] | None = None

@@ -48,7 +48,8 @@ class ChildState:
         self.tokenizer = tokenizer
         self.detok = (IncrementalDetokenizer(tokenizer, parent.prompt_token_ids,
                                              params.skip_special_tokens, params.stop,
-                                             params.include_stop_str_in_output)
+                                             params.include_stop_str_in_output,
+                                             params.min_tokens)
                       if tokenizer is not None else None)
         self.output = CompletionOutput(index, "", [], 0.0 if params.logprobs is not None else None,
                                        [] if params.logprobs is not None else None)
@@ -65,7 +66,7 @@ class ChildState:
                 self.output.logprobs.append(convert_logprobs(lp, self.tokenizer))
                 self.output.cumulative_logprob += lp.logprobs[0]
         if self.detok is not None:
-            stop_str = self.detok.update(out.new_token_ids)
+            stop_str = self.detok.update(self._text_token_ids(out))
             if stop_str is None and out.finish_reason is not None:
                 stop_str = self.detok.flush()  # the end may complete a held-back character
             self.output.text = self.detok.output_text
@@ -75,6 +76,20 @@ class ChildState:
             self.output.finish_reason = str(out.finish_reason)
             self.output.stop_reason = out.stop_reason
         return stop_str is not None and out.finish_reason is None
+
+    def _text_token_ids(self, out: EngineCoreOutput) -> list[int]:
+        """The new tokens whose text the output shows: as vLLM, not the token that stopped
+        the request (EOS, generation_config's other EOS ids, a stop_token_ids entry) unless
+        include_stop_str_in_output; its id stays in token_ids."""
+        ids = out.new_token_ids
+        if (out.finish_reason != FinishReason.STOP or not ids
+                or self.params.include_stop_str_in_output):
+            return ids
+        last = ids[-1]
+        stop_ids = set(self.params.stop_token_ids)
+        if not self.params.ignore_eos:
+            stop_ids |= self.tokenizer.eos_token_ids
+        return ids[:-1] if last in stop_ids else ids
 
     def delta(self) -> CompletionOutput:
         """What is new since the last delta (text held back while it may start a stop string)."""
@@ -179,3 +194,7 @@ class OutputProcessor:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.children)
+
+    def clear(self) -> None:
+        """Forget every request (the engine has dropped them all)."""
+        self.children.clear()

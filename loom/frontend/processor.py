@@ -28,9 +28,17 @@ class Processor:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else eos_token_id
+        # generation_config.json may list more ids that end generation (Llama 3.1 Instruct:
+        # <|eom_id|> and <|eot_id|> beside <|end_of_text|>). As vLLM does, they stop a
+        # request as stop_token_ids do, unless it ignores EOS.
+        self.extra_eos_ids = (sorted(tokenizer.eos_token_ids - {self.eos_token_id})
+                              if tokenizer is not None else [])
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: a text prompt needs a tokenizer (skip_tokenizer_init "
+                                 "was set); pass token ids")
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
@@ -64,6 +72,9 @@ class Processor:
             validate_guided(params.guided_decoding)
         if params.max_tokens is None:
             params = params.clone(max_tokens=self.max_model_len - n)
+        extra = [t for t in self.extra_eos_ids if t not in params.stop_token_ids]
+        if extra and not params.ignore_eos:
+            params = params.clone(stop_token_ids=params.stop_token_ids + extra)
         return EngineCoreRequest(request_id, list(prompt_token_ids), params, time.time(),
                                  self.eos_token_id)
 
@@ -71,6 +82,9 @@ class Processor:
                         params: PoolingParams) -> EngineCoreRequest:
         """An embedding request: pooling instead of sampling, so the input may fill the
         whole context (nothing is generated after it)."""
+        if not isinstance(params, PoolingParams):
+            raise ValueError(f"pooling_params: expected PoolingParams, got "
+                             f"{type(params).__name__}")
         self._check_tokens(prompt_token_ids, "input", room_for_output=False)
         return EngineCoreRequest(request_id, list(prompt_token_ids), POOLING_PLACEHOLDER,
                                  time.time(), self.eos_token_id, pooling_params=params)

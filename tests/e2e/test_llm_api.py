@@ -121,7 +121,7 @@ def _all_blocks_free(llm: LLM) -> bool:
     (lambda: SamplingParams(top_k=2.5), "top_k"),
     (lambda: SamplingParams(logprobs=1.5), "logprobs"),
     (lambda: SamplingParams(stop_token_ids=5), "stop_token_ids"),
-    (lambda: SamplingParams(stop_token_ids=None), "stop_token_ids"),
+    (lambda: SamplingParams(stop_token_ids=[1, "2"]), "stop_token_ids"),
     (lambda: SamplingParams(max_tokens=1.5), "max_tokens"),
     (lambda: SamplingParams(n="2"), "n"),
     (lambda: SamplingParams(temperature="hot"), "temperature"),
