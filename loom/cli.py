@@ -12,6 +12,8 @@ def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text offline for one or more prompts")
     p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one; overrides the model's")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -28,7 +30,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     engine_args = EngineArgs.from_cli_args(args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed)
-    llm = LLM(**vars(engine_args))
+    llm = LLM(**vars(engine_args), chat_template=args.chat_template)
     if args.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:
@@ -39,12 +41,24 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from loom import __version__
     parser = argparse.ArgumentParser(prog="loom", description=__doc__)
+    parser.add_argument("-v", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     for register in _optional_commands():
         register(sub)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """`--max-model 0` must not be taken for --max-model-len (vLLM's parser agrees)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_abbreviations(child)
 
 
 def _optional_commands():

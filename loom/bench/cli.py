@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+
+from loom.bench.common import check_outputs
 
 
 def register(subparsers) -> None:
@@ -14,7 +17,17 @@ def register(subparsers) -> None:
                            metavar="{latency,throughput,serve,sweep,async-tp,moe,attention}")
     for module in (latency, throughput, serve, sweep, async_tp, moe, attention):
         module.register(sub)
+    for bench in sub.choices.values():
+        bench.set_defaults(func=_outputs_checked_first(bench.get_default("func")))
     p.set_defaults(func=_missing_subcommand)
+
+
+def _outputs_checked_first(run: Callable[[argparse.Namespace], int]):
+    """An unwritable --output-json is an error before the benchmark runs, not after."""
+    def checked(args: argparse.Namespace) -> int:
+        check_outputs(args)
+        return run(args)
+    return checked
 
 
 def _missing_subcommand(args: argparse.Namespace) -> int:

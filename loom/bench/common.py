@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,9 +55,39 @@ def now_iso() -> str:
 
 def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    except OSError as e:
+        raise ValueError(f"cannot write {path} ({e.strerror or e})") from None
     return target
+
+
+def check_outputs(args: Any) -> None:
+    """Fail before a benchmark runs, not after, when its JSON could not be written."""
+    if getattr(args, "output_json", None):
+        check_writable(args.output_json, "output_json")
+    if getattr(args, "save_result", False) and getattr(args, "result_dir", None):
+        name = getattr(args, "result_filename", None) or "result.json"
+        check_writable(Path(args.result_dir) / name, "result_dir")
+
+
+def check_writable(path: str | os.PathLike, name: str) -> None:
+    """That `path` can be written (its missing parent directories made, as write_json does),
+    leaving no file behind."""
+    target = Path(path).absolute()
+    if target.is_dir():
+        raise ValueError(f"{name}: {path} is a directory, not a file")
+    folder = target.parent
+    while not folder.exists():
+        folder = folder.parent
+    try:
+        if target.exists():
+            open(target, "a").close()  # appends nothing: the file is left as it is
+        else:
+            tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ValueError(f"{name}: cannot write {path} ({e.strerror or e})") from None
 
 
 def percentiles(values: Sequence[float], points: Sequence[float]) -> dict[str, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -207,11 +208,20 @@ def _model_tokenizer(model: str) -> str:
 
 
 async def _served_model(session: aiohttp.ClientSession, cfg: ServeBenchConfig) -> str:
+    url = cfg.base_url + "/v1/models"
     try:
-        async with session.get(cfg.base_url + "/v1/models", headers=_auth(cfg)) as resp:
-            data = await resp.json() if resp.status == 200 else {}
+        async with session.get(url, headers=_auth(cfg)) as resp:
+            status, body = resp.status, await resp.text()
     except (aiohttp.ClientError, ValueError) as e:
-        raise ValueError(f"model: none given and {cfg.base_url}/v1/models failed: {e}") from e
+        raise ValueError(f"model: none given and {url} failed: {e}") from e
+    if status != 200:  # a 401 (no --api-key) is not "no models"
+        raise ValueError(f"model: none given and {url} answered HTTP {status}: "
+                         f"{' '.join(body[:500].split())}")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    data = data if isinstance(data, dict) else {}
     models = [m.get("id") for m in data.get("data") or [] if isinstance(m, dict)]
     if not models:
         raise ValueError(f"model: none given and {cfg.base_url}/v1/models lists none; pass --model")

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 
 from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS,
                          CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
                          ModelConfig, ParallelConfig, SchedulerConfig)
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
+
+logger = logging.getLogger(__name__)
+
+TRUST_REMOTE_CODE_HELP = ("accepted for vLLM compatibility and ignored: loom never runs code "
+                          "from a model's repository; it reads only configs, weights and "
+                          "tokenizers")
 
 
 def default_model() -> str:
@@ -45,6 +52,8 @@ class EngineArgs:
     device: str = "auto"
     tensor_parallel_size: int = 1
     compilation_config: CompilationConfig | dict | str | int | None = field(default=None)
+    trust_remote_code: bool = False
+    """Accepted as vLLM's, and ignored (TRUST_REMOTE_CODE_HELP)."""
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -58,11 +67,11 @@ class EngineArgs:
         g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
         g.add_argument("--max-num-seqs", type=int, default=None,
                        help="default: 1024 on GPUs with at least 70 GiB (A100s excepted), "
-                       "else 256")
+                       "else 256; at most --max-num-batched-tokens")
         g.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help="default: on GPUs with at least 70 GiB (A100s excepted) 16384 "
                        "offline and 8192 for `loom serve`; 8192 and 2048 on other GPUs; 8192 "
-                       "on the CPU")
+                       "on the CPU; at least --max-num-seqs")
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="overlap scheduling and input preparation of the next step with "
                        "the device's current one")
@@ -76,13 +85,16 @@ class EngineArgs:
         g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                        help="the KV cache's element type: auto (the model's dtype), or fp8 "
                        "(= fp8_e4m3) / fp8_e5m2, unscaled: half the cache's bytes")
-        g.add_argument("--enforce-eager", action="store_true")
+        g.add_argument("--enforce-eager", action="store_true",
+                       help="no torch.compile and no CUDA graphs, whatever -O says")
         g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
         g.add_argument("--seed", type=int, default=0)
         g.add_argument("--device", default="auto", choices=DEVICES)
         g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
         g.add_argument("-O", "--compilation-config", default=None,
-                       help="JSON object (or a bare level 0-3) for CompilationConfig")
+                       help="JSON object (or a bare level 0-3) for CompilationConfig; "
+                       "\"mode\" is accepted for \"level\", as in current vLLM")
+        g.add_argument("--trust-remote-code", action="store_true", help=TRUST_REMOTE_CODE_HELP)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -101,6 +113,7 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and not is_int(value):
                 raise ValueError(f"{name}: must be an integer or None, got {value!r}")
+        self._check_bools()
         if not (isinstance(self.gpu_memory_utilization, int | float)
                 and not isinstance(self.gpu_memory_utilization, bool)):
             raise ValueError("gpu_memory_utilization: must be a number, got "
@@ -113,10 +126,21 @@ class EngineArgs:
         if not -(2**63) <= self.seed < 2**63:  # what torch.manual_seed takes
             raise ValueError(f"seed: must fit in 64 bits, got {self.seed}")
 
+    def _check_bools(self) -> None:
+        """A string is truthy: `enforce_eager="no"` must not turn eager mode on."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name}: must be True or False, got {value!r}")
+
     def create_engine_config(self, usage_context: str = "llm") -> EngineConfig:
         """usage_context: "llm" (offline, benchmarks) or "api_server"; it picks the batch
         defaults, as in vLLM."""
         self._check_types()
+        compilation = CompilationConfig.parse(self.compilation_config)
+        if self.enforce_eager and compilation.level > 0:
+            logger.warning("enforce_eager: compilation_config.level %d is overridden; the model "
+                           "runs eagerly, with no CUDA graphs", compilation.level)
         model = ModelConfig(model=default_model() if self.model is None else self.model,
                             tokenizer=self.tokenizer,
                             dtype=self.dtype, max_model_len=self.max_model_len,
@@ -131,5 +155,5 @@ class EngineArgs:
                                       self.kv_headroom_tokens),
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
-            compilation=CompilationConfig.parse(self.compilation_config),
+            compilation=compilation,
             enforce_eager=self.enforce_eager)

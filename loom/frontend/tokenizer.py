@@ -126,7 +126,8 @@ class Tokenizer:
         """Render `messages` into a prompt string; extra kwargs become template variables."""
         template = chat_template or self.chat_template
         if template is None:
-            raise ValueError(f"tokenizer {self.name} has no chat template; pass --chat-template")
+            raise ValueError(f"tokenizer {self.name} has no chat template; pass one "
+                             "(--chat-template, or chat_template=... in Python)")
         # tools and documents are always defined, as in transformers: templates test
         # `tools is not none`, which an undefined variable would pass.
         variables: dict[str, Any] = {"tools": None, "documents": None}
@@ -327,6 +328,16 @@ def gguf_tokenizer_dir(gguf_path: Path) -> Path:
     return target
 
 
+def _check_gguf(gguf_path: Path) -> None:
+    """The model loader's one-line message for a corrupt or truncated file. Only once a
+    conversion has failed: parsing a GGUF takes seconds. gguf needs numpy, never torch."""
+    from gguf import GGUFReader
+    try:
+        GGUFReader(gguf_path, "r")
+    except Exception as e:  # gguf raises assorted errors (ValueError, struct.error, ...)
+        raise ValueError(f"{gguf_path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
 def _convert_in_subprocess(gguf_path: Path, out_dir: Path) -> None:
     # transformers (and so torch) is imported only in the child, never in this process.
     env = dict(os.environ)
@@ -334,5 +345,7 @@ def _convert_in_subprocess(gguf_path: Path, out_dir: Path) -> None:
     cmd = [sys.executable, "-m", "loom.frontend.gguf_tokenizer", str(gguf_path), str(out_dir)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
-        raise ValueError(f"tokenizer: cannot convert the tokenizer of {gguf_path}: {tail}")
+        _check_gguf(gguf_path)
+        lines = result.stderr.strip().splitlines() or ["no error output"]
+        # The last line is the exception; the lines above it are its traceback.
+        raise ValueError(f"tokenizer: cannot convert the tokenizer of {gguf_path}: {lines[-1]}")

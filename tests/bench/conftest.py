@@ -19,6 +19,8 @@ class FakeServerState:
     fail_every: int = 0
     """Answer every Nth request with HTTP 500 (0: never)."""
     chunk_delay_s: float = 0.001
+    models_status: int = 200
+    """/v1/models answers with this status (401: as a server with --api-key, asked without)."""
     payloads: list[dict] = field(default_factory=list)
     reported_completion_tokens: list[int] = field(default_factory=list)
     reported_prompt_tokens: list[int] = field(default_factory=list)
@@ -73,6 +75,9 @@ def _app(state: FakeServerState) -> web.Application:
         return await _generate(request, state, chat=True)
 
     async def models(_):
+        if state.models_status != 200:
+            return web.json_response({"error": {"message": "missing or invalid API key"}},
+                                     status=state.models_status)
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
     async def version(_):

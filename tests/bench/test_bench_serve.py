@@ -137,3 +137,12 @@ def test_compute_floor_uses_the_shipped_shapes(fake_server, tmp_path, monkeypatc
     assert r["compute_floor"]["floor_s"] == pytest.approx(floor)
     assert r["compute_floor"]["duration_ratio_to_floor"] == pytest.approx(r["duration_s"] / floor)
     assert r["compute_floor"]["device"] == "Test GPU"
+
+
+def test_a_refused_model_list_reports_the_http_status(fake_server, llama3_tokenizer_dir, tmp_path,
+                                                      capsys):
+    server = fake_server(models_status=401)
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path) == 2
+    err = capsys.readouterr().err
+    assert f"{server.base_url}/v1/models answered HTTP 401: " in err and "API key" in err
+    assert "lists none" not in err and err.count("\n") == 1

@@ -32,3 +32,34 @@ def test_good_values_still_parse():
     assert cfg.compile_sizes == (8192,) and cfg.splitting_ops == ()
     assert cfg.cudagraph_capture_sizes == (1, 2) and cfg.pass_config.enable_sequence_parallelism
     assert CompilationConfig.parse("3").level == 3
+
+
+@pytest.mark.parametrize("value", [{"mode": 3}, '{"mode": 3}', '{"mode": 3, "level": 3}'])
+def test_mode_is_vllms_newer_name_for_level(value):
+    cfg = CompilationConfig.parse(value)
+    assert cfg.level == cfg.mode == 3
+    assert CompilationConfig(mode=2).level == 2 and CompilationConfig(level=1).mode == 1
+    assert CompilationConfig().level == CompilationConfig().mode == 0
+
+
+@pytest.mark.parametrize("value, message", [
+    ('{"mode": 3, "level": 0}', "level 0 and mode 3 differ"),
+    ({"mode": 7}, "compilation_config.mode: must be 0-3, got 7"),
+    ('{"mode": true}', "compilation_config.mode: must be 0-3, got True"),
+    ("\u00b2", "compilation_config: not valid JSON"),  # '²'.isdigit() is true; int() fails
+])
+def test_bad_mode_or_level_is_a_clear_error(value, message):
+    with pytest.raises(ValueError, match=message):
+        CompilationConfig.parse(value)
+    if isinstance(value, dict):
+        with pytest.raises(ValueError, match=message):
+            CompilationConfig(**value)
+
+
+def test_level_and_mode_survive_the_wire():
+    import msgspec
+
+    from loom.config import EngineConfig, ModelConfig
+    config = EngineConfig(ModelConfig(model="x"), compilation=CompilationConfig(mode=3))
+    decoded = msgspec.json.decode(msgspec.json.encode(config), type=EngineConfig)
+    assert decoded == config and decoded.compilation.level == 3

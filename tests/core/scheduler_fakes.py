@@ -20,9 +20,11 @@ def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 16, budget: int = 2
                    max_model_len: int = 256, caching: bool = True,
                    headroom: int | None = None) -> Scheduler:
     """headroom: kv_headroom_tokens (None: the default); 0 admits as vLLM does, which the
-    preemption tests need to get a request preempted at all."""
+    preemption tests need to get a request preempted at all. max_num_seqs is capped at the
+    budget, which may not be smaller (as in vLLM)."""
     extra = {} if headroom is None else {"kv_headroom_tokens": headroom}
-    return Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+    return Scheduler(SchedulerConfig(max_num_seqs=min(max_num_seqs, budget),
+                                     max_num_batched_tokens=budget,
                                      **extra),
                      CacheConfig(block_size=BS, enable_prefix_caching=caching),
                      num_blocks, max_model_len)

@@ -81,7 +81,8 @@ def test_chat_template_matches_transformers(smol_tokenizer: Tokenizer, hf_smol: 
 
 def test_missing_chat_template_is_an_error(llama3_tokenizer: Tokenizer) -> None:
     assert llama3_tokenizer.chat_template is None
-    with pytest.raises(ValueError, match="no chat template; pass --chat-template"):
+    with pytest.raises(ValueError, match=r"no chat template; pass one \(--chat-template, or "
+                                         r"chat_template=\.\.\. in Python\)"):
         llama3_tokenizer.apply_chat_template(CONVERSATION)
 
 
@@ -183,3 +184,47 @@ def test_tokenizer_never_imports_torch(llama3_dir: str) -> None:
     root = Path(tokenizer_module.__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+_CONVERSION_TRACEBACK = ("Traceback (most recent call last):\n  File \"reader.py\", line 125\n"
+                         "    raise ValueError(...)\nValueError: what transformers said")
+
+
+def _failed_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = subprocess.CompletedProcess([], 1, "", _CONVERSION_TRACEBACK)
+    monkeypatch.setattr(tokenizer_module.subprocess, "run", lambda *a, **k: failed)
+
+
+def test_corrupt_gguf_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOM_CACHE_DIR", str(tmp_path / "cache"))
+    _failed_conversion(monkeypatch)
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(ValueError) as e:
+        load_tokenizer(str(corrupt))
+    assert str(e.value) == f"{corrupt}: not a readable GGUF file (ValueError: GGUF magic invalid)"
+
+
+def test_truncated_gguf_is_a_one_line_error(smol_gguf: str, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOM_CACHE_DIR", str(tmp_path / "cache"))
+    _failed_conversion(monkeypatch)
+    truncated = tmp_path / "truncated.gguf"
+    with open(smol_gguf, "rb") as f:
+        truncated.write_bytes(f.read(3 * 2**20))
+    with pytest.raises(ValueError, match="not a readable GGUF file") as e:
+        load_tokenizer(str(truncated))
+    assert "\n" not in str(e.value)
+
+
+def test_failed_conversion_of_a_readable_gguf_keeps_the_last_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOM_CACHE_DIR", str(tmp_path / "cache"))
+    _failed_conversion(monkeypatch)
+    monkeypatch.setattr(tokenizer_module, "_check_gguf", lambda path: None)  # "readable"
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    with pytest.raises(ValueError) as e:
+        load_tokenizer(str(model))
+    assert str(e.value) == (f"tokenizer: cannot convert the tokenizer of {model}: "
+                            "ValueError: what transformers said")

@@ -51,3 +51,21 @@ def test_shipped_benchmark_config_builds_with_dummy_weights():
     arch = ModelArch.from_hf_config(resolve(config.model).hf_config)
     assert (arch.num_layers, arch.hidden_size, arch.num_kv_heads) == (32, 4096, 8)
     assert arch.rope_scaling["rope_type"] == "llama3"
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "dummy"])
+def test_a_gguf_file_under_another_load_format_says_so(tmp_path, fmt):
+    from loom.models.loader import resolve
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match=f"load_format: '{fmt}' does not apply to the GGUF file "
+                                         ".*use --load-format gguf"):
+        resolve(ModelConfig(model=str(gguf), load_format=fmt))
+
+
+def test_a_directory_under_load_format_gguf_says_so(tiny_model_factory):
+    from loom.models.loader import resolve
+    path, _ = tiny_model_factory("llama")
+    with pytest.raises(ValueError, match=f"load_format: 'gguf' needs a .gguf file, and {path} is "
+                                         "a directory"):
+        resolve(ModelConfig(model=path, load_format="gguf"))

@@ -54,9 +54,7 @@ def run_serve(args: argparse.Namespace) -> int:
         args.model = args.model_tag
     config = EngineArgs.from_cli_args(args).create_engine_config("api_server")
     tokenizer = tokenizer_path(config.model)
-    if tokenizer is None:
-        logger.warning("%s ships no tokenizer: only token-id prompts will work (pass --tokenizer)",
-                       config.model.model)
+    _check_tokenizer(tokenizer, args.chat_template, config.model.model)
     options = ServerOptions(
         model=config.model.model, served_model_names=_served_names(args, config.model.model),
         tokenizer=tokenizer, host=args.host, port=args.port, chat_template=args.chat_template,
@@ -77,6 +75,20 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("max_request_body_bytes: must be positive")
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
+
+
+def _check_tokenizer(tokenizer: str | None, chat_template: str | None, model: str) -> None:
+    """Load the tokenizer and chat template once here, so that a bad path or template is a
+    one-line error now, not after the engine has loaded (and compiled) the model."""
+    from loom.frontend.tokenizer import load_tokenizer
+    if tokenizer is None:
+        logger.warning("%s ships no tokenizer: only token-id prompts will work (pass --tokenizer)",
+                       model)
+        if chat_template is not None:
+            raise ValueError("chat_template: needs a tokenizer, and the model ships none; pass "
+                             "--tokenizer")
+        return
+    load_tokenizer(tokenizer, chat_template=chat_template)
 
 
 def _traces_endpoint(args: argparse.Namespace) -> str | None:

@@ -39,12 +39,11 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
 
     def check_model(self, model: str | None) -> str:
-        """The name to answer with; a 404 for a model this server does not serve."""
-        if model is None:
-            return self.served_model_names[0]
-        if model not in self.served_model_names:
+        """The name to answer with: the first served name, whichever alias was asked for (as
+        vLLM); a 404 for a model this server does not serve."""
+        if model is not None and model not in self.served_model_names:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
-        return model
+        return self.served_model_names[0]
 
     @staticmethod
     def new_id(prefix: str) -> str:

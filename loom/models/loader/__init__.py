@@ -43,6 +43,9 @@ def resolve(cfg: ModelConfig) -> ModelSource:
     fmt = cfg.load_format
     if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):
         return _gguf_source(path, cfg)
+    if path.suffix == ".gguf" and path.is_file():
+        raise ValueError(f"load_format: {fmt!r} does not apply to the GGUF file {cfg.model}; "
+                         "use --load-format gguf (or auto)")
     config_path = _config_path(path)
     hf_config = json.loads(config_path.read_text())
     tokenizer = tokenizer_path(cfg)
@@ -67,6 +70,9 @@ def tokenizer_path(cfg: ModelConfig) -> str | None:
 
 def _gguf_source(path: Path, cfg: ModelConfig) -> ModelSource:
     from loom.models.loader.gguf import load_gguf
+    if path.is_dir():
+        raise ValueError(f"load_format: 'gguf' needs a .gguf file, and {path} is a directory; "
+                         "name the .gguf file, or use --load-format auto")
     if not path.is_file():
         raise ValueError(f"model: GGUF file {path} does not exist")
     # Parsing a GGUF's metadata takes seconds: open it once, stream the weights later.
