@@ -3,8 +3,11 @@ tokenize, detokenize, metrics, health."""
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
 
 from loom import SamplingParams
 from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN
@@ -63,7 +66,7 @@ def test_chat_n2_logprobs_and_stop(server, llm):
         assert cut.choices[0].finish_reason == "stop"
 
 
-def test_models_version_tokenize_detokenize(server, llm):
+def test_models_version_tokenize_detokenize(server, llm, tiny_chat_model):
     client = server.client()
     models = client.models.list().data
     assert len(models) == 1 and models[0].max_model_len == MAX_MODEL_LEN
@@ -74,8 +77,11 @@ def test_models_version_tokenize_detokenize(server, llm):
     assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == MAX_MODEL_LEN
     chat = httpx.post(f"{base}/tokenize", json={"messages": MESSAGES}).json()
     assert chat["tokens"] == llm.chat_prompt_ids(MESSAGES)
-    text = httpx.post(f"{base}/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
-    assert text == "Hello world"
+    text = httpx.post(f"{base}/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
+    # As vLLM: special tokens stay (a rendered chat comes back whole).
+    hf = HFTokenizer.from_file(os.path.join(tiny_chat_model, "tokenizer.json"))
+    assert text == hf.decode(chat["tokens"], skip_special_tokens=False)
+    assert "<|im_start|>" in text
 
 
 def test_metrics_and_health(server):
@@ -117,3 +123,46 @@ def test_api_key_is_required_on_v1_only(server):
 def test_api_server_process_never_imports_torch(server):
     info = server.introspect()
     assert info["torch_loaded"] == (server.mode == "inproc"), info
+
+
+def test_tool_call_turns_and_template_variables_reach_the_template(server, tiny_chat_model):
+    """An assistant turn with content null (OpenAI's shape for a turn that only calls tools)
+    renders as empty content, as vLLM does; chat_template_kwargs and tools with tool_choice
+    "none" are the template's variables. Checked against transformers' own rendering."""
+    import transformers as tf
+    hf = tf.AutoTokenizer.from_pretrained(tiny_chat_model)
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    sent = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "1", "content": "42"}]
+    rendered = [dict(m, content=m["content"] or "") for m in sent]
+    text = hf.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False)
+    expected = hf(text, add_special_tokens=False)["input_ids"]
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"},
+                      timeout=60) as http:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        r = http.post("/v1/chat/completions", json={
+            "messages": sent, "max_tokens": 2, "tools": tools, "tool_choice": "none",
+            "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_render_passes_template_variables(tiny_chat_model):
+    from types import SimpleNamespace
+
+    from loom.entrypoints.openai.protocol_chat import ChatCompletionRequest
+    from loom.entrypoints.openai.serving_chat import OpenAIServingChat
+    from loom.frontend.tokenizer import load_tokenizer
+    template = ("{% if enable_thinking is defined and not enable_thinking %}[quiet]{% endif %}"
+                "{% if tools %}[{{ tools | length }} tools]{% endif %}"
+                "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }};{% endfor %}")
+    tokenizer = load_tokenizer(tiny_chat_model, chat_template=template)
+    chat = OpenAIServingChat(SimpleNamespace(tokenizer=tokenizer), ["m"])
+    body = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}],
+        "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
+        "chat_template_kwargs": {"enable_thinking": False}})
+    ids = chat.render(body.messages, False, False,
+                      {**body.chat_template_kwargs, "tools": body.tools})
+    assert tokenizer.decode(ids) == "[quiet][1 tools]user:hi;assistant:;"

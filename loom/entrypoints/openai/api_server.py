@@ -165,7 +165,9 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
         if bad:
             raise ValueError(f"tokens: id(s) {bad[:5]} outside the vocabulary "
                              f"(0..{engine.vocab_size - 1})")
-        return DetokenizeResponse(prompt=_need_tokenizer(engine.tokenizer).decode(body.tokens))
+        # As vLLM (the tokenizer's own default): special tokens are text here too.
+        return DetokenizeResponse(prompt=_need_tokenizer(engine.tokenizer).decode(
+            body.tokens, skip_special_tokens=False))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -4,8 +4,8 @@ what every request shares, /v1/completions and /v1/models (chat and /tokenize in
 
 Requests accept OpenAI's fields plus vLLM's extensions (top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, guided_json, ...). Unknown fields are ignored, as OpenAI's SDKs send
-some that do not apply here. Features loom lacks (logit_bias, tools, best_of > n) are refused
-with a 400 rather than silently ignored.
+some that do not apply here. Features loom lacks (logit_bias, tools, best_of > n, and vLLM's
+extensions in `UNSUPPORTED_EXTENSIONS`) are refused with a 400 rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -28,6 +28,22 @@ Float = Annotated[float, Field(allow_inf_nan=False)]
 
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+UNSUPPORTED_EXTENSIONS = ("allowed_token_ids", "bad_words", "truncate_prompt_tokens",
+                          "prompt_logprobs", "return_tokens_as_token_ids", "use_beam_search",
+                          "length_penalty", "logits_processors", "vllm_xargs")
+"""vLLM's request fields that change the output and that loom does not implement: a request
+setting one gets a 400 naming it, where ignoring it would answer something else."""
+
+
+def refuse_extensions(data: Any, names: tuple[str, ...]) -> None:
+    """A 400 for the first of `names` the raw body sets (None and false count as unset)."""
+    if not isinstance(data, dict):
+        return
+    for name in names:
+        if data.get(name) not in (None, False):
+            raise ValueError(f"{name}: not supported by loom")
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -119,7 +135,8 @@ class GuidedFields(OpenAIModel):
                  if value is not None]
         if len(given) > 1:
             names = ", ".join(name for name, _, _ in given)
-            raise ValueError(f"{names}: give only one kind of structured output")
+            raise ValueError(f"{given[0][0]}: give only one kind of structured output "
+                             f"(got {names})")
         if not given:
             return None
         name, kind, value = given[0]
@@ -165,10 +182,16 @@ class SamplingFields(RequestBody, GuidedFields):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_extensions(cls, data: Any) -> Any:
+        refuse_extensions(data, UNSUPPORTED_EXTENSIONS)
+        return data
+
     @model_validator(mode="after")
     def _refuse_unsupported(self):
         if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+            raise ValueError("logit_bias: not supported by loom")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of: only best_of == n is supported")
         if self.stream_options is not None and not self.stream:
@@ -230,7 +253,7 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _check_prompt(self):
         if self.suffix:
-            raise ValueError("suffix is not supported")
+            raise ValueError("suffix: not supported by loom")
         return self
 
     @property

@@ -9,7 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, RequestBody,
-                                              SamplingFields, TokenId, UsageInfo)
+                                              SamplingFields, TokenId, UsageInfo,
+                                              refuse_extensions)
 from loom.sampling_params import SamplingParams
 
 
@@ -28,6 +29,9 @@ class ChatMessage(BaseModel):
 
     def for_template(self) -> dict[str, Any]:
         message = self.model_dump(exclude_none=True)
+        # An assistant turn that only calls tools has content null; templates read the
+        # key, so it is there, empty (as vLLM renders it).
+        message.setdefault("content", "")
         if isinstance(self.content, list):
             kinds = {p.type for p in self.content} - {"text"}
             if kinds:
@@ -44,12 +48,34 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    tools: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's: more variables for the chat template (Qwen3's enable_thinking, ...)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_chat_extensions(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("chat_template") is not None:
+            # As vLLM without --trust-request-chat-template: a template is code.
+            raise ValueError("chat_template: a request may not bring its own chat template; "
+                             "start the server with --chat-template")
+        refuse_extensions(data, ("echo", "documents", "mm_processor_kwargs"))
+        return data
 
     @model_validator(mode="after")
     def _check_chat(self):
-        if self.tools:
-            raise ValueError("tools are not supported")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice: needs tools")
+        if self.tools and self.tool_choice != "none":
+            # Tool calls need a parser of the model's call syntax; with tool_choice "none" the
+            # tools only reach the template, as in vLLM.
+            raise ValueError("tools: not supported by loom unless tool_choice is \"none\"")
+        reserved = ({"messages", "add_generation_prompt", "tools"}
+                    & set(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs: {sorted(reserved)} are set by the request "
+                             "itself")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
         if self.continue_final_message and self.add_generation_prompt:
@@ -135,7 +161,7 @@ class TokenizeRequest(RequestBody):
     @model_validator(mode="after")
     def _one_input(self):
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
+            raise ValueError("prompt: give exactly one of prompt and messages")
         return self
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -33,13 +34,16 @@ class _Chat:
 
 class OpenAIServingChat(OpenAIServing):
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-               continue_final_message: bool = False) -> list[int]:
-        """The prompt's token ids, exactly as `LLM.chat` builds them."""
+               continue_final_message: bool = False,
+               template_variables: dict[str, Any] | None = None) -> list[int]:
+        """The prompt's token ids, exactly as `LLM.chat` builds them; template_variables:
+        more variables for the chat template (tools, chat_template_kwargs)."""
         if self.tokenizer is None:
             raise APIError(400, "chat needs a tokenizer; this server has none", "messages")
         conversation = [m.for_template() for m in messages]
         try:
-            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
+                                                      **(template_variables or {}))
         except ValueError as e:  # no template, or the template refused the messages
             raise APIError(400, str(e), "messages") from e
         if continue_final_message:
@@ -50,8 +54,9 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, body: ChatCompletionRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
         model = self.check_model(body.model)
+        variables = {**(body.chat_template_kwargs or {}), "tools": body.tools or None}
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
-                                    body.continue_final_message)
+                                    body.continue_final_message, variables)
         chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens))
