@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 from collections.abc import Sequence
 
 from tqdm import tqdm
@@ -14,13 +15,14 @@ from loom.engine.core import EngineCore
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
-from loom.models.loader import tokenizer_path
+from loom.models.loader import generation_defaults, tokenizer_path
 from loom.engine.protocol import EngineCoreRequest
 from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
 Message = dict[str, str]
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -41,6 +43,13 @@ class LLM:
                                    info["eos_token_id"])
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+        self.default_sampling_params = _default_params(config.model.model)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate uses without sampling_params: SamplingParams() with the model's
+        generation_config.json recommendations (temperature, top_p, top_k, min_p,
+        repetition_penalty, max_new_tokens), as vLLM does."""
+        return self.default_sampling_params
 
     @staticmethod
     def _load_tokenizer(config, chat_template: str | None) -> Tokenizer:
@@ -145,8 +154,9 @@ class LLM:
             self.output_processor.clear()
             raise
 
-    @staticmethod
-    def _params_per_prompt(params, count: int) -> list[SamplingParams]:
+    def _params_per_prompt(self, params, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [self.default_sampling_params] * count
         return _per_prompt(params, count, SamplingParams, "sampling_params")
 
     def _prepare(self, prompts, params):
@@ -177,6 +187,17 @@ class LLM:
         if not self._shut_down:
             self._shut_down = True
             self.engine.shutdown()
+
+
+def _default_params(model: str) -> SamplingParams:
+    defaults = generation_defaults(model)
+    if not defaults:
+        return SamplingParams()
+    logger.info("sampling defaults from the model's generation_config.json: %s", defaults)
+    try:
+        return SamplingParams(**defaults)
+    except ValueError as e:
+        raise ValueError(f"generation_config.json of {model}: {e}") from None
 
 
 def _per_prompt(params, count: int, kind: type, field: str) -> list:

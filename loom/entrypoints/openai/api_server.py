@@ -36,6 +36,7 @@ from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
+from loom.models.loader import generation_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +222,13 @@ async def serve(options: ServerOptions, sock: socket.socket,
     tracer = _make_tracer(options)
     engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer)
     names = options.served_model_names
-    state = ServerState(options, engine, metrics, OpenAIServingCompletion(engine, names),
-                        OpenAIServingChat(engine, names), OpenAIServingEmbedding(engine, names))
+    defaults = generation_defaults(options.model)
+    if defaults:
+        logger.info("sampling defaults from the model's generation_config.json: %s", defaults)
+    state = ServerState(options, engine, metrics,
+                        OpenAIServingCompletion(engine, names, defaults),
+                        OpenAIServingChat(engine, names, defaults),
+                        OpenAIServingEmbedding(engine, names))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         access_log=options.access_log, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 MAX_N = 128
+SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""The fields a model's generation_config.json may default for the server's requests."""
 MAX_LOGPROBS = 20
 
 Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
@@ -199,8 +201,11 @@ class SamplingFields(RequestBody, GuidedFields):
         return self
 
     def _sampling(self, max_tokens: int | None, logprobs: int | None,
-                  prompt_logprobs: int | None) -> SamplingParams:
-        optional = {k: v for k, v in {
+                  prompt_logprobs: int | None, defaults: dict[str, Any]) -> SamplingParams:
+        """defaults: the model's generation_config recommendations for what the request
+        leaves unset (temperature, top_p, top_k, min_p, repetition_penalty)."""
+        optional = {k: v for k, v in defaults.items() if k in SAMPLING_DEFAULT_FIELDS}
+        optional |= {k: v for k, v in {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
             "min_p": self.min_p, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
@@ -264,9 +269,10 @@ class CompletionRequest(SamplingFields):
             return [p]
         return list(p)
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int,
+                           defaults: dict[str, Any] | None = None) -> SamplingParams:
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
-        return self._sampling(max_tokens, self.logprobs, prompt_logprobs)
+        return self._sampling(max_tokens, self.logprobs, prompt_logprobs, defaults or {})
 
 
 class CompletionLogprobs(BaseModel):

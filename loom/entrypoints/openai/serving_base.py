@@ -33,10 +33,13 @@ async def off_loop(fn: Callable[..., _T], *args) -> _T:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str]) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str],
+                 sampling_defaults: dict | None = None) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
         self.tokenizer = engine.tokenizer
+        self.sampling_defaults = sampling_defaults or {}
+        """The model's generation_config recommendations for unset sampling fields."""
 
     def check_model(self, model: str | None) -> str:
         """The name to answer with: the first served name, whichever alias was asked for (as

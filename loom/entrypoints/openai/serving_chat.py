@@ -59,7 +59,8 @@ class OpenAIServingChat(OpenAIServing):
                                     body.continue_final_message, variables)
         chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
-                                                             body.requested_max_tokens))
+                                                             body.requested_max_tokens),
+                                         self.sampling_defaults)
         outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers)])
         if body.stream:
             return await self._stream(chat, outputs)

@@ -60,7 +60,8 @@ class OpenAIServingCompletion(OpenAIServing):
         generators = []
         tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.prompts])
         for i, (text, token_ids) in enumerate(tokenized):
-            params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens))
+            params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens),
+                                             self.sampling_defaults)
             self.engine.processor.process(request.id, token_ids, params)  # all valid, or none runs
             request.prompts.append(_Prompt(text, token_ids))
             generators.append((token_ids, params, f"{request.id}-{i}"))

@@ -57,6 +57,29 @@ def resolve(cfg: ModelConfig) -> ModelSource:
     return ModelSource(hf_config, "safetensors", lambda: iter_safetensors(files), tokenizer)
 
 
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                       "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                       "max_new_tokens": "max_tokens"}
+"""generation_config.json's keys that set a request's defaults, as vLLM reads them
+(`--generation-config auto`): key there -> SamplingParams field."""
+
+
+def generation_defaults(model: str) -> dict:
+    """The sampling defaults a model directory's generation_config.json recommends (Llama 3.1
+    Instruct: temperature 0.6, top_p 0.9), for requests that leave them unset; {} for a GGUF
+    file, a shipped config, or a directory without one."""
+    path = Path(model)
+    directory = path if path.is_dir() else path.parent if path.suffix == ".json" else None
+    if directory is None or not (directory / "generation_config.json").is_file():
+        return {}
+    try:
+        config = json.loads((directory / "generation_config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model: cannot read {directory / 'generation_config.json'} ({e})")
+    return {field: config[key] for key, field in GENERATION_DEFAULTS.items()
+            if config.get(key) is not None}
+
+
 def tokenizer_path(cfg: ModelConfig) -> str | None:
     """Where the tokenizer is, without loading any weights (the API process uses this)."""
     if cfg.tokenizer:

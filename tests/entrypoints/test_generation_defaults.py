@@ -1,0 +1,69 @@
+"""A model's generation_config.json sets the sampling defaults of requests that leave them
+unset, offline and served, as vLLM's `--generation-config auto` does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+import transformers as tf
+
+from loom import LLM, SamplingParams
+from loom.entrypoints.openai.protocol import CompletionRequest
+from loom.entrypoints.openai.protocol_chat import ChatCompletionRequest
+from tests.conftest import hf_greedy
+from tests.entrypoints.conftest import API_KEY, start_server
+
+RECOMMENDED = {"temperature": 0.0, "top_p": 0.9, "top_k": 7, "repetition_penalty": 1.0,
+               "max_new_tokens": 5, "do_sample": True}
+
+
+def _with_generation_config(src: str, dst) -> str:
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    (dst / "generation_config.json").write_text(json.dumps(RECOMMENDED))
+    return str(dst)
+
+
+def test_offline_defaults_follow_generation_config(tiny_llama_with_tokenizer, tmp_path):
+    src, hf_model = tiny_llama_with_tokenizer
+    path = _with_generation_config(src, tmp_path)
+    reference = tf.GenerationConfig.from_pretrained(path)  # transformers' own reading
+    llm = LLM(path, dtype="float32", device="cpu", max_model_len=64)
+    try:
+        defaults = llm.get_default_sampling_params()
+        assert (defaults.temperature, defaults.top_p, defaults.top_k, defaults.max_tokens) == (
+            reference.temperature, reference.top_p, reference.top_k, reference.max_new_tokens)
+        ids = llm.get_tokenizer().encode("The quick brown fox")
+        out = llm.generate([ids], use_tqdm=False)[0].outputs[0].token_ids  # no params given
+        assert out == hf_greedy(hf_model, ids, 5)  # temperature 0 from the file: greedy
+        sampled = llm.generate([ids], SamplingParams(max_tokens=3, seed=1), use_tqdm=False)
+        assert len(sampled[0].outputs[0].token_ids) == 3  # given params are the user's own
+    finally:
+        llm.shutdown()
+
+
+def test_request_fields_override_the_defaults():
+    defaults = {"temperature": 0.0, "top_k": 7, "max_tokens": 5}
+    params = CompletionRequest(prompt="x").to_sampling_params(16, defaults)
+    assert (params.temperature, params.top_k, params.max_tokens) == (0.0, 7, 16)
+    params = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
+                                   temperature=0.5).to_sampling_params(16, defaults)
+    assert (params.temperature, params.top_k) == (0.5, 7)
+
+
+def test_served_defaults_follow_generation_config(tiny_chat_model, tmp_path, llm):
+    path = _with_generation_config(tiny_chat_model, tmp_path / "model")
+    server = start_server(path, "inproc", tmp_path)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60,
+                          headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            texts = {http.post("/v1/completions", json={
+                "prompt": "Once upon", "max_tokens": 6, "seed": seed, "ignore_eos": True,
+            }).json()["choices"][0]["text"] for seed in (1, 2, 3)}
+    finally:
+        assert server.stop() == 0
+    greedy = llm.generate("Once upon", SamplingParams(temperature=0, max_tokens=6,
+                                                      ignore_eos=True), use_tqdm=False)
+    assert texts == {greedy[0].outputs[0].text}
