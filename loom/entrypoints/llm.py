@@ -120,21 +120,30 @@ class LLM:
         self._check_open()
         if self.tokenizer is None:
             raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
-        prompts = [self.chat_prompt_ids(c, chat_template, add_generation_prompt)
-                   for c in _conversations(messages)]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        texts = [self.chat_prompt(c, chat_template, add_generation_prompt)
+                 for c in _conversations(messages)]
+        # The template writes the special tokens (BOS) itself.
+        prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        outputs = self.generate(prompts, sampling_params, use_tqdm)
+        for output, text in zip(outputs, texts):
+            output.prompt = text  # as vLLM: the rendered conversation
+        return outputs
 
-    def chat_prompt_ids(self, conversation: list[Message], chat_template: str | None = None,
-                        add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(self, conversation: list[Message], chat_template: str | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        """The conversation rendered by the chat template."""
         from loom.entrypoints.openai.protocol_chat import ChatMessage
         try:
             # As the server takes them: OpenAI's text content parts are joined into a string.
             conversation = [ChatMessage.model_validate(m).for_template() for m in conversation]
         except ValueError as e:  # pydantic's ValidationError, or a non-text content part
             raise ValueError(f"messages: {e}") from None
-        text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
+        return self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
                                                   chat_template)
-        # The template writes the special tokens (BOS) itself.
+
+    def chat_prompt_ids(self, conversation: list[Message], chat_template: str | None = None,
+                        add_generation_prompt: bool = True) -> list[int]:
+        text = self.chat_prompt(conversation, chat_template, add_generation_prompt)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _check_open(self) -> None:

@@ -166,3 +166,11 @@ def test_render_passes_template_variables(tiny_chat_model):
     ids = chat.render(body.messages, False, False,
                       {**body.chat_template_kwargs, "tools": body.tools})
     assert tokenizer.decode(ids) == "[quiet][1 tools]user:hi;assistant:;"
+
+
+def test_llm_chat_outputs_carry_the_rendered_prompt(llm, tiny_chat_model):
+    import transformers as tf
+    hf = tf.AutoTokenizer.from_pretrained(tiny_chat_model)
+    out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert out.prompt == hf.apply_chat_template(MESSAGES, add_generation_prompt=True,
+                                                tokenize=False)
