@@ -10,23 +10,27 @@ of the structs in `protocol.py`, decoded by typed decoders. The ZeroMQ threads r
 GIL while they wait, so they overlap with the model's forward.
 
 Any exception in the loop sends `EngineDead` to every client and exits non-zero. If the
-launching process dies, the engine shuts down rather than linger as an orphan.
+launching process dies, at any time, even while the engine starts, the engine shuts down
+(and stops its TP workers) rather than linger as an orphan: see `child_process.py`.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import queue
 import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
+from typing import NoReturn
 
 import msgspec
 import zmq
 
 from loom import envs
+from loom.engine.child_process import signal_on_parent_death
 from loom.engine.core_loop import ClientInput, EngineLoop
 from loom.engine.protocol import (ClientHello, EngineCoreInput, EngineCoreMessage, EngineDead,
                                   EngineReady, Shutdown)
@@ -37,6 +41,7 @@ logger = logging.getLogger(__name__)
 _STOP = object()
 _SEND_LINGER_MS = 5000
 """How long closing the output socket may wait to deliver EngineDead or the last outputs."""
+_CHILD_JOIN_TIMEOUT_S = 5.0
 
 
 def client_routing_id(index: int) -> bytes:
@@ -50,10 +55,38 @@ def _client_index(routing_id: bytes) -> int:
 def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
                     ready: Connection, log_stats: bool) -> None:
     """Target of the engine core process (spawned): start, report ready, loop, exit."""
-    # Ctrl-C reaches the whole process group; the launcher decides how the engine stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    # SIGTERM (the launcher stopping, or the parent watch below) is handled from the first
+    # line: while starting it unwinds the build, which could otherwise leave TP workers
+    # loading a model for nobody. Ctrl-C reaches the whole process group; the launcher
+    # decides how the engine stops.
+    signal.signal(signal.SIGTERM, _abort_startup)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        logging.basicConfig(level=logging.INFO, datefmt="%H:%M:%S",
+                            format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+        signal_on_parent_death(signal.SIGTERM, "engine core")
+        proc = _start(config_json, input_addr, output_addr, ready, log_stats)
+    except _StartupAborted:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping already
+        _stop_children()
+        _exit(0)
+    # Everything is sent and shut down. Skip the interpreter's teardown: on a GPU host its
+    # exit hooks (Inductor's compile workers, CUDA caches) outlasted the launcher's 10 s.
+    _exit(proc.run())
+
+
+class _StartupAborted(BaseException):
+    """SIGTERM while the engine core starts. Not an Exception: no `except Exception` on
+    the way up may take it for a start-up failure."""
+
+
+def _abort_startup(_signum, _frame) -> None:
+    raise _StartupAborted
+
+
+def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connection,
+           log_stats: bool) -> EngineCoreProc:
+    """Build the engine and bind its sockets, then tell the launcher it is ready."""
     _thread_lock_for_tqdm()
     from loom.config import EngineConfig
     from loom.engine.core import EngineCore
@@ -61,28 +94,54 @@ def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
     try:
         core = EngineCore(msgspec.json.decode(config_json, type=EngineConfig))
     except Exception as e:  # noqa: BLE001 - every startup failure is reported to the launcher
-        if isinstance(e, ValueError | NotImplementedError):
-            # A bad setting: the launcher prints the message; a traceback adds nothing.
-            logger.debug("engine core failed to start", exc_info=True)
-        else:
-            logger.exception("engine core failed to start")
-        ready.send_bytes(encoder.encode(EngineDead(f"{type(e).__name__}: {e}")))
-        ready.close()
-        logging.shutdown()
-        sys.stderr.flush()
-        os._exit(1)
-    proc = EngineCoreProc(core, input_addr, output_addr, log_stats)
-    # SIGTERM from the launcher: finish the current step, then stop cleanly.
+        _report_failure(e, ready, encoder)
+    try:
+        proc = EngineCoreProc(core, input_addr, output_addr, log_stats)
+    except BaseException:
+        core.shutdown()
+        raise
+    # From here SIGTERM finishes the current step, then stops cleanly.
     signal.signal(signal.SIGTERM, lambda *_: proc.inputs.put((0, Shutdown())))
     info = core.get_model_info()
     kv = core.get_kv_info()
-    ready.send_bytes(encoder.encode(EngineReady(info["vocab_size"], info["max_model_len"],
-                                                info["eos_token_id"], kv["num_blocks"],
-                                                kv["block_size"])))
-    ready.close()
-    code = proc.run()
-    # Everything is sent and shut down. Skip the interpreter's teardown: on a GPU host its
-    # exit hooks (Inductor's compile workers, CUDA caches) outlasted the launcher's 10 s.
+    try:
+        ready.send_bytes(encoder.encode(EngineReady(info["vocab_size"], info["max_model_len"],
+                                                    info["eos_token_id"], kv["num_blocks"],
+                                                    kv["block_size"])))
+        ready.close()
+    except OSError:
+        # The launcher died while this engine started: nobody will connect. Stop in order.
+        logger.error("engine core: the launcher is gone; shutting down")
+        proc.inputs.put((0, Shutdown()))
+    return proc
+
+
+def _report_failure(error: Exception, ready: Connection, encoder) -> NoReturn:
+    if isinstance(error, ValueError | NotImplementedError):
+        # A bad setting: the launcher prints the message; a traceback adds nothing.
+        logger.debug("engine core failed to start", exc_info=True)
+    else:
+        logger.exception("engine core failed to start")
+    try:
+        ready.send_bytes(encoder.encode(EngineDead(f"{type(error).__name__}: {error}")))
+        ready.close()
+    except OSError:
+        pass  # the launcher is gone; there is nobody to tell
+    _exit(1)
+
+
+def _stop_children() -> None:
+    """Start-up was cut short, perhaps after the executor had started its TP workers (they
+    would go on loading the model): stop them. They hold nothing worth a graceful stop."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(_CHILD_JOIN_TIMEOUT_S)
+    logger.debug("engine core: start-up cancelled; stopped %d worker process(es)", len(children))
+
+
+def _exit(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -107,7 +166,6 @@ class EngineCoreProc:
         self.inputs: queue.SimpleQueue[ClientInput] = queue.SimpleQueue()
         self.outputs: queue.SimpleQueue = queue.SimpleQueue()
         self._stop_r, self._stop_w = os.pipe()
-        self._parent_fd = os.pidfd_open(os.getppid())
         self.loop = EngineLoop(core, self.inputs, self._send,
                                StatsLogger(envs.log_stats_interval_s(), log_stats))
         self._threads = [threading.Thread(target=self._input_thread, name="engine-input", daemon=True),
@@ -155,15 +213,10 @@ class EngineCoreProc:
         poller = zmq.Poller()
         poller.register(self.input_sock, zmq.POLLIN)
         poller.register(self._stop_r, zmq.POLLIN)
-        poller.register(self._parent_fd, zmq.POLLIN)
         try:
             while True:
                 events = dict(poller.poll())
                 if self._stop_r in events:
-                    return
-                if self._parent_fd in events:
-                    logger.error("the process that started the engine core died; shutting down")
-                    self.inputs.put((0, Shutdown()))
                     return
                 routing_id, frame = self.input_sock.recv_multipart(copy=False)
                 try:
@@ -198,12 +251,12 @@ class EngineCoreProc:
         """A ROUTER silently drops what it sends to a peer it has not yet heard from; every
         client says hello on this socket before it sends any request, so wait for it."""
         poller = zmq.Poller()
-        for source in (self.output_sock, self._stop_r, self._parent_fd):
+        for source in (self.output_sock, self._stop_r):
             poller.register(source, zmq.POLLIN)
         while client not in known:
             if self.output_sock not in dict(poller.poll()):
                 logger.error("engine core: output for client %d dropped: it never connected", client)
-                return False  # stopping, or the launcher died
+                return False  # stopping
             routing_id, frame = self.output_sock.recv_multipart()
             try:
                 decoder.decode(frame)

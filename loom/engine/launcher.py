@@ -20,6 +20,7 @@ import msgspec
 
 from loom import envs
 from loom.config import EngineConfig
+from loom.engine.child_process import start_child
 from loom.engine.protocol import EngineDead, EngineReady, EngineStartup
 
 logger = logging.getLogger(__name__)
@@ -53,23 +54,25 @@ class EngineProcess:
         process = ctx.Process(target=run_engine_core, name="loom-engine-core",
                               args=(msgspec.json.encode(config), input_addr, output_addr,
                                     writer, log_stats))
-        process.start()
-        writer.close()
         try:
+            start_child(process, ignore_sigint=True)  # the launcher decides how it stops
+            writer.close()
             info = _wait_ready(process, reader)
         except BaseException:
+            # Ctrl-C or SIGTERM too: the core's SIGTERM handler cuts its start-up short.
             cls._reap(process)
             shutil.rmtree(ipc_dir, ignore_errors=True)
             raise
         finally:
+            writer.close()
             reader.close()
         logger.info("engine core process %d ready: %d KV blocks of %d tokens, max_model_len %d",
                     process.pid, info.num_blocks, info.block_size, info.max_model_len)
         return cls(process, EngineEndpoint(input_addr, output_addr, process.pid, info), ipc_dir)
 
     def stop(self) -> int | None:
-        """Stop the engine (SIGTERM asks its loop to finish), then remove its sockets.
-        Returns its exit code."""
+        """Stop the engine (SIGTERM asks its loop to finish, or cuts its start-up short and
+        stops its workers), then remove its sockets. Returns its exit code."""
         self._reap(self.process)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
         return self.process.exitcode

@@ -18,6 +18,7 @@ import zmq
 
 from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.engine.child_process import start_child
 from loom.executor.base import Executor
 from loom.executor.protocol import (CollectiveRPC, ExecuteModel, FlushOutput, RPCReply,
                                     RunnerOutput, ShutdownWorker, WorkerFailed, WorkerMessage,
@@ -58,8 +59,16 @@ class MultiprocExecutor(Executor):
         self.procs: list[mp.Process] = []
         self._failed: str | None = None
         self._launched = self._collected = 0
-        self._start_workers()
-        self._model_info = self._rpc("model_info")[0]
+        try:
+            self._start_workers()
+            self._model_info = self._rpc("model_info")[0]
+        except BaseException:
+            # Failed or interrupted (Ctrl-C, the engine core's SIGTERM) while the workers
+            # load: nobody would ever stop them. They are mid-load and would not read a
+            # ShutdownWorker, so they are killed.
+            self._kill_workers()
+            self._close_sockets()
+            raise
 
     def _start_workers(self) -> None:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
@@ -73,13 +82,17 @@ class MultiprocExecutor(Executor):
             proc = spawn.Process(target=worker_main, name=f"loom-tp{rank}", daemon=True,
                                  args=(self.config, rank, init_method, addr,
                                        f"ipc://{self._dir.name}/replies"))
-            proc.start()
-            self.procs.append(proc)
+            self.procs.append(proc)  # first: an interrupt right after start() must find it
+            start_child(proc)
         ready = {self._receive(STARTUP_TIMEOUT_S, WorkerReady).rank for _ in range(self.world_size)}
         logger.info("started %d tensor-parallel workers (ranks %s)", self.world_size, sorted(ready))
 
     # Waiting: replies and worker deaths wake the same poller. -----------------------------
     def _receive(self, timeout_s: float | None, expected: type):
+        if self._failed:
+            # The first failure is the one to report: the survivors were killed after it,
+            # and waiting again would only name one of them.
+            raise WorkerError(self._failed)
         poller = zmq.Poller()
         poller.register(self._replies, zmq.POLLIN)
         for proc in self.procs:
@@ -161,12 +174,16 @@ class MultiprocExecutor(Executor):
         for proc in self.procs:
             proc.join(timeout=5)
         self._kill_workers()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
         self._ctx.destroy(linger=0)
         self._dir.cleanup()
 
     def _kill_workers(self) -> None:
-        for proc in self.procs:
+        started = [proc for proc in self.procs if proc.pid is not None]
+        for proc in started:
             if proc.is_alive():
                 proc.kill()
-        for proc in self.procs:
+        for proc in started:
             proc.join(timeout=5)

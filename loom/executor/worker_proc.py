@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 
@@ -11,6 +12,7 @@ import msgspec
 import zmq
 
 from loom.config import EngineConfig
+from loom.engine.child_process import signal_on_parent_death
 from loom.executor.protocol import (CollectiveRPC, ExecuteModel, FlushOutput, RPCReply,
                                     RunnerOutput, ShutdownWorker, WorkerCommand, WorkerFailed,
                                     WorkerReady)
@@ -21,6 +23,9 @@ logger = logging.getLogger(__name__)
 def worker_main(config: EngineConfig, rank: int, init_method: str, command_addr: str,
                 reply_addr: str) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s rank{rank} %(name)s: %(message)s")
+    # A worker whose engine core is gone would otherwise load its model and then block in
+    # commands.recv() forever (SIGINT is ignored, as the core ignores it).
+    signal_on_parent_death(signal.SIGKILL, f"tensor-parallel worker rank {rank}")
     ctx = zmq.Context()
     commands = ctx.socket(zmq.PULL)
     commands.connect(command_addr)

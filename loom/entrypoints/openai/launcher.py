@@ -8,6 +8,9 @@
 
 The listening socket is bound before the engine starts (a busy port fails at once), but
 listened on only when an API server is ready, so early clients are refused, never hung.
+
+Ctrl-C or SIGTERM stops every process at any time, start-up included. Should this process
+die without stopping them (SIGKILL), its children stop by themselves (child_process.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import uvloop
 
 from loom import envs
 from loom.config import EngineConfig
+from loom.engine.child_process import signal_on_parent_death, start_child
 from loom.engine.launcher import EngineEndpoint, EngineProcess
 from loom.entrypoints.openai.api_server import ServerOptions, serve
 from loom.frontend.core_client import EngineCoreClient, InprocClient, MPClient
@@ -42,20 +46,45 @@ _API_STOP_TIMEOUT_S = 15.0
 
 
 def run_server(options: ServerOptions, config: EngineConfig, inproc: bool) -> int:
+    """Serve until stopped. A stop asked for (Ctrl-C, SIGTERM), even while the engine is
+    still starting, stops the engine core and its workers and returns 0 with one log line."""
     sock = bind_socket(options.host, options.port)
     options = msgspec.structs.replace(options, port=sock.getsockname()[1])
+    previous = _stop_signals_interrupt()
     try:
-        if inproc:
-            return run_api(options, sock, lambda: InprocClient(config, options.log_stats))
-        engine = EngineProcess.start(config, options.log_stats)
-        try:
-            if options.api_server_count == 1:
-                return run_api(options, sock, lambda: MPClient(engine.endpoint, 0))
-            return _supervise(options, sock, engine)
-        finally:
-            engine.stop()
+        return _run(options, sock, config, inproc)
+    except KeyboardInterrupt as e:
+        how = "SIGTERM" if isinstance(e, _Terminated) else "Ctrl-C"
+        logger.info("interrupted by %s; the engine is stopped", how)
+        return 0
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         sock.close()
+
+
+def _stop_signals_interrupt() -> dict:
+    """Until uvicorn takes the signals over, SIGTERM (kill, docker stop) interrupts start-up
+    as Ctrl-C does, so the engine core is stopped on the way out (EngineProcess.start), not
+    left to finish loading for nobody. Ctrl-C raises at once, not when a blocking start-up
+    step returns (asyncio's own handler only cancels the task). An ignored SIGINT (nohup,
+    `cmd &` in a script) stays ignored. Returns the handlers to restore."""
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _interrupt)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
+    return previous
+
+
+def _run(options: ServerOptions, sock: socket.socket, config: EngineConfig, inproc: bool) -> int:
+    if inproc:
+        return run_api(options, sock, lambda: InprocClient(config, options.log_stats))
+    engine = EngineProcess.start(config, options.log_stats)
+    try:
+        if options.api_server_count == 1:
+            return run_api(options, sock, lambda: MPClient(engine.endpoint, 0))
+        return _supervise(options, sock, engine)
+    finally:
+        engine.stop()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -110,9 +139,18 @@ def run_api_process(options_json: bytes, endpoint_json: bytes, index: int,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    # A supervisor killed outright must not leave this server holding the port.
+    signal_on_parent_death(signal.SIGTERM, f"API server {index}")
     options = msgspec.json.decode(options_json, type=ServerOptions)
     endpoint = msgspec.json.decode(endpoint_json, type=EngineEndpoint)
-    sys.exit(run_api(options, sock, lambda: MPClient(endpoint, index), (signal.SIGTERM,)))
+    try:
+        code = run_api(options, sock, lambda: MPClient(endpoint, index), (signal.SIGTERM,))
+    except ValueError as e:
+        # A bad setting (e.g. --chat-template), the same in every API server: one line each,
+        # as the CLI prints it, not a traceback from each.
+        print(f"loom serve: error: {e}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
 
 
 def _supervise(options: ServerOptions, sock: socket.socket, engine: EngineProcess) -> int:
@@ -124,7 +162,7 @@ def _supervise(options: ServerOptions, sock: socket.socket, engine: EngineProces
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for p in servers:
-            p.start()
+            start_child(p, ignore_sigint=True)
         return _wait(engine, servers)
     except KeyboardInterrupt:
         logger.info("stopping %d API servers", len(servers))
@@ -147,12 +185,15 @@ def _wait(engine: EngineProcess, servers: list) -> int:
             p.join(envs.engine_dead_linger_s() + _API_STOP_TIMEOUT_S)
         return 1
     dead = [sentinels[s] for s in ready]
+    for p in dead:
+        p.join(_API_STOP_TIMEOUT_S)  # its sentinel fires a moment before its exit code is known
     logger.error("API server(s) %s exited (codes %s); stopping the rest",
                  [p.pid for p in dead], [p.exitcode for p in dead])
     return 1
 
 
 def _stop_all(servers: list) -> None:
+    servers = [p for p in servers if p.pid is not None]  # interrupted before starting them all
     for p in servers:
         if p.is_alive():
             os.kill(p.pid, signal.SIGTERM)
@@ -175,5 +216,9 @@ def _share_metrics() -> str | None:
     return path
 
 
-def _interrupt(_signum, _frame) -> None:
-    raise KeyboardInterrupt
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so both stop alike."""
+
+
+def _interrupt(signum, _frame) -> None:
+    raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
