@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"loom {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before any engine started: nothing to stop
+        print(f"loom {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

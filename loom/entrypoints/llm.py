@@ -159,7 +159,10 @@ class LLM:
         try:
             yield
         except BaseException:
-            self.engine.abort_all()
+            try:
+                self.engine.abort_all()
+            except Exception:  # noqa: BLE001 - a dead worker: the first error is the one to see
+                logger.debug("LLM: abort after an error failed too", exc_info=True)
             self.output_processor.clear()
             raise
 
