@@ -155,7 +155,7 @@ def test_serve_checks_tokenizer_and_template_before_the_engine(capsys, monkeypat
 def test_serve_refuses_a_chat_template_without_a_tokenizer(capsys, monkeypatch):
     from loom.entrypoints.openai import launcher
     monkeypatch.setattr(launcher, "run_server", _no_server)
-    err = _main_error(capsys, "serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu",
+    err = _main_error(capsys, "serve", "qwen3-30b-a3b", "--load-format", "dummy", "--device", "cpu",
                       "--chat-template", "{{ messages }}")
     assert "loom serve: error: chat_template: needs a tokenizer" in err
 

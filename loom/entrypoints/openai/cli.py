@@ -8,7 +8,8 @@ import os
 
 from loom import envs
 from loom.engine.arg_utils import EngineArgs
-from loom.models.loader import tokenizer_path
+from loom.config import ModelConfig
+from loom.models.loader import shipped_config, tokenizer_path
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.model_tag is not None:
         args.model = args.model_tag
     config = EngineArgs.from_cli_args(args).create_engine_config("api_server")
-    tokenizer = tokenizer_path(config.model)
+    tokenizer = served_tokenizer(config.model)
     _check_tokenizer(tokenizer, args.chat_template, config.model.model)
     options = ServerOptions(
         model=config.model.model, served_model_names=_served_names(args, config.model.model),
@@ -75,6 +76,20 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("max_request_body_bytes: must be positive")
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
+
+
+def served_tokenizer(model: ModelConfig) -> str | None:
+    """The tokenizer to serve with: --tokenizer, the model's own, or for a shipped Llama
+    config (`loom serve llama-3.1-8b --load-format dummy`) the real Llama 3 tokenizer, as
+    the benchmarks use; None if there is none (token-id prompts only)."""
+    found = tokenizer_path(model)
+    if found is None and shipped_config(model.model) is not None:
+        from loom.bench.common import default_tokenizer
+        try:
+            found = default_tokenizer(model.model)
+        except ValueError as e:  # the Llama 3 tokenizer package is not installed
+            logger.warning("%s", e)
+    return found
 
 
 def _check_tokenizer(tokenizer: str | None, chat_template: str | None, model: str) -> None:
