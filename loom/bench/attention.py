@@ -7,8 +7,8 @@ head_dim) comes from `--model`. Each shape is one layer's attention in one step:
 
 - `--mode decode`: B requests (--batch-sizes) of one query token each, every one with
   context_len tokens in the cache (--context-lens), timed through the attention backend's
-  own call (TritonBackend.forward: its block_n and default_num_splits, the split-K kernel and
-  its reduce).
+  own call (TritonBackend.forward: its block_n and default_num_splits, the split-K kernel,
+  which merges its splits itself).
 - `--mode prefill`: --prompt-tokens of prompt chunks alone (no decodes), --chunk-len tokens
   each after --chunk-context cached tokens (one shape per --chunk-context value): the varlen
   kernel at throughput's prompt steps (whole 1024-token prompts, more of them than go to

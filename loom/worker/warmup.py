@@ -43,7 +43,7 @@ STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     ("five fresh prompts", [9] * 5, [9] * 5),
     ("a prompt chunk after cached context", [16], [48]),
     # Short contexts take one split (the decode kernel writes the output itself); a longer
-    # one takes several and the reduce kernel: each is its own kernel variant.
+    # one takes several, merged by their last program: each is its own kernel variant.
     ("a decode batch split along its keys", [1, 1], [129, 17]),
     ("a decode batch outside CUDA graphs", [1, 1, 1], [40, 17, 5]),  # last: 3 rows to sample
 ]
@@ -248,8 +248,9 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
                           max_num_seqs: int, max_model_len: int) -> list[tuple[int, int, int]]:
     """The (block_n, num_stages, num_splits) the decode kernel can take for the decodes of a
     mixed step (prompt chunks beside them: the request-index path, never in a CUDA graph),
-    one num_splits per compiled variant (the reduce kernel's is the next power of two; one
-    split has no reduce)."""
+    one num_splits per compiled variant: the kernel is compiled per (block_n, num_stages,
+    SPLITS_PAD), SPLITS_PAD being the next power of two of num_splits that sizes the
+    splits' merge (1: one split, no merge)."""
     import triton
 
     from loom.kernels.paged_decode import default_num_splits
@@ -263,7 +264,7 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
             if not backend.splits_mixed(num_reqs, seq_len):
                 continue  # one launch: no decode kernel
             splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)
-            pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # the reduce's
+            pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # SPLITS_PAD
             seen.setdefault((block_n, stages, pad), splits)
     return sorted((bn, st, splits) for (bn, st, _), splits in seen.items())
 

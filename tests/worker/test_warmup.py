@@ -105,8 +105,8 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     # STEP_SHAPES: one fresh prompt goes to the paged prefill kernel and once more, its
     # threshold lifted, to SDPA; five prompts, a chunk after context and a prompt beside
     # one decode (too few decodes to split) go to the paged prefill kernel; two decode
-    # batches to the split-K decode kernel, one with a single split (no reduce kernel) and
-    # one with several. Then a prompt beside enough decodes is split, its prompt to the
+    # batches to the split-K decode kernel, one with a single split (no merge) and one with
+    # several. Then a prompt beside enough decodes is split, its prompt to the
     # prefill kernel and its decodes to the decode kernel (both with a request index: that
     # warms those variants up too). Every layer does each, and writes (to nowhere) every
     # time, with rotary applied on the way (the runner leaves it to this backend): in the
@@ -125,7 +125,7 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     # each sampler path once: all greedy, all random, the two mixed, top-p
     assert sampled == [(True, False, True), (False, True, True), (False, False, True),
                        (False, False, False)]
-    # every decode variant a mixed step can reach, and the reduce kernel's splits with them
+    # every decode variant a mixed step can reach, each split count's SPLITS_PAD with them
     cache = runner.kv_caches[0]
     want = warmup_module.mixed_decode_variants(
         runner.backend, cache.shape[3], cache.shape[4], runner.dtype,
@@ -161,9 +161,10 @@ def test_step_positions_end_each_request_at_its_length():
 @pytest.mark.parametrize("fewest", ["1", None])
 def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch):
     """Brute force over every batch size and context length (not the powers of two the
-    enumeration samples): each compiled variant of the decode and reduce kernels a mixed
-    step can meet is among those warmed up, at Llama-3.1-8B's and Qwen3's bf16 heads, with
-    every decode count split (fewest 1) and from the default count up."""
+    enumeration samples): each compiled variant of the decode kernel (block_n, stages,
+    SPLITS_PAD) a mixed step can meet is among those warmed up, at Llama-3.1-8B's and
+    Qwen3's bf16 heads, with every decode count split (fewest 1) and from the default count
+    up."""
     from loom.kernels.paged_decode import default_num_splits
     if fewest:
         monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", fewest)
