@@ -17,10 +17,9 @@ reduce kernel (about 1.7 us at decode). This kernel is the plain streaming alter
   idle. Three ways to sum the slices (`split_mode`):
     "fixup":  each program stores its float32 partial, then bumps a per-row-block counter;
               the last one to arrive sums the partials in slice order (deterministic) and
-              writes y, and resets the counter. One launch. The counters are a small
-              zeroed int32 buffer per device, made by the first call (which must not be
-              inside a CUDA graph capture) and reused; so two fixup GEMVs on one device
-              must not run concurrently on different streams.
+              writes y, and resets the counter. One launch. The counters
+              (`kernels/arrival.py`) are made by the first call on a device, which must
+              not be inside a CUDA graph capture.
     "reduce": partials to a [SPLIT_K, M, N] float32 buffer, then a second tiny kernel sums
               and casts (two launches, deterministic; what cuBLAS does).
     "atomic": float32 atomic adds into a zeroed [M, N] buffer, then a cast (a memset and
@@ -45,17 +44,15 @@ import triton
 import triton.language as tl
 
 from loom import envs
-from loom.kernels import pdl
+from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
+from loom.kernels.rope_kv_write import rms_scale
 
 MAX_M = 8
 """Most rows per call: beyond this a tensor-core GEMM is the right tool."""
 
 SPLIT_MODES = ("fixup", "reduce", "atomic")
 
-_COUNTERS_SIZE = 1 << 16
-"""Row blocks the "fixup" counters cover: N up to 524288 at BLOCK_N = 8."""
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,14 +107,47 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _add_rms_rstd(x_ptr, res_ptr, res_out_ptr, eps, write, M: tl.constexpr,
+                  M_PAD: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr):
+    """1 / RMS of each row of h = x + residual ([M, K], rows contiguous) as [M_PAD] (padded
+    rows: 1 / sqrt(eps), never used); where `write`, h is stored to res_out. Each program
+    reads the whole rows (from L2: the previous kernel just wrote them), CHUNK columns of
+    every row at a time, so a program's slice of K is normalised as the full row is."""
+    rows = tl.arange(0, M_PAD)
+    elem = x_ptr.dtype.element_ty
+    ss = tl.zeros([M_PAD], tl.float32)
+    for c in tl.static_range(0, K, CHUNK):
+        cols = c + tl.arange(0, CHUNK)
+        ok = (rows < M)[:, None] & (cols < K)[None, :]
+        off = rows[:, None] * K + cols[None, :]
+        h = (tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
+             + tl.load(res_ptr + off, mask=ok, other=0.0).to(tl.float32)).to(elem)
+        tl.store(res_out_ptr + off, h, mask=ok & write)
+        hf = h.to(tl.float32)
+        ss += tl.sum(hf * hf, axis=1)
+    return tl.math.rsqrt(ss / K + eps)
+
+
+@triton.jit
+def _add_rms_scale(x, res, rstd, nw_ptr, cols, ok, elem: tl.constexpr):
+    """RMSNorm of h = x + residual at columns `cols`, given its rows' rstd, as float32
+    values rounded as `loom.layers.norm.fused_add_rms_norm` rounds them."""
+    h = (x.to(tl.float32) + res.to(tl.float32)).to(elem).to(tl.float32)
+    return rms_scale(h, rstd, nw_ptr, cols, ok, elem)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, N,
+    x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, SPLIT_MODE: tl.constexpr, USE_DOT: tl.constexpr,
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
+    ADD_NORM: tl.constexpr = False, NORM_CHUNK: tl.constexpr = 1,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
+    # ADD_NORM: the input is RMSNorm(x + residual) * norm weight, as
+    # loom.layers.norm.fused_add_rms_norm rounds it; program (0, 0) also writes x + residual.
     # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
     # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
     # into L2 before waiting for the previous kernel; x and everything else after.
@@ -144,6 +174,9 @@ def _gemv_kernel(
             pdl.prefetch_l2(w_ptr + rows_ld.to(tl.int64) * K + k0,
                             tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
         pdl.wait_then_release()
+    if ADD_NORM:
+        rstd = _add_rms_rstd(x_ptr, res_ptr, res_out_ptr, eps, (pid_n == 0) & (pid_k == 0),
+                             M, M_PAD, K, NORM_CHUNK)
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -160,6 +193,10 @@ def _gemv_kernel(
             if SILU_MUL:
                 up = tl.load(x_ptrs + K, mask=x_ok, other=0.0)
                 xt = _silu_mul(xt, up, elem)
+            if ADD_NORM:
+                rt = tl.load(res_ptr + mcols[:, None] * K + ks[None, :], mask=x_ok, other=0.0)
+                xt = _add_rms_scale(xt, rt, rstd[:, None], nw_ptr, ks[None, :],
+                                    k_ok[None, :], elem).to(elem)
             acc += tl.dot(w, tl.trans(xt), input_precision=DOT_PRECISION)
         else:
             wf = w.to(tl.float32)
@@ -174,6 +211,10 @@ def _gemv_kernel(
                     else:
                         um = tl.load(x_ptr + m * X_STRIDE + K + ks, mask=k_ok, other=0.0)
                     xm = _silu_mul(xm, um, elem)
+                if ADD_NORM:
+                    rm = tl.load(res_ptr + m * K + ks, mask=k_ok, other=0.0)
+                    xm = _add_rms_scale(xm, rm, tl.sum(tl.where(mcols == m, rstd, 0.0)),
+                                        nw_ptr, ks, k_ok, elem)
                 part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)
                 acc += tl.where(mcols[None, :] == m, part[:, None], 0.0)
         w_ptrs += BLOCK_K
@@ -248,20 +289,6 @@ def _check_config(cfg: GemvConfig, k: int) -> None:
         raise ValueError(f"gemv: split_k={cfg.split_k} exceeds K={k}")
 
 
-def _counters(device: torch.device, needed: int) -> torch.Tensor:
-    if needed > _COUNTERS_SIZE:
-        raise ValueError(f"gemv: {needed} row blocks exceed the fixup counters "
-                         f"({_COUNTERS_SIZE}); use a larger block_n or split_mode='reduce'")
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("gemv: the first split_mode='fixup' call on a device must run "
-                               "outside CUDA graph capture (it allocates the counters)")
-        counters = _COUNTERS[device] = torch.zeros(_COUNTERS_SIZE, dtype=torch.int32,
-                                                   device=device)
-    return counters
-
-
 def prefetch_bytes(cfg: GemvConfig, block_k: int, n: int, k: int, itemsize: int,
                    budget: int) -> int:
     """What each row of a program's slab asks into L2 before a PDL wait: whole BLOCK_K
@@ -321,9 +348,41 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
     or None for `default_config`. compile_only: compile the kernels this call needs and
     run nothing (inside compile_pool, on its threads); the tensor returned is unwritten."""
     m, k, n = _check_inputs(x, weight, silu_mul_input)
-    cfg = _resolve_config(config, m, n, k)
-    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
+    return _launch(x, weight, _resolve_config(config, m, n, k), compile_only,
+                   silu_mul_input=silu_mul_input)
 
+
+def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                      eps: float, weight: torch.Tensor, *,
+                      config: GemvConfig | dict | None = None,
+                      compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and
+    RMSNorm (`loom.layers.norm.fused_add_rms_norm`, rounded as it rounds) applied by the
+    GEMV as it reads its input, so that no norm kernel runs before it. x and residual
+    [M, K] alike; norm_weight [K]; otherwise as `gemv`. Every program reads the whole rows
+    once more for their sums of squares (a few KB from L2 against megabytes of weight)."""
+    m, k, n = _check_inputs(x, weight, False)
+    if residual.shape != x.shape or residual.dtype != x.dtype \
+            or not residual.is_contiguous() or residual.device != x.device:
+        raise ValueError(f"add_rms_norm_gemv: residual must be contiguous and match x "
+                         f"{tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} "
+                         f"{residual.dtype}")
+    if norm_weight.shape != (k,) or not norm_weight.is_contiguous() \
+            or norm_weight.device != x.device:
+        raise ValueError(f"add_rms_norm_gemv: norm_weight must be a contiguous [{k}] tensor "
+                         f"on {x.device}, got {tuple(norm_weight.shape)}")
+    residual_out = torch.empty_like(x)
+    y = _launch(x, weight, _resolve_config(config, m, n, k), compile_only,
+                norm=(residual, norm_weight, residual_out, float(eps)))
+    return y, residual_out
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only: bool,
+            silu_mul_input: bool = False, norm: tuple | None = None) -> torch.Tensor:
+    """The GEMV's kernels for checked arguments; norm: (residual, norm_weight,
+    residual_out, eps) of add_rms_norm_gemv."""
+    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     n_blocks = triton.cdiv(n, cfg.block_n)
     split_k = cfg.split_k
@@ -331,23 +390,28 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
     part = y  # unused placeholders keep one signature
     counters = y
     if mode == 1:
-        counters = _counters(x.device, n_blocks)
+        counters = arrival.counters(x.device, n_blocks, "gemv")
         part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     elif mode == 2:
         part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     elif mode == 3:
         part = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    residual, norm_weight, residual_out, eps = norm or (y, y, y, 0.0)
+    # The norm's row sums read about 4096 values of each input a step (all rows together).
+    m_pad = 16 if cfg.use_dot else triton.next_power_of_2(m)
+    norm_chunk = min(triton.next_power_of_2(k), max(64, 4096 // m_pad))
     use_pdl = pdl.enabled(x.device)
     ahead = 0
     if use_pdl and weight.data_ptr() % 16 == 0:
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
     launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
-        x, weight, y, part, counters, n,
+        x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n,
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         NUM_STAGES=cfg.num_stages, PDL=use_pdl, PREFETCH_BYTES=ahead,
+        ADD_NORM=norm is not None, NORM_CHUNK=norm_chunk if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024

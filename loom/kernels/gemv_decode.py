@@ -10,8 +10,9 @@ import json
 
 import torch
 
-from loom.kernels.gemv import MAX_M, GemvConfig, gemv, silu_mul
+from loom.kernels.gemv import MAX_M, GemvConfig, add_rms_norm_gemv, gemv, silu_mul
 from loom.kernels.tuned import config_dir, device_name
+from loom.layers.norm import fused_add_rms_norm
 from loom.library import loom_op
 
 
@@ -102,3 +103,34 @@ def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
 @decode_silu_mul_linear.register_fake
 def _(x, weight):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@loom_op("decode_add_rms_norm_linear",
+         "(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) "
+         "-> (Tensor, Tensor)")
+def decode_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor,
+                               norm_weight: torch.Tensor, eps: float,
+                               weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and norm
+    with the projection that reads them (qkv, gate_up). Where decode_linear would take the
+    GEMV, the GEMV applies the add and the norm as it reads x (`add_rms_norm_gemv`): one
+    kernel where Inductor's norm and the GEMV were two. Otherwise the add and norm in one
+    kernel (torch's eager ops on the CPU), then `linear`."""
+    m, (n, k) = x.shape[0], weight.shape
+    if 1 <= m <= MAX_M and x.dtype == weight.dtype == residual.dtype == norm_weight.dtype \
+            and weight.is_contiguous() and norm_weight.is_contiguous():
+        cfg = tuned_config(m, n, k, x.dtype, x.device)
+        if cfg is not None:
+            return add_rms_norm_gemv(x.contiguous(), residual.contiguous(), norm_weight, eps,
+                                     weight, config=cfg)
+    if x.is_cuda:
+        from loom.kernels.all_reduce_norm import add_rms_norm
+        normed, residual_out = add_rms_norm(x, residual, norm_weight, eps)
+    else:
+        normed, residual_out = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return linear(normed, weight), residual_out.contiguous()
+
+
+@decode_add_rms_norm_linear.register_fake
+def _(x, residual, norm_weight, eps, weight):
+    return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape)

@@ -23,19 +23,24 @@ from tests.compilation.test_level3 import _tokens
 def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkeypatch, caplog):
     path, _ = tiny_model_factory("llama")
     eager = _tokens(path)
-    rows, with_silu = [], []
-    real_gemv = gemv_module.gemv
+    rows, with_silu, with_norm = [], [], []
+    real_gemv, real_norm_gemv = gemv_module.gemv, gemv_module.add_rms_norm_gemv
 
     def spy(x, weight, **kwargs):
         rows.append(x.shape[0])
         with_silu.append(kwargs.get("silu_mul_input", False))
         return real_gemv(x, weight, **kwargs)
 
+    def norm_spy(x, *args, **kwargs):
+        with_norm.append(x.shape[0])
+        return real_norm_gemv(x, *args, **kwargs)
+
     monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
     # Every shape "measured" (the CPU has no table): small tiles the interpreter runs fast.
     monkeypatch.setattr(gemv_module, "tuned_config",
                         lambda m, n, k, dtype, device: GemvConfig(block_n=16, block_k=32))
     monkeypatch.setattr(gemv_module, "gemv", spy)
+    monkeypatch.setattr(gemv_module, "add_rms_norm_gemv", norm_spy)
     caplog.set_level(logging.INFO, logger="loom.compilation.passes.decode_gemv")
     # A fresh Inductor cache: a graph cached by an earlier run is loaded without the pass
     # running again (so without its log line).
@@ -49,6 +54,11 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
     assert any(with_silu) and not all(with_silu)
     assert rows and max(rows) <= gemv_module.MAX_M, "decode steps (3 requests) took the GEMV"
     assert 3 in rows
+    # The residual add + norm before qkv and gate_up, but the first layer's input norm
+    # (no residual yet): 3 of the tiny model's 4 norms before a matmul.
+    fused = re.findall(r"(\d+) with the residual add \+ RMSNorm", caplog.text)
+    assert sum(map(int, fused)) == 3, fused
+    assert with_norm and max(with_norm) <= gemv_module.MAX_M and 3 in with_norm
 
 
 def test_decode_silu_mul_linear_is_the_mlps_down_projection():
@@ -60,6 +70,26 @@ def test_decode_silu_mul_linear_is_the_mlps_down_projection():
     many = torch.randn(9, 16)
     torch.testing.assert_close(torch.ops.loom.decode_silu_mul_linear(many, w),
                                F.linear(F.silu(many[:, :8]) * many[:, 8:], w))
+
+
+def test_decode_add_rms_norm_linear_is_the_norm_then_the_projection(monkeypatch):
+    """Without a config (or past 8 rows): loom's fused_add_rms_norm then F.linear; with
+    one: the GEMV reading x + residual through the norm. Both outputs against the
+    reference ops."""
+    from loom.layers.norm import fused_add_rms_norm
+    w, norm_w = torch.randn(12, 32), 1 + 0.1 * torch.randn(32)
+    for rows in (3, 9):
+        x, residual = torch.randn(rows, 32), torch.randn(rows, 32)
+        normed, ref_res = fused_add_rms_norm(x, residual, norm_w, 1e-6)
+        y, res_out = torch.ops.loom.decode_add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
+        assert torch.equal(res_out, ref_res) and torch.equal(y, F.linear(normed, w))
+    monkeypatch.setattr(gemv_module, "tuned_config",
+                        lambda m, n, k, dtype, device: GemvConfig(block_n=16, block_k=16))
+    x, residual = torch.randn(3, 32), torch.randn(3, 32)
+    normed, ref_res = fused_add_rms_norm(x, residual, norm_w, 1e-6)
+    y, res_out = torch.ops.loom.decode_add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
+    torch.testing.assert_close(res_out, ref_res, rtol=0, atol=0)
+    torch.testing.assert_close(y, F.linear(normed, w), rtol=1e-5, atol=1e-5)
 
 
 def test_decode_linear_falls_back_to_cublas_without_a_config():

@@ -18,6 +18,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else 
 triton = pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
+from loom.kernels import arrival  # noqa: E402
 from loom.kernels import gemv as gemv_mod  # noqa: E402
 from loom.kernels.gemv import GemvConfig, gemv  # noqa: E402
 
@@ -128,6 +129,66 @@ def test_silu_mul_input(cfg, m, dtype):
         assert rel_err(y, F.linear(act, w).float())[0] < 1.5e-2
 
 
+def _add_norm_case(m, k, dtype, seed):
+    x, w = make(m, 48, k, dtype, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    residual = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+    return x, residual, norm_w, w
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.describe().replace(" ", "_"))
+@pytest.mark.parametrize("m, k", [(1, 64), (3, 64), (3, 320)])
+def test_add_rms_norm_input_is_the_reference_norm(cfg, m, k):
+    """add_rms_norm_gemv = loom's fused_add_rms_norm, then the product, in float32 (every
+    split mode; K=320 takes two row chunks for the sums of squares, the second masked);
+    the new residual is x + residual."""
+    from loom.kernels.gemv import add_rms_norm_gemv
+    from loom.layers.norm import fused_add_rms_norm
+    x, residual, norm_w, w = _add_norm_case(m, k, torch.float32, seed=30 + m)
+    normed, ref_res = fused_add_rms_norm(x.cpu(), residual.cpu(), norm_w.cpu(), 1e-5)
+    y, res_out = add_rms_norm_gemv(x, residual, norm_w, 1e-5, w, config=cfg)
+    assert y.shape == (m, 48) and res_out.shape == (m, k)
+    torch.testing.assert_close(res_out.cpu(), ref_res, rtol=0, atol=0)
+    norm, worst = rel_err(y, normed.double() @ w.cpu().double().T)
+    assert norm < 1e-5 and worst < 1e-5, (norm, worst)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[4]],
+                         ids=lambda c: c.describe().replace(" ", "_"))
+def test_add_rms_norm_input_bfloat16(cfg):
+    """In bfloat16 the input is rounded where the reference rounds it (x + residual, the
+    normalised value, its product with the weight): within bfloat16 rounding of the
+    reference's product (the interpreter truncates where torch rounds)."""
+    from loom.kernels.gemv import add_rms_norm_gemv
+    from loom.layers.norm import fused_add_rms_norm
+    x, residual, norm_w, w = _add_norm_case(2, 64, torch.bfloat16, seed=40)
+    normed, ref_res = fused_add_rms_norm(x.cpu(), residual.cpu(), norm_w.cpu(), 1e-6)
+    y, res_out = add_rms_norm_gemv(x, residual, norm_w, 1e-6, w, config=cfg)
+    assert y.dtype == res_out.dtype == torch.bfloat16
+    assert rel_err(res_out, ref_res)[1] < 1e-2
+    norm, worst = rel_err(y, normed.double() @ w.cpu().double().T)
+    assert norm < 1.5e-2 and worst < 3e-2, (norm, worst)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("residual_shape", "residual must be contiguous and match x"),
+    ("residual_dtype", "residual must be contiguous and match x"),
+    ("norm_weight_shape", r"norm_weight must be a contiguous \[64\]"),
+])
+def test_add_rms_norm_value_errors(case, match):
+    from loom.kernels.gemv import add_rms_norm_gemv
+    x, residual, norm_w, w = _add_norm_case(2, 64, torch.float32, seed=1)
+    if case == "residual_shape":
+        residual = residual[:1]
+    elif case == "residual_dtype":
+        residual = residual.double()
+    else:
+        norm_w = norm_w[:32]
+    with pytest.raises(ValueError, match=match):
+        add_rms_norm_gemv(x, residual, norm_w, 1e-6, w)
+
+
 def test_fixup_counters_reset_between_calls():
     """The last program of each row block resets its counter: a second call (and one with
     another split) must see zeros and still be right."""
@@ -135,7 +196,7 @@ def test_fixup_counters_reset_between_calls():
     ref = x.double() @ w.double().T
     for cfg in (CONFIGS[3], CONFIGS[3], CONFIGS[4]):
         assert rel_err(gemv(x, w, config=cfg), ref)[1] < 1e-5
-    assert int(gemv_mod._COUNTERS[x.device].abs().sum()) == 0
+    assert int(arrival._BUFFERS[(x.device, "gemv")].abs().sum()) == 0
 
 
 def test_default_config_and_dict_config():
@@ -207,16 +268,21 @@ from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.gemv import _gemv_kernel
 names = list(_gemv_kernel.arg_names)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
-            "count_ptr": "*i32"}
+            "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "res_out_ptr": "*bf16"}
 for cons, warps, stages in [
         # row reductions, pipelined, 4-way split with the one-launch fixup (decode's qkv)
         (dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
               SILU_MUL=False), 4, 3),
         # the fused SwiGLU down projection on the tensor cores, reduced by a second kernel
         (dict(M=4, K=7168, BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, SPLIT_MODE=2, USE_DOT=True,
-              SILU_MUL=True), 4, 4)]:
+              SILU_MUL=True), 4, 4),
+        # the residual add + RMSNorm read with the input (decode's qkv and gate_up)
+        (dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
+              SILU_MUL=False, ADD_NORM=True, NORM_CHUNK=4096), 4, 3),
+        (dict(M=8, K=4096, BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, SPLIT_MODE=0, USE_DOT=True,
+              SILU_MUL=False, ADD_NORM=True, NORM_CHUNK=256), 4, 3)]:
     cons.update(EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=stages)
-    sig = dict(pointers, N="i32", **{k: "constexpr" for k in cons})
+    sig = dict(pointers, eps="fp32", N="i32", **{k: "constexpr" for k in cons})
     src = ASTSource(fn=_gemv_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in cons.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in range(6)})
@@ -233,7 +299,7 @@ def test_compiles_for_sm90_offline():
     """The compiled path, which the interpreter never exercises, builds for Hopper with
     Triton's bundled ptxas (no GPU needed); its K loop is software-pipelined."""
     from tests.triton_interpreter import compile_for_sm90_offline
-    assert compile_for_sm90_offline(_OFFLINE_COMPILE).count("ok") == 2
+    assert compile_for_sm90_offline(_OFFLINE_COMPILE).count("ok") == 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -24,10 +24,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.all_reduce_norm import _all_reduce_add_rms_norm_kernel
 from loom.kernels.gemv import _gemv_kernel, _split_k_reduce_kernel
-from loom.kernels.paged_decode import _decode_reduce_kernel, _decode_split_kernel
+from loom.kernels.paged_decode import _decode_split_kernel
 
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
-            "count_ptr": "*i32", "res_ptr": "*bf16", "out_ptr": "*bf16",
+            "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "out_ptr": "*bf16",
             "res_out_ptr": "*bf16", "data_ptrs": "*i64", "flag_ptrs": "*i64",
             "q_ptr": "*bf16", "cache_ptr": "*bf16", "part_m_ptr": "*fp32",
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
@@ -67,17 +67,19 @@ def build(fn, cons, warps=4, stages=2):
 
 
 gemv = dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
-            SILU_MUL=False, EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=3, PDL=True)
+            SILU_MUL=False, EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=3, PDL=True,
+            ADD_NORM=False, NORM_CHUNK=1)
 build(_gemv_kernel, dict(gemv, PREFETCH_BYTES=1024), stages=3)
 build(_gemv_kernel, dict(gemv, SILU_MUL=True, SPLIT_MODE=0, SPLIT_K=1, PREFETCH_BYTES=0),
       stages=3)
+build(_gemv_kernel, dict(gemv, ADD_NORM=True, NORM_CHUNK=4096, PREFETCH_BYTES=0), stages=3)
 build(_split_k_reduce_kernel, dict(SPLIT_K=4, BLOCK=1024, PDL=True))
 for direct, rope in ((True, True), (False, False)):
     build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                      BLOCK_N=64, PRECISION="tf32", HAS_REQ_INDEX=False,
                                      DIRECT=direct, ROPE=rope, SAT=0.0, F16_DOT=False,
-                                     PDL=True, QK_NORM=False))
-build(_decode_reduce_kernel, dict(SPLITS_PAD=8, HEAD_DIM=128, HAS_REQ_INDEX=False, PDL=True))
+                                     PDL=True, QK_NORM=False,
+                                     SPLITS_PAD=1 if direct else 8))
 for push in (False, True):
     build(_all_reduce_add_rms_norm_kernel, dict(N=4096, BLOCK=4096, WORLD=2, MAX_ROWS=8,
                                                 PUSH=push, SLOT=8 * 16384, PDL=True), warps=8)
@@ -87,9 +89,10 @@ for push in (False, True):
 def test_kernels_wait_first_and_gemv_prefetches_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     out = compile_for_sm90_offline(_OFFLINE_COMPILE).splitlines()
-    assert out == ["ok _gemv_kernel prefetch", "ok _gemv_kernel -", "ok _split_k_reduce_kernel -",
+    assert out == ["ok _gemv_kernel prefetch", "ok _gemv_kernel -", "ok _gemv_kernel -",
+                   "ok _split_k_reduce_kernel -",
                    "ok _decode_split_kernel -", "ok _decode_split_kernel -",
-                   "ok _decode_reduce_kernel -", "ok _all_reduce_add_rms_norm_kernel -",
+                   "ok _all_reduce_add_rms_norm_kernel -",
                    "ok _all_reduce_add_rms_norm_kernel -"]
 
 

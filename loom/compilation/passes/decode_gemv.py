@@ -8,6 +8,11 @@ whose token count can be 1..8 (the general graph, static sizes up to 8). The op 
 run time: the GEMV where `loom/kernels/configs` has a measured config for the shape and
 row count, cuBLAS otherwise, so larger batches through the same graph are unchanged.
 Runs after the TP passes, which match the matmuls they fuse first.
+
+Two neighbours go into the GEMV with the matmul: an MLP's SiLU·mul before its down
+projection, and (TP=1) the residual add + RMSNorm before qkv and gate_up, which
+otherwise runs as a kernel of its own (2.1-2.4 us at batch 1 on an H200, plus the idle
+between two kernels, twice a layer: run_zzz21).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from loom.compilation.passes.graph_utils import MM, emit, fake_mode, is_op, nodes_of, token_dim
+from loom.compilation.passes.graph_utils import (MM, emit, emit_getitems, fake_mode,
+                                                 getitem_users, is_op, nodes_of, token_dim)
 
 logger = logging.getLogger(__name__)
 
@@ -89,22 +95,40 @@ def _is_getitem(node: Any) -> bool:
 def _erase_unused(graph: fx.Graph, node: Any) -> None:
     """Erase node and, in turn, the inputs it leaves unused (pure ops only: those the
     rewritten activation was built of)."""
-    pending = [node]
+    pending, erased = [node], set()
     while pending:
         n = pending.pop()
-        if not isinstance(n, fx.Node) or n.users or n.op != "call_function" or n.is_impure():
+        if not isinstance(n, fx.Node) or n in erased or n.users or n.op != "call_function" \
+                or n.is_impure():
             continue
         inputs = n.all_input_nodes
         graph.erase_node(n)
+        erased.add(n)
         pending.extend(inputs)
 
 
+def _norm_source(node: Any) -> fx.Node | None:
+    """The loom.fused_add_rms_norm node whose normalised output node is, where that output
+    has no other user; else None."""
+    if not (_is_getitem(node) and node.args[1] == 0 and len(node.users) == 1):
+        return None
+    norm = node.args[0]
+    return norm if is_op(norm, "loom.fused_add_rms_norm.default") else None
+
+
 class DecodeGemvPass:
+    """fuse_norm: a residual add + RMSNorm whose only reader is the matmul goes into the
+    GEMV too (`loom.decode_add_rms_norm_linear`); for TP=1, where no all-reduce fusion
+    has taken the norms (with TP they follow an all-reduce, whose own pass owns them)."""
+
     name = "decode_gemv"
+
+    def __init__(self, fuse_norm: bool = False) -> None:
+        self.fuse_norm = fuse_norm
 
     def __call__(self, graph: fx.Graph) -> int:
         from loom.kernels.gemv import MAX_M
-        rewritten = with_silu = 0
+        rewritten = with_silu = with_norm = 0
         mode = None
         for node in nodes_of(graph, MM):
             rows = token_dim(node)
@@ -115,21 +139,51 @@ class DecodeGemvPass:
             if w is None:
                 continue
             mode = mode or fake_mode(graph)
-            gate_up = _silu_mul_source(x)
-            with graph.inserting_before(node):
-                if gate_up is not None:  # the down projection: its activation goes in too
-                    new = emit(graph, mode, torch.ops.loom.decode_silu_mul_linear.default,
-                               gate_up, w)
-                    with_silu += 1
-                else:
-                    new = emit(graph, mode, torch.ops.loom.decode_linear.default, x, w)
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
+            norm = _norm_source(x) if self.fuse_norm else None
+            if norm is not None:
+                self._with_norm(graph, mode, node, norm, w)
+                with_norm += 1
+            else:
+                with_silu += self._plain(graph, mode, node, x, w)
             _erase_unused(graph, wt)
-            _erase_unused(graph, x)
             rewritten += 1
         if rewritten:
             logger.info("%s: %d matmuls take the Triton GEMV at 1..%d rows where a measured "
                         "config exists (cuBLAS otherwise), %d of them with the SiLU·mul "
-                        "before them", self.name, rewritten, MAX_M, with_silu)
+                        "before them, %d with the residual add + RMSNorm", self.name,
+                        rewritten, MAX_M, with_silu, with_norm)
         return rewritten
+
+    @staticmethod
+    def _plain(graph: fx.Graph, mode, node: fx.Node, x: fx.Node, w: fx.Node) -> int:
+        """mm -> decode_linear, or decode_silu_mul_linear for an MLP's down projection
+        (returns 1 then)."""
+        gate_up = _silu_mul_source(x)
+        with graph.inserting_before(node):
+            if gate_up is not None:  # the down projection: its activation goes in too
+                new = emit(graph, mode, torch.ops.loom.decode_silu_mul_linear.default,
+                           gate_up, w)
+            else:
+                new = emit(graph, mode, torch.ops.loom.decode_linear.default, x, w)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        _erase_unused(graph, x)
+        return int(gate_up is not None)
+
+    @staticmethod
+    def _with_norm(graph: fx.Graph, mode, node: fx.Node, norm: fx.Node, w: fx.Node) -> None:
+        """norm's two outputs and the mm reading the first -> one decode_add_rms_norm_linear,
+        placed where the norm was (its residual output may have readers before the mm)."""
+        x, residual, norm_weight, eps = norm.args
+        with graph.inserting_before(norm):
+            fused = emit(graph, mode, torch.ops.loom.decode_add_rms_norm_linear.default,
+                         x, residual, norm_weight, eps, w)
+            y, residual_out = emit_getitems(graph, mode, fused, 2)
+        node.replace_all_uses_with(y)
+        graph.erase_node(node)
+        items = getitem_users(norm)
+        graph.erase_node(items[0])  # the normalised rows: the mm was their one reader
+        if 1 in items:
+            items[1].replace_all_uses_with(residual_out)
+            graph.erase_node(items[1])
+        graph.erase_node(norm)
