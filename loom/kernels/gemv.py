@@ -46,7 +46,6 @@ import triton.language as tl
 from loom import envs
 from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
-from loom.kernels.rope_kv_write import rms_scale
 
 MAX_M = 8
 """Most rows per call: beyond this a tensor-core GEMM is the right tool."""
@@ -107,33 +106,12 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _add_rms_rstd(x_ptr, res_ptr, res_out_ptr, eps, write, M: tl.constexpr,
-                  M_PAD: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr):
-    """1 / RMS of each row of h = x + residual ([M, K], rows contiguous) as [M_PAD] (padded
-    rows: 1 / sqrt(eps), never used); where `write`, h is stored to res_out. Each program
-    reads the whole rows (from L2: the previous kernel just wrote them), CHUNK columns of
-    every row at a time, so a program's slice of K is normalised as the full row is."""
-    rows = tl.arange(0, M_PAD)
-    elem = x_ptr.dtype.element_ty
-    ss = tl.zeros([M_PAD], tl.float32)
-    for c in tl.static_range(0, K, CHUNK):
-        cols = c + tl.arange(0, CHUNK)
-        ok = (rows < M)[:, None] & (cols < K)[None, :]
-        off = rows[:, None] * K + cols[None, :]
-        h = (tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
-             + tl.load(res_ptr + off, mask=ok, other=0.0).to(tl.float32)).to(elem)
-        tl.store(res_out_ptr + off, h, mask=ok & write)
-        hf = h.to(tl.float32)
-        ss += tl.sum(hf * hf, axis=1)
-    return tl.math.rsqrt(ss / K + eps)
-
-
-@triton.jit
-def _add_rms_scale(x, res, rstd, nw_ptr, cols, ok, elem: tl.constexpr):
-    """RMSNorm of h = x + residual at columns `cols`, given its rows' rstd, as float32
-    values rounded as `loom.layers.norm.fused_add_rms_norm` rounds them."""
+def _add_norm_input(x, res, nw_ptr, cols, ok, elem: tl.constexpr):
+    """h = x + residual at `cols` (rounded to elem, as the reference's add), and h times
+    the norm weight: the product's input before the rows' 1 / RMS, which the GEMV applies
+    to its sums once the whole row has been read. Both float32."""
     h = (x.to(tl.float32) + res.to(tl.float32)).to(elem).to(tl.float32)
-    return rms_scale(h, rstd, nw_ptr, cols, ok, elem)
+    return h, h * tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -143,11 +121,13 @@ def _gemv_kernel(
     SPLIT_K: tl.constexpr, SPLIT_MODE: tl.constexpr, USE_DOT: tl.constexpr,
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
-    ADD_NORM: tl.constexpr = False, NORM_CHUNK: tl.constexpr = 1,
+    ADD_NORM: tl.constexpr = False,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
-    # ADD_NORM: the input is RMSNorm(x + residual) * norm weight, as
-    # loom.layers.norm.fused_add_rms_norm rounds it; program (0, 0) also writes x + residual.
+    # ADD_NORM (SPLIT_K 1): the input is RMSNorm(x + residual) * norm weight. Each
+    # program reads whole rows of x and residual, so it sums h = x + residual's squares as
+    # it goes and scales its sums by the rows' 1 / RMS at the end (no pass over the rows
+    # before the weight streams); programs of the first row block write h to res_out.
     # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
     # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
     # into L2 before waiting for the previous kernel; x and everything else after.
@@ -175,8 +155,8 @@ def _gemv_kernel(
                             tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
         pdl.wait_then_release()
     if ADD_NORM:
-        rstd = _add_rms_rstd(x_ptr, res_ptr, res_out_ptr, eps, (pid_n == 0) & (pid_k == 0),
-                             M, M_PAD, K, NORM_CHUNK)
+        tl.static_assert(SPLIT_K == 1, "ADD_NORM needs each program's rows whole")
+        squares = tl.zeros([M_PAD], dtype=tl.float32)
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -194,9 +174,12 @@ def _gemv_kernel(
                 up = tl.load(x_ptrs + K, mask=x_ok, other=0.0)
                 xt = _silu_mul(xt, up, elem)
             if ADD_NORM:
-                rt = tl.load(res_ptr + mcols[:, None] * K + ks[None, :], mask=x_ok, other=0.0)
-                xt = _add_rms_scale(xt, rt, rstd[:, None], nw_ptr, ks[None, :],
-                                    k_ok[None, :], elem).to(elem)
+                h_off = mcols[:, None] * K + ks[None, :]
+                h, xt = _add_norm_input(xt, tl.load(res_ptr + h_off, mask=x_ok, other=0.0),
+                                        nw_ptr, ks[None, :], k_ok[None, :], elem)
+                tl.store(res_out_ptr + h_off, h.to(elem), mask=x_ok & (pid_n == 0))
+                squares += tl.sum(h * h, axis=1)
+                xt = xt.to(elem)
             acc += tl.dot(w, tl.trans(xt), input_precision=DOT_PRECISION)
         else:
             wf = w.to(tl.float32)
@@ -212,12 +195,16 @@ def _gemv_kernel(
                         um = tl.load(x_ptr + m * X_STRIDE + K + ks, mask=k_ok, other=0.0)
                     xm = _silu_mul(xm, um, elem)
                 if ADD_NORM:
-                    rm = tl.load(res_ptr + m * K + ks, mask=k_ok, other=0.0)
-                    xm = _add_rms_scale(xm, rm, tl.sum(tl.where(mcols == m, rstd, 0.0)),
-                                        nw_ptr, ks, k_ok, elem)
+                    h, xm = _add_norm_input(
+                        xm, tl.load(res_ptr + m * K + ks, mask=k_ok, other=0.0), nw_ptr, ks,
+                        k_ok, elem)
+                    tl.store(res_out_ptr + m * K + ks, h.to(elem), mask=k_ok & (pid_n == 0))
+                    squares += tl.where(mcols == m, tl.sum(h * h), 0.0)
                 part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)
                 acc += tl.where(mcols[None, :] == m, part[:, None], 0.0)
         w_ptrs += BLOCK_K
+    if ADD_NORM:
+        acc *= tl.math.rsqrt(squares / K + eps)[None, :]
 
     out = mcols[None, :] * N + rows[:, None]
     out_ok = (rows < N)[:, None] & (mcols < M)[None, :]
@@ -357,11 +344,23 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
                       config: GemvConfig | dict | None = None,
                       compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and
-    RMSNorm (`loom.layers.norm.fused_add_rms_norm`, rounded as it rounds) applied by the
-    GEMV as it reads its input, so that no norm kernel runs before it. x and residual
-    [M, K] alike; norm_weight [K]; otherwise as `gemv`. Every program reads the whole rows
-    once more for their sums of squares (a few KB from L2 against megabytes of weight)."""
+    RMSNorm (`loom.layers.norm.fused_add_rms_norm`) applied by the GEMV as it reads its
+    input, so that no norm kernel runs before it. x and residual [M, K] alike; norm_weight
+    [K]; otherwise as `gemv`, but the config must not split K (None: `default_config`
+    without its split), since each program needs whole rows for their sums of squares.
+
+    x + residual rounds as the reference's add does (the residual out is the same bits);
+    the product sums W (norm weight * h) and scales each row's sums by 1 / RMS(h) at the
+    end, where the reference rounds the normalised row to the dtype first: equal in
+    float32 to its rounding, within a rounding of the dtype's otherwise. (A pass over the
+    rows for their RMS before the weight streamed cost 1-13 us a call on an H200:
+    run_zzz24.)"""
     m, k, n = _check_inputs(x, weight, False)
+    cfg = dataclasses.replace(default_config(m, n, k), split_k=1) if config is None \
+        else _resolve_config(config, m, n, k)
+    if cfg.split_k != 1:
+        raise ValueError(f"add_rms_norm_gemv: the config must not split K (split_k=1), got "
+                         f"{cfg.describe()}")
     if residual.shape != x.shape or residual.dtype != x.dtype \
             or not residual.is_contiguous() or residual.device != x.device:
         raise ValueError(f"add_rms_norm_gemv: residual must be contiguous and match x "
@@ -372,7 +371,7 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
         raise ValueError(f"add_rms_norm_gemv: norm_weight must be a contiguous [{k}] tensor "
                          f"on {x.device}, got {tuple(norm_weight.shape)}")
     residual_out = torch.empty_like(x)
-    y = _launch(x, weight, _resolve_config(config, m, n, k), compile_only,
+    y = _launch(x, weight, cfg, compile_only,
                 norm=(residual, norm_weight, residual_out, float(eps)))
     return y, residual_out
 
@@ -397,9 +396,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
     elif mode == 3:
         part = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     residual, norm_weight, residual_out, eps = norm or (y, y, y, 0.0)
-    # The norm's row sums read about 4096 values of each input a step (all rows together).
-    m_pad = 16 if cfg.use_dot else triton.next_power_of_2(m)
-    norm_chunk = min(triton.next_power_of_2(k), max(64, 4096 // m_pad))
     use_pdl = pdl.enabled(x.device)
     ahead = 0
     if use_pdl and weight.data_ptr() % 16 == 0:
@@ -411,7 +407,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         NUM_STAGES=cfg.num_stages, PDL=use_pdl, PREFETCH_BYTES=ahead,
-        ADD_NORM=norm is not None, NORM_CHUNK=norm_chunk if norm is not None else 1,
+        ADD_NORM=norm is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024

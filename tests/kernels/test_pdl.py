@@ -68,11 +68,12 @@ def build(fn, cons, warps=4, stages=2):
 
 gemv = dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
             SILU_MUL=False, EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=3, PDL=True,
-            ADD_NORM=False, NORM_CHUNK=1)
+            ADD_NORM=False)
 build(_gemv_kernel, dict(gemv, PREFETCH_BYTES=1024), stages=3)
 build(_gemv_kernel, dict(gemv, SILU_MUL=True, SPLIT_MODE=0, SPLIT_K=1, PREFETCH_BYTES=0),
       stages=3)
-build(_gemv_kernel, dict(gemv, ADD_NORM=True, NORM_CHUNK=4096, PREFETCH_BYTES=0), stages=3)
+build(_gemv_kernel, dict(gemv, ADD_NORM=True, SPLIT_MODE=0, SPLIT_K=1, PREFETCH_BYTES=0),
+      stages=3)
 build(_split_k_reduce_kernel, dict(SPLIT_K=4, BLOCK=1024, PDL=True))
 for direct, rope in ((True, True), (False, False)):
     build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
