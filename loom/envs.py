@@ -216,6 +216,18 @@ def decode_gemv() -> bool:
     return torch.cuda.is_available()
 
 
+def decode_norm_gemv() -> bool:
+    """LOOM_DECODE_NORM_GEMV=1: with the decode GEMV at TP=1, the residual add + RMSNorm
+    before qkv and gate_up is applied by the GEMV as it reads its input, where the shape's
+    measured config streams rows without tensor cores and unsplit (`kernels/gemv.py`,
+    add_rms_norm_gemv). Off by default until a decode A/B shows it: on an H200 at batch 1
+    the fused call took 2.9 us less than Inductor's norm + the GEMV at one TP=2 rank's qkv
+    and 1.2 us less at Llama-3.1-8B's (run_zzz25), but the tensor-core tiles lost 7-18 us
+    and were left out after the last decode run (the rank: 2.671 against 2.521 ms/token
+    with them in)."""
+    return _flag("LOOM_DECODE_NORM_GEMV")
+
+
 GC_THRESHOLDS = (50_000, 20, 100)
 """The engine's collector thresholds once it has started. Python's (700, 10, 10) ran ~2100
 young and ~17 full collections in one 1000-request throughput run on an H200, 2 s in all:

@@ -113,15 +113,16 @@ def decode_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor,
                                weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and norm
     with the projection that reads them (qkv, gate_up). Where decode_linear would take the
-    GEMV with a config that does not split K (every measured one so far), the GEMV applies
-    the add and the norm as it reads x (`add_rms_norm_gemv`): one kernel where Inductor's
-    norm and the GEMV were two. Otherwise the add and norm in one
+    GEMV with a config of row reductions that does not split K, the GEMV applies the add
+    and the norm as it reads x (`add_rms_norm_gemv`): one kernel where Inductor's norm and
+    the GEMV were two. (With the tensor-core tiles the fused call lost 7-18 us on an H200:
+    run_zzz25.) Otherwise the add and norm in one
     kernel (torch's eager ops on the CPU), then `linear`."""
     m, (n, k) = x.shape[0], weight.shape
     if 1 <= m <= MAX_M and x.dtype == weight.dtype == residual.dtype == norm_weight.dtype \
             and weight.is_contiguous() and norm_weight.is_contiguous():
         cfg = tuned_config(m, n, k, x.dtype, x.device)
-        if cfg is not None and cfg.split_k == 1:
+        if cfg is not None and cfg.split_k == 1 and not cfg.use_dot:
             return add_rms_norm_gemv(x.contiguous(), residual.contiguous(), norm_weight, eps,
                                      weight, config=cfg)
     if x.is_cuda:

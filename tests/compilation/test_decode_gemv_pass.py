@@ -36,6 +36,7 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
         return real_norm_gemv(x, *args, **kwargs)
 
     monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
+    monkeypatch.setenv("LOOM_DECODE_NORM_GEMV", "1")
     # Every shape "measured" (the CPU has no table): small tiles the interpreter runs fast.
     monkeypatch.setattr(gemv_module, "tuned_config",
                         lambda m, n, k, dtype, device: GemvConfig(block_n=16, block_k=32))
@@ -180,3 +181,22 @@ def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monke
     # GEMV as on a GPU: its engine check (TP=2's tokens are TP=1's) is this one.
     assert "all_reduce_norm_fusion: dynamic token count up to 64: fused 2 of 2" in log
     assert "all_reduce_norm_fusion: dynamic token count above 64: kept 2 all_reduce" in log
+
+
+def test_the_norm_goes_into_the_gemv_only_when_asked_and_only_at_tp1(monkeypatch):
+    """LOOM_DECODE_NORM_GEMV=1 at TP=1 only (with TP the all-reduce + norm fusion owns the
+    norms); the choice is part of the pass manager's cache key."""
+    from loom.compilation.pass_manager import PassManager
+    from loom.config import PassConfig
+
+    def fuse_norm(tp):
+        gemv_pass = [p for p in PassManager(PassConfig(), tp).passes if p.name == "decode_gemv"]
+        return gemv_pass[0].fuse_norm
+
+    monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
+    monkeypatch.delenv("LOOM_DECODE_NORM_GEMV", raising=False)
+    off = PassManager(PassConfig(), 1).uuid()
+    assert fuse_norm(1) is False
+    monkeypatch.setenv("LOOM_DECODE_NORM_GEMV", "1")
+    assert fuse_norm(1) is True and fuse_norm(2) is False
+    assert PassManager(PassConfig(), 1).uuid() != off

@@ -9,10 +9,10 @@ run time: the GEMV where `loom/kernels/configs` has a measured config for the sh
 row count, cuBLAS otherwise, so larger batches through the same graph are unchanged.
 Runs after the TP passes, which match the matmuls they fuse first.
 
-Two neighbours go into the GEMV with the matmul: an MLP's SiLU·mul before its down
-projection, and (TP=1) the residual add + RMSNorm before qkv and gate_up, which
-otherwise runs as a kernel of its own (2.1-2.4 us at batch 1 on an H200, plus the idle
-between two kernels, twice a layer: run_zzz21).
+Neighbours go into the GEMV with the matmul: an MLP's SiLU·mul before its down
+projection, and with LOOM_DECODE_NORM_GEMV=1 (TP=1) the residual add + RMSNorm before
+qkv and gate_up, which otherwise runs as a kernel of its own (2.1-2.4 us at batch 1 on an
+H200, plus the idle between two kernels, twice a layer: run_zzz21).
 """
 
 from __future__ import annotations
@@ -125,6 +125,9 @@ class DecodeGemvPass:
 
     def __init__(self, fuse_norm: bool = False) -> None:
         self.fuse_norm = fuse_norm
+
+    def cache_state(self) -> str:
+        return repr(self.fuse_norm)
 
     def __call__(self, graph: fx.Graph) -> int:
         from loom.kernels.gemv import MAX_M
