@@ -15,13 +15,7 @@ echo "gemv tests rc $?: $(tail -1 $R/tests-gemv.log)"; grep -E "^(FAILED|ERROR)"
 stamp tests
 timeout $(left 210) python3 benchmarks/gpu/norm_gemv_probe.py $R/norm-gemv.json > $R/norm-gemv.log 2>&1
 echo "probe rc $?"; grep -E "M=" $R/norm-gemv.log; stamp probe
-python3 - <<'PY'
-import json
-c = json.load(open("loom/bench/configs/llama-3.1-8b.json"))
-c.update(num_attention_heads=16, num_key_value_heads=4, head_dim=128, intermediate_size=7168,
-         vocab_size=64128)
-json.dump(c, open("/tmp/llama-8b-tp2-rank.json", "w"), indent=1)
-PY
+python3 benchmarks/gpu/rank_config.py /tmp/llama-8b-tp2-rank.json
 D="--load-format dummy --no-enable-prefix-caching --max-model-len 2048 --input-len 128 --output-len 128 --batch-size 1 --decode-split --num-iters-warmup 2 --num-iters 5 -O 3"
 n=0
 for spec in rank:new rank:mid rank:old 8b:new 8b:old; do
