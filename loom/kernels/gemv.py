@@ -53,7 +53,6 @@ MAX_M = 8
 SPLIT_MODES = ("fixup", "reduce", "atomic")
 
 
-
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
     block_n: int = 16
@@ -349,12 +348,12 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
     [K]; otherwise as `gemv`, but the config must not split K (None: `default_config`
     without its split), since each program needs whole rows for their sums of squares.
 
-    x + residual rounds as the reference's add does (the residual out is the same bits);
-    the product sums W (norm weight * h) and scales each row's sums by 1 / RMS(h) at the
-    end, where the reference rounds the normalised row to the dtype first: equal in
-    float32 to its rounding, within a rounding of the dtype's otherwise. (A pass over the
-    rows for their RMS before the weight streamed cost 1-13 us a call on an H200:
-    run_zzz24.)"""
+    x + residual rounds as the reference's add does (the residual out is the same bits).
+    The product sums W (norm weight * h) and scales each row's sums by 1 / RMS(h) at the
+    end, where the reference rounds the normalised row to the dtype before the product: in
+    float32 the two agree to float32 rounding, in 16-bit dtypes to about one rounding of
+    the dtype. (A pass over the rows for their RMS before the weight streamed cost 1-13 us
+    a call on an H200: run_zzz24.)"""
     m, k, n = _check_inputs(x, weight, False)
     cfg = dataclasses.replace(default_config(m, n, k), split_k=1) if config is None \
         else _resolve_config(config, m, n, k)

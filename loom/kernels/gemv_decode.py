@@ -115,9 +115,9 @@ def decode_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor,
     with the projection that reads them (qkv, gate_up). Where decode_linear would take the
     GEMV with a config of row reductions that does not split K, the GEMV applies the add
     and the norm as it reads x (`add_rms_norm_gemv`): one kernel where Inductor's norm and
-    the GEMV were two. (With the tensor-core tiles the fused call lost 7-18 us on an H200:
-    run_zzz25.) Otherwise the add and norm in one
-    kernel (torch's eager ops on the CPU), then `linear`."""
+    the GEMV were two (with the tensor-core tiles the fused call lost 7-18 us on an H200:
+    run_zzz25). Otherwise the add and norm in one kernel (torch's eager ops on the CPU),
+    then `linear`. LOOM_DECODE_NORM_GEMV=1 puts this op in graphs (`envs.py`)."""
     m, (n, k) = x.shape[0], weight.shape
     if 1 <= m <= MAX_M and x.dtype == weight.dtype == residual.dtype == norm_weight.dtype \
             and weight.is_contiguous() and norm_weight.is_contiguous():
