@@ -46,6 +46,7 @@ import triton.language as tl
 from loom import envs
 from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
+from loom.kernels.silu_mul import silu_mul_values
 
 MAX_M = 8
 """Most rows per call: beyond this a tensor-core GEMM is the right tool."""
@@ -67,41 +68,6 @@ class GemvConfig:
         split = f" split{self.split_k}-{self.split_mode}" if self.split_k > 1 else ""
         return (f"bn{self.block_n} bk{self.block_k} w{self.num_warps} s{self.num_stages}"
                 f"{' dot' if self.use_dot else ''}{split}")
-
-
-@triton.jit
-def _silu_mul(gate, up, elem: tl.constexpr):
-    """torch's eager silu(gate) * up: silu in float32 rounded to elem, the product again."""
-    g = gate.to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(elem)
-    return (s.to(tl.float32) * up.to(tl.float32)).to(elem)
-
-
-@triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, K, stride_x, stride_o, BLOCK: tl.constexpr):
-    # grid: (row, column block). x [M, 2K] = [gate | up] -> out [M, K].
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < K
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=ok)
-    up = tl.load(x_ptr + row * stride_x + K + cols, mask=ok)
-    tl.store(out_ptr + row * stride_o + cols, _silu_mul(gate, up, out_ptr.dtype.element_ty),
-             mask=ok)
-
-
-def silu_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for x [M, 2K] = [gate | up], as torch's eager ops round it, in one
-    kernel (eager torch takes two, each reading and writing the whole activation)."""
-    k = x.shape[1] // 2
-    if x.dim() != 2 or x.shape[1] != 2 * k or x.stride(1) != 1:
-        raise ValueError(f"silu_mul: x must be [M, 2K] with contiguous rows, got "
-                         f"{tuple(x.shape)} strides {x.stride()}")
-    out = torch.empty(x.shape[0], k, dtype=x.dtype, device=x.device)
-    if out.numel():
-        block = 1024
-        _silu_mul_kernel[(x.shape[0], triton.cdiv(k, block))](
-            x, out, k, x.stride(0), out.stride(0), BLOCK=block)
-    return out
 
 
 @triton.jit
@@ -171,7 +137,7 @@ def _gemv_kernel(
             xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
             if SILU_MUL:
                 up = tl.load(x_ptrs + K, mask=x_ok, other=0.0)
-                xt = _silu_mul(xt, up, elem)
+                xt = silu_mul_values(xt, up, elem)
             if ADD_NORM:
                 h_off = mcols[:, None] * K + ks[None, :]
                 h, xt = _add_norm_input(xt, tl.load(res_ptr + h_off, mask=x_ok, other=0.0),
@@ -192,7 +158,7 @@ def _gemv_kernel(
                         um = tl.load(x_ptr + m * X_STRIDE + K + ks)
                     else:
                         um = tl.load(x_ptr + m * X_STRIDE + K + ks, mask=k_ok, other=0.0)
-                    xm = _silu_mul(xm, um, elem)
+                    xm = silu_mul_values(xm, um, elem)
                 if ADD_NORM:
                     h, xm = _add_norm_input(
                         xm, tl.load(res_ptr + m * K + ks, mask=k_ok, other=0.0), nw_ptr, ks,

@@ -10,7 +10,9 @@ import json
 
 import torch
 
-from loom.kernels.gemv import MAX_M, GemvConfig, add_rms_norm_gemv, gemv, silu_mul
+from loom.kernels.all_reduce_norm import add_rms_norm
+from loom.kernels.gemv import MAX_M, GemvConfig, add_rms_norm_gemv, gemv
+from loom.kernels.silu_mul import silu_mul
 from loom.kernels.tuned import config_dir, device_name
 from loom.layers.norm import fused_add_rms_norm
 from loom.library import loom_op
@@ -126,7 +128,6 @@ def decode_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor,
             return add_rms_norm_gemv(x.contiguous(), residual.contiguous(), norm_weight, eps,
                                      weight, config=cfg)
     if x.is_cuda:
-        from loom.kernels.all_reduce_norm import add_rms_norm
         normed, residual_out = add_rms_norm(x, residual, norm_weight, eps)
     else:
         normed, residual_out = fused_add_rms_norm(x, residual, norm_weight, eps)

@@ -309,7 +309,7 @@ def test_compiles_for_sm90_offline():
 def test_silu_mul_kernel_rounds_as_torch_eager(dtype):
     """Past the GEMV's rows the down projection's activation is one kernel: silu(gate) * up
     as torch's two eager ops round it (K not a multiple of the 1024-wide block: masked)."""
-    from loom.kernels.gemv import silu_mul
+    from loom.kernels.silu_mul import silu_mul
     x = (torch.randn(3, 2 * 1100, device=DEVICE) * 4).to(dtype)
     gate, up = x.split(1100, dim=-1)
     ref = F.silu(gate.cpu().float()).to(dtype).float() * up.cpu().float()
