@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 
 import torch
 
@@ -17,6 +18,8 @@ from loom.kernels.tuned import config_dir, device_name
 from loom.layers.norm import fused_add_rms_norm
 from loom.library import loom_op
 
+logger = logging.getLogger(__name__)
+
 
 @functools.cache
 def _table(dtype: torch.dtype, gpu: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
@@ -25,6 +28,10 @@ def _table(dtype: torch.dtype, gpu: str) -> dict[tuple[int, int], dict[int, Gemv
     name = f"gemv,dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
     path = config_dir() / name
     if not path.is_file():
+        if gpu != "cpu":
+            logger.info("decode GEMV: no measured table for %s (%s), so decode matmuls take "
+                        "cuBLAS; benchmarks/gpu/gemv_bench.py --write-table measures one",
+                        gpu, path)
         return {}
     raw = json.loads(path.read_text())
     try:

@@ -142,6 +142,25 @@ def test_tuned_config_takes_the_smallest_measured_rows_at_or_above(tmp_path, mon
         gemv_module._table.cache_clear()
 
 
+def test_a_gpu_without_a_table_says_so_once(tmp_path, monkeypatch, caplog):
+    """A GPU no table was measured on (an H100 while only the H200's ships) takes cuBLAS,
+    and the operator reads one line saying so and how to measure one; the CPU says nothing
+    (it is never tuned)."""
+    monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
+    gemv_module._table.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="loom.kernels.gemv_decode"):
+            for _ in range(3):
+                assert gemv_module._table(torch.bfloat16, "NVIDIA_H100_80GB_HBM3") == {}
+            assert gemv_module._table(torch.bfloat16, "cpu") == {}
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1, lines
+        assert "NVIDIA_H100_80GB_HBM3" in lines[0] and "cuBLAS" in lines[0]
+        assert "gemv_bench.py --write-table" in lines[0]
+    finally:
+        gemv_module._table.cache_clear()
+
+
 @pytest.mark.slow
 def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monkeypatch, capfd):
     """The GEMV is on by default on GPUs at any TP size: at TP=2 (two CPU workers, gloo, the
