@@ -217,15 +217,15 @@ def decode_gemv() -> bool:
 
 
 def decode_norm_gemv() -> bool:
-    """LOOM_DECODE_NORM_GEMV=1: with the decode GEMV at TP=1, the residual add + RMSNorm
-    before qkv and gate_up is applied by the GEMV as it reads its input, where the shape's
-    measured config streams rows without tensor cores and unsplit (`kernels/gemv.py`,
-    add_rms_norm_gemv). Off by default until a decode A/B shows it: on an H200 at batch 1
-    the fused call took 2.9 us less than Inductor's norm + the GEMV at one TP=2 rank's qkv
-    and 1.2 us less at Llama-3.1-8B's (run_zzz25), but the tensor-core tiles lost 7-18 us
-    and were left out after the last decode run (the rank: 2.671 against 2.521 ms/token
-    with them in)."""
-    return _flag("LOOM_DECODE_NORM_GEMV")
+    """LOOM_DECODE_NORM_GEMV (on unless 0): with the decode GEMV at TP=1, the residual add
+    + RMSNorm before qkv and gate_up is applied by the GEMV as it reads its input, where the
+    shape's measured config streams rows without tensor cores and unsplit
+    (`kernels/gemv.py`, add_rms_norm_gemv; elsewhere loom's add + norm kernel, then the
+    GEMV). On an H200 at batch 1, 128 -> 128, alternated in one call (run_zzz26): one TP=2
+    rank's shapes 2.499 / 2.457 against 2.546 / 2.545 ms/token, Llama-3.1-8B 4.300 / 4.359
+    against 4.348 / 4.353 (the kernel alone: 2.9 and 1.2 us a call less, run_zzz25)."""
+    value = os.environ.get("LOOM_DECODE_NORM_GEMV", "").strip().lower()
+    return value not in ("0", "false", "no", "off")
 
 
 GC_THRESHOLDS = (50_000, 20, 100)

@@ -202,9 +202,9 @@ def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monke
     assert "all_reduce_norm_fusion: dynamic token count above 64: kept 2 all_reduce" in log
 
 
-def test_the_norm_goes_into_the_gemv_only_when_asked_and_only_at_tp1(monkeypatch):
-    """LOOM_DECODE_NORM_GEMV=1 at TP=1 only (with TP the all-reduce + norm fusion owns the
-    norms); the choice is part of the pass manager's cache key."""
+def test_the_norm_goes_into_the_gemv_by_default_and_only_at_tp1(monkeypatch):
+    """LOOM_DECODE_NORM_GEMV is on unless 0, at TP=1 only (with TP the all-reduce + norm
+    fusion owns the norms); the choice is part of the pass manager's cache key."""
     from loom.compilation.pass_manager import PassManager
     from loom.config import PassConfig
 
@@ -214,8 +214,8 @@ def test_the_norm_goes_into_the_gemv_only_when_asked_and_only_at_tp1(monkeypatch
 
     monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
     monkeypatch.delenv("LOOM_DECODE_NORM_GEMV", raising=False)
-    off = PassManager(PassConfig(), 1).uuid()
-    assert fuse_norm(1) is False
-    monkeypatch.setenv("LOOM_DECODE_NORM_GEMV", "1")
+    on = PassManager(PassConfig(), 1).uuid()
     assert fuse_norm(1) is True and fuse_norm(2) is False
-    assert PassManager(PassConfig(), 1).uuid() != off
+    monkeypatch.setenv("LOOM_DECODE_NORM_GEMV", "0")
+    assert fuse_norm(1) is False
+    assert PassManager(PassConfig(), 1).uuid() != on
