@@ -22,13 +22,16 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def _table(dtype: torch.dtype, gpu: str) -> dict[tuple[int, int], dict[int, GemvConfig]]:
-    """(N, K) -> {M: config} from loom/kernels/configs/gemv,dtype=...,device_name=....json
-    (`benchmarks/gpu/gemv_bench.py`'s winners where they beat cuBLAS); {} if none."""
-    name = f"gemv,dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
+def _table(dtype: torch.dtype, gpu: str,
+           kind: str = "gemv") -> dict[tuple[int, int], dict[int, GemvConfig]]:
+    """(N, K) -> {M: config} from loom/kernels/configs/{kind},dtype=...,device_name=....json;
+    {} if none. kind "gemv": `benchmarks/gpu/gemv_bench.py`'s winners where they beat
+    cuBLAS; "gemv_norm": `benchmarks/gpu/norm_gemv_probe.py`'s, the configs with which
+    the GEMV that applies the residual add + RMSNorm itself beat the two kernels."""
+    name = f"{kind},dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
     path = config_dir() / name
     if not path.is_file():
-        if gpu != "cpu":
+        if gpu != "cpu" and kind == "gemv":
             logger.info("decode GEMV: no measured table for %s (%s), so decode matmuls take "
                         "cuBLAS; benchmarks/gpu/gemv_bench.py --write-table measures one",
                         gpu, path)
@@ -42,15 +45,31 @@ def _table(dtype: torch.dtype, gpu: str) -> dict[tuple[int, int], dict[int, Gemv
         raise ValueError(f"gemv config file {path}: {e}") from None
 
 
+def _at_or_above(per_m: dict[int, GemvConfig], m: int) -> GemvConfig | None:
+    fits = [key for key in per_m if key >= m]
+    return per_m[min(fits)] if fits else None
+
+
 def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
                  device: torch.device) -> GemvConfig | None:
     """The measured config for this weight shape at the smallest measured row count >= m;
     None where nothing was measured to beat cuBLAS (the caller then takes F.linear)."""
     per_m = _table(dtype, device_name(device)).get((n, k))
-    if not per_m:
-        return None
-    fits = [key for key in per_m if key >= m]
-    return per_m[min(fits)] if fits else None
+    return _at_or_above(per_m, m) if per_m else None
+
+
+def norm_config(m: int, n: int, k: int, dtype: torch.dtype,
+                device: torch.device) -> GemvConfig | None:
+    """The config with which `add_rms_norm_gemv` applies the add and norm itself at this
+    shape and row count, or None where the two kernels (add + norm, then `linear`) run.
+    A shape of the "gemv_norm" table is decided by it (the smallest measured row count
+    >= m; none: the two kernels). Elsewhere the plain table's config where it reduces rows
+    unsplit (with the tensor-core tiles the fused call lost 7-18 us on an H200: run_zzz25)."""
+    per_m = _table(dtype, device_name(device), "gemv_norm").get((n, k))
+    if per_m is not None:
+        return _at_or_above(per_m, m)
+    cfg = tuned_config(m, n, k, dtype, device)
+    return cfg if cfg is not None and cfg.split_k == 1 and not cfg.use_dot else None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -121,17 +140,16 @@ def decode_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor,
                                norm_weight: torch.Tensor, eps: float,
                                weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and norm
-    with the projection that reads them (qkv, gate_up). Where decode_linear would take the
-    GEMV with a config of row reductions that does not split K, the GEMV applies the add
-    and the norm as it reads x (`add_rms_norm_gemv`): one kernel where Inductor's norm and
-    the GEMV were two (with the tensor-core tiles the fused call lost 7-18 us on an H200:
-    run_zzz25). Otherwise the add and norm in one kernel (torch's eager ops on the CPU),
-    then `linear`. LOOM_DECODE_NORM_GEMV=1 puts this op in graphs (`envs.py`)."""
+    with the projection that reads them (qkv, gate_up). Where `norm_config` has a config,
+    the GEMV applies the add and the norm as it reads x (`add_rms_norm_gemv`): one kernel
+    where Inductor's norm and the GEMV were two. Otherwise the add and norm in one kernel
+    (torch's eager ops on the CPU), then `linear`. The decode GEMV pass puts this op in
+    graphs at TP=1 unless LOOM_DECODE_NORM_GEMV=0 (`envs.py`)."""
     m, (n, k) = x.shape[0], weight.shape
     if 1 <= m <= MAX_M and x.dtype == weight.dtype == residual.dtype == norm_weight.dtype \
             and weight.is_contiguous() and norm_weight.is_contiguous():
-        cfg = tuned_config(m, n, k, x.dtype, x.device)
-        if cfg is not None and cfg.split_k == 1 and not cfg.use_dot:
+        cfg = norm_config(m, n, k, x.dtype, x.device)
+        if cfg is not None:
             return add_rms_norm_gemv(x.contiguous(), residual.contiguous(), norm_weight, eps,
                                      weight, config=cfg)
     if x.is_cuda:

@@ -142,6 +142,50 @@ def test_tuned_config_takes_the_smallest_measured_rows_at_or_above(tmp_path, mon
         gemv_module._table.cache_clear()
 
 
+def test_the_norm_table_decides_where_the_gemv_applies_the_norm(tmp_path, monkeypatch):
+    """A shape in the "gemv_norm" table takes its config at the smallest measured row count
+    >= m and the two kernels elsewhere, whatever the plain table says; a shape it lacks
+    follows the plain table's config where that reduces rows unsplit. The op launches the
+    fused GEMV with the config chosen and matches the reference norm then product."""
+    from loom.layers.norm import fused_add_rms_norm
+    row = {"block_n": 8, "block_k": 16, "num_warps": 4, "num_stages": 1}
+    plain = {"12,32": {"8": {"block_n": 16, "block_k": 32}},          # rows: fused
+             "16,32": {"8": {"block_n": 16, "block_k": 32, "use_dot": True}},
+             "24,32": {"8": {"block_n": 16, "block_k": 32}}}
+    norm = {"16,32": {"2": row}, "24,32": {}}  # 16: fused at <= 2 rows; 24: never
+    (tmp_path / "gemv,dtype=float32,device_name=cpu.json").write_text(json.dumps(plain))
+    (tmp_path / "gemv_norm,dtype=float32,device_name=cpu.json").write_text(json.dumps(norm))
+    monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
+    gemv_module._table.cache_clear()
+    try:
+        cpu, f32 = torch.device("cpu"), torch.float32
+        assert gemv_module.norm_config(1, 16, 32, f32, cpu) == GemvConfig(**row)
+        assert gemv_module.norm_config(2, 16, 32, f32, cpu) == GemvConfig(**row)
+        assert gemv_module.norm_config(3, 16, 32, f32, cpu) is None  # the dot tile's rows
+        assert gemv_module.norm_config(1, 24, 32, f32, cpu) is None  # the table said no
+        assert gemv_module.norm_config(5, 12, 32, f32, cpu).block_n == 16  # plain's rows
+        assert gemv_module.norm_config(9, 12, 32, f32, cpu) is None  # past its rows
+        used = []
+        real = gemv_module.add_rms_norm_gemv
+
+        def spy(*args, config, **kwargs):
+            used.append(config)
+            return real(*args, config=config, **kwargs)
+
+        monkeypatch.setattr(gemv_module, "add_rms_norm_gemv", spy)
+        w, norm_w = torch.randn(16, 32), 1 + 0.1 * torch.randn(32)
+        for rows in (2, 3):
+            x, residual = torch.randn(rows, 32), torch.randn(rows, 32)
+            normed, ref_res = fused_add_rms_norm(x, residual, norm_w, 1e-6)
+            y, res_out = torch.ops.loom.decode_add_rms_norm_linear(x, residual, norm_w,
+                                                                   1e-6, w)
+            torch.testing.assert_close(res_out, ref_res, rtol=0, atol=0)
+            torch.testing.assert_close(y, F.linear(normed, w), rtol=1e-5, atol=1e-5)
+        assert used == [GemvConfig(**row)]  # 2 rows fused; 3 rows: the two kernels
+    finally:
+        gemv_module._table.cache_clear()
+
+
 def test_a_gpu_without_a_table_says_so_once(tmp_path, monkeypatch, caplog):
     """A GPU no table was measured on (an H100 while only the H200's ships) takes cuBLAS,
     and the operator reads one line saying so and how to measure one; the CPU says nothing
