@@ -1,7 +1,7 @@
 """Residual add + RMSNorm read by the GEMV (`kernels/gemv.add_rms_norm_gemv`) against the
 two kernels `loom.decode_add_rms_norm_linear` otherwise runs (loom's add + norm kernel,
-then `linear`: the measured GEMV config, or cuBLAS), for Llama-3.1-8B's qkv and gate_up
-and one TP=2 rank's, at 1-4 rows. Each variant is one CUDA graph replayed after an L2
+then `linear`: the measured GEMV config, or cuBLAS), for Llama-3.1-8B's qkv and gate_up,
+one TP=2 rank's, and Qwen3-30B-A3B's qkv (its MoE reads the other norm), at 1-4 rows. Each variant is one CUDA graph replayed after an L2
 flush (loom.bench.kernel_timing), so the idle between the two kernels counts. The floor is
 the weight's bytes over the copy rate measured here.
 
@@ -12,6 +12,7 @@ that `kernels/gemv_decode.norm_config` reads: per shape, the rows at which the b
 config beat the two kernels by 2%; a shape's other rows keep the two kernels.
 
     python3 benchmarks/gpu/norm_gemv_probe.py OUT.json [--write-table PATH] [--ms 1,2]
+        [--shapes 8b_qkv,8b_gate_up,rank_qkv,rank_gate_up,q3_qkv]
 """
 
 import argparse
@@ -32,45 +33,53 @@ from loom.kernels.compile_pool import compile_pool  # noqa: E402
 from loom.kernels.gemv import GemvConfig, add_rms_norm_gemv  # noqa: E402
 from loom.kernels.gemv_decode import linear, tuned_config  # noqa: E402
 
-SHAPES = (("8b qkv", 6144), ("8b gate_up", 28672), ("rank qkv", 3072),
-          ("rank gate_up", 14336))
-K, EPS, MARGIN = 4096, 1e-5, 0.98
+SHAPES = {"8b_qkv": (6144, 4096), "8b_gate_up": (28672, 4096), "rank_qkv": (3072, 4096),
+          "rank_gate_up": (14336, 4096), "q3_qkv": (5120, 2048)}  # name: (N, K)
+EPS, MARGIN = 1e-5, 0.98
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("output_json")
 ap.add_argument("--write-table", metavar="PATH", default=None)
 ap.add_argument("--ms", default="1", help="row counts, comma-separated (1..4)")
+ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
 args = ap.parse_args()
 ms = [int(v) for v in args.ms.split(",")]
+names = args.shapes.split(",")
+if unknown := [v for v in names if v not in SHAPES]:
+    ap.error(f"unknown shapes {unknown}; known: {list(SHAPES)}")
+ks = sorted({SHAPES[v][1] for v in names})
 
 dev, dtype = torch.device("cuda"), torch.bfloat16
 ceil = measure_ceilings(dev)
 timer = KernelTimer(dev, 3, 30)
-nw = (1 + 0.1 * torch.randn(K, device=dev)).to(dtype)
+nws = {k: (1 + 0.1 * torch.randn(k, device=dev)).to(dtype) for k in ks}
 
 
-def candidates(m):
+def candidates(m, k):
     cands = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
              for bn, bk, w in fma_tiles(m) for s in (1, 3)]
-    return [c for c in cands if fits(c, K)]
+    return [c for c in cands if fits(c, k)]
 
 
-xs = {m: (torch.randn(m, K, device=dev, dtype=dtype), torch.randn(m, K, device=dev,
-                                                                    dtype=dtype)) for m in ms}
+xs = {(m, k): (torch.randn(m, k, device=dev, dtype=dtype),
+               torch.randn(m, k, device=dev, dtype=dtype)) for m in ms for k in ks}
 with compile_pool(max_threads=14):  # every candidate's kernel, ahead of the timing
-    w0 = torch.empty(64, K, device=dev, dtype=dtype)
-    for m in ms:
-        for cfg in candidates(m):
-            add_rms_norm_gemv(*xs[m], nw, EPS, w0, config=cfg, compile_only=True)
+    for k in ks:
+        w0 = torch.empty(64, k, device=dev, dtype=dtype)
+        for m in ms:
+            for cfg in candidates(m, k):
+                add_rms_norm_gemv(*xs[m, k], nws[k], EPS, w0, config=cfg, compile_only=True)
 timer.spin()
 
 rows, table = [], {}
-for name, n in SHAPES:
-    w = torch.randn(n, K, device=dev, dtype=dtype) / K ** 0.5
-    floor_us = n * K * 2 / (ceil.copy_tb_per_s * 1e12) * 1e6
+for name in names:
+    n, k = SHAPES[name]
+    nw = nws[k]
+    w = torch.randn(n, k, device=dev, dtype=dtype) / k ** 0.5
+    floor_us = n * k * 2 / (ceil.copy_tb_per_s * 1e12) * 1e6
     for m in ms:
-        x, r = xs[m]
-        plain = tuned_config(m, n, K, dtype, dev)
+        x, r = xs[m, k]
+        plain = tuned_config(m, n, k, dtype, dev)
 
         def separate():
             normed, res = add_rms_norm(x, r, nw, EPS)
@@ -78,7 +87,7 @@ for name, n in SHAPES:
 
         y0, r0 = separate()
         t_sep = timer.time_us(separate)
-        cands = candidates(m)
+        cands = candidates(m, k)
         if plain is not None and plain.split_k == 1 and not plain.use_dot:
             cands = [plain] + [c for c in cands if c != plain]
         timed = []
@@ -93,11 +102,11 @@ for name, n in SHAPES:
         timed.sort(key=lambda t: t[0])
         best_us, best, diff = timed[0]
         wins = best_us < t_sep * MARGIN
-        per_m = table.setdefault(f"{n},{K}", {})
+        per_m = table.setdefault(f"{n},{k}", {})
         if wins:
             per_m[str(m)] = {f: getattr(best, f) for f in
                              ("block_n", "block_k", "num_warps", "num_stages")}
-        rows.append(dict(shape=name, n=n, k=K, m=m, floor_us=floor_us, separate_us=t_sep,
+        rows.append(dict(shape=name, n=n, k=k, m=m, floor_us=floor_us, separate_us=t_sep,
                          separate_gemv=plain.describe() if plain else "cuBLAS",
                          fused_us=best_us, fused_config=best.describe(), rel_diff=diff,
                          fused_wins=wins, candidates=[(t, c.describe()) for t, c, _ in timed]))
