@@ -1,10 +1,11 @@
 # 1 GPU (~9 min cold), session 23, after run_zzz27 shipped the gemv_norm table (8B decode
 # 4.115 against 4.361 ms/token). 1. the end-to-end GPU tests with the fusion now on by
-# default (greedy tokens against the CPU reference and transformers); 2. norm_gemv_probe at
+# default (greedy tokens against the CPU reference and transformers), and the shipped
+# fused configs at their real shapes; 2. norm_gemv_probe at
 # Qwen3-30B-A3B's qkv (2048 -> 5120), merged into a copy of the table; 3. Qwen3-30B-A3B
 # decode batch 1, 128 -> 128, with that copy (tab) against the shipped table (plain).
 source benchmarks/gpu/env.sh; R=$OUT/zzz28; mkdir -p $R
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_gpu.py > $R/tests-e2e.log 2>&1
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_gpu.py "tests/kernels/test_gemv_kernel.py::test_shipped_norm_configs_at_their_real_shapes" > $R/tests-e2e.log 2>&1
 echo "e2e tests rc $?: $(tail -1 $R/tests-e2e.log)"; grep -E "^(FAILED|ERROR)" $R/tests-e2e.log | head -5
 stamp tests
 mkdir -p /tmp/cfg; cp loom/kernels/configs/*.json /tmp/cfg/

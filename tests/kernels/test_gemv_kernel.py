@@ -172,6 +172,40 @@ def test_add_rms_norm_input_bfloat16(cfg):
     assert norm < 1.5e-2 and worst < 3e-2, (norm, worst)
 
 
+def _shipped_norm_configs():
+    """(N, K, M, config) of the gemv_norm table shipped for this GPU; none on the CPU."""
+    if INTERPRET:
+        return []
+    from loom.kernels.gemv_decode import _table
+    from loom.kernels.tuned import device_name
+    table = _table(torch.bfloat16, device_name(torch.device("cuda")), "gemv_norm")
+    return [(n, k, m, cfg) for (n, k), per_m in table.items() for m, cfg in per_m.items()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _shipped_norm_configs(), reason="no gemv_norm table for this device")
+@pytest.mark.parametrize("n, k, m, cfg", _shipped_norm_configs(),
+                         ids=lambda v: v.describe().replace(" ", "_")
+                         if isinstance(v, GemvConfig) else str(v))
+def test_shipped_norm_configs_at_their_real_shapes(n, k, m, cfg):
+    """Each config the decode path fuses the norm with, at its model's real weight shape:
+    float32 against the reference norm then product in float64, and bfloat16 (the dtype
+    it was measured in) within bfloat16 rounding of it."""
+    from loom.kernels.gemv import add_rms_norm_gemv
+    from loom.layers.norm import fused_add_rms_norm
+    gen = torch.Generator().manual_seed(n + m)
+    x, residual = torch.randn(m, k, generator=gen), torch.randn(m, k, generator=gen)
+    norm_w, w = 1 + 0.1 * torch.randn(k, generator=gen), torch.randn(n, k, generator=gen)
+    w /= k ** 0.5
+    normed, ref_res = fused_add_rms_norm(x.double(), residual.double(), norm_w.double(), 1e-5)
+    ref = normed @ w.double().T
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1.5e-2)):
+        args = [t.to(dtype).to(DEVICE) for t in (x, residual, norm_w)]
+        y, res_out = add_rms_norm_gemv(*args, 1e-5, w.to(dtype).to(DEVICE), config=cfg)
+        assert rel_err(y, ref)[0] < tol, (dtype, rel_err(y, ref))
+        assert rel_err(res_out, ref_res)[1] < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
 @pytest.mark.parametrize("case, match", [
     ("residual_shape", "residual must be contiguous and match x"),
     ("residual_dtype", "residual must be contiguous and match x"),
