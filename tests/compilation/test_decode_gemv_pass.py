@@ -186,6 +186,29 @@ def test_the_norm_table_decides_where_the_gemv_applies_the_norm(tmp_path, monkey
         gemv_module._table.cache_clear()
 
 
+def test_every_shipped_gemv_table_reads_back():
+    """Each GEMV table shipped in loom/kernels/configs parses as the decode path reads it
+    (a typo fails here, not on a user's first decode step): whole K chunks, row counts the
+    GEMV takes, and only unsplit row-reduction configs in the gemv_norm tables."""
+    from loom.kernels.tuned import CONFIG_DIR
+    files = sorted(CONFIG_DIR.glob("gemv*,dtype=*,device_name=*.json"))
+    kinds = {p.name.split(",")[0] for p in files}
+    assert {"gemv", "gemv_norm"} <= kinds, files
+    for path in files:
+        kind, dtype, gpu = re.fullmatch(r"(\w+),dtype=(\w+),device_name=(\S+)\.json",
+                                        path.name).groups()
+        gemv_module._table.cache_clear()
+        table = gemv_module._table(getattr(torch, dtype), gpu, kind)
+        assert table or kind == "gemv_norm", path.name
+        for (n, k), per_m in table.items():
+            for m, cfg in per_m.items():
+                assert 1 <= m <= gemv_module.MAX_M and n > 0, (path.name, n, k, m)
+                assert k % (cfg.block_k * cfg.split_k) == 0, (path.name, n, k, m)
+                if kind == "gemv_norm":
+                    assert cfg.split_k == 1 and not cfg.use_dot, (path.name, n, k, m)
+    gemv_module._table.cache_clear()
+
+
 def test_a_gpu_without_a_table_says_so_once(tmp_path, monkeypatch, caplog):
     """A GPU no table was measured on (an H100 while only the H200's ships) takes cuBLAS,
     and the operator reads one line saying so and how to measure one; the CPU says nothing
