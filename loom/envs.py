@@ -218,12 +218,13 @@ def decode_gemv() -> bool:
 
 def decode_norm_gemv() -> bool:
     """LOOM_DECODE_NORM_GEMV (on unless 0): with the decode GEMV at TP=1, the residual add
-    + RMSNorm before qkv and gate_up is applied by the GEMV as it reads its input, where the
-    shape's measured config streams rows without tensor cores and unsplit
-    (`kernels/gemv.py`, add_rms_norm_gemv; elsewhere loom's add + norm kernel, then the
-    GEMV). On an H200 at batch 1, 128 -> 128, alternated in one call (run_zzz26): one TP=2
-    rank's shapes 2.499 / 2.457 against 2.546 / 2.545 ms/token, Llama-3.1-8B 4.300 / 4.359
-    against 4.348 / 4.353 (the kernel alone: 2.9 and 1.2 us a call less, run_zzz25)."""
+    + RMSNorm before qkv and gate_up is applied by the GEMV as it reads its input, with the
+    row tile `kernels/gemv_decode.norm_config` finds (the gemv_norm table, else the plain
+    table's tile where it reduces rows unsplit; elsewhere loom's add + norm kernel, then
+    the GEMV). On an H200 at batch 1, 128 -> 128, alternated in one call: qkv alone
+    (run_zzz26) one TP=2 rank's shapes 2.499 / 2.457 against 2.546 / 2.545 ms/token off,
+    Llama-3.1-8B 4.300 / 4.359 against 4.348 / 4.353; with the gemv_norm table, gate_up
+    too (run_zzz27), 8B 4.115 against 4.361."""
     value = os.environ.get("LOOM_DECODE_NORM_GEMV", "").strip().lower()
     return value not in ("0", "false", "no", "off")
 
