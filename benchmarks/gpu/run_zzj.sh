@@ -4,8 +4,12 @@
 #    all-reduce + norm kernel, piecewise graphs at TP=2 (session 18's shared memory: run
 #    only at TP=1 so far);
 # 2. Llama-3.1-8B TP=2 decode (goal 2.6 ms/token; 2.915 in run_zg): default, LOOM_PDL=1,
-#    LOOM_AR_NORM_PUSH=1 with cuBLASLt (2.860 in run_zg), each printed beside the default;
-# 3. Qwen3-30B-A3B TP=2 decode with the N=384 MoE table and its GEMV shards.
+#    LOOM_AR_NORM_PUSH=1 with cuBLASLt (2.860 in run_zg), and LOOM_PDL=1 with 16 MiB of
+#    weight prefetch (the window PDL's prefetch was built for: the next GEMV pulls its
+#    weights into L2 while the all-reduce waits on the peer), each printed beside the
+#    default. Qwen3-30B-A3B's TP=2 decode moved to run_zzk (session 23), for time.
+# On H100s (the pool lends them for H200 kinds now) the goal reads as its ratio to the
+# per-GPU weight floor, 2.6 / 1.93 = 1.35x: the absolute 2.6 ms is below an H100's floor.
 source benchmarks/gpu/env.sh
 R=/tmp/zzj; mkdir -p $R
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
@@ -17,8 +21,6 @@ run() { name=$1; shift; env "$@" timeout 80 $LOOM bench latency $D --output-json
 run tp2-default LOOM_PDL=0
 run tp2-pdl LOOM_PDL=1
 run tp2-push-lt LOOM_AR_NORM_PUSH=1 TORCH_BLAS_PREFER_CUBLASLT=1
+run tp2-pdl-prefetch16 LOOM_PDL=1 LOOM_PDL_PREFETCH_MB=16
 stamp "8b tp2 decode"
-Q="--model qwen3-30b-a3b --load-format dummy --no-enable-prefix-caching --max-model-len 4096 -tp 2 --input-len 128 --output-len 128 --batch-size 1 --decode-split --num-iters-warmup 2 --num-iters 5 -O 3"
-timeout 120 $LOOM bench latency $Q --output-json $R/qwen3-tp2-decode.json > $R/qwen3-tp2-decode.log 2>&1
-echo "qwen3 tp2: $(grep -E '^Decode' $R/qwen3-tp2-decode.log | head -1)"; grep -h "fused_moe: no tuned" $R/qwen3-tp2-decode.log | head -2; stamp "qwen3 tp2 decode"
 tar czf $OUT/zzj.tgz -C $R . ; stamp done
