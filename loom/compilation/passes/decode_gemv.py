@@ -1,4 +1,4 @@
-"""Decode matmuls to the Triton GEMV (LOOM_DECODE_GEMV=1, an experiment for issue 4).
+"""Decode matmuls to the Triton GEMV (on where CUDA is; LOOM_DECODE_GEMV=0 turns it off).
 
 At batch 1..8 a linear layer is a weight read; cuBLAS reads the small TP=2 weights of
 Llama-3.1-8B at 53-69% of the copy rate and adds a split-K reduce kernel to some
@@ -10,9 +10,11 @@ row count, cuBLAS otherwise, so larger batches through the same graph are unchan
 Runs after the TP passes, which match the matmuls they fuse first.
 
 Neighbours go into the GEMV with the matmul: an MLP's SiLU·mul before its down
-projection, and with LOOM_DECODE_NORM_GEMV=1 (TP=1) the residual add + RMSNorm before
-qkv and gate_up, which otherwise runs as a kernel of its own (2.1-2.4 us at batch 1 on an
-H200, plus the idle between two kernels, twice a layer: run_zzz21).
+projection, and at TP=1 (unless LOOM_DECODE_NORM_GEMV=0) the residual add + RMSNorm
+before qkv and gate_up, which otherwise runs as a kernel of its own (2.1-2.4 us at batch 1
+on an H200, plus the idle between two kernels, twice a layer: run_zzz21). Past 8 rows (a
+prompt through the general graph) the norm op runs loom's add + norm kernel where Inductor
+would have run its own.
 """
 
 from __future__ import annotations
