@@ -210,19 +210,19 @@ def test_every_shipped_gemv_table_reads_back():
 
 
 def test_a_gpu_without_a_table_says_so_once(tmp_path, monkeypatch, caplog):
-    """A GPU no table was measured on (an H100 while only the H200's ships) takes cuBLAS,
-    and the operator reads one line saying so and how to measure one; the CPU says nothing
-    (it is never tuned)."""
+    """A GPU no table was measured on (an H100 took cuBLAS silently until session 23) takes
+    cuBLAS, and the operator reads one line saying so and how to measure one; the CPU says
+    nothing (it is never tuned)."""
     monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
     gemv_module._table.cache_clear()
     try:
         with caplog.at_level(logging.INFO, logger="loom.kernels.gemv_decode"):
             for _ in range(3):
-                assert gemv_module._table(torch.bfloat16, "NVIDIA_H100_80GB_HBM3") == {}
+                assert gemv_module._table(torch.bfloat16, "NVIDIA_B200") == {}
             assert gemv_module._table(torch.bfloat16, "cpu") == {}
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1, lines
-        assert "NVIDIA_H100_80GB_HBM3" in lines[0] and "cuBLAS" in lines[0]
+        assert "NVIDIA_B200" in lines[0] and "cuBLAS" in lines[0]
         assert "gemv_bench.py --write-table" in lines[0]
     finally:
         gemv_module._table.cache_clear()
