@@ -43,7 +43,12 @@ ap.add_argument("--write-table", metavar="PATH", default=None)
 ap.add_argument("--ms", default="1", help="row counts, comma-separated (1..4)")
 ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
 args = ap.parse_args()
-ms = [int(v) for v in args.ms.split(",")]
+try:
+    ms = [int(v) for v in args.ms.split(",")]
+except ValueError:
+    ap.error(f"--ms: comma-separated row counts, got {args.ms!r}")
+if not all(1 <= m <= 4 for m in ms):
+    ap.error(f"--ms: row counts of 1 to 4, got {ms}")
 names = args.shapes.split(",")
 if unknown := [v for v in names if v not in SHAPES]:
     ap.error(f"unknown shapes {unknown}; known: {list(SHAPES)}")
@@ -99,6 +104,10 @@ for name in names:
                 continue
             timed.append((timer.time_us(lambda: add_rms_norm_gemv(x, r, nw, EPS, w,
                                                                   config=cfg)), cfg, diff))
+        if not timed:
+            print(f"{name} M={m}: no candidate matched the two kernels; left unfused")
+            table.setdefault(f"{n},{k}", {})
+            continue
         timed.sort(key=lambda t: t[0])
         best_us, best, diff = timed[0]
         wins = best_us < t_sep * MARGIN
