@@ -250,14 +250,13 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               block_m: int | None = None, block_n: int | None = None,
               block_k: int | None = None, group_m: int | None = None,
               num_warps: int | None = None, num_stages: int | None = None,
-              gemv: int | None = None, tma: int | None = None,
-              persistent: int | None = None) -> torch.Tensor:
+              gemv: int | None = None, tma: int | None = None) -> torch.Tensor:
     """sum_k topk_weights[t, k] * (silu(x W_g^T) * (x W_u^T)) W_2^T for expert topk_ids[t, k].
 
     hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, K]. Returns [T, H] in hidden's dtype.
     Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
-    persistent given here on top.
+    tma given here on top.
     """
     num_tokens, hidden_size = hidden.shape
     if num_tokens == 0:
@@ -271,7 +270,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      hidden.device, config)
     overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                  "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
-                 "GEMV": gemv, "TMA": tma, "PERSISTENT": persistent}
+                 "GEMV": gemv, "TMA": tma}
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:  # checked together: BLOCK_N's least value depends on GEMV
         cfg = normalize_config({**cfg, **given})

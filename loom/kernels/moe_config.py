@@ -1,9 +1,9 @@
 """The fused MoE's launch configs: which tiles (or the GEMV kernels) a call of T tokens takes.
 
-A config is BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, GEMV, TMA and
-PERSISTENT: one passed in, else a tuned one (`loom bench moe --tune` writes them: one JSON
-file per expert count, intermediate size per shard, dtype and device, mapping a token count
-M to a config; the key nearest to M is used), else the defaults below. vLLM's key names are accepted, so its tuned
+A config is BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, GEMV and TMA: one passed
+in, else a tuned one (`loom bench moe --tune` writes them: one JSON file per expert count,
+intermediate size per shard, dtype and device, mapping a token count M to a config; the key
+nearest to M is used), else the defaults below. vLLM's key names are accepted, so its tuned
 files read as they are.
 """
 
@@ -29,7 +29,7 @@ def _default_block_m(num_slots: int, num_experts: int) -> int:
 
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "GEMV",
-               "TMA", "PERSISTENT")
+               "TMA")
 # vLLM's names for the same things, accepted in a config so its tuned files read as they are.
 _ALIASES = {"BLOCK_SIZE_M": "BLOCK_M", "BLOCK_SIZE_N": "BLOCK_N", "BLOCK_SIZE_K": "BLOCK_K",
             "GROUP_SIZE_M": "GROUP_M"}
@@ -43,7 +43,7 @@ def default_config(num_tokens: int, top_k: int, num_experts: int,
     tile = 32 if dtype == torch.float32 else 64
     return {"BLOCK_M": _default_block_m(num_tokens * top_k, num_experts), "BLOCK_N": tile,
             "BLOCK_K": tile, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "GEMV": 0,
-            "TMA": 0, "PERSISTENT": 0}
+            "TMA": 0}
 
 
 def normalize_config(config: dict[str, Any]) -> dict[str, int]:
@@ -51,9 +51,8 @@ def normalize_config(config: dict[str, Any]) -> dict[str, int]:
     minimum; BLOCK_N >= 1 for the GEMV kernels, which take no dot), GROUP_M, num_warps and
     num_stages positive, GEMV 0 or 1 (1: loom/kernels/moe_gemv.py's two kernels with
     BLOCK_N, BLOCK_K, num_warps and num_stages), TMA 0 or 1 (1: the grouped GEMM loads the
-    weights, and down its activations, through TMA descriptors; not with GEMV), PERSISTENT
-    >= 0 (> 0, with GEMV only: the GEMV kernels' persistent forms, about that many programs
-    per SM). Keys it lacks stay absent."""
+    weights, and down its activations, through TMA descriptors; not with GEMV). Keys it
+    lacks stay absent."""
     out: dict[str, int] = {}
     for key, value in config.items():
         name = _ALIASES.get(key, key)
@@ -65,15 +64,12 @@ def normalize_config(config: dict[str, Any]) -> dict[str, int]:
             raise ValueError(f"fused_moe config: {flag} must be 0 or 1, got {out[flag]}")
     if out.get("GEMV") and out.get("TMA"):
         raise ValueError("fused_moe config: TMA applies to the grouped GEMM, not to GEMV = 1")
-    if out.get("PERSISTENT", 0) < 0 or (out.get("PERSISTENT") and not out.get("GEMV")):
-        raise ValueError("fused_moe config: PERSISTENT must be >= 0 and applies to GEMV = 1 "
-                         f"only, got {out.get('PERSISTENT')} with GEMV = {out.get('GEMV', 0)}")
     for name, value in out.items():
         least = 1 if name == "BLOCK_N" and out.get("GEMV") else 16
         if name.startswith("BLOCK_") and (value < least or value & (value - 1)):
             raise ValueError(f"fused_moe config: {name} must be a power of two >= {least}, "
                              f"got {value}")
-        if name not in ("GEMV", "TMA", "PERSISTENT") and value < 1:
+        if name not in ("GEMV", "TMA") and value < 1:
             raise ValueError(f"fused_moe config: {name} must be positive, got {value}")
     return out
 
@@ -153,7 +149,6 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
         if chosen:  # files tuned before the GEMV kernels existed mean the grouped GEMM
             chosen.setdefault("GEMV", 0)
             chosen.setdefault("TMA", 0)
-            chosen.setdefault("PERSISTENT", 0)
     if len(chosen) < len(CONFIG_KEYS):
         # Only when needed: under torch.compile the default BLOCK_M adds range guards of
         # its own, which a complete tuned config should not bring along.

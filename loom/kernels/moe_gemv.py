@@ -81,91 +81,11 @@ def _down_gemv_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr, str
              mask=rows < HIDDEN)
 
 
-# The persistent forms: each program walks a contiguous run of TILES_PER_PROGRAM tiles (a
-# tile: BLOCK_N output rows of one slot for gate_up, of one token for down) in one
-# flattened loop over their K chunks. A program pays the expert id's
-# load and its pipeline's fill once, not once per tile, and the loop's software pipeline
-# runs on across tile boundaries; a tile's result is stored on its last chunk (a masked
-# store, no branch). Tiles past num_tiles (the last program's tail) recompute the last
-# tile and store nothing.
-@triton.jit(do_not_specialize=["num_tiles"])
-def _gate_up_gemv_persistent_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we,
-                                    num_tiles, TOP_K: tl.constexpr, HIDDEN: tl.constexpr,
-                                    INTER: tl.constexpr, BLOCK_N: tl.constexpr,
-                                    BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                                    TILES_PER_PROGRAM: tl.constexpr):
-    ROW_BLOCKS: tl.constexpr = (INTER + BLOCK_N - 1) // BLOCK_N
-    K_ITERS: tl.constexpr = (HIDDEN + BLOCK_K - 1) // BLOCK_K
-    first = tl.program_id(0) * TILES_PER_PROGRAM
-    ks = tl.arange(0, BLOCK_K)
-    block_rows = tl.arange(0, BLOCK_N)
-    acc_gate = tl.zeros([BLOCK_N], tl.float32)
-    acc_up = tl.zeros([BLOCK_N], tl.float32)
-    for i in tl.range(0, TILES_PER_PROGRAM * K_ITERS, num_stages=NUM_STAGES):
-        tile = first + i // K_ITERS
-        tile_ld = tl.minimum(tile, num_tiles - 1)
-        slot = tile_ld // ROW_BLOCKS
-        rows = (tile_ld % ROW_BLOCKS) * BLOCK_N + block_rows
-        rows_ld = tl.minimum(rows, INTER - 1).to(tl.int64)
-        cols = (i % K_ITERS) * BLOCK_K + ks
-        k_ok = cols < HIDDEN
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        x = tl.load(x_ptr + (slot // TOP_K).to(tl.int64) * HIDDEN + cols, mask=k_ok,
-                    other=0.0).to(tl.float32)
-        w_ptrs = w13_ptr + expert * stride_we + rows_ld[:, None] * HIDDEN + cols[None, :]
-        gate = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        up = tl.load(w_ptrs + INTER * HIDDEN, mask=k_ok[None, :], other=0.0)
-        acc_gate += tl.sum(gate.to(tl.float32) * x[None, :], axis=1)
-        acc_up += tl.sum(up.to(tl.float32) * x[None, :], axis=1)
-        last = i % K_ITERS == K_ITERS - 1
-        h = acc_gate * tl.sigmoid(acc_gate) * acc_up
-        tl.store(inter_ptr + slot.to(tl.int64) * INTER + rows, h.to(inter_ptr.dtype.element_ty),
-                 mask=(rows < INTER) & last & (tile < num_tiles))
-        acc_gate = tl.where(last, 0.0, acc_gate)
-        acc_up = tl.where(last, 0.0, acc_up)
-
-
-@triton.jit(do_not_specialize=["num_tiles"])
-def _down_gemv_persistent_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr,
-                                 stride_we, num_tiles, TOP_K: tl.constexpr,
-                                 HIDDEN: tl.constexpr, INTER: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 NUM_STAGES: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr):
-    ROW_BLOCKS: tl.constexpr = (HIDDEN + BLOCK_N - 1) // BLOCK_N
-    K_ITERS: tl.constexpr = (INTER + BLOCK_K - 1) // BLOCK_K
-    TILE_ITERS: tl.constexpr = TOP_K * K_ITERS
-    first = tl.program_id(0) * TILES_PER_PROGRAM
-    ks = tl.arange(0, BLOCK_K)
-    block_rows = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for i in tl.range(0, TILES_PER_PROGRAM * TILE_ITERS, num_stages=NUM_STAGES):
-        tile = first + i // TILE_ITERS
-        tile_ld = tl.minimum(tile, num_tiles - 1)
-        token = (tile_ld // ROW_BLOCKS).to(tl.int64)
-        rows = (tile_ld % ROW_BLOCKS) * BLOCK_N + block_rows
-        rows_ld = tl.minimum(rows, HIDDEN - 1).to(tl.int64)
-        j = i % TILE_ITERS
-        slot = token * TOP_K + j // K_ITERS
-        cols = (j % K_ITERS) * BLOCK_K + ks
-        k_ok = cols < INTER
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        a = tl.load(inter_ptr + slot * INTER + cols, mask=k_ok, other=0.0).to(tl.float32)
-        a = a * tl.load(topk_weights_ptr + slot).to(tl.float32)
-        w = tl.load(w2_ptr + expert * stride_we + rows_ld[:, None] * INTER + cols[None, :],
-                    mask=k_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        last = j == TILE_ITERS - 1
-        tl.store(out_ptr + token * HIDDEN + rows, acc.to(out_ptr.dtype.element_ty),
-                 mask=(rows < HIDDEN) & last & (tile < num_tiles))
-        acc = tl.where(last, 0.0, acc)
-
-
 def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                       topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int]
                       ) -> tuple[list[tuple], torch.Tensor]:
     """Both kernels' launches as (kernel, grid, args, kwargs) and the [T, H] output the
-    second fills; cfg's BLOCK_N, BLOCK_K, num_warps and num_stages serve both, and a
-    PERSISTENT > 0 takes the persistent forms, that many tiles a program. The
+    second fills; cfg's BLOCK_N, BLOCK_K, num_warps and num_stages serve both. The
     weights' rows must be contiguous (fused_moe's layouts: w13 [E, 2I, H], w2 [E, H, I])."""
     num_tokens, hidden_size = hidden.shape
     inter = w13.shape[1] // 2
@@ -180,18 +100,8 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     ids = topk_ids.contiguous()
     inter_buf = torch.empty(num_tokens * top_k, inter, dtype=hidden.dtype, device=hidden.device)
     out = torch.empty_like(hidden)
-    gate_up_args = (hidden.contiguous(), w13, inter_buf, ids, w13.stride(0))
-    down_args = (inter_buf, w2, out, ids, topk_weights.contiguous(), w2.stride(0))
-    gate_up_tiles = num_tokens * top_k * triton.cdiv(inter, block_n)
-    down_tiles = num_tokens * triton.cdiv(hidden_size, block_n)
-    per_program = cfg.get("PERSISTENT", 0)
-    if not per_program:
-        return [(_gate_up_gemv_kernel, (num_tokens * top_k, triton.cdiv(inter, block_n)),
-                 gate_up_args, kwargs),
-                (_down_gemv_kernel, (num_tokens, triton.cdiv(hidden_size, block_n)),
-                 down_args, kwargs)], out
-    kwargs["TILES_PER_PROGRAM"] = per_program
-    return [(kernel, (triton.cdiv(tiles, per_program),), (*args, tiles), kwargs)
-            for kernel, tiles, args in (
-                (_gate_up_gemv_persistent_kernel, gate_up_tiles, gate_up_args),
-                (_down_gemv_persistent_kernel, down_tiles, down_args))], out
+    gate_up = (_gate_up_gemv_kernel, (num_tokens * top_k, triton.cdiv(inter, block_n)),
+               (hidden.contiguous(), w13, inter_buf, ids, w13.stride(0)), kwargs)
+    down = (_down_gemv_kernel, (num_tokens, triton.cdiv(hidden_size, block_n)),
+            (inter_buf, w2, out, ids, topk_weights.contiguous(), w2.stride(0)), kwargs)
+    return [gate_up, down], out

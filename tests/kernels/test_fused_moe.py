@@ -132,15 +132,11 @@ GEMV_CASES = {
 
 
 @cpu_only
-@pytest.mark.parametrize("persistent", [0, 1, 3], ids=["per-tile", "persistent1", "persistent3"])
 @pytest.mark.parametrize("case", GEMV_CASES.values(), ids=GEMV_CASES.keys())
-def test_fused_moe_gemv_cpu(case, persistent, monkeypatch):
-    """persistent: each program walks that many tiles; 3 leaves the last program a tail
-    past the last tile in most cases here (its stores must not land)."""
+def test_fused_moe_gemv_cpu(case, monkeypatch):
     tokens, hidden, inter, experts, top_k, bn, bk = case
     x, w13, w2, weights, ids = make_moe(tokens, hidden, inter, experts, top_k)
-    out = run_poisoned(monkeypatch, x, w13, w2, weights, ids, gemv=1, block_n=bn, block_k=bk,
-                       persistent=persistent)
+    out = run_poisoned(monkeypatch, x, w13, w2, weights, ids, gemv=1, block_n=bn, block_k=bk)
     torch.testing.assert_close(out, moe_reference(x, w13, w2, weights, ids),
                                atol=1e-4, rtol=1e-4)
 
@@ -185,10 +181,9 @@ def test_moe_reference_matches_dense_loop():
 @pytest.mark.parametrize("tokens", [1, 7, 64, 2048])
 @pytest.mark.parametrize("experts,top_k,hidden,inter", [(128, 8, 2048, 768), (8, 2, 1024, 512)])
 @pytest.mark.parametrize("config", [None, {"GEMV": 1, "BLOCK_N": 8, "BLOCK_K": 512},
-                                    {"GEMV": 1, "BLOCK_N": 4, "BLOCK_K": 1024, "PERSISTENT": 3},
                                     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1,
                                      "num_warps": 8}],
-                         ids=["tuned", "gemv", "gemv-persistent", "tma"])
+                         ids=["tuned", "gemv", "tma"])
 def test_fused_moe_gpu_bf16(tokens, experts, top_k, hidden, inter, config, monkeypatch):
     x, w13, w2, weights, ids = make_moe(tokens, hidden, inter, experts, top_k,
                                         dtype=torch.bfloat16, device="cuda")
@@ -224,25 +219,21 @@ import os
 os.environ["TRITON_INTERPRET"] = "0"
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as tcompile
-from loom.kernels.moe_gemv import (_down_gemv_kernel, _down_gemv_persistent_kernel,
-                                   _gate_up_gemv_kernel, _gate_up_gemv_persistent_kernel)
+from loom.kernels.moe_gemv import _down_gemv_kernel, _gate_up_gemv_kernel
 pointers = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "inter_ptr": "*bf16", "w2_ptr": "*bf16",
             "out_ptr": "*bf16", "ids_ptr": "*i64", "topk_weights_ptr": "*fp32",
-            "stride_we": "i32", "num_tiles": "i32"}
-for fn in (_gate_up_gemv_kernel, _down_gemv_kernel, _gate_up_gemv_persistent_kernel,
-           _down_gemv_persistent_kernel):
+            "stride_we": "i32"}
+for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
     # Qwen3-30B-A3B's experts; a chunk wider than the intermediate size (one masked pass)
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):
         cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_N=block_n, BLOCK_K=block_k,
                     NUM_STAGES=stages)
         names = list(fn.arg_names)
-        if "TILES_PER_PROGRAM" in names:
-            cons["TILES_PER_PROGRAM"] = 3
         sig = {n: "constexpr" if n in cons else pointers[n] for n in names}
         src = ASTSource(fn=fn, signature=sig,
                         constexprs={(names.index(k),): v for k, v in cons.items()},
                         attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                               if sig[n] != "constexpr" and n != "num_tiles"})
+                               if sig[n] != "constexpr"})
         kernel = tcompile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
         assert kernel.asm["cubin"] and kernel.metadata.shared <= 227 * 1024
         print("ok")
@@ -294,7 +285,7 @@ def test_grouped_gemm_kernels_compile_for_sm90_offline():
 
 def test_gemv_kernels_compile_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
-    assert compile_for_sm90_offline(_GEMV_OFFLINE_COMPILE).count("ok") == 8
+    assert compile_for_sm90_offline(_GEMV_OFFLINE_COMPILE).count("ok") == 4
 
 
 def test_align_kernels_compile_for_sm90_offline():

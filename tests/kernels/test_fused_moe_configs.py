@@ -88,7 +88,7 @@ def test_configs_match_reference(config):
 def test_default_config_is_the_former_fixed_tiles():
     assert mc.default_config(1, 8, 128, torch.bfloat16) == {
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
-        "num_stages": 3, "GEMV": 0, "TMA": 0, "PERSISTENT": 0}
+        "num_stages": 3, "GEMV": 0, "TMA": 0}
     assert mc.default_config(1025, 8, 128, torch.bfloat16)["BLOCK_M"] == 64
     assert mc.default_config(512, 8, 128, torch.float16)["BLOCK_M"] == 32
     fp32 = mc.default_config(4, 2, 8, torch.float32)
@@ -105,8 +105,6 @@ def test_default_config_is_the_former_fixed_tiles():
     ({"GEMV": 1, "TMA": 1, "BLOCK_N": 8}, "not to GEMV"),
     ({"BLOCK_N": 8}, "power of two >= 16"),
     ({"GEMV": 1, "BLOCK_N": 6}, "power of two >= 1"),
-    ({"PERSISTENT": 2}, "GEMV = 1 only"),
-    ({"GEMV": 1, "PERSISTENT": -1}, "PERSISTENT must be >= 0"),
 ])
 def test_bad_configs_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -145,7 +143,7 @@ def test_file_name():
     (40, "16"), (41, "64"), (544, "64"), (545, "1024"), (100_000, "1024")])
 def test_nearest_key_wins(config_dir, tokens, key):
     # TABLE, like files tuned before the GEMV and TMA keys existed, leaves both out
-    assert lookup(tokens) == {**TABLE[key], "GEMV": 0, "TMA": 0, "PERSISTENT": 0}
+    assert lookup(tokens) == {**TABLE[key], "GEMV": 0, "TMA": 0}
 
 
 def test_single_entry_file(tmp_path, monkeypatch):
@@ -297,7 +295,7 @@ def test_tuning_some_sizes_keeps_the_files_other_entries(tmp_path):
     from loom.bench.moe import merged_table
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"1": _tile(16), "1024": _tile(64, 8)}))
-    new = {**_tile(32, 4), "GEMV": 0, "TMA": 1, "PERSISTENT": 0}
+    new = {**_tile(32, 4), "GEMV": 0, "TMA": 1}
     table = merged_table(path, [{"batch_size": 1024, "config": new},
                                 {"batch_size": 64, "config": new}])
     assert list(table) == ["1", "64", "1024"]

@@ -22,7 +22,7 @@ from loom.worker import moe_warmup  # noqa: E402
 
 def _tile(block_m, gemv=0):
     return {"BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4,
-            "num_stages": 2, "GEMV": gemv, "TMA": 0, "PERSISTENT": 0}
+            "num_stages": 2, "GEMV": gemv, "TMA": 0}
 
 
 # Keys 1, 64, 256, 4096: the nearest key wins, a tie the smaller, so 1-32 take key 1, 33-160
