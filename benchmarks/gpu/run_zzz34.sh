@@ -11,7 +11,7 @@ T="--model llama-3.1-8b --load-format dummy --input-len 1024 --output-len 256 --
 for kv in auto fp8; do
   [ $(left 560) -lt 100 ] && { echo "no time for thr-$kv"; break; }
   timeout $(left 585) $LOOM bench throughput $T --kv-cache-dtype $kv --output-json $R/thr-8b-$kv.json > $R/thr-8b-$kv.log 2>&1
-  echo "thr-$kv rc $?"; grep -E "^(Throughput|Compute floor|  decode|  with)" $R/thr-8b-$kv.log | cut -c1-220; stamp thr-$kv
+  echo "thr-$kv rc $?"; grep -E "^(Throughput|Compute floor|  decode only|  with prompt|  steps)" $R/thr-8b-$kv.log | cut -c1-220; stamp thr-$kv
 done
 for f in $R/*.log; do grep -v -E "it/s\]|s/it\]" $f > $f.tmp; mv $f.tmp $f; done
 tar czf $OUT/zzz34.tgz -C $R .
