@@ -60,10 +60,8 @@ for name, H, KH, B, L in (("8b", 32, 8, 16, 1024), ("8b", 32, 8, 8, 2048), ("8b"
     variants = {"loom paged_prefill": loom, "SDPA per prompt": per_prompt,
                 "SDPA dense batch": dense}
     if varlen_attn is not None:
-        qsl64 = qsl.to(torch.int32)
-
         def varlen():
-            return varlen_attn(q, k, v, qsl64, qsl64, L, L, scale=scale,
+            return varlen_attn(q, k, v, qsl, qsl, L, L, scale=scale,
                                window_size=(-1, 0), enable_gqa=True)
         variants["torch varlen_attn"] = varlen
     ref = loom().float().clone()

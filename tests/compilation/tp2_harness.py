@@ -58,9 +58,9 @@ def _worker(rank: int, scenario: Scenario, port: int, out_dir: str) -> None:
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     # The report is on disk: leave without the interpreter's teardown. Once, in a clean-clone
-    # CI run, a rank died in it with SIGABRT ("terminate called without an active
-    # exception": a C++ thread still joinable when its owner was destroyed) and failed a
-    # test whose work had finished; it did not recur in repeated runs of that test.
+    # CI run, a rank died with SIGABRT ("terminate called without an active exception": a
+    # C++ thread still joinable when its owner was destroyed) and no Python error, most
+    # likely in that teardown; it did not recur in nine runs of the test alone.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
