@@ -53,6 +53,9 @@ MAX_M = 8
 
 SPLIT_MODES = ("fixup", "reduce", "atomic")
 
+AR_COUNTERS = "gemv_all_reduce"
+"""The arrival counter family of the all-reducing GEMV's last program (one counter)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
@@ -79,6 +82,67 @@ def _add_norm_input(x, res, nw_ptr, cols, ok, elem: tl.constexpr):
     return h, h * tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
 
 
+_AR_MAX_SPIN = tl.constexpr(1 << 26)
+"""Polls before a program stops waiting for its peers (tens of seconds): a peer that never
+arrives has died, and the engine's worker monitor reports it."""
+
+
+@triton.jit
+def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, rank, site, pusher,
+                      NUMEL: tl.constexpr, WORLD: tl.constexpr, SLOT: tl.constexpr, SITE_STRIDE: tl.constexpr):
+    """The all-reduce's exchange, pushed (kernels/all_reduce_gemv.py has the layout): one
+    program (`pusher`) stores this rank's partial rows x (NUMEL contiguous values) into
+    slot `rank` of the call site's area in every peer's buffer, then adds 1 to each peer's
+    flag for the site (release, system scope: the stores land first). Every program then
+    waits until its own flag counts WORLD - 1 arrivals (with PREFETCH_BYTES the first
+    chunks of its weight are on their way to L2 meanwhile)."""
+    if pusher:
+        CHUNK: tl.constexpr = 2048
+        offs = tl.arange(0, CHUNK)
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                dst = tl.load(data_ptrs + p).to(tl.pointer_type(x_ptr.dtype.element_ty)) \
+                    + site * SITE_STRIDE + rank * SLOT
+                for start in tl.static_range(0, NUMEL, CHUNK):
+                    ok = start + offs < NUMEL
+                    tl.store(dst + start + offs,
+                             tl.load(x_ptr + start + offs, mask=ok, other=0.0), mask=ok)
+        tl.debug_barrier()
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32)) + site
+                tl.atomic_add(peer, 1, sem="release", scope="sys")
+    # Adding 0 with acquire compiles to an acquire load (ld.acquire.sys), not an atomic:
+    # hundreds of programs polling one word do not queue at the L2's atomic unit.
+    seen = tl.atomic_add(own_flag, 0, sem="acquire", scope="sys")
+    spins = 0
+    while (seen < WORLD - 1) & (spins < _AR_MAX_SPIN):
+        seen = tl.atomic_add(own_flag, 0, sem="acquire", scope="sys")
+        spins += 1
+
+
+@triton.jit
+def _ar_sum(x_ptr, own_ptr, offs, mask, rank, WORLD: tl.constexpr, SLOT: tl.constexpr,
+            elem: tl.constexpr, MASKED: tl.constexpr = True):
+    """The all-reduced values at offs: this rank's partial from x, every peer's from its
+    slot of this rank's buffer, summed in rank order in float32 (every rank gets the same
+    bits) and rounded to elem, as the all-reduce's output would be."""
+    total = tl.zeros(offs.shape, dtype=tl.float32)
+    for p in tl.static_range(WORLD):
+        if p == rank:
+            src = x_ptr
+        else:
+            src = own_ptr + p * SLOT
+        src = tl.multiple_of(src, 16)  # x and every slot start 16-byte aligned: wide loads
+        # .cg: from L2, where the peer's stores landed, never a line from an earlier call
+        if MASKED:
+            v = tl.load(src + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        else:
+            v = tl.load(src + offs, cache_modifier=".cg")
+        total += v.to(tl.float32)
+    return total.to(elem)
+
+
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
@@ -87,15 +151,20 @@ def _gemv_kernel(
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
     ADD_NORM: tl.constexpr = False,
+    ar_rank=0, ar_data_ptrs=None, ar_flag_ptrs=None, ar_site=0,
+    AR_WORLD: tl.constexpr = 1, AR_SLOT: tl.constexpr = 0, AR_SITE_STRIDE: tl.constexpr = 0,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
     # ADD_NORM (SPLIT_K 1): the input is RMSNorm(x + residual) * norm weight. Each
     # program reads whole rows of x and residual, so it sums h = x + residual's squares as
     # it goes and scales its sums by the rows' 1 / RMS at the end (no pass over the rows
     # before the weight streams); programs of the first row block write h to res_out.
+    # AR_WORLD > 1 (with ADD_NORM): x is this rank's partial sum of a row-parallel layer,
+    # and the input is RMSNorm(all-reduce(x) + residual): see `_ar_push_and_wait`.
     # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
     # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
-    # into L2 before waiting for the previous kernel; x and everything else after.
+    # into L2 before waiting for the previous kernel (or the peers); x and everything else
+    # after.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # Rows padded to a power of two; a dot's operand to 16.
@@ -114,14 +183,21 @@ def _gemv_kernel(
         rows_ld = tl.minimum(rows, N - 1)
     mcols = tl.arange(0, M_PAD)
     k0 = pid_k * K_SPLIT
+    if PREFETCH_BYTES > 0:
+        pdl.prefetch_l2(w_ptr + rows_ld.to(tl.int64) * K + k0,
+                        tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
     if PDL:
-        if PREFETCH_BYTES > 0:
-            pdl.prefetch_l2(w_ptr + rows_ld.to(tl.int64) * K + k0,
-                            tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
         pdl.wait_then_release()
     if ADD_NORM:
         tl.static_assert(SPLIT_K == 1, "ADD_NORM needs each program's rows whole")
         squares = tl.zeros([M_PAD], dtype=tl.float32)
+    if AR_WORLD > 1:
+        tl.static_assert(ADD_NORM, "the all-reduce goes with the add + norm")
+        ar_flag = tl.load(ar_flag_ptrs + ar_rank).to(tl.pointer_type(tl.int32)) + ar_site
+        ar_own = tl.load(ar_data_ptrs + ar_rank).to(tl.pointer_type(elem)) \
+            + ar_site * AR_SITE_STRIDE
+        _ar_push_and_wait(x_ptr, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_rank, ar_site,
+                          pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -134,7 +210,11 @@ def _gemv_kernel(
         if USE_DOT:
             x_ptrs = x_ptr + mcols[:, None] * X_STRIDE + ks[None, :]
             x_ok = (mcols < M)[:, None] & k_ok[None, :]
-            xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
+            if AR_WORLD > 1:
+                xt = _ar_sum(x_ptr, ar_own, mcols[:, None] * K + ks[None, :], x_ok, ar_rank,
+                             AR_WORLD, AR_SLOT, elem)
+            else:
+                xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
             if SILU_MUL:
                 up = tl.load(x_ptrs + K, mask=x_ok, other=0.0)
                 xt = silu_mul_values(xt, up, elem)
@@ -149,7 +229,10 @@ def _gemv_kernel(
         else:
             wf = w.to(tl.float32)
             for m in tl.static_range(M):
-                if EVEN_K:
+                if AR_WORLD > 1:
+                    xm = _ar_sum(x_ptr, ar_own, m * K + ks, k_ok, ar_rank, AR_WORLD, AR_SLOT,
+                                 elem, not EVEN_K)
+                elif EVEN_K:
                     xm = tl.load(x_ptr + m * X_STRIDE + ks)
                 else:
                     xm = tl.load(x_ptr + m * X_STRIDE + ks, mask=k_ok, other=0.0)
@@ -170,6 +253,12 @@ def _gemv_kernel(
         w_ptrs += BLOCK_K
     if ADD_NORM:
         acc *= tl.math.rsqrt(squares / K + eps)[None, :]
+    if AR_WORLD > 1:  # the peers' rows are read: the last program takes their signals back
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+        if arrived == tl.num_programs(0) - 1:
+            tl.atomic_add(ar_flag, 1 - AR_WORLD, sem="relaxed", scope="sys")
+            tl.store(count_ptr, 0)
 
     out = mcols[None, :] * N + rows[:, None]
     out_ok = (rows < N)[:, None] & (mcols < M)[None, :]
@@ -306,8 +395,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
 
 def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                       eps: float, weight: torch.Tensor, *,
-                      config: GemvConfig | dict | None = None,
-                      compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      config: GemvConfig | dict | None = None, compile_only: bool = False,
+                      exchange=None, site: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and
     RMSNorm (`loom.layers.norm.fused_add_rms_norm`) applied by the GEMV as it reads its
     input, so that no norm kernel runs before it. x and residual [M, K] alike; norm_weight
@@ -319,7 +408,13 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
     end, where the reference rounds the normalised row to the dtype before the product: in
     float32 the two agree to float32 rounding, in 16-bit dtypes to about one rounding of
     the dtype. (A pass over the rows for their RMS before the weight streamed cost 1-13 us
-    a call on an H200: run_zzz24.)"""
+    a call on an H200: run_zzz24.)
+
+    exchange (a `kernels.all_reduce_gemv.GemvExchange`) and site: x is this rank's
+    partial sum of a row-parallel layer, and the kernel all-reduces it first through the
+    exchange's buffers at `site` (every rank calls with the same site), as
+    `fused_add_rms_norm(all_reduce(x), residual)` would: the all-reduce rounded to the
+    dtype, then the add. Every rank computes the same bits."""
     m, k, n = _check_inputs(x, weight, False)
     cfg = dataclasses.replace(default_config(m, n, k), split_k=1) if config is None \
         else _resolve_config(config, m, n, k)
@@ -335,16 +430,22 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
             or norm_weight.device != x.device:
         raise ValueError(f"add_rms_norm_gemv: norm_weight must be a contiguous [{k}] tensor "
                          f"on {x.device}, got {tuple(norm_weight.shape)}")
+    ar = None
+    if exchange is not None:
+        exchange.check(x, site)
+        ar = exchange.kernel_args(site)
     residual_out = torch.empty_like(x)
     y = _launch(x, weight, cfg, compile_only,
-                norm=(residual, norm_weight, residual_out, float(eps)))
+                norm=(residual, norm_weight, residual_out, float(eps)), ar=ar)
     return y, residual_out
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only: bool,
-            silu_mul_input: bool = False, norm: tuple | None = None) -> torch.Tensor:
+            silu_mul_input: bool = False, norm: tuple | None = None,
+            ar: dict | None = None) -> torch.Tensor:
     """The GEMV's kernels for checked arguments; norm: (residual, norm_weight,
-    residual_out, eps) of add_rms_norm_gemv."""
+    residual_out, eps) of add_rms_norm_gemv; ar: the kernel's all-reduce arguments
+    (`GemvExchange.kernel_args`)."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -363,16 +464,19 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
     residual, norm_weight, residual_out, eps = norm or (y, y, y, 0.0)
     use_pdl = pdl.enabled(x.device)
     ahead = 0
-    if use_pdl and weight.data_ptr() % 16 == 0:
+    if (use_pdl or (ar is not None and pdl.can_prefetch(x.device))) \
+            and weight.data_ptr() % 16 == 0:
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
+    if ar is not None:
+        counters = arrival.counters(x.device, 1, AR_COUNTERS)
     launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
         x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n,
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         NUM_STAGES=cfg.num_stages, PDL=use_pdl, PREFETCH_BYTES=ahead,
-        ADD_NORM=norm is not None,
+        ADD_NORM=norm is not None, **(ar or {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024
