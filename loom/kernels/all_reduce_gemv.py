@@ -12,12 +12,14 @@ Layout of each rank's share of one symmetric allocation:
   data:  [site][source rank][MAX_M rows x width] in the model's dtype; a peer pushes its
          partial rows for a site into slot `its rank` of that site;
   flags: [site] int32, the number of peers whose rows for the site have landed.
+One program of the consuming GEMV waits on the flag (system scope) and opens a word of its
+own GPU for the others (GPU scope): `gemv._ar_push_and_wait`.
 
 Why one area per call site, and no "read" handshake: two calls of one site are a whole
 decode step apart. Before a rank pushes into a peer's area at site s of step t + 1, it has
 consumed the peer's push for the site before s (or, for the first site, the peer's last
 site of step t), which the peer made after its call at site s of step t had finished
-reading; the last program of that call took its signals back (flag to 0) as it finished.
+reading; that call took its signals back (flag to 0) as soon as it had seen them.
 So every rank must call the sites in the same order, as for any collective, and a site is
 the consuming weight: the first call with a weight takes the next free site, on every
 rank alike (the model's layers run in one order everywhere).
@@ -29,8 +31,6 @@ import logging
 
 import torch
 
-from loom.kernels import arrival
-from loom.kernels.gemv import AR_COUNTERS as COUNTERS
 from loom.kernels.gemv import MAX_M
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ class GemvExchange:
         self.rank, self.world = rank, world
         self.data_ptrs, self.flag_ptrs = data_ptrs, flag_ptrs
         self.dtype, self.width, self.sites = dtype, width, sites
+        self.local = torch.zeros(1 + sites, dtype=torch.int32, device=data_ptrs.device)
+        """This GPU's words: [0] counts a call's programs past their wait, [1 + site] is
+        the site's `go` (the peers' rows have landed)."""
         self._site_of: dict[int, int] = {}
         self._warned = False
 
@@ -71,7 +74,6 @@ class GemvExchange:
                        torch.tensor([p + data_bytes for p in ptrs], dtype=torch.int64,
                                     device=device), dtype, width, sites)
         exchange._storage = storage  # keeps the allocation alive
-        arrival.counters(device, 1, COUNTERS)  # made now: calls may be graph-captured
         torch.cuda.synchronize(device)
         index = device.index if device.index is not None else torch.cuda.current_device()
         dist.barrier(group=process_group, device_ids=[index])  # no flag signalled unzeroed
@@ -106,5 +108,5 @@ class GemvExchange:
         """The GEMV kernel's all-reduce arguments for a call at `site`."""
         slot = MAX_M * self.width
         return dict(ar_rank=self.rank, ar_data_ptrs=self.data_ptrs,
-                    ar_flag_ptrs=self.flag_ptrs, ar_site=site, AR_WORLD=self.world,
+                    ar_flag_ptrs=self.flag_ptrs, ar_local_ptr=self.local, ar_site=site, AR_WORLD=self.world,
                     AR_SLOT=slot, AR_SITE_STRIDE=self.world * slot)

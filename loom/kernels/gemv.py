@@ -53,9 +53,6 @@ MAX_M = 8
 
 SPLIT_MODES = ("fixup", "reduce", "atomic")
 
-AR_COUNTERS = "gemv_all_reduce"
-"""The arrival counter family of the all-reducing GEMV's last program (one counter)."""
-
 
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
@@ -88,14 +85,19 @@ arrives has died, and the engine's worker monitor reports it."""
 
 
 @triton.jit
-def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, rank, site, pusher,
-                      NUMEL: tl.constexpr, WORLD: tl.constexpr, SLOT: tl.constexpr, SITE_STRIDE: tl.constexpr):
-    """The all-reduce's exchange, pushed (kernels/all_reduce_gemv.py has the layout): one
+def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, go, rank, site, pusher,
+                      NUMEL: tl.constexpr, WORLD: tl.constexpr, SLOT: tl.constexpr,
+                      SITE_STRIDE: tl.constexpr):
+    """The all-reduce's exchange, pushed (kernels/all_reduce_gemv.py has the layout). One
     program (`pusher`) stores this rank's partial rows x (NUMEL contiguous values) into
-    slot `rank` of the call site's area in every peer's buffer, then adds 1 to each peer's
-    flag for the site (release, system scope: the stores land first). Every program then
-    waits until its own flag counts WORLD - 1 arrivals (with PREFETCH_BYTES the first
-    chunks of its weight are on their way to L2 meanwhile)."""
+    slot `rank` of the call site's area in every peer's buffer and adds 1 to each peer's
+    flag for the site (release, system scope: the stores land first); then it waits for
+    WORLD - 1 signals on its own flag (acquire, system scope), takes them back, and opens
+    `go`, a word of this GPU (release, GPU scope). Every program waits for `go` (acquire,
+    GPU scope), a chain that orders its reads after the peers' stores. One system-scope
+    acquire a call, where one in every program cost the GEMV ~12-15 us at a TP=2 rank's
+    qkv and gate_up on an H200 (run_zzz36: 384 and 896 programs). With PREFETCH_BYTES the
+    first chunks of each program's weight are on their way to L2 meanwhile."""
     if pusher:
         CHUNK: tl.constexpr = 2048
         offs = tl.arange(0, CHUNK)
@@ -112,12 +114,21 @@ def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, rank, site, pusher,
             if p != rank:
                 peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32)) + site
                 tl.atomic_add(peer, 1, sem="release", scope="sys")
-    # Adding 0 with acquire compiles to an acquire load (ld.acquire.sys), not an atomic:
-    # hundreds of programs polling one word do not queue at the L2's atomic unit.
-    seen = tl.atomic_add(own_flag, 0, sem="acquire", scope="sys")
+        _spin_until(own_flag, WORLD - 1, "sys")
+        tl.atomic_add(own_flag, 1 - WORLD, sem="relaxed", scope="sys")
+        tl.atomic_add(go, 1, sem="release", scope="gpu")
+    _spin_until(go, 1, "gpu")
+
+
+@triton.jit
+def _spin_until(flag, target, SCOPE: tl.constexpr):
+    """Poll `flag` until it reaches `target`, with acquire semantics at SCOPE. Adding 0
+    with acquire compiles to an acquire load (ld.acquire), not an atomic: many programs
+    polling one word do not queue at the L2's atomic unit."""
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope=SCOPE)
     spins = 0
-    while (seen < WORLD - 1) & (spins < _AR_MAX_SPIN):
-        seen = tl.atomic_add(own_flag, 0, sem="acquire", scope="sys")
+    while (seen < target) & (spins < _AR_MAX_SPIN):
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope=SCOPE)
         spins += 1
 
 
@@ -151,7 +162,7 @@ def _gemv_kernel(
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
     ADD_NORM: tl.constexpr = False,
-    ar_rank=0, ar_data_ptrs=None, ar_flag_ptrs=None, ar_site=0,
+    ar_rank=0, ar_data_ptrs=None, ar_flag_ptrs=None, ar_local_ptr=None, ar_site=0,
     AR_WORLD: tl.constexpr = 1, AR_SLOT: tl.constexpr = 0, AR_SITE_STRIDE: tl.constexpr = 0,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
@@ -196,8 +207,9 @@ def _gemv_kernel(
         ar_flag = tl.load(ar_flag_ptrs + ar_rank).to(tl.pointer_type(tl.int32)) + ar_site
         ar_own = tl.load(ar_data_ptrs + ar_rank).to(tl.pointer_type(elem)) \
             + ar_site * AR_SITE_STRIDE
-        _ar_push_and_wait(x_ptr, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_rank, ar_site,
-                          pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
+        ar_go = ar_local_ptr + 1 + ar_site  # [0]: the arrival counter
+        _ar_push_and_wait(x_ptr, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_go, ar_rank,
+                          ar_site, pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -253,12 +265,11 @@ def _gemv_kernel(
         w_ptrs += BLOCK_K
     if ADD_NORM:
         acc *= tl.math.rsqrt(squares / K + eps)[None, :]
-    if AR_WORLD > 1:  # the peers' rows are read: the last program takes their signals back
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    if AR_WORLD > 1:  # every program is past its wait: the last one closes `go` again
+        arrived = tl.atomic_add(ar_local_ptr, 1, sem="relaxed")
         if arrived == tl.num_programs(0) - 1:
-            tl.atomic_add(ar_flag, 1 - AR_WORLD, sem="relaxed", scope="sys")
-            tl.store(count_ptr, 0)
+            tl.store(ar_go, 0)
+            tl.store(ar_local_ptr, 0)
 
     out = mcols[None, :] * N + rows[:, None]
     out_ok = (rows < N)[:, None] & (mcols < M)[None, :]
@@ -468,8 +479,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
             and weight.data_ptr() % 16 == 0:
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
-    if ar is not None:
-        counters = arrival.counters(x.device, 1, AR_COUNTERS)
     launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
         x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n,
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,

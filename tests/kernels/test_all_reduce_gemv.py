@@ -92,6 +92,7 @@ def test_both_ranks_get_the_all_reduced_norm_product(cfg, m, k, dtype):
     assert pair.flags[1].tolist() == [0, 0, 0]
     assert pair.flags[0].tolist() == [0, 1, 0]  # rank 1's push for rank 0's next call
     assert torch.equal(y0, y1) and torch.equal(r0, r1), "the ranks disagree"
+    assert all(not ex.local.any() for ex in pair.ranks), "a go word or counter left set"
     want, want_res = _reference([x0, x1], residual, norm_w, w, eps)
     if dtype == torch.float32:
         torch.testing.assert_close(r0.cpu(), want_res, rtol=0, atol=0)
@@ -146,7 +147,8 @@ def test_value_errors(case, match):
 def test_two_streams_at_once_replayed(dtype):
     """Both ranks' calls launched together on two streams of one GPU, every site in turn,
     many rounds, then captured in one CUDA graph per rank and replayed: each round's
-    outputs equal the reference's and each other's, and every flag ends at 0."""
+    outputs equal the reference's and each other's, and every flag ends at 0. (One GPU
+    holds both ranks' programs here: the grids are a few programs each.)"""
     pair = Pair(dtype)
     cases = [_case(1 + s % 2, 64 + 16 * s, 256, dtype, seed=10 + s) for s in range(SITES)]
     refs = [_reference([c[0], c[1]], c[2], c[3], c[4], 1e-5)[0] for c in cases]
@@ -199,7 +201,7 @@ from loom.kernels.gemv import _gemv_kernel
 names = list(_gemv_kernel.arg_names)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
             "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "res_out_ptr": "*bf16",
-            "ar_data_ptrs": "*i64", "ar_flag_ptrs": "*i64"}
+            "ar_data_ptrs": "*i64", "ar_flag_ptrs": "*i64", "ar_local_ptr": "*i32"}
 for cons, warps, stages in [
         # one TP=2 rank's qkv and gate_up at batch 1 (the H200 gemv_norm table's tiles)
         (dict(M=1, K=4096, BLOCK_N=8, BLOCK_K=1024, USE_DOT=False), 4, 3),

@@ -29,7 +29,7 @@ from loom.kernels.paged_decode import _decode_split_kernel
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
             "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "out_ptr": "*bf16",
             "res_out_ptr": "*bf16", "data_ptrs": "*i64", "flag_ptrs": "*i64",
-            "ar_data_ptrs": "*i64", "ar_flag_ptrs": "*i64",
+            "ar_data_ptrs": "*i64", "ar_flag_ptrs": "*i64", "ar_local_ptr": "*i32",
             "q_ptr": "*bf16", "cache_ptr": "*bf16", "part_m_ptr": "*fp32",
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
