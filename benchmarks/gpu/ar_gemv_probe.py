@@ -11,7 +11,10 @@ One TP=2 rank's qkv and gate_up (Llama-3.1-8B) at one row, with their gemv_norm 
 Each variant is one CUDA graph of CALLS calls over ROTATE weights (so the weights stream
 from memory, not L2), replayed REPLAYS times; microseconds a call, median and min.
 
-    python3 benchmarks/gpu/ar_gemv_probe.py OUT.json
+    python3 benchmarks/gpu/ar_gemv_probe.py OUT.json [--signal-scope gpu]
+
+--signal-scope gpu compiles the kernel with GPU-scope signals (wrong across GPUs; here
+only to time what the system-scope fences cost).
 """
 
 import dataclasses
@@ -54,6 +57,11 @@ def graph_us(call) -> tuple[float, float]:
 
 
 def main() -> None:
+    if "--signal-scope" in sys.argv:
+        import triton.language as tl
+
+        from loom.kernels import gemv
+        gemv._AR_SIGNAL_SCOPE = tl.constexpr(sys.argv[sys.argv.index("--signal-scope") + 1])
     dev, dtype = torch.device("cuda"), torch.bfloat16
     ceil = measure_ceilings(dev)
     results = {}

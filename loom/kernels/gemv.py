@@ -79,6 +79,11 @@ def _add_norm_input(x, res, nw_ptr, cols, ok, elem: tl.constexpr):
     return h, h * tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
 
 
+_AR_SIGNAL_SCOPE = tl.constexpr("sys")
+"""The peers' signals' scope. "gpu" only in benchmarks/gpu/ar_gemv_probe.py's
+--signal-scope, which times the system-scope fences' share on one GPU (across GPUs the
+signal needs "sys")."""
+
 _AR_MAX_SPIN = tl.constexpr(1 << 26)
 """Polls before a program stops waiting for its peers (tens of seconds): a peer that never
 arrives has died, and the engine's worker monitor reports it."""
@@ -113,9 +118,9 @@ def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, go, rank, site, pus
         for p in tl.static_range(WORLD):
             if p != rank:
                 peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32)) + site
-                tl.atomic_add(peer, 1, sem="release", scope="sys")
-        _spin_until(own_flag, WORLD - 1, "sys")
-        tl.atomic_add(own_flag, 1 - WORLD, sem="relaxed", scope="sys")
+                tl.atomic_add(peer, 1, sem="release", scope=_AR_SIGNAL_SCOPE)
+        _spin_until(own_flag, WORLD - 1, _AR_SIGNAL_SCOPE)
+        tl.atomic_add(own_flag, 1 - WORLD, sem="relaxed", scope=_AR_SIGNAL_SCOPE)
         tl.atomic_add(go, 1, sem="release", scope="gpu")
     _spin_until(go, 1, "gpu")
 
@@ -154,7 +159,7 @@ def _ar_sum(x_ptr, own_ptr, offs, mask, rank, WORLD: tl.constexpr, SLOT: tl.cons
     return total.to(elem)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ar_rank", "ar_site"])  # one binary for every rank and site
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
