@@ -84,6 +84,11 @@ _AR_SIGNAL_SCOPE = tl.constexpr("sys")
 --signal-scope, which times the system-scope fences' share on one GPU (across GPUs the
 signal needs "sys")."""
 
+_AR_PARTS = tl.constexpr(3)
+"""Which parts of the all-reduce run (a bit mask, 3 = both; ar_gemv_probe's --parts times
+each alone on one GPU): 1 the exchange (push, signals, waits), 2 the peers' rows summed
+into the input."""
+
 _AR_MAX_SPIN = tl.constexpr(1 << 26)
 """Polls before a program stops waiting for its peers (tens of seconds): a peer that never
 arrives has died, and the engine's worker monitor reports it."""
@@ -213,8 +218,9 @@ def _gemv_kernel(
         ar_own = tl.load(ar_data_ptrs + ar_rank).to(tl.pointer_type(elem)) \
             + ar_site * AR_SITE_STRIDE
         ar_go = ar_local_ptr + 1 + ar_site  # [0]: the arrival counter
-        _ar_push_and_wait(x_ptr, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_go, ar_rank,
-                          ar_site, pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
+        if _AR_PARTS & 1:
+            _ar_push_and_wait(x_ptr, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_go, ar_rank,
+                              ar_site, pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -227,7 +233,7 @@ def _gemv_kernel(
         if USE_DOT:
             x_ptrs = x_ptr + mcols[:, None] * X_STRIDE + ks[None, :]
             x_ok = (mcols < M)[:, None] & k_ok[None, :]
-            if AR_WORLD > 1:
+            if AR_WORLD > 1 and (_AR_PARTS & 2):
                 xt = _ar_sum(x_ptr, ar_own, mcols[:, None] * K + ks[None, :], x_ok, ar_rank,
                              AR_WORLD, AR_SLOT, elem)
             else:
@@ -246,7 +252,7 @@ def _gemv_kernel(
         else:
             wf = w.to(tl.float32)
             for m in tl.static_range(M):
-                if AR_WORLD > 1:
+                if AR_WORLD > 1 and (_AR_PARTS & 2):
                     xm = _ar_sum(x_ptr, ar_own, m * K + ks, k_ok, ar_rank, AR_WORLD, AR_SLOT,
                                  elem, not EVEN_K)
                 elif EVEN_K:
