@@ -9,8 +9,9 @@ partial rows into every peer's buffer and signals it, every program waits for th
 signals, then streams its weight with the all-reduced rows as the add + norm GEMV does.
 
 Layout of each rank's share of one symmetric allocation:
-  data:  [site][source rank][MAX_M rows x width] in the model's dtype; a peer pushes its
-         partial rows for a site into slot `its rank` of that site;
+  data:  [site][source rank][MAX_M rows x width] in the model's dtype; every rank writes
+         its partial rows for a site into slot `its rank` of that site in every rank's
+         buffer, its own included, and sums the slots of its own in rank order;
   flags: [site] int32, the number of peers whose rows for the site have landed.
 One program of the consuming GEMV waits on the flag (system scope) and opens a word of its
 own GPU for the others (GPU scope): `gemv._ar_push_and_wait`.

@@ -100,7 +100,8 @@ def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, go, rank, site, pus
                       SITE_STRIDE: tl.constexpr):
     """The all-reduce's exchange, pushed (kernels/all_reduce_gemv.py has the layout). One
     program (`pusher`) stores this rank's partial rows x (NUMEL contiguous values) into
-    slot `rank` of the call site's area in every peer's buffer and adds 1 to each peer's
+    slot `rank` of the call site's area in every rank's buffer (its own too, so that the
+    sum reads every rank's rows alike) and adds 1 to each peer's
     flag for the site (release, system scope: the stores land first); then it waits for
     WORLD - 1 signals on its own flag (acquire, system scope), takes them back, and opens
     `go`, a word of this GPU (release, GPU scope). Every program waits for `go` (acquire,
@@ -111,14 +112,13 @@ def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, go, rank, site, pus
     if pusher:
         CHUNK: tl.constexpr = 2048
         offs = tl.arange(0, CHUNK)
-        for p in tl.static_range(WORLD):
-            if p != rank:
+        for start in tl.static_range(0, NUMEL, CHUNK):
+            ok = start + offs < NUMEL
+            rows = tl.load(x_ptr + start + offs, mask=ok, other=0.0)
+            for p in tl.static_range(WORLD):
                 dst = tl.load(data_ptrs + p).to(tl.pointer_type(x_ptr.dtype.element_ty)) \
                     + site * SITE_STRIDE + rank * SLOT
-                for start in tl.static_range(0, NUMEL, CHUNK):
-                    ok = start + offs < NUMEL
-                    tl.store(dst + start + offs,
-                             tl.load(x_ptr + start + offs, mask=ok, other=0.0), mask=ok)
+                tl.store(dst + start + offs, rows, mask=ok)
         tl.debug_barrier()
         for p in tl.static_range(WORLD):
             if p != rank:
@@ -143,19 +143,17 @@ def _spin_until(flag, target, SCOPE: tl.constexpr):
 
 
 @triton.jit
-def _ar_sum(x_ptr, own_ptr, offs, mask, rank, WORLD: tl.constexpr, SLOT: tl.constexpr,
-            elem: tl.constexpr, MASKED: tl.constexpr = True):
-    """The all-reduced values at offs: this rank's partial from x, every peer's from its
-    slot of this rank's buffer, summed in rank order in float32 (every rank gets the same
-    bits) and rounded to elem, as the all-reduce's output would be."""
+def _ar_sum(area_ptr, offs, mask, WORLD: tl.constexpr, SLOT: tl.constexpr, elem: tl.constexpr,
+            MASKED: tl.constexpr = True):
+    """The all-reduced values at offs: every rank's partial from its slot of the call
+    site's area in this rank's buffer (this rank's own included), summed in rank order in
+    float32 (every rank gets the same bits) and rounded to elem, as the all-reduce's
+    output would be. No branch on the rank: a runtime branch here cost the qkv GEMV ~12 us
+    (run_zzz36)."""
     total = tl.zeros(offs.shape, dtype=tl.float32)
     for p in tl.static_range(WORLD):
-        if p == rank:
-            src = x_ptr
-        else:
-            src = own_ptr + p * SLOT
-        src = tl.multiple_of(src, 16)  # x and every slot start 16-byte aligned: wide loads
-        # .cg: from L2, where the peer's stores landed, never a line from an earlier call
+        src = tl.multiple_of(area_ptr + p * SLOT, 16)  # slots start 16-byte aligned
+        # .cg: from L2, where the stores landed, never a line from an earlier call
         if MASKED:
             v = tl.load(src + offs, mask=mask, other=0.0, cache_modifier=".cg")
         else:
@@ -215,7 +213,7 @@ def _gemv_kernel(
     if AR_WORLD > 1:
         tl.static_assert(ADD_NORM, "the all-reduce goes with the add + norm")
         ar_flag = tl.load(ar_flag_ptrs + ar_rank).to(tl.pointer_type(tl.int32)) + ar_site
-        ar_own = tl.load(ar_data_ptrs + ar_rank).to(tl.pointer_type(elem)) \
+        ar_area = tl.load(ar_data_ptrs + ar_rank).to(tl.pointer_type(elem)) \
             + ar_site * AR_SITE_STRIDE
         ar_go = ar_local_ptr + 1 + ar_site  # [0]: the arrival counter
         if _AR_PARTS & 1:
@@ -234,8 +232,8 @@ def _gemv_kernel(
             x_ptrs = x_ptr + mcols[:, None] * X_STRIDE + ks[None, :]
             x_ok = (mcols < M)[:, None] & k_ok[None, :]
             if AR_WORLD > 1 and (_AR_PARTS & 2):
-                xt = _ar_sum(x_ptr, ar_own, mcols[:, None] * K + ks[None, :], x_ok, ar_rank,
-                             AR_WORLD, AR_SLOT, elem)
+                xt = _ar_sum(ar_area, mcols[:, None] * K + ks[None, :], x_ok, AR_WORLD,
+                             AR_SLOT, elem)
             else:
                 xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
             if SILU_MUL:
@@ -253,8 +251,8 @@ def _gemv_kernel(
             wf = w.to(tl.float32)
             for m in tl.static_range(M):
                 if AR_WORLD > 1 and (_AR_PARTS & 2):
-                    xm = _ar_sum(x_ptr, ar_own, m * K + ks, k_ok, ar_rank, AR_WORLD, AR_SLOT,
-                                 elem, not EVEN_K)
+                    xm = _ar_sum(ar_area, m * K + ks, k_ok, AR_WORLD, AR_SLOT, elem,
+                                 not EVEN_K)
                 elif EVEN_K:
                     xm = tl.load(x_ptr + m * X_STRIDE + ks)
                 else:
