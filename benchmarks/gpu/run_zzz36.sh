@@ -12,11 +12,12 @@ timeout 240 python3 -m pytest -q tests/kernels/test_all_reduce_gemv.py ${TESTS-t
 echo "tests rc $?"; tail -3 $R/tests.log; grep -E "FAILED|^E " $R/tests.log | head -12; stamp tests
 timeout 150 python3 benchmarks/gpu/ar_gemv_probe.py $R/ar-gemv.json > $R/ar-gemv.log 2>&1
 echo "probe rc $?"; quiet < $R/ar-gemv.log | cut -c1-300 | tail -8; stamp probe
-for v in ${PROBES-"gpu-scope --signal-scope gpu" "exchange-only --parts 1" "sum-only --parts 2"}; do
+# PROBES: ';'-separated "name args..." (a name "prefetchN" sets LOOM_PDL_PREFETCH_MB=N)
+IFS=';' read -ra VARIANTS <<< "${PROBES:-exchange-only --parts 1;sum-only --parts 2}"
+for v in "${VARIANTS[@]}"; do
   set -- $v; name=$1; shift
-  [ "$name" = "${name#prefetch}" ] || export LOOM_PDL_PREFETCH_MB=${name#prefetch}
-  timeout 150 python3 benchmarks/gpu/ar_gemv_probe.py $R/ar-gemv-$name.json "$@" > $R/ar-gemv-$name.log 2>&1
-  unset LOOM_PDL_PREFETCH_MB
+  [ "$name" = "${name#prefetch}" ] && mb=0 || mb=${name#prefetch}
+  LOOM_PDL_PREFETCH_MB=$mb timeout 150 python3 benchmarks/gpu/ar_gemv_probe.py $R/ar-gemv-$name.json "$@" > $R/ar-gemv-$name.log 2>&1
   echo "probe ($name) rc $?"; quiet < $R/ar-gemv-$name.log | cut -c1-300 | tail -8; stamp probe-$name
 done
 D="--model llama-3.1-8b --load-format dummy --no-enable-prefix-caching --max-model-len 2048 --input-len 128 --output-len 128 --batch-size 1 --decode-split --num-iters-warmup 2 --num-iters 5 -O 3"
