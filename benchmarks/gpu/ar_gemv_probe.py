@@ -11,11 +11,10 @@ One TP=2 rank's qkv and gate_up (Llama-3.1-8B) at one row, with their gemv_norm 
 Each variant is one CUDA graph of CALLS calls over ROTATE weights (so the weights stream
 from memory, not L2), replayed REPLAYS times; microseconds a call, median and min.
 
-    python3 benchmarks/gpu/ar_gemv_probe.py OUT.json [--signal-scope gpu] [--parts 1|2]
+    python3 benchmarks/gpu/ar_gemv_probe.py OUT.json
 
---signal-scope gpu compiles the kernel with GPU-scope signals (wrong across GPUs; here
-only to time what the system-scope fences cost); --parts 1 runs only the exchange, 2 only
-the sum of the peers' rows (`gemv._AR_PARTS`; either alone is not an all-reduce).
+LOOM_PDL_PREFETCH_MB=N: each all-reducing call asks N MiB of its weight into L2 before it
+waits for the exchange.
 """
 
 import dataclasses
@@ -58,16 +57,6 @@ def graph_us(call) -> tuple[float, float]:
 
 
 def main() -> None:
-    if "--signal-scope" in sys.argv:
-        import triton.language as tl
-
-        from loom.kernels import gemv
-        gemv._AR_SIGNAL_SCOPE = tl.constexpr(sys.argv[sys.argv.index("--signal-scope") + 1])
-    if "--parts" in sys.argv:
-        import triton.language as tl
-
-        from loom.kernels import gemv
-        gemv._AR_PARTS = tl.constexpr(int(sys.argv[sys.argv.index("--parts") + 1]))
     dev, dtype = torch.device("cuda"), torch.bfloat16
     ceil = measure_ceilings(dev)
     results = {}
@@ -113,8 +102,6 @@ def main() -> None:
         y_ref, _ = add_rms_norm_gemv((x.float() + x_peer.float()).to(dtype), res, nw, EPS,
                                      ws[0], config=cfg)
         entry["matches_reference"] = bool(torch.equal(y_ar, y_ref))
-        if "--parts" in sys.argv:
-            flags[0].zero_()  # with the exchange off, no call takes the pushes back
         entry["all_reduce_net_us"] = entry["all_reduce"][0] - entry["push_only"][0]
         entry["rank0_flags_left"] = flags[0].tolist()  # each push consumed: all 0
         results[name] = entry

@@ -13,7 +13,7 @@ echo "tests rc $?"; tail -3 $R/tests.log; grep -E "FAILED|^E " $R/tests.log | he
 timeout 150 python3 benchmarks/gpu/ar_gemv_probe.py $R/ar-gemv.json > $R/ar-gemv.log 2>&1
 echo "probe rc $?"; quiet < $R/ar-gemv.log | cut -c1-300 | tail -8; stamp probe
 # PROBES: ';'-separated "name args..." (a name "prefetchN" sets LOOM_PDL_PREFETCH_MB=N)
-IFS=';' read -ra VARIANTS <<< "${PROBES:-exchange-only --parts 1;sum-only --parts 2}"
+IFS=';' read -ra VARIANTS <<< "${PROBES:-prefetch4}"
 for v in "${VARIANTS[@]}"; do
   set -- $v; name=$1; shift
   [ "$name" = "${name#prefetch}" ] && mb=0 || mb=${name#prefetch}

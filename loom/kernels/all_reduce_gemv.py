@@ -47,6 +47,7 @@ class GemvExchange:
         self.rank, self.world = rank, world
         self.data_ptrs, self.flag_ptrs = data_ptrs, flag_ptrs
         self.dtype, self.width, self.sites = dtype, width, sites
+        self._area0 = int(data_ptrs[rank].item())  # this rank's buffer (set before capture)
         self.local = torch.zeros(1 + sites, dtype=torch.int32, device=data_ptrs.device)
         """This GPU's words: [0] counts a call's programs past their wait, [1 + site] is
         the site's `go` (the peers' rows have landed)."""
@@ -81,8 +82,10 @@ class GemvExchange:
         return exchange
 
     def fits(self, x: torch.Tensor) -> bool:
+        """Rows the kernel takes: [1..MAX_M, <= width] of the exchange's dtype, contiguous
+        and 16-byte aligned (the kernel addresses the slots from x)."""
         return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.shape[1] <= self.width
-                and x.dtype == self.dtype)
+                and x.dtype == self.dtype and x.is_contiguous() and x.data_ptr() % 16 == 0)
 
     def site(self, weight: torch.Tensor) -> int | None:
         """The site of the call that reads `weight` (the first call takes the next free
@@ -101,13 +104,18 @@ class GemvExchange:
     def check(self, x: torch.Tensor, site: int) -> None:
         if not self.fits(x):
             raise ValueError(f"GEMV all-reduce: x must be [1..{MAX_M}, <= {self.width}] "
-                             f"{self.dtype}, got {tuple(x.shape)} {x.dtype}")
+                             f"{self.dtype}, contiguous and 16-byte aligned, got "
+                             f"{tuple(x.shape)} {x.dtype} at {x.data_ptr():#x}")
         if not 0 <= site < self.sites:
             raise ValueError(f"GEMV all-reduce: site {site} out of range 0..{self.sites - 1}")
 
-    def kernel_args(self, site: int) -> dict:
-        """The GEMV kernel's all-reduce arguments for a call at `site`."""
+    def kernel_args(self, site: int, x: torch.Tensor) -> dict:
+        """The GEMV kernel's all-reduce arguments for a call at `site` reading x."""
         slot = MAX_M * self.width
+        area = self._area0 + site * self.world * slot * self.dtype.itemsize
+        delta, rest = divmod(area - x.data_ptr(), x.element_size())
+        assert rest == 0 and (area - x.data_ptr()) % 16 == 0, "slots and x 16-byte aligned"
         return dict(ar_rank=self.rank, ar_data_ptrs=self.data_ptrs,
-                    ar_flag_ptrs=self.flag_ptrs, ar_local_ptr=self.local, ar_site=site, AR_WORLD=self.world,
+                    ar_flag_ptrs=self.flag_ptrs, ar_local_ptr=self.local, ar_site=site,
+                    ar_area_delta=delta, AR_WORLD=self.world,
                     AR_SLOT=slot, AR_SITE_STRIDE=self.world * slot)

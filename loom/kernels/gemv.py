@@ -79,53 +79,58 @@ def _add_norm_input(x, res, nw_ptr, cols, ok, elem: tl.constexpr):
     return h, h * tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
 
 
-_AR_SIGNAL_SCOPE = tl.constexpr("sys")
-"""The peers' signals' scope. "gpu" only in benchmarks/gpu/ar_gemv_probe.py's
---signal-scope, which times the system-scope fences' share on one GPU (across GPUs the
-signal needs "sys")."""
-
-_AR_PARTS = tl.constexpr(3)
-"""Which parts of the all-reduce run (a bit mask, 3 = both; ar_gemv_probe's --parts times
-each alone on one GPU): 1 the exchange (push, signals, waits), 2 the peers' rows summed
-into the input."""
-
 _AR_MAX_SPIN = tl.constexpr(1 << 26)
 """Polls before a program stops waiting for its peers (tens of seconds): a peer that never
 arrives has died, and the engine's worker monitor reports it."""
 
 
 @triton.jit
-def _ar_push_and_wait(x_ptr, data_ptrs, flag_ptrs, own_flag, go, rank, site, pusher,
-                      NUMEL: tl.constexpr, WORLD: tl.constexpr, SLOT: tl.constexpr,
-                      SITE_STRIDE: tl.constexpr):
-    """The all-reduce's exchange, pushed (kernels/all_reduce_gemv.py has the layout). One
-    program (`pusher`) stores this rank's partial rows x (NUMEL contiguous values) into
-    slot `rank` of the call site's area in every rank's buffer (its own too, so that the
-    sum reads every rank's rows alike) and adds 1 to each peer's
-    flag for the site (release, system scope: the stores land first); then it waits for
-    WORLD - 1 signals on its own flag (acquire, system scope), takes them back, and opens
-    `go`, a word of this GPU (release, GPU scope). Every program waits for `go` (acquire,
-    GPU scope), a chain that orders its reads after the peers' stores. One system-scope
-    acquire a call, where one in every program cost the GEMV ~12-15 us at a TP=2 rank's
-    qkv and gate_up on an H200 (run_zzz36: 384 and 896 programs). With PREFETCH_BYTES the
-    first chunks of each program's weight are on their way to L2 meanwhile."""
+def _ar_exchange(x_ptr, area, data_ptrs, flag_ptrs, own_flag, go, rank, site, pusher,
+                 NUMEL: tl.constexpr, WORLD: tl.constexpr, SLOT: tl.constexpr,
+                 SITE_STRIDE: tl.constexpr):
+    """The all-reduce, in one program (`pusher`; kernels/all_reduce_gemv.py has the
+    layout); the others wait for its result. It stores this rank's partial rows x (NUMEL
+    contiguous values) into slot `rank` of the site's area in every peer's buffer and adds
+    1 to each peer's flag for the site (release, system scope: the stores land first),
+    waits for WORLD - 1 signals on its own flag (acquire, system scope) and takes them
+    back, sums every rank's rows in rank order in float32 (every rank gets the same bits),
+    rounds the sum to x's dtype as the all-reduce's output would be, and stores it in slot
+    `rank` of its own area, which the GEMV then reads in place of x. Then it opens `go`, a
+    word of this GPU (release, GPU scope), on which every program waits (acquire, GPU
+    scope). The GEMV's loop is the add + norm GEMV's: summing the slots in the loop of
+    every program cost the qkv ~8-12 us, one system-scope wait in every program no more
+    than this (run_zzz36). With PREFETCH_BYTES the first chunks of each program's weight
+    are on their way to L2 meanwhile."""
     if pusher:
         CHUNK: tl.constexpr = 2048
         offs = tl.arange(0, CHUNK)
+        elem = x_ptr.dtype.element_ty
         for start in tl.static_range(0, NUMEL, CHUNK):
             ok = start + offs < NUMEL
             rows = tl.load(x_ptr + start + offs, mask=ok, other=0.0)
             for p in tl.static_range(WORLD):
-                dst = tl.load(data_ptrs + p).to(tl.pointer_type(x_ptr.dtype.element_ty)) \
-                    + site * SITE_STRIDE + rank * SLOT
-                tl.store(dst + start + offs, rows, mask=ok)
+                if p != rank:
+                    dst = tl.load(data_ptrs + p).to(tl.pointer_type(elem)) \
+                        + site * SITE_STRIDE + rank * SLOT
+                    tl.store(dst + start + offs, rows, mask=ok)
         tl.debug_barrier()
         for p in tl.static_range(WORLD):
             if p != rank:
                 peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32)) + site
-                tl.atomic_add(peer, 1, sem="release", scope=_AR_SIGNAL_SCOPE)
-        _spin_until(own_flag, WORLD - 1, _AR_SIGNAL_SCOPE)
-        tl.atomic_add(own_flag, 1 - WORLD, sem="relaxed", scope=_AR_SIGNAL_SCOPE)
+                tl.atomic_add(peer, 1, sem="release", scope="sys")
+        _spin_until(own_flag, WORLD - 1, "sys")
+        tl.atomic_add(own_flag, 1 - WORLD, sem="relaxed", scope="sys")
+        for start in tl.static_range(0, NUMEL, CHUNK):
+            ok = start + offs < NUMEL
+            total = tl.zeros([CHUNK], dtype=tl.float32)
+            for p in tl.static_range(WORLD):
+                if p == rank:
+                    rows = tl.load(x_ptr + start + offs, mask=ok, other=0.0)
+                else:
+                    rows = tl.load(area + p * SLOT + start + offs, mask=ok, other=0.0)
+                total += rows.to(tl.float32)
+            tl.store(area + rank * SLOT + start + offs, total.to(elem), mask=ok)
+        tl.debug_barrier()
         tl.atomic_add(go, 1, sem="release", scope="gpu")
     _spin_until(go, 1, "gpu")
 
@@ -142,27 +147,7 @@ def _spin_until(flag, target, SCOPE: tl.constexpr):
         spins += 1
 
 
-@triton.jit
-def _ar_sum(area_ptr, offs, mask, WORLD: tl.constexpr, SLOT: tl.constexpr, elem: tl.constexpr,
-            MASKED: tl.constexpr = True):
-    """The all-reduced values at offs: every rank's partial from its slot of the call
-    site's area in this rank's buffer (this rank's own included), summed in rank order in
-    float32 (every rank gets the same bits) and rounded to elem, as the all-reduce's
-    output would be. No branch on the rank: a runtime branch here cost the qkv GEMV ~12 us
-    (run_zzz36)."""
-    total = tl.zeros(offs.shape, dtype=tl.float32)
-    for p in tl.static_range(WORLD):
-        src = tl.multiple_of(area_ptr + p * SLOT, 16)  # slots start 16-byte aligned
-        # .cg: from L2, where the stores landed, never a line from an earlier call
-        if MASKED:
-            v = tl.load(src + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        else:
-            v = tl.load(src + offs, cache_modifier=".cg")
-        total += v.to(tl.float32)
-    return total.to(elem)
-
-
-@triton.jit(do_not_specialize=["ar_rank", "ar_site"])  # one binary for every rank and site
+@triton.jit(do_not_specialize=["ar_rank", "ar_site", "ar_area_delta"])  # one binary for all
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -171,6 +156,7 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
     ADD_NORM: tl.constexpr = False,
     ar_rank=0, ar_data_ptrs=None, ar_flag_ptrs=None, ar_local_ptr=None, ar_site=0,
+    ar_area_delta=0,
     AR_WORLD: tl.constexpr = 1, AR_SLOT: tl.constexpr = 0, AR_SITE_STRIDE: tl.constexpr = 0,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
@@ -213,12 +199,13 @@ def _gemv_kernel(
     if AR_WORLD > 1:
         tl.static_assert(ADD_NORM, "the all-reduce goes with the add + norm")
         ar_flag = tl.load(ar_flag_ptrs + ar_rank).to(tl.pointer_type(tl.int32)) + ar_site
-        ar_area = tl.load(ar_data_ptrs + ar_rank).to(tl.pointer_type(elem)) \
-            + ar_site * AR_SITE_STRIDE
         ar_go = ar_local_ptr + 1 + ar_site  # [0]: the arrival counter
-        if _AR_PARTS & 1:
-            _ar_push_and_wait(x_ptr, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_go, ar_rank,
-                              ar_site, pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
+        # The site's area in this rank's buffer, as x plus a whole number of 16-byte units,
+        # so that the loop reads the all-reduced rows (slot `rank`) with x's alignment.
+        ar_area = x_ptr + tl.multiple_of(ar_area_delta, 128 // elem.primitive_bitwidth)
+        _ar_exchange(x_ptr, ar_area, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_go, ar_rank,
+                     ar_site, pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
+        x_ptr = ar_area + tl.multiple_of(ar_rank * AR_SLOT, 128 // elem.primitive_bitwidth)
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -231,11 +218,7 @@ def _gemv_kernel(
         if USE_DOT:
             x_ptrs = x_ptr + mcols[:, None] * X_STRIDE + ks[None, :]
             x_ok = (mcols < M)[:, None] & k_ok[None, :]
-            if AR_WORLD > 1 and (_AR_PARTS & 2):
-                xt = _ar_sum(ar_area, mcols[:, None] * K + ks[None, :], x_ok, AR_WORLD,
-                             AR_SLOT, elem)
-            else:
-                xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
+            xt = tl.load(x_ptrs, mask=x_ok, other=0.0)
             if SILU_MUL:
                 up = tl.load(x_ptrs + K, mask=x_ok, other=0.0)
                 xt = silu_mul_values(xt, up, elem)
@@ -250,10 +233,7 @@ def _gemv_kernel(
         else:
             wf = w.to(tl.float32)
             for m in tl.static_range(M):
-                if AR_WORLD > 1 and (_AR_PARTS & 2):
-                    xm = _ar_sum(ar_area, m * K + ks, k_ok, AR_WORLD, AR_SLOT, elem,
-                                 not EVEN_K)
-                elif EVEN_K:
+                if EVEN_K:
                     xm = tl.load(x_ptr + m * X_STRIDE + ks)
                 else:
                     xm = tl.load(x_ptr + m * X_STRIDE + ks, mask=k_ok, other=0.0)
@@ -453,7 +433,7 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
     ar = None
     if exchange is not None:
         exchange.check(x, site)
-        ar = exchange.kernel_args(site)
+        ar = exchange.kernel_args(site, x)
     residual_out = torch.empty_like(x)
     y = _launch(x, weight, cfg, compile_only,
                 norm=(residual, norm_weight, residual_out, float(eps)), ar=ar)

@@ -220,7 +220,7 @@ for cons, warps, stages in [
     cons.update(PDL=False, SPLIT_K=1, SPLIT_MODE=0, SILU_MUL=False, ADD_NORM=True, EVEN_N=True,
                 DOT_PRECISION="tf32", NUM_STAGES=stages, AR_WORLD=2, AR_SLOT=8 * 4096,
                 AR_SITE_STRIDE=2 * 8 * 4096)
-    sig = dict(pointers, eps="fp32", N="i32", ar_rank="i32", ar_site="i32",
+    sig = dict(pointers, eps="fp32", N="i32", ar_rank="i32", ar_site="i32", ar_area_delta="i64",
                **{k: "constexpr" for k in cons})
     src = ASTSource(fn=_gemv_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in cons.items()},
