@@ -142,16 +142,6 @@ def all_reduce_norm_push() -> bool:
     return os.environ.get("LOOM_AR_NORM_PUSH", "0") == "1"
 
 
-def gemv_all_reduce() -> bool:
-    """LOOM_GEMV_ALL_REDUCE=1: at TP > 1, a decode step's all-reduce + residual add +
-    RMSNorm goes into the qkv / gate_up GEMV that reads it (`kernels/all_reduce_gemv.py`):
-    one kernel where two ran, twice a layer, wherever the gemv_norm table has the rank's
-    shape. An experiment for issue 4's TP=2 decode, off until measured on 2 GPUs
-    (built in session 25 with one GPU lent: its protocol checked on the CPU and on two
-    streams of one GPU)."""
-    return _flag("LOOM_GEMV_ALL_REDUCE")
-
-
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL

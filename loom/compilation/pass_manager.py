@@ -109,9 +109,8 @@ class PassManager(CustomGraphPass):
         if envs.decode_gemv():
             import loom.kernels.gemv_decode  # noqa: F401  (registers torch.ops.loom.decode_linear)
             from loom.compilation.passes.decode_gemv import DecodeGemvPass
-            passes.append(DecodeGemvPass(
-                fuse_norm=self.tp_size == 1 and envs.decode_norm_gemv(),
-                fuse_all_reduce=self._fusion is not None and envs.gemv_all_reduce()))
+            passes.append(DecodeGemvPass(fuse_norm=self.tp_size == 1
+                                         and envs.decode_norm_gemv()))
         passes.append(NormDecompositionPass())
         return passes
 

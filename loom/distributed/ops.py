@@ -17,21 +17,15 @@ _SYMM_BUFFERS: dict[str, torch.Tensor] = {}
 """group name -> a flat symmetric-memory buffer for one-shot all-reduces (CUDA, TP > 1)."""
 _NORM_BUFFERS: dict = {}
 """group name -> the `SymmetricNormBuffer` of `all_reduce_add_rms_norm` (CUDA, TP > 1)."""
-_GEMV_EXCHANGES: dict = {}
-"""group name -> the `GemvExchange` of the decode GEMV that all-reduces its own input
-(CUDA, TP > 1, LOOM_GEMV_ALL_REDUCE=1)."""
 FUSED_NORM_MAX_ROWS = 64
 """Batches up to this many tokens take the one-kernel all-reduce + add + RMSNorm."""
 
 
-def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.device,
-                          width: int = 0, sites: int = 0) -> bool:
+def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.device) -> bool:
     """Allocate and rendezvous the group's symmetric buffer (every rank together, before
     any CUDA graph is captured). Small all-reduces then take one kernel that reads every
     peer's buffer over NVLink (P2P, no multicast) instead of NCCL, whose ~13 us latency
-    per call dominates a decode step. With LOOM_GEMV_ALL_REDUCE=1, also the exchange of
-    `sites` call sites of rows up to `width` wide through which decode GEMVs all-reduce
-    their own input. Returns False where it cannot apply."""
+    per call dominates a decode step. Returns False where it cannot apply."""
     from loom import envs
     group = get_group(group_name)
     max_bytes = envs.symm_all_reduce_max_bytes()
@@ -45,22 +39,12 @@ def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.dev
     _SYMM_BUFFERS[group_name] = buf
     from loom.kernels.all_reduce_norm import SymmetricNormBuffer
     _NORM_BUFFERS[group_name] = SymmetricNormBuffer(group.c10d_name, device, group.group)
-    if envs.gemv_all_reduce() and width > 0 and sites > 0:
-        from loom.kernels.all_reduce_gemv import GemvExchange
-        _GEMV_EXCHANGES[group_name] = GemvExchange.symmetric(
-            group.c10d_name, device, group.group, dtype, width, sites)
     return True
-
-
-def gemv_exchange(group_name: str):
-    """The group's `GemvExchange`, or None where decode GEMVs do not all-reduce."""
-    return _GEMV_EXCHANGES.get(group_name)
 
 
 def release_small_all_reduce() -> None:
     _SYMM_BUFFERS.clear()
     _NORM_BUFFERS.clear()
-    _GEMV_EXCHANGES.clear()
 
 
 @loom_op("all_reduce", "(Tensor x, str group_name) -> Tensor")

@@ -79,75 +79,7 @@ def _add_norm_input(x, res, nw_ptr, cols, ok, elem: tl.constexpr):
     return h, h * tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
 
 
-_AR_MAX_SPIN = tl.constexpr(1 << 26)
-"""Polls before a program stops waiting for its peers (tens of seconds): a peer that never
-arrives has died, and the engine's worker monitor reports it."""
-
-
 @triton.jit
-def _ar_exchange(x_ptr, area, data_ptrs, flag_ptrs, own_flag, go, rank, site, pusher,
-                 NUMEL: tl.constexpr, WORLD: tl.constexpr, SLOT: tl.constexpr,
-                 SITE_STRIDE: tl.constexpr):
-    """The all-reduce, in one program (`pusher`; kernels/all_reduce_gemv.py has the
-    layout); the others wait for its result. It stores this rank's partial rows x (NUMEL
-    contiguous values) into slot `rank` of the site's area in every peer's buffer and adds
-    1 to each peer's flag for the site (release, system scope: the stores land first),
-    waits for WORLD - 1 signals on its own flag (acquire, system scope) and takes them
-    back, sums every rank's rows in rank order in float32 (every rank gets the same bits),
-    rounds the sum to x's dtype as the all-reduce's output would be, and stores it in slot
-    `rank` of its own area, which the GEMV then reads in place of x. Then it opens `go`, a
-    word of this GPU (release, GPU scope), on which every program waits (acquire, GPU
-    scope). The GEMV's loop is the add + norm GEMV's: summing the slots in the loop of
-    every program cost the qkv ~8-12 us, one system-scope wait in every program no more
-    than this (run_zzz36). With PREFETCH_BYTES the first chunks of each program's weight
-    are on their way to L2 meanwhile."""
-    if pusher:
-        CHUNK: tl.constexpr = 2048
-        offs = tl.arange(0, CHUNK)
-        elem = x_ptr.dtype.element_ty
-        for start in tl.static_range(0, NUMEL, CHUNK):
-            ok = start + offs < NUMEL
-            rows = tl.load(x_ptr + start + offs, mask=ok, other=0.0)
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    dst = tl.load(data_ptrs + p).to(tl.pointer_type(elem)) \
-                        + site * SITE_STRIDE + rank * SLOT
-                    tl.store(dst + start + offs, rows, mask=ok)
-        tl.debug_barrier()
-        for p in tl.static_range(WORLD):
-            if p != rank:
-                peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32)) + site
-                tl.atomic_add(peer, 1, sem="release", scope="sys")
-        _spin_until(own_flag, WORLD - 1, "sys")
-        tl.atomic_add(own_flag, 1 - WORLD, sem="relaxed", scope="sys")
-        for start in tl.static_range(0, NUMEL, CHUNK):
-            ok = start + offs < NUMEL
-            total = tl.zeros([CHUNK], dtype=tl.float32)
-            for p in tl.static_range(WORLD):
-                if p == rank:
-                    rows = tl.load(x_ptr + start + offs, mask=ok, other=0.0)
-                else:
-                    rows = tl.load(area + p * SLOT + start + offs, mask=ok, other=0.0)
-                total += rows.to(tl.float32)
-            tl.store(area + rank * SLOT + start + offs, total.to(elem), mask=ok)
-        tl.debug_barrier()
-        tl.atomic_add(go, 1, sem="release", scope="gpu")
-    _spin_until(go, 1, "gpu")
-
-
-@triton.jit
-def _spin_until(flag, target, SCOPE: tl.constexpr):
-    """Poll `flag` until it reaches `target`, with acquire semantics at SCOPE. Adding 0
-    with acquire compiles to an acquire load (ld.acquire), not an atomic: many programs
-    polling one word do not queue at the L2's atomic unit."""
-    seen = tl.atomic_add(flag, 0, sem="acquire", scope=SCOPE)
-    spins = 0
-    while (seen < target) & (spins < _AR_MAX_SPIN):
-        seen = tl.atomic_add(flag, 0, sem="acquire", scope=SCOPE)
-        spins += 1
-
-
-@triton.jit(do_not_specialize=["ar_rank", "ar_site", "ar_area_delta"])  # one binary for all
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -155,21 +87,15 @@ def _gemv_kernel(
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
     ADD_NORM: tl.constexpr = False,
-    ar_rank=0, ar_data_ptrs=None, ar_flag_ptrs=None, ar_local_ptr=None, ar_site=0,
-    ar_area_delta=0,
-    AR_WORLD: tl.constexpr = 1, AR_SLOT: tl.constexpr = 0, AR_SITE_STRIDE: tl.constexpr = 0,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
     # ADD_NORM (SPLIT_K 1): the input is RMSNorm(x + residual) * norm weight. Each
     # program reads whole rows of x and residual, so it sums h = x + residual's squares as
     # it goes and scales its sums by the rows' 1 / RMS at the end (no pass over the rows
     # before the weight streams); programs of the first row block write h to res_out.
-    # AR_WORLD > 1 (with ADD_NORM): x is this rank's partial sum of a row-parallel layer,
-    # and the input is RMSNorm(all-reduce(x) + residual): see `_ar_push_and_wait`.
     # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
     # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
-    # into L2 before waiting for the previous kernel (or the peers); x and everything else
-    # after.
+    # into L2 before waiting for the previous kernel; x and everything else after.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # Rows padded to a power of two; a dot's operand to 16.
@@ -188,24 +114,14 @@ def _gemv_kernel(
         rows_ld = tl.minimum(rows, N - 1)
     mcols = tl.arange(0, M_PAD)
     k0 = pid_k * K_SPLIT
-    if PREFETCH_BYTES > 0:
-        pdl.prefetch_l2(w_ptr + rows_ld.to(tl.int64) * K + k0,
-                        tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
     if PDL:
+        if PREFETCH_BYTES > 0:
+            pdl.prefetch_l2(w_ptr + rows_ld.to(tl.int64) * K + k0,
+                            tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
         pdl.wait_then_release()
     if ADD_NORM:
         tl.static_assert(SPLIT_K == 1, "ADD_NORM needs each program's rows whole")
         squares = tl.zeros([M_PAD], dtype=tl.float32)
-    if AR_WORLD > 1:
-        tl.static_assert(ADD_NORM, "the all-reduce goes with the add + norm")
-        ar_flag = tl.load(ar_flag_ptrs + ar_rank).to(tl.pointer_type(tl.int32)) + ar_site
-        ar_go = ar_local_ptr + 1 + ar_site  # [0]: the arrival counter
-        # The site's area in this rank's buffer, as x plus a whole number of 16-byte units,
-        # so that the loop reads the all-reduced rows (slot `rank`) with x's alignment.
-        ar_area = x_ptr + tl.multiple_of(ar_area_delta, 128 // elem.primitive_bitwidth)
-        _ar_exchange(x_ptr, ar_area, ar_data_ptrs, ar_flag_ptrs, ar_flag, ar_go, ar_rank,
-                     ar_site, pid_n == 0, M * K, AR_WORLD, AR_SLOT, AR_SITE_STRIDE)
-        x_ptr = ar_area + tl.multiple_of(ar_rank * AR_SLOT, 128 // elem.primitive_bitwidth)
     w_ptrs = w_ptr + rows_ld.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
     for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
@@ -254,11 +170,6 @@ def _gemv_kernel(
         w_ptrs += BLOCK_K
     if ADD_NORM:
         acc *= tl.math.rsqrt(squares / K + eps)[None, :]
-    if AR_WORLD > 1:  # every program is past its wait: the last one closes `go` again
-        arrived = tl.atomic_add(ar_local_ptr, 1, sem="relaxed")
-        if arrived == tl.num_programs(0) - 1:
-            tl.store(ar_go, 0)
-            tl.store(ar_local_ptr, 0)
 
     out = mcols[None, :] * N + rows[:, None]
     out_ok = (rows < N)[:, None] & (mcols < M)[None, :]
@@ -395,8 +306,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
 
 def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                       eps: float, weight: torch.Tensor, *,
-                      config: GemvConfig | dict | None = None, compile_only: bool = False,
-                      exchange=None, site: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                      config: GemvConfig | dict | None = None,
+                      compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and
     RMSNorm (`loom.layers.norm.fused_add_rms_norm`) applied by the GEMV as it reads its
     input, so that no norm kernel runs before it. x and residual [M, K] alike; norm_weight
@@ -408,13 +319,7 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
     end, where the reference rounds the normalised row to the dtype before the product: in
     float32 the two agree to float32 rounding, in 16-bit dtypes to about one rounding of
     the dtype. (A pass over the rows for their RMS before the weight streamed cost 1-13 us
-    a call on an H200: run_zzz24.)
-
-    exchange (a `kernels.all_reduce_gemv.GemvExchange`) and site: x is this rank's
-    partial sum of a row-parallel layer, and the kernel all-reduces it first through the
-    exchange's buffers at `site` (every rank calls with the same site), as
-    `fused_add_rms_norm(all_reduce(x), residual)` would: the all-reduce rounded to the
-    dtype, then the add. Every rank computes the same bits."""
+    a call on an H200: run_zzz24.)"""
     m, k, n = _check_inputs(x, weight, False)
     cfg = dataclasses.replace(default_config(m, n, k), split_k=1) if config is None \
         else _resolve_config(config, m, n, k)
@@ -430,22 +335,16 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
             or norm_weight.device != x.device:
         raise ValueError(f"add_rms_norm_gemv: norm_weight must be a contiguous [{k}] tensor "
                          f"on {x.device}, got {tuple(norm_weight.shape)}")
-    ar = None
-    if exchange is not None:
-        exchange.check(x, site)
-        ar = exchange.kernel_args(site, x)
     residual_out = torch.empty_like(x)
     y = _launch(x, weight, cfg, compile_only,
-                norm=(residual, norm_weight, residual_out, float(eps)), ar=ar)
+                norm=(residual, norm_weight, residual_out, float(eps)))
     return y, residual_out
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only: bool,
-            silu_mul_input: bool = False, norm: tuple | None = None,
-            ar: dict | None = None) -> torch.Tensor:
+            silu_mul_input: bool = False, norm: tuple | None = None) -> torch.Tensor:
     """The GEMV's kernels for checked arguments; norm: (residual, norm_weight,
-    residual_out, eps) of add_rms_norm_gemv; ar: the kernel's all-reduce arguments
-    (`GemvExchange.kernel_args`)."""
+    residual_out, eps) of add_rms_norm_gemv."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -464,8 +363,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
     residual, norm_weight, residual_out, eps = norm or (y, y, y, 0.0)
     use_pdl = pdl.enabled(x.device)
     ahead = 0
-    if (use_pdl or (ar is not None and pdl.can_prefetch(x.device))) \
-            and weight.data_ptr() % 16 == 0:
+    if use_pdl and weight.data_ptr() % 16 == 0:
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
     launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
@@ -474,7 +372,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         NUM_STAGES=cfg.num_stages, PDL=use_pdl, PREFETCH_BYTES=ahead,
-        ADD_NORM=norm is not None, **(ar or {}),
+        ADD_NORM=norm is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024

@@ -162,35 +162,3 @@ def decode_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor,
 @decode_add_rms_norm_linear.register_fake
 def _(x, residual, norm_weight, eps, weight):
     return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape)
-
-
-@loom_op("decode_all_reduce_add_rms_norm_linear",
-         "(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, "
-         "str group_name) -> (Tensor, Tensor)")
-def decode_all_reduce_add_rms_norm_linear(
-        x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-        weight: torch.Tensor, group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """`decode_add_rms_norm_linear` of all_reduce(x): x is this rank's partial sum of a
-    row-parallel layer (TP decode). Where the group has a GEMV exchange
-    (LOOM_GEMV_ALL_REDUCE=1), `norm_config` a config for the shape and row count, and a
-    site is free, one kernel all-reduces x and applies the add, the norm and the product
-    (`kernels/all_reduce_gemv.py`). Otherwise `all_reduce_add_rms_norm`'s kernel, then
-    `linear`. Every rank decides alike: the same shapes, tables and call order."""
-    from loom.distributed.ops import all_reduce_add_rms_norm, gemv_exchange
-    exchange = gemv_exchange(group_name)
-    m, (n, k) = x.shape[0], weight.shape
-    if exchange is not None and exchange.fits(x) and x.dtype == weight.dtype \
-            == residual.dtype == norm_weight.dtype and weight.is_contiguous() \
-            and norm_weight.is_contiguous():
-        cfg = norm_config(m, n, k, x.dtype, x.device)
-        site = exchange.site(weight) if cfg is not None else None
-        if site is not None:
-            return add_rms_norm_gemv(x.contiguous(), residual.contiguous(), norm_weight, eps,
-                                     weight, config=cfg, exchange=exchange, site=site)
-    normed, residual_out = all_reduce_add_rms_norm(x, residual, norm_weight, eps, group_name)
-    return linear(normed, weight), residual_out.contiguous()
-
-
-@decode_all_reduce_add_rms_norm_linear.register_fake
-def _(x, residual, norm_weight, eps, weight, group_name):
-    return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape)

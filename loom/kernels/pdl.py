@@ -42,13 +42,7 @@ from loom import envs
 def enabled(device: torch.device) -> bool:
     """Whether kernels launched on `device` use PDL: CUDA, compute capability 9.0 or later,
     not the interpreter, and LOOM_PDL not 0."""
-    return envs.pdl() and can_prefetch(device)
-
-
-def can_prefetch(device: torch.device) -> bool:
-    """Whether `prefetch_l2` compiles for kernels on `device`: CUDA, compute capability 9.0
-    or later, not the interpreter."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or not envs.pdl() or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return _hopper_or_later(device.index if device.index is not None
                             else torch.cuda.current_device())

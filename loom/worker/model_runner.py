@@ -150,9 +150,7 @@ class ModelRunner:
         if cfg.compilation.pass_config.enable_async_tp and self.device.type == "cuda" \
                 and tp_size > 1 and not cfg.enforce_eager:
             enable_symmetric_memory("tp")
-        # Sites of the decode GEMV's all-reduce: two a layer (after o_proj and down).
-        if init_small_all_reduce("tp", self.dtype, self.device, self.arch.hidden_size,
-                                 2 * self.arch.num_layers):
+        if init_small_all_reduce("tp", self.dtype, self.device):
             logger.info("all-reduces up to %d bytes: one-shot over symmetric memory; larger: NCCL",
                         envs.symm_all_reduce_max_bytes())
         # Before compiling: the traced graph keeps or leaves out the rotary kernels for good.

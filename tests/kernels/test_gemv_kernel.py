@@ -318,8 +318,7 @@ for cons, warps, stages in [
               SILU_MUL=False, ADD_NORM=True), 4, 3),
         (dict(M=4, K=4096, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, SPLIT_MODE=0, USE_DOT=True,
               SILU_MUL=False, ADD_NORM=True), 4, 4)]:
-    cons.update(EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=stages, PDL=False,
-                PREFETCH_BYTES=0, AR_WORLD=1, AR_SLOT=0, AR_SITE_STRIDE=0)
+    cons.update(EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=stages)
     sig = dict(pointers, eps="fp32", N="i32", **{k: "constexpr" for k in cons})
     src = ASTSource(fn=_gemv_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in cons.items()},

@@ -29,7 +29,6 @@ from loom.kernels.paged_decode import _decode_split_kernel
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
             "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "out_ptr": "*bf16",
             "res_out_ptr": "*bf16", "data_ptrs": "*i64", "flag_ptrs": "*i64",
-            "ar_data_ptrs": "*i64", "ar_flag_ptrs": "*i64", "ar_local_ptr": "*i32",
             "q_ptr": "*bf16", "cache_ptr": "*bf16", "part_m_ptr": "*fp32",
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
@@ -69,14 +68,12 @@ def build(fn, cons, warps=4, stages=2):
 
 gemv = dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
             SILU_MUL=False, EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=3, PDL=True,
-            ADD_NORM=False, AR_WORLD=1, AR_SLOT=0, AR_SITE_STRIDE=0)
+            ADD_NORM=False)
 build(_gemv_kernel, dict(gemv, PREFETCH_BYTES=1024), stages=3)
 build(_gemv_kernel, dict(gemv, SILU_MUL=True, SPLIT_MODE=0, SPLIT_K=1, PREFETCH_BYTES=0),
       stages=3)
 build(_gemv_kernel, dict(gemv, ADD_NORM=True, SPLIT_MODE=0, SPLIT_K=1, PREFETCH_BYTES=0),
       stages=3)
-build(_gemv_kernel, dict(gemv, ADD_NORM=True, SPLIT_MODE=0, SPLIT_K=1, PREFETCH_BYTES=1024,
-                         AR_WORLD=2, AR_SLOT=8 * 4096, AR_SITE_STRIDE=2 * 8 * 4096), stages=3)
 build(_split_k_reduce_kernel, dict(SPLIT_K=4, BLOCK=1024, PDL=True))
 for direct, rope in ((True, True), (False, False)):
     build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
@@ -94,7 +91,6 @@ def test_kernels_wait_first_and_gemv_prefetches_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     out = compile_for_sm90_offline(_OFFLINE_COMPILE).splitlines()
     assert out == ["ok _gemv_kernel prefetch", "ok _gemv_kernel -", "ok _gemv_kernel -",
-                   "ok _gemv_kernel prefetch",
                    "ok _split_k_reduce_kernel -",
                    "ok _decode_split_kernel -", "ok _decode_split_kernel -",
                    "ok _all_reduce_add_rms_norm_kernel -",

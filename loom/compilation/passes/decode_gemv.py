@@ -109,35 +109,27 @@ def _erase_unused(graph: fx.Graph, node: Any) -> None:
         pending.extend(inputs)
 
 
-_NORM = "loom.fused_add_rms_norm.default"
-_ALL_REDUCE_NORM = "loom.all_reduce_add_rms_norm.default"
-
-
-def _norm_source(node: Any, ops: tuple[str, ...]) -> fx.Node | None:
-    """The norm node (one of `ops`) whose normalised output node is, where that output has
-    no other user; else None."""
-    if not (ops and _is_getitem(node) and node.args[1] == 0 and len(node.users) == 1):
+def _norm_source(node: Any) -> fx.Node | None:
+    """The loom.fused_add_rms_norm node whose normalised output node is, where that output
+    has no other user; else None."""
+    if not (_is_getitem(node) and node.args[1] == 0 and len(node.users) == 1):
         return None
     norm = node.args[0]
-    return norm if any(is_op(norm, op) for op in ops) else None
+    return norm if is_op(norm, "loom.fused_add_rms_norm.default") else None
 
 
 class DecodeGemvPass:
     """fuse_norm: a residual add + RMSNorm whose only reader is the matmul goes into the
     GEMV too (`loom.decode_add_rms_norm_linear`); for TP=1, where no all-reduce fusion
-    has taken the norms (with TP they follow an all-reduce, whose own pass owns them).
-    fuse_all_reduce: with TP, the all-reduce + add + RMSNorm that pass made goes into the
-    GEMV (`loom.decode_all_reduce_add_rms_norm_linear`; LOOM_GEMV_ALL_REDUCE=1)."""
+    has taken the norms (with TP they follow an all-reduce, whose own pass owns them)."""
 
     name = "decode_gemv"
 
-    def __init__(self, fuse_norm: bool = False, fuse_all_reduce: bool = False) -> None:
+    def __init__(self, fuse_norm: bool = False) -> None:
         self.fuse_norm = fuse_norm
-        self.fuse_all_reduce = fuse_all_reduce
-        self._norm_ops = (_NORM,) * fuse_norm + (_ALL_REDUCE_NORM,) * fuse_all_reduce
 
     def cache_state(self) -> str:
-        return repr((self.fuse_norm, self.fuse_all_reduce))
+        return repr(self.fuse_norm)
 
     def __call__(self, graph: fx.Graph) -> int:
         from loom.kernels.gemv import MAX_M
@@ -152,7 +144,7 @@ class DecodeGemvPass:
             if w is None:
                 continue
             mode = mode or fake_mode(graph)
-            norm = _norm_source(x, self._norm_ops)
+            norm = _norm_source(x) if self.fuse_norm else None
             if norm is not None:
                 self._with_norm(graph, mode, node, norm, w)
                 with_norm += 1
@@ -185,14 +177,12 @@ class DecodeGemvPass:
 
     @staticmethod
     def _with_norm(graph: fx.Graph, mode, node: fx.Node, norm: fx.Node, w: fx.Node) -> None:
-        """norm's two outputs and the mm reading the first -> one decode_add_rms_norm_linear
-        (decode_all_reduce_add_rms_norm_linear after an all-reduce), placed where the norm
-        was (its residual output may have readers before the mm)."""
-        x, residual, norm_weight, eps, *group = norm.args
-        op = torch.ops.loom.decode_all_reduce_add_rms_norm_linear.default if group \
-            else torch.ops.loom.decode_add_rms_norm_linear.default
+        """norm's two outputs and the mm reading the first -> one decode_add_rms_norm_linear,
+        placed where the norm was (its residual output may have readers before the mm)."""
+        x, residual, norm_weight, eps = norm.args
         with graph.inserting_before(norm):
-            fused = emit(graph, mode, op, x, residual, norm_weight, eps, w, *group)
+            fused = emit(graph, mode, torch.ops.loom.decode_add_rms_norm_linear.default,
+                         x, residual, norm_weight, eps, w)
             y, residual_out = emit_getitems(graph, mode, fused, 2)
         node.replace_all_uses_with(y)
         graph.erase_node(node)
