@@ -142,6 +142,14 @@ def all_reduce_norm_push() -> bool:
     return os.environ.get("LOOM_AR_NORM_PUSH", "0") == "1"
 
 
+def all_reduce_norm_ll() -> bool:
+    """LOOM_AR_NORM_LL=1: the fused all-reduce + norm kernel hands rows over as 8-byte words
+    of two 16-bit values and the call's epoch (NCCL's "low latency" protocol,
+    `kernels/all_reduce_norm_ll.py`): no fences or counters between the ranks. An
+    experiment for TP decode, off until measured on 2 GPUs (session 25)."""
+    return _flag("LOOM_AR_NORM_LL")
+
+
 def symm_all_reduce_max_bytes() -> int:
     """LOOM_SYMM_ALL_REDUCE_MAX_BYTES: on CUDA with TP > 1, all-reduces up to this size go
     through a one-shot kernel over symmetric memory instead of NCCL (1 MiB; 0 = NCCL

@@ -33,6 +33,7 @@ import triton.language as tl
 from loom import envs
 from loom.distributed.ops import FUSED_NORM_MAX_ROWS
 from loom.kernels import pdl
+from loom.kernels.all_reduce_norm_ll import LowLatencyNormBuffer
 
 _MAX_SPIN = tl.constexpr(1 << 26)
 """Give up waiting after this many polls (tens of seconds): a peer that never arrives has
@@ -49,7 +50,7 @@ def _take_signal(flag):
     tl.atomic_add(flag, -1, sem="relaxed", scope="sys")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one binary for every rank (Triton would make rank 1's)
 def _all_reduce_add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, data_ptrs, flag_ptrs, rank, eps,
     stride_x, stride_r, stride_o, stride_ro,
@@ -167,8 +168,11 @@ class SymmetricNormBuffer:
         flag_words = 2 * world * self.MAX_ROWS
         self.push = envs.all_reduce_norm_push()
         data_bytes = self.BYTES * (world if self.push else 1)  # PUSH: a slot per source rank
-        self._storage = symm_mem.empty(data_bytes + 4 * flag_words, dtype=torch.uint8,
-                                       device=device)
+        ll_words = LowLatencyNormBuffer.words(world, self.MAX_ROWS, self.MAX_WIDTH) \
+            if envs.all_reduce_norm_ll() else 0
+        ll_at = data_bytes + 4 * flag_words
+        ll_at += -ll_at % 16
+        self._storage = symm_mem.empty(ll_at + 8 * ll_words, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(self._storage, c10d_name)
         self.rank, self.world = handle.rank, handle.world_size
         flags = self._storage[data_bytes:].view(torch.int32).view(2, self.world, self.MAX_ROWS)
@@ -178,6 +182,13 @@ class SymmetricNormBuffer:
         self.data_ptrs = torch.tensor(ptrs, dtype=torch.int64, device=device)
         self.flag_ptrs = torch.tensor([p + data_bytes for p in ptrs], dtype=torch.int64,
                                       device=device)
+        self.ll = None
+        if ll_words:
+            self._storage[ll_at:].zero_()  # epoch 0 in every word: never a call's
+            self.ll = LowLatencyNormBuffer(
+                self.rank, self.world,
+                torch.tensor([p + ll_at for p in ptrs], dtype=torch.int64, device=device),
+                self.MAX_ROWS, self.MAX_WIDTH)
         torch.cuda.synchronize(device)
         # No peer may signal into flags not yet initialised.
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -189,5 +200,10 @@ class SymmetricNormBuffer:
                 and x.numel() * x.element_size() <= self.BYTES)
 
     def all_reduce_add_rms_norm(self, x, residual, weight, eps):
+        if self.ll is not None:  # LOOM_AR_NORM_LL=1: 16-bit rows take the LL kernel
+            rows = (_rows(x), _rows(residual))
+            if self.ll.fits(*rows, weight):
+                out, res_out = self.ll.all_reduce_add_rms_norm(*rows, weight, eps)
+                return out.view(x.shape), res_out.view(x.shape)
         return _launch(x, residual, weight, eps, self.data_ptrs, self.flag_ptrs, self.rank,
                        self.world, self.MAX_ROWS, self.push, self.BYTES)

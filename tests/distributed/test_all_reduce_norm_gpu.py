@@ -2,7 +2,8 @@
 against NCCL's all-reduce followed by the eager reference norm: every row count the fused
 path takes and the fallback beyond it, float32 and bfloat16, many calls in a row (the
 flag counters), and replays of a captured CUDA graph; rows pulled from the peers' buffers
-(the default) or pushed into them (LOOM_AR_NORM_PUSH=1). Both ranks must agree bit for bit,
+(the default), pushed into them (LOOM_AR_NORM_PUSH=1) or handed over as words carrying
+their epoch (LOOM_AR_NORM_LL=1, 16-bit rows). Both ranks must agree bit for bit,
 since each computes the residual stream the next layer reads."""
 
 from __future__ import annotations
@@ -94,9 +95,11 @@ def _check(rank: int, port: int, out_dir: str) -> None:
         f.write("\n".join(failures))
 
 
-@pytest.mark.parametrize("push", ["0", "1"], ids=["pull", "push"])  # LOOM_AR_NORM_PUSH
-def test_fused_all_reduce_norm_matches_nccl_and_reference(push, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOOM_AR_NORM_PUSH", push)  # the spawned ranks inherit it
+@pytest.mark.parametrize("protocol", ["pull", "push", "ll"])
+def test_fused_all_reduce_norm_matches_nccl_and_reference(protocol, tmp_path, monkeypatch):
+    # The spawned ranks inherit these. With LL, float32 rows keep the pull kernel.
+    monkeypatch.setenv("LOOM_AR_NORM_PUSH", "1" if protocol == "push" else "0")
+    monkeypatch.setenv("LOOM_AR_NORM_LL", "1" if protocol == "ll" else "0")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
