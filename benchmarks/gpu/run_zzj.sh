@@ -4,7 +4,8 @@
 #    all-reduce + norm kernel, piecewise graphs at TP=2 (session 18's shared memory: run
 #    only at TP=1 so far);
 # 2. Llama-3.1-8B TP=2 decode (goal 2.6 ms/token; 2.915 in run_zg): default, LOOM_PDL=1,
-#    LOOM_AR_NORM_PUSH=1 with cuBLASLt (2.860 in run_zg), and LOOM_PDL=1 with 16 MiB of
+#    LOOM_AR_NORM_LL=1 (session 25: the all-reduce + norm with flags in the data; push +
+#    cuBLASLt, 2.860 in run_zg, dropped for time), and LOOM_PDL=1 with 16 MiB of
 #    weight prefetch (the window PDL's prefetch was built for: the next GEMV pulls its
 #    weights into L2 while the all-reduce waits on the peer), each printed beside the
 #    default. Qwen3-30B-A3B's TP=2 decode moved to run_zzk (session 23), for time.
@@ -20,7 +21,7 @@ D="--model llama-3.1-8b --load-format dummy --no-enable-prefix-caching --max-mod
 run() { name=$1; shift; env "$@" timeout 80 $LOOM bench latency $D --output-json $R/$name.json > $R/$name.log 2>&1; echo "$name: $(grep -E '^Decode' $R/$name.log | head -1)"; }
 run tp2-default LOOM_PDL=0
 run tp2-pdl LOOM_PDL=1
-run tp2-push-lt LOOM_AR_NORM_PUSH=1 TORCH_BLAS_PREFER_CUBLASLT=1
+run tp2-ll LOOM_PDL=0 LOOM_AR_NORM_LL=1
 run tp2-pdl-prefetch16 LOOM_PDL=1 LOOM_PDL_PREFETCH_MB=16
 stamp "8b tp2 decode"
 tar czf $OUT/zzj.tgz -C $R . ; stamp done
