@@ -76,6 +76,11 @@ def pair_us(calls, args):
         for _ in range(CALLS):
             calls[0](*args[0])
         main.wait_stream(streams[1])
+    return replay_us(graph)
+
+
+def replay_us(graph):
+    """(median, min) microseconds a call over REPLAYS replays of a graph of CALLS calls."""
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -97,16 +102,7 @@ def one_rank_us(x, res, w):
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             add_rms_norm(x, res, w, EPS)
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return statistics.median(times), min(times)
+    return replay_us(graph)
 
 
 def main() -> None:
