@@ -33,15 +33,17 @@ _MAX_SPIN = tl.constexpr(1 << 26)
 """Polls before a program gives up on its peer (tens of seconds): a peer that never
 arrives has died, and the engine's worker monitor reports it."""
 
+
 @triton.jit
 def _halves(d32):
-    """The two 16-bit values of 32-bit words (low half first in memory), as float32; the
-    values are bfloat16 (`BF16`) or float16."""
+    """The bits of the two 16-bit values in 32-bit words: the low half (the first value in
+    memory), then the high half, each in an int32."""
     return d32 & 0xFFFF, (d32 >> 16) & 0xFFFF
 
 
 @triton.jit
 def _to_f32(bits, BF16: tl.constexpr):
+    """16-bit values' bits (bfloat16 with BF16, else float16) as float32, exactly."""
     if BF16:
         return (bits << 16).to(tl.float32, bitcast=True)
     return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -57,6 +59,7 @@ def _to_bits(v, BF16: tl.constexpr):
 
 @triton.jit
 def _round(v, BF16: tl.constexpr):
+    """float32 values rounded to the 16-bit dtype and back."""
     return _to_f32(_to_bits(v, BF16), BF16)
 
 
