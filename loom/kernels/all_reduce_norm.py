@@ -175,7 +175,8 @@ class SymmetricNormBuffer:
         self._storage = symm_mem.empty(ll_at + 8 * ll_words, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(self._storage, c10d_name)
         self.rank, self.world = handle.rank, handle.world_size
-        flags = self._storage[data_bytes:].view(torch.int32).view(2, self.world, self.MAX_ROWS)
+        flags = self._storage[data_bytes:data_bytes + 4 * flag_words].view(torch.int32) \
+            .view(2, self.world, self.MAX_ROWS)
         flags[0].zero_()  # no row is ready
         flags[1].fill_(1)  # every peer has read every row (none was written)
         ptrs = [int(p) for p in handle.buffer_ptrs]

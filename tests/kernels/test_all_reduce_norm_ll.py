@@ -183,3 +183,39 @@ def test_compiles_for_sm90_offline_without_a_system_fence():
     polls with volatile loads and has no system-scope fence or release."""
     from tests.triton_interpreter import compile_for_sm90_offline
     assert compile_for_sm90_offline(_OFFLINE_COMPILE).strip() == "ok"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET, reason="symmetric memory needs CUDA")
+@pytest.mark.parametrize("ll", ["0", "1"])
+def test_the_symmetric_buffer_of_one_rank_takes_the_protocol_asked(ll, monkeypatch):
+    """`SymmetricNormBuffer` made over a one-rank group (its allocation's layout, with and
+    without the LL area after the flags): the LL kernel takes 16-bit rows where asked, and
+    both paths give loom's add + norm (no peer to add)."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    from loom.kernels.all_reduce_norm import SymmetricNormBuffer, add_rms_norm
+    monkeypatch.setenv("LOOM_AR_NORM_LL", ll)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        group = dist.group.WORLD
+        enable_symm_mem_for_group(group.group_name)
+        buf = SymmetricNormBuffer(group.group_name, torch.device("cuda"), group)
+        assert (buf.ll is not None) == (ll == "1")
+        for rows in (1, 3, 64):
+            x0, _, residual, weight = _case(rows, 4096, torch.bfloat16, seed=rows)
+            got = buf.all_reduce_add_rms_norm(x0, residual, weight, 1e-5)
+            want = add_rms_norm(x0, residual, weight, 1e-5)
+            assert torch.equal(got[1], want[1])
+            torch.testing.assert_close(got[0], want[0], rtol=2 ** -7, atol=1e-2)
+        if buf.ll is not None:
+            assert buf.ll.state.tolist() == [3, 0], "three LL calls"
+    finally:
+        dist.destroy_process_group()
