@@ -195,7 +195,6 @@ def test_the_symmetric_buffer_of_one_rank_takes_the_protocol_asked(ll, monkeypat
     import socket
 
     import torch.distributed as dist
-    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
     from loom.kernels.all_reduce_norm import SymmetricNormBuffer, add_rms_norm
     monkeypatch.setenv("LOOM_AR_NORM_LL", ll)
@@ -206,7 +205,6 @@ def test_the_symmetric_buffer_of_one_rank_takes_the_protocol_asked(ll, monkeypat
                             world_size=1)
     try:
         group = dist.group.WORLD
-        enable_symm_mem_for_group(group.group_name)
         buf = SymmetricNormBuffer(group.group_name, torch.device("cuda"), group)
         assert (buf.ll is not None) == (ll == "1")
         for rows in (1, 3, 64):
