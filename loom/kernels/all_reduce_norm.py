@@ -204,7 +204,7 @@ class SymmetricNormBuffer:
         if self.ll is not None:  # LOOM_AR_NORM_LL=1: 16-bit rows take the LL kernel
             rows = (_rows(x), _rows(residual))
             if self.ll.fits(*rows, weight):
-                out, res_out = self.ll.all_reduce_add_rms_norm(*rows, weight, eps)
+                out, res_out = self.ll.launch(*rows, weight, eps)
                 return out.view(x.shape), res_out.view(x.shape)
         return _launch(x, residual, weight, eps, self.data_ptrs, self.flag_ptrs, self.rank,
                        self.world, self.MAX_ROWS, self.push, self.BYTES)

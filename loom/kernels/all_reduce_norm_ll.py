@@ -60,7 +60,9 @@ def _to_bits(v, BF16: tl.constexpr):
 @triton.jit
 def _round(v, BF16: tl.constexpr):
     """float32 values rounded to the 16-bit dtype and back."""
-    return _to_f32(_to_bits(v, BF16), BF16)
+    if BF16:
+        return v.to(tl.bfloat16).to(tl.float32)
+    return v.to(tl.float16).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["rank"])  # one binary for every rank
@@ -165,6 +167,10 @@ class LowLatencyNormBuffer:
             raise ValueError(f"LL all-reduce + norm: unsupported rows {tuple(x.shape)} "
                              f"{x.dtype} (16-bit, even width <= {self.max_width}, "
                              f"<= {self.max_rows} rows, 4-byte aligned)")
+        return self.launch(x, residual, weight, eps)
+
+    def launch(self, x, residual, weight, eps):
+        """`all_reduce_add_rms_norm` for arguments `fits` has accepted."""
         rows, n = x.shape
         out = torch.empty_like(x)
         res_out = torch.empty_like(x)
