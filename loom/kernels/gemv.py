@@ -103,7 +103,7 @@ def _ll_push(vals, pid_n, N, ll_ptrs, state_ptr, rank, M: tl.constexpr, M_PAD: t
 @triton.jit
 def _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M: tl.constexpr, K: tl.constexpr,
                  WORLD: tl.constexpr, MAX_ROWS: tl.constexpr, ROW_WORDS: tl.constexpr,
-                 CHUNK: tl.constexpr, BF16: tl.constexpr):
+                 CHUNK: tl.constexpr, BF16: tl.constexpr, DEBUG: tl.constexpr = 0, pid=0):
     """A consumer's LL prologue: every rank's partial rows summed in rank order (own from
     own_ptr, the peers' polled from this rank's buffer), rounded to the dtype as the
     all-reduce's output, into x_ptr, which this program's loop then reads. Every program
@@ -118,7 +118,7 @@ def _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M: tl.constexpr, K: tl.co
             lo = tl.zeros([CHUNK], tl.float32)
             hi = tl.zeros([CHUNK], tl.float32)
             for p in tl.static_range(WORLD):
-                if p == rank:
+                if p == rank or (DEBUG & 4) != 0:
                     d32 = tl.load(own32 + idx)
                 else:
                     d32 = ll_poll(ll_slot(ll_ptrs, rank, epoch, p, m, WORLD, MAX_ROWS,
@@ -126,7 +126,8 @@ def _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M: tl.constexpr, K: tl.co
                 a, b = _halves(d32)
                 lo += _to_f32(a, BF16)
                 hi += _to_f32(b, BF16)
-            tl.store(x32 + idx, _to_bits(lo, BF16) | (_to_bits(hi, BF16) << 16))
+            if (DEBUG & 2) == 0 or pid == 0:
+                tl.store(x32 + idx, _to_bits(lo, BF16) | (_to_bits(hi, BF16) << 16))
     tl.debug_barrier()  # this program's stores are seen by all its threads' loads
 
 
@@ -140,6 +141,7 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
     ADD_NORM: tl.constexpr = False, LL: tl.constexpr = 0, WORLD: tl.constexpr = 1,
     LL_MAX_ROWS: tl.constexpr = 1, LL_ROW_WORDS: tl.constexpr = 1, LL_CHUNK: tl.constexpr = 1,
+    LL_DEBUG: tl.constexpr = 0,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
     # ADD_NORM (SPLIT_K 1): the input is RMSNorm(x + residual) * norm weight. Each
@@ -181,7 +183,7 @@ def _gemv_kernel(
         tl.static_assert(ADD_NORM, "the LL consumer is the add + norm GEMV")
         epoch = ll_epoch(state_ptr)
         _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M, K, WORLD, LL_MAX_ROWS,
-                     LL_ROW_WORDS, LL_CHUNK, BF16)
+                     LL_ROW_WORDS, LL_CHUNK, BF16, LL_DEBUG, pid_n)
     if ADD_NORM:
         tl.static_assert(SPLIT_K == 1, "ADD_NORM needs each program's rows whole")
         squares = tl.zeros([M_PAD], dtype=tl.float32)
@@ -262,7 +264,8 @@ def _gemv_kernel(
                     _ll_push(total, pid_n, N, ll_ptrs, state_ptr, rank, M, M_PAD, BLOCK_N,
                              WORLD, LL_MAX_ROWS, LL_ROW_WORDS, BF16)
     if LL == 2:
-        ll_finish(state_ptr, epoch)
+        if (LL_DEBUG & 1) == 0:
+            ll_finish(state_ptr, epoch)
 
 
 @triton.jit
@@ -276,6 +279,9 @@ def _split_k_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl
     for s in tl.static_range(SPLIT_K):
         total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
     tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+_LL_DEBUG = [0]
 
 
 def _ll_chunk(k: int) -> int:
@@ -496,7 +502,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
         x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n, *ll_args,
         LL=ll_mode, WORLD=buf.world if buf else 1,
         LL_MAX_ROWS=buf.max_rows if buf else 1, LL_ROW_WORDS=buf.max_width // 2 if buf else 1,
-        LL_CHUNK=_ll_chunk(k) if ll_mode == 2 else 1,
+        LL_CHUNK=_ll_chunk(k) if ll_mode == 2 else 1, LL_DEBUG=_LL_DEBUG[0],
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
