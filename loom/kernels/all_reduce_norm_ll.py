@@ -83,8 +83,9 @@ def ll_slot(ll_ptrs, owner, epoch, src, row, WORLD: tl.constexpr, MAX_ROWS: tl.c
 @triton.jit
 def ll_poll(src, ok, epoch):
     """The 32-bit payloads of the words at src once every one of them (where ok) carries
-    this epoch."""
-    got = tl.load(src, mask=ok, other=0, volatile=True)
+    this epoch. The first read is a plain one from L2 (vectorised; an 8-byte word still
+    lands whole), the polls after it volatile."""
+    got = tl.load(src, mask=ok, other=0, cache_modifier=".cg")
     missing = tl.sum((((got >> 32).to(tl.int32) != epoch) & ok).to(tl.int32), axis=0)
     spins = 0
     while (missing > 0) & (spins < _MAX_SPIN):

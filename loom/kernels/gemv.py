@@ -106,8 +106,7 @@ def _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M: tl.constexpr, K: tl.co
                  CHUNK: tl.constexpr, BF16: tl.constexpr, DEBUG: tl.constexpr = 0, pid=0):
     """A consumer's LL prologue: every rank's partial rows summed in rank order (own from
     own_ptr, the peers' polled from this rank's buffer), rounded to the dtype as the
-    all-reduce's output, into x_ptr, which this program's loop then reads. Every program
-    writes the same bits there."""
+    all-reduce's output, into x_ptr (this program's own copy), which its loop then reads."""
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     own32 = own_ptr.to(tl.pointer_type(tl.int32))
     words = tl.arange(0, CHUNK)
@@ -181,6 +180,7 @@ def _gemv_kernel(
     BF16: tl.constexpr = elem == tl.bfloat16
     if LL == 2:
         tl.static_assert(ADD_NORM, "the LL consumer is the add + norm GEMV")
+        x_ptr += pid_n * (M * K)  # this program's own copy of the summed rows
         epoch = ll_epoch(state_ptr)
         _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M, K, WORLD, LL_MAX_ROWS,
                      LL_ROW_WORDS, LL_CHUNK, BF16, LL_DEBUG, pid_n)
@@ -496,8 +496,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
                                envs.pdl_prefetch_bytes())
     ll_mode, buf, own = ll or (0, None, x)
     ll_args = (buf.ll_ptrs, buf.state, buf.rank, own) if buf is not None else (y, y, 0, y)
-    if ll_mode == 2:
-        x = torch.empty_like(own)  # the all-reduced rows, which every program writes
+    if ll_mode == 2:  # the all-reduced rows, a copy per program (one shared copy written
+        # by every program cost 6-14 us a call on an H200: run_zzz40)
+        x = torch.empty((n_blocks, m, k), dtype=own.dtype, device=own.device)
     launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
         x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n, *ll_args,
         LL=ll_mode, WORLD=buf.world if buf else 1,

@@ -148,12 +148,12 @@ def test_two_streams_at_once_eager_and_replayed():
     dtype = torch.bfloat16
     cases = [_case(1 + i % MAX_ROWS, dtype, seed=30 + i) for i in range(4)]
     streams = [torch.cuda.Stream() for _ in range(2)]
-    # Compiled and loaded by a round in turn first (a module load while the other rank's
-    # kernel spins would wait for it).
-    cases[0]["partial"] = [_run_rank(pair, r, cases[0], PUSH[0], SUM[0], "push")
-                           for r in range(2)]
-    for r in range(2):
-        _run_rank(pair, r, cases[0], PUSH[0], SUM[0], "sum")
+    # Every case's kernels (M is a constexpr) compiled and loaded by calls in turn first:
+    # a module load while the other rank's kernel spins would wait for that kernel.
+    for c in cases:
+        c["partial"] = [_run_rank(pair, r, c, PUSH[0], SUM[0], "push") for r in range(2)]
+        for r in range(2):
+            _run_rank(pair, r, c, PUSH[0], SUM[0], "sum")
     torch.cuda.synchronize()
 
     def run(rank):
