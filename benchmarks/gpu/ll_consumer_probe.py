@@ -3,7 +3,8 @@ stream: a "peer" producer (`gemv_ll_push` of the other rank, sharing this rank's
 state so that its words carry the epoch the consumer waits for) then the consumer, LAYERS
 times in one CUDA graph, against the same with the plain add + norm GEMV as consumer.
 LL_DEBUG bits (kernels/gemv.py, experiments only): 1 no end-of-call atomic, 2 only
-program 0 writes the summed row, 4 no poll (own partial only).
+program 0 writes the summed row, 4 no poll (own partial only), 8 the peer's words read and
+summed inside the weight loop (no prologue, no copy of the row).
 
     python3 benchmarks/gpu/ll_consumer_probe.py OUT.json
 """
@@ -57,7 +58,7 @@ for name, n in (("qkv", 3072), ("gate_up", 14336)):
         finally:
             gemv_mod._LL_DEBUG[0] = 0
 
-    for debug in (None, 0, 1, 4, 5, None, 0):
+    for debug in (None, 0, 8, 9, None, 8):
         for i in range(LAYERS):
             layer(i, debug)
         torch.cuda.synchronize()

@@ -23,6 +23,7 @@ bit, and fused's last layer against kernel's.
 
 import dataclasses
 import json
+import os
 import statistics
 import sys
 
@@ -31,6 +32,7 @@ import torch
 from loom.bench.ceilings import measure_ceilings
 from loom.bench.common import git_commit, now_iso
 from loom.kernels.all_reduce_norm_ll import LowLatencyNormBuffer
+from loom.kernels import gemv as gemv_mod
 from loom.kernels.gemv import GemvConfig, add_rms_norm_gemv, gemv, gemv_ll_push
 from loom.kernels.gemv_decode import norm_config, tuned_config
 
@@ -45,6 +47,7 @@ def config(n, k, dev, norm=False):
 
 
 def main() -> None:
+    gemv_mod._LL_DEBUG[0] = int(os.environ.get("LL_DEBUG", "0"))  # experiments only
     dev, dt = torch.device("cuda"), torch.bfloat16
     ceil = measure_ceilings(dev)
     gen = torch.Generator(dev).manual_seed(0)

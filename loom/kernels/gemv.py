@@ -184,6 +184,11 @@ def _gemv_kernel(
         epoch = ll_epoch(state_ptr)
         _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M, K, WORLD, LL_MAX_ROWS,
                      LL_ROW_WORDS, LL_CHUNK, BF16, LL_DEBUG, pid_n)
+    if LL == 3:
+        tl.static_assert(ADD_NORM and not USE_DOT and WORLD == 2, "in-loop LL sum")
+        epoch = ll_epoch(state_ptr)
+        peer_base = ll_slot(ll_ptrs, rank, epoch, 1 - rank, 0, WORLD, LL_MAX_ROWS,
+                            LL_ROW_WORDS)
     if ADD_NORM:
         tl.static_assert(SPLIT_K == 1, "ADD_NORM needs each program's rows whole")
         squares = tl.zeros([M_PAD], dtype=tl.float32)
@@ -218,6 +223,14 @@ def _gemv_kernel(
                     xm = tl.load(x_ptr + m * X_STRIDE + ks)
                 else:
                     xm = tl.load(x_ptr + m * X_STRIDE + ks, mask=k_ok, other=0.0)
+                if LL == 3:
+                    HALF_K: tl.constexpr = BLOCK_K // 2
+                    widx = (k0 + i * BLOCK_K) // 2 + tl.arange(0, HALF_K)
+                    d32 = ll_poll(peer_base + m * LL_ROW_WORDS + widx, widx < K // 2, epoch)
+                    lo_bits, hi_bits = _halves(d32)
+                    peer_vals = tl.reshape(tl.join(_to_f32(lo_bits, BF16),
+                                                   _to_f32(hi_bits, BF16)), [BLOCK_K])
+                    xm = (xm.to(tl.float32) + peer_vals).to(elem)
                 if SILU_MUL:
                     if EVEN_K:
                         um = tl.load(x_ptr + m * X_STRIDE + K + ks)
@@ -263,7 +276,7 @@ def _gemv_kernel(
                 if LL == 1:
                     _ll_push(total, pid_n, N, ll_ptrs, state_ptr, rank, M, M_PAD, BLOCK_N,
                              WORLD, LL_MAX_ROWS, LL_ROW_WORDS, BF16)
-    if LL == 2:
+    if LL >= 2:
         if (LL_DEBUG & 1) == 0:
             ll_finish(state_ptr, epoch)
 
@@ -495,6 +508,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
     ll_mode, buf, own = ll or (0, None, x)
+    if ll_mode == 2 and _LL_DEBUG[0] & 8 and not cfg.use_dot:
+        ll_mode = 3
     ll_args = (buf.ll_ptrs, buf.state, buf.rank, own) if buf is not None else (y, y, 0, y)
     if ll_mode == 2:  # the all-reduced rows, a copy per program (one shared copy written
         # by every program cost 6-14 us a call on an H200: run_zzz40)
