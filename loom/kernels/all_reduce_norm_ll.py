@@ -65,52 +65,6 @@ def _round(v, BF16: tl.constexpr):
     return v.to(tl.float16).to(tl.float32)
 
 
-@triton.jit
-def ll_epoch(state_ptr):
-    """This call's epoch: one past the last completed call's (state_ptr[0]), skipping 0."""
-    last = tl.load(state_ptr, volatile=True)
-    return tl.where(last >= 2147483647, 1, last + 1)
-
-
-@triton.jit
-def ll_slot(ll_ptrs, owner, epoch, src, row, WORLD: tl.constexpr, MAX_ROWS: tl.constexpr,
-            ROW_WORDS: tl.constexpr):
-    """The first word of `row` from rank `src` in rank `owner`'s buffer for this epoch."""
-    base = tl.load(ll_ptrs + owner).to(tl.pointer_type(tl.int64))
-    return base + (((epoch & 1) * WORLD + src) * MAX_ROWS + row) * ROW_WORDS
-
-
-@triton.jit
-def ll_poll(src, ok, epoch):
-    """The 32-bit payloads of the words at src once every one of them (where ok) carries
-    this epoch. The first read is a plain one from L2 (vectorised; an 8-byte word still
-    lands whole), the polls after it volatile."""
-    got = tl.load(src, mask=ok, other=0, cache_modifier=".cg")
-    missing = tl.sum((((got >> 32).to(tl.int32) != epoch) & ok).to(tl.int32), axis=0)
-    spins = 0
-    while (missing > 0) & (spins < _MAX_SPIN):
-        got = tl.load(src, mask=ok, other=0, volatile=True)
-        missing = tl.sum((((got >> 32).to(tl.int32) != epoch) & ok).to(tl.int32), axis=0)
-        spins += 1
-    return (got & 0xFFFFFFFF).to(tl.int32)
-
-
-@triton.jit
-def ll_word(epoch, d32):
-    """8-byte words of this epoch around 32-bit payloads."""
-    return (epoch.to(tl.int64) << 32) | (d32.to(tl.int64) & 0xFFFFFFFF)
-
-
-@triton.jit
-def ll_finish(state_ptr, epoch):
-    """The call's end: the last program to get here records the epoch (every program read
-    the last one before) and resets the count."""
-    arrived = tl.atomic_add(state_ptr + 1, 1, sem="relaxed")
-    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
-        tl.store(state_ptr, epoch)
-        tl.store(state_ptr + 1, 0)
-
-
 @triton.jit(do_not_specialize=["rank"])  # one binary for every rank
 def _ll_all_reduce_add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, ll_ptrs, state_ptr, rank, eps,
@@ -124,21 +78,33 @@ def _ll_all_reduce_add_rms_norm_kernel(
     row = tl.program_id(0)
     pairs = tl.arange(0, BLOCK)
     ok = pairs < N // 2
-    epoch = ll_epoch(state_ptr)
+    last = tl.load(state_ptr, volatile=True)  # the epoch of this rank's last completed call
+    epoch = tl.where(last >= 2147483647, 1, last + 1)
+    parity = epoch & 1
     x32 = tl.load(x_ptr + row * stride_x + pairs, mask=ok, other=0)
-    word = ll_word(epoch, x32)
+    word = (epoch.to(tl.int64) << 32) | (x32.to(tl.int64) & 0xFFFFFFFF)
     for p in tl.static_range(WORLD):
         if p != rank:
-            dst = ll_slot(ll_ptrs, p, epoch, rank, row, WORLD, MAX_ROWS, ROW_WORDS)
+            dst = tl.load(ll_ptrs + p).to(tl.pointer_type(tl.int64)) \
+                + ((parity * WORLD + rank) * MAX_ROWS + row) * ROW_WORDS
             tl.store(dst + pairs, word, mask=ok)
+    mine = tl.load(ll_ptrs + rank).to(tl.pointer_type(tl.int64))
     lo = tl.zeros([BLOCK], tl.float32)
     hi = tl.zeros([BLOCK], tl.float32)
     for p in tl.static_range(WORLD):
         if p == rank:
             d32 = x32
         else:
-            d32 = ll_poll(ll_slot(ll_ptrs, rank, epoch, p, row, WORLD, MAX_ROWS, ROW_WORDS)
-                          + pairs, ok, epoch)
+            src = mine + ((parity * WORLD + p) * MAX_ROWS + row) * ROW_WORDS + pairs
+            got = tl.load(src, mask=ok, other=0, volatile=True)
+            missing = tl.sum((((got >> 32).to(tl.int32) != epoch) & ok).to(tl.int32), axis=0)
+            spins = 0
+            while (missing > 0) & (spins < _MAX_SPIN):
+                got = tl.load(src, mask=ok, other=0, volatile=True)
+                missing = tl.sum((((got >> 32).to(tl.int32) != epoch) & ok).to(tl.int32),
+                                 axis=0)
+                spins += 1
+            d32 = (got & 0xFFFFFFFF).to(tl.int32)
         a, b = _halves(d32)
         lo += _to_f32(a, BF16)
         hi += _to_f32(b, BF16)
@@ -155,7 +121,11 @@ def _ll_all_reduce_add_rms_norm_kernel(
     o_hi = _round(h_hi * inv, BF16) * _to_f32(w_hi, BF16)
     tl.store(out_ptr + row * stride_o + pairs,
              _to_bits(o_lo, BF16) | (_to_bits(o_hi, BF16) << 16), mask=ok)
-    ll_finish(state_ptr, epoch)
+    # The last program to finish records the epoch; every program read it before.
+    arrived = tl.atomic_add(state_ptr + 1, 1, sem="relaxed")
+    if arrived == tl.num_programs(0) - 1:
+        tl.store(state_ptr, epoch)
+        tl.store(state_ptr + 1, 0)
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:

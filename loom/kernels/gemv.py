@@ -45,8 +45,6 @@ import triton.language as tl
 
 from loom import envs
 from loom.kernels import arrival, pdl
-from loom.kernels.all_reduce_norm_ll import (LowLatencyNormBuffer, _halves, _to_bits, _to_f32,
-                                             ll_epoch, ll_finish, ll_poll, ll_slot, ll_word)
 from loom.kernels.compile_pool import launch_or_compile
 from loom.kernels.silu_mul import silu_mul_values
 
@@ -82,75 +80,19 @@ def _add_norm_input(x, res, nw_ptr, cols, ok, elem: tl.constexpr):
 
 
 @triton.jit
-def _ll_push(vals, pid_n, N, ll_ptrs, state_ptr, rank, M: tl.constexpr, M_PAD: tl.constexpr,
-             BLOCK_N: tl.constexpr, WORLD: tl.constexpr, MAX_ROWS: tl.constexpr,
-             ROW_WORDS: tl.constexpr, BF16: tl.constexpr):
-    """A producer's LL push: its [BLOCK_N, M_PAD] float32 outputs, rounded to the 16-bit
-    dtype, as words of this call's epoch into slot `rank` of every peer's buffer."""
-    HALF: tl.constexpr = BLOCK_N // 2
-    lo, hi = tl.split(tl.reshape(tl.trans(vals), [M_PAD, HALF, 2]))
-    epoch = ll_epoch(state_ptr)
-    word = ll_word(epoch, _to_bits(lo, BF16) | (_to_bits(hi, BF16) << 16))
-    mrows = tl.arange(0, M_PAD)
-    widx = pid_n * HALF + tl.arange(0, HALF)
-    ok = (mrows < M)[:, None] & (widx < N // 2)[None, :]
-    for p in tl.static_range(WORLD):
-        if p != rank:
-            dst = ll_slot(ll_ptrs, p, epoch, rank, 0, WORLD, MAX_ROWS, ROW_WORDS)
-            tl.store(dst + mrows[:, None] * ROW_WORDS + widx[None, :], word, mask=ok)
-
-
-@triton.jit
-def _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M: tl.constexpr, K: tl.constexpr,
-                 WORLD: tl.constexpr, MAX_ROWS: tl.constexpr, ROW_WORDS: tl.constexpr,
-                 CHUNK: tl.constexpr, BF16: tl.constexpr, DEBUG: tl.constexpr = 0, pid=0):
-    """A consumer's LL prologue: every rank's partial rows summed in rank order (own from
-    own_ptr, the peers' polled from this rank's buffer), rounded to the dtype as the
-    all-reduce's output, into x_ptr (this program's own copy), which its loop then reads."""
-    x32 = x_ptr.to(tl.pointer_type(tl.int32))
-    own32 = own_ptr.to(tl.pointer_type(tl.int32))
-    words = tl.arange(0, CHUNK)
-    every = words < CHUNK
-    for m in tl.static_range(M):
-        for c in tl.static_range(K // 2 // CHUNK):
-            idx = m * (K // 2) + c * CHUNK + words
-            lo = tl.zeros([CHUNK], tl.float32)
-            hi = tl.zeros([CHUNK], tl.float32)
-            for p in tl.static_range(WORLD):
-                if p == rank or (DEBUG & 4) != 0:
-                    d32 = tl.load(own32 + idx)
-                else:
-                    d32 = ll_poll(ll_slot(ll_ptrs, rank, epoch, p, m, WORLD, MAX_ROWS,
-                                          ROW_WORDS) + c * CHUNK + words, every, epoch)
-                a, b = _halves(d32)
-                lo += _to_f32(a, BF16)
-                hi += _to_f32(b, BF16)
-            if (DEBUG & 2) == 0 or pid == 0:
-                tl.store(x32 + idx, _to_bits(lo, BF16) | (_to_bits(hi, BF16) << 16))
-    tl.debug_barrier()  # this program's stores are seen by all its threads' loads
-
-
-@triton.jit(do_not_specialize=["rank"])  # one binary for every rank
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
-    ll_ptrs, state_ptr, rank, own_ptr,
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, SPLIT_MODE: tl.constexpr, USE_DOT: tl.constexpr,
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
-    ADD_NORM: tl.constexpr = False, LL: tl.constexpr = 0, WORLD: tl.constexpr = 1,
-    LL_MAX_ROWS: tl.constexpr = 1, LL_ROW_WORDS: tl.constexpr = 1, LL_CHUNK: tl.constexpr = 1,
-    LL_DEBUG: tl.constexpr = 0,
+    ADD_NORM: tl.constexpr = False,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
     # ADD_NORM (SPLIT_K 1): the input is RMSNorm(x + residual) * norm weight. Each
     # program reads whole rows of x and residual, so it sums h = x + residual's squares as
     # it goes and scales its sums by the rows' 1 / RMS at the end (no pass over the rows
     # before the weight streams); programs of the first row block write h to res_out.
-    # LL (TP decode, `LowLatencyNormBuffer`'s words): 1, a row-parallel producer, pushes
-    # its rounded outputs to every peer as it stores y (its own partial); 2, the consumer
-    # with ADD_NORM, takes x as the all-reduce of its own partial (own_ptr) and the peers'
-    # pushed words (x_ptr is then the scratch row its loop reads), and ends the call's epoch.
     # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
     # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
     # into L2 before waiting for the previous kernel; x and everything else after.
@@ -177,18 +119,6 @@ def _gemv_kernel(
             pdl.prefetch_l2(w_ptr + rows_ld.to(tl.int64) * K + k0,
                             tl.full([BLOCK_N], PREFETCH_BYTES, tl.int32))
         pdl.wait_then_release()
-    BF16: tl.constexpr = elem == tl.bfloat16
-    if LL == 2:
-        tl.static_assert(ADD_NORM, "the LL consumer is the add + norm GEMV")
-        x_ptr += pid_n * (M * K)  # this program's own copy of the summed rows
-        epoch = ll_epoch(state_ptr)
-        _ll_sum_rows(x_ptr, own_ptr, ll_ptrs, rank, epoch, M, K, WORLD, LL_MAX_ROWS,
-                     LL_ROW_WORDS, LL_CHUNK, BF16, LL_DEBUG, pid_n)
-    if LL == 3:
-        tl.static_assert(ADD_NORM and not USE_DOT and WORLD == 2, "in-loop LL sum")
-        epoch = ll_epoch(state_ptr)
-        peer_base = ll_slot(ll_ptrs, rank, epoch, 1 - rank, 0, WORLD, LL_MAX_ROWS,
-                            LL_ROW_WORDS)
     if ADD_NORM:
         tl.static_assert(SPLIT_K == 1, "ADD_NORM needs each program's rows whole")
         squares = tl.zeros([M_PAD], dtype=tl.float32)
@@ -223,14 +153,6 @@ def _gemv_kernel(
                     xm = tl.load(x_ptr + m * X_STRIDE + ks)
                 else:
                     xm = tl.load(x_ptr + m * X_STRIDE + ks, mask=k_ok, other=0.0)
-                if LL == 3:
-                    HALF_K: tl.constexpr = BLOCK_K // 2
-                    widx = (k0 + i * BLOCK_K) // 2 + tl.arange(0, HALF_K)
-                    d32 = ll_poll(peer_base + m * LL_ROW_WORDS + widx, widx < K // 2, epoch)
-                    lo_bits, hi_bits = _halves(d32)
-                    peer_vals = tl.reshape(tl.join(_to_f32(lo_bits, BF16),
-                                                   _to_f32(hi_bits, BF16)), [BLOCK_K])
-                    xm = (xm.to(tl.float32) + peer_vals).to(elem)
                 if SILU_MUL:
                     if EVEN_K:
                         um = tl.load(x_ptr + m * X_STRIDE + K + ks)
@@ -253,9 +175,6 @@ def _gemv_kernel(
     out_ok = (rows < N)[:, None] & (mcols < M)[None, :]
     if SPLIT_MODE == 0:
         tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
-        if LL == 1:
-            _ll_push(acc, pid_n, N, ll_ptrs, state_ptr, rank, M, M_PAD, BLOCK_N, WORLD,
-                     LL_MAX_ROWS, LL_ROW_WORDS, BF16)
     elif SPLIT_MODE == 3:
         tl.atomic_add(part_ptr + out, acc, mask=out_ok, sem="relaxed")
     else:
@@ -273,12 +192,6 @@ def _gemv_kernel(
                                      cache_modifier=".cg")
                 tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=out_ok)
                 tl.store(count_ptr + pid_n, 0)  # ready for the next call
-                if LL == 1:
-                    _ll_push(total, pid_n, N, ll_ptrs, state_ptr, rank, M, M_PAD, BLOCK_N,
-                             WORLD, LL_MAX_ROWS, LL_ROW_WORDS, BF16)
-    if LL >= 2:
-        if (LL_DEBUG & 1) == 0:
-            ll_finish(state_ptr, epoch)
 
 
 @triton.jit
@@ -292,18 +205,6 @@ def _split_k_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl
     for s in tl.static_range(SPLIT_K):
         total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
     tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-_LL_DEBUG = [0]
-
-
-def _ll_chunk(k: int) -> int:
-    """Words of a row the LL consumer sums at once: the largest power of two up to 1024
-    that divides the row's k / 2 words."""
-    chunk = 1024
-    while (k // 2) % chunk:
-        chunk //= 2
-    return chunk
 
 
 def _pow2(v: int) -> bool:
@@ -403,41 +304,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
                    silu_mul_input=silu_mul_input)
 
 
-def gemv_ll_push(x: torch.Tensor, weight: torch.Tensor, ll: LowLatencyNormBuffer, *,
-                 silu_mul_input: bool = False, config: GemvConfig | dict | None = None,
-                 compile_only: bool = False) -> torch.Tensor:
-    """`gemv` for a row-parallel layer at TP decode: y is this rank's partial sum, and
-    each program also pushes its outputs, rounded to the dtype, to every peer of `ll` as
-    the words of this call's epoch (`all_reduce_norm_ll`), where the peers'
-    `add_rms_norm_gemv(..., ll=)` sums them. No all-reduce launch between the two. 16-bit
-    dtypes; N even, at most ll.max_width; M at most ll.max_rows; a split config only with
-    the "fixup" mode (its last program pushes)."""
-    m, k, n = _check_inputs(x, weight, silu_mul_input)
-    cfg = _resolve_config(config, m, n, k)
-    _check_ll(ll, x, m, n, "gemv_ll_push")
-    if cfg.block_n < 2 or (cfg.split_k > 1 and cfg.split_mode != "fixup"):
-        raise ValueError(f"gemv_ll_push: needs block_n >= 2 and no split but 'fixup', got "
-                         f"{cfg.describe()}")
-    return _launch(x, weight, cfg, compile_only, silu_mul_input=silu_mul_input,
-                   ll=(1, ll, x))
-
-
-def _check_ll(ll: LowLatencyNormBuffer, x: torch.Tensor, rows: int, width: int,
-              caller: str) -> None:
-    if x.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"{caller}: the LL words hold 16-bit values, got {x.dtype}")
-    if rows > ll.max_rows or width % 2 or width > ll.max_width:
-        raise ValueError(f"{caller}: {rows} rows of {width} do not fit the LL buffer (at most "
-                         f"{ll.max_rows} rows of an even width up to {ll.max_width})")
-    if ll.ll_ptrs.device != x.device:
-        raise ValueError(f"{caller}: the LL buffer is on {ll.ll_ptrs.device}, x on {x.device}")
-
-
 def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                       eps: float, weight: torch.Tensor, *,
-                      config: GemvConfig | dict | None = None, compile_only: bool = False,
-                      ll: LowLatencyNormBuffer | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      config: GemvConfig | dict | None = None,
+                      compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and
     RMSNorm (`loom.layers.norm.fused_add_rms_norm`) applied by the GEMV as it reads its
     input, so that no norm kernel runs before it. x and residual [M, K] alike; norm_weight
@@ -449,16 +319,8 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
     end, where the reference rounds the normalised row to the dtype before the product: in
     float32 the two agree to float32 rounding, in 16-bit dtypes to about one rounding of
     the dtype. (A pass over the rows for their RMS before the weight streamed cost 1-13 us
-    a call on an H200: run_zzz24.)
-
-    ll (TP decode): x is this rank's partial, as `gemv_ll_push` left it, and the input is
-    its all-reduce over ll's group: every program polls the peers' words, sums the ranks'
-    rows in rank order and rounds the sum to the dtype (the all-reduce's output, the same
-    bits on every rank) before its add + norm. Every rank makes the same calls in the same
-    order. 16-bit dtypes; K even, at most ll.max_width; M at most ll.max_rows."""
+    a call on an H200: run_zzz24.)"""
     m, k, n = _check_inputs(x, weight, False)
-    if ll is not None:
-        _check_ll(ll, x, m, k, "add_rms_norm_gemv")
     cfg = dataclasses.replace(default_config(m, n, k), split_k=1) if config is None \
         else _resolve_config(config, m, n, k)
     if cfg.split_k != 1:
@@ -475,17 +337,14 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
                          f"on {x.device}, got {tuple(norm_weight.shape)}")
     residual_out = torch.empty_like(x)
     y = _launch(x, weight, cfg, compile_only,
-                norm=(residual, norm_weight, residual_out, float(eps)),
-                ll=None if ll is None else (2, ll, x))
+                norm=(residual, norm_weight, residual_out, float(eps)))
     return y, residual_out
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only: bool,
-            silu_mul_input: bool = False, norm: tuple | None = None,
-            ll: tuple | None = None) -> torch.Tensor:
+            silu_mul_input: bool = False, norm: tuple | None = None) -> torch.Tensor:
     """The GEMV's kernels for checked arguments; norm: (residual, norm_weight,
-    residual_out, eps) of add_rms_norm_gemv; ll: (1 push or 2 sum, the
-    LowLatencyNormBuffer, this rank's partial)."""
+    residual_out, eps) of add_rms_norm_gemv."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -507,18 +366,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
     if use_pdl and weight.data_ptr() % 16 == 0:
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
-    ll_mode, buf, own = ll or (0, None, x)
-    if ll_mode == 2 and _LL_DEBUG[0] & 8 and not cfg.use_dot:
-        ll_mode = 3
-    ll_args = (buf.ll_ptrs, buf.state, buf.rank, own) if buf is not None else (y, y, 0, y)
-    if ll_mode == 2:  # the all-reduced rows, a copy per program (one shared copy written
-        # by every program cost 6-14 us a call on an H200: run_zzz40)
-        x = torch.empty((n_blocks, m, k), dtype=own.dtype, device=own.device)
     launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
-        x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n, *ll_args,
-        LL=ll_mode, WORLD=buf.world if buf else 1,
-        LL_MAX_ROWS=buf.max_rows if buf else 1, LL_ROW_WORDS=buf.max_width // 2 if buf else 1,
-        LL_CHUNK=_ll_chunk(k) if ll_mode == 2 else 1, LL_DEBUG=_LL_DEBUG[0],
+        x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n,
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",

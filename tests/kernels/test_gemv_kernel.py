@@ -305,8 +305,7 @@ from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.gemv import _gemv_kernel
 names = list(_gemv_kernel.arg_names)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
-            "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "res_out_ptr": "*bf16",
-            "ll_ptrs": "*i64", "state_ptr": "*i32", "rank": "i32", "own_ptr": "*bf16"}
+            "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "res_out_ptr": "*bf16"}
 for cons, warps, stages in [
         # row reductions, pipelined, 4-way split with the one-launch fixup (decode's qkv)
         (dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
@@ -319,9 +318,7 @@ for cons, warps, stages in [
               SILU_MUL=False, ADD_NORM=True), 4, 3),
         (dict(M=4, K=4096, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, SPLIT_MODE=0, USE_DOT=True,
               SILU_MUL=False, ADD_NORM=True), 4, 4)]:
-    cons.update(EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=stages, PDL=False,
-                PREFETCH_BYTES=0, LL=0, WORLD=1, LL_MAX_ROWS=1, LL_ROW_WORDS=1, LL_CHUNK=1)
-    cons.setdefault("ADD_NORM", False)
+    cons.update(EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=stages)
     sig = dict(pointers, eps="fp32", N="i32", **{k: "constexpr" for k in cons})
     src = ASTSource(fn=_gemv_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in cons.items()},

@@ -33,8 +33,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
-            "slot_mapping_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16",
-            "ll_ptrs": "*i64", "state_ptr": "*i32", "own_ptr": "*bf16"}
+            "slot_mapping_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16"}
 FLOATS = {"eps", "scale_log2", "norm_eps"}
 
 
@@ -69,7 +68,7 @@ def build(fn, cons, warps=4, stages=2):
 
 gemv = dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, SPLIT_MODE=1, USE_DOT=False,
             SILU_MUL=False, EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=3, PDL=True,
-            ADD_NORM=False, LL=0, WORLD=1, LL_MAX_ROWS=1, LL_ROW_WORDS=1, LL_CHUNK=1)
+            ADD_NORM=False)
 build(_gemv_kernel, dict(gemv, PREFETCH_BYTES=1024), stages=3)
 build(_gemv_kernel, dict(gemv, SILU_MUL=True, SPLIT_MODE=0, SPLIT_K=1, PREFETCH_BYTES=0),
       stages=3)
