@@ -17,16 +17,20 @@ checked against the whole batch's rows.
 
     python3 overlap_probe.py OUT.json
 """
+import dataclasses
 import json
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from loom.bench.ceilings import measure_ceilings
+from loom.bench.common import git_commit, now_iso
 from loom.bench.kernel_timing import KernelTimer
 from loom.kernels.paged_decode import paged_decode
 
 dev = torch.device("cuda")
+ceil = measure_ceilings(dev)
 timer = KernelTimer(dev, warmup=3, iters=15)
 timer.spin(1.0)
 H, KH, D, HID, INTER, BS = 32, 8, 128, 4096, 14336, 16
@@ -110,9 +114,11 @@ for B in (256, 484):
         us = timer.time_us(fn)
         kv_bytes = int(ctx.sum()) * KH * D * 2 * 2 * LAYERS
         print(f"B={B} {name:15s} {us:9.1f} us  ({us / LAYERS:7.1f} a layer)  err {err:.1e}"
-              f"  KV {kv_bytes / us / 1e6:6.0f} GB/s", flush=True)
+              f"  KV {kv_bytes / us / 1e3:6.0f} GB/s", flush=True)
         rows.append({"batch": B, "variant": name, "us": us, "layers": LAYERS,
                      "us_per_layer": us / LAYERS, "max_rel_err": err,
                      "kv_bytes": kv_bytes})
-json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
-          open(sys.argv[1], "w"), indent=1)
+json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "git_commit": git_commit(), "date": now_iso(),
+           "command": " ".join(["python3"] + sys.argv), "ceilings": dataclasses.asdict(ceil),
+           "rows": rows}, open(sys.argv[1], "w"), indent=1)
