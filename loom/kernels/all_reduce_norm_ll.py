@@ -121,11 +121,16 @@ def _ll_all_reduce_add_rms_norm_kernel(
     o_hi = _round(h_hi * inv, BF16) * _to_f32(w_hi, BF16)
     tl.store(out_ptr + row * stride_o + pairs,
              _to_bits(o_lo, BF16) | (_to_bits(o_hi, BF16) << 16), mask=ok)
-    # The last program to finish records the epoch; every program read it before.
-    arrived = tl.atomic_add(state_ptr + 1, 1, sem="relaxed")
-    if arrived == tl.num_programs(0) - 1:
+    # The last program to finish records the epoch; every program read it before. A
+    # launch of one program (decode at batch 1) records it at once: no counter's round
+    # trip at the kernel's tail.
+    if tl.num_programs(0) == 1:
         tl.store(state_ptr, epoch)
-        tl.store(state_ptr + 1, 0)
+    else:
+        arrived = tl.atomic_add(state_ptr + 1, 1, sem="relaxed")
+        if arrived == tl.num_programs(0) - 1:
+            tl.store(state_ptr, epoch)
+            tl.store(state_ptr + 1, 0)
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
