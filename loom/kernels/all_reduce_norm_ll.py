@@ -78,17 +78,20 @@ def _ll_all_reduce_add_rms_norm_kernel(
     row = tl.program_id(0)
     pairs = tl.arange(0, BLOCK)
     ok = pairs < N // 2
+    # Every load that does not wait for the peer is issued first, with no branch between
+    # them, so that their round trips overlap each other and the poll's.
     last = tl.load(state_ptr, volatile=True)  # the epoch of this rank's last completed call
+    x32 = tl.load(x_ptr + row * stride_x + pairs, mask=ok, other=0)
+    r32 = tl.load(res_ptr + row * stride_r + pairs, mask=ok, other=0)
+    w32 = tl.load(w_ptr + pairs, mask=ok, other=0)
+    mine = tl.load(ll_ptrs + rank).to(tl.pointer_type(tl.int64))
     epoch = tl.where(last >= 2147483647, 1, last + 1)
     parity = epoch & 1
-    x32 = tl.load(x_ptr + row * stride_x + pairs, mask=ok, other=0)
     word = (epoch.to(tl.int64) << 32) | (x32.to(tl.int64) & 0xFFFFFFFF)
     for p in tl.static_range(WORLD):
-        if p != rank:
-            dst = tl.load(ll_ptrs + p).to(tl.pointer_type(tl.int64)) \
-                + ((parity * WORLD + rank) * MAX_ROWS + row) * ROW_WORDS
-            tl.store(dst + pairs, word, mask=ok)
-    mine = tl.load(ll_ptrs + rank).to(tl.pointer_type(tl.int64))
+        dst = tl.load(ll_ptrs + p).to(tl.pointer_type(tl.int64)) \
+            + ((parity * WORLD + rank) * MAX_ROWS + row) * ROW_WORDS
+        tl.store(dst + pairs, word, mask=ok & (p != rank))
     lo = tl.zeros([BLOCK], tl.float32)
     hi = tl.zeros([BLOCK], tl.float32)
     for p in tl.static_range(WORLD):
@@ -110,13 +113,13 @@ def _ll_all_reduce_add_rms_norm_kernel(
         hi += _to_f32(b, BF16)
     # The reference's roundings, as in kernels/all_reduce_norm.py: the all-reduce's
     # output, x + residual, the normalised value and its product with the weight.
-    r_lo, r_hi = _halves(tl.load(res_ptr + row * stride_r + pairs, mask=ok, other=0))
+    r_lo, r_hi = _halves(r32)
     h_lo = _round(_round(lo, BF16) + _to_f32(r_lo, BF16), BF16)
     h_hi = _round(_round(hi, BF16) + _to_f32(r_hi, BF16), BF16)
     tl.store(res_out_ptr + row * stride_ro + pairs,
              _to_bits(h_lo, BF16) | (_to_bits(h_hi, BF16) << 16), mask=ok)
     inv = tl.rsqrt((tl.sum(h_lo * h_lo, axis=0) + tl.sum(h_hi * h_hi, axis=0)) / N + eps)
-    w_lo, w_hi = _halves(tl.load(w_ptr + pairs, mask=ok, other=0))
+    w_lo, w_hi = _halves(w32)
     o_lo = _round(h_lo * inv, BF16) * _to_f32(w_lo, BF16)
     o_hi = _round(h_hi * inv, BF16) * _to_f32(w_hi, BF16)
     tl.store(out_ptr + row * stride_o + pairs,
