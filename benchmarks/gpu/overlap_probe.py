@@ -54,7 +54,6 @@ class Batch:
         self.table = table[lo:hi].contiguous()
         self.lens = lens[lo:hi].contiguous()
         self.qsl = torch.arange(n + 1, device=dev, dtype=torch.int32)
-        self.max_len = int(self.lens.max())
 
 
 def run_chain(x, b, cache, attn=True, gemm=True):
