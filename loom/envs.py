@@ -116,6 +116,13 @@ MIXED_SPLIT_MIN_CONTEXT = 1024
 1.5-2.1x as fast at 2000, 2.0-3.1x at 4000, 2.1-5.1x at 8000)."""
 
 
+def decode_stack() -> int | None:
+    """LOOM_DECODE_STACK: key chunks the split-K decode kernel stacks in a tile's GQA padding
+    rows (`paged_decode`'s stack; 1: none), overriding the backend's choice where the shape
+    allows it; for measuring (unset)."""
+    return _optional_int("LOOM_DECODE_STACK")
+
+
 def mixed_split_min_decodes() -> int:
     """LOOM_MIXED_SPLIT_MIN_DECODES: a mixed step (prompt chunks beside one-token decodes)
     sends its decodes to the split-K decode kernel and its chunks to the varlen kernel in

@@ -27,13 +27,18 @@ from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.torch_native import gather_kv
 from loom.kernels.kv_write import write_kv_cache
 from loom.kernels.paged_attention import paged_prefill
-from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
+from loom.kernels.paged_decode import NewTokens, default_num_splits, max_stack, paged_decode
 from loom.kernels.rope_kv_write import rope_write_kv_cache
 
 logger = logging.getLogger(__name__)
 
 WIDE_DECODE_PROGRAMS = 64
 """(request, KV head) programs of a decode batch from which it takes the wider tiles."""
+
+
+STACK_BLOCK_N = 16
+"""A stacked decode tile's keys per chunk: tl.dot's least, so that the tile's
+[stack x head_dim, block_n] keys stay in registers."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,9 @@ class TritonTiles:
     decode_block_n: int | None = None
     num_splits: int | None = None
     """Decode splits per (request, KV head); fix it when capturing CUDA graphs."""
+    decode_stack: int | None = None
+    """Key chunks side by side in a decode tile (paged_decode's stack); None: the default
+    (LOOM_DECODE_STACK where set)."""
     sdpa_max_reqs: int = 4
     """Pure prefills of at most this many requests go to SDPA; 0 turns SDPA off."""
     sdpa_min_tokens: int | None = None
@@ -254,11 +262,23 @@ class TritonBackend(AttentionBackend):
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
         block_n, stages = self.decode_tiles(num_reqs, kv_cache.shape[3], query.shape[2],
                                             query.dtype)
+        stack = self.decode_stack(query.shape[1] // kv_cache.shape[3], query.shape[2],
+                                  kv_cache.shape[2])
+        if stack > 1:
+            block_n = self.tiles.decode_block_n or STACK_BLOCK_N
         splits = self.tiles.num_splits or default_num_splits(
             num_reqs, kv_cache.shape[3], max_seq_len, block_n)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                      meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
-                     num_stages=stages, req_index=req_index, new_tokens=new_tokens)
+                     num_stages=stages, req_index=req_index, new_tokens=new_tokens,
+                     stack=stack)
+
+    def decode_stack(self, group: int, head_dim: int, block_size: int) -> int:
+        """paged_decode's stack: the tiles' or LOOM_DECODE_STACK's, capped at what the shape
+        allows with tiles of one cache block's keys; 1 without either."""
+        want = self.tiles.decode_stack or envs.decode_stack() or 1
+        block_n = self.tiles.decode_block_n or STACK_BLOCK_N
+        return min(want, max_stack(group, head_dim, block_size, block_n))
 
     def decode_tiles(self, num_reqs: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype) -> tuple[int, int]:
