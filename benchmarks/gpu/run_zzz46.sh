@@ -2,6 +2,8 @@
 # padding rows (paged_decode's stack) against the best unstacked tiles, per shape.
 source benchmarks/gpu/env.sh; R=$OUT/zzz46; mkdir -p $R
 W="--tune-warps 2 4 8 --tune-stages 2 3"
+timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_paged_decode_stack.py > $R/tests.log 2>&1
+echo "tests rc $?"; tail -3 $R/tests.log; stamp tests
 one() {  # name, stack, block_ns, then bench args
   local name=$1 st=$2 bn=$3; shift 3
   timeout 150 $LOOM bench attention --mode decode --tune --tune-stack $st --tune-block-n $bn $W "$@" --output-json $R/$name-s$st.json > $R/$name-s$st.log 2>&1
