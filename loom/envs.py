@@ -123,6 +123,23 @@ def decode_stack() -> int | None:
     return _optional_int("LOOM_DECODE_STACK")
 
 
+def decode_tiles() -> tuple[int, int, int] | None:
+    """LOOM_DECODE_TILES=block_n,num_warps,num_stages: the split-K decode kernel's tiles
+    for every decode, overriding the backend's choice; for measuring (unset)."""
+    raw = os.environ.get("LOOM_DECODE_TILES", "").strip()
+    if not raw:
+        return None
+    try:
+        block_n, warps, stages = (int(v) for v in raw.split(","))
+    except ValueError:
+        raise ValueError("LOOM_DECODE_TILES: expected block_n,num_warps,num_stages "
+                         f"(e.g. 64,2,3), got {raw!r}") from None
+    if min(block_n, warps, stages) < 1 or block_n & (block_n - 1) or warps & (warps - 1):
+        raise ValueError(f"LOOM_DECODE_TILES: block_n and num_warps must be powers of two "
+                         f"and every value positive, got {raw!r}")
+    return block_n, warps, stages
+
+
 def mixed_split_min_decodes() -> int:
     """LOOM_MIXED_SPLIT_MIN_DECODES: a mixed step (prompt chunks beside one-token decodes)
     sends its decodes to the split-K decode kernel and its chunks to the varlen kernel in

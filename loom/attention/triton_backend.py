@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,6 +35,14 @@ logger = logging.getLogger(__name__)
 
 WIDE_DECODE_PROGRAMS = 64
 """(request, KV head) programs of a decode batch from which it takes the wider tiles."""
+
+
+class DecodeTiles(NamedTuple):
+    """The split-K decode kernel's tiles (`TritonBackend.decode_tiles`)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
 STACK_BLOCK_N = 16
@@ -260,8 +269,8 @@ class TritonBackend(AttentionBackend):
         see paged_decode."""
         num_reqs = meta.num_reqs if num_reqs is None else num_reqs
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
-        block_n, stages = self.decode_tiles(num_reqs, kv_cache.shape[3], query.shape[2],
-                                            query.dtype)
+        block_n, warps, stages = self.decode_tiles(num_reqs, kv_cache.shape[3],
+                                                   query.shape[2], query.dtype, kv_cache.dtype)
         stack = self.decode_stack(query.shape[1] // kv_cache.shape[3], query.shape[2],
                                   kv_cache.shape[2])
         if stack > 1:
@@ -270,8 +279,8 @@ class TritonBackend(AttentionBackend):
             num_reqs, kv_cache.shape[3], max_seq_len, block_n)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                      meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
-                     num_stages=stages, req_index=req_index, new_tokens=new_tokens,
-                     stack=stack)
+                     num_warps=warps, num_stages=stages, req_index=req_index,
+                     new_tokens=new_tokens, stack=stack)
 
     def decode_stack(self, group: int, head_dim: int, block_size: int) -> int:
         """paged_decode's stack: the tiles' or LOOM_DECODE_STACK's, capped at what the shape
@@ -281,21 +290,33 @@ class TritonBackend(AttentionBackend):
         return min(want, max_stack(group, head_dim, block_size, block_n))
 
     def decode_tiles(self, num_reqs: int, num_kv_heads: int, head_dim: int,
-                     dtype: torch.dtype) -> tuple[int, int]:
-        """(block_n, num_stages) of the split-K decode kernel.
+                     dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> DecodeTiles:
+        """The split-K decode kernel's tiles for queries of `dtype` over a cache of
+        `cache_dtype` (None: the same).
 
         About 16 KB of keys per tile (wide keys, fp32 or head dim 256, take fewer) and two
         stages, except where the batch alone gives the GPU enough (request, KV head)
         programs: there 32 KB tiles three deep read the cache faster (`loom bench attention
         --tune` on an H200, Llama-3.1-8B heads: 1.04x at 430 requests x 1280 tokens, 1.2x at
-        8, no gain at batch 1, where more splits of smaller tiles win)."""
+        8, no gain at batch 1, where more splits of smaller tiles win). Over an 8-bit cache
+        those wide batches take 64 keys three deep on 2 warps (run_zzz46, 1150 tokens: 802
+        against 850 us or more for any 4-warp tile at 872 requests, 462 against 484 at
+        484): the kernel is bound by its instructions there (fp8 conversions, the GQA
+        group padded to 16 rows), and half the warps a program let twice the programs
+        share an SM. LOOM_DECODE_TILES overrides all of this."""
+        forced = envs.decode_tiles()
+        if forced is not None:
+            return DecodeTiles(*forced)
         elem = dtype.itemsize
         if self.tiles.decode_block_n:
-            return self.tiles.decode_block_n, 2
-        # Measured (and compiled offline without spills) for 16-bit keys of up to 128 dims.
+            return DecodeTiles(self.tiles.decode_block_n, 4, 2)
+        # Measured (and compiled offline without spills) for 16-bit queries of up to 128
+        # dims.
         if num_reqs * num_kv_heads >= WIDE_DECODE_PROGRAMS and elem == 2 and head_dim <= 128:
-            return 128, 3
-        return max(16, min(64, 16384 // (head_dim * elem))), 2
+            if cache_dtype is not None and cache_dtype.itemsize == 1:
+                return DecodeTiles(64, 2, 3)
+            return DecodeTiles(128, 4, 3)
+        return DecodeTiles(max(16, min(64, 16384 // (head_dim * elem))), 4, 2)
 
     def prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
         """(block_m, block_n, num_warps, num_stages) of the varlen prefill kernel."""

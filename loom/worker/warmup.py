@@ -245,31 +245,35 @@ def warm_up_sdpa(runner) -> list[int]:
 
 
 def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                          max_num_seqs: int, max_model_len: int) -> list[tuple[int, int, int]]:
-    """The (block_n, num_stages, num_splits) the decode kernel can take for the decodes of a
-    mixed step (prompt chunks beside them: the request-index path, never in a CUDA graph),
-    one num_splits per compiled variant: the kernel is compiled per (block_n, num_stages,
-    SPLITS_PAD), SPLITS_PAD being the next power of two of num_splits that sizes the
-    splits' merge (1: one split, no merge)."""
+                          max_num_seqs: int, max_model_len: int,
+                          cache_dtype: torch.dtype | None = None
+                          ) -> list[tuple[int, int, int, int]]:
+    """The (block_n, num_warps, num_stages, num_splits) the decode kernel can take for the
+    decodes of a mixed step (prompt chunks beside them: the request-index path, never in a
+    CUDA graph) over a cache of cache_dtype (None: dtype), one num_splits per compiled
+    variant: the kernel is compiled per (block_n, num_warps, num_stages, SPLITS_PAD),
+    SPLITS_PAD being the next power of two of num_splits that sizes the splits' merge (1:
+    one split, no merge)."""
     import triton
 
     from loom.kernels.paged_decode import default_num_splits
-    seen: dict[tuple[int, int, int], int] = {}
+    seen: dict[tuple[int, int, int, int], int] = {}
     lens = {min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)}
     if backend.mixed_split_min_context <= max_model_len:
         lens.add(backend.mixed_split_min_context)  # fewer decodes split from there on
     for num_reqs in range(1, max_num_seqs + 1):
-        block_n, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype)
+        block_n, warps, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype,
+                                                      cache_dtype)
         for seq_len in sorted(lens):
             if not backend.splits_mixed(num_reqs, seq_len):
                 continue  # one launch: no decode kernel
             splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)
             pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # SPLITS_PAD
-            seen.setdefault((block_n, stages, pad), splits)
-    return sorted((bn, st, splits) for (bn, st, _), splits in seen.items())
+            seen.setdefault((block_n, warps, stages, pad), splits)
+    return sorted((bn, w, st, splits) for (bn, w, st, _), splits in seen.items())
 
 
-def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int]]:
+def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int, int]]:
     """Compile the decode kernel once per variant mixed_decode_variants names, side by side
     on threads, with the arguments of one request reading block 0 (nothing runs). A mixed
     step's decodes number anywhere from one to max_num_seqs and their contexts grow as they
@@ -283,19 +287,19 @@ def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int]]:
     num_heads = runner.arch.num_heads // cfg.parallel.tensor_parallel_size
     max_len = runner.requests.tokens.shape[1]
     variants = mixed_decode_variants(backend, num_kv_heads, head_dim, runner.dtype,
-                                     cfg.scheduler.max_num_seqs or 1, max_len)
+                                     cfg.scheduler.max_num_seqs or 1, max_len, kv_cache.dtype)
     device = runner.device
     query = torch.zeros(1, num_heads, head_dim, dtype=runner.dtype, device=device)
     out = torch.empty_like(query)
     starts = torch.tensor([0, 1], dtype=torch.int32, device=device)
     req_index = torch.zeros(1, dtype=torch.int32, device=device)
     with compile_pool(len(variants)):  # compiled side by side, nothing run
-        for block_n, stages, splits in variants:
+        for block_n, warps, stages, splits in variants:
             seq_len = min(max_len, splits * block_n)
             blocks = -(-seq_len // runner.block_size)
             block_table = torch.zeros(1, blocks, dtype=torch.int32, device=device)
             seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
             paged_decode(query, kv_cache, out, block_table, starts, seq_lens, 1, 1.0, splits,
-                         block_n=block_n, num_stages=stages, req_index=req_index,
-                         compile_only=True)
+                         block_n=block_n, num_warps=warps, num_stages=stages,
+                         req_index=req_index, compile_only=True)
     return variants

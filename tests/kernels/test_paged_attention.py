@@ -256,6 +256,28 @@ def test_wide_decode_batches_take_the_wider_tiles(monkeypatch):
 
 
 @cpu_only
+def test_wide_decode_batches_over_an_8bit_cache_take_two_warps(monkeypatch):
+    """The same wide batch over an 8-bit cache: 64 keys three deep on 2 warps; the
+    narrow one keeps the 16-bit tiles; LOOM_DECODE_TILES overrides both."""
+    from tests.kernels.test_kv_cache_fp8 import check
+    calls = _spy_kernels(monkeypatch)
+    fmt = torch.float8_e4m3fn
+    lens = [1 + 37 * i % 300 for i in range(16)]
+    for n, tiles in ((16, (64, 2, 3)), (3, (64, 4, 2))):
+        batch = make_batch([1] * n, lens[:n], 8, 4, 64, 16, dtype=torch.float16)
+        batch.kv_cache = batch.kv_cache.to(fmt)
+        check(batch, fmt, TritonBackend(TritonTiles()), atol=3e-3, rtol=3e-3)
+        (call,) = calls
+        assert (call["block_n"], call["num_warps"], call["num_stages"]) == tiles
+        calls.clear()
+    monkeypatch.setenv("LOOM_DECODE_TILES", "32,8,1")
+    assert TritonBackend().decode_tiles(16, 4, 64, torch.float16, fmt) == (32, 8, 1)
+    monkeypatch.setenv("LOOM_DECODE_TILES", "32,3")
+    with pytest.raises(ValueError, match="LOOM_DECODE_TILES"):
+        TritonBackend().decode_tiles(16, 4, 64, torch.float16, fmt)
+
+
+@cpu_only
 def test_decode_single_split_and_more_splits_than_tiles():
     """One split covers everything; too many splits leave some empty (m=-inf, l=0)."""
     for splits in (1, 8):

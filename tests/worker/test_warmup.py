@@ -63,11 +63,11 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     _spy(monkeypatch, sampler_module, "apply_top_k_top_p", calls)
     _spy(monkeypatch, model_runner_module, "warm_up", calls)
     from loom.kernels import paged_decode as paged_decode_module
-    mixed = set()  # the mixed-step variants, run directly: (block_n, num_stages, splits)
+    mixed = set()  # the mixed-step variants, run directly: (block_n, warps, stages, splits)
     real_decode = paged_decode_module.paged_decode
 
     def direct_decode(*a, **kw):
-        mixed.add((kw["block_n"], kw["num_stages"], a[8]))
+        mixed.add((kw["block_n"], kw["num_warps"], kw["num_stages"], a[8]))
         return real_decode(*a, **kw)
     monkeypatch.setattr(paged_decode_module, "paged_decode", direct_decode)
     sampled = []
@@ -129,8 +129,8 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     cache = runner.kv_caches[0]
     want = warmup_module.mixed_decode_variants(
         runner.backend, cache.shape[3], cache.shape[4], runner.dtype,
-        runner.config.scheduler.max_num_seqs, runner.requests.tokens.shape[1])
-    assert mixed == set(want) and {s for _, _, s in want} >= {1, 2}
+        runner.config.scheduler.max_num_seqs, runner.requests.tokens.shape[1], cache.dtype)
+    assert mixed == set(want) and {s for _, _, _, s in want} >= {1, 2}
     # the log line says where the seconds went
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up:"))
     assert re.search(r"and the sampler in [\d.]+ s \(step shapes [\d.]+, mixed decodes "
@@ -169,22 +169,25 @@ def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch)
     if fewest:
         monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", fewest)
     backend = TritonBackend()
-    for kv_heads, max_seqs, max_len in ((8, 256, 1100), (4, 300, 700)):
+    for kv_heads, max_seqs, max_len, cache in ((8, 256, 1100, None), (4, 300, 700, None),
+                                               (8, 256, 1100, torch.float8_e4m3fn)):
         got = warmup_module.mixed_decode_variants(backend, kv_heads, 128, torch.bfloat16,
-                                                  max_seqs, max_len)
-        warmed = {(bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()) for bn, st, s in got}
+                                                  max_seqs, max_len, cache)
+        warmed = {(bn, w, st, 1 if s == 1 else 1 << (s - 1).bit_length())
+                  for bn, w, st, s in got}
         reachable = set()
         for n in range(1, max_seqs + 1):
-            bn, st = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16)
+            bn, w, st = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16, cache)
             for seq_len in range(1, max_len + 1):
                 if (n < backend.mixed_split_min_decodes
                         and seq_len < backend.mixed_split_min_context):
                     continue  # one launch: no decode kernel
                 s = default_num_splits(n, kv_heads, seq_len, bn)
-                reachable.add((bn, st, 1 if s == 1 else 1 << (s - 1).bit_length()))
+                reachable.add((bn, w, st, 1 if s == 1 else 1 << (s - 1).bit_length()))
         assert warmed == reachable
         if fewest:  # both tile sizes at these batches
-            assert {bn for bn, _, _ in reachable} == {64, 128}
+            assert {bn for bn, _, _, _ in reachable} == ({64, 128} if cache is None else {64})
+            assert {w for _, w, _, _ in reachable} == ({4} if cache is None else {2, 4})
         assert len(got) == len(warmed)  # one launch per variant
 
 
