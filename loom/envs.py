@@ -116,13 +116,6 @@ MIXED_SPLIT_MIN_CONTEXT = 1024
 1.5-2.1x as fast at 2000, 2.0-3.1x at 4000, 2.1-5.1x at 8000)."""
 
 
-def decode_stack() -> int | None:
-    """LOOM_DECODE_STACK: key chunks the split-K decode kernel stacks in a tile's GQA padding
-    rows (`paged_decode`'s stack; 1: none), overriding the backend's choice where the shape
-    allows it; for measuring (unset)."""
-    return _optional_int("LOOM_DECODE_STACK")
-
-
 def decode_tiles() -> tuple[int, int, int] | None:
     """LOOM_DECODE_TILES=block_n,num_warps,num_stages: the split-K decode kernel's tiles
     for every decode, overriding the backend's choice; for measuring (unset)."""
@@ -134,9 +127,11 @@ def decode_tiles() -> tuple[int, int, int] | None:
     except ValueError:
         raise ValueError("LOOM_DECODE_TILES: expected block_n,num_warps,num_stages "
                          f"(e.g. 64,2,3), got {raw!r}") from None
-    if min(block_n, warps, stages) < 1 or block_n & (block_n - 1) or warps & (warps - 1):
-        raise ValueError(f"LOOM_DECODE_TILES: block_n and num_warps must be powers of two "
-                         f"and every value positive, got {raw!r}")
+    if block_n < 16 or block_n & (block_n - 1) or warps < 1 or warps & (warps - 1) \
+            or stages < 1:
+        raise ValueError(f"LOOM_DECODE_TILES: block_n must be a power of two of at least 16 "
+                         f"(tl.dot's least), num_warps a power of two, num_stages positive; "
+                         f"got {raw!r}")
     return block_n, warps, stages
 
 

@@ -1,5 +1,6 @@
 # 1 GPU (~5 min), session 27: the split-K decode kernel stacking key chunks in its GQA
 # padding rows (paged_decode's stack) against the best unstacked tiles, per shape.
+# Ran at 7832785..1df2aae; paged_decode's stack (and --tune-stack) were taken out after it.
 source benchmarks/gpu/env.sh; R=$OUT/zzz46; mkdir -p $R
 W="--tune-warps 2 4 8 --tune-stages 2 3"
 timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_paged_decode_stack.py > $R/tests.log 2>&1

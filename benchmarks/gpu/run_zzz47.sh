@@ -4,6 +4,7 @@
 #    same reduced sweep (run_zzz46's unstacked sweep ran out of time there);
 # 3. 8B throughput over an fp8 cache: HEAD's tiles (64 keys, 2 warps, 3 stages at wide
 #    batches) against the former ones (LOOM_DECODE_TILES=128,4,3), one run each.
+# Ran at 7832785..1df2aae; paged_decode's stack (and --tune-stack) were taken out after it.
 source benchmarks/gpu/env.sh; R=$OUT/zzz47; mkdir -p $R
 timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_paged_decode_stack.py tests/kernels/test_kv_cache_fp8.py tests/kernels/test_paged_attention.py > $R/tests.log 2>&1
 echo "tests rc $?"; tail -3 $R/tests.log; stamp tests

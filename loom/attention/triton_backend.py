@@ -28,7 +28,7 @@ from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.torch_native import gather_kv
 from loom.kernels.kv_write import write_kv_cache
 from loom.kernels.paged_attention import paged_prefill
-from loom.kernels.paged_decode import NewTokens, default_num_splits, max_stack, paged_decode
+from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
 from loom.kernels.rope_kv_write import rope_write_kv_cache
 
 logger = logging.getLogger(__name__)
@@ -45,11 +45,6 @@ class DecodeTiles(NamedTuple):
     num_stages: int
 
 
-STACK_BLOCK_N = 16
-"""A stacked decode tile's keys per chunk: tl.dot's least, so that the tile's
-[stack x head_dim, block_n] keys stay in registers."""
-
-
 @dataclass(frozen=True)
 class TritonTiles:
     """Tile shapes; None picks a default from the head dim."""
@@ -60,9 +55,6 @@ class TritonTiles:
     decode_block_n: int | None = None
     num_splits: int | None = None
     """Decode splits per (request, KV head); fix it when capturing CUDA graphs."""
-    decode_stack: int | None = None
-    """Key chunks side by side in a decode tile (paged_decode's stack); None: the default
-    (LOOM_DECODE_STACK where set)."""
     sdpa_max_reqs: int = 4
     """Pure prefills of at most this many requests go to SDPA; 0 turns SDPA off."""
     sdpa_min_tokens: int | None = None
@@ -271,23 +263,12 @@ class TritonBackend(AttentionBackend):
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
         block_n, warps, stages = self.decode_tiles(num_reqs, kv_cache.shape[3],
                                                    query.shape[2], query.dtype, kv_cache.dtype)
-        stack = self.decode_stack(query.shape[1] // kv_cache.shape[3], query.shape[2],
-                                  kv_cache.shape[2])
-        if stack > 1:
-            block_n = self.tiles.decode_block_n or STACK_BLOCK_N
         splits = self.tiles.num_splits or default_num_splits(
             num_reqs, kv_cache.shape[3], max_seq_len, block_n)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                      meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
                      num_warps=warps, num_stages=stages, req_index=req_index,
-                     new_tokens=new_tokens, stack=stack)
-
-    def decode_stack(self, group: int, head_dim: int, block_size: int) -> int:
-        """paged_decode's stack: the tiles' or LOOM_DECODE_STACK's, capped at what the shape
-        allows with tiles of one cache block's keys; 1 without either."""
-        want = self.tiles.decode_stack or envs.decode_stack() or 1
-        block_n = self.tiles.decode_block_n or STACK_BLOCK_N
-        return min(want, max_stack(group, head_dim, block_size, block_n))
+                     new_tokens=new_tokens)
 
     def decode_tiles(self, num_reqs: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> DecodeTiles:
@@ -301,9 +282,10 @@ class TritonBackend(AttentionBackend):
         8, no gain at batch 1, where more splits of smaller tiles win). Over an 8-bit cache
         those wide batches take 64 keys three deep on 2 warps (run_zzz46, 1150 tokens: 802
         against 850 us or more for any 4-warp tile at 872 requests, 462 against 484 at
-        484): the kernel is bound by its instructions there (fp8 conversions, the GQA
-        group padded to 16 rows), and half the warps a program let twice the programs
-        share an SM. LOOM_DECODE_TILES overrides all of this."""
+        484; 8B throughput's decode-only steps 12.80 against 13.74 s, run_zzz47): the
+        kernel is bound by its instructions there (fp8 conversions, the GQA group padded
+        to 16 rows), and half the warps a program let twice the programs share an SM.
+        LOOM_DECODE_TILES overrides all of this."""
         forced = envs.decode_tiles()
         if forced is not None:
             return DecodeTiles(*forced)

@@ -60,7 +60,7 @@ from typing import Any
 
 from loom.bench.attention_variants import (
     TUNE_BLOCK_N, TUNE_PREFILL_BLOCK_M, TUNE_PREFILL_BLOCK_N, TUNE_PREFILL_STAGES,
-    TUNE_PREFILL_WARPS, TUNE_SPLITS, TUNE_STACK, TUNE_STAGES, TUNE_WARPS, backend_call, checked,
+    TUNE_PREFILL_WARPS, TUNE_SPLITS, TUNE_STAGES, TUNE_WARPS, backend_call, checked,
     recorded_launches, single_launch_call, tune)
 from loom.bench.attention_workload import (AttentionShape, Step, attention_shape, decode_step,
                                            make_inputs, mixed_step, reference, step_bytes,
@@ -116,9 +116,6 @@ def register(subparsers) -> None:
     p.add_argument("--tune-stages", type=int, nargs="+", default=list(TUNE_STAGES))
     p.add_argument("--tune-splits", type=int, nargs="+", default=list(TUNE_SPLITS),
                    help="split counts tried besides default_num_splits' choice")
-    p.add_argument("--tune-stack", type=int, nargs="+", default=list(TUNE_STACK),
-                   help="decode: key chunks side by side in a tile's padding rows "
-                        "(paged_decode's stack; where the shape allows them)")
     p.add_argument("--tune-prefill-block-m", type=int, nargs="+",
                    default=list(TUNE_PREFILL_BLOCK_M))
     p.add_argument("--tune-prefill-block-n", type=int, nargs="+",
@@ -192,8 +189,7 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
 
 
 def _fmt_launch(launch: dict[str, Any]) -> str:
-    keys = ("block_m", "block_n", "num_splits", "num_warps", "num_stages", "stack",
-            "mask_all")
+    keys = ("block_m", "block_n", "num_splits", "num_warps", "num_stages", "mask_all")
     tiles = " ".join(f"{k}={launch[k]}" for k in keys if k in launch)
     return f"{launch['kernel'].removeprefix('paged_')}({tiles})"
 
@@ -229,7 +225,6 @@ def _validate(args: argparse.Namespace) -> None:
     positive = {"batch_sizes": args.batch_sizes, "context_lens": args.context_lens,
                 "tune_block_n": args.tune_block_n, "tune_warps": args.tune_warps,
                 "tune_stages": args.tune_stages, "tune_splits": args.tune_splits,
-                "tune_stack": args.tune_stack,
                 "tune_prefill_block_m": args.tune_prefill_block_m,
                 "tune_prefill_block_n": args.tune_prefill_block_n,
                 "tune_prefill_warps": args.tune_prefill_warps,

@@ -22,7 +22,6 @@ TUNE_BLOCK_N = (16, 32, 64, 128)
 TUNE_WARPS = (2, 4, 8)
 TUNE_STAGES = (1, 2, 3)
 TUNE_SPLITS = (1, 2, 4, 8, 16)
-TUNE_STACK = (1, 2, 4)
 TUNE_PREFILL_BLOCK_M = (64, 128)
 TUNE_PREFILL_BLOCK_N = (32, 64, 128)
 TUNE_PREFILL_WARPS = (4, 8)
@@ -100,8 +99,7 @@ def tiled_call(inputs: Inputs, config: dict[str, int]) -> Callable[[], Any]:
     tiles = {"block_n": config["block_n"], "num_warps": config["num_warps"],
              "num_stages": config["num_stages"]}
     if "num_splits" in config:
-        return lambda: paged_decode(*common, inputs.scale, config["num_splits"],
-                                    stack=config.get("stack", 1), **tiles)
+        return lambda: paged_decode(*common, inputs.scale, config["num_splits"], **tiles)
     return lambda: paged_prefill(
         *common, meta.max_query_len, inputs.scale, block_m=config["block_m"],
         mask_all=bool(config.get("mask_all", 0)), **tiles)
@@ -121,23 +119,18 @@ def checked(fn: Callable[[], Any], ref, dtype: str, what: str) -> float:
 def tune_configs(step: Step, shape: AttentionShape, args: argparse.Namespace
                  ) -> list[dict[str, int]]:
     """The sweep for one decode shape: every tile with the split count default_num_splits
-    picks for its block_n and those of the others that leave no split empty, each stack
-    the shape allows (`max_stack`)."""
-    from loom.kernels.paged_decode import default_num_splits, max_stack
+    picks for its block_n and those of the others that leave no split empty."""
+    from loom.kernels.paged_decode import default_num_splits
     num_reqs, ctx = len(step.seq_lens), max(step.seq_lens)
-    group = shape.num_heads // shape.num_kv_heads
     configs = []
-    for block_n, warps, stages, stack in itertools.product(
+    for block_n, warps, stages in itertools.product(
             sorted(set(args.tune_block_n)), sorted(set(args.tune_warps)),
-            sorted(set(args.tune_stages)), sorted(set(args.tune_stack))):
-        if stack > max_stack(group, shape.head_dim, args.block_size, block_n):
-            continue
+            sorted(set(args.tune_stages))):
         default = default_num_splits(num_reqs, shape.num_kv_heads, ctx, block_n)
         for splits in sorted({default, *args.tune_splits}):
             if splits == default or _no_empty_split(ctx, block_n, splits):
-                config = {"block_n": block_n, "num_warps": warps, "num_stages": stages,
-                          "num_splits": splits}
-                configs.append({**config, "stack": stack} if stack > 1 else config)
+                configs.append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
+                                "num_splits": splits})
     return configs
 
 

@@ -121,73 +121,6 @@ def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, o_row, first_pa
              (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
-@triton.jit
-def _stacked_queries(q, STACK: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """q [ROWS, D] as the stacked tile's block-diagonal [STACK * ROWS, STACK * D]: row
-    c * ROWS + h holds head h's query in columns c * D .. (c + 1) * D and zeros elsewhere, so
-    its dot with STACK chunks' keys side by side sees only chunk c's."""
-    q4 = tl.broadcast_to(q[None, :, None, :], [STACK, ROWS, STACK, HEAD_DIM])
-    own = tl.arange(0, STACK)[:, None, None, None] == tl.arange(0, STACK)[None, None, :, None]
-    return tl.reshape(tl.where(own, q4, 0.0), [STACK * ROWS, STACK * HEAD_DIM])
-
-
-@triton.jit
-def _attend_stacked(q, acc, m_i, l_i, start, chunk_len, kv_end, block_row_ptr, k_base,
-                    v_base, stride_cblk, stride_cslot, scale_log2, HEAD_DIM: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, STACK: tl.constexpr,
-                    ROWS: tl.constexpr, PRECISION: tl.constexpr):
-    """attend_tile over STACK chunks of the split at once: chunk c's keys start at
-    start + c * chunk_len, and rows c * ROWS .. (c + 1) * ROWS of the tile (q from
-    `_stacked_queries`) are the GROUP heads' online softmax over chunk c alone. The rows a
-    GQA group is padded by (up to tl.dot's 16) then hold keys too, where attend_tile spends
-    its softmax on padding; the dots do the same work per key. Each chunk's BLOCK_N keys lie
-    in one cache block (BLOCK_N divides BLOCK_SIZE, every chunk starts at a multiple of
-    BLOCK_N), so a block-table entry serves a whole row of the key tile. A chunk with no
-    keys yet leaves its rows' running max at -inf, and the exponentials take 0 instead."""
-    WIDTH: tl.constexpr = STACK * HEAD_DIM
-    col = tl.arange(0, WIDTH)
-    first = start + (col // HEAD_DIM) * chunk_len  # the key at column 0 of each row's chunk
-    blk = tl.load(block_row_ptr + first // BLOCK_SIZE, mask=first < kv_end, other=0)
-    base = blk.to(tl.int64) * stride_cblk + (first % BLOCK_SIZE) * stride_cslot + col % HEAD_DIM
-    # Each head's dims are contiguous from a 16-aligned start (check_stack: the cache's
-    # strides are multiples of 16), which Triton cannot see through the block-table load:
-    # without the hint it copies the tiles an element at a time.
-    base = tl.max_contiguous(tl.multiple_of(base, 16), HEAD_DIM)
-    j = tl.arange(0, BLOCK_N)
-    k_ok = first[:, None] + j[None, :] < kv_end
-    k = tl.load(k_base + base[:, None] + j[None, :] * stride_cslot, mask=k_ok, other=0.0)
-    s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
-    row_first = start + (tl.arange(0, STACK * ROWS) // ROWS) * chunk_len
-    s = tl.where(row_first[:, None] + j[None, :] < kv_end, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v_ok = first[None, :] + j[:, None] < kv_end
-    v = tl.load(v_base + base[None, :] + j[:, None] * stride_cslot, mask=v_ok, other=0.0)
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _fold_stacked(acc, m_i, l_i, STACK: tl.constexpr, ROWS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr):
-    """The stacked tile's STACK chunk softmaxes merged into each head's: (acc [ROWS, D],
-    max [ROWS], sum [ROWS]) as attend_tile would have left them over the whole split.
-    Row block c's output is its columns c * D .. (c + 1) * D (the others multiplied chunk c's
-    probabilities with other chunks' values). Chunk 0 always holds keys, so each head's
-    max over the chunks is finite."""
-    acc4 = tl.reshape(acc, [STACK, ROWS, STACK, HEAD_DIM])
-    own = tl.arange(0, STACK)[:, None, None, None] == tl.arange(0, STACK)[None, None, :, None]
-    acc3 = tl.sum(tl.where(own, acc4, 0.0), axis=2)
-    m2 = tl.reshape(m_i, [STACK, ROWS])
-    top = tl.max(m2, axis=0)
-    w = tl.exp2(m2 - top[None, :])
-    total = tl.sum(tl.reshape(l_i, [STACK, ROWS]) * w, axis=0)
-    return tl.sum(acc3 * w[:, :, None], axis=0), top, total
-
-
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, count_ptr,
@@ -201,7 +134,6 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, F16_DOT: tl.constexpr = False,
     PDL: tl.constexpr = False, QK_NORM: tl.constexpr = False, SPLITS_PAD: tl.constexpr = 1,
-    STACK: tl.constexpr = 1,
 ):
     # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
     # request's own length, so the grid does not depend on sequence lengths (graph-safe);
@@ -216,8 +148,6 @@ def _decode_split_kernel(
     # program rotates its q heads, and the one whose split holds the new token rotates its
     # key and stores key and value into the cache before attending. QK_NORM (with ROPE):
     # q and k are RMS-normalised per head first (Qwen3's q_norm / k_norm).
-    # STACK > 1: the split's keys in STACK chunks side by side in each tile
-    # (`_attend_stacked`), the GQA group padded to GROUP_PAD // STACK rows, not GROUP_PAD.
     if PDL:  # launched early (loom/kernels/pdl.py): every input is a predecessor's output
         pdl.wait_then_release()
     slot = tl.program_id(0)
@@ -236,8 +166,7 @@ def _decode_split_kernel(
     if lo >= hi:  # past the request's keys: no partials, no arrival (not one of n_active)
         return
 
-    ROWS: tl.constexpr = GROUP_PAD // STACK
-    g = tl.arange(0, ROWS)
+    g = tl.arange(0, GROUP_PAD)
     head = kv_head * GROUP + g
     g_ok = g < GROUP
     dims = tl.arange(0, HEAD_DIM)
@@ -266,24 +195,13 @@ def _decode_split_kernel(
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
-    if STACK == 1:
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = attend_tile(
-                q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
-                k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
-                False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
-    else:
-        q = _stacked_queries(q, STACK, ROWS, HEAD_DIM)
-        acc = tl.zeros([GROUP_PAD, STACK * HEAD_DIM], tl.float32)
-        chunk_len = tl.cdiv(tl.cdiv(hi - lo, STACK), BLOCK_N) * BLOCK_N
-        for start in range(lo, lo + chunk_len, BLOCK_N):
-            acc, m_i, l_i = _attend_stacked(
-                q, acc, m_i, l_i, start, chunk_len, hi, block_row_ptr, k_base,
-                k_base + stride_plane, stride_cblk, stride_cslot, scale_log2, HEAD_DIM,
-                BLOCK_SIZE, BLOCK_N, STACK, ROWS, PRECISION)
-        acc, m_i, l_i = _fold_stacked(acc, m_i, l_i, STACK, ROWS, HEAD_DIM)
+    for start in range(lo, hi, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
+            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
     o_row = q_start.to(tl.int64) * stride_ot
     o_off = o_row + head[:, None] * stride_oh + dims[None, :]
     if DIRECT:
@@ -317,36 +235,6 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block
     would be empty for the longest request."""
     want = triton.cdiv(target_programs, max(1, num_reqs * num_kv_heads))
     return max(1, min(want, max_splits, triton.cdiv(max(1, max_seq_len), block_n)))
-
-
-MAX_STACK_WIDTH = 512
-"""The most key columns (stack x head_dim) a stacked tile takes: its output tile is
-[16, stack x head_dim] float32."""
-
-
-def max_stack(group: int, head_dim: int, block_size: int, block_n: int) -> int:
-    """The most chunks a decode tile can stack (1: none): the padding rows of a GQA group of
-    `group` heads, up to MAX_STACK_WIDTH columns, and each chunk's BLOCK_N keys in one
-    cache block."""
-    if block_size % block_n:
-        return 1
-    rows = triton.next_power_of_2(group)
-    return max(1, min(MIN_DOT_ROWS // rows, MAX_STACK_WIDTH // head_dim))
-
-
-def check_stack(stack: int, group: int, head_dim: int, kv_cache: torch.Tensor,
-                block_n: int) -> None:
-    block_size = kv_cache.shape[2]
-    if stack > 1 and (kv_cache.stride(1) % 16 or kv_cache.stride(2) % 16):
-        raise ValueError(f"paged_decode: stack={stack} needs cache block and slot strides "
-                         f"that are multiples of 16, got {kv_cache.stride()}")
-    if stack < 1 or stack & (stack - 1) or stack > max_stack(group, head_dim, block_size,
-                                                              block_n):
-        raise ValueError(
-            f"paged_decode: stack={stack} must be a power of two of at most "
-            f"{max_stack(group, head_dim, block_size, block_n)} here (a GQA group of {group} "
-            f"padded to {MIN_DOT_ROWS} rows, head_dim {head_dim}, block_n {block_n} dividing "
-            f"the cache's block size {block_size})")
 
 
 class NewTokens(NamedTuple):
@@ -399,7 +287,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                  req_index: torch.Tensor | None = None,
                  new_tokens: NewTokens | None = None,
-                 compile_only: bool = False, stack: int = 1) -> torch.Tensor:
+                 compile_only: bool = False) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
@@ -420,10 +308,6 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
 
     compile_only: compile the kernel these arguments need and run nothing (inside
     compile_pool, on its threads).
-
-    stack: how many chunks of each split's keys one tile holds side by side, in the rows
-    tl.dot's 16 would otherwise pad the GQA group with (`_attend_stacked`; see
-    `check_stack` for what it needs).
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
@@ -434,8 +318,6 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     key, value, positions, cos_sin_cache, slot_mapping, qk_norm = _new_token_args(
         new_tokens, query, kv_cache, query_start_loc)
     q_norm, k_norm, norm_eps = check_qk_norm(qk_norm, query, key, "paged_decode")
-    group_pad = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
-    check_stack(stack, group, head_dim, kv_cache, block_n)
     direct = num_splits == 1
     use_pdl = pdl.enabled(query.device)
     part_m, part_l, part_acc = _partials(query, out, num_reqs, num_splits)
@@ -449,12 +331,12 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *cache_strides(kv_cache),
         block_table.stride(0), GROUP=group,
-        GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=precision(query.dtype),
         HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope,
         SAT=saturation(kv_cache) if rope else 0.0, F16_DOT=f16_dot(query, kv_cache),
         PDL=use_pdl, QK_NORM=qk_norm is not None,
-        SPLITS_PAD=1 if direct else triton.next_power_of_2(num_splits), STACK=stack,
+        SPLITS_PAD=1 if direct else triton.next_power_of_2(num_splits),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out
