@@ -33,20 +33,20 @@ import triton.language as tl
 from loom import envs
 from loom.distributed.ops import FUSED_NORM_MAX_ROWS
 from loom.kernels import pdl
-from loom.kernels.all_reduce_norm_ll import LowLatencyNormBuffer
-
-_MAX_SPIN = tl.constexpr(1 << 26)
-"""Give up waiting after this many polls (tens of seconds): a peer that never arrives has
-died, and the engine's worker monitor reports it; a GPU spinning forever would hide it."""
-
+from loom.kernels import all_reduce_norm_ll
+from loom.kernels.all_reduce_norm_ll import LowLatencyNormBuffer, give_up_unless
 
 @triton.jit
-def _take_signal(flag):
+def _take_signal(flag, SPIN: tl.constexpr):
+    """Wait for the flag's count, then take one. After SPIN polls (all_reduce_norm_ll's
+    MAX_SPIN, tens of seconds) the peer has died or hangs: trap (`give_up_unless`); a GPU
+    spinning forever would hide it, and going on would read a row the peer never wrote."""
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     spins = 0
-    while (seen < 1) & (spins < _MAX_SPIN):
+    while (seen < 1) & (spins < SPIN):
         seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
         spins += 1
+    give_up_unless(seen >= 1)
     tl.atomic_add(flag, -1, sem="relaxed", scope="sys")
 
 
@@ -56,6 +56,7 @@ def _all_reduce_add_rms_norm_kernel(
     stride_x, stride_r, stride_o, stride_ro,
     N: tl.constexpr, BLOCK: tl.constexpr, WORLD: tl.constexpr, MAX_ROWS: tl.constexpr,
     PUSH: tl.constexpr = False, SLOT: tl.constexpr = 0, PDL: tl.constexpr = False,
+    SPIN: tl.constexpr = all_reduce_norm_ll.MAX_SPIN,
 ):
     if PDL:  # launched early (loom/kernels/pdl.py): x is the previous kernel's output
         pdl.wait_then_release()
@@ -71,7 +72,7 @@ def _all_reduce_add_rms_norm_kernel(
         mine = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
         for p in tl.static_range(WORLD):
             if p != rank:
-                _take_signal(mine + (WORLD + p) * MAX_ROWS + row)
+                _take_signal(mine + (WORLD + p) * MAX_ROWS + row, SPIN)
         if PUSH:  # slot `rank` of every rank's buffer, this rank's own included
             for p in tl.static_range(WORLD):
                 dst = tl.load(data_ptrs + p).to(tl.pointer_type(dtype)) + rank * SLOT + row * N
@@ -86,7 +87,7 @@ def _all_reduce_add_rms_norm_kernel(
                 tl.atomic_add(peer + rank * MAX_ROWS + row, 1, sem="release", scope="sys")
         for p in tl.static_range(WORLD):
             if p != rank:
-                _take_signal(mine + p * MAX_ROWS + row)
+                _take_signal(mine + p * MAX_ROWS + row, SPIN)
         tl.debug_barrier()
         total = tl.zeros([BLOCK], tl.float32)
         for p in tl.static_range(WORLD):
@@ -135,7 +136,8 @@ def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_row
             x.stride(0), residual.stride(0), out.stride(0), res_out.stride(0),
             N=n, BLOCK=block, WORLD=world, MAX_ROWS=max_rows,
             PUSH=push, SLOT=slot_bytes // x.element_size(), PDL=use_pdl,
-            num_warps=max(1, min(16, block // 512)), launch_pdl=use_pdl)
+            SPIN=all_reduce_norm_ll.MAX_SPIN, num_warps=max(1, min(16, block // 512)),
+            launch_pdl=use_pdl)
     return out.view(shape), res_out.view(shape)
 
 

@@ -29,9 +29,22 @@ import triton.language as tl
 
 from loom.kernels import pdl
 
-_MAX_SPIN = tl.constexpr(1 << 26)
-"""Polls before a program gives up on its peer (tens of seconds): a peer that never
-arrives has died, and the engine's worker monitor reports it."""
+MAX_SPIN = 1 << 26
+"""Polls before a program gives up on its peer (tens of seconds at ~1 us a poll): a peer
+that never arrives has died or hangs. The program then traps (`give_up_unless`) rather
+than carry on with whatever the peer's buffer held. Read at each launch (a constexpr):
+tests lower it."""
+
+
+@triton.jit
+def give_up_unless(arrived):
+    """Trap where `arrived` (a scalar) is false: the kernel aborts, the CUDA context with
+    it, and the process's next CUDA call raises, so the worker fails and the engine
+    reports which rank, instead of every later collective summing stale or half-written
+    rows and the ranks' counters drifting apart for good."""
+    if not arrived:
+        tl.inline_asm_elementwise("trap; // $0", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
 
 
 @triton.jit
@@ -71,6 +84,7 @@ def _ll_all_reduce_add_rms_norm_kernel(
     stride_x, stride_r, stride_o, stride_ro,
     N: tl.constexpr, BLOCK: tl.constexpr, WORLD: tl.constexpr, MAX_ROWS: tl.constexpr,
     ROW_WORDS: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr = False,
+    SPIN: tl.constexpr = MAX_SPIN,
 ):
     # Strides in 32-bit words (pairs of values); BLOCK covers N // 2 pairs.
     if PDL:  # launched early (loom/kernels/pdl.py): x is the previous kernel's output
@@ -102,11 +116,12 @@ def _ll_all_reduce_add_rms_norm_kernel(
             got = tl.load(src, mask=ok, other=0, volatile=True)
             missing = tl.sum((((got >> 32).to(tl.int32) != epoch) & ok).to(tl.int32), axis=0)
             spins = 0
-            while (missing > 0) & (spins < _MAX_SPIN):
+            while (missing > 0) & (spins < SPIN):
                 got = tl.load(src, mask=ok, other=0, volatile=True)
                 missing = tl.sum((((got >> 32).to(tl.int32) != epoch) & ok).to(tl.int32),
                                  axis=0)
                 spins += 1
+            give_up_unless(missing == 0)
             d32 = (got & 0xFFFFFFFF).to(tl.int32)
         a, b = _halves(d32)
         lo += _to_f32(a, BF16)
@@ -190,5 +205,6 @@ class LowLatencyNormBuffer:
             x.stride(0) // 2, residual.stride(0) // 2, n // 2, n // 2,
             N=n, BLOCK=block, WORLD=self.world, MAX_ROWS=self.max_rows,
             ROW_WORDS=self.max_width // 2, BF16=x.dtype == torch.bfloat16, PDL=use_pdl,
-            num_warps=max(1, min(8, block // 256)), launch_pdl=use_pdl)
+            SPIN=MAX_SPIN, num_warps=max(1, min(8, block // 256)),
+            launch_pdl=use_pdl)
         return out, res_out
