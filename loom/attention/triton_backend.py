@@ -34,7 +34,8 @@ from loom.kernels.rope_kv_write import rope_write_kv_cache
 logger = logging.getLogger(__name__)
 
 WIDE_DECODE_PROGRAMS = 64
-"""(request, KV head) programs of a decode batch from which it takes the wider tiles."""
+"""(request, KV head) programs of a decode batch over an 8-bit cache from which it takes
+its 2-warp tiles (`TritonBackend.decode_tiles`)."""
 
 
 class DecodeTiles(NamedTuple):
@@ -275,17 +276,19 @@ class TritonBackend(AttentionBackend):
         """The split-K decode kernel's tiles for queries of `dtype` over a cache of
         `cache_dtype` (None: the same).
 
-        About 16 KB of keys per tile (wide keys, fp32 or head dim 256, take fewer) and two
-        stages, except where the batch alone gives the GPU enough (request, KV head)
-        programs: there 32 KB tiles three deep read the cache faster (`loom bench attention
-        --tune` on an H200, Llama-3.1-8B heads: 1.04x at 430 requests x 1280 tokens, 1.2x at
-        8, no gain at batch 1, where more splits of smaller tiles win). Over an 8-bit cache
-        those wide batches take 64 keys three deep on 2 warps (run_zzz46, 1150 tokens: 802
+        16-bit keys of up to 128 dims: 128 keys a tile, three stages deep, at any batch
+        (`loom bench attention --tune` on an H200, Llama-3.1-8B heads: 1.04x at 430
+        requests x 1280 tokens; at batch 1 and 4, 4096 and 8192 tokens, 17.3 / 33.0 / 22.7
+        / 50.7 us against 17.3 / 39.5 / 26.4 / 62.1 for the 64-key two-stage tiles that
+        narrow batches took before, run_zzz47, and 7.7 against 8.4 us at 128 tokens,
+        run_zzz43). Over an 8-bit cache, batches that alone give the GPU enough (request,
+        KV head) programs take 64 keys three deep on 2 warps (run_zzz46, 1150 tokens: 802
         against 850 us or more for any 4-warp tile at 872 requests, 462 against 484 at
         484; 8B throughput's decode-only steps 12.80 against 13.74 s, run_zzz47): the
         kernel is bound by its instructions there (fp8 conversions, the GQA group padded
         to 16 rows), and half the warps a program let twice the programs share an SM.
-        LOOM_DECODE_TILES overrides all of this."""
+        Otherwise (fp32, head dim 256, narrow batches over an 8-bit cache) about 16 KB of
+        keys a tile, two stages. LOOM_DECODE_TILES overrides all of this."""
         forced = envs.decode_tiles()
         if forced is not None:
             return DecodeTiles(*forced)
@@ -294,10 +297,11 @@ class TritonBackend(AttentionBackend):
             return DecodeTiles(self.tiles.decode_block_n, 4, 2)
         # Measured (and compiled offline without spills) for 16-bit queries of up to 128
         # dims.
-        if num_reqs * num_kv_heads >= WIDE_DECODE_PROGRAMS and elem == 2 and head_dim <= 128:
-            if cache_dtype is not None and cache_dtype.itemsize == 1:
+        if elem == 2 and head_dim <= 128:
+            if cache_dtype is None or cache_dtype.itemsize == 2:
+                return DecodeTiles(128, 4, 3)
+            if num_reqs * num_kv_heads >= WIDE_DECODE_PROGRAMS:
                 return DecodeTiles(64, 2, 3)
-            return DecodeTiles(128, 4, 3)
         return DecodeTiles(max(16, min(64, 16384 // (head_dim * elem))), 4, 2)
 
     def prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:

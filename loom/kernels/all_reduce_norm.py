@@ -32,9 +32,9 @@ import triton.language as tl
 
 from loom import envs
 from loom.distributed.ops import FUSED_NORM_MAX_ROWS
-from loom.kernels import pdl
-from loom.kernels import all_reduce_norm_ll
+from loom.kernels import all_reduce_norm_ll, pdl
 from loom.kernels.all_reduce_norm_ll import LowLatencyNormBuffer, give_up_unless
+
 
 @triton.jit
 def _take_signal(flag, SPIN: tl.constexpr):
