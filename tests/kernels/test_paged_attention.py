@@ -291,8 +291,8 @@ GPU_CASES = {
     "decode-gqa8-d128-b16": ([1] * 6, [4100, 1, 777, 2048, 33, 9000], 32, 4, 128, 16, 3),
     "decode-gqa4-d64-b32": ([1] * 3, [1500, 64, 3001], 16, 4, 64, 32, 0),
     "decode-gqa1-d128-b32": ([1] * 2, [5000, 257], 8, 8, 128, 32, 1),
-    # 20 requests x 4 KV heads: enough programs for the backend's wide tiles (128 keys, 3
-    # stages; the entry-point checks below fix their own)
+    # 20 requests x 4 KV heads: a wide batch (over an 8-bit cache it takes 64-key tiles on
+    # 2 warps; the entry-point checks below fix their own tiles)
     "decode-wide-gqa8-d128-b16": ([1] * 20, [1 + 97 * i % 3000 for i in range(20)], 32, 4,
                                   128, 16, 2),
     "mixed-gqa8-d128-b16": ([1, 300, 1, 77], [2000, 1300, 45, 77], 32, 4, 128, 16, 5),

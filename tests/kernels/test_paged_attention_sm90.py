@@ -73,8 +73,8 @@ for indexed in (False, True):
     # never with a request index)
     for direct, rope in itertools.product((False, True), (False, True) if not indexed
                                           else (False,)):
-        # the backend's two decode tiles: 64 keys two stages deep, 128 three deep (wide
-        # batches)
+        # the backend's decode tiles: 128 keys three deep (16-bit keys), 64 two deep (the
+        # general rule: fp32, head dim 256, narrow batches over an 8-bit cache)
         for block_n, stages in ((64, 2), (128, 3)):
             build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128,
                                              BLOCK_SIZE=16, BLOCK_N=block_n, PRECISION="tf32",
