@@ -168,6 +168,8 @@ class TritonBackend(AttentionBackend):
                                 if self.tiles.sdpa_min_tokens is not None
                                 else envs.sdpa_min_tokens())
         self.mixed_split_min_decodes = envs.mixed_split_min_decodes()
+        forced = envs.decode_tiles()  # read once: decode_tiles runs every decode layer
+        self.forced_decode_tiles = None if forced is None else DecodeTiles(*forced)
         self.mixed_split_min_context = envs.mixed_split_min_context()
         self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
         """The last step's metadata (weakly) and its split: every layer reads it again."""
@@ -289,9 +291,8 @@ class TritonBackend(AttentionBackend):
         to 16 rows), and half the warps a program let twice the programs share an SM.
         Otherwise (fp32, head dim 256, narrow batches over an 8-bit cache) about 16 KB of
         keys a tile, two stages. LOOM_DECODE_TILES overrides all of this."""
-        forced = envs.decode_tiles()
-        if forced is not None:
-            return DecodeTiles(*forced)
+        if self.forced_decode_tiles is not None:
+            return self.forced_decode_tiles
         elem = dtype.itemsize
         if self.tiles.decode_block_n:
             return DecodeTiles(self.tiles.decode_block_n, 4, 2)
