@@ -28,7 +28,8 @@ from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.torch_native import gather_kv
 from loom.kernels.kv_write import write_kv_cache
 from loom.kernels.paged_attention import paged_prefill
-from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
+from loom.kernels.paged_decode import (SPLIT_PROGRAMS, NewTokens, default_num_splits,
+                                      paged_decode)
 from loom.kernels.rope_kv_write import rope_write_kv_cache
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ logger = logging.getLogger(__name__)
 WIDE_DECODE_PROGRAMS = 64
 """(request, KV head) programs of a decode batch over an 8-bit cache from which it takes
 its 2-warp tiles (`TritonBackend.decode_tiles`)."""
+
+WIDE_8BIT_SPLIT_PROGRAMS = 1024
+"""The programs (request x KV head x split) that a decode in 2-warp tiles over an 8-bit
+cache is split into (`TritonBackend.decode_splits`); others aim at SPLIT_PROGRAMS."""
 
 
 class DecodeTiles(NamedTuple):
@@ -264,14 +269,29 @@ class TritonBackend(AttentionBackend):
         see paged_decode."""
         num_reqs = meta.num_reqs if num_reqs is None else num_reqs
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
-        block_n, warps, stages = self.decode_tiles(num_reqs, kv_cache.shape[3],
-                                                   query.shape[2], query.dtype, kv_cache.dtype)
-        splits = self.tiles.num_splits or default_num_splits(
-            num_reqs, kv_cache.shape[3], max_seq_len, block_n)
+        tiles = self.decode_tiles(num_reqs, kv_cache.shape[3], query.shape[2], query.dtype,
+                                  kv_cache.dtype)
+        block_n, warps, stages = tiles
+        splits = self.decode_splits(num_reqs, kv_cache.shape[3], max_seq_len, tiles,
+                                    kv_cache.dtype)
         paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                      meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
                      num_warps=warps, num_stages=stages, req_index=req_index,
                      new_tokens=new_tokens)
+
+    def decode_splits(self, num_reqs: int, num_kv_heads: int, max_seq_len: int,
+                      tiles: DecodeTiles, cache_dtype: torch.dtype) -> int:
+        """Splits per (request, KV head) of a decode batch in `tiles` whose longest context
+        (or, in a CUDA graph, the model's length) is max_seq_len. 2-warp tiles over an
+        8-bit cache (wide batches, `decode_tiles`), bound by their instructions, aim at
+        ~1024 programs, not 264: at 16 requests of 1024 / 4096 / 8192 tokens 8 splits took
+        28.4 / 66.1 / 113.4 us against 31.2 / 85.4 / 156.5 for 3 (8B heads, run_zzz50)."""
+        if self.tiles.num_splits:
+            return self.tiles.num_splits
+        target = (WIDE_8BIT_SPLIT_PROGRAMS if cache_dtype.itemsize == 1 and tiles.num_warps == 2
+                  else SPLIT_PROGRAMS)
+        return default_num_splits(num_reqs, num_kv_heads, max_seq_len, tiles.block_n,
+                                  target_programs=target)
 
     def decode_tiles(self, num_reqs: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> DecodeTiles:
@@ -289,8 +309,10 @@ class TritonBackend(AttentionBackend):
         484; 8B throughput's decode-only steps 12.80 against 13.74 s, run_zzz47): the
         kernel is bound by its instructions there (fp8 conversions, the GQA group padded
         to 16 rows), and half the warps a program let twice the programs share an SM.
-        Otherwise (fp32, head dim 256, narrow batches over an 8-bit cache) about 16 KB of
-        keys a tile, two stages. LOOM_DECODE_TILES overrides all of this."""
+        Narrower ones take 128 keys two deep on 4 warps (run_zzz50, 8B heads: at 4 requests
+        of 4096 / 8192 tokens 26.0 / 41.2 us against 35.5 / 57.2 for 64 keys; at one of
+        8192, 17.9 against 21.9). Otherwise (fp32, head dim 256) about 16 KB of keys a
+        tile, two stages. LOOM_DECODE_TILES overrides all of this."""
         if self.forced_decode_tiles is not None:
             return self.forced_decode_tiles
         elem = dtype.itemsize
@@ -303,6 +325,7 @@ class TritonBackend(AttentionBackend):
                 return DecodeTiles(128, 4, 3)
             if num_reqs * num_kv_heads >= WIDE_DECODE_PROGRAMS:
                 return DecodeTiles(64, 2, 3)
+            return DecodeTiles(128, 4, 2)
         return DecodeTiles(max(16, min(64, 16384 // (head_dim * elem))), 4, 2)
 
     def prefill_tiles(self, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:

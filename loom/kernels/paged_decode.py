@@ -229,8 +229,12 @@ def _decode_split_kernel(
                 tl.store(count, 0)  # ready for the next launch (or graph replay)
 
 
+SPLIT_PROGRAMS = 264
+"""The programs (request x KV head x split) default_num_splits aims at: 2 an H200 SM."""
+
+
 def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
-                       target_programs: int = 264, max_splits: int = 32) -> int:
+                       target_programs: int = SPLIT_PROGRAMS, max_splits: int = 32) -> int:
     """Enough splits to fill the GPU (about 2 programs per SM of an H200) but none that
     would be empty for the longest request."""
     want = triton.cdiv(target_programs, max(1, num_reqs * num_kv_heads))

@@ -256,18 +256,18 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
     one split, no merge)."""
     import triton
 
-    from loom.kernels.paged_decode import default_num_splits
     seen: dict[tuple[int, int, int, int], int] = {}
     lens = {min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)}
     if backend.mixed_split_min_context <= max_model_len:
         lens.add(backend.mixed_split_min_context)  # fewer decodes split from there on
     for num_reqs in range(1, max_num_seqs + 1):
-        block_n, warps, stages = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype,
-                                                      cache_dtype)
+        tiles = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype, cache_dtype)
+        block_n, warps, stages = tiles
         for seq_len in sorted(lens):
             if not backend.splits_mixed(num_reqs, seq_len):
                 continue  # one launch: no decode kernel
-            splits = default_num_splits(num_reqs, num_kv_heads, seq_len, block_n)
+            splits = backend.decode_splits(num_reqs, num_kv_heads, seq_len, tiles,
+                                           cache_dtype or dtype)
             pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # SPLITS_PAD
             seen.setdefault((block_n, warps, stages, pad), splits)
     return sorted((bn, w, st, splits) for (bn, w, st, _), splits in seen.items())

@@ -257,19 +257,31 @@ def test_16bit_decodes_take_128_key_tiles_three_deep(monkeypatch):
 
 @cpu_only
 def test_wide_decode_batches_over_an_8bit_cache_take_two_warps(monkeypatch):
-    """The same wide batch over an 8-bit cache: 64 keys three deep on 2 warps; the
-    narrow one keeps the 16-bit tiles; LOOM_DECODE_TILES overrides both."""
+    """The same wide batch over an 8-bit cache: 64 keys three deep on 2 warps, split
+    toward WIDE_8BIT_SPLIT_PROGRAMS programs; the narrow one: 128 keys two deep on 4 warps,
+    split as 16-bit decodes are; LOOM_DECODE_TILES overrides both."""
+    from loom.attention.triton_backend import WIDE_8BIT_SPLIT_PROGRAMS
+    from loom.kernels.paged_decode import SPLIT_PROGRAMS
     from tests.kernels.test_kv_cache_fp8 import check
     calls = _spy_kernels(monkeypatch)
     fmt = torch.float8_e4m3fn
-    lens = [1 + 37 * i % 300 for i in range(16)]
-    for n, tiles in ((16, (64, 2, 3)), (3, (64, 4, 2))):
+    lens = [1 + 97 * i % 1100 for i in range(16)]  # up to 1068 tokens: 17 64-key tiles
+    for n, tiles, programs in ((16, (64, 2, 3), WIDE_8BIT_SPLIT_PROGRAMS),
+                               (3, (128, 4, 2), SPLIT_PROGRAMS)):
         batch = make_batch([1] * n, lens[:n], 8, 4, 64, 16, dtype=torch.float16)
         batch.kv_cache = batch.kv_cache.to(fmt)
         check(batch, fmt, TritonBackend(TritonTiles()), atol=3e-3, rtol=3e-3)
         (call,) = calls
         assert (call["block_n"], call["num_warps"], call["num_stages"]) == tiles
+        assert call["num_splits"] == min(-(-programs // (n * 4)), -(-max(lens[:n]) // tiles[0]))
+        assert call["num_splits"] > 1  # the merge of several splits, on the 2-warp tiles too
         calls.clear()
+    # 16-bit caches aim at SPLIT_PROGRAMS whatever the batch
+    backend = TritonBackend()
+    assert backend.decode_splits(16, 8, 8192, backend.decode_tiles(16, 8, 128, torch.bfloat16),
+                                 torch.bfloat16) == 3
+    assert backend.decode_splits(16, 8, 8192, backend.decode_tiles(
+        16, 8, 128, torch.bfloat16, fmt), fmt) == 8
     monkeypatch.setenv("LOOM_DECODE_TILES", "32,8,1")
     assert TritonBackend().decode_tiles(16, 4, 64, torch.float16, fmt) == (32, 8, 1)
     for bad in ("32,3", "8,4,2", "32,3,0", "a,b,c"):  # refused when the backend is made

@@ -84,15 +84,18 @@ for indexed in (False, True):
 build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_Q=32,
                             BLOCK_N=64, PRECISION="tf32", MASK_ALL=False, F16_DOT=True),
       4, False, 3, cache="*fp8e4nv")
+# (narrow batches: 128 keys two deep on 4 warps)
 build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                  BLOCK_N=128, PRECISION="tf32", DIRECT=False, ROPE=True,
-                                 SAT=448.0, F16_DOT=True, SPLITS_PAD=8), 4, False, 3,
+                                 SAT=448.0, F16_DOT=True, SPLITS_PAD=8), 4, False, 2,
       cache="*fp8e4nv")
-# ...and its wide batches' tiles: 64 keys three deep on 2 warps, one split
-build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
-                                 BLOCK_N=64, PRECISION="tf32", DIRECT=True, ROPE=True,
-                                 SAT=448.0, F16_DOT=True, SPLITS_PAD=1), 2, False, 3,
-      cache="*fp8e4nv")
+# ...and its wide batches' tiles: 64 keys three deep on 2 warps, one split or up to 16
+# (64 programs and more, split toward 1024)
+for direct, pad in ((True, 1), (False, 16)):
+    build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
+                                     BLOCK_N=64, PRECISION="tf32", DIRECT=direct, ROPE=True,
+                                     SAT=448.0, F16_DOT=True, SPLITS_PAD=pad), 2, False, 3,
+          cache="*fp8e4nv")
 # Qwen3's q/k norm before the rotation (Qwen3-30B-A3B: 32 query heads over 4 KV heads)
 build(_decode_split_kernel, dict(GROUP=8, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                  BLOCK_N=64, PRECISION="tf32", DIRECT=False, ROPE=True,
@@ -111,7 +114,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 21
+    assert len(lines) == 22
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:

@@ -165,7 +165,6 @@ def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch)
     SPLITS_PAD) a mixed step can meet is among those warmed up, at Llama-3.1-8B's and
     Qwen3's bf16 heads, with every decode count split (fewest 1) and from the default count
     up."""
-    from loom.kernels.paged_decode import default_num_splits
     if fewest:
         monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", fewest)
     backend = TritonBackend()
@@ -177,16 +176,17 @@ def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch)
                   for bn, w, st, s in got}
         reachable = set()
         for n in range(1, max_seqs + 1):
-            bn, w, st = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16, cache)
+            tiles = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16, cache)
+            bn, w, st = tiles
             for seq_len in range(1, max_len + 1):
                 if (n < backend.mixed_split_min_decodes
                         and seq_len < backend.mixed_split_min_context):
                     continue  # one launch: no decode kernel
-                s = default_num_splits(n, kv_heads, seq_len, bn)
+                s = backend.decode_splits(n, kv_heads, seq_len, tiles, cache or torch.bfloat16)
                 reachable.add((bn, w, st, 1 if s == 1 else 1 << (s - 1).bit_length()))
         assert warmed == reachable
         if fewest:  # over an 8-bit cache, both tiles at these batches
-            assert {bn for bn, _, _, _ in reachable} == ({128} if cache is None else {64})
+            assert {bn for bn, _, _, _ in reachable} == ({128} if cache is None else {64, 128})
             assert {w for _, w, _, _ in reachable} == ({4} if cache is None else {2, 4})
         assert len(got) == len(warmed)  # one launch per variant
 
