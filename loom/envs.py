@@ -135,6 +135,15 @@ def decode_tiles() -> tuple[int, int, int] | None:
     return block_n, warps, stages
 
 
+def decode_splits() -> int | None:
+    """LOOM_DECODE_SPLITS=N: every split-K decode takes N splits per (request, KV head)
+    (1-32), overriding the backend's choice; for measuring (unset)."""
+    value = _optional_int("LOOM_DECODE_SPLITS")
+    if value is not None and not 1 <= value <= 32:
+        raise ValueError(f"LOOM_DECODE_SPLITS: expected 1 to 32 splits, got {value}")
+    return value
+
+
 def mixed_split_min_decodes() -> int:
     """LOOM_MIXED_SPLIT_MIN_DECODES: a mixed step (prompt chunks beside one-token decodes)
     sends its decodes to the split-K decode kernel and its chunks to the varlen kernel in

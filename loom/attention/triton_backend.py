@@ -28,8 +28,7 @@ from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.torch_native import gather_kv
 from loom.kernels.kv_write import write_kv_cache
 from loom.kernels.paged_attention import paged_prefill
-from loom.kernels.paged_decode import (SPLIT_PROGRAMS, NewTokens, default_num_splits,
-                                      paged_decode)
+from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
 from loom.kernels.rope_kv_write import rope_write_kv_cache
 
 logger = logging.getLogger(__name__)
@@ -39,8 +38,10 @@ WIDE_DECODE_PROGRAMS = 64
 its 2-warp tiles (`TritonBackend.decode_tiles`)."""
 
 WIDE_8BIT_SPLIT_PROGRAMS = 1024
-"""The programs (request x KV head x split) that a decode in 2-warp tiles over an 8-bit
-cache is split into (`TritonBackend.decode_splits`); others aim at SPLIT_PROGRAMS."""
+WIDE_8BIT_MAX_SPLITS = 8
+"""A decode in 2-warp tiles over an 8-bit cache is split toward WIDE_8BIT_SPLIT_PROGRAMS
+programs (request x KV head x split) in at most WIDE_8BIT_MAX_SPLITS splits
+(`TritonBackend.decode_splits`); others aim at SPLIT_PROGRAMS in up to 32."""
 
 
 class DecodeTiles(NamedTuple):
@@ -173,8 +174,16 @@ class TritonBackend(AttentionBackend):
                                 if self.tiles.sdpa_min_tokens is not None
                                 else envs.sdpa_min_tokens())
         self.mixed_split_min_decodes = envs.mixed_split_min_decodes()
-        forced = envs.decode_tiles()  # read once: decode_tiles runs every decode layer
+        # read once: decode_tiles and decode_splits run at every decode layer
+        forced = envs.decode_tiles()
         self.forced_decode_tiles = None if forced is None else DecodeTiles(*forced)
+        self.forced_decode_splits = envs.decode_splits()
+        if forced is not None or self.forced_decode_splits is not None:
+            logger.info("every decode takes %s%s (LOOM_DECODE_TILES / LOOM_DECODE_SPLITS)",
+                        "the backend's tiles" if forced is None else
+                        "%d-key tiles on %d warps, %d stages" % forced,
+                        "" if self.forced_decode_splits is None
+                        else f", {self.forced_decode_splits} splits")
         self.mixed_split_min_context = envs.mixed_split_min_context()
         self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
         """The last step's metadata (weakly) and its split: every layer reads it again."""
@@ -284,14 +293,21 @@ class TritonBackend(AttentionBackend):
         """Splits per (request, KV head) of a decode batch in `tiles` whose longest context
         (or, in a CUDA graph, the model's length) is max_seq_len. 2-warp tiles over an
         8-bit cache (wide batches, `decode_tiles`), bound by their instructions, aim at
-        ~1024 programs, not 264: at 16 requests of 1024 / 4096 / 8192 tokens 8 splits took
-        28.4 / 66.1 / 113.4 us against 31.2 / 85.4 / 156.5 for 3 (8B heads, run_zzz50)."""
+        ~1024 programs in up to 8 splits, not 264 in up to 32 (8B heads, `loom bench
+        attention --tune` sweeps, run_zzz50/51): at 16 requests of 4096 / 8192 tokens 8
+        splits took 66.1 / 113.4 us where 264 programs (3 splits) took 85.4 / 156.5; at 8
+        requests 8 splits 40.4 / 64.1, 16 67.2 at 8192; at 64 requests 2 splits 211.8 /
+        401.0, one 228.8 at 4096; at 32 requests, 4 splits were within 5% of the best (2).
+        LOOM_DECODE_SPLITS overrides this."""
+        if self.forced_decode_splits is not None:
+            return self.forced_decode_splits
         if self.tiles.num_splits:
             return self.tiles.num_splits
-        target = (WIDE_8BIT_SPLIT_PROGRAMS if cache_dtype.itemsize == 1 and tiles.num_warps == 2
-                  else SPLIT_PROGRAMS)
-        return default_num_splits(num_reqs, num_kv_heads, max_seq_len, tiles.block_n,
-                                  target_programs=target)
+        if cache_dtype.itemsize == 1 and tiles.num_warps == 2:
+            return default_num_splits(num_reqs, num_kv_heads, max_seq_len, tiles.block_n,
+                                      target_programs=WIDE_8BIT_SPLIT_PROGRAMS,
+                                      max_splits=WIDE_8BIT_MAX_SPLITS)
+        return default_num_splits(num_reqs, num_kv_heads, max_seq_len, tiles.block_n)
 
     def decode_tiles(self, num_reqs: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> DecodeTiles:
@@ -312,7 +328,8 @@ class TritonBackend(AttentionBackend):
         Narrower ones take 128 keys two deep on 4 warps (run_zzz50, 8B heads: at 4 requests
         of 4096 / 8192 tokens 26.0 / 41.2 us against 35.5 / 57.2 for 64 keys; at one of
         8192, 17.9 against 21.9). Otherwise (fp32, head dim 256) about 16 KB of keys a
-        tile, two stages. LOOM_DECODE_TILES overrides all of this."""
+        tile, two stages. LOOM_DECODE_TILES overrides all of this (and LOOM_DECODE_SPLITS
+        the splits, `decode_splits`)."""
         if self.forced_decode_tiles is not None:
             return self.forced_decode_tiles
         elem = dtype.itemsize

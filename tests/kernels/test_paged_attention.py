@@ -258,22 +258,24 @@ def test_16bit_decodes_take_128_key_tiles_three_deep(monkeypatch):
 @cpu_only
 def test_wide_decode_batches_over_an_8bit_cache_take_two_warps(monkeypatch):
     """The same wide batch over an 8-bit cache: 64 keys three deep on 2 warps, split
-    toward WIDE_8BIT_SPLIT_PROGRAMS programs; the narrow one: 128 keys two deep on 4 warps,
-    split as 16-bit decodes are; LOOM_DECODE_TILES overrides both."""
-    from loom.attention.triton_backend import WIDE_8BIT_SPLIT_PROGRAMS
+    toward WIDE_8BIT_SPLIT_PROGRAMS programs in at most WIDE_8BIT_MAX_SPLITS; the narrow
+    one: 128 keys two deep on 4 warps, split as 16-bit decodes are; LOOM_DECODE_TILES and
+    LOOM_DECODE_SPLITS override them."""
+    from loom.attention.triton_backend import WIDE_8BIT_MAX_SPLITS, WIDE_8BIT_SPLIT_PROGRAMS
     from loom.kernels.paged_decode import SPLIT_PROGRAMS
     from tests.kernels.test_kv_cache_fp8 import check
     calls = _spy_kernels(monkeypatch)
     fmt = torch.float8_e4m3fn
     lens = [1 + 97 * i % 1100 for i in range(16)]  # up to 1068 tokens: 17 64-key tiles
-    for n, tiles, programs in ((16, (64, 2, 3), WIDE_8BIT_SPLIT_PROGRAMS),
-                               (3, (128, 4, 2), SPLIT_PROGRAMS)):
+    for n, tiles, programs, most in ((16, (64, 2, 3), WIDE_8BIT_SPLIT_PROGRAMS,
+                                      WIDE_8BIT_MAX_SPLITS), (3, (128, 4, 2), SPLIT_PROGRAMS, 32)):
         batch = make_batch([1] * n, lens[:n], 8, 4, 64, 16, dtype=torch.float16)
         batch.kv_cache = batch.kv_cache.to(fmt)
         check(batch, fmt, TritonBackend(TritonTiles()), atol=3e-3, rtol=3e-3)
         (call,) = calls
         assert (call["block_n"], call["num_warps"], call["num_stages"]) == tiles
-        assert call["num_splits"] == min(-(-programs // (n * 4)), -(-max(lens[:n]) // tiles[0]))
+        assert call["num_splits"] == min(-(-programs // (n * 4)), most,
+                                         -(-max(lens[:n]) // tiles[0]))
         assert call["num_splits"] > 1  # the merge of several splits, on the 2-warp tiles too
         calls.clear()
     # 16-bit caches aim at SPLIT_PROGRAMS whatever the batch
@@ -283,10 +285,19 @@ def test_wide_decode_batches_over_an_8bit_cache_take_two_warps(monkeypatch):
     assert backend.decode_splits(16, 8, 8192, backend.decode_tiles(
         16, 8, 128, torch.bfloat16, fmt), fmt) == 8
     monkeypatch.setenv("LOOM_DECODE_TILES", "32,8,1")
-    assert TritonBackend().decode_tiles(16, 4, 64, torch.float16, fmt) == (32, 8, 1)
+    monkeypatch.setenv("LOOM_DECODE_SPLITS", "5")
+    backend = TritonBackend()
+    tiles = backend.decode_tiles(16, 4, 64, torch.float16, fmt)
+    assert tiles == (32, 8, 1) and backend.decode_splits(16, 4, 8192, tiles, fmt) == 5
+    monkeypatch.delenv("LOOM_DECODE_SPLITS")
     for bad in ("32,3", "8,4,2", "32,3,0", "a,b,c"):  # refused when the backend is made
         monkeypatch.setenv("LOOM_DECODE_TILES", bad)
         with pytest.raises(ValueError, match="LOOM_DECODE_TILES"):
+            TritonBackend()
+    monkeypatch.delenv("LOOM_DECODE_TILES")
+    for bad in ("0", "33", "x"):
+        monkeypatch.setenv("LOOM_DECODE_SPLITS", bad)
+        with pytest.raises(ValueError, match="LOOM_DECODE_SPLITS"):
             TritonBackend()
 
 
