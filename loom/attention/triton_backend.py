@@ -293,12 +293,13 @@ class TritonBackend(AttentionBackend):
         """Splits per (request, KV head) of a decode batch in `tiles` whose longest context
         (or, in a CUDA graph, the model's length) is max_seq_len. 2-warp tiles over an
         8-bit cache (wide batches, `decode_tiles`), bound by their instructions, aim at
-        ~1024 programs in up to 8 splits, not 264 in up to 32 (8B heads, `loom bench
-        attention --tune` sweeps, run_zzz50/51): at 16 requests of 4096 / 8192 tokens 8
-        splits took 66.1 / 113.4 us where 264 programs (3 splits) took 85.4 / 156.5; at 8
-        requests 8 splits 40.4 / 64.1, 16 67.2 at 8192; at 64 requests 2 splits 211.8 /
-        401.0, one 228.8 at 4096; at 32 requests, 4 splits were within 5% of the best (2).
-        LOOM_DECODE_SPLITS overrides this."""
+        ~1024 programs in up to 8 splits, not 264 in up to 32. Every count timed alike (8B
+        heads, run_zzz52), at 4096 / 8192 tokens: 16 requests, 8 splits 69.2 / 118.7 us
+        against 80.4 / 146.0 for 3; 8 requests, 8 splits 40.8 / 68.8 against 52.4 / 94.2
+        for 5 (16 splits: 44.3 / 72.6); 64 requests, 2 splits 254.1 / 444.0 against 269.3 /
+        > 446.8 for one; 32 requests, 4 splits 125.6 / 219.4 against 123.2 / 241.4 for 2.
+        End to end (8B decode at batch 16 after 4096-token prompts) it did not show: 6.92
+        against 6.94 ms/token with 3 splits. LOOM_DECODE_SPLITS overrides this."""
         if self.forced_decode_splits is not None:
             return self.forced_decode_splits
         if self.tiles.num_splits:
@@ -325,11 +326,12 @@ class TritonBackend(AttentionBackend):
         484; 8B throughput's decode-only steps 12.80 against 13.74 s, run_zzz47): the
         kernel is bound by its instructions there (fp8 conversions, the GQA group padded
         to 16 rows), and half the warps a program let twice the programs share an SM.
-        Narrower ones take 128 keys two deep on 4 warps (run_zzz50, 8B heads: at 4 requests
-        of 4096 / 8192 tokens 26.0 / 41.2 us against 35.5 / 57.2 for 64 keys; at one of
-        8192, 17.9 against 21.9). Otherwise (fp32, head dim 256) about 16 KB of keys a
-        tile, two stages. LOOM_DECODE_TILES overrides all of this (and LOOM_DECODE_SPLITS
-        the splits, `decode_splits`)."""
+        Narrower ones take 128 keys two deep on 4 warps (8B heads, run_zzz50's sweep: at 4
+        requests of 8192 tokens 41.2 us, the 64-key tiles not among the best five, > 42.5;
+        at one, 17.9 against 20.6; end to end, 8B decode at batch 4 after 8192-token
+        prompts 5.88 against 6.21 ms/token, run_zzz51). Otherwise (fp32, head dim 256)
+        about 16 KB of keys a tile, two stages. LOOM_DECODE_TILES overrides all of this
+        (and LOOM_DECODE_SPLITS the splits, `decode_splits`)."""
         if self.forced_decode_tiles is not None:
             return self.forced_decode_tiles
         elem = dtype.itemsize
