@@ -89,9 +89,9 @@ build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE
                                  BLOCK_N=128, PRECISION="tf32", DIRECT=False, ROPE=True,
                                  SAT=448.0, F16_DOT=True, SPLITS_PAD=8), 4, False, 2,
       cache="*fp8e4nv")
-# ...and its wide batches' tiles: 64 keys three deep on 2 warps, one split or up to 16
-# (64 programs and more, split toward 1024)
-for direct, pad in ((True, 1), (False, 16)):
+# ...and its wide batches' tiles: 64 keys three deep on 2 warps, one split or up to 8
+# (64 programs and more, split toward 1024 in at most WIDE_8BIT_MAX_SPLITS)
+for direct, pad in ((True, 1), (False, 8)):
     build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                      BLOCK_N=64, PRECISION="tf32", DIRECT=direct, ROPE=True,
                                      SAT=448.0, F16_DOT=True, SPLITS_PAD=pad), 2, False, 3,
