@@ -293,14 +293,10 @@ class TritonBackend(AttentionBackend):
         """Splits per (request, KV head) of a decode batch in `tiles` whose longest context
         (or, in a CUDA graph, the model's length) is max_seq_len. 2-warp tiles over an
         8-bit cache (wide batches, `decode_tiles`), bound by their instructions, aim at
-        ~1024 programs in up to 8 splits, not 264 in up to 32. Every count timed alike (8B
-        heads, run_zzz52), at 4096 / 8192 tokens: 16 requests, 8 splits 69.2 / 118.7 us
-        against 80.4 / 146.0 for 3; 8 requests, 8 splits 40.8 / 68.8 against 52.4 / 94.2
-        for 5 (16 splits: 44.3 / 72.6); 64 requests, 2 splits 254.1 / 444.0 against 269.3 /
-        > 446.8 for one; 32 requests, 4 splits 125.6 / 219.4 against 123.2 / 241.4 for 2.
-        In the engine at batch 16 after 4096-token prompts the kernel took 54.6 against
-        62.9 us (run_zzz54), but the step did not shorten: 6.92 against 6.94 ms/token
-        (run_zzz52). LOOM_DECODE_SPLITS overrides this."""
+        ~1024 programs in up to 8 splits, not 264 in up to 32: at 16 requests of 8192
+        tokens the kernel took 118.7 against 146.0 us for 3 splits, though the engine's
+        step did not shorten (run_zzz52/54; docs/performance.md, session 28).
+        LOOM_DECODE_SPLITS overrides this."""
         if self.forced_decode_splits is not None:
             return self.forced_decode_splits
         if self.tiles.num_splits:
@@ -327,10 +323,8 @@ class TritonBackend(AttentionBackend):
         484; 8B throughput's decode-only steps 12.80 against 13.74 s, run_zzz47): the
         kernel is bound by its instructions there (fp8 conversions, the GQA group padded
         to 16 rows), and half the warps a program let twice the programs share an SM.
-        Narrower ones take 128 keys two deep on 4 warps (8B heads, run_zzz50's sweep: at 4
-        requests of 8192 tokens 41.2 us, the 64-key tiles not among the best five, > 42.5;
-        at one, 17.9 against 20.6; end to end, 8B decode at batch 4 after 8192-token
-        prompts 5.88 against 6.21 ms/token, run_zzz51). Otherwise (fp32, head dim 256)
+        Narrower ones take 128 keys two deep on 4 warps (8B decode at batch 4 after
+        8192-token prompts: 5.88 against 6.21 ms/token, run_zzz51). Otherwise (fp32, head dim 256)
         about 16 KB of keys a tile, two stages. LOOM_DECODE_TILES overrides all of this
         (and LOOM_DECODE_SPLITS the splits, `decode_splits`)."""
         if self.forced_decode_tiles is not None:
