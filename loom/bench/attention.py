@@ -144,7 +144,8 @@ def _figures(us: float, nbytes: int, flops: int, ceilings) -> dict[str, Any]:
 
 def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: dict[str, Any],
               timer: KernelTimer) -> dict[str, Any]:
-    from loom.attention.triton_backend import TritonBackend, split_by_query_len
+    from loom.attention.mixed_split import split_by_query_len
+    from loom.attention.triton_backend import TritonBackend
     inputs = make_inputs(step, shape, args.block_size, env["dtype"], env["device"],
                          args.seed * 1_000_003 + len(step.seq_lens) * 7919 + step.seq_lens[0],
                          env["kv_dtype"])

@@ -14,8 +14,8 @@ import torch
 from tests.kernels.test_paged_attention import (  # noqa: F401  (_seed: the autouse fixture)
     _seed, _spy_kernels, check_backend, cpu_only, make_batch, reference)
 
-from loom.attention.triton_backend import (TritonBackend, TritonTiles,  # noqa: E402
-                                           split_by_query_len)
+from loom.attention.mixed_split import split_by_query_len  # noqa: E402
+from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
 from loom.kernels.kv_write import write_kv_cache  # noqa: E402
 from loom.kernels.paged_attention import paged_prefill  # noqa: E402
 from loom.kernels.paged_decode import paged_decode  # noqa: E402
@@ -72,14 +72,14 @@ SPLIT_TILES = TritonTiles(prefill_block_m=16, prefill_block_n=16, decode_block_n
 @cpu_only
 @pytest.mark.parametrize("case", SPLIT.values(), ids=SPLIT.keys())
 def test_mixed_step_splits_decodes_from_prompt_chunks(case, monkeypatch):
-    from loom.attention import triton_backend
+    from loom.attention import mixed_split
     from loom.kernels.paged_decode import default_num_splits
     q_lens, s_lens, h, hkv, d, bs, pad = case
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # a few decodes split too
     calls = _spy_kernels(monkeypatch)
     uploads = []
-    real_upload = triton_backend._upload_indices
-    monkeypatch.setattr(triton_backend, "_upload_indices",
+    real_upload = mixed_split._upload_indices
+    monkeypatch.setattr(mixed_split, "_upload_indices",
                         lambda *a: uploads.append(1) or real_upload(*a))
     decodes = [i for i, q in enumerate(q_lens) if q == 1]
     prompts = [i for i, q in enumerate(q_lens) if q > 1]
