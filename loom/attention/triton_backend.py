@@ -14,6 +14,7 @@ keys).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from loom import envs
 from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.attention.mixed_split import MixedSplit, split_by_query_len, splits_mixed
 from loom.attention.torch_native import gather_kv
+from loom.kernels.compile_pool import compile_pool
 from loom.kernels.kv_write import write_kv_cache
 from loom.kernels.paged_attention import paged_prefill
 from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
@@ -100,6 +102,8 @@ class TritonBackend(AttentionBackend):
         self.mixed_split_min_context = envs.mixed_split_min_context()
         self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
         """The last step's metadata (weakly) and its split: every layer reads it again."""
+        self._compile_decodes: list[tuple[int, int, int, int]] = []
+        """`compiling_decodes`' variants, until the next pure decode compiles them."""
         self._fused_rope_off = envs.decode_rope_unfused()
         if self._fused_rope_off:
             logger.info("LOOM_DECODE_ROPE_UNFUSED: decode steps rotate and write the KV cache "
@@ -193,13 +197,32 @@ class TritonBackend(AttentionBackend):
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
         tiles = self.decode_tiles(num_reqs, kv_cache.shape[3], query.shape[2], query.dtype,
                                   kv_cache.dtype)
-        block_n, warps, stages = tiles
         splits = self.decode_splits(num_reqs, kv_cache.shape[3], max_seq_len, tiles,
                                     kv_cache.dtype)
-        paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
-                     meta.seq_lens, num_reqs, scale, splits, block_n=block_n,
-                     num_warps=warps, num_stages=stages, req_index=req_index,
-                     new_tokens=new_tokens)
+
+        def launch(block_n, num_warps, num_stages, num_splits, compile_only=False):
+            paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
+                         meta.seq_lens, num_reqs, scale, num_splits, block_n=block_n,
+                         num_warps=num_warps, num_stages=num_stages, req_index=req_index,
+                         new_tokens=new_tokens, compile_only=compile_only)
+        if self._compile_decodes and req_index is None:
+            variants, self._compile_decodes = self._compile_decodes, []
+            with compile_pool(len(variants)):  # side by side, nothing run
+                for variant in variants:
+                    launch(*variant, compile_only=True)
+        launch(*tiles, splits)
+
+    @contextlib.contextmanager
+    def compiling_decodes(self, variants: list[tuple[int, int, int, int]]):
+        """In the block, the next pure decode first compiles the decode kernel at each of
+        variants ((block_n, num_warps, num_stages, num_splits)) with its own arguments
+        (rotary fused or not, a q/k norm or not, as the model calls it), side by side on
+        threads, running none: start-up's warm-up of decodes outside CUDA graphs."""
+        self._compile_decodes = list(variants)
+        try:
+            yield
+        finally:
+            self._compile_decodes = []
 
     def decode_splits(self, num_reqs: int, num_kv_heads: int, max_seq_len: int,
                       tiles: DecodeTiles, cache_dtype: torch.dtype) -> int:

@@ -167,24 +167,31 @@ class ModelRunner:
                         self.token_multiple, self.device)
         if self.backend.name == "triton":  # JIT kernels: compile them before serving
             warm_up(self)
-        sizes = cfg.compilation.cudagraph_capture_sizes
-        if sizes is None:
-            sizes = default_capture_sizes(cfg.scheduler.max_num_seqs)
-        if self.token_multiple > 1:
-            # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
-            sizes = sorted({_round_up(s, self.token_multiple) for s in sizes})
         if cfg.enforce_eager or not cuda_graphs_on(self.device):
             return
         if cfg.compilation.cudagraph_mode == "FULL_AND_PIECEWISE":
             self._plan_pieces()
-        # Decode graphs need a real CUDA device even where the CPU tests patch cuda_graphs_on.
-        if self.device.type != "cuda" or not sizes or cfg.compilation.cudagraph_mode == "NONE":
+        sizes = self.decode_graph_sizes()
+        if not sizes:
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
         self.graph_runner = CUDAGraphRunner(
             self.forward, self.backend, self.kv_caches, list(sizes),
             -(-max_len // self.block_size), max_len, self.device)
         self._capture_decode_graphs()
+
+    def decode_graph_sizes(self) -> list[int]:
+        """The pure decode batch sizes captured in CUDA graphs ([] where none are)."""
+        cfg = self.config
+        # Decode graphs need a real CUDA device even where the CPU tests patch cuda_graphs_on.
+        if cfg.enforce_eager or self.device.type != "cuda" or \
+                cfg.compilation.cudagraph_mode == "NONE":
+            return []
+        sizes = cfg.compilation.cudagraph_capture_sizes
+        if sizes is None:
+            sizes = default_capture_sizes(cfg.scheduler.max_num_seqs)
+        # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
+        return sorted({_round_up(s, self.token_multiple) for s in sizes})
 
     def _capture_decode_graphs(self) -> None:
         """Capture the decode graphs. They take their memory after the KV cache was sized,

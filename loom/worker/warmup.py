@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 SDPA_SHAPE = "one fresh prompt through SDPA"
 BESIDE_A_DECODE, DECODE_LEN = "a prompt beside a decode", 40
+EAGER_DECODES = "a decode batch outside CUDA graphs"
 STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     # (what it covers, query tokens per request, sequence length per request)
     ("one fresh prompt", [37], [37]),
@@ -45,7 +46,9 @@ STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     # Short contexts take one split (the decode kernel writes the output itself); a longer
     # one takes several, merged by their last program: each is its own kernel variant.
     ("a decode batch split along its keys", [1, 1], [129, 17]),
-    ("a decode batch outside CUDA graphs", [1, 1, 1], [40, 17, 5]),  # last: 3 rows to sample
+    # Last: 3 rows to sample. Its first layer also compiles every variant that decodes
+    # outside CUDA graphs can take (`eager_decode_variants`), with its own arguments.
+    (EAGER_DECODES, [1, 1, 1], [40, 17, 5]),
 ]
 
 LOGITS_ROWS = 8
@@ -131,11 +134,17 @@ def warm_up(runner) -> None:
     max_len = runner.requests.tokens.shape[1]  # max_model_len
     multiple = runner.token_multiple
     shapes = [s for s in STEP_SHAPES + split_shape(runner) if max(s[2]) <= max_len]
+    eager = eager_decode_variants(runner) if any(s[0] == EAGER_DECODES for s in shapes) else []
     hidden = None  # the widest step's
     for name, query_lens, seq_lens in shapes:
         n = -(-sum(query_lens) // multiple) * multiple
-        with sdpa_at_any_length(runner.backend) if name == SDPA_SHAPE else \
-                contextlib.nullcontext():
+        if name == SDPA_SHAPE:
+            context = sdpa_at_any_length(runner.backend)
+        elif name == EAGER_DECODES:
+            context = runner.backend.compiling_decodes(eager)
+        else:
+            context = contextlib.nullcontext()
+        with context:
             out = run_step(runner, query_lens, seq_lens, n)
         if hidden is None or out.shape[0] > hidden.shape[0]:
             hidden = out
@@ -163,9 +172,10 @@ def warm_up(runner) -> None:
                                           runner.device, runner.arch.vocab_size)
             runner.sampler(logits[:len(params)].clone(), meta)  # sampling may write logits
     phases.done("sampler")
-    logger.info("warm-up: %d step shapes (%s), %d decode kernel variants of mixed steps, SDPA "
-                "at %d lengths and the sampler in %.1f s (%s)", len(shapes),
-                ", ".join(s[0] for s in shapes), len(variants), len(sdpa_lengths),
+    logger.info("warm-up: %d step shapes (%s), %d decode kernel variants of decodes outside "
+                "CUDA graphs and %d of mixed steps, SDPA at %d lengths and the sampler in "
+                "%.1f s (%s)", len(shapes), ", ".join(s[0] for s in shapes), len(eager),
+                len(variants), len(sdpa_lengths),
                 time.perf_counter() - start, phases)
 
 
@@ -244,27 +254,26 @@ def warm_up_sdpa(runner) -> list[int]:
                                        runner.dtype, runner.device, attn.scale, max_tokens)
 
 
-def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                          max_num_seqs: int, max_model_len: int,
-                          cache_dtype: torch.dtype | None = None
-                          ) -> list[tuple[int, int, int, int]]:
-    """The (block_n, num_warps, num_stages, num_splits) the decode kernel can take for the
-    decodes of a mixed step (prompt chunks beside them: the request-index path, never in a
-    CUDA graph) over a cache of cache_dtype (None: dtype), one num_splits per compiled
-    variant: the kernel is compiled per (block_n, num_warps, num_stages, SPLITS_PAD),
-    SPLITS_PAD being the next power of two of num_splits that sizes the splits' merge (1:
-    one split, no merge)."""
+def decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                    batches: range, max_model_len: int, cache_dtype: torch.dtype | None = None,
+                    mixed: bool = False) -> list[tuple[int, int, int, int]]:
+    """The (block_n, num_warps, num_stages, num_splits) the decode kernel can take for
+    decode batches of `batches` requests over a cache of cache_dtype (None: dtype), one
+    num_splits per compiled variant: the kernel is compiled per (block_n, num_warps,
+    num_stages, SPLITS_PAD), SPLITS_PAD being the next power of two of num_splits that
+    sizes the splits' merge (1: one split, no merge). mixed: the decodes of mixed steps
+    (prompt chunks beside them), only where the backend splits them from the chunks."""
     import triton
 
     seen: dict[tuple[int, int, int, int], int] = {}
     lens = {min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)}
-    if backend.mixed_split_min_context <= max_model_len:
+    if mixed and backend.mixed_split_min_context <= max_model_len:
         lens.add(backend.mixed_split_min_context)  # fewer decodes split from there on
-    for num_reqs in range(1, max_num_seqs + 1):
+    for num_reqs in batches:
         tiles = backend.decode_tiles(num_reqs, num_kv_heads, head_dim, dtype, cache_dtype)
         block_n, warps, stages = tiles
         for seq_len in sorted(lens):
-            if not backend.splits_mixed(num_reqs, seq_len):
+            if mixed and not backend.splits_mixed(num_reqs, seq_len):
                 continue  # one launch: no decode kernel
             splits = backend.decode_splits(num_reqs, num_kv_heads, seq_len, tiles,
                                            cache_dtype or dtype)
@@ -273,8 +282,22 @@ def mixed_decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torc
     return sorted((bn, w, st, splits) for (bn, w, st, _), splits in seen.items())
 
 
+def eager_decode_variants(runner) -> list[tuple[int, int, int, int]]:
+    """`decode_variants` of the pure decode batches that run outside CUDA graphs: of every
+    size under --enforce-eager (or with no decode graphs), else of those larger than the
+    largest graph. Their contexts grow as they go, so their splits change from step to step;
+    under --enforce-eager three such variants compiled mid-run, 1.3-4.4 s each (8B over an
+    fp8 cache, run_zzz54)."""
+    sizes = runner.decode_graph_sizes()
+    batches = range(max(sizes) + 1 if sizes else 1,
+                    (runner.config.scheduler.max_num_seqs or 1) + 1)
+    kv_cache = runner.kv_caches[0]
+    return decode_variants(runner.backend, kv_cache.shape[3], kv_cache.shape[4], runner.dtype,
+                           batches, runner.requests.tokens.shape[1], kv_cache.dtype)
+
+
 def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int, int]]:
-    """Compile the decode kernel once per variant mixed_decode_variants names, side by side
+    """Compile the decode kernel once per variant `decode_variants` names for mixed steps, side by side
     on threads, with the arguments of one request reading block 0 (nothing runs). A mixed
     step's decodes number anywhere from one to max_num_seqs and their contexts grow as they
     go, so its splits (and tiles) change from step to step; each new variant compiled
@@ -286,8 +309,9 @@ def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int, int]]:
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     num_heads = runner.arch.num_heads // cfg.parallel.tensor_parallel_size
     max_len = runner.requests.tokens.shape[1]
-    variants = mixed_decode_variants(backend, num_kv_heads, head_dim, runner.dtype,
-                                     cfg.scheduler.max_num_seqs or 1, max_len, kv_cache.dtype)
+    variants = decode_variants(backend, num_kv_heads, head_dim, runner.dtype,
+                               range(1, (cfg.scheduler.max_num_seqs or 1) + 1), max_len,
+                               kv_cache.dtype, mixed=True)
     device = runner.device
     query = torch.zeros(1, num_heads, head_dim, dtype=runner.dtype, device=device)
     out = torch.empty_like(query)

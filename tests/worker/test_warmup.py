@@ -54,8 +54,13 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     for name in ("write_kv_cache", "rope_write_kv_cache"):
         _spy(monkeypatch, triton_backend, name, calls)
     splits, fused = set(), Counter()  # paged_decode(query, kv_cache, out, ..., num_splits)
+    compiled = []  # compile-only calls: (block_n, warps, stages, splits, rotary fused)
 
     def record(args, kwargs):
+        if kwargs.get("compile_only"):
+            compiled.append((kwargs["block_n"], kwargs["num_warps"], kwargs["num_stages"],
+                             args[8], kwargs.get("new_tokens") is not None))
+            return
         splits.add(args[8])
         fused[kwargs.get("new_tokens") is not None] += 1
     _spy(monkeypatch, triton_backend, "paged_decode", calls, record)
@@ -116,7 +121,7 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
     assert calls["paged_prefill"] == 5 * num_layers
     assert indexed == {False: 4 * num_layers, True: num_layers}
     assert runner.backend.sdpa_min_tokens == 2048  # lifted for that shape alone
-    assert calls["paged_decode"] == 3 * num_layers
+    assert calls["paged_decode"] == 3 * num_layers + len(compiled)
     assert 1 in splits and max(splits) > 1, splits
     assert fused == {True: 2 * num_layers, False: num_layers}
     assert calls["rope_write_kv_cache"] == (len(warmup_module.STEP_SHAPES) + 1 - 2) * num_layers
@@ -127,12 +132,23 @@ def test_warm_up_takes_every_attention_path_and_leaves_the_cache(tiny_model_fact
                        (False, False, False)]
     # every decode variant a mixed step can reach, each split count's SPLITS_PAD with them
     cache = runner.kv_caches[0]
-    want = warmup_module.mixed_decode_variants(
+    want = warmup_module.decode_variants(
         runner.backend, cache.shape[3], cache.shape[4], runner.dtype,
-        runner.config.scheduler.max_num_seqs, runner.requests.tokens.shape[1], cache.dtype)
+        range(1, runner.config.scheduler.max_num_seqs + 1), runner.requests.tokens.shape[1],
+        cache.dtype, mixed=True)
     assert mixed == set(want) and {s for _, _, _, s in want} >= {1, 2}
+    # ...and every variant a pure decode outside CUDA graphs can reach (all of them here:
+    # none on the CPU), compiled once each at the first layer of one such step, with the
+    # rotary fused as the model's decodes call it
+    eager = warmup_module.decode_variants(
+        runner.backend, cache.shape[3], cache.shape[4], runner.dtype,
+        range(1, runner.config.scheduler.max_num_seqs + 1), runner.requests.tokens.shape[1],
+        cache.dtype)
+    assert runner.decode_graph_sizes() == [] and len({s for _, _, _, s in eager}) >= 3
+    assert sorted(compiled) == sorted((*v, True) for v in eager)
     # the log line says where the seconds went
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up:"))
+    assert f"{len(eager)} decode kernel variants of decodes outside CUDA graphs" in line, line
     assert re.search(r"and the sampler in [\d.]+ s \(step shapes [\d.]+, mixed decodes "
                      r"[\d.]+, SDPA [\d.]+, LM head [\d.]+, sampler [\d.]+ s\)$", line), line
 
@@ -158,34 +174,37 @@ def test_step_positions_end_each_request_at_its_length():
     assert positions.tolist() == [4, 0, 1, 2, 0, 0]
 
 
-@pytest.mark.parametrize("fewest", ["1", None])
-def test_mixed_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch):
+@pytest.mark.parametrize("fewest", ["1", None, "pure"])
+def test_decode_variants_cover_every_reachable_kernel(fewest, monkeypatch):
     """Brute force over every batch size and context length (not the powers of two the
     enumeration samples): each compiled variant of the decode kernel (block_n, stages,
-    SPLITS_PAD) a mixed step can meet is among those warmed up, at Llama-3.1-8B's and
-    Qwen3's bf16 heads, with every decode count split (fewest 1) and from the default count
-    up."""
-    if fewest:
+    SPLITS_PAD) a decode batch can meet is among those warmed up, at Llama-3.1-8B's and
+    Qwen3's bf16 heads: a mixed step's with every decode count split (fewest 1) and from
+    the default count up; or (pure) a pure decode's, from a batch size on (those above the
+    largest CUDA graph)."""
+    mixed = fewest != "pure"
+    if fewest == "1":
         monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", fewest)
     backend = TritonBackend()
     for kv_heads, max_seqs, max_len, cache in ((8, 256, 1100, None), (4, 300, 700, None),
                                                (8, 256, 1100, torch.float8_e4m3fn)):
-        got = warmup_module.mixed_decode_variants(backend, kv_heads, 128, torch.bfloat16,
-                                                  max_seqs, max_len, cache)
+        batches = range(1 if mixed else 41, max_seqs + 1)
+        got = warmup_module.decode_variants(backend, kv_heads, 128, torch.bfloat16, batches,
+                                            max_len, cache, mixed=mixed)
         warmed = {(bn, w, st, 1 if s == 1 else 1 << (s - 1).bit_length())
                   for bn, w, st, s in got}
         reachable = set()
-        for n in range(1, max_seqs + 1):
+        for n in batches:
             tiles = backend.decode_tiles(n, kv_heads, 128, torch.bfloat16, cache)
             bn, w, st = tiles
             for seq_len in range(1, max_len + 1):
-                if (n < backend.mixed_split_min_decodes
+                if (mixed and n < backend.mixed_split_min_decodes
                         and seq_len < backend.mixed_split_min_context):
                     continue  # one launch: no decode kernel
                 s = backend.decode_splits(n, kv_heads, seq_len, tiles, cache or torch.bfloat16)
                 reachable.add((bn, w, st, 1 if s == 1 else 1 << (s - 1).bit_length()))
         assert warmed == reachable
-        if fewest:  # over an 8-bit cache, both tiles at these batches
+        if fewest == "1":  # over an 8-bit cache, both tiles at these batches
             assert {bn for bn, _, _, _ in reachable} == ({128} if cache is None else {64, 128})
             assert {w for _, w, _, _ in reachable} == ({4} if cache is None else {2, 4})
         assert len(got) == len(warmed)  # one launch per variant
@@ -213,3 +232,24 @@ def test_the_split_shape_needs_a_split_and_room_for_it(monkeypatch):
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_CONTEXT", "100")
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # so it does here
     assert warmup_module.split_shape(runner(6, 64, TritonBackend())) == []
+
+
+def test_eager_decode_variants_are_those_of_batches_above_the_graphs(monkeypatch):
+    """Pure decodes run outside CUDA graphs from the largest graph's size up (every size
+    where there are none); a batch the graphs hold needs no variant of its own."""
+    import numpy as np
+    monkeypatch.setenv("LOOM_DECODE_SPLITS", "1")  # one variant per tile: batches tell apart
+    cache = torch.zeros(2, 1, 16, 8, 128, dtype=torch.float8_e4m3fn)
+
+    def runner(graph_sizes, max_num_seqs):
+        return SimpleNamespace(
+            backend=TritonBackend(), kv_caches=[cache], dtype=torch.bfloat16,
+            decode_graph_sizes=lambda: graph_sizes, requests=SimpleNamespace(
+                tokens=np.zeros((max_num_seqs, 512))),
+            config=SimpleNamespace(scheduler=SimpleNamespace(max_num_seqs=max_num_seqs)))
+    # 8 KV heads over an 8-bit cache: 2-warp tiles from 8 requests (64 programs) on
+    wide, narrow = (64, 2, 3, 1), (128, 4, 2, 1)
+    assert warmup_module.eager_decode_variants(runner([], 16)) == [wide, narrow]
+    assert warmup_module.eager_decode_variants(runner([1, 2, 4], 16)) == [wide, narrow]
+    assert warmup_module.eager_decode_variants(runner([1, 2, 4, 8], 16)) == [wide]
+    assert warmup_module.eager_decode_variants(runner([1, 2, 4, 8, 16], 16)) == []
