@@ -1,14 +1,17 @@
 """Where a decode step's time goes, from a `loom bench latency --profile` trace (-O 3).
 
-Decode steps replay CUDA graphs: every kernel of one replay carries the correlation id of
-its cudaGraphLaunch. Per replay this takes the span (its first kernel's start to its last
-kernel's end) and the kernels' summed time, then the time from one replay's end to the next
-one's start and the kernels run outside graphs there (sampling, input copies). Kernel
-names are summed over the replays and printed as microseconds a step.
+Decode steps replay CUDA graphs of the whole forward, prompt steps piecewise graphs
+between their attention calls: every kernel of one replay carries the correlation id of its
+cudaGraphLaunch, and replays are grouped by their count of kernels (one group per kind of
+graph). Per group: the median span of a replay (its first kernel's start to its last
+kernel's end) and its kernels' summed time; each kernel name's calls and microseconds a
+replay; and, between two of the group's replays in a row, the gap and the kernels run in
+it (sampling, input copies; between two pieces, the attention).
 
     python3 graph_steps.py PROFILE_DIR [--top N] [--json OUT]
 """
 import argparse
+import bisect
 import collections
 import glob
 import json
@@ -27,30 +30,43 @@ def analyse(path: str, top: int) -> dict:
     for e in gpu:
         if e.get("args", {}).get("correlation") in graph_launches:
             replays[e["args"]["correlation"]].append(e)
-    steps = sorted(replays.values(), key=lambda ks: ks[0]["ts"])
-    if not steps:
-        return {"trace": path, "replays": 0}
-    per_name = collections.Counter()
+    # A decode step's whole-forward graph against a prompt step's piecewise graphs: told
+    # apart by their kernel counts.
+    kinds = collections.defaultdict(list)
+    for ks in sorted(replays.values(), key=lambda ks: ks[0]["ts"]):
+        kinds[len(ks)].append(ks)
+    return {"trace": path, "graphs": [_kind(steps, gpu, graph_launches, top) for _, steps in
+                                      sorted(kinds.items(), key=lambda kv: -kv[0])]}
+
+
+def _kind(steps: list[list[dict]], gpu: list[dict], graph_launches: set, top: int) -> dict:
+    """Replays of one kernel count: per replay, the span, the kernels' time, each kernel
+    name's calls and time; between two replays in a row (no other graph's replay between
+    them), the gap and the kernels in it."""
+    per_name, calls = collections.Counter(), collections.Counter()
     for ks in steps:
         for k in ks:
             per_name[k["name"][:90]] += k["dur"]
+            calls[k["name"][:90]] += 1
     spans = [ks[-1]["ts"] + ks[-1]["dur"] - ks[0]["ts"] for ks in steps]
     busy = [sum(k["dur"] for k in ks) for ks in steps]
     between, outside = [], collections.Counter()
+    starts = [k["ts"] for k in gpu]
     for a, b in zip(steps, steps[1:]):
         end, start = a[-1]["ts"] + a[-1]["dur"], b[0]["ts"]
+        gap = gpu[bisect.bisect_left(starts, end):bisect.bisect_left(starts, start)]
+        if any(k.get("args", {}).get("correlation") in graph_launches for k in gap):
+            continue
         between.append(start - end)
-        for k in gpu:
-            if end <= k["ts"] < start:
-                outside[k["name"][:90]] += k["dur"]
+        for k in gap:
+            outside[k["name"][:90]] += k["dur"]
     n = len(steps)
     return {
-        "trace": path, "replays": n,
+        "kernels_per_replay": len(steps[0]), "replays": n,
         "span_us": statistics.median(spans), "busy_us": statistics.median(busy),
         "between_us": statistics.median(between) if between else None,
-        "kernels_us_per_step": {k: v / n for k, v in per_name.most_common(top)},
-        "outside_us_per_gap": {k: v / max(len(between), 1)
-                               for k, v in outside.most_common(top)},
+        "kernels_per_replay_us": {k: [calls[k] / n, v / n] for k, v in per_name.most_common(top)},
+        "between_us_per_gap": {k: v / max(len(between), 1) for k, v in outside.most_common(top)},
     }
 
 
@@ -64,16 +80,16 @@ def main() -> None:
                                                                  recursive=True))
                if t.endswith((".json", ".pt.trace.json"))]
     for r in results:
-        print(f"{r['trace']}: {r['replays']} graph replays")
-        if not r["replays"]:
-            continue
-        print(f"  median span {r['span_us']:.1f} us, kernels {r['busy_us']:.1f} us, "
-              f"between replays {r['between_us'] or 0:.1f} us")
-        for name, us in r["kernels_us_per_step"].items():
-            print(f"  {us:9.1f} us/step  {name}")
-        print("  outside graphs, between replays:")
-        for name, us in r["outside_us_per_gap"].items():
-            print(f"  {us:9.1f} us/gap   {name}")
+        print(r["trace"])
+        for g in r["graphs"]:
+            print(f"  {g['replays']} replays of {g['kernels_per_replay']} kernels: median span "
+                  f"{g['span_us']:.1f} us, kernels {g['busy_us']:.1f} us, between two "
+                  f"{g['between_us'] or 0:.1f} us")
+            for name, (n, us) in g["kernels_per_replay_us"].items():
+                print(f"  {us:9.1f} us in {n:5.1f} calls a replay  {name}")
+            print("  between two replays in a row:")
+            for name, us in g["between_us_per_gap"].items():
+                print(f"  {us:9.1f} us  {name}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
