@@ -60,6 +60,8 @@ from gemv_search import (Compiler, job_key, stage1, stage2,  # noqa: E402
 from gemv_timing import (CALLS_PER_GRAPH, POOL_BYTES, REPLAYS, Shape,  # noqa: E402
                          graph_us, log, log_summary, time_candidate, write_table)
 
+from loom.kernels.gemv import MAX_M  # noqa: E402
+
 SHAPES = {  # name: (N, K, silu_mul_input)
     "qkv": (3072, 4096, False),
     "o_proj": (4096, 2048, False),
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="merge the winners into this decode table (loom/kernels/configs/"
                     "gemv,dtype=bfloat16,device_name=<GPU>.json)")
     ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated subset")
-    ap.add_argument("--ms", default="1,2,4", help="batch sizes (1..8)")
+    ap.add_argument("--ms", default="1,2,4", help=f"batch sizes (1..{MAX_M})")
     ap.add_argument("--jobs", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)),
                     help="compile worker processes (1: compile in the timing process)")
     ap.add_argument("--budget-s", type=float, default=80.0,
@@ -116,8 +118,8 @@ def checked_shapes_and_ms(ap: argparse.ArgumentParser, args) -> tuple[list[str],
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {list(SHAPES)}")
     ms = [int(v) for v in args.ms.split(",")]
-    if not all(1 <= m <= 8 for m in ms):
-        ap.error(f"--ms takes batch sizes 1..8, got {ms}")
+    if not all(1 <= m <= MAX_M for m in ms):
+        ap.error(f"--ms takes batch sizes 1..{MAX_M}, got {ms}")
     return names, ms
 
 

@@ -15,7 +15,7 @@ import time
 
 from gemv_timing import log, ranked
 
-DOT_TILES = [(16, 128), (16, 256), (32, 128), (32, 256), (64, 128)]
+DOT_TILES = [(16, 128), (16, 256), (32, 128), (32, 256), (64, 128), (64, 256), (128, 128)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -23,7 +23,11 @@ DOT_TILES = [(16, 128), (16, 256), (32, 128), (32, 256), (64, 128)]
 
 def fma_tiles(m: int) -> list[tuple[int, int, int]]:
     """(block_n, block_k, num_warps) of the row-reduction path within a register budget:
-    8 to 64 weight elements per thread (32 at M = 4, whose products keep more live)."""
+    8 to 64 weight elements per thread (32 at M = 4, whose products keep more live). None
+    past 4 rows: there each chunk's M unrolled row reductions would cost more than the
+    tensor-core tiles, which take 16 rows for the price of one."""
+    if m > 4:
+        return []
     emax = 64 if m <= 2 else 32
     out = []
     for warps in (4, 8):

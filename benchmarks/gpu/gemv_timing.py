@@ -172,8 +172,9 @@ def family_line(e: dict) -> str:
 
 def write_table(results: dict, path: str, margin: float = 0.98) -> str:
     """Merge the winners into loom's decode table (loom.kernels.gemv_decode.tuned_config reads
-    it): per (N, K) and M, the fastest unsplit config that checked out, only where it beat
-    F.linear by more than the margin; fused-SwiGLU rows are not used by the model."""
+    it): per (N, K) and M, the fastest unsplit config that checked out where it beat
+    F.linear by more than the margin, else null (cuBLAS, so that the row counts below
+    do not take a larger M's config); fused-SwiGLU rows are not used by the model."""
     table = json.load(open(path)) if os.path.exists(path) else {}
     for r in results.values():
         if r["silu_mul"]:
@@ -188,7 +189,7 @@ def write_table(results: dict, path: str, margin: float = 0.98) -> str:
             per_m[str(r["M"])] = {k: v for k, v in best["config"].items()
                                   if k not in ("split_k", "split_mode")}
         else:
-            per_m.pop(str(r["M"]), None)
+            per_m[str(r["M"])] = None
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
     return path

@@ -1,4 +1,4 @@
-"""y = x @ W^T for a handful of rows (decode at batch 1..8): a bandwidth-bound GEMV.
+"""y = x @ W^T for a handful of rows (decode at batch 1..16): a bandwidth-bound GEMV.
 
 At batch 1 a linear layer reads every byte of its weight once and does two flops per
 weight, so its floor is the weight's size over the memory bandwidth. cuBLAS reaches 60-90 %
@@ -9,7 +9,7 @@ reduce kernel (about 1.7 us at decode). This kernel is the plain streaming alter
   (an nn.Linear weight: [N, K], rows contiguous) along K in BLOCK_K chunks, 16-byte loads;
   K is a constexpr, so the loop bound is one too (the CPU interpreter needs that, and it
   lets the compiler pipeline the loop with `num_stages`);
-* for each chunk, every one of the M (constexpr, 1..8) input rows is multiplied in float32
+* for each chunk, every one of the M (constexpr, 1..16) input rows is multiplied in float32
   (`use_dot=False`: FMAs and a row reduction) or all of them at once on the tensor cores,
   the rows padded to 16 (`use_dot=True`; the dot's operands go through shared memory,
   which the software pipeliner fills with asynchronous copies);
@@ -48,8 +48,10 @@ from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
 from loom.kernels.silu_mul import silu_mul_values
 
-MAX_M = 8
-"""Most rows per call: beyond this a tensor-core GEMM is the right tool."""
+MAX_M = 16
+"""Most rows per call: one tensor-core tile's worth (`use_dot` pads the rows to 16), so
+that up to here the GEMV costs what one row's tile does; beyond, a GEMM's tiles are the
+right tool."""
 
 SPLIT_MODES = ("fixup", "reduce", "atomic")
 
@@ -99,7 +101,8 @@ def _gemv_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # Rows padded to a power of two; a dot's operand to 16.
-    M_POW2: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
+    M_POW2: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else (
+        8 if M <= 8 else 16)))
     M_PAD: tl.constexpr = 16 if USE_DOT else M_POW2
     K_SPLIT: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K
     K_ITERS: tl.constexpr = K_SPLIT // BLOCK_K

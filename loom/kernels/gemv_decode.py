@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 def _table(dtype: torch.dtype, gpu: str,
            kind: str = "gemv") -> dict[tuple[int, int], dict[int, GemvConfig]]:
     """(N, K) -> {M: config} from loom/kernels/configs/{kind},dtype=...,device_name=....json;
-    {} if none. kind "gemv": `benchmarks/gpu/gemv_bench.py`'s winners where they beat
+    {} if none. A null config: cuBLAS (the two kernels, for "gemv_norm") was measured
+    faster at that row count. kind "gemv": `benchmarks/gpu/gemv_bench.py`'s winners where they beat
     cuBLAS; "gemv_norm": `benchmarks/gpu/norm_gemv_probe.py`'s, the configs with which
     the GEMV that applies the residual add + RMSNorm itself beat the two kernels."""
     name = f"{kind},dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
@@ -38,14 +39,15 @@ def _table(dtype: torch.dtype, gpu: str,
         return {}
     raw = json.loads(path.read_text())
     try:
-        return {tuple(int(v) for v in shape.split(",")): {int(m): GemvConfig(**c)
-                                                          for m, c in per_m.items()}
+        return {tuple(int(v) for v in shape.split(",")): {
+            int(m): None if c is None else GemvConfig(**c) for m, c in per_m.items()}
                 for shape, per_m in raw.items()}
     except (TypeError, ValueError) as e:
         raise ValueError(f"gemv config file {path}: {e}") from None
 
 
-def _at_or_above(per_m: dict[int, GemvConfig], m: int) -> GemvConfig | None:
+def _at_or_above(per_m: dict[int, GemvConfig | None], m: int) -> GemvConfig | None:
+    """The entry of the smallest measured row count >= m (None: none, or cuBLAS won)."""
     fits = [key for key in per_m if key >= m]
     return per_m[min(fits)] if fits else None
 
@@ -53,7 +55,8 @@ def _at_or_above(per_m: dict[int, GemvConfig], m: int) -> GemvConfig | None:
 def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
                  device: torch.device) -> GemvConfig | None:
     """The measured config for this weight shape at the smallest measured row count >= m;
-    None where nothing was measured to beat cuBLAS (the caller then takes F.linear)."""
+    None where nothing was measured there, or cuBLAS was measured faster (the caller then
+    takes F.linear)."""
     per_m = _table(dtype, device_name(device)).get((n, k))
     return _at_or_above(per_m, m) if per_m else None
 

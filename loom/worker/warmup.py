@@ -51,7 +51,7 @@ STEP_SHAPES: list[tuple[str, list[int], list[int]]] = [
     (EAGER_DECODES, [1, 1, 1], [40, 17, 5]),
 ]
 
-LOGITS_ROWS = 8
+LOGITS_ROWS = 16
 """The LM head is warmed up at 1 .. this many rows: the decode GEMV's limit (gemv.MAX_M)."""
 
 SAMPLING: list[list[SamplingParams]] = [

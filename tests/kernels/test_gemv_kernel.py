@@ -91,16 +91,17 @@ def test_float32_matches_reference(cfg, m):
 def test_uneven_n_and_k(cfg):
     """N not a multiple of block_n (clamped loads, masked stores), K not a multiple of
     the chunk (masked chunk tail; with split_k=4 of 16-wide chunks the last slice lies
-    wholly past K=80), M = 5 (padded to 8 or 16)."""
-    x, w = make(5, 40, 80, torch.float32, seed=7)
-    y = gemv(x, w, config=cfg)
-    norm, worst = rel_err(y, x.double() @ w.double().T)
-    assert norm < 1e-5 and worst < 1e-5, (norm, worst)
+    wholly past K=80), M = 5 and 11 (padded to 8 or 16, and 16)."""
+    for m in (5, 11):
+        x, w = make(m, 40, 80, torch.float32, seed=7 + m)
+        y = gemv(x, w, config=cfg)
+        norm, worst = rel_err(y, x.double() @ w.double().T)
+        assert norm < 1e-5 and worst < 1e-5, (m, norm, worst)
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[4], CONFIGS[5]],
                          ids=lambda c: c.describe().replace(" ", "_"))
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [1, 3, 16])
 def test_bfloat16_matches_linear(cfg, m):
     x, w = make(m, 48, 64, torch.bfloat16, seed=10 + m)
     y = gemv(x, w, config=cfg)
@@ -179,7 +180,8 @@ def _shipped_norm_configs():
     from loom.kernels.gemv_decode import _table
     from loom.kernels.tuned import device_name
     table = _table(torch.bfloat16, device_name(torch.device("cuda")), "gemv_norm")
-    return [(n, k, m, cfg) for (n, k), per_m in table.items() for m, cfg in per_m.items()]
+    return [(n, k, m, cfg) for (n, k), per_m in table.items() for m, cfg in per_m.items()
+            if cfg is not None]
 
 
 @pytest.mark.gpu
@@ -248,8 +250,8 @@ def test_default_config_and_dict_config():
 
 @pytest.mark.parametrize("case, match", [
     ("x_3d", "expected x"),
-    ("m_zero", "1 to 8 rows"),
-    ("m_nine", "1 to 8 rows"),
+    ("m_zero", "1 to 16 rows"),
+    ("m_seventeen", "1 to 16 rows"),
     ("k_mismatch", "columns, expected 64"),
     ("silu_not_doubled", r"expected 2 \* 64"),
     ("dtype_mismatch", "share a dtype"),
@@ -269,8 +271,8 @@ def test_value_errors(case, match):
         x = x[None]
     elif case == "m_zero":
         x = x[:0]
-    elif case == "m_nine":
-        x = torch.randn(9, 64, device=DEVICE)
+    elif case == "m_seventeen":
+        x = torch.randn(17, 64, device=DEVICE)
     elif case == "k_mismatch":
         x = torch.randn(2, 32, device=DEVICE)
     elif case == "silu_not_doubled":
@@ -397,4 +399,4 @@ def test_lm_head_compiles_its_gemv_only_where_it_takes_one(monkeypatch):
     monkeypatch.setattr(gemv_decode, "tuned_config", lambda m, n, k, dtype, device: cfg)
     assert head.compile_logits(hidden) is True
     assert compiled == [{"config": cfg, "compile_only": True}]
-    assert head.compile_logits(torch.randn(9, 64)) is False  # beyond the GEMV's rows
+    assert head.compile_logits(torch.randn(17, 64)) is False  # beyond the GEMV's rows

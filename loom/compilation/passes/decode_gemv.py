@@ -1,10 +1,10 @@
 """Decode matmuls to the Triton GEMV (on where CUDA is; LOOM_DECODE_GEMV=0 turns it off).
 
-At batch 1..8 a linear layer is a weight read; cuBLAS reads the small TP=2 weights of
+At batch 1..16 a linear layer is a weight read; cuBLAS reads the small TP=2 weights of
 Llama-3.1-8B at 53-69% of the copy rate and adds a split-K reduce kernel to some
 (run_x: qkv 11.1 us, down 20.1 us against 8.8 and 16.1 us for loom's GEMV). This pass
 rewrites `mm(x, permute(w))` of a weight into `loom.decode_linear(x, w)` in every graph
-whose token count can be 1..8 (the general graph, static sizes up to 8). The op picks at
+whose token count can be 1..16 (the general graph, static sizes up to 16). The op picks at
 run time: the GEMV where `loom/kernels/configs` has a measured config for the shape and
 row count, cuBLAS otherwise, so larger batches through the same graph are unchanged.
 Runs after the TP passes, which match the matmuls they fuse first.
@@ -12,7 +12,7 @@ Runs after the TP passes, which match the matmuls they fuse first.
 Neighbours go into the GEMV with the matmul: an MLP's SiLU·mul before its down
 projection, and at TP=1 (unless LOOM_DECODE_NORM_GEMV=0) the residual add + RMSNorm
 before qkv and gate_up, which otherwise runs as a kernel of its own (2.1-2.4 us at batch 1
-on an H200, plus the idle between two kernels, twice a layer: run_zzz21). Past 8 rows (a
+on an H200, plus the idle between two kernels, twice a layer: run_zzz21). Past 16 rows (a
 prompt through the general graph) the norm op runs loom's add + norm kernel where Inductor
 would have run its own.
 """
