@@ -174,7 +174,9 @@ def write_table(results: dict, path: str, margin: float = 0.98) -> str:
     """Merge the winners into loom's decode table (loom.kernels.gemv_decode.tuned_config reads
     it): per (N, K) and M, the fastest unsplit config that checked out where it beat
     F.linear by more than the margin, else null (cuBLAS, so that the row counts below
-    do not take a larger M's config); fused-SwiGLU rows are not used by the model."""
+    do not take a larger M's config). Fused-SwiGLU rows are not written: the model's
+    SiLU-fused down projection takes the plain row's config, where it reduces rows
+    (`loom.kernels.gemv_decode.decode_silu_mul_linear`)."""
     table = json.load(open(path)) if os.path.exists(path) else {}
     for r in results.values():
         if r["silu_mul"]:

@@ -25,10 +25,11 @@ logger = logging.getLogger(__name__)
 def _table(dtype: torch.dtype, gpu: str,
            kind: str = "gemv") -> dict[tuple[int, int], dict[int, GemvConfig]]:
     """(N, K) -> {M: config} from loom/kernels/configs/{kind},dtype=...,device_name=....json;
-    {} if none. A null config: cuBLAS (the two kernels, for "gemv_norm") was measured
-    faster at that row count. kind "gemv": `benchmarks/gpu/gemv_bench.py`'s winners where they beat
+    {} if none. kind "gemv": `benchmarks/gpu/gemv_bench.py`'s winners where they beat
     cuBLAS; "gemv_norm": `benchmarks/gpu/norm_gemv_probe.py`'s, the configs with which
-    the GEMV that applies the residual add + RMSNorm itself beat the two kernels."""
+    the GEMV that applies the residual add + RMSNorm itself beat the two kernels. A null
+    config: cuBLAS (the two kernels, for "gemv_norm") at that row count, measured faster
+    or not shown to gain end to end."""
     name = f"{kind},dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
     path = config_dir() / name
     if not path.is_file():
@@ -55,8 +56,8 @@ def _at_or_above(per_m: dict[int, GemvConfig | None], m: int) -> GemvConfig | No
 def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
                  device: torch.device) -> GemvConfig | None:
     """The measured config for this weight shape at the smallest measured row count >= m;
-    None where nothing was measured there, or cuBLAS was measured faster (the caller then
-    takes F.linear)."""
+    None where nothing was measured there, or the entry is null (the caller then takes
+    F.linear)."""
     per_m = _table(dtype, device_name(device)).get((n, k))
     return _at_or_above(per_m, m) if per_m else None
 
@@ -116,19 +117,22 @@ def _(x, weight):
 @loom_op("decode_silu_mul_linear", "(Tensor x, Tensor weight) -> Tensor")
 def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """(silu(gate) * up) @ weight^T for x [M, 2K] = [gate | up]: an MLP's down projection
-    with its activation. Where decode_linear would take the GEMV (the down weight's measured
-    config), the GEMV applies the activation as it reads x, so no SiLU·mul kernel runs
-    before it; otherwise the activation in one kernel (`silu_mul`, as Inductor would have
-    fused it; torch's two eager ops on the CPU), then F.linear."""
+    with its activation. Where the down weight's measured config reduces rows (no tensor
+    cores), the GEMV applies the activation as it reads x, so no SiLU·mul kernel runs
+    before it. Otherwise the activation in one kernel (`silu_mul`, as Inductor would have
+    fused it; torch's two eager ops on the CPU), then `linear`: with tensor-core tiles
+    every program recomputes the activation for 16 padded rows, and 8B's down took ~45 us
+    more a layer at batch 4 (run_zzz58; gemv_bench's SiLU rows at TP=2: 36.7 against
+    17.8 us without the SiLU, 3485478)."""
     m, k = x.shape[0], weight.shape[1]
     if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
         cfg = tuned_config(m, weight.shape[0], k, x.dtype, x.device)
-        if cfg is not None:
+        if cfg is not None and not cfg.use_dot:
             return gemv(x.contiguous(), weight, silu_mul_input=True, config=cfg)
     if x.is_cuda:
-        return torch.nn.functional.linear(silu_mul(x.contiguous()), weight)
+        return linear(silu_mul(x.contiguous()), weight)
     gate, up = x.split(k, dim=-1)
-    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight)
+    return linear(torch.nn.functional.silu(gate) * up, weight)
 
 
 @decode_silu_mul_linear.register_fake

@@ -297,12 +297,12 @@ def eager_decode_variants(runner) -> list[tuple[int, int, int, int]]:
 
 
 def warm_up_mixed_decodes(runner) -> list[tuple[int, int, int, int]]:
-    """Compile the decode kernel once per variant `decode_variants` names for mixed steps, side by side
-    on threads, with the arguments of one request reading block 0 (nothing runs). A mixed
-    step's decodes number anywhere from one to max_num_seqs and their contexts grow as they
-    go, so its splits (and tiles) change from step to step; each new variant compiled
-    mid-run stalled a step 0.2-0.7 s on an H200 (throughput's first steps, run_zzn). One
-    after another they added 4.7 s to 8B's start-up (run_zzo)."""
+    """Compile the decode kernel once per variant `decode_variants` names for mixed steps,
+    side by side on threads, with the arguments of one request reading block 0 (nothing
+    runs). A mixed step's decodes number anywhere from one to max_num_seqs and their
+    contexts grow as they go, so its splits (and tiles) change from step to step; each new
+    variant compiled mid-run stalled a step 0.2-0.7 s on an H200 (throughput's first steps,
+    run_zzn). One after another they added 4.7 s to 8B's start-up (run_zzo)."""
     from loom.kernels.paged_decode import paged_decode
     backend, kv_cache = runner.backend, runner.kv_caches[0]
     cfg = runner.config

@@ -62,24 +62,39 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
     assert with_norm and max(with_norm) <= gemv_module.MAX_M and 3 in with_norm
 
 
-def test_decode_silu_mul_linear_is_the_mlps_down_projection():
-    """With a config: the GEMV applying the activation itself; without one (or past 8
-    rows): torch's silu * up then F.linear. Both against plain torch."""
-    x, w = torch.randn(3, 16), torch.randn(4, 8)
-    ref = F.linear(F.silu(x[:, :8]) * x[:, 8:], w)
+def test_decode_silu_mul_linear_is_the_mlps_down_projection(monkeypatch):
+    """With a row-reduction config: the GEMV applying the activation itself; with a
+    tensor-core one, the activation first, then the GEMV; without one (or past 16 rows):
+    torch's silu * up then F.linear. All against plain torch."""
+    x, w = torch.randn(3, 32), torch.randn(4, 16)
+    ref = F.linear(F.silu(x[:, :16]) * x[:, 16:], w)
     torch.testing.assert_close(torch.ops.loom.decode_silu_mul_linear(x, w), ref)
-    many = torch.randn(9, 16)
+    launched = []
+    real_gemv = gemv_module.gemv
+
+    def spy(x, weight, **kwargs):
+        launched.append((x.shape[1], kwargs.get("silu_mul_input", False)))
+        return real_gemv(x, weight, **kwargs)
+    monkeypatch.setattr(gemv_module, "gemv", spy)
+    for use_dot, want in ((False, (32, True)), (True, (16, False))):
+        cfg = GemvConfig(block_n=16, block_k=16, use_dot=use_dot)
+        monkeypatch.setattr(gemv_module, "tuned_config", lambda *a, cfg=cfg: cfg)
+        launched.clear()
+        torch.testing.assert_close(torch.ops.loom.decode_silu_mul_linear(x, w), ref)
+        assert launched == [want], (use_dot, launched)
+    monkeypatch.undo()
+    many = torch.randn(17, 32)
     torch.testing.assert_close(torch.ops.loom.decode_silu_mul_linear(many, w),
-                               F.linear(F.silu(many[:, :8]) * many[:, 8:], w))
+                               F.linear(F.silu(many[:, :16]) * many[:, 16:], w))
 
 
 def test_decode_add_rms_norm_linear_is_the_norm_then_the_projection(monkeypatch):
-    """Without a config (or past 8 rows): loom's fused_add_rms_norm then F.linear; with
+    """Without a config (or past 16 rows): loom's fused_add_rms_norm then F.linear; with
     one: the GEMV reading x + residual through the norm. Both outputs against the
     reference ops."""
     from loom.layers.norm import fused_add_rms_norm
     w, norm_w = torch.randn(12, 32), 1 + 0.1 * torch.randn(32)
-    for rows in (3, 9):
+    for rows in (3, 17):
         x, residual = torch.randn(rows, 32), torch.randn(rows, 32)
         normed, ref_res = fused_add_rms_norm(x, residual, norm_w, 1e-6)
         y, res_out = torch.ops.loom.decode_add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
@@ -96,7 +111,7 @@ def test_decode_add_rms_norm_linear_is_the_norm_then_the_projection(monkeypatch)
 def test_decode_linear_falls_back_to_cublas_without_a_config():
     x, w = torch.randn(2, 8), torch.randn(4, 8)
     assert torch.equal(torch.ops.loom.decode_linear(x, w), F.linear(x, w))
-    many = torch.randn(9, 8)  # more rows than the GEMV takes
+    many = torch.randn(17, 8)  # more rows than the GEMV takes
     assert torch.equal(torch.ops.loom.decode_linear(many, w), F.linear(many, w))
 
 
