@@ -79,6 +79,9 @@ def main() -> None:
     results = [analyse(t, args.top) for t in sorted(glob.glob(f"{args.dir}/**/*.json*",
                                                                  recursive=True))
                if t.endswith((".json", ".pt.trace.json"))]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     for r in results:
         print(r["trace"])
         for g in r["graphs"]:
@@ -90,9 +93,6 @@ def main() -> None:
             print("  between two replays in a row:")
             for name, us in g["between_us_per_gap"].items():
                 print(f"  {us:9.1f} us  {name}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
