@@ -75,6 +75,9 @@ SHAPES = {  # name: (N, K, silu_mul_input)
     "gate_up1": (28672, 4096, False),
     "down1": (4096, 14336, False),
     "lm_head1": (128256, 4096, False),
+    # what the model runs for down where its config reduces rows: time it beside down1
+    # (with tensor-core tiles the model runs SiLU·mul first, then down1's GEMV)
+    "down1+silu": (4096, 14336, True),
     # Qwen3-30B-A3B on one GPU (--shapes q3_qkv,q3_o,q3_router,q3_lm_head): its attention
     # and router run on cuBLAS at batch-1 decode until the table has them
     "q3_qkv": (5120, 2048, False),
