@@ -138,13 +138,7 @@ def warm_up(runner) -> None:
     hidden = None  # the widest step's
     for name, query_lens, seq_lens in shapes:
         n = -(-sum(query_lens) // multiple) * multiple
-        if name == SDPA_SHAPE:
-            context = sdpa_at_any_length(runner.backend)
-        elif name == EAGER_DECODES:
-            context = runner.backend.compiling_decodes(eager)
-        else:
-            context = contextlib.nullcontext()
-        with context:
+        with _shape_context(runner, name, eager):
             out = run_step(runner, query_lens, seq_lens, n)
         if hidden is None or out.shape[0] > hidden.shape[0]:
             hidden = out
@@ -177,6 +171,16 @@ def warm_up(runner) -> None:
                 "%.1f s (%s)", len(shapes), ", ".join(s[0] for s in shapes), len(eager),
                 len(variants), len(sdpa_lengths),
                 time.perf_counter() - start, phases)
+
+
+def _shape_context(runner, name: str, eager: list[tuple[int, int, int, int]]):
+    """What a step shape runs under: SDPA_SHAPE with SDPA at any length; EAGER_DECODES
+    compiling the `eager` decode variants at its first layer."""
+    if name == SDPA_SHAPE:
+        return sdpa_at_any_length(runner.backend)
+    if name == EAGER_DECODES:
+        return runner.backend.compiling_decodes(eager)
+    return contextlib.nullcontext()
 
 
 class _Phases:
