@@ -349,7 +349,8 @@ class ModelRunner:
 
 
 LEVEL_0_ON_CUDA = (
-    "torch.compile level 0 (the default): the model runs eagerly, with decode CUDA graphs, and "
+    "torch.compile level 0 (loom's default; vLLM's on a GPU is 3): the model runs eagerly, "
+    "with decode CUDA graphs, and "
     "none of loom's compile passes apply (the decode GEMV among them); -O 3 compiles it (8B "
     "decode at batch 16, 128 -> 128: 5.19 against 6.88 ms/token on an H200, run_zzz57/58)")
 """Said once at start-up on a GPU at level 0: vLLM compiles at level 3 by default there."""
