@@ -197,7 +197,8 @@ CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 class CompilationConfig:
     level: int | None = None
     """0 eager; 1-2 plain torch.compile; 3 piecewise Inductor compile + CUDA graphs.
-    None: `mode`'s value, else 0."""
+    None: `mode`'s value; with neither given, the device picks it (`resolved`): 3 on CUDA,
+    as vLLM's default there, and 0 on the CPU."""
     mode: int | None = None
     """vLLM's newer name for `level` (its CompilationMode, 0-3); after construction both hold
     the same value. Giving both, with different values, is an error."""
@@ -249,7 +250,7 @@ class CompilationConfig:
         _check(isinstance(self.pass_config, PassConfig),
                "compilation_config.pass_config: expected a JSON object, got "
                f"{type(self.pass_config).__name__}")
-        _check(self.level == 3 or not self.pass_config.enable_sequence_parallelism,
+        _check(self.level in (None, 3) or not self.pass_config.enable_sequence_parallelism,
                "compilation_config.pass_config: sequence parallelism and async TP are level-3 "
                f"passes; set \"level\": 3 (got level {self.level})")
 
@@ -261,9 +262,17 @@ class CompilationConfig:
         _check(self.level is None or self.mode is None or self.level == self.mode,
                f"compilation_config: level {self.level} and mode {self.mode} differ; mode is "
                "vLLM's newer name for level, give one of them")
-        level = next((v for v in (self.level, self.mode) if v is not None), 0)
+        level = self.mode if self.level is None else self.level
         object.__setattr__(self, "level", level)
         object.__setattr__(self, "mode", level)
+
+    def resolved(self, device_type: str) -> CompilationConfig:
+        """This config with an unset level filled in for the device: 3 on CUDA (vLLM's
+        default there) or when the level-3 passes are asked for, else 0. A set level stays."""
+        if self.level is not None:
+            return self
+        on = device_type == "cuda" or self.pass_config.enable_sequence_parallelism
+        return dataclasses.replace(self, level=3 if on else 0, mode=None)
 
     @classmethod
     def parse(cls, value: CompilationConfig | dict | str | int | None) -> CompilationConfig:

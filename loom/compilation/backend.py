@@ -225,6 +225,9 @@ class CompiledForward:
     def __init__(self, model: torch.nn.Module, config: CompilationConfig, enforce_eager: bool,
                  tp_size: int) -> None:
         self.model = model
+        if config.level is None:
+            raise ValueError("compilation_config.level: unset; resolve it for the device first "
+                             "(CompilationConfig.resolved)")
         self.level = 0 if enforce_eager else config.level
         self.token_multiple = 1
         """The runner pads every batch to a multiple of this (the TP size under SP)."""

@@ -138,7 +138,7 @@ class EngineArgs:
         defaults, as in vLLM."""
         self._check_types()
         compilation = CompilationConfig.parse(self.compilation_config)
-        if self.enforce_eager and compilation.level > 0:
+        if self.enforce_eager and (compilation.level or 0) > 0:
             logger.warning("enforce_eager: compilation_config.level %d is overridden; the model "
                            "runs eagerly, with no CUDA graphs", compilation.level)
         model = ModelConfig(model=default_model() if self.model is None else self.model,

@@ -50,20 +50,22 @@ def select_backend(device: torch.device) -> AttentionBackend:
     return TorchNativeBackend()
 
 
-def with_resolved_scheduler(config: EngineConfig, device: torch.device) -> EngineConfig:
-    """config with the batch limits left to the device filled in for this one (as vLLM
-    picks them; SchedulerConfig.resolved). Fields already set stay."""
+def resolved_for_device(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """config with what was left to the device filled in for this one, as vLLM picks it:
+    the batch limits (SchedulerConfig.resolved) and the compile level (CompilationConfig.
+    resolved). Fields already set stay."""
     if device.type == "cuda":
         scheduler = config.scheduler.resolved(torch.cuda.get_device_name(device),
                                               torch.cuda.get_device_properties(device).total_memory)
     else:
         scheduler = config.scheduler.resolved(None, 0)
-    return dataclasses.replace(config, scheduler=scheduler)
+    return dataclasses.replace(config, scheduler=scheduler,
+                               compilation=config.compilation.resolved(device.type))
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, device: torch.device, is_driver: bool = True) -> None:
-        config = with_resolved_scheduler(config, device)  # the Worker has; a bare runner not
+        config = resolved_for_device(config, device)  # the Worker has; a bare runner not
         self.config = config
         self.is_driver = is_driver
         """Only the driver rank samples; the others still join the logits all-gather."""
@@ -156,8 +158,6 @@ class ModelRunner:
         # Before compiling: the traced graph keeps or leaves out the rotary kernels for good.
         set_fused_rope(self.model, self.backend.fuses_rope)
         self.forward = CompiledForward(self.model, cfg.compilation, cfg.enforce_eager, tp_size)
-        if self.forward.level == 0 and self.device.type == "cuda" and not cfg.enforce_eager:
-            logger.info(LEVEL_0_ON_CUDA)
         if self.forward.level > 0:
             start = time.perf_counter()
             self.profile_run()  # traces and compiles the general graph once, up front
@@ -346,14 +346,6 @@ class ModelRunner:
                                               num_top)
             out[req_id] = tensors.to_structs([num_top] * len(rows))
         return out
-
-
-LEVEL_0_ON_CUDA = (
-    "torch.compile level 0 (loom's default; vLLM's on a GPU is 3): the model runs eagerly, "
-    "with decode CUDA graphs, and "
-    "none of loom's compile passes apply (the decode GEMV among them); -O 3 compiles it (8B "
-    "decode at batch 16, 128 -> 128: 5.19 against 6.88 ms/token on an H200, run_zzz57/58)")
-"""Said once at start-up on a GPU at level 0: vLLM compiles at level 3 by default there."""
 
 
 def cuda_graphs_on(device: torch.device) -> bool:

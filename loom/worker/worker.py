@@ -17,7 +17,7 @@ from loom.config import EngineConfig
 from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
-from loom.worker.model_runner import ModelRunner, with_resolved_scheduler
+from loom.worker.model_runner import ModelRunner, resolved_for_device
 from loom.worker.step_handle import StepHandle
 
 
@@ -36,7 +36,7 @@ class Worker:
         self.device = resolve_device(config.device.device, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.config = config = with_resolved_scheduler(config, self.device)
+        self.config = config = resolved_for_device(config, self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         init_distributed(config.parallel.tensor_parallel_size, rank, distributed_init_method, backend)
         # Unseeded requests draw from the global generator; seed it so runs repeat.

@@ -39,7 +39,30 @@ def test_mode_is_vllms_newer_name_for_level(value):
     cfg = CompilationConfig.parse(value)
     assert cfg.level == cfg.mode == 3
     assert CompilationConfig(mode=2).level == 2 and CompilationConfig(level=1).mode == 1
-    assert CompilationConfig().level == CompilationConfig().mode == 0
+    assert CompilationConfig().level is None and CompilationConfig().mode is None
+
+
+def test_an_unset_level_is_the_devices_default():
+    """As vLLM: level 3 on CUDA unless given; loom keeps the CPU eager. The level-3 passes,
+    asked for with no level, take level 3 anywhere; a level that was set stays."""
+    unset = CompilationConfig()
+    assert unset.resolved("cuda").level == unset.resolved("cuda").mode == 3
+    assert unset.resolved("cpu").level == unset.resolved("cpu").mode == 0
+    sp = CompilationConfig.parse('{"pass_config": {"enable_async_tp": true}}')
+    assert sp.resolved("cpu").level == 3
+    for level in range(4):
+        assert CompilationConfig(level=level).resolved("cuda").level == level
+
+
+def test_the_runner_resolves_the_level_for_its_device():
+    import torch
+
+    from loom.config import EngineConfig, ModelConfig
+    from loom.worker.model_runner import resolved_for_device
+    config = EngineConfig(ModelConfig(model="x"))
+    assert resolved_for_device(config, torch.device("cpu")).compilation.level == 0
+    explicit = EngineConfig(ModelConfig(model="x"), compilation=CompilationConfig(level=3))
+    assert resolved_for_device(explicit, torch.device("cpu")).compilation.level == 3
 
 
 @pytest.mark.parametrize("value, message", [
@@ -63,3 +86,6 @@ def test_level_and_mode_survive_the_wire():
     config = EngineConfig(ModelConfig(model="x"), compilation=CompilationConfig(mode=3))
     decoded = msgspec.json.decode(msgspec.json.encode(config), type=EngineConfig)
     assert decoded == config and decoded.compilation.level == 3
+    unset = EngineConfig(ModelConfig(model="x"))  # resolved by each worker, not before
+    decoded = msgspec.json.decode(msgspec.json.encode(unset), type=EngineConfig)
+    assert decoded == unset and decoded.compilation.level is None

@@ -24,9 +24,10 @@ def _tokens(path: str, **kwargs) -> list[list[int]]:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
 @pytest.mark.parametrize("compilation", [
-    dict(enforce_eager=True), dict(), dict(compilation_config={"level": 3}),
+    dict(enforce_eager=True), dict(compilation_config={"level": 0}), dict(),
+    dict(compilation_config={"level": 3}),
     dict(compilation_config={"level": 3, "splitting_ops": [], "compile_sizes": [4]}),
-], ids=["eager", "cuda-graphs", "level3", "level3-whole-graph"])
+], ids=["eager", "level0-cuda-graphs", "default", "level3", "level3-whole-graph"])
 def test_gpu_float32_equals_cpu(kind, compilation, tiny_model_factory):
     path, _ = tiny_model_factory(kind)
     cpu = _tokens(path, device="cpu", dtype="float32")
