@@ -1,8 +1,8 @@
 # 1 GPU (~5 min warm), session 30: 8B throughput, 1000 x 1024 -> 256, with no -O (the level
 # now defaults to 3 on CUDA) on the table run_zzz60 chose; then batch 2, which run_zzz60 did
 # not run, 128 -> 128 at -O 3, on that table against the former one, alternated. Before
-# the call: `git worktree`-free copy of f0a5b35's tables, untracked, through
-# LOOM_MOE_CONFIG_DIR: mkdir zz_oldcfg && git archive f0a5b35 loom/kernels/configs |
+# the call, copy f0a5b35's tables (untracked; the script reads them through
+# LOOM_MOE_CONFIG_DIR): mkdir zz_oldcfg && git archive f0a5b35 loom/kernels/configs |
 # tar x --strip-components=3 -C zz_oldcfg
 source benchmarks/gpu/env.sh; R=$OUT/zzz62; mkdir -p $R
 T="--model llama-3.1-8b --load-format dummy --input-len 1024 --output-len 256 --num-prompts 1000 --max-model-len 2048 --step-breakdown"
