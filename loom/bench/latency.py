@@ -116,8 +116,10 @@ def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str
     replays (none with --output-len 1). The figures come from that same graph either way;
     start-up skips ~25 s of captures never replayed (Qwen3-30B-A3B did not start within
     150 s with all 35)."""
+    from loom.worker.worker import resolve_device
     config = CompilationConfig.parse(args.compilation_config)
-    if config.cudagraph_capture_sizes is not None or config.level == 0 or args.enforce_eager:
+    level = config.resolved(resolve_device(args.device).type).level
+    if config.cudagraph_capture_sizes is not None or level == 0 or args.enforce_eager:
         return args.compilation_config
     sizes = (args.batch_size,) if args.output_len > 1 else ()
     print(f"CUDA graphs: capturing batch size {sizes[0]} only" if sizes else

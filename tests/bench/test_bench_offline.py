@@ -301,18 +301,22 @@ def test_ceilings_measure_on_cuda():
 def test_latency_captures_only_the_graph_it_replays(capsys):
     from argparse import Namespace
 
+    import torch
+
     from loom.bench.latency import only_the_replayed_graph
 
-    def sizes(compilation, batch=4, output_len=8, eager=False):
+    def sizes(compilation, batch=4, output_len=8, eager=False, device="cpu"):
         args = Namespace(compilation_config=compilation, batch_size=batch,
-                         output_len=output_len, enforce_eager=eager)
+                         output_len=output_len, enforce_eager=eager, device=device)
         config = CompilationConfig.parse(only_the_replayed_graph(args))
         return config.cudagraph_capture_sizes
 
     assert sizes('{"level":3}') == (4,)
     assert sizes('{"level":3,"compile_sizes":[8192]}', batch=1, output_len=1) == ()
     assert sizes('{"level":3,"cudagraph_capture_sizes":[1,2]}') == (1, 2)  # the user's
-    assert sizes("3", eager=True) is None and sizes(None) is None
+    assert sizes("3", eager=True) is None and sizes(None) is None  # unset: 0 on the CPU
+    if torch.cuda.is_available():
+        assert sizes(None, device="cuda") == (4,)  # unset: 3 on CUDA
     assert "capturing batch size 4 only" in capsys.readouterr().out
 
 
