@@ -40,11 +40,26 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """The root parser: vLLM's spellings of the compilation config (`-O3`,
+    `-O.cudagraph_mode=NONE`, `-cc.compile_sizes+ 8` ...) become one `--compilation-config`
+    first (`engine/json_flags.py`)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        from loom.engine.json_flags import fold_compilation_flags
+        try:
+            args = fold_compilation_flags(sys.argv[1:] if args is None else list(args))
+        except ValueError as e:
+            self.error(str(e))
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from loom import __version__
-    parser = argparse.ArgumentParser(prog="loom", description=__doc__)
+    parser = _Parser(prog="loom", description=__doc__)
     parser.add_argument("-v", "--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True,
+                                parser_class=argparse.ArgumentParser)
     _generate_parser(sub)
     for register in _optional_commands():
         register(sub)

@@ -284,16 +284,24 @@ class CompilationConfig:
         if isinstance(value, int):
             return cls(level=value)
         if isinstance(value, str):
-            text = value.strip()
-            if re.fullmatch(r"-?[0-9]+", text):  # a bare level; -1 gets the level's own message
-                return cls(level=int(text))
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"compilation_config: not valid JSON ({e.msg}): {text!r}") from None
+            value = compilation_dict(value)
         if not isinstance(value, dict):
             raise ValueError(f"compilation_config: expected a JSON object, got {type(value).__name__}")
         return _from_dict(cls, value, "compilation_config")
+
+
+def compilation_dict(text: str) -> dict[str, Any]:
+    """`-O`'s text as a dict: a JSON object, or a bare level (`3` -> {"level": 3})."""
+    text = text.strip()
+    if re.fullmatch(r"-?[0-9]+", text):  # a bare level; -1 gets the level's own message
+        return {"level": int(text)}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"compilation_config: not valid JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"compilation_config: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _from_dict(cls, data: dict[str, Any], where: str):

@@ -93,7 +93,10 @@ class EngineArgs:
         g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
         g.add_argument("-O", "--compilation-config", default=None,
                        help="JSON object (or a bare level 0-3) for CompilationConfig; "
-                       "\"mode\" is accepted for \"level\", as in current vLLM")
+                       "\"mode\" is accepted for \"level\", as in current vLLM. As in vLLM, "
+                       "also one key at a time (-O.cudagraph_mode=NONE, "
+                       "-O.pass_config.enable_async_tp true), list items with + "
+                       "(-O.compile_sizes+ 8), and -cc for -O; all of them merge")
         g.add_argument("--trust-remote-code", action="store_true", help=TRUST_REMOTE_CODE_HELP)
 
     @classmethod
