@@ -38,6 +38,8 @@ class OfflineBench:
     ceilings: Ceilings | None
     vocab_size: int
     """Random prompt ids are drawn from [0, vocab_size)."""
+    compilation_level: int
+    """The level the model runs at: -O's, else the device's default; 0 under --enforce-eager."""
 
     @property
     def tp(self) -> int:
@@ -50,6 +52,7 @@ class OfflineBench:
         return {"benchmark": benchmark, "date": now_iso(), "device": self.device,
                 "git_commit": git_commit(), "command": command_line(),
                 "engine_args": _jsonable(dataclasses.asdict(self.engine_args)),
+                "compilation_level": self.compilation_level,
                 "ceilings": dataclasses.asdict(self.ceilings) if self.ceilings else None}
 
 
@@ -95,8 +98,9 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     vocab = llm.engine.get_model_info()["vocab_size"]
     if llm.tokenizer is not None:
         vocab = min(vocab, llm.tokenizer.vocab_size)
+    level = 0 if config.enforce_eager else config.compilation.resolved(device.type).level
     return OfflineBench(llm, engine_args, arch, dtype_bytes, kv_dtype_bytes, device_name(device),
-                        ceilings, vocab)
+                        ceilings, vocab, level)
 
 def _jsonable(value: Any) -> Any:
     """Engine args as JSON: a CompilationConfig object becomes its fields."""

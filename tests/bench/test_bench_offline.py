@@ -56,6 +56,7 @@ def test_latency_prints_like_the_seed_and_writes_json(tiny, tmp_path, capsys, mo
     assert result["device"] == "cpu" and result["ceilings"] is None
     assert result["command"].startswith("loom bench latency --model")
     assert result["engine_args"]["model"] == tiny and result["engine_args"]["device"] == "cpu"
+    assert result["compilation_level"] == 0  # no -O on the CPU
     assert len(result["latencies"]) == 2 and result["avg_latency"] == pytest.approx(avg)
     assert result["avg_latency"] == pytest.approx(np.mean(result["latencies"]))
     assert result["percentiles"]["90"] == pytest.approx(np.percentile(result["latencies"], 90))
