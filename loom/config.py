@@ -190,7 +190,7 @@ class PassConfig:
             object.__setattr__(self, "enable_sequence_parallelism", True)
 
 
-CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 @dataclass(frozen=True)
@@ -207,14 +207,18 @@ class CompilationConfig:
     splitting_ops: tuple[str, ...] | None = None
     """Ops the graph is split at; None means attention; () keeps one whole graph."""
     cudagraph_capture_sizes: tuple[int, ...] | None = None
-    """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8."""
+    """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8.
+    Under PIECEWISE, the token counts the pieces are captured at instead."""
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     """FULL_DECODE_ONLY: pure-decode batches replay whole-forward CUDA graphs (the sizes
-    above). FULL_AND_PIECEWISE (the default, as vLLM's): besides, at level 3 with the graph split at attention, the
-    pieces are captured on their second run at a size and replayed after, attention running
-    eagerly between them, so a prefill's or mixed batch's host time goes: at each
-    compile_sizes entry (its static graph), and for batches no decode graph takes of up to
-    512 tokens, padded to 8, 16, 32 ... 512 (the general graph). NONE: no CUDA graphs."""
+    above). FULL_AND_PIECEWISE (the default, as vLLM's): besides, at level 3 with the graph
+    split at attention, the pieces are captured on their second run at a size and replayed
+    after, attention running eagerly between them, so a prefill's or mixed batch's host time
+    goes: at each compile_sizes entry (its static graph), and for batches no decode graph
+    takes of up to max_num_batched_tokens, padded to 8, 16, 32 ... (the general graph).
+    PIECEWISE: the pieces only, decode batches too; given cudagraph_capture_sizes, batches
+    are padded to those. FULL: as vLLM where its attention cannot take mixed batches into
+    one graph, FULL_AND_PIECEWISE. NONE: no CUDA graphs."""
     pass_config: PassConfig = field(default_factory=PassConfig)
     """Custom Inductor passes."""
     inductor_compile_config: dict[str, Any] = field(default_factory=dict)
@@ -265,6 +269,16 @@ class CompilationConfig:
         level = self.mode if self.level is None else self.level
         object.__setattr__(self, "level", level)
         object.__setattr__(self, "mode", level)
+
+    @property
+    def decode_graphs(self) -> bool:
+        """Whether pure-decode batches replay whole-forward CUDA graphs."""
+        return self.cudagraph_mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+    @property
+    def piece_graphs(self) -> bool:
+        """Whether the compiled pieces between attention calls replay CUDA graphs."""
+        return self.cudagraph_mode in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
 
     def resolved(self, device_type: str) -> CompilationConfig:
         """This config with an unset level filled in for the device: 3 on CUDA (vLLM's

@@ -164,7 +164,7 @@ class Piece:
         self.single_output = not isinstance(module.graph.output_node().args[0], tuple | list)
         self.general = self._compile(example_inputs)
         self.static: dict[int, Callable] = {}
-        self.piecewise = config.cudagraph_mode == "FULL_AND_PIECEWISE" and not any(
+        self.piecewise = config.piece_graphs and not any(
             _op_name(n) in DEFAULT_SPLITTING_OPS for n in module.graph.nodes)
         """compile_sizes and the runner's padded sizes replay CUDA graphs from their second
         run (not a piece with attention inside)."""

@@ -92,7 +92,8 @@ class ModelRunner:
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None
         self.piece_sizes: list[int] = []
-        """Token counts other batches are padded up to (cudagraph_mode FULL_AND_PIECEWISE)."""
+        """Token counts other batches are padded up to (cudagraph_mode PIECEWISE, FULL and
+        FULL_AND_PIECEWISE)."""
         self._pending: PendingTokens | None = None
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
 
@@ -171,7 +172,11 @@ class ModelRunner:
             warm_up(self)
         if cfg.enforce_eager or not cuda_graphs_on(self.device):
             return
-        if cfg.compilation.cudagraph_mode == "FULL_AND_PIECEWISE":
+        if cfg.compilation.cudagraph_mode == "FULL":
+            logger.info("cudagraph_mode FULL: loom's attention takes whole-forward CUDA graphs "
+                        "for decode batches only; the others replay piecewise graphs, as "
+                        "FULL_AND_PIECEWISE (vLLM does the same for such backends)")
+        if cfg.compilation.piece_graphs:
             self._plan_pieces()
         sizes = self.decode_graph_sizes()
         if not sizes:
@@ -186,8 +191,7 @@ class ModelRunner:
         """The pure decode batch sizes captured in CUDA graphs ([] where none are)."""
         cfg = self.config
         # Decode graphs need a real CUDA device even where the CPU tests patch cuda_graphs_on.
-        if cfg.enforce_eager or self.device.type != "cuda" or \
-                cfg.compilation.cudagraph_mode == "NONE":
+        if cfg.enforce_eager or self.device.type != "cuda" or not cfg.compilation.decode_graphs:
             return []
         sizes = cfg.compilation.cudagraph_capture_sizes
         if sizes is None:
@@ -215,11 +219,20 @@ class ModelRunner:
     def _plan_pieces(self) -> None:
         cfg = self.config
         pieces = piecewise_sizes(cfg.scheduler.max_num_batched_tokens)
+        if cfg.compilation.cudagraph_mode == "PIECEWISE" and \
+                cfg.compilation.cudagraph_capture_sizes is not None:
+            pieces = sorted({_round_up(s, self.token_multiple)
+                             for s in cfg.compilation.cudagraph_capture_sizes})
+            if not pieces:
+                logger.info("cudagraph_mode PIECEWISE with no cudagraph_capture_sizes: no batch "
+                            "replays CUDA graphs")
+                return
         if not self.forward.capture_pieces_at(pieces):
-            logger.info("cudagraph_mode FULL_AND_PIECEWISE: piecewise CUDA graphs need level 3 "
-                        "with the graph split at attention (here level %d%s); only decode "
-                        "batches replay CUDA graphs", self.forward.level,
-                        ", one whole graph" if self.forward.level == 3 else "")
+            logger.info("cudagraph_mode %s: piecewise CUDA graphs need level 3 with the graph "
+                        "split at attention (here level %d%s); %s", cfg.compilation.cudagraph_mode,
+                        self.forward.level, ", one whole graph" if self.forward.level == 3 else "",
+                        "only decode batches replay CUDA graphs" if cfg.compilation.decode_graphs
+                        else "no batch replays CUDA graphs")
             return
         # compile_sizes in that range are padding targets too: their static graphs.
         self.piece_sizes = sorted(set(pieces).union(

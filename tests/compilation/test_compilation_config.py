@@ -42,6 +42,16 @@ def test_mode_is_vllms_newer_name_for_level(value):
     assert CompilationConfig().level is None and CompilationConfig().mode is None
 
 
+@pytest.mark.parametrize("mode, decode, pieces", [
+    ("NONE", False, False), ("PIECEWISE", False, True), ("FULL", True, True),
+    ("FULL_DECODE_ONLY", True, False), ("FULL_AND_PIECEWISE", True, True)])
+def test_vllms_cudagraph_modes(mode, decode, pieces):
+    """Which batches replay graphs: whole-forward ones for pure decodes, and the pieces
+    between attention calls for the rest (FULL's mixed batches can only take pieces here)."""
+    config = CompilationConfig.parse({"cudagraph_mode": mode})
+    assert (config.decode_graphs, config.piece_graphs) == (decode, pieces)
+
+
 def test_an_unset_level_is_the_devices_default():
     """As vLLM: level 3 on CUDA unless given; loom keeps the CPU eager. The level-3 passes,
     asked for with no level, take level 3 anywhere; a level that was set stays."""

@@ -154,14 +154,23 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
     assert _FakeGraph.replays >= 3 * 4 and _FakeGraph.replays % 3 == 0
 
 
+PADDED = {  # cudagraph_mode (and capture sizes): the sizes batches are padded to
+    "FULL_AND_PIECEWISE": ({}, [8, 16, 32, 64]),
+    "FULL": ({}, [8, 16, 32, 64]),  # as FULL_AND_PIECEWISE, and says so
+    "PIECEWISE": ({"cudagraph_capture_sizes": [4, 64]}, [4, 64]),  # the capture sizes
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])  # MoE: padding rows are routed too
-def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, tiny_model_factory, caplog,
-                                                           monkeypatch):
-    """FULL_AND_PIECEWISE with no compile_sizes: a batch no decode graph takes (on the CPU,
-    every batch) is padded up to a piecewise size, whose pieces were captured at start-up
-    and are replayed. The padding rows must change
-    no real token: the tokens stay eager's."""
+@pytest.mark.parametrize("kind, mode", [("llama", "FULL_AND_PIECEWISE"),
+                                        ("qwen3_moe", "FULL_AND_PIECEWISE"),  # padding rows
+                                        ("llama", "FULL"), ("llama", "PIECEWISE")])  # routed
+def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, mode, tiny_model_factory,
+                                                           caplog, monkeypatch):
+    """With no compile_sizes: a batch no decode graph takes (on the CPU, every batch) is
+    padded up to a piecewise size, whose pieces were captured at start-up and are replayed.
+    The padding rows must change no real token: the tokens stay eager's. PIECEWISE, as in
+    vLLM, pads to cudagraph_capture_sizes where given."""
     path, _ = tiny_model_factory(kind)
     eager = _tokens(path)
     monkeypatch.setattr(model_runner, "cuda_graphs_on", lambda device: True)
@@ -177,19 +186,23 @@ def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, tiny_model_fact
         return batch
     monkeypatch.setattr(model_runner, "build_batch", recording)
     caplog.set_level(logging.INFO, logger="loom")
-    assert _tokens(path, compilation_config={"level": 3,
-                                             "cudagraph_mode": "FULL_AND_PIECEWISE"}) == eager
+    extra, sizes = PADDED[mode]
+    config = {"level": 3, "cudagraph_mode": mode, **extra}
+    assert _tokens(path, compilation_config=config) == eager
     # Prompts of 8 + 21 + 5 tokens in one step of 34, padded to 64; then decode steps of 3,
-    # padded to 8.
-    assert rows[0] == (64, 34) and all(r == (8, 3) for r in rows[1:]) and len(rows) == 6
-    assert "padded to [8, 16, 32, 64] tokens" in caplog.text
+    # padded to the next size.
+    assert rows[0] == (64, 34) and len(rows) == 6
+    assert all(r == (next(s for s in sizes if s >= 3), 3) for r in rows[1:])
+    assert f"padded to {sizes} tokens" in caplog.text
+    assert ("cudagraph_mode FULL: loom's attention takes whole-forward CUDA graphs for decode "
+            "batches only" in caplog.text) == (mode == "FULL")
     # Every size's three pieces at start-up, each replayed once there (its capturing run),
     # then in each of the six steps.
-    assert len(_FakeGraph.captured) == 3 * 4
+    assert len(_FakeGraph.captured) == 3 * len(sizes)
     # Largest first, so that smaller sizes reuse the pool's blocks.
-    assert [g.num_tokens for g in _FakeGraph.captured[::3]] == [64, 32, 16, 8]
-    assert _FakeGraph.replays == 3 * 4 + 3 * 6
-    assert "the pieces captured at 4 sizes (8 .. 64 tokens)" in caplog.text
+    assert [g.num_tokens for g in _FakeGraph.captured[::3]] == sizes[::-1]
+    assert _FakeGraph.replays == 3 * len(sizes) + 3 * 6
+    assert f"the pieces captured at {len(sizes)} sizes ({sizes[0]} .. 64 tokens)" in caplog.text
 
 
 def test_piecewise_sizes_stop_at_the_first_that_holds_a_full_batch():

@@ -64,7 +64,7 @@ def test_a_key_given_twice_keeps_the_later_value_and_says_so(caplog):
      "compilation_config.pass_config: is not an object, so it has no key 'enable_noop'"),
     (["-O{oops", "-O.level=3"], "compilation_config: not valid JSON"),
     (["-O3", "-O.mode=2"], "level 3 and mode 2 differ"),
-    (["-O.cudagraph_mode=FULL", "-O3"], "compilation_config.cudagraph_mode: must be one of"),
+    (["-O.cudagraph_mode=PIECES", "-O3"], "compilation_config.cudagraph_mode: must be one of"),
     (["-cc.no_such_field=1", "-O3"], "compilation_config: unknown field(s) ['no_such_field']"),
 ])
 def test_bad_spellings_are_one_line_cli_errors(capsys, flags, message):
