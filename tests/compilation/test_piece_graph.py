@@ -82,7 +82,8 @@ def test_pieces_of_many_sizes_share_the_pool_and_keep_eager_tokens(tiny_model_fa
     """Prompts of many lengths, chunked and mixed with decodes, pad to most sizes from 8 to
     256, in an order of their own; each size's pieces reuse memory that other sizes'
     captures freed. A replay writing over live data would change tokens: they must be the
-    tokens of FULL_DECODE_ONLY, whose prompt steps run no piece graph."""
+    tokens of FULL_DECODE_ONLY, whose prompt steps run no piece graph; under PIECEWISE the
+    decode steps replay pieces too."""
     path, _ = tiny_model_factory("llama")
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(3, 200, (24,), generator=gen).tolist()
@@ -90,7 +91,7 @@ def test_pieces_of_many_sizes_share_the_pool_and_keep_eager_tokens(tiny_model_fa
                for n in lengths]
     caplog.set_level(logging.INFO, logger="loom.worker.warmup")
     results = []
-    for mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+    for mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "PIECEWISE"):
         llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda",
                   max_model_len=256, max_num_batched_tokens=256, max_num_seqs=6,
                   kv_cache_memory_bytes=1 << 28, enable_prefix_caching=False,
@@ -102,7 +103,7 @@ def test_pieces_of_many_sizes_share_the_pool_and_keep_eager_tokens(tiny_model_fa
                          for o in llm.generate(order, params, use_tqdm=False)])
         results.append(runs)
         llm.shutdown()
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
     assert "the pieces captured at 6 sizes (8 .. 256 tokens)" in caplog.text
 
 

@@ -27,7 +27,8 @@ def _tokens(path: str, **kwargs) -> list[list[int]]:
     dict(enforce_eager=True), dict(compilation_config={"level": 0}), dict(),
     dict(compilation_config={"level": 3}),
     dict(compilation_config={"level": 3, "splitting_ops": [], "compile_sizes": [4]}),
-], ids=["eager", "level0-cuda-graphs", "default", "level3", "level3-whole-graph"])
+    dict(compilation_config={"level": 3, "cudagraph_mode": "PIECEWISE"}),
+], ids=["eager", "level0-cuda-graphs", "default", "level3", "level3-whole-graph", "piecewise"])
 def test_gpu_float32_equals_cpu(kind, compilation, tiny_model_factory):
     path, _ = tiny_model_factory(kind)
     cpu = _tokens(path, device="cpu", dtype="float32")
@@ -35,14 +36,18 @@ def test_gpu_float32_equals_cpu(kind, compilation, tiny_model_factory):
     assert gpu == cpu
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_gpu_lone_request_equals_cpu(kind, tiny_model_factory):
+@pytest.mark.parametrize("kind, graphs", [
+    ("llama", {}), ("qwen3", {}),
+    ("llama", {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 32]})])
+def test_gpu_lone_request_equals_cpu(kind, graphs, tiny_model_factory):
     """One request at a time: every decode step is one token, replayed from the batch-1
-    CUDA graph that the general (many-token) compiled graph was captured into."""
+    CUDA graph that the general (many-token) compiled graph was captured into; under
+    PIECEWISE, from the pieces captured at one token, the prompt's at 32."""
     path, _ = tiny_model_factory(kind)
     prompt = _prompts(7, (21,))
     out = []
-    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": {"level": 3}})):
+    for device, extra in (("cpu", {}),
+                          ("cuda", {"compilation_config": {"level": 3, **graphs}})):
         llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
                   dtype="float32", **extra)
         out.append(llm.generate(prompt, PARAMS, use_tqdm=False)[0].outputs[0].token_ids)
