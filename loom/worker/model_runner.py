@@ -22,7 +22,8 @@ from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.kernels import jit_watch
-from loom.worker.cuda_graph import CUDAGraphRunner, default_capture_sizes, piecewise_sizes
+from loom.worker.cuda_graph import (MODE_LINES, CUDAGraphRunner, default_capture_sizes,
+                                    piecewise_sizes)
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
@@ -172,10 +173,8 @@ class ModelRunner:
             warm_up(self)
         if cfg.enforce_eager or not cuda_graphs_on(self.device):
             return
-        if cfg.compilation.cudagraph_mode == "FULL":
-            logger.info("cudagraph_mode FULL: loom's attention takes whole-forward CUDA graphs "
-                        "for decode batches only; the others replay piecewise graphs, as "
-                        "FULL_AND_PIECEWISE (vLLM does the same for such backends)")
+        if cfg.compilation.cudagraph_mode in MODE_LINES:
+            logger.info(MODE_LINES[cfg.compilation.cudagraph_mode])
         if cfg.compilation.piece_graphs:
             self._plan_pieces()
         sizes = self.decode_graph_sizes()

@@ -196,6 +196,8 @@ def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, mode, tiny_mode
     assert f"padded to {sizes} tokens" in caplog.text
     assert ("cudagraph_mode FULL: loom's attention takes whole-forward CUDA graphs for decode "
             "batches only" in caplog.text) == (mode == "FULL")
+    assert ("cudagraph_mode PIECEWISE: decode batches replay the pieces" in caplog.text) == \
+        (mode == "PIECEWISE")
     # Every size's three pieces at start-up, each replayed once there (its capturing run),
     # then in each of the six steps.
     assert len(_FakeGraph.captured) == 3 * len(sizes)
