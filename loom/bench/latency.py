@@ -120,7 +120,7 @@ def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str
     config = CompilationConfig.parse(args.compilation_config)
     level = config.resolved(resolve_device(args.device).type).level
     if config.cudagraph_capture_sizes is not None or level == 0 or args.enforce_eager \
-            or not config.decode_graphs:  # PIECEWISE: the sizes are its pieces' (or NONE)
+            or config.cudagraph_mode == "PIECEWISE":  # there the sizes are its pieces'
         return args.compilation_config
     sizes = (args.batch_size,) if args.output_len > 1 else ()
     print(f"CUDA graphs: capturing batch size {sizes[0]} only" if sizes else

@@ -315,6 +315,7 @@ def test_latency_captures_only_the_graph_it_replays(capsys):
     assert sizes('{"level":3}') == (4,)
     assert sizes('{"level":3,"compile_sizes":[8192]}', batch=1, output_len=1) == ()
     assert sizes('{"level":3,"cudagraph_capture_sizes":[1,2]}') == (1, 2)  # the user's
+    assert sizes('{"level":3,"cudagraph_mode":"PIECEWISE"}') is None  # sizes of its pieces
     assert sizes("3", eager=True) is None and sizes(None) is None  # unset: 0 on the CPU
     if torch.cuda.is_available():
         assert sizes(None, device="cuda") == (4,)  # unset: 3 on CUDA
