@@ -34,6 +34,7 @@ from loom import envs
 from loom.distributed.ops import FUSED_NORM_MAX_ROWS
 from loom.kernels import all_reduce_norm_ll, pdl
 from loom.kernels.all_reduce_norm_ll import LowLatencyNormBuffer, give_up_unless
+from loom.kernels.host import next_power_of_2
 
 
 @triton.jit
@@ -129,7 +130,7 @@ def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_row
     res_out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype),
                           device=x.device)
     if num_rows:
-        block = triton.next_power_of_2(n)
+        block = next_power_of_2(n)
         use_pdl = pdl.enabled(x.device)
         _all_reduce_add_rms_norm_kernel[(num_rows,)](
             x, residual, weight, out, res_out, data_ptrs, flag_ptrs, rank, eps,

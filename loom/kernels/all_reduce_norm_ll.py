@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels import pdl
+from loom.kernels.host import next_power_of_2
 
 MAX_SPIN = 1 << 26
 """Polls before a program gives up on its peer (tens of seconds at ~1 us a poll): a peer
@@ -198,7 +199,7 @@ class LowLatencyNormBuffer:
         out = torch.empty_like(x)
         res_out = torch.empty_like(x)
         use_pdl = pdl.enabled(x.device)
-        block = triton.next_power_of_2(n // 2)
+        block = next_power_of_2(n // 2)
         _ll_all_reduce_add_rms_norm_kernel[(rows,)](
             _words(x), _words(residual), _words(weight), _words(out),
             _words(res_out), self.ll_ptrs, self.state, self.rank, eps,

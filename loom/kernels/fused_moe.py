@@ -27,6 +27,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from loom import envs
+from loom.kernels.host import cdiv, next_power_of_2
 from loom.kernels.moe_config import get_config, normalize_config
 from loom.kernels.moe_gemv import moe_gemv_launches
 from loom.library import loom_op
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 def _align_capacity(num_slots: int, num_experts: int, block_m: int) -> int:
     capacity = num_slots + min(num_experts, num_slots) * (block_m - 1)
-    return triton.cdiv(capacity, block_m) * block_m
+    return cdiv(capacity, block_m) * block_m
 
 
 _ALIGN_CHUNK = 64
@@ -103,11 +104,11 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int,
     rank = torch.empty(num_slots, dtype=torch.int32, device=device)
     sorted_ids = torch.full((capacity,), num_slots, dtype=torch.int32, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
-    _align_count_kernel[(triton.cdiv(num_slots, _ALIGN_CHUNK),)](
+    _align_count_kernel[(cdiv(num_slots, _ALIGN_CHUNK),)](
         flat, counts, rank, num_slots, CHUNK=_ALIGN_CHUNK)
-    _align_place_kernel[(triton.cdiv(max(num_slots, num_blocks), _ALIGN_CHUNK),)](
+    _align_place_kernel[(cdiv(max(num_slots, num_blocks), _ALIGN_CHUNK),)](
         flat, counts, rank, sorted_ids, block_expert, num_slots, num_blocks,
-        NUM_EXPERTS=num_experts, EXPERTS_PAD=triton.next_power_of_2(num_experts),
+        NUM_EXPERTS=num_experts, EXPERTS_PAD=next_power_of_2(num_experts),
         BLOCK_M=block_m, CHUNK=_ALIGN_CHUNK)
     return sorted_ids, block_expert
 
@@ -349,12 +350,12 @@ def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         w13_arg = TensorDescriptor.from_tensor(w13.view(-1, hidden_size), [block_n, block_k])
         w2_arg = TensorDescriptor.from_tensor(w2.view(-1, inter), [block_n, block_k])
         inter_in = TensorDescriptor.from_tensor(inter_buf, [block_m, block_k])
-    gate_up = (_gate_up_kernel, (num_blocks * triton.cdiv(inter, block_n),), (
+    gate_up = (_gate_up_kernel, (num_blocks * cdiv(inter, block_n),), (
         hidden, w13_arg, inter_buf, sorted_ids, block_expert, num_slots, num_blocks,
         hidden.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), inter_buf.stride(0)),
         {"TOP_K": top_k, "HIDDEN": hidden_size, "INTER": inter, **launch})
     per_slot = torch.empty(num_slots, hidden_size, dtype=hidden.dtype, device=hidden.device)
-    down = (_down_kernel, (num_blocks * triton.cdiv(hidden_size, block_n),), (
+    down = (_down_kernel, (num_blocks * cdiv(hidden_size, block_n),), (
         inter_in, w2_arg, per_slot, sorted_ids, block_expert, topk_weights.contiguous(),
         num_slots, num_blocks, inter_buf.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
         per_slot.stride(0)),

@@ -46,6 +46,7 @@ import triton.language as tl
 from loom import envs
 from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
+from loom.kernels.host import cdiv, next_power_of_2
 from loom.kernels.silu_mul import silu_mul_values
 
 MAX_M = 16
@@ -218,7 +219,7 @@ def default_config(m: int, n: int, k: int) -> GemvConfig:
     """A starting point, not a measured table: 16-row blocks, 256-wide chunks, and a split
     of K when the row blocks alone would give fewer than two programs per H200 SM."""
     block_n, block_k = 16, 256
-    blocks = triton.cdiv(n, block_n)
+    blocks = cdiv(n, block_n)
     split_k = 1
     while blocks * split_k < 264 and split_k < 4 and k % (2 * split_k * block_k) == 0:
         split_k *= 2
@@ -349,9 +350,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
     """The GEMV's kernels for checked arguments; norm: (residual, norm_weight,
     residual_out, eps) of add_rms_norm_gemv."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
-    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(triton.cdiv(k, cfg.split_k))))
+    block_k = min(cfg.block_k, max(16, next_power_of_2(cdiv(k, cfg.split_k))))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    n_blocks = triton.cdiv(n, cfg.block_n)
+    n_blocks = cdiv(n, cfg.block_n)
     split_k = cfg.split_k
     mode = 0 if split_k == 1 else 1 + SPLIT_MODES.index(cfg.split_mode)
     part = y  # unused placeholders keep one signature
@@ -379,7 +380,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024
-        launch_or_compile(_split_k_reduce_kernel, (triton.cdiv(m * n, block),), compile_only)(
+        launch_or_compile(_split_k_reduce_kernel, (cdiv(m * n, block),), compile_only)(
             part, y, m * n, SPLIT_K=split_k, BLOCK=block, PDL=use_pdl, num_warps=4,
             launch_pdl=use_pdl)
     elif mode == 3 and not compile_only:

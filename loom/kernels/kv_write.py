@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.host import next_power_of_2
+
 
 @triton.jit
 def to_cache(x, elem: tl.constexpr, SAT: tl.constexpr):
@@ -77,5 +79,5 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         HEAD_DIM=head_dim, NUM_KV_HEADS=num_kv_heads,
-        BLOCK=triton.next_power_of_2(num_kv_heads * head_dim), SAT=saturation(kv_cache),
+        BLOCK=next_power_of_2(num_kv_heads * head_dim), SAT=saturation(kv_cache),
     )

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.host import cdiv
+
 
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we,
@@ -100,8 +102,8 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     ids = topk_ids.contiguous()
     inter_buf = torch.empty(num_tokens * top_k, inter, dtype=hidden.dtype, device=hidden.device)
     out = torch.empty_like(hidden)
-    gate_up = (_gate_up_gemv_kernel, (num_tokens * top_k, triton.cdiv(inter, block_n)),
+    gate_up = (_gate_up_gemv_kernel, (num_tokens * top_k, cdiv(inter, block_n)),
                (hidden.contiguous(), w13, inter_buf, ids, w13.stride(0)), kwargs)
-    down = (_down_gemv_kernel, (num_tokens, triton.cdiv(hidden_size, block_n)),
+    down = (_down_gemv_kernel, (num_tokens, cdiv(hidden_size, block_n)),
             (inter_buf, w2, out, ids, topk_weights.contiguous(), w2.stride(0)), kwargs)
     return [gate_up, down], out

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.host import next_power_of_2
 from loom.library import loom_op
 
 
@@ -55,7 +56,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
     if num_tokens:
         _route_kernel[(num_tokens,)](
             logits, weights, ids, logits.stride(0), num_experts, TOP_K=top_k,
-            TOP_K_PAD=triton.next_power_of_2(top_k), EXPERTS_PAD=triton.next_power_of_2(num_experts), RENORMALIZE=renormalize,
+            TOP_K_PAD=next_power_of_2(top_k), EXPERTS_PAD=next_power_of_2(num_experts), RENORMALIZE=renormalize,
             num_warps=1 if num_experts <= 256 else 4)
     return weights, ids
 

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.host import cdiv, next_power_of_2
+
 
 LOG2E = 1.4426950408889634
 # tl.dot needs at least 16 rows; decode pads its GQA group up to this.
@@ -198,10 +200,10 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
-    group_pad = triton.next_power_of_2(group)
+    group_pad = next_power_of_2(group)
     block_q = max(1, block_m // group_pad)
-    block_q = max(block_q, triton.cdiv(MIN_DOT_ROWS, group_pad))
-    grid = (num_reqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    block_q = max(block_q, cdiv(MIN_DOT_ROWS, group_pad))
+    grid = (num_reqs, cdiv(max_query_len, block_q), num_kv_heads)
     _prefill_kernel[grid](
         query, kv_cache, out, block_table, query_start_loc, seq_lens, req_index,
         scale * LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
+from loom.kernels.host import cdiv, next_power_of_2
 from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
 from loom.kernels.paged_attention import (LOG2E, MIN_DOT_ROWS, attend_tile, cache_strides,
                                           check_heads, check_req_index, dot_dtype, f16_dot,
@@ -237,8 +238,8 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int, block
                        target_programs: int = SPLIT_PROGRAMS, max_splits: int = 32) -> int:
     """Enough splits to fill the GPU (about 2 programs per SM of an H200) but none that
     would be empty for the longest request."""
-    want = triton.cdiv(target_programs, max(1, num_reqs * num_kv_heads))
-    return max(1, min(want, max_splits, triton.cdiv(max(1, max_seq_len), block_n)))
+    want = cdiv(target_programs, max(1, num_reqs * num_kv_heads))
+    return max(1, min(want, max_splits, cdiv(max(1, max_seq_len), block_n)))
 
 
 class NewTokens(NamedTuple):
@@ -335,12 +336,12 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *cache_strides(kv_cache),
         block_table.stride(0), GROUP=group,
-        GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        GROUP_PAD=max(MIN_DOT_ROWS, next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=precision(query.dtype),
         HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope,
         SAT=saturation(kv_cache) if rope else 0.0, F16_DOT=f16_dot(query, kv_cache),
         PDL=use_pdl, QK_NORM=qk_norm is not None,
-        SPLITS_PAD=1 if direct else triton.next_power_of_2(num_splits),
+        SPLITS_PAD=1 if direct else next_power_of_2(num_splits),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.host import cdiv, next_power_of_2
 from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
 
 
@@ -147,10 +148,10 @@ def rope_write_kv_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         raise ValueError("cos_sin_cache must be float32 [max_pos, head_dim], rows contiguous")
     if heads_per_program is not None and heads_per_program & (heads_per_program - 1):
         raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
-    half_block = triton.next_power_of_2(head_dim // 2)
-    heads = heads_per_program or min(triton.next_power_of_2(max(num_q_heads, num_kv_heads)),
+    half_block = next_power_of_2(head_dim // 2)
+    heads = heads_per_program or min(next_power_of_2(max(num_q_heads, num_kv_heads)),
                                      max(1, 512 // half_block))
-    groups = triton.cdiv(num_q_heads, heads) + triton.cdiv(num_kv_heads, heads)
+    groups = cdiv(num_q_heads, heads) + cdiv(num_kv_heads, heads)
     if kv_out is not None and (kv_out.shape != (2,) + tuple(key.shape)
                                or kv_out.dtype != key.dtype or kv_out.stride(3) != 1):
         raise ValueError(f"kv_out must be [2, {num_tokens}, {num_kv_heads}, {head_dim}] of "

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.host import cdiv, next_power_of_2
+
 CHUNK = 4096
 """Vocabulary entries per stage-1 program."""
 
@@ -76,7 +78,7 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor | None = None,
         raise ValueError(f"sample_rows: needs 2-D row-contiguous logits under 2**31 entries, "
                          f"got shape {tuple(logits.shape)} strides {logits.stride()}")
     rows, vocab = logits.shape
-    num_chunks = triton.cdiv(vocab, chunk)
+    num_chunks = cdiv(vocab, chunk)
     best_val = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     best_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, dtype=torch.long, device=logits.device)
@@ -89,5 +91,5 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor | None = None,
         RANDOM=random, HAS_GREEDY=greedy_mask is not None, BLOCK=chunk,
         num_warps=8 if chunk >= 2048 else 4)
     _row_argmax_kernel[(rows,)](best_val, best_idx, out, num_chunks,
-                                CHUNKS_PAD=triton.next_power_of_2(num_chunks))
+                                CHUNKS_PAD=next_power_of_2(num_chunks))
     return out

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.host import cdiv
+
 
 @triton.jit
 def silu_mul_values(gate, up, elem: tl.constexpr):
@@ -40,6 +42,6 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], k, dtype=x.dtype, device=x.device)
     if out.numel():
         block = 1024
-        _silu_mul_kernel[(x.shape[0], triton.cdiv(k, block))](
+        _silu_mul_kernel[(x.shape[0], cdiv(k, block))](
             x, out, k, x.stride(0), out.stride(0), BLOCK=block)
     return out

@@ -26,6 +26,7 @@ from loom.attention.backend import AttentionMetadata
 from loom.compilation import piece_graph
 from loom.forward_context import ForwardContext, forward_context
 from loom.kernels.compile_pool import compile_pool
+from loom.kernels.host import next_power_of_2
 from loom.sampling_params import SamplingParams
 from loom.worker.sampler import SamplingMetadata
 
@@ -267,8 +268,6 @@ def decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torch.dtyp
     num_stages, SPLITS_PAD), SPLITS_PAD being the next power of two of num_splits that
     sizes the splits' merge (1: one split, no merge). mixed: the decodes of mixed steps
     (prompt chunks beside them), only where the backend splits them from the chunks."""
-    import triton
-
     seen: dict[tuple[int, int, int, int], int] = {}
     lens = {min(2 ** i, max_model_len) for i in range(max_model_len.bit_length() + 1)}
     if mixed and backend.mixed_split_min_context <= max_model_len:
@@ -281,7 +280,7 @@ def decode_variants(backend, num_kv_heads: int, head_dim: int, dtype: torch.dtyp
                 continue  # one launch: no decode kernel
             splits = backend.decode_splits(num_reqs, num_kv_heads, seq_len, tiles,
                                            cache_dtype or dtype)
-            pad = 1 if splits == 1 else triton.next_power_of_2(splits)  # SPLITS_PAD
+            pad = 1 if splits == 1 else next_power_of_2(splits)  # SPLITS_PAD
             seen.setdefault((block_n, warps, stages, pad), splits)
     return sorted((bn, w, st, splits) for (bn, w, st, _), splits in seen.items())
 

@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from loom import LLM, SamplingParams
+from loom import LLM, SamplingParams, library
 from loom.compilation import backend, piece_graph
+from loom.layers import attention as attention_layer
+from loom.layers.attention import attention_op
 from loom.config import CompilationConfig
 from loom.worker import model_runner
 from loom.worker.cuda_graph import piecewise_sizes
@@ -33,11 +35,26 @@ def test_level3_matches_eager(splitting_ops, tiny_model_factory, caplog, monkeyp
     monkeypatch.setattr(backend.Piece, "_compile", lambda self, inputs: (
         compiled_sizes.append(_size(inputs)), patches.append(self.patches),
         original(self, inputs))[2])
+    # Outside compiled code attention runs its Python implementation without the
+    # dispatcher: eager layers call it by name, the split graph through library._IMPLS.
+    direct = {"eager": 0, "split": 0}
+
+    def counting(where):
+        def call(*args, **kwargs):
+            direct[where] += 1
+            return attention_op(*args, **kwargs)
+        return call
+    monkeypatch.setattr(attention_layer, "attention_op", counting("eager"))
+    monkeypatch.setitem(library._IMPLS, "attention", counting("split"))
     eager = _tokens(path)
+    assert direct["eager"] > 0 and direct["split"] == 0
+    direct["eager"] = 0
     caplog.set_level(logging.INFO, logger="loom.compilation.backend")
     config = {"level": 3, "compile_sizes": [3], "splitting_ops": splitting_ops,
               "inductor_compile_config": {"fallback_random": True}}
     assert _tokens(path, compilation_config=config) == eager
+    assert direct["eager"] == 0  # traced: the op, which the graph splits at
+    assert (direct["split"] > 0) == (splitting_ops is None)
     assert patches and all(p["fallback_random"] is True for p in patches)
     pieces = 1 if splitting_ops == [] else 2 * 2 + 1  # two layers: attention splits each
     assert f"into {pieces} pieces" in caplog.text

@@ -1,0 +1,19 @@
+"""Integer helpers for the host side of kernel launches (grids, block sizes, constexprs).
+
+Since Triton 3.5 `triton.cdiv` and `triton.next_power_of_2` are constexpr functions: called
+from Python, each goes through a wrapper that unwraps its arguments, 3-5 us a call on this
+project's 2-core CPU, and a decode layer's launches made a dozen such calls. These are the
+same arithmetic as plain Python.
+"""
+
+from __future__ import annotations
+
+
+def cdiv(a: int, b: int) -> int:
+    """a / b rounded up (triton.cdiv)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n, 0 for n = 0 (triton.next_power_of_2 for n >= 0)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
