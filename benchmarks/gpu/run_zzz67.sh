@@ -14,6 +14,6 @@ run() {  # tree (base|new), name, flags...
 }
 for t in base new; do run $t eager --output-len 32 --enforce-eager; done
 for t in base new; do run $t pw --output-len 32 -O.cudagraph_mode=PIECEWISE; done
-for t in base new new base; do run $t prefill$t --output-len 1; done
+i=0; for t in base new new base; do i=$((i+1)); run $t prefill$i --output-len 1; done
 stamp latency
 timeout $(left 560) python3 benchmarks/gpu/launch_cost.py 2>&1 | grep -v Warn > $R/launch_cost.log; cat $R/launch_cost.log; stamp launch_cost
