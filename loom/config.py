@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -189,8 +192,42 @@ class PassConfig:
         if self.enable_async_tp and not self.enable_sequence_parallelism:
             object.__setattr__(self, "enable_sequence_parallelism", True)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PassConfig:
+        """A `pass_config` JSON object, vLLM's newer names included (`PASS_ALIASES`); its
+        fp8-quantization fusions (`QUANT_FUSIONS`) are accepted and match nothing here."""
+        where = "compilation_config.pass_config"
+        data = dict(data)
+        for alias, name in PASS_ALIASES.items():
+            if alias in data:
+                _check(name not in data or data[name] == data[alias],
+                       f"{where}: {alias} and {name} differ; {alias} is vLLM's newer name for "
+                       f"{name}, give one of them")
+                data[name] = data.pop(alias)
+        for name in QUANT_FUSIONS.intersection(data):
+            value = data.pop(name)
+            _check(isinstance(value, bool) or value is None,
+                   f"{where}.{name}: must be true or false, got {value!r}")
+            if value:
+                logger.info("%s.%s: fuses fp8 quantization ops, which no loom model has; it "
+                            "matches nothing", where, name)
+        return _from_dict(cls, data, where)
+
+
+PASS_ALIASES = {"enable_sp": "enable_sequence_parallelism", "fuse_gemm_comms": "enable_async_tp",
+                "eliminate_noops": "enable_noop",
+                "fuse_allreduce_rms": "enable_all_reduce_norm_fusion"}
+"""vLLM's newer pass_config names (its PassConfig since 0.12) for loom's (vLLM's earlier)."""
+QUANT_FUSIONS = frozenset({"enable_fusion", "enable_attn_fusion", "fuse_norm_quant",
+                           "fuse_act_quant", "fuse_attn_quant"})
+"""vLLM's pass_config flags that fuse fp8 quantization into its neighbours (RMSNorm, SiLU·mul,
+attention)."""
+
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+COMPILATION_MODES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2,
+                     "VLLM_COMPILE": 3}
+"""vLLM's CompilationMode names, which `mode` takes beside its numbers (any case)."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +237,9 @@ class CompilationConfig:
     None: `mode`'s value; with neither given, the device picks it (`resolved`): 3 on CUDA,
     as vLLM's default there, and 0 on the CPU."""
     mode: int | None = None
-    """vLLM's newer name for `level` (its CompilationMode, 0-3); after construction both hold
-    the same value. Giving both, with different values, is an error."""
+    """vLLM's newer name for `level` (its CompilationMode: 0-3, or its names NONE,
+    STOCK_TORCH_COMPILE, DYNAMO_TRACE_ONCE, VLLM_COMPILE in any case); after construction
+    both hold the same number. Giving both, with different values, is an error."""
     compile_sizes: tuple[int, ...] = ()
     """Token counts compiled for their static shape, besides the dynamic graph."""
     splitting_ops: tuple[str, ...] | None = None
@@ -209,6 +247,10 @@ class CompilationConfig:
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     """Batch sizes captured as CUDA graphs; None picks 1, 2, 4, 8 and multiples of 8.
     Under PIECEWISE, the token counts the pieces are captured at instead."""
+    max_cudagraph_capture_size: int | None = None
+    """The largest decode batch the default capture sizes go up to (as vLLM's; the default
+    list also stops at max_num_seqs). Given with cudagraph_capture_sizes, it must be their
+    largest."""
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     """FULL_DECODE_ONLY: pure-decode batches replay whole-forward CUDA graphs (the sizes
     above). FULL_AND_PIECEWISE (the default, as vLLM's): besides, at level 3 with the graph
@@ -239,10 +281,21 @@ class CompilationConfig:
                        and all(type(v) is int and v > 0 for v in value)),
                    f"compilation_config.{name}: must be a list of positive integers, got "
                    f"{value!r}")
+        cap = self.max_cudagraph_capture_size
+        _check(cap is None or (type(cap) is int and cap > 0),
+               f"compilation_config.max_cudagraph_capture_size: must be a positive integer, got "
+               f"{cap!r}")
+        _check(cap is None or not self.cudagraph_capture_sizes
+               or cap == max(self.cudagraph_capture_sizes),
+               f"compilation_config.max_cudagraph_capture_size: {cap} is not the largest of "
+               f"cudagraph_capture_sizes {list(self.cudagraph_capture_sizes or ())}")
         _check(self.splitting_ops is None or (isinstance(self.splitting_ops, tuple) and all(
             isinstance(op, str) and op for op in self.splitting_ops)),
             "compilation_config.splitting_ops: must be a list of op names (e.g. "
             f"[\"loom::attention\"]) or [], got {self.splitting_ops!r}")
+        mode = self.cudagraph_mode
+        if isinstance(mode, str) and mode.upper() in CUDAGRAPH_MODES:  # any case, as vLLM's
+            object.__setattr__(self, "cudagraph_mode", mode.upper())
         _check(self.cudagraph_mode in CUDAGRAPH_MODES,
                f"compilation_config.cudagraph_mode: must be one of {list(CUDAGRAPH_MODES)}, got "
                f"{self.cudagraph_mode!r}")
@@ -250,8 +303,7 @@ class CompilationConfig:
                "compilation_config.inductor_compile_config: expected a JSON object, got "
                f"{type(self.inductor_compile_config).__name__}")
         if isinstance(self.pass_config, dict):
-            object.__setattr__(self, "pass_config", _from_dict(PassConfig, self.pass_config,
-                                                               "compilation_config.pass_config"))
+            object.__setattr__(self, "pass_config", PassConfig.from_dict(self.pass_config))
         _check(isinstance(self.pass_config, PassConfig),
                "compilation_config.pass_config: expected a JSON object, got "
                f"{type(self.pass_config).__name__}")
@@ -260,8 +312,16 @@ class CompilationConfig:
                f"passes; set \"level\": 3 (got level {self.level})")
 
     def _merge_mode(self) -> None:
+        if isinstance(self.mode, str):
+            mode = COMPILATION_MODES.get(self.mode.upper())
+            _check(mode is not None, f"compilation_config.mode: {self.mode!r} is not one of "
+                                     f"0-3 or {list(COMPILATION_MODES)}")
+            object.__setattr__(self, "mode", mode)
         for name in ("level", "mode"):
             value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = int(value)  # vLLM's CompilationMode is an IntEnum
+                object.__setattr__(self, name, value)
             _check(value is None or (type(value) is int and value in (0, 1, 2, 3)),
                    f"compilation_config.{name}: must be 0-3, got {value!r}")
         _check(self.level is None or self.mode is None or self.level == self.mode,

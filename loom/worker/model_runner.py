@@ -194,7 +194,9 @@ class ModelRunner:
             return []
         sizes = cfg.compilation.cudagraph_capture_sizes
         if sizes is None:
-            sizes = default_capture_sizes(cfg.scheduler.max_num_seqs)
+            sizes = default_capture_sizes(min(cfg.scheduler.max_num_seqs,
+                                              cfg.compilation.max_cudagraph_capture_size
+                                              or cfg.scheduler.max_num_seqs))
         # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
         return sorted({_round_up(s, self.token_multiple) for s in sizes})
 

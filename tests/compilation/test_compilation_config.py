@@ -99,3 +99,78 @@ def test_level_and_mode_survive_the_wire():
     unset = EngineConfig(ModelConfig(model="x"))  # resolved by each worker, not before
     decoded = msgspec.json.decode(msgspec.json.encode(unset), type=EngineConfig)
     assert decoded == unset and decoded.compilation.level is None
+
+
+@pytest.mark.parametrize("name, level", [("NONE", 0), ("stock_torch_compile", 1),
+                                         ("Dynamo_Trace_Once", 2), ("vllm_compile", 3)])
+def test_mode_takes_vllms_compilation_mode_names(name, level):
+    """vLLM's CompilationMode: NONE, STOCK_TORCH_COMPILE, DYNAMO_TRACE_ONCE, VLLM_COMPILE are
+    0-3, parsed from their names in any case; its IntEnum members are their numbers."""
+    import enum
+    cfg = CompilationConfig.parse(f'{{"mode": "{name}"}}')
+    assert cfg.level == cfg.mode == level and type(cfg.mode) is int
+    members = enum.IntEnum("CompilationMode", [("NONE", 0), ("VLLM_COMPILE", 3)])
+    assert CompilationConfig(mode=members.VLLM_COMPILE).level == 3
+    assert type(CompilationConfig(mode=members.VLLM_COMPILE).mode) is int
+    with pytest.raises(ValueError, match="mode: 'fastest' is not one of 0-3 or .*VLLM_COMPILE"):
+        CompilationConfig.parse({"mode": "fastest"})
+
+
+def test_cudagraph_mode_takes_any_case():
+    assert CompilationConfig.parse({"cudagraph_mode": "piecewise"}).cudagraph_mode == "PIECEWISE"
+    assert CompilationConfig(cudagraph_mode="Full_Decode_Only").decode_graphs
+    with pytest.raises(ValueError, match="cudagraph_mode: must be one of .*got 'sometimes'"):
+        CompilationConfig.parse({"cudagraph_mode": "sometimes"})
+
+
+@pytest.mark.parametrize("newer, older", [("enable_sp", "enable_sequence_parallelism"),
+                                          ("fuse_gemm_comms", "enable_async_tp"),
+                                          ("eliminate_noops", "enable_noop"),
+                                          ("fuse_allreduce_rms", "enable_all_reduce_norm_fusion")])
+def test_pass_config_takes_vllms_newer_names(newer, older):
+    for value in (True, False):
+        got = CompilationConfig.parse({"pass_config": {newer: value}}).pass_config
+        assert got == CompilationConfig.parse({"pass_config": {older: value}}).pass_config
+    assert CompilationConfig.parse({"pass_config": {newer: True, older: True}}).pass_config \
+        == CompilationConfig.parse({"pass_config": {older: True}}).pass_config
+    with pytest.raises(ValueError, match=f"pass_config: {newer} and {older} differ"):
+        CompilationConfig.parse({"pass_config": {newer: True, older: False}})
+
+
+def test_pass_config_accepts_vllms_fp8_quant_fusions(caplog):
+    """vLLM's flags for fusing fp8 quantization: accepted, and where on, one line says they
+    match nothing (no loom model holds fp8 quantization ops)."""
+    import logging
+    caplog.set_level(logging.INFO, logger="loom.config")
+    cfg = CompilationConfig.parse({"pass_config": {"fuse_norm_quant": False,
+                                                   "enable_fusion": True}})
+    assert cfg.pass_config == CompilationConfig().pass_config
+    assert [r.getMessage() for r in caplog.records] == [
+        "compilation_config.pass_config.enable_fusion: fuses fp8 quantization ops, which no "
+        "loom model has; it matches nothing"]
+    with pytest.raises(ValueError, match="pass_config.fuse_act_quant: must be true or false"):
+        CompilationConfig.parse({"pass_config": {"fuse_act_quant": "yes"}})
+
+
+def test_max_cudagraph_capture_size_caps_the_default_sizes():
+    from types import SimpleNamespace
+
+    import torch
+
+    from loom.config import EngineConfig, ModelConfig, SchedulerConfig
+    from loom.worker.model_runner import ModelRunner
+
+    def sizes(compilation: dict, max_num_seqs: int = 256) -> list[int]:
+        config = EngineConfig(ModelConfig(model="x"), compilation=CompilationConfig.parse(
+            compilation), scheduler=SchedulerConfig(max_num_seqs=max_num_seqs))
+        runner = SimpleNamespace(config=config, device=torch.device("cuda"), token_multiple=1)
+        return ModelRunner.decode_graph_sizes(runner)
+    assert sizes({}) == [1, 2, 4] + list(range(8, 257, 8))
+    assert sizes({"max_cudagraph_capture_size": 20}) == [1, 2, 4, 8, 16]
+    assert sizes({"max_cudagraph_capture_size": 512}, max_num_seqs=16) == [1, 2, 4, 8, 16]
+    assert sizes({"cudagraph_capture_sizes": [3, 6], "max_cudagraph_capture_size": 6}) == [3, 6]
+    for bad, message in [({"max_cudagraph_capture_size": 0}, "must be a positive integer"),
+                         ({"cudagraph_capture_sizes": [1, 2], "max_cudagraph_capture_size": 4},
+                          "4 is not the largest of cudagraph_capture_sizes")]:
+        with pytest.raises(ValueError, match=f"max_cudagraph_capture_size: {message}"):
+            CompilationConfig.parse(bad)

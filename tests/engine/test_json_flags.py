@@ -36,6 +36,10 @@ def _json(obj: dict) -> CompilationConfig:
      {"level": 3, "compile_sizes": [4], "splitting_ops": []}),
     (["-O", '{"pass_config": {"enable_noop": false}}', "-O.pass_config.enable_async_tp=true",
       "-O3"], {"level": 3, "pass_config": {"enable_noop": False, "enable_async_tp": True}}),
+    (["-O.mode=VLLM_COMPILE", "-O.cudagraph_mode=piecewise", "-O.pass_config.enable_sp=true",
+      "-O.max_cudagraph_capture_size=16"],
+     {"mode": 3, "cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 16,
+      "pass_config": {"enable_sequence_parallelism": True}}),
 ])
 def test_vllms_spellings_equal_the_json_object(flags, same_as):
     assert _config(*flags) == _json(same_as)
