@@ -226,6 +226,13 @@ def decode_rope_unfused() -> bool:
     return _flag("LOOM_DECODE_ROPE_UNFUSED")
 
 
+def fast_launch() -> bool:
+    """LOOM_FAST_LAUNCH: launch Triton kernels outside CUDA graphs through
+    loom/kernels/launch.py, which skips most of Triton's per-call host work after a kernel's
+    first launch of each specialization (on unless 0)."""
+    return _on_unless_zero("LOOM_FAST_LAUNCH")
+
+
 def pdl() -> bool:
     """LOOM_PDL=1: loom's decode kernels (GEMV, decode attention, all-reduce + norm) launch
     with programmatic dependent launch on sm_90+ GPUs (loom/kernels/pdl.py). Off by

@@ -35,6 +35,7 @@ from loom.distributed.ops import FUSED_NORM_MAX_ROWS
 from loom.kernels import all_reduce_norm_ll, pdl
 from loom.kernels.all_reduce_norm_ll import LowLatencyNormBuffer, give_up_unless
 from loom.kernels.host import next_power_of_2
+from loom.kernels.launch import fast_launch
 
 
 @triton.jit
@@ -132,7 +133,7 @@ def _launch(x, residual, weight, eps, data_ptrs, flag_ptrs, rank, world, max_row
     if num_rows:
         block = next_power_of_2(n)
         use_pdl = pdl.enabled(x.device)
-        _all_reduce_add_rms_norm_kernel[(num_rows,)](
+        fast_launch(_all_reduce_add_rms_norm_kernel, (num_rows,))(
             x, residual, weight, out, res_out, data_ptrs, flag_ptrs, rank, eps,
             x.stride(0), residual.stride(0), out.stride(0), res_out.stride(0),
             N=n, BLOCK=block, WORLD=world, MAX_ROWS=max_rows,

@@ -15,6 +15,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
+from loom.kernels.launch import fast_launch
+
 
 @contextlib.contextmanager
 def compile_pool(max_threads: int = 8, ignore_errors: bool = False) -> Iterator[int]:
@@ -34,8 +36,8 @@ def compile_pool(max_threads: int = 8, ignore_errors: bool = False) -> Iterator[
 
 
 def launch_or_compile(kernel, grid: tuple[int, ...], compile_only: bool):
-    """kernel[grid], or with compile_only its compile alone (Triton's warmup: inside
+    """kernel[grid] (by `fast_launch`), or with compile_only its compile alone (Triton's warmup: inside
     compile_pool, handed to a thread; nothing runs), to be called with the launch's args."""
     if compile_only:
         return functools.partial(kernel.warmup, grid=grid)
-    return kernel[grid]
+    return fast_launch(kernel, grid)

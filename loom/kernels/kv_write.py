@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import next_power_of_2
+from loom.kernels.launch import fast_launch
 
 
 @triton.jit
@@ -74,7 +75,7 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("write_kv_cache needs a contiguous head dim in key and value")
     check_slot_layout(kv_cache, "write_kv_cache")
-    _kv_write_kernel[(num_tokens,)](
+    fast_launch(_kv_write_kernel, (num_tokens,))(
         key, value, kv_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),

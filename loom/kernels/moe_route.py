@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import next_power_of_2
+from loom.kernels.launch import fast_launch
 from loom.library import loom_op
 
 
@@ -54,7 +55,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
     weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
     if num_tokens:
-        _route_kernel[(num_tokens,)](
+        fast_launch(_route_kernel, (num_tokens,))(
             logits, weights, ids, logits.stride(0), num_experts, TOP_K=top_k,
             TOP_K_PAD=next_power_of_2(top_k), EXPERTS_PAD=next_power_of_2(num_experts), RENORMALIZE=renormalize,
             num_warps=1 if num_experts <= 256 else 4)

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import cdiv, next_power_of_2
+from loom.kernels.launch import fast_launch
 
 
 LOG2E = 1.4426950408889634
@@ -204,7 +205,7 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     block_q = max(1, block_m // group_pad)
     block_q = max(block_q, cdiv(MIN_DOT_ROWS, group_pad))
     grid = (num_reqs, cdiv(max_query_len, block_q), num_kv_heads)
-    _prefill_kernel[grid](
+    fast_launch(_prefill_kernel, grid)(
         query, kv_cache, out, block_table, query_start_loc, seq_lens, req_index,
         scale * LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *cache_strides(kv_cache), block_table.stride(0),

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import cdiv, next_power_of_2
+from loom.kernels.launch import fast_launch
 from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
 
 
@@ -160,7 +161,7 @@ def rope_write_kv_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     kv_strides = (kv_out.stride(0), kv_out.stride(1), kv_out.stride(2)) if kv_out is not None \
         else (0, 0, 0)
     q_norm, k_norm, eps = check_qk_norm(qk_norm, query, key, "rope_write_kv_cache")
-    _rope_kv_write_kernel[(num_tokens, groups)](
+    fast_launch(_rope_kv_write_kernel, (num_tokens, groups))(
         query, key, value, q_out, kv_cache, positions, cos_sin_cache, slot_mapping,
         kv_out if kv_out is not None else q_out, q_norm, k_norm, eps,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1),

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import cdiv, next_power_of_2
+from loom.kernels.launch import fast_launch
 
 CHUNK = 4096
 """Vocabulary entries per stage-1 program."""
@@ -85,11 +86,11 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor | None = None,
     if rows == 0:
         return out
     random = temperature is not None
-    _chunk_argmax_kernel[(rows, num_chunks)](
+    fast_launch(_chunk_argmax_kernel, (rows, num_chunks))(
         logits, temperature if random else logits, greedy_mask if greedy_mask is not None
         else logits, best_val, best_idx, vocab, logits.stride(0), num_chunks, seed,
         RANDOM=random, HAS_GREEDY=greedy_mask is not None, BLOCK=chunk,
         num_warps=8 if chunk >= 2048 else 4)
-    _row_argmax_kernel[(rows,)](best_val, best_idx, out, num_chunks,
+    fast_launch(_row_argmax_kernel, (rows,))(best_val, best_idx, out, num_chunks,
                                 CHUNKS_PAD=next_power_of_2(num_chunks))
     return out

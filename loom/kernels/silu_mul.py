@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import cdiv
+from loom.kernels.launch import fast_launch
 
 
 @triton.jit
@@ -42,6 +43,6 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], k, dtype=x.dtype, device=x.device)
     if out.numel():
         block = 1024
-        _silu_mul_kernel[(x.shape[0], cdiv(k, block))](
+        fast_launch(_silu_mul_kernel, (x.shape[0], cdiv(k, block)))(
             x, out, k, x.stride(0), out.stride(0), BLOCK=block)
     return out
