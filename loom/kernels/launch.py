@@ -3,7 +3,8 @@
 `kernel[grid](*args)` costs Triton's `JITFunction.run` a binding of every argument (its
 specialization: dtypes, 16-byte alignment, integers equal to 1 or divisible by 16), a cache
 key built from `str()` of the options, a check that no global the kernel read has changed,
-launch hooks, then the C launcher. For the split-K decode kernel's 53 arguments that was
+launch metadata for the launch hooks (chains, empty unless a profiler filled them), then the
+C launcher, which calls those hooks. For the split-K decode kernel's 53 arguments that was
 56-63 us of host time a call on the H200 host, against 21-23 us for the binding alone and
 13-15 us for the launcher (run_zzz66, run_zzz67), where a layer of an eager decode or of a
 prompt step between piece graphs makes one or two such launches.
@@ -11,8 +12,8 @@ prompt step between piece graphs makes one or two such launches.
 `fast_launch(kernel, grid)(*args)` keeps Triton's own binding, so the specialization is
 exactly the one Triton would compute, and from the second call of a specialization goes
 straight to the compiled kernel's launcher, keyed by that specialization and the options.
-The first call of each goes through `kernel[grid]` (which compiles it). Where launch hooks
-are set (a profiler), the kernel has pre-run hooks, this is not a compiled GPU kernel (the
+The first call of each goes through `kernel[grid]` (which compiles it). Where a launch hook
+is set (a profiler), the kernel has pre-run hooks, this is not a compiled GPU kernel (the
 CPU interpreter) or LOOM_FAST_LAUNCH=0, every call takes `kernel[grid]`. It skips Triton's
 check that globals a kernel read are unchanged, which guards against editing a module's
 constants after a compile: loom never does.
@@ -43,8 +44,15 @@ def fast_launch(kernel, grid: tuple[int, ...]) -> Callable[..., Any]:
     return lambda *args, **kwargs: _launch(kernel, grid, args, kwargs)
 
 
+def _hooked(hook) -> bool:
+    """Whether a launch hook would do anything: Triton 3.6's are chains, empty unless a
+    profiler added to them (JITFunction.run still builds each launch's metadata for them)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _launch(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
-    if knobs.runtime.launch_enter_hook is not None or kernel.pre_run_hooks:
+    if kernel.pre_run_hooks or _hooked(knobs.runtime.launch_enter_hook) \
+            or _hooked(knobs.runtime.launch_exit_hook):
         return kernel[grid](*args, **kwargs)
     device = driver.active.get_current_device()
     caches = kernel.device_caches[device]  # made on first use, as JITFunction.run does

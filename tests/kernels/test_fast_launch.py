@@ -97,3 +97,13 @@ def test_a_cuda_graph_replays_what_it_captured_through_the_fast_path():
     y.zero_()
     graph.replay()
     torch.testing.assert_close(y, 3 * x)
+
+
+def test_a_launch_hook_with_calls_in_it_keeps_triton_s_path():
+    """Triton 3.6's launch hooks are chains, present and empty by default: only a chain with
+    a call in it (a profiler's) sends launches back through JITFunction.run."""
+    from triton import knobs
+    chain = type(knobs.runtime.launch_enter_hook)()
+    assert not launch._hooked(chain) and not launch._hooked(None)
+    chain.add(print)
+    assert launch._hooked(chain) and launch._hooked(print)
