@@ -227,10 +227,11 @@ def decode_rope_unfused() -> bool:
 
 
 def fast_launch() -> bool:
-    """LOOM_FAST_LAUNCH: launch Triton kernels outside CUDA graphs through
+    """LOOM_FAST_LAUNCH=1: launch Triton kernels outside CUDA graphs through
     loom/kernels/launch.py, which skips most of Triton's per-call host work after a kernel's
-    first launch of each specialization (on unless 0)."""
-    return _on_unless_zero("LOOM_FAST_LAUNCH")
+    first launch of each specialization. Off by default until it has run on a GPU
+    (benchmarks/gpu/run_zzz69.sh: its GPU tests, then its host time against Triton's)."""
+    return _flag("LOOM_FAST_LAUNCH")
 
 
 def pdl() -> bool:

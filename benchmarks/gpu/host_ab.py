@@ -1,9 +1,10 @@
 """Host time per call, A against B alternated in one process (rounds of N calls, medians of
 ROUNDS), for what an eagerly run layer launches: Llama-3.1-8B shapes, batch 1, a 160-token
 context (decode) and a 128-token prompt, bf16. A is what main did before session 31
-(Triton's kernel[grid], the attention op through the dispatcher), B is now (fast_launch, the
-Python implementation called directly). On a loaded or throttled host each round moves; the
-alternation keeps both sides under the same conditions."""
+(Triton's kernel[grid], the attention op through the dispatcher), B is now with
+LOOM_FAST_LAUNCH=1 (fast_launch, the Python implementation called directly). On a loaded or
+throttled host each round moves; the alternation keeps both sides under the same
+conditions."""
 
 import os
 import statistics
@@ -34,14 +35,14 @@ def host_us(fn) -> float:
 
 
 def ab(name, a, b, env_a=None):
-    """env_a: LOOM_FAST_LAUNCH's value for side A (B runs with it unset)."""
+    """env_a: LOOM_FAST_LAUNCH's value for side A (B runs with it 1)."""
     ra, rb = [], []
     for _ in range(ROUNDS):
         for side, fn, out in (("a", a, ra), ("b", b, rb)):
             if side == "a" and env_a is not None:
                 os.environ["LOOM_FAST_LAUNCH"] = env_a
             else:
-                os.environ.pop("LOOM_FAST_LAUNCH", None)
+                os.environ["LOOM_FAST_LAUNCH"] = "1"
             fn()
             torch.cuda.synchronize()
             out.append(host_us(fn))

@@ -2,7 +2,8 @@
 kernel's launcher directly from the second call of a specialization. On the GPU every
 specialization Triton distinguishes (an integer equal to 1 or not a multiple of 16, a pointer
 off 16-byte alignment, another dtype, a constexpr) launches its own compiled kernel, checked
-against torch; on the CPU (the interpreter) and with LOOM_FAST_LAUNCH=0, it is kernel[grid]."""
+against torch; on the CPU (the interpreter) and without LOOM_FAST_LAUNCH=1 (opt-in for now),
+it is kernel[grid]."""
 
 import os
 
@@ -40,14 +41,14 @@ def test_without_a_compiled_gpu_kernel_it_is_triton_s_own_launch(monkeypatch):
     x = torch.arange(40, dtype=torch.float32, device="cuda" if torch.cuda.is_available()
                      else "cpu")
     y = torch.empty_like(x)
-    monkeypatch.setenv("LOOM_FAST_LAUNCH", "0")
+    monkeypatch.delenv("LOOM_FAST_LAUNCH", raising=False)
     for _ in range(2):
         launch.fast_launch(_scaled_copy, (3,))(x, y, 40, 2.0, BLOCK=16)
         torch.testing.assert_close(y, 2 * x)
     assert len(calls) == 2
     if torch.cuda.is_available():
         return
-    monkeypatch.delenv("LOOM_FAST_LAUNCH")  # the interpreter: every call is Triton's
+    monkeypatch.setenv("LOOM_FAST_LAUNCH", "1")  # the interpreter: every call is Triton's
     launch.fast_launch(_scaled_copy, (3,))(x, y, 40, 3.0, BLOCK=16)
     torch.testing.assert_close(y, 3 * x)
     assert len(calls) == 3
@@ -56,7 +57,7 @@ def test_without_a_compiled_gpu_kernel_it_is_triton_s_own_launch(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_each_specialization_launches_its_own_kernel(monkeypatch):
-    monkeypatch.delenv("LOOM_FAST_LAUNCH", raising=False)
+    monkeypatch.setenv("LOOM_FAST_LAUNCH", "1")
     calls = _slow_calls(monkeypatch, _scaled_copy)
     base = torch.randn(4096, device="cuda")
     half = base.to(torch.float16)
@@ -84,7 +85,8 @@ def test_each_specialization_launches_its_own_kernel(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_cuda_graph_replays_what_it_captured_through_the_fast_path():
+def test_a_cuda_graph_replays_what_it_captured_through_the_fast_path(monkeypatch):
+    monkeypatch.setenv("LOOM_FAST_LAUNCH", "1")
     x = torch.randn(1024, device="cuda")
     y = torch.empty_like(x)
     fast = launch.fast_launch(_scaled_copy, (4,))
