@@ -31,8 +31,8 @@ MODE_LINES = {
             "does the same for such backends)",
     "PIECEWISE": "cudagraph_mode PIECEWISE: decode batches replay the pieces, their attention "
                  "run eagerly between them, with no whole-forward graph; 8B decode at batch 1 "
-                 "took 14.1 against 4.2 ms/token under the default FULL_AND_PIECEWISE (H200, "
-                 "run_zzz64)",
+                 "took 5.3-14.1 (bound by host time, which varies by machine) against 4.2 "
+                 "ms/token under the default FULL_AND_PIECEWISE (H200, run_zzz64-67)",
 }
 """Said once at start-up where CUDA graphs are on: what these vLLM modes mean in loom."""
 
