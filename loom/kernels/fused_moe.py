@@ -36,8 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 def _align_capacity(num_slots: int, num_experts: int, block_m: int) -> int:
-    capacity = num_slots + min(num_experts, num_slots) * (block_m - 1)
-    return cdiv(capacity, block_m) * block_m
+    return cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
 
 
 _ALIGN_CHUNK = 64

@@ -92,5 +92,5 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor | None = None,
         RANDOM=random, HAS_GREEDY=greedy_mask is not None, BLOCK=chunk,
         num_warps=8 if chunk >= 2048 else 4)
     fast_launch(_row_argmax_kernel, (rows,))(best_val, best_idx, out, num_chunks,
-                                CHUNKS_PAD=next_power_of_2(num_chunks))
+                                             CHUNKS_PAD=next_power_of_2(num_chunks))
     return out
