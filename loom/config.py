@@ -230,6 +230,14 @@ COMPILATION_MODES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2
 """vLLM's CompilationMode names, which `mode` takes beside its numbers (any case)."""
 
 
+VLLM_ONLY_FIELDS = frozenset({
+    "custom_ops", "use_inductor_graph_partition", "cudagraph_num_of_warmups",
+    "cudagraph_copy_inputs", "cudagraph_specialize_lora", "debug_dump_path", "cache_dir",
+    "compile_cache_save_format", "compile_mm_encoder", "inductor_passes",
+    "compile_ranges_split_points", "dynamic_shapes_config"})
+"""vLLM CompilationConfig fields with no counterpart here: refused by name, not as unknown."""
+
+
 @dataclass(frozen=True)
 class CompilationConfig:
     level: int | None = None
@@ -362,6 +370,13 @@ class CompilationConfig:
             value = compilation_dict(value)
         if not isinstance(value, dict):
             raise ValueError(f"compilation_config: expected a JSON object, got {type(value).__name__}")
+        value = dict(value)
+        backend = value.pop("backend", "")
+        _check(backend in ("", "inductor"), "compilation_config.backend: loom compiles with "
+                                            f"Inductor only (\"inductor\"), got {backend!r}")
+        elsewhere = sorted(VLLM_ONLY_FIELDS.intersection(value))
+        _check(not elsewhere, f"compilation_config: {elsewhere}: vLLM option(s) that loom does "
+                              "not implement")
         return _from_dict(cls, value, "compilation_config")
 
 

@@ -174,3 +174,17 @@ def test_max_cudagraph_capture_size_caps_the_default_sizes():
                           "4 is not the largest of cudagraph_capture_sizes")]:
         with pytest.raises(ValueError, match=f"max_cudagraph_capture_size: {message}"):
             CompilationConfig.parse(bad)
+
+
+def test_vllms_other_fields_are_named_as_such():
+    """vLLM's backend is Inductor here (its default, accepted); its other CompilationConfig
+    fields without a counterpart are refused as vLLM options, not as unknown names."""
+    assert CompilationConfig.parse({"backend": "inductor", "mode": 3}).level == 3
+    assert CompilationConfig.parse({"backend": ""}) == CompilationConfig()
+    with pytest.raises(ValueError, match="backend: loom compiles with Inductor only .*'eager'"):
+        CompilationConfig.parse({"backend": "eager"})
+    with pytest.raises(ValueError, match=r"\['cache_dir', 'custom_ops'\]: vLLM option\(s\) that "
+                                         "loom does not implement"):
+        CompilationConfig.parse('{"custom_ops": ["+rms_norm"], "cache_dir": "/tmp/x"}')
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['nonsense'\]"):
+        CompilationConfig.parse({"nonsense": 1})
