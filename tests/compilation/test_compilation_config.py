@@ -141,7 +141,7 @@ def test_pass_config_accepts_vllms_fp8_quant_fusions(caplog):
     """vLLM's flags for fusing fp8 quantization: accepted, and where on, one line says they
     match nothing (no loom model holds fp8 quantization ops)."""
     import logging
-    caplog.set_level(logging.INFO, logger="loom.config")
+    caplog.set_level(logging.INFO, logger="loom.compilation_config")
     cfg = CompilationConfig.parse({"pass_config": {"fuse_norm_quant": False,
                                                    "enable_fusion": True}})
     assert cfg.pass_config == CompilationConfig().pass_config
