@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from loom.attention.backend import AttentionMetadata
 from loom.attention.triton_backend import TritonBackend
+from loom.bench.attention_workload import AttentionShape, Step, make_inputs
 from loom.forward_context import ForwardContext, forward_context
 from loom.kernels.all_reduce_norm import add_rms_norm
 from loom.kernels.paged_decode import NewTokens, paged_decode
@@ -24,6 +24,7 @@ from loom.layers.rotary import RotaryEmbedding
 dev = torch.device("cuda")
 N, ROUNDS = 400, 9
 H, HKV, D, BS = 32, 8, 128, 16
+SHAPE = AttentionShape(H, HKV, D)
 dt = torch.bfloat16
 
 
@@ -53,19 +54,6 @@ def ab(name, a, b, env_a=None):
           f"{min(ra):.0f}-{max(ra):.0f} / {min(rb):.0f}-{max(rb):.0f})")
 
 
-def metadata(tokens: int, ctx: int) -> AttentionMetadata:
-    blocks = -(-ctx // BS)
-    return AttentionMetadata(
-        num_actual_tokens=tokens, num_reqs=1, max_query_len=tokens, max_seq_len=ctx,
-        query_start_loc=torch.tensor([0, tokens], device=dev, dtype=torch.int32),
-        seq_lens=torch.tensor([ctx], device=dev, dtype=torch.int32),
-        block_table=torch.arange(blocks, device=dev, dtype=torch.int32)[None],
-        slot_mapping=torch.arange(ctx - tokens, ctx, device=dev),
-        query_start_loc_cpu=torch.tensor([0, tokens], dtype=torch.int32),
-        seq_lens_cpu=torch.tensor([ctx], dtype=torch.int32))
-
-
-kv_cache = torch.zeros(2, 1024, BS, HKV, D, device=dev, dtype=dt)
 cos_sin = RotaryEmbedding(D, 8192, 500000.0).to(dev).cos_sin_cache
 scale = D ** -0.5
 backend = TritonBackend()
@@ -73,7 +61,9 @@ for tokens, ctx in ((1, 160), (128, 128)):
     qkv = torch.randn(tokens, (H + 2 * HKV) * D, device=dev, dtype=dt)
     q2, k2, v2 = qkv.split([H * D, HKV * D, HKV * D], dim=1)
     positions = torch.arange(ctx - tokens, ctx, device=dev)
-    meta = metadata(tokens, ctx)
+    # The bench's step builder: its slot mapping is all -1, so the cache is never written.
+    inputs = make_inputs(Step((tokens,), (ctx,)), SHAPE, BS, dt, dev, seed=0)
+    meta, kv_cache = inputs.meta, inputs.kv_cache
     what = "decode" if tokens == 1 else f"{tokens}-token prompt"
     with forward_context(ForwardContext(meta, [kv_cache], backend)):
         ab(f"attention op, {what}",
