@@ -4,7 +4,9 @@ Under torch.compile each norm is one custom-op node (`loom::rms_norm`,
 `loom::fused_add_rms_norm`), so compile passes can match "all_reduce -> norm" without
 recognising a decomposed pow/mean/rsqrt chain; the last pass turns the remaining nodes
 back into aten ops (`compilation/passes/norm_decomposition.py`) so Inductor still fuses
-them. Eager runs the reference functions below and never pays custom-op dispatch.
+them. Eager runs the reference functions below and never pays custom-op dispatch; on CUDA
+the residual add + norm is loom's Triton kernel (`kernels/all_reduce_norm.add_rms_norm`, the
+reference's roundings), one launch where the reference is nine torch ops.
 """
 
 from __future__ import annotations
@@ -81,5 +83,9 @@ class RMSNorm(nn.Module):
         if residual is None:
             fn = torch.ops.loom.rms_norm if compiling else rms_norm
             return fn(x, self.weight, self.eps)
-        fn = torch.ops.loom.fused_add_rms_norm if compiling else fused_add_rms_norm
-        return fn(x, residual, self.weight, self.eps)
+        if compiling:
+            return torch.ops.loom.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        if x.is_cuda:  # eager CUDA: one Triton launch, where the torch ops above are nine
+            from loom.kernels.all_reduce_norm import add_rms_norm
+            return add_rms_norm(x, residual, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)
