@@ -227,11 +227,11 @@ def decode_rope_unfused() -> bool:
 
 
 def fast_launch() -> bool:
-    """LOOM_FAST_LAUNCH=1: launch Triton kernels outside CUDA graphs through
+    """LOOM_FAST_LAUNCH (on unless 0): launch Triton kernels outside CUDA graphs through
     loom/kernels/launch.py, which skips most of Triton's per-call host work after a kernel's
-    first launch of each specialization. Off by default until it has run on a GPU
-    (benchmarks/gpu/run_zzz69.sh: its GPU tests, then its host time against Triton's)."""
-    return _flag("LOOM_FAST_LAUNCH")
+    first launch of each specialization. On since its GPU tests passed (run_zzz70); 0 gives
+    every launch to Triton's `kernel[grid]`, for comparing against it."""
+    return _on_unless_zero("LOOM_FAST_LAUNCH")
 
 
 def pdl() -> bool:

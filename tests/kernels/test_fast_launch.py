@@ -2,8 +2,7 @@
 kernel's launcher directly from the second call of a specialization. On the GPU every
 specialization Triton distinguishes (an integer equal to 1 or not a multiple of 16, a pointer
 off 16-byte alignment, another dtype, a constexpr) launches its own compiled kernel, checked
-against torch; on the CPU (the interpreter) and without LOOM_FAST_LAUNCH=1 (opt-in for now),
-it is kernel[grid]."""
+against torch; on the CPU (the interpreter) and with LOOM_FAST_LAUNCH=0, it is kernel[grid]."""
 
 import os
 
@@ -41,7 +40,7 @@ def test_without_a_compiled_gpu_kernel_it_is_triton_s_own_launch(monkeypatch):
     x = torch.arange(40, dtype=torch.float32, device="cuda" if torch.cuda.is_available()
                      else "cpu")
     y = torch.empty_like(x)
-    monkeypatch.delenv("LOOM_FAST_LAUNCH", raising=False)
+    monkeypatch.setenv("LOOM_FAST_LAUNCH", "0")
     for _ in range(2):
         launch.fast_launch(_scaled_copy, (3,))(x, y, 40, 2.0, BLOCK=16)
         torch.testing.assert_close(y, 2 * x)
