@@ -81,6 +81,15 @@ VLLM_ONLY_FIELDS = frozenset({
     "compile_cache_save_format", "compile_mm_encoder", "inductor_passes",
     "compile_ranges_split_points", "dynamic_shapes_config"})
 """vLLM CompilationConfig fields with no counterpart here: refused by name, not as unknown."""
+CAPTURE_SIZES = "cudagraph_capture_sizes"
+"""vLLM's `compile_sizes` entry for every decode capture size."""
+
+
+def default_capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM's default decode capture sizes: 1, 2, 4, then multiples of 8 up to 512, none past
+    max_num_seqs."""
+    sizes = [1, 2, 4] + list(range(8, 513, 8))
+    return [s for s in sizes if s <= max_num_seqs] or [1]
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,11 @@ class CompilationConfig:
     """vLLM's newer name for `level` (its CompilationMode: 0-3, or its names NONE,
     STOCK_TORCH_COMPILE, DYNAMO_TRACE_ONCE, VLLM_COMPILE in any case); after construction
     both hold the same number. Giving both, with different values, is an error."""
-    compile_sizes: tuple[int, ...] = ()
-    """Token counts compiled for their static shape, besides the dynamic graph."""
+    compile_sizes: tuple[int | str, ...] = ()
+    """Token counts compiled for their static shape, besides the dynamic graph. vLLM's entry
+    "cudagraph_capture_sizes" stands for every decode capture size (`capture_sizes`):
+    replaced by them here where cudagraph_capture_sizes is given, else once max_num_seqs is
+    known (`resolved`)."""
     splitting_ops: tuple[str, ...] | None = None
     """Ops the graph is split at; None means attention; () keeps one whole graph."""
     cudagraph_capture_sizes: tuple[int, ...] | None = None
@@ -129,11 +141,13 @@ class CompilationConfig:
                 object.__setattr__(self, name, tuple(value))
         for name in ("compile_sizes", "cudagraph_capture_sizes"):
             value = getattr(self, name)
+            entry = f' or "{CAPTURE_SIZES}"' if name == "compile_sizes" else ""
             _check((value is None and name == "cudagraph_capture_sizes")
-                   or (isinstance(value, tuple)
-                       and all(type(v) is int and v > 0 for v in value)),
-                   f"compilation_config.{name}: must be a list of positive integers, got "
-                   f"{value!r}")
+                   or (isinstance(value, tuple) and all(
+                       (type(v) is int and v > 0) or (entry and v == CAPTURE_SIZES)
+                       for v in value)),
+                   f"compilation_config.{name}: must be a list of positive integers{entry}, "
+                   f"got {value!r}")
         cap = self.max_cudagraph_capture_size
         _check(cap is None or (type(cap) is int and cap > 0),
                f"compilation_config.max_cudagraph_capture_size: must be a positive integer, got "
@@ -146,6 +160,9 @@ class CompilationConfig:
             isinstance(op, str) and op for op in self.splitting_ops)),
             "compilation_config.splitting_ops: must be a list of op names (e.g. "
             f"[\"loom::attention\"]) or [], got {self.splitting_ops!r}")
+        if self.cudagraph_capture_sizes is not None:
+            object.__setattr__(self, "compile_sizes",
+                               self._expanded_sizes(self.cudagraph_capture_sizes))
         mode = self.cudagraph_mode
         if isinstance(mode, str) and mode.upper() in CUDAGRAPH_MODES:  # any case, as vLLM's
             object.__setattr__(self, "cudagraph_mode", mode.upper())
@@ -194,13 +211,34 @@ class CompilationConfig:
         """Whether the compiled pieces between attention calls replay CUDA graphs."""
         return self.cudagraph_mode in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
 
-    def resolved(self, device_type: str) -> CompilationConfig:
-        """This config with an unset level filled in for the device: 3 on CUDA (vLLM's
-        default there) or when the level-3 passes are asked for, else 0. A set level stays."""
-        if self.level is not None:
-            return self
-        on = device_type == "cuda" or self.pass_config.enable_sequence_parallelism
-        return dataclasses.replace(self, level=3 if on else 0, mode=None)
+    def _expanded_sizes(self, capture_sizes) -> tuple[int | str, ...]:
+        """compile_sizes with "cudagraph_capture_sizes" replaced by capture_sizes."""
+        if CAPTURE_SIZES not in self.compile_sizes:
+            return self.compile_sizes
+        return tuple(sorted({s for s in self.compile_sizes if s != CAPTURE_SIZES}
+                            .union(capture_sizes)))
+
+    def capture_sizes(self, max_num_seqs: int) -> list[int]:
+        """The decode batch sizes to capture: cudagraph_capture_sizes, else vLLM's default
+        list up to max_num_seqs and max_cudagraph_capture_size."""
+        if self.cudagraph_capture_sizes is not None:
+            return list(self.cudagraph_capture_sizes)
+        return default_capture_sizes(min(max_num_seqs,
+                                         self.max_cudagraph_capture_size or max_num_seqs))
+
+    def resolved(self, device_type: str, max_num_seqs: int | None = None) -> CompilationConfig:
+        """This config with what was left open filled in: an unset level for the device (3
+        on CUDA, vLLM's default there, or when the level-3 passes are asked for, else 0; a
+        set level stays), and given max_num_seqs, compile_sizes' "cudagraph_capture_sizes"
+        as the capture sizes."""
+        config = self
+        if self.level is None:
+            on = device_type == "cuda" or self.pass_config.enable_sequence_parallelism
+            config = dataclasses.replace(self, level=3 if on else 0, mode=None)
+        if max_num_seqs is not None and CAPTURE_SIZES in config.compile_sizes:
+            config = dataclasses.replace(config, compile_sizes=config._expanded_sizes(
+                config.capture_sizes(max_num_seqs)))
+        return config
 
     @classmethod
     def parse(cls, value: CompilationConfig | dict | str | int | None) -> CompilationConfig:

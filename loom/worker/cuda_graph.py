@@ -20,11 +20,6 @@ from loom.worker.input_batch import StepBatch
 logger = logging.getLogger(__name__)
 
 
-def default_capture_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [1, 2, 4] + list(range(8, 513, 8))
-    return [s for s in sizes if s <= max_num_seqs] or [1]
-
-
 MODE_LINES = {
     "FULL": "cudagraph_mode FULL: loom's attention takes whole-forward CUDA graphs for decode "
             "batches only; the others replay piecewise graphs, as FULL_AND_PIECEWISE (vLLM "

@@ -22,8 +22,7 @@ from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.kernels import jit_watch
-from loom.worker.cuda_graph import (MODE_LINES, CUDAGraphRunner, default_capture_sizes,
-                                    piecewise_sizes)
+from loom.worker.cuda_graph import MODE_LINES, CUDAGraphRunner, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
@@ -61,7 +60,8 @@ def resolved_for_device(config: EngineConfig, device: torch.device) -> EngineCon
     else:
         scheduler = config.scheduler.resolved(None, 0)
     return dataclasses.replace(config, scheduler=scheduler,
-                               compilation=config.compilation.resolved(device.type))
+                               compilation=config.compilation.resolved(device.type,
+                                                                         scheduler.max_num_seqs))
 
 
 class ModelRunner:
@@ -192,11 +192,7 @@ class ModelRunner:
         # Decode graphs need a real CUDA device even where the CPU tests patch cuda_graphs_on.
         if cfg.enforce_eager or self.device.type != "cuda" or not cfg.compilation.decode_graphs:
             return []
-        sizes = cfg.compilation.cudagraph_capture_sizes
-        if sizes is None:
-            sizes = default_capture_sizes(min(cfg.scheduler.max_num_seqs,
-                                              cfg.compilation.max_cudagraph_capture_size
-                                              or cfg.scheduler.max_num_seqs))
+        sizes = cfg.compilation.capture_sizes(cfg.scheduler.max_num_seqs)
         # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
         return sorted({_round_up(s, self.token_multiple) for s in sizes})
 

@@ -176,6 +176,31 @@ def test_max_cudagraph_capture_size_caps_the_default_sizes():
             CompilationConfig.parse(bad)
 
 
+def test_compile_sizes_take_vllms_capture_sizes_entry():
+    """vLLM's compile_sizes entry "cudagraph_capture_sizes" stands for the decode capture
+    sizes: the given list, or (once the runner knows max_num_seqs) the default one."""
+    import torch
+
+    from loom.config import EngineConfig, ModelConfig, SchedulerConfig
+    from loom.worker.model_runner import resolved_for_device
+    given = CompilationConfig.parse({"compile_sizes": ["cudagraph_capture_sizes", 64, 2],
+                                     "cudagraph_capture_sizes": [1, 2, 4]})
+    assert given.compile_sizes == (1, 2, 4, 64)
+
+    def resolved(compilation: str, max_num_seqs: int) -> tuple:
+        config = EngineConfig(ModelConfig(model="x"), compilation=CompilationConfig.parse(
+            compilation), scheduler=SchedulerConfig(max_num_seqs=max_num_seqs))
+        return resolved_for_device(config, torch.device("cpu")).compilation.compile_sizes
+    assert resolved('{"level": 3, "compile_sizes": ["cudagraph_capture_sizes"]}', 20) \
+        == (1, 2, 4, 8, 16)
+    assert resolved('{"compile_sizes": [100, "cudagraph_capture_sizes"], '
+                    '"max_cudagraph_capture_size": 8}', 256) == (1, 2, 4, 8, 100)
+    assert resolved('{"compile_sizes": [100]}', 256) == (100,)
+    with pytest.raises(ValueError, match='compile_sizes: must be a list of positive integers or '
+                                         '"cudagraph_capture_sizes", got .*capture_size'):
+        CompilationConfig.parse('{"compile_sizes": ["capture_size"]}')
+
+
 def test_vllms_other_fields_are_named_as_such():
     """vLLM's backend is Inductor here (its default, accepted); its other CompilationConfig
     fields without a counterpart are refused as vLLM options, not as unknown names."""

@@ -32,6 +32,8 @@ def _json(obj: dict) -> CompilationConfig:
      {"mode": 3, "pass_config": {"enable_async_tp": True}}),
     (["--compilation-config.compile_sizes+", "8", "-O.compile_sizes+=16,32", "-O.level=3"],
      {"level": 3, "compile_sizes": [8, 16, 32]}),
+    (["-O.compile_sizes+", "cudagraph_capture_sizes", "-O.compile_sizes+=64"],
+     {"compile_sizes": ["cudagraph_capture_sizes", 64]}),
     (["-O", '{"level": 3, "compile_sizes": [4]}', "-O.splitting_ops=[]"],
      {"level": 3, "compile_sizes": [4], "splitting_ops": []}),
     (["-O", '{"pass_config": {"enable_noop": false}}', "-O.pass_config.enable_async_tp=true",
