@@ -132,3 +132,21 @@ def smol_gguf() -> str:
     if path is None:
         pytest.skip(f"SmolLM2 GGUF not installed ({DEMO_INSTALL_HINT})")
     return path
+
+
+@pytest.fixture(scope="session")
+def smol_hf_checkpoint(smol_gguf: str):
+    """transformers' own reading of the demo GGUF: its config and float32 state dict, and
+    the parameter names of the LlamaForCausalLM they map onto. `from_pretrained(gguf_file=)`
+    needs `accelerate`, which loom does not depend on, so the tensors come from the function
+    it falls back on, `load_gguf_checkpoint`. Read once a session (~25 s on the CI machine)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    directory, name = os.path.split(smol_gguf)
+    config = AutoConfig.from_pretrained(directory, gguf_file=name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(smol_gguf, return_tensors=True, model_to_load=model,
+                                   torch_dtype=torch.float32)["tensors"]
+    return config, tensors, set(model.state_dict())

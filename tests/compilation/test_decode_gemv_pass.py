@@ -37,9 +37,10 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
 
     monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
     monkeypatch.setenv("LOOM_DECODE_NORM_GEMV", "1")
-    # Every shape "measured" (the CPU has no table): small tiles the interpreter runs fast.
+    # Every shape "measured" (the CPU has no table): tiles as wide as the tiny model's
+    # matrices, so that the interpreter runs few programs (its cost is per program and op).
     monkeypatch.setattr(gemv_module, "tuned_config",
-                        lambda m, n, k, dtype, device: GemvConfig(block_n=16, block_k=32))
+                        lambda m, n, k, dtype, device: GemvConfig(block_n=64, block_k=64))
     monkeypatch.setattr(gemv_module, "gemv", spy)
     monkeypatch.setattr(gemv_module, "add_rms_norm_gemv", norm_spy)
     caplog.set_level(logging.INFO, logger="loom.compilation.passes.decode_gemv")
@@ -127,7 +128,7 @@ def test_lm_head_logits_take_the_gemv_at_decode_sizes(monkeypatch):
         calls.append(x.shape[0])
         return real_gemv(x, weight, **kwargs)
     monkeypatch.setattr(gemv_module, "tuned_config",
-                        lambda m, n, k, dtype, device: GemvConfig(block_n=16, block_k=32))
+                        lambda m, n, k, dtype, device: GemvConfig(block_n=64, block_k=64))
     monkeypatch.setattr(gemv_module, "gemv", spy)
     for flag, rows, expected in (("1", 3, [3]), ("1", 16, [16]), ("1", 17, []), ("0", 3, [])):
         monkeypatch.setenv("LOOM_DECODE_GEMV", flag)
@@ -265,7 +266,8 @@ def test_tp2_decode_with_the_gemv_equals_tp1(tiny_model_factory, tmp_path, monke
     vocab = cfg["vocab_size"]
     shapes = [((heads + 2 * kv) * hd // 2, h), (h, heads * hd // 2), (i, h), (h, i // 2),
               (-(-vocab // 2), h)]
-    table = {f"{n},{k}": {"8": {"block_n": 16, "block_k": 32}} for n, k in shapes}
+    # Tiles as wide as the shards: the interpreter's cost is per program.
+    table = {f"{n},{k}": {"8": {"block_n": 64, "block_k": 64}} for n, k in shapes}
     (tmp_path / "gemv,dtype=float32,device_name=cpu.json").write_text(json.dumps(table))
     monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))  # the workers read it too
     gemv_module._table.cache_clear()

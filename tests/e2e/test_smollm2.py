@@ -15,18 +15,15 @@ MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def hf_model_and_tokenizer(smol_gguf):
-    """transformers' own GGUF reading (load_gguf_checkpoint; from_pretrained would need
-    accelerate) into a LlamaForCausalLM, and its tokenizer for the same file."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    directory, name = os.path.split(smol_gguf)
-    config = AutoConfig.from_pretrained(directory, gguf_file=name)
+def hf_model_and_tokenizer(smol_gguf, smol_hf_checkpoint):
+    """transformers' LlamaForCausalLM with its own reading of the GGUF (conftest), and its
+    tokenizer for the same file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    config, tensors, _ = smol_hf_checkpoint
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(smol_gguf, return_tensors=True, model_to_load=model,
-                                   torch_dtype=torch.float32)["tensors"]
     model.load_state_dict(tensors, strict=False)
     model.tie_weights()
+    directory, name = os.path.split(smol_gguf)
     return model.eval(), AutoTokenizer.from_pretrained(directory, gguf_file=name)
 
 

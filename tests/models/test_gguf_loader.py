@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,9 @@ CONFIG_FIELDS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_a
 
 
 @pytest.fixture(scope="module")
-def hf_reference(smol_gguf: str) -> tuple[Any, dict[str, torch.Tensor], set[str]]:
-    """transformers' config, GGUF state dict and model parameter names for SmolLM2.
-
-    `from_pretrained(gguf_file=...)` needs `accelerate`, which loom does not depend on, so the
-    state dict comes from the function it falls back on for GGUF files, `load_gguf_checkpoint`,
-    mapped onto the parameter names of a LlamaForCausalLM built from the same config.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    directory, name = os.path.split(smol_gguf)
-    config = AutoConfig.from_pretrained(directory, gguf_file=name)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(smol_gguf, return_tensors=True, model_to_load=model,
-                                   torch_dtype=torch.float32)["tensors"]
-    return config, tensors, set(model.state_dict())
+def hf_reference(smol_hf_checkpoint: Any) -> tuple[Any, dict[str, torch.Tensor], set[str]]:
+    """transformers' config, GGUF state dict and model parameter names for SmolLM2."""
+    return smol_hf_checkpoint
 
 
 @pytest.fixture(scope="module")
