@@ -41,7 +41,7 @@ from loom import envs
 
 def enabled(device: torch.device) -> bool:
     """Whether kernels launched on `device` use PDL: CUDA, compute capability 9.0 or later,
-    not the interpreter, and LOOM_PDL not 0."""
+    not the interpreter, and LOOM_PDL=1 (`envs.pdl`, off by default)."""
     if device.type != "cuda" or not envs.pdl() or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return _hopper_or_later(device.index if device.index is not None
