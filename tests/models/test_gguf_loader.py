@@ -19,20 +19,14 @@ CONFIG_FIELDS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_a
 
 
 @pytest.fixture(scope="module")
-def hf_reference(smol_hf_checkpoint: Any) -> tuple[Any, dict[str, torch.Tensor], set[str]]:
-    """transformers' config, GGUF state dict and model parameter names for SmolLM2."""
-    return smol_hf_checkpoint
-
-
-@pytest.fixture(scope="module")
 def smol_loaded(smol_gguf: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     config, weights = load_gguf(smol_gguf)
     return config, dict(weights)
 
 
 @pytest.mark.slow
-def test_smollm2_weights_equal_transformers(hf_reference: Any, smol_loaded: Any) -> None:
-    hf_config, hf_tensors, model_names = hf_reference
+def test_smollm2_weights_equal_transformers(smol_hf_checkpoint: Any, smol_loaded: Any) -> None:
+    hf_config, hf_tensors, model_names = smol_hf_checkpoint
     config, weights = smol_loaded
     assert set(weights) == set(hf_tensors)
     # Every parameter of the model is covered; the LM head only when it is not tied.
@@ -45,8 +39,8 @@ def test_smollm2_weights_equal_transformers(hf_reference: Any, smol_loaded: Any)
 
 
 @pytest.mark.slow
-def test_smollm2_config_equals_transformers(hf_reference: Any, smol_loaded: Any) -> None:
-    hf_config, _, _ = hf_reference
+def test_smollm2_config_equals_transformers(smol_hf_checkpoint: Any, smol_loaded: Any) -> None:
+    hf_config, _, _ = smol_hf_checkpoint
     config, _ = smol_loaded
     for field in CONFIG_FIELDS:
         assert config[field] == getattr(hf_config, field), field
