@@ -124,9 +124,9 @@ class CompilationConfig:
     goes: at each compile_sizes entry (its static graph), and for batches no decode graph
     takes of up to max_num_batched_tokens, padded to 8, 16, 32 ... (the general graph).
     PIECEWISE: the pieces only, decode batches too; given cudagraph_capture_sizes, batches
-    are padded to those. FULL: runs as FULL_AND_PIECEWISE, since loom's attention cannot
-    take a mixed batch into one graph (vLLM downgrades such backends alike). NONE: no CUDA
-    graphs."""
+    are padded to those. FULL: as FULL_AND_PIECEWISE, and besides, prefills and mixed
+    batches of up to the largest decode capture size replay whole-forward CUDA graphs too,
+    padded to the same sizes (`worker/cuda_graph.py`). NONE: no CUDA graphs."""
     pass_config: PassConfig = field(default_factory=PassConfig)
     """Custom Inductor passes."""
     inductor_compile_config: dict[str, Any] = field(default_factory=dict)

@@ -38,6 +38,13 @@ class AttentionMetadata:
     """[num_tokens] int64, on the device; -1 for padding rows (no write)."""
     query_start_loc_cpu: torch.Tensor
     seq_lens_cpu: torch.Tensor
+    fixed_shape: bool = False
+    """A CUDA graph's metadata (`CUDAGraphRunner`): num_actual_tokens, num_reqs,
+    max_query_len and max_seq_len are the graph's bounds, and only the device tensors hold
+    this batch's values (the host-side ones are the capture's). A decode graph's batch is
+    padded with requests of one key; a mixed graph's (max_query_len > 1) with requests of
+    empty queries and rows past the batch's tokens. A backend takes one path for every such
+    batch, deciding nothing from the host-side values."""
 
     @property
     def is_pure_decode(self) -> bool:
@@ -47,6 +54,9 @@ class AttentionMetadata:
     @functools.cached_property
     def host_bounds(self) -> tuple[list[int], list[int]]:
         """query_start_loc[:num_reqs + 1] and seq_lens[:num_reqs] as Python lists."""
+        if self.fixed_shape:
+            raise ValueError("host_bounds: a fixed-shape (CUDA graph) batch's host-side values "
+                             "are not its own; read the device tensors")
         return (self.query_start_loc_cpu[:self.num_reqs + 1].tolist(),
                 self.seq_lens_cpu[:self.num_reqs].tolist())
 

@@ -30,7 +30,10 @@ class TorchNativeBackend(AttentionBackend):
     def forward(self, query, kv_cache, meta: AttentionMetadata, scale, batch_kv=None):
         block_size = kv_cache.shape[2]
         out = torch.zeros_like(query)
-        starts, seq_lens = meta.host_bounds
+        if meta.fixed_shape:  # a graph's bounds host-side: the batch is on the device
+            starts, seq_lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+        else:
+            starts, seq_lens = meta.host_bounds
         for i in range(meta.num_reqs):
             q = query[starts[i]:starts[i + 1]]
             if q.shape[0] == 0:

@@ -123,7 +123,8 @@ class TritonBackend(AttentionBackend):
         # A fresh prefill's keys are all this batch's: SDPA reads them where the rotary
         # kernel left them, not gathered back from the cache's blocks. Same dtype only, so
         # that they are exactly what the cache holds.
-        return kv_cache.dtype == key.dtype and not meta.is_pure_decode and self._use_sdpa(meta)
+        return (kv_cache.dtype == key.dtype and not meta.is_pure_decode
+                and not meta.fixed_shape and self._use_sdpa(meta))
 
     def decode_rope(self, query, key, value, positions, cos_sin_cache, kv_cache, meta,
                     scale, qk_norm=None):
@@ -139,6 +140,10 @@ class TritonBackend(AttentionBackend):
 
     @staticmethod
     def _new_out(query: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.fixed_shape and not meta.is_pure_decode:
+            # which rows are padding is known on the device only (a decode graph's padding
+            # rows are requests of one key)
+            return torch.zeros_like(query)
         out = torch.empty_like(query)
         # Padding rows belong to no request; zero them so no garbage (NaN) flows onwards.
         if meta.num_actual_tokens < out.shape[0]:
@@ -150,7 +155,12 @@ class TritonBackend(AttentionBackend):
         out = self._new_out(query, meta)
         if meta.num_reqs == 0 or meta.num_actual_tokens == 0:
             return out
-        if meta.is_pure_decode:
+        if meta.fixed_shape and not meta.is_pure_decode:
+            # A CUDA graph of any batch up to its bounds: one packed launch serves every
+            # request, decodes included.
+            self._prefill(query, kv_cache, meta, scale, out, meta.num_reqs,
+                          meta.max_query_len, packed_tokens=meta.num_actual_tokens)
+        elif meta.is_pure_decode:
             self._decode(query, kv_cache, meta, scale, out)
         elif self._use_sdpa(meta):
             self._sdpa_prefill(query, kv_cache, meta, scale, out, batch_kv)
@@ -182,12 +192,12 @@ class TritonBackend(AttentionBackend):
         return split
 
     def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
-                 req_index=None) -> None:
+                 req_index=None, packed_tokens=None) -> None:
         block_m, block_n, warps, stages = self.prefill_tiles(query.shape[2], query.dtype)
         paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                       meta.seq_lens, num_reqs, max_query_len, scale, block_m=block_m,
                       block_n=block_n, num_warps=warps, num_stages=stages,
-                      req_index=req_index)
+                      req_index=req_index, packed_tokens=packed_tokens)
 
     def _decode(self, query, kv_cache, meta, scale, out, num_reqs=None, max_seq_len=None,
                 req_index=None, new_tokens=None) -> None:

@@ -84,6 +84,24 @@ def dot_dtype(q, F16_DOT: tl.constexpr):
     return q
 
 
+@triton.jit
+def packed_tile(query_start_ptr, num_reqs, BLOCK_Q: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """(request, query tile) of this program on a packed grid's first axis. Request i owns
+    the slots from query_start[i] // BLOCK_Q + i up to the next request's first: at least
+    its tiles, and num_reqs + tokens // BLOCK_Q slots in all, whatever the lengths. Found by
+    binary search (SEARCH_STEPS >= log2(num_reqs) rounds); a slot past its request's tiles
+    finds a tile the caller skips."""
+    slot = tl.program_id(0)
+    lo = slot * 0
+    hi = lo + num_reqs
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        right = tl.load(query_start_ptr + mid) // BLOCK_Q + mid <= slot
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    return lo, slot - (tl.load(query_start_ptr + lo) // BLOCK_Q + lo)
+
+
 # Integers that change from step to step are not specialised on (Triton would compile a
 # variant per divisibility by 16 and per value 1, each costing a serving request a stall).
 @triton.jit(do_not_specialize=["stride_bt"])
@@ -94,14 +112,17 @@ def _prefill_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, MASK_ALL: tl.constexpr = False,
-    F16_DOT: tl.constexpr = False,
+    F16_DOT: tl.constexpr = False, num_reqs=0, SEARCH_STEPS: tl.constexpr = 0,
 ):
     # grid: (request, query tile, kv head). Rows are BLOCK_Q tokens x GROUP_PAD heads.
-    req = tl.program_id(0)
-    if HAS_REQ_INDEX:  # the launch covers a subset of the batch's requests
-        req = tl.load(req_index_ptr + req)
-    q_tile = tl.program_id(1)
     kv_head = tl.program_id(2)
+    if SEARCH_STEPS:  # packed: (slot, 1, kv head) over num_reqs requests
+        req, q_tile = packed_tile(query_start_ptr, num_reqs, BLOCK_Q, SEARCH_STEPS)
+    else:
+        req = tl.program_id(0)
+        if HAS_REQ_INDEX:  # the launch covers a subset of the batch's requests
+            req = tl.load(req_index_ptr + req)
+        q_tile = tl.program_id(1)
     q_start = tl.load(query_start_ptr + req)
     q_len = tl.load(query_start_ptr + req + 1) - q_start
     if q_tile * BLOCK_Q >= q_len:  # the grid is sized by the longest request launched
@@ -189,7 +210,7 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                   seq_lens: torch.Tensor, num_reqs: int, max_query_len: int, scale: float,
                   block_m: int = 64, block_n: int = 64, num_warps: int = 4,
                   num_stages: int = 2, req_index: torch.Tensor | None = None,
-                  mask_all: bool = False) -> torch.Tensor:
+                  mask_all: bool = False, packed_tokens: int | None = None) -> torch.Tensor:
     """Causal varlen attention of query [T, H, D] over the paged cache into out [T, H, D].
 
     block_m is the tile's row count (query tokens x padded GQA group); block_n its keys.
@@ -198,13 +219,24 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     and seq_lens stay the whole batch's); then max_query_len need only cover those.
     Key tiles wholly before a query tile's first token take no masks; mask_all masks every
     tile, as the kernel did before (for comparing the two).
+    packed_tokens: the grid is packed (`packed_tile`), for at most this many query tokens
+    over num_reqs requests of any lengths: what a CUDA graph captures once for every batch
+    it replays (requests past the batch's have empty queries). max_query_len is then unused;
+    a grid sized by it would be num_reqs x packed_tokens / block_q programs.
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
     group_pad = next_power_of_2(group)
     block_q = max(1, block_m // group_pad)
     block_q = max(block_q, cdiv(MIN_DOT_ROWS, group_pad))
-    grid = (num_reqs, cdiv(max_query_len, block_q), num_kv_heads)
+    if packed_tokens is not None:
+        if req_index is not None:
+            raise ValueError("paged_prefill: a packed grid covers the whole batch; req_index "
+                             "must be None")
+        grid = (packed_tokens // block_q + num_reqs, 1, num_kv_heads)
+        packed = dict(num_reqs=num_reqs, SEARCH_STEPS=max(1, num_reqs.bit_length()))
+    else:
+        grid, packed = (num_reqs, cdiv(max_query_len, block_q), num_kv_heads), {}
     fast_launch(_prefill_kernel, grid)(
         query, kv_cache, out, block_table, query_start_loc, seq_lens, req_index,
         scale * LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -213,6 +245,6 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_N=block_n,
         PRECISION=precision(query.dtype), HAS_REQ_INDEX=req_index is not None,
         MASK_ALL=mask_all, F16_DOT=f16_dot(query, kv_cache), num_warps=num_warps,
-        num_stages=num_stages,
+        num_stages=num_stages, **packed,
     )
     return out

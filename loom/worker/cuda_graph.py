@@ -1,9 +1,16 @@
-"""CUDA graphs for pure-decode steps: the whole forward (attention included) replayed.
+"""CUDA graphs of the whole forward (attention included), replayed for pure-decode steps
+and, under cudagraph_mode FULL, for mixed and prefill steps of up to the largest decode size.
 
 A decode step of a small batch is a few hundred tiny kernels; launching them from Python
 costs more than running them. Each capture size gets one graph over static input and
 metadata buffers; a batch is padded up to the nearest size (padding rows write no KV and
 attend to one key, so they stay finite and are dropped).
+
+A mixed graph of T tokens holds any batch of at most T tokens over at most min(T,
+max_num_seqs) requests: its attention metadata is fixed-shape (`AttentionMetadata.
+fixed_shape`), the requests past the batch's have empty queries, and the Triton backend
+attends for all of them in one packed launch whose grid depends on T and the request
+bound only (`paged_prefill(packed_tokens=...)`).
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ logger = logging.getLogger(__name__)
 
 
 MODE_LINES = {
-    "FULL": "cudagraph_mode FULL: loom's attention takes whole-forward CUDA graphs for decode "
-            "batches only; the others replay piecewise graphs, as FULL_AND_PIECEWISE (vLLM "
-            "does the same for such backends)",
+    "FULL": "cudagraph_mode FULL: batches of up to the largest capture size replay "
+            "whole-forward CUDA graphs, mixed and prefill batches too (%s); "
+            "larger ones replay piecewise graphs (level 3)",
     "PIECEWISE": "cudagraph_mode PIECEWISE: decode batches replay the pieces, their attention "
                  "run eagerly between them, with no whole-forward graph; 8B decode at batch 1 "
                  "took 5.3-14.1 (bound by host time, which varies by machine) against 4.2 "
@@ -53,14 +60,24 @@ def piecewise_sizes(max_num_batched_tokens: int) -> list[int]:
     return sizes
 
 
+def mixed_sizes(piece_sizes: list[int], decode_sizes: list[int]) -> list[int]:
+    """The token counts of cudagraph_mode FULL's mixed graphs: those other batches are
+    padded to (`piecewise_sizes`) up to the largest decode size, as vLLM's FULL captures
+    every batch up to its largest capture size."""
+    return [s for s in piece_sizes if 1 < s <= max(decode_sizes, default=0)]
+
+
 class CUDAGraphRunner:
     def __init__(self, forward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
                  sizes: list[int], max_blocks_per_req: int, max_model_len: int,
-                 device: torch.device) -> None:
+                 device: torch.device, mixed: list[int] = (), max_num_seqs: int = 0) -> None:
         self.forward, self.backend, self.kv_caches = forward, backend, kv_caches
         self.sizes = sorted(set(sizes))
+        self.mixed_sizes = sorted(set(mixed))
+        """Token counts of the mixed graphs (cudagraph_mode FULL); none otherwise."""
+        self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        n = self.sizes[-1]
+        n = max([self.sizes[-1], *self.mixed_sizes])
         i32 = dict(dtype=torch.int32, device=device)
         # Inference tensors, like every step's inputs (made under inference_mode): Dynamo
         # guards on a tensor's dispatch keys, and normal tensors here made the capture
@@ -72,7 +89,24 @@ class CUDAGraphRunner:
             self.seq_lens = torch.ones(n, **i32)
             self.query_start_loc = torch.arange(n + 1, **i32)
             self.block_table = torch.zeros(n, max_blocks_per_req, **i32)
+            # Mixed graphs' own: the decode graphs read query_start_loc as it was made.
+            self.mixed_starts = torch.zeros(n + 1, **i32)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.mixed_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def mixed_reqs(self, size: int) -> int:
+        """The most requests a mixed graph of `size` tokens holds."""
+        return min(size, self.max_num_seqs) if self.max_num_seqs else size
+
+    def _mixed_metadata(self, size: int) -> AttentionMetadata:
+        reqs = self.mixed_reqs(size)
+        return AttentionMetadata(
+            num_actual_tokens=size, num_reqs=reqs, max_query_len=size,
+            max_seq_len=self.max_model_len, query_start_loc=self.mixed_starts[:reqs + 1],
+            seq_lens=self.seq_lens[:reqs], block_table=self.block_table[:reqs],
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc_cpu=torch.zeros(reqs + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.zeros(reqs, dtype=torch.int32), fixed_shape=True)
 
     def _metadata(self, size: int) -> AttentionMetadata:
         # max_seq_len is the worst case, so the decode kernel's split count baked into the
@@ -82,31 +116,41 @@ class CUDAGraphRunner:
             query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
             block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:size],
             query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
-            seq_lens_cpu=torch.ones(size, dtype=torch.int32))
+            seq_lens_cpu=torch.ones(size, dtype=torch.int32), fixed_shape=True)
 
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         took: dict[int, float] = {}
-        for size in reversed(self.sizes):  # largest first: later graphs reuse its memory
+        # Largest first, so that later graphs reuse its memory. Every capture's buffers
+        # hold what they were made with: decodes of one key and no KV writes, mixed
+        # batches of empty queries.
+        for size in reversed(self.mixed_sizes):
+            self.mixed_graphs[size] = self._capture(self._mixed_metadata(size), size, pool)
+        for size in reversed(self.sizes):
             begin = time.perf_counter()
-            ctx = ForwardContext(self._metadata(size), self.kv_caches, self.backend)
-            with forward_context(ctx):
-                for _ in range(2):  # warm up: Triton autotuning and compilation
-                    self.forward(self.input_ids[:size], self.positions[:size])
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.forward(self.input_ids[:size], self.positions[:size])
-            self.graphs[size] = (graph, out)
+            self.graphs[size] = self._capture(self._metadata(size), size, pool)
             took[size] = time.perf_counter() - begin
         torch.cuda.synchronize()
         slowest = max(took, key=took.get)
-        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d) in %.1f s (the "
+        mixed = (f" and {len(self.mixed_graphs)} of mixed batches ({self.mixed_sizes[0]}.."
+                 f"{self.mixed_sizes[-1]} tokens)" if self.mixed_graphs else "")
+        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d)%s in %.1f s (the "
                     "slowest, batch %d: %.2f s; the fastest %.2f s)", len(self.graphs),
-                    self.sizes[0], self.sizes[-1], time.perf_counter() - start, slowest,
-                    took[slowest], min(took.values()))
+                    self.sizes[0], self.sizes[-1], mixed, time.perf_counter() - start,
+                    slowest, took[slowest], min(took.values()))
+
+    def _capture(self, meta: AttentionMetadata, size: int, pool):
+        ctx = ForwardContext(meta, self.kv_caches, self.backend)
+        with forward_context(ctx):
+            for _ in range(2):  # warm up: Triton autotuning and compilation
+                self.forward(self.input_ids[:size], self.positions[:size])
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self.forward(self.input_ids[:size], self.positions[:size])
+        return graph, out
 
     def padded_size(self, batch: StepBatch) -> int | None:
         meta = batch.attn_metadata
@@ -115,6 +159,31 @@ class CUDAGraphRunner:
         if batch.attn_metadata.block_table.shape[1] > self.block_table.shape[1]:
             return None
         return next(s for s in self.sizes if s >= meta.num_reqs)
+
+    def mixed_size(self, batch: StepBatch) -> int | None:
+        """The mixed graph a batch that no decode graph takes replays, if one holds it."""
+        meta = batch.attn_metadata
+        size = next((s for s in self.mixed_sizes if s >= meta.num_actual_tokens), None)
+        if size is None or meta.num_reqs > self.mixed_reqs(size) or \
+                meta.block_table.shape[1] > self.block_table.shape[1]:
+            return None
+        return size
+
+    def run_mixed(self, batch: StepBatch, size: int) -> torch.Tensor:
+        meta, n = batch.attn_metadata, batch.attn_metadata.num_actual_tokens
+        reqs = meta.num_reqs
+        self.input_ids[:n].copy_(batch.input_ids[:n], non_blocking=True)
+        self.positions[:n].copy_(batch.positions[:n], non_blocking=True)
+        self.slot_mapping[:n].copy_(meta.slot_mapping[:n], non_blocking=True)
+        self.slot_mapping[n:size].fill_(-1)  # padding rows: no KV write
+        self.mixed_starts[:reqs + 1].copy_(meta.query_start_loc, non_blocking=True)
+        self.mixed_starts[reqs + 1:self.mixed_reqs(size) + 1].fill_(n)  # empty requests
+        self.seq_lens[:reqs].copy_(meta.seq_lens, non_blocking=True)
+        self.block_table[:reqs, :meta.block_table.shape[1]].copy_(meta.block_table,
+                                                                  non_blocking=True)
+        graph, out = self.mixed_graphs[size]
+        graph.replay()
+        return out[:n]
 
     def run(self, batch: StepBatch, size: int) -> torch.Tensor:
         meta, n = batch.attn_metadata, batch.attn_metadata.num_reqs

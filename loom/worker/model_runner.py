@@ -22,7 +22,7 @@ from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.kernels import jit_watch
-from loom.worker.cuda_graph import MODE_LINES, CUDAGraphRunner, piecewise_sizes
+from loom.worker.cuda_graph import MODE_LINES, CUDAGraphRunner, mixed_sizes, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
@@ -173,17 +173,22 @@ class ModelRunner:
             warm_up(self)
         if cfg.enforce_eager or not cuda_graphs_on(self.device):
             return
-        if cfg.compilation.cudagraph_mode in MODE_LINES:
-            logger.info(MODE_LINES[cfg.compilation.cudagraph_mode])
         if cfg.compilation.piece_graphs:
             self._plan_pieces()
         sizes = self.decode_graph_sizes()
+        mixed = self.mixed_graph_sizes(sizes)
+        mode = cfg.compilation.cudagraph_mode
+        if mode in MODE_LINES:
+            logger.info(MODE_LINES[mode], *([f"padded to {mixed} tokens" if mixed else
+                                             "none here: no decode batch size is captured"]
+                                            if mode == "FULL" else []))
         if not sizes:
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
         self.graph_runner = CUDAGraphRunner(
             self.forward, self.backend, self.kv_caches, list(sizes),
-            -(-max_len // self.block_size), max_len, self.device)
+            -(-max_len // self.block_size), max_len, self.device, mixed,
+            cfg.scheduler.max_num_seqs)
         self._capture_decode_graphs()
 
     def decode_graph_sizes(self) -> list[int]:
@@ -195,6 +200,14 @@ class ModelRunner:
         sizes = cfg.compilation.capture_sizes(cfg.scheduler.max_num_seqs)
         # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
         return sorted({_round_up(s, self.token_multiple) for s in sizes})
+
+    def mixed_graph_sizes(self, decode_sizes: list[int]) -> list[int]:
+        """cudagraph_mode FULL's mixed-batch graphs, by token count ([] in other modes)."""
+        if self.config.compilation.cudagraph_mode != "FULL":
+            return []
+        pieces = piecewise_sizes(self.config.scheduler.max_num_batched_tokens)
+        return mixed_sizes(sorted({_round_up(s, self.token_multiple) for s in pieces}),
+                           decode_sizes)
 
     def _capture_decode_graphs(self) -> None:
         """Capture the decode graphs. They take their memory after the KV cache was sized,
@@ -228,6 +241,8 @@ class ModelRunner:
             logger.info("cudagraph_mode %s: piecewise CUDA graphs need level 3 with the graph "
                         "split at attention (here level %d%s); %s", cfg.compilation.cudagraph_mode,
                         self.forward.level, ", one whole graph" if self.forward.level == 3 else "",
+                        "batches of more tokens replay no CUDA graphs"
+                        if cfg.compilation.cudagraph_mode == "FULL" else
                         "only decode batches replay CUDA graphs" if cfg.compilation.decode_graphs
                         else "no batch replays CUDA graphs")
             return
@@ -254,10 +269,13 @@ class ModelRunner:
         counts = list(so.num_scheduled_tokens.values())
         batch = build_batch(self.requests, reqs, counts, self.block_size, self.device,
                             self.token_multiple, self._pending, self._padded_rows(counts))
-        size = self.graph_runner.padded_size(batch) if self.graph_runner else None
-        clock = None
+        graphs, clock = self.graph_runner, None
+        size = graphs.padded_size(batch) if graphs else None
+        mixed = graphs.mixed_size(batch) if graphs and size is None else None
         if size is not None:
-            hidden = self.graph_runner.run(batch, size)
+            hidden = graphs.run(batch, size)
+        elif mixed is not None:
+            hidden = graphs.run_mixed(batch, mixed)
         else:
             if self._layer_times:
                 clock = LayerClock(batch.input_ids.shape[0])

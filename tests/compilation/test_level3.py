@@ -173,7 +173,7 @@ def test_piecewise_graphs_replay_static_sizes_with_new_inputs(splitting_ops, in_
 
 PADDED = {  # cudagraph_mode (and capture sizes): the sizes batches are padded to
     "FULL_AND_PIECEWISE": ({}, [8, 16, 32, 64]),
-    "FULL": ({}, [8, 16, 32, 64]),  # as FULL_AND_PIECEWISE, and says so
+    "FULL": ({}, [8, 16, 32, 64]),  # as FULL_AND_PIECEWISE: no decode graphs on the CPU
     "PIECEWISE": ({"cudagraph_capture_sizes": [4, 64]}, [4, 64]),  # the capture sizes
 }
 
@@ -211,8 +211,9 @@ def test_piecewise_graphs_pad_other_batches_to_their_sizes(kind, mode, tiny_mode
     assert rows[0] == (64, 34) and len(rows) == 6
     assert all(r == (next(s for s in sizes if s >= 3), 3) for r in rows[1:])
     assert f"padded to {sizes} tokens" in caplog.text
-    assert ("cudagraph_mode FULL: loom's attention takes whole-forward CUDA graphs for decode "
-            "batches only" in caplog.text) == (mode == "FULL")
+    assert ("cudagraph_mode FULL: batches of up to the largest capture size replay whole-"
+            "forward CUDA graphs, mixed and prefill batches too (none here: no decode batch size "
+            "is captured)" in caplog.text) == (mode == "FULL")
     assert ("cudagraph_mode PIECEWISE: decode batches replay the pieces" in caplog.text) == \
         (mode == "PIECEWISE")
     # Every size's three pieces at start-up, each replayed once there (its capturing run),

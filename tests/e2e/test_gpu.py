@@ -28,12 +28,24 @@ def _tokens(path: str, **kwargs) -> list[list[int]]:
     dict(compilation_config={"level": 3}),
     dict(compilation_config={"level": 3, "splitting_ops": [], "compile_sizes": [4]}),
     dict(compilation_config={"level": 3, "cudagraph_mode": "PIECEWISE"}),
-], ids=["eager", "level0-cuda-graphs", "default", "level3", "level3-whole-graph", "piecewise"])
-def test_gpu_float32_equals_cpu(kind, compilation, tiny_model_factory):
+    dict(compilation_config={"level": 3, "cudagraph_mode": "FULL"}),
+    dict(compilation_config={"level": 0, "cudagraph_mode": "FULL"}),
+], ids=["eager", "level0-cuda-graphs", "default", "level3", "level3-whole-graph", "piecewise",
+        "full", "level0-full"])
+def test_gpu_float32_equals_cpu(kind, compilation, tiny_model_factory, monkeypatch):
+    """Prompts of 188 tokens in steps of at most 64: chunks beside decodes, then decodes.
+    Under FULL every step replays a whole-forward graph (the mixed ones at 8-64 tokens)."""
+    from loom.worker.cuda_graph import CUDAGraphRunner
     path, _ = tiny_model_factory(kind)
     cpu = _tokens(path, device="cpu", dtype="float32")
+    mixed = []
+    run_mixed = CUDAGraphRunner.run_mixed
+    monkeypatch.setattr(CUDAGraphRunner, "run_mixed", lambda self, batch, size: (
+        mixed.append(size), run_mixed(self, batch, size))[1])
     gpu = _tokens(path, device="cuda", dtype="float32", max_num_batched_tokens=64, **compilation)
     assert gpu == cpu
+    full = compilation.get("compilation_config", {}).get("cudagraph_mode") == "FULL"
+    assert (len(mixed) >= 3) == full and set(mixed) <= {8, 16, 32, 64}
 
 
 @pytest.mark.parametrize("kind, graphs", [
