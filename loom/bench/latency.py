@@ -123,9 +123,21 @@ def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str
             or config.cudagraph_mode == "PIECEWISE":  # there the sizes are its pieces'
         return args.compilation_config
     sizes = (args.batch_size,) if args.output_len > 1 else ()
-    print(f"CUDA graphs: capturing batch size {sizes[0]} only" if sizes else
-          "CUDA graphs: none captured (--output-len 1 has no decode step)")
+    prompt = args.batch_size * args.input_len
+    if config.cudagraph_mode == "FULL" and prompt <= FULL_PROMPT_MAX:
+        # FULL's mixed graphs go up to the largest decode size: let it hold the prompt step
+        sizes = tuple(sorted({*sizes, prompt}))
+        print(f"CUDA graphs: capturing {'batch size %d and ' % sizes[0] if prompt > sizes[0] else ''}"
+              f"the prompt step's {prompt} tokens (cudagraph_mode FULL) only")
+    else:
+        print(f"CUDA graphs: capturing batch size {sizes[0]} only" if sizes else
+              "CUDA graphs: none captured (--output-len 1 has no decode step)")
     return replace(config, cudagraph_capture_sizes=sizes)
+
+
+FULL_PROMPT_MAX = 512
+"""The largest prompt step `bench latency` captures a FULL graph for (the default decode
+sizes stop at 512 too)."""
 
 
 def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,

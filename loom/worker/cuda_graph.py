@@ -62,9 +62,17 @@ def piecewise_sizes(max_num_batched_tokens: int) -> list[int]:
 
 def mixed_sizes(piece_sizes: list[int], decode_sizes: list[int]) -> list[int]:
     """The token counts of cudagraph_mode FULL's mixed graphs: those other batches are
-    padded to (`piecewise_sizes`) up to the largest decode size, as vLLM's FULL captures
-    every batch up to its largest capture size."""
-    return [s for s in piece_sizes if 1 < s <= max(decode_sizes, default=0)]
+    padded to (`piecewise_sizes`), up to the first that holds the largest decode size, as
+    vLLM's FULL captures every batch of up to its largest capture size."""
+    if not decode_sizes:
+        return []
+    sizes = []
+    for size in piece_sizes:
+        if size > 1:
+            sizes.append(size)
+        if size >= max(decode_sizes):
+            break
+    return sizes
 
 
 class CUDAGraphRunner:

@@ -269,8 +269,8 @@ def test_latency_captures_only_the_graph_it_replays(capsys):
 
     from loom.bench.latency import only_the_replayed_graph
 
-    def sizes(compilation, batch=4, output_len=8, eager=False, device="cpu"):
-        args = Namespace(compilation_config=compilation, batch_size=batch,
+    def sizes(compilation, batch=4, output_len=8, eager=False, device="cpu", input_len=16):
+        args = Namespace(compilation_config=compilation, batch_size=batch, input_len=input_len,
                          output_len=output_len, enforce_eager=eager, device=device)
         config = CompilationConfig.parse(only_the_replayed_graph(args))
         return config.cudagraph_capture_sizes
@@ -283,6 +283,14 @@ def test_latency_captures_only_the_graph_it_replays(capsys):
     if torch.cuda.is_available():
         assert sizes(None, device="cuda") == (4,)  # unset: 3 on CUDA
     assert "capturing batch size 4 only" in capsys.readouterr().out
+    # FULL: the prompt step's tokens too, so that its mixed graph exists (up to 512)
+    full = '{"level":3,"cudagraph_mode":"FULL"}'
+    assert sizes(full) == (4, 64)
+    assert "capturing batch size 4 and the prompt step's 64 tokens" in capsys.readouterr().out
+    assert sizes(full, batch=1, output_len=1, input_len=128) == (128,)
+    assert "capturing the prompt step's 128 tokens (cudagraph_mode FULL)" in \
+        capsys.readouterr().out
+    assert sizes(full, input_len=200) == (4,)  # 800 tokens: no graph
 
 
 def test_throughput_profiles_the_steps_asked_for_on_every_rank(tiny, tmp_path, capsys,

@@ -115,4 +115,6 @@ def test_other_modes_capture_no_mixed_graphs(tiny_model_factory, monkeypatch):
     runner = llm.engine.executor.worker.model_runner
     assert runner.mixed_graph_sizes([1, 2, 4, 8, 16]) == []
     assert cuda_graph.mixed_sizes([8, 16, 32, 64], [1, 2, 4, 8, 16]) == [8, 16]
+    assert cuda_graph.mixed_sizes([8, 16, 32, 64], [1, 20]) == [8, 16, 32]  # holds 20
+    assert cuda_graph.mixed_sizes([8, 16, 32], [1, 2, 100]) == [8, 16, 32]
     assert cuda_graph.mixed_sizes([8, 16], []) == []
