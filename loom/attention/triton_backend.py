@@ -29,7 +29,7 @@ from loom.attention.mixed_split import MixedSplit, split_by_query_len, splits_mi
 from loom.attention.torch_native import gather_kv
 from loom.kernels.compile_pool import compile_pool
 from loom.kernels.kv_write import write_kv_cache
-from loom.kernels.paged_attention import paged_prefill
+from loom.kernels.paged_attention import packed_tile_starts, paged_prefill, prefill_block_q
 from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
 from loom.kernels.rope_kv_write import rope_write_kv_cache
 
@@ -102,6 +102,9 @@ class TritonBackend(AttentionBackend):
         self.mixed_split_min_context = envs.mixed_split_min_context()
         self._split_of: tuple[weakref.ref, MixedSplit | None] | None = None
         """The last step's metadata (weakly) and its split: every layer reads it again."""
+        self._tile_starts_of: tuple[weakref.ref, torch.Tensor] | None = None
+        """The same for a fixed-shape step's packed tile starts (a graph's forward makes
+        its metadata afresh for each run, so its capture records their computation)."""
         self._compile_decodes: list[tuple[int, int, int, int]] = []
         """`compiling_decodes`' variants, until the next pure decode compiles them."""
         self._fused_rope_off = envs.decode_rope_unfused()
@@ -159,7 +162,7 @@ class TritonBackend(AttentionBackend):
             # A CUDA graph of any batch up to its bounds: one packed launch serves every
             # request, decodes included.
             self._prefill(query, kv_cache, meta, scale, out, meta.num_reqs,
-                          meta.max_query_len, packed_tokens=meta.num_actual_tokens)
+                          meta.max_query_len, packed=True)
         elif meta.is_pure_decode:
             self._decode(query, kv_cache, meta, scale, out)
         elif self._use_sdpa(meta):
@@ -192,12 +195,20 @@ class TritonBackend(AttentionBackend):
         return split
 
     def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
-                 req_index=None, packed_tokens=None) -> None:
+                 req_index=None, packed=False) -> None:
         block_m, block_n, warps, stages = self.prefill_tiles(query.shape[2], query.dtype)
+        tile_starts = None
+        if packed:  # once per step (every layer's tiles are alike), on the device
+            block_q = prefill_block_q(block_m, query.shape[1] // kv_cache.shape[3])
+            if self._tile_starts_of is None or self._tile_starts_of[0]() is not meta:
+                self._tile_starts_of = (weakref.ref(meta), packed_tile_starts(
+                    meta.query_start_loc[:num_reqs + 1], block_q))
+            tile_starts = self._tile_starts_of[1]
         paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                       meta.seq_lens, num_reqs, max_query_len, scale, block_m=block_m,
                       block_n=block_n, num_warps=warps, num_stages=stages,
-                      req_index=req_index, packed_tokens=packed_tokens)
+                      req_index=req_index, packed_tokens=meta.num_actual_tokens if packed
+                      else None, tile_starts=tile_starts)
 
     def _decode(self, query, kv_cache, meta, scale, out, num_reqs=None, max_seq_len=None,
                 req_index=None, new_tokens=None) -> None:

@@ -85,21 +85,19 @@ def dot_dtype(q, F16_DOT: tl.constexpr):
 
 
 @triton.jit
-def packed_tile(query_start_ptr, num_reqs, BLOCK_Q: tl.constexpr, SEARCH_STEPS: tl.constexpr):
-    """(request, query tile) of this program on a packed grid's first axis. Request i owns
-    the slots from query_start[i] // BLOCK_Q + i up to the next request's first: at least
-    its tiles, and num_reqs + tokens // BLOCK_Q slots in all, whatever the lengths. Found by
-    binary search (SEARCH_STEPS >= log2(num_reqs) rounds); a slot past its request's tiles
-    finds a tile the caller skips."""
+def packed_tile(tile_start_ptr, num_reqs, SEARCH_STEPS: tl.constexpr):
+    """(request, query tile) of this program on a packed grid's first axis, where request i
+    owns the slots from tile_start[i] (`packed_tile_starts`): the last request starting at
+    or before the slot, by binary search (SEARCH_STEPS >= log2(num_reqs) rounds)."""
     slot = tl.program_id(0)
     lo = slot * 0
     hi = lo + num_reqs
     for _ in tl.static_range(SEARCH_STEPS):
         mid = (lo + hi) // 2
-        right = tl.load(query_start_ptr + mid) // BLOCK_Q + mid <= slot
+        right = tl.load(tile_start_ptr + mid) <= slot
         lo = tl.where(right, mid, lo)
         hi = tl.where(right, hi, mid)
-    return lo, slot - (tl.load(query_start_ptr + lo) // BLOCK_Q + lo)
+    return lo, slot - tl.load(tile_start_ptr + lo)
 
 
 # Integers that change from step to step are not specialised on (Triton would compile a
@@ -112,12 +110,15 @@ def _prefill_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, MASK_ALL: tl.constexpr = False,
-    F16_DOT: tl.constexpr = False, num_reqs=0, SEARCH_STEPS: tl.constexpr = 0,
+    F16_DOT: tl.constexpr = False, tile_start_ptr=None, num_reqs=0,
+    SEARCH_STEPS: tl.constexpr = 0,
 ):
     # grid: (request, query tile, kv head). Rows are BLOCK_Q tokens x GROUP_PAD heads.
     kv_head = tl.program_id(2)
     if SEARCH_STEPS:  # packed: (slot, 1, kv head) over num_reqs requests
-        req, q_tile = packed_tile(query_start_ptr, num_reqs, BLOCK_Q, SEARCH_STEPS)
+        if tl.program_id(0) >= tl.load(tile_start_ptr + num_reqs):
+            return  # past the batch's tiles: one load, no search
+        req, q_tile = packed_tile(tile_start_ptr, num_reqs, SEARCH_STEPS)
     else:
         req = tl.program_id(0)
         if HAS_REQ_INDEX:  # the launch covers a subset of the batch's requests
@@ -205,12 +206,30 @@ def check_req_index(req_index: torch.Tensor | None, num_reqs: int) -> None:
                          f"{req_index.dtype} {tuple(req_index.shape)}")
 
 
+def prefill_block_q(block_m: int, group: int) -> int:
+    """Query tokens a prefill tile holds: block_m rows over the GQA group padded to a power
+    of two, at least enough tokens for a dot's MIN_DOT_ROWS."""
+    group_pad = next_power_of_2(group)
+    return max(block_m // group_pad, cdiv(MIN_DOT_ROWS, group_pad), 1)
+
+
+def packed_tile_starts(query_start_loc: torch.Tensor, block_q: int) -> torch.Tensor:
+    """int32 [num_reqs + 1] on the device: each request's first slot on a packed grid (the
+    query tiles of block_q tokens of the requests before it), then the total. Computed on
+    the device, so a CUDA graph recomputes it from each batch's query_start_loc."""
+    tiles = (query_start_loc[1:] - query_start_loc[:-1] + block_q - 1) // block_q
+    starts = torch.zeros_like(query_start_loc)
+    torch.cumsum(tiles, 0, out=starts[1:])
+    return starts
+
+
 def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                   block_table: torch.Tensor, query_start_loc: torch.Tensor,
                   seq_lens: torch.Tensor, num_reqs: int, max_query_len: int, scale: float,
                   block_m: int = 64, block_n: int = 64, num_warps: int = 4,
                   num_stages: int = 2, req_index: torch.Tensor | None = None,
-                  mask_all: bool = False, packed_tokens: int | None = None) -> torch.Tensor:
+                  mask_all: bool = False, packed_tokens: int | None = None,
+                  tile_starts: torch.Tensor | None = None) -> torch.Tensor:
     """Causal varlen attention of query [T, H, D] over the paged cache into out [T, H, D].
 
     block_m is the tile's row count (query tokens x padded GQA group); block_n its keys.
@@ -222,19 +241,24 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     packed_tokens: the grid is packed (`packed_tile`), for at most this many query tokens
     over num_reqs requests of any lengths: what a CUDA graph captures once for every batch
     it replays (requests past the batch's have empty queries). max_query_len is then unused;
-    a grid sized by it would be num_reqs x packed_tokens / block_q programs.
+    a grid sized by it would be num_reqs x packed_tokens / block_q programs. tile_starts:
+    `packed_tile_starts` of this launch's block_q (`prefill_block_q`), made once for a step's
+    layers; computed here where not given.
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
     group_pad = next_power_of_2(group)
-    block_q = max(1, block_m // group_pad)
-    block_q = max(block_q, cdiv(MIN_DOT_ROWS, group_pad))
+    block_q = prefill_block_q(block_m, group)
     if packed_tokens is not None:
         if req_index is not None:
             raise ValueError("paged_prefill: a packed grid covers the whole batch; req_index "
                              "must be None")
+        if tile_starts is None:
+            tile_starts = packed_tile_starts(query_start_loc[:num_reqs + 1], block_q)
+        # sum of cdiv(q_len, block_q) <= tokens / block_q + one partial tile a request
         grid = (packed_tokens // block_q + num_reqs, 1, num_kv_heads)
-        packed = dict(num_reqs=num_reqs, SEARCH_STEPS=max(1, num_reqs.bit_length()))
+        packed = dict(tile_start_ptr=tile_starts, num_reqs=num_reqs,
+                      SEARCH_STEPS=max(1, num_reqs.bit_length()))
     else:
         grid, packed = (num_reqs, cdiv(max_query_len, block_q), num_kv_heads), {}
     fast_launch(_prefill_kernel, grid)(

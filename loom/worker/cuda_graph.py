@@ -135,10 +135,10 @@ class CUDAGraphRunner:
         # hold what they were made with: decodes of one key and no KV writes, mixed
         # batches of empty queries.
         for size in reversed(self.mixed_sizes):
-            self.mixed_graphs[size] = self._capture(self._mixed_metadata(size), size, pool)
+            self.mixed_graphs[size] = self._capture(self._mixed_metadata, size, pool)
         for size in reversed(self.sizes):
             begin = time.perf_counter()
-            self.graphs[size] = self._capture(self._metadata(size), size, pool)
+            self.graphs[size] = self._capture(self._metadata, size, pool)
             took[size] = time.perf_counter() - begin
         torch.cuda.synchronize()
         slowest = max(took, key=took.get)
@@ -149,15 +149,19 @@ class CUDAGraphRunner:
                     self.sizes[0], self.sizes[-1], mixed, time.perf_counter() - start,
                     slowest, took[slowest], min(took.values()))
 
-    def _capture(self, meta: AttentionMetadata, size: int, pool):
-        ctx = ForwardContext(meta, self.kv_caches, self.backend)
-        with forward_context(ctx):
-            for _ in range(2):  # warm up: Triton autotuning and compilation
-                self.forward(self.input_ids[:size], self.positions[:size])
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self.forward(self.input_ids[:size], self.positions[:size])
+    def _capture(self, metadata, size: int, pool):
+        """Warm up, then capture, each forward with metadata(size) made afresh: a backend
+        may keep work per metadata object for the layers of one forward (the Triton
+        backend's packed tile starts), which the capture must then record."""
+        def forward():
+            with forward_context(ForwardContext(metadata(size), self.kv_caches, self.backend)):
+                return self.forward(self.input_ids[:size], self.positions[:size])
+        for _ in range(2):  # warm up: Triton autotuning and compilation
+            forward()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = forward()
         return graph, out
 
     def padded_size(self, batch: StepBatch) -> int | None:
