@@ -112,6 +112,11 @@ class AttentionBackend(abc.ABC):
         the caller takes those two."""
         return None
 
+    def fits_one_launch(self, meta: AttentionMetadata) -> bool:
+        """Whether this batch (not fixed-shape) would lose nothing in a fixed-shape CUDA
+        graph's attention (`AttentionMetadata.fixed_shape`): yes by default."""
+        return True
+
     def attends_batch_kv(self, meta: AttentionMetadata, kv_cache: torch.Tensor,
                          key: torch.Tensor) -> bool:
         """Whether `forward` would attend over this batch's own keys and values (passed as

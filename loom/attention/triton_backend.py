@@ -20,6 +20,7 @@ import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -178,6 +179,18 @@ class TritonBackend(AttentionBackend):
                 self._prefill(query, kv_cache, meta, scale, out, len(split.prefill_index),
                               split.prefill_max_query_len, split.prefill_index)
         return out
+
+    def fits_one_launch(self, meta: AttentionMetadata) -> bool:
+        """A fixed-shape graph attends for every request in one packed prefill launch:
+        what this backend does anyway for a mixed batch it does not split (few decodes, none
+        of a long context). Batches it splits keep their split-K decodes out of graphs."""
+        starts, seq_lens = meta.host_bounds
+        q_lens = np.diff(np.asarray(starts, dtype=np.int64))
+        decodes = q_lens == 1
+        if not decodes.any():
+            return True
+        longest = int(np.asarray(seq_lens, dtype=np.int64)[decodes].max())
+        return not self.splits_mixed(int(decodes.sum()), longest)
 
     def splits_mixed(self, num_decodes: int, longest: int) -> bool:
         """`splits_mixed` at this backend's thresholds."""

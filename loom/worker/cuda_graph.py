@@ -173,11 +173,14 @@ class CUDAGraphRunner:
         return next(s for s in self.sizes if s >= meta.num_reqs)
 
     def mixed_size(self, batch: StepBatch) -> int | None:
-        """The mixed graph a batch that no decode graph takes replays, if one holds it."""
+        """The mixed graph a batch that no decode graph takes replays, if one holds it and
+        the backend loses nothing there (`AttentionBackend.fits_one_launch`: the Triton
+        backend's split-K decodes of a wide or long mixed batch stay out of graphs)."""
         meta = batch.attn_metadata
         size = next((s for s in self.mixed_sizes if s >= meta.num_actual_tokens), None)
         if size is None or meta.num_reqs > self.mixed_reqs(size) or \
-                meta.block_table.shape[1] > self.block_table.shape[1]:
+                meta.block_table.shape[1] > self.block_table.shape[1] or \
+                not self.backend.fits_one_launch(meta):
             return None
         return size
 

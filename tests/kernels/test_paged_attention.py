@@ -412,3 +412,19 @@ def test_gpu_bf16(case, sdpa):
         batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad, dtype=torch.bfloat16,
                            device="cuda")
         check_kernel(batch, max(q_lens) == 1, tiles, 2e-2, 2e-2)
+
+
+def test_mixed_batches_the_backend_splits_stay_out_of_fixed_shape_graphs(monkeypatch):
+    """A fixed-shape graph runs decodes in the packed prefill launch: only batches the
+    backend would not split anyway go there (few decodes, none of a long context)."""
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "3")
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_CONTEXT", "100")
+    backend = TritonBackend()
+
+    def fits(q_lens, s_lens):
+        return backend.fits_one_launch(make_batch(q_lens, s_lens, 2, 1, 64, 16).meta)
+    assert fits([5, 9], [5, 9])  # prompts only
+    assert fits([1, 1, 9], [40, 99, 9])  # two short decodes
+    assert not fits([1, 1, 1, 9], [40, 50, 60, 9])  # three decodes: split
+    assert not fits([1, 9], [100, 9])  # a decode of 100 tokens: split
+    assert not fits([1], [500])  # split-K's (decode graphs take pure decodes first)

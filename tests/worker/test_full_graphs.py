@@ -118,3 +118,35 @@ def test_other_modes_capture_no_mixed_graphs(tiny_model_factory, monkeypatch):
     assert cuda_graph.mixed_sizes([8, 16, 32, 64], [1, 20]) == [8, 16, 32]  # holds 20
     assert cuda_graph.mixed_sizes([8, 16, 32], [1, 2, 100]) == [8, 16, 32]
     assert cuda_graph.mixed_sizes([8, 16], []) == []
+
+
+def test_mixed_graphs_hold_what_fits(tiny_model_factory):
+    """A batch replays the smallest mixed graph of at least its tokens, with no more
+    requests than that graph holds, and only where the backend loses nothing there."""
+    from types import SimpleNamespace
+
+    from loom.attention.torch_native import TorchNativeBackend
+    from tests.kernels.test_paged_attention import make_batch
+
+    class Picky(TorchNativeBackend):
+        fits = True
+
+        def fits_one_launch(self, meta):
+            return self.fits
+    backend = Picky()
+    runner = cuda_graph.CUDAGraphRunner(None, backend, [], [1, 2, 4], 8, 128,
+                                        torch.device("cpu"), [8, 16, 32], max_num_seqs=10)
+    assert [runner.mixed_reqs(s) for s in (8, 16, 32)] == [8, 10, 10]
+
+    def size(q_lens, s_lens):
+        return runner.mixed_size(SimpleNamespace(attn_metadata=make_batch(
+            q_lens, s_lens, 2, 1, 64, 16).meta))
+    assert size([5, 3], [5, 3]) == 8
+    assert size([9, 1], [9, 30]) == 16
+    assert size([30, 1, 1], [30, 5, 5]) == 32
+    assert size([33], [33]) is None  # more tokens than any graph
+    assert size([1] * 9, [3] * 9) == 16  # 9 requests: more than the 8-token graph holds
+    assert size([1] * 11 + [5], [3] * 11 + [5]) is None  # more than max_num_seqs
+    assert size([5], [200]) is None  # a block table wider than the graph's
+    backend.fits = False
+    assert size([5, 3], [5, 3]) is None
