@@ -127,8 +127,9 @@ def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str
     if config.cudagraph_mode == "FULL" and prompt <= FULL_PROMPT_MAX:
         # FULL's mixed graphs go up to the largest decode size: let it hold the prompt step
         sizes = tuple(sorted({*sizes, prompt}))
-        print(f"CUDA graphs: capturing {'batch size %d and ' % sizes[0] if prompt > sizes[0] else ''}"
-              f"the prompt step's {prompt} tokens (cudagraph_mode FULL) only")
+        decode = f"batch size {sizes[0]} and " if prompt > sizes[0] else ""
+        print(f"CUDA graphs: capturing {decode}the prompt step's {prompt} tokens "
+              "(cudagraph_mode FULL) only")
     else:
         print(f"CUDA graphs: capturing batch size {sizes[0]} only" if sizes else
               "CUDA graphs: none captured (--output-len 1 has no decode step)")

@@ -39,6 +39,14 @@ MODE_LINES = {
 """Said once at start-up where CUDA graphs are on: what these vLLM modes mean in loom."""
 
 
+def mode_line(mode: str, mixed: list[int]) -> str | None:
+    """MODE_LINES' line for `mode` (None: nothing to say), with FULL's mixed graph sizes."""
+    if mode != "FULL":
+        return MODE_LINES.get(mode)
+    return MODE_LINES[mode] % (f"padded to {mixed} tokens" if mixed else
+                               "none here: no decode batch size is captured")
+
+
 PIECEWISE_SIZES = (8, 16, 32, 64, 128, 256, 512, *range(576, 1025, 64),
                    *range(1152, 2049, 128))
 """Token counts that other batches are padded up to under `cudagraph_mode:

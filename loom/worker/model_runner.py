@@ -22,7 +22,7 @@ from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.kernels import jit_watch
-from loom.worker.cuda_graph import MODE_LINES, CUDAGraphRunner, mixed_sizes, piecewise_sizes
+from loom.worker.cuda_graph import CUDAGraphRunner, mixed_sizes, mode_line, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
@@ -177,11 +177,8 @@ class ModelRunner:
             self._plan_pieces()
         sizes = self.decode_graph_sizes()
         mixed = self.mixed_graph_sizes(sizes)
-        mode = cfg.compilation.cudagraph_mode
-        if mode in MODE_LINES:
-            logger.info(MODE_LINES[mode], *([f"padded to {mixed} tokens" if mixed else
-                                             "none here: no decode batch size is captured"]
-                                            if mode == "FULL" else []))
+        if (line := mode_line(cfg.compilation.cudagraph_mode, mixed)) is not None:
+            logger.info(line)
         if not sizes:
             return
         max_len = cfg.model.max_model_len or self.arch.max_position_embeddings

@@ -17,10 +17,10 @@ POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
             "slot_mapping_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16",
-            "count_ptr": "*i32"}
+            "count_ptr": "*i32", "tile_start_ptr": "*i32"}
 UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
 # Compile-time flags the launchers always pass; a test variant may override them.
-DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False, "QK_NORM": False}
+DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False, "QK_NORM": False, "SEARCH_STEPS": 0}
 
 
 def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
@@ -34,6 +34,10 @@ def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
         elif name == "req_index_ptr":
             sig[name] = "*i32" if indexed else "constexpr"
             if not indexed:
+                cons[name] = None
+        elif name == "tile_start_ptr":  # a packed grid's (SEARCH_STEPS > 0) only
+            sig[name] = "*i32" if cons["SEARCH_STEPS"] else "constexpr"
+            if not cons["SEARCH_STEPS"]:
                 cons[name] = None
         else:
             sig[name] = dict(POINTERS, cache_ptr=cache).get(
@@ -55,7 +59,8 @@ def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
         + (f"_n{cons['BLOCK_N']}s{stages}"
                                                    if "BLOCK_N" in cons else "") \
         + (f"_p{cons['SPLITS_PAD']}" if cons.get("SPLITS_PAD", 1) > 1 else "") \
-        + ("_fp8" if cache != "*bf16" else "")
+        + ("_fp8" if cache != "*bf16" else "") \
+        + ("_packed" if cons.get("SEARCH_STEPS") else "")
     print("ok", name, cons["HEAD_DIM"], indexed, loads)
 
 
@@ -80,6 +85,10 @@ for indexed in (False, True):
                                              BLOCK_SIZE=16, BLOCK_N=block_n, PRECISION="tf32",
                                              DIRECT=direct, ROPE=rope,
                                              SPLITS_PAD=1 if direct else 8), 4, indexed, stages)
+# cudagraph_mode FULL's mixed graphs: one packed launch, its requests found by search
+build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_Q=32,
+                            BLOCK_N=64, PRECISION="tf32", MASK_ALL=False, SEARCH_STEPS=9),
+      4, False, 3)
 # an 8-bit cache (--kv-cache-dtype fp8): fp16 dots, saturating stores of the new tokens
 build(_prefill_kernel, dict(GROUP=4, GROUP_PAD=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_Q=32,
                             BLOCK_N=64, PRECISION="tf32", MASK_ALL=False, F16_DOT=True),
@@ -114,7 +123,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 22
+    assert len(lines) == 23
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:

@@ -75,7 +75,8 @@ def test_full_mode_replays_mixed_batches_with_eager_tokens(kind, tiny_model_fact
     path, _ = tiny_model_factory(kind)
     eager, _ = _run(path, "NONE")
     monkeypatch.setattr(model_runner, "cuda_graphs_on", lambda device: True)
-    monkeypatch.setattr(model_runner.ModelRunner, "decode_graph_sizes", lambda self: [1, 2, 4, 8, 16])
+    monkeypatch.setattr(model_runner.ModelRunner, "decode_graph_sizes",
+                        lambda self: [1, 2, 4, 8, 16])
     monkeypatch.setattr(model_runner, "CUDAGraphRunner", _Runner)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
