@@ -32,16 +32,24 @@ def splits_mixed(num_decodes: int, longest: int, min_decodes: int,
     return num_decodes >= min_decodes or (min_context is not None and longest >= min_context)
 
 
+def by_kind(meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The batch's query lengths, its decodes' indices (a query of one token), the others'
+    (requests with no query this step in neither), and the longest decode's tokens (0
+    without one), from the host-side bounds."""
+    starts, seq_lens = meta.host_bounds
+    q_lens = np.diff(np.asarray(starts, dtype=np.int64))
+    decode, prefill = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
+    longest = int(np.asarray(seq_lens, dtype=np.int64)[decode].max()) if len(decode) else 0
+    return q_lens, decode, prefill, longest
+
+
 def split_by_query_len(meta: AttentionMetadata, device: torch.device, min_decodes: int = 1,
                        min_context: int | None = None) -> MixedSplit | None:
     """The split of a step that has both kinds of request, where `splits_mixed` says so;
     else None (one launch serves)."""
-    starts, seq_lens = meta.host_bounds
-    q_lens = np.diff(np.asarray(starts, dtype=np.int64))
-    decode, prefill = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
+    q_lens, decode, prefill, longest = by_kind(meta)
     if not len(decode) or not len(prefill):
         return None
-    longest = int(np.asarray(seq_lens, dtype=np.int64)[decode].max())
     if not splits_mixed(len(decode), longest, min_decodes, min_context):
         return None
     decode_index, prefill_index = _upload_indices([decode, prefill], device)

@@ -20,13 +20,12 @@ import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from loom import envs
 from loom.attention.backend import AttentionBackend, AttentionMetadata
-from loom.attention.mixed_split import MixedSplit, split_by_query_len, splits_mixed
+from loom.attention.mixed_split import MixedSplit, by_kind, split_by_query_len, splits_mixed
 from loom.attention.torch_native import gather_kv
 from loom.kernels.compile_pool import compile_pool
 from loom.kernels.kv_write import write_kv_cache
@@ -184,13 +183,8 @@ class TritonBackend(AttentionBackend):
         """A fixed-shape graph attends for every request in one packed prefill launch:
         what this backend does anyway for a mixed batch it does not split (few decodes, none
         of a long context). Batches it splits keep their split-K decodes out of graphs."""
-        starts, seq_lens = meta.host_bounds
-        q_lens = np.diff(np.asarray(starts, dtype=np.int64))
-        decodes = q_lens == 1
-        if not decodes.any():
-            return True
-        longest = int(np.asarray(seq_lens, dtype=np.int64)[decodes].max())
-        return not self.splits_mixed(int(decodes.sum()), longest)
+        _, decode, _, longest = by_kind(meta)
+        return not len(decode) or not self.splits_mixed(len(decode), longest)
 
     def splits_mixed(self, num_decodes: int, longest: int) -> bool:
         """`splits_mixed` at this backend's thresholds."""
@@ -207,16 +201,18 @@ class TritonBackend(AttentionBackend):
         self._split_of = (weakref.ref(meta), split)
         return split
 
+    def _tile_starts(self, meta: AttentionMetadata, block_q: int) -> torch.Tensor:
+        """packed_tile_starts of a fixed-shape step, once: every layer's tiles are alike."""
+        if self._tile_starts_of is None or self._tile_starts_of[0]() is not meta:
+            self._tile_starts_of = (weakref.ref(meta), packed_tile_starts(
+                meta.query_start_loc[:meta.num_reqs + 1], block_q))
+        return self._tile_starts_of[1]
+
     def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
                  req_index=None, packed=False) -> None:
         block_m, block_n, warps, stages = self.prefill_tiles(query.shape[2], query.dtype)
-        tile_starts = None
-        if packed:  # once per step (every layer's tiles are alike), on the device
-            block_q = prefill_block_q(block_m, query.shape[1] // kv_cache.shape[3])
-            if self._tile_starts_of is None or self._tile_starts_of[0]() is not meta:
-                self._tile_starts_of = (weakref.ref(meta), packed_tile_starts(
-                    meta.query_start_loc[:num_reqs + 1], block_q))
-            tile_starts = self._tile_starts_of[1]
+        tile_starts = (self._tile_starts(meta, prefill_block_q(
+            block_m, query.shape[1] // kv_cache.shape[3])) if packed else None)
         paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                       meta.seq_lens, num_reqs, max_query_len, scale, block_m=block_m,
                       block_n=block_n, num_warps=warps, num_stages=stages,
