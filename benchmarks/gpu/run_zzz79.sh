@@ -6,13 +6,13 @@
 source benchmarks/gpu/env.sh; R=$OUT/zzz79; mkdir -p $R
 L="bench latency --model llama-3.1-8b --load-format dummy --input-len 128 --output-len 2 --batch-size 1 --num-iters-warmup 1 --num-iters 2"
 for name in cold warm; do
-  s=$(date +%s.%N)
+  s=$(date +%s)
   timeout $(left 420) python3 -m cProfile -o $R/$name.prof -m loom.cli $L > $R/$name.log 2>&1
-  echo "$name: rc $? $(echo "$(date +%s.%N) - $s" | bc) s"; stamp $name
+  echo "$name: rc $? $(( $(date +%s) - s )) s"; stamp $name
 done
-s=$(date +%s.%N)
+s=$(date +%s)
 TORCH_LOGS=recompiles,graph_breaks timeout $(left 540) $LOOM $L > $R/plain.log 2>&1
-echo "plain: rc $? $(echo "$(date +%s.%N) - $s" | bc) s"; stamp plain
+echo "plain: rc $? $(( $(date +%s) - s )) s"; stamp plain
 for name in cold warm; do
   python3 - $R/$name.prof > $R/$name.txt <<'PY'
 import pstats, sys
