@@ -8,9 +8,12 @@ imp plain-1; imp plain-2
 export PYTHONPYCACHEPREFIX=/tmp/pyc
 imp prefix-1; imp prefix-2; imp prefix-3
 stamp imports
-timeout $(left 300) python3 -m pytest -q -m gpu tests --ignore=tests/e2e/test_gpu.py -p no:cacheprovider > $R/tests-kernels.log 2>&1
+e2e() {  # name, pytest -k expression, seconds from the start to stop by
+  timeout $(left $3) python3 -m pytest -q -m gpu tests/e2e/test_gpu.py -p no:cacheprovider -k "$2" > $R/tests-$1.log 2>&1
+  echo "$1 gpu tests rc $?"; grep -E "passed|failed|FAIL|Error" $R/tests-$1.log | tail -8; stamp $1
+}
+e2e full "full" 200
+timeout $(left 420) python3 -m pytest -q -m gpu tests --ignore=tests/e2e/test_gpu.py -p no:cacheprovider > $R/tests-kernels.log 2>&1
 echo "kernel gpu tests rc $?"; grep -E "passed|failed|FAIL|Error" $R/tests-kernels.log | tail -8; stamp kernel-tests
-timeout $(left 545) python3 -m pytest -q -m gpu tests/e2e/test_gpu.py -p no:cacheprovider \
-  -k "full or default or lone or bf16" > $R/tests-e2e.log 2>&1
-echo "e2e gpu tests rc $?"; grep -E "passed|failed|FAIL|Error" $R/tests-e2e.log | tail -8; stamp e2e-tests
+e2e rest "default or lone or bf16" 560
 tar czf $OUT/zzz80.tgz -C $R .
