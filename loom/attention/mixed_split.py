@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from loom.attention.backend import AttentionMetadata
+from loom.pinned import pinned_empty
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class _PinnedRing:
         if event is not None:
             event.synchronize()
         if buf is None or buf.numel() < host.numel():
-            buf = torch.empty(max(host.numel(), 1024), dtype=host.dtype, pin_memory=True)
+            buf = pinned_empty(max(host.numel(), 1024), host.dtype)
             self._buffers[self._turn] = buf
         staged = buf[:host.numel()]
         staged.copy_(host)

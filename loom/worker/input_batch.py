@@ -14,6 +14,7 @@ import torch
 
 from loom.attention.backend import AttentionMetadata
 from loom.core.sched_output import SchedulerOutput
+from loom.pinned import pinned_empty
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
@@ -210,8 +211,8 @@ class _PinnedStaging:
         if event is not None:
             event.synchronize()
         if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 16),
-                              dtype=torch.uint8, pin_memory=True)
+            buf = pinned_empty(max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 16),
+                               torch.uint8)
             self._buffers[self._turn] = buf
         return buf[:nbytes]
 

@@ -16,6 +16,7 @@ import torch
 
 from loom.core.sched_output import ModelRunnerOutput
 from loom.engine.protocol import Logprobs
+from loom.pinned import pinned_empty
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class _ReadbackRing:
         self._turn = (self._turn + 1) % len(self._buffers)
         buf = self._buffers[self._turn]
         if buf is None or buf.numel() < n:
-            buf = torch.empty(max(n, 1024), dtype=torch.int64, pin_memory=True)
+            buf = pinned_empty(max(n, 1024), torch.int64)
             self._buffers[self._turn] = buf
         return buf[:n]
 
