@@ -3,6 +3,8 @@
 # (on a warm Triton cache too), the decode graphs' capture 12.1 s (batch 4 alone 3.55 s).
 # `bench latency` (in-process engine) under cProfile on cold caches, again warm, then warm
 # without the profiler and with Dynamo's recompiles logged; each profile as text.
+# Found: the long warm-ups were Triton's cold compiles (run_zzz78's servers on warm caches
+# took 0.8 s), not warm-cache work; docs/performance.md, session 34.
 source benchmarks/gpu/env.sh; R=$OUT/zzz79; mkdir -p $R
 L="bench latency --model llama-3.1-8b --load-format dummy --input-len 128 --output-len 2 --batch-size 1 --num-iters-warmup 1 --num-iters 2"
 for name in cold warm; do
