@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from loom.attention.backend import AttentionMetadata
-from loom.pinned import pinned_empty
+from loom.pinned import upload
 
 
 @dataclass(frozen=True)
@@ -53,56 +53,6 @@ def split_by_query_len(meta: AttentionMetadata, device: torch.device, min_decode
         return None
     if not splits_mixed(len(decode), longest, min_decodes, min_context):
         return None
-    decode_index, prefill_index = _upload_indices([decode, prefill], device)
+    decode_index, prefill_index = upload([decode.astype(np.int32), prefill.astype(np.int32)],
+                                         device)
     return MixedSplit(decode_index, prefill_index, longest, int(q_lens[prefill].max()))
-
-
-_INDEX_ALIGN = 64
-"""int32 entries (256 bytes) each list starts on: Triton compiles a kernel variant per pointer
-alignment, so the second list's address must not depend on the first one's length."""
-
-
-class _PinnedRing:
-    """Pinned host buffers used in turn for the index uploads. A buffer is rewritten only
-    after the copy made from it len(buffers) uploads ago has finished (an event; at one
-    upload per mixed step, with at most a few steps in flight, that is long past)."""
-
-    def __init__(self, size: int = 8) -> None:
-        self._buffers: list[torch.Tensor | None] = [None] * size
-        self._events: list[torch.cuda.Event | None] = [None] * size
-        self._turn = 0
-
-    def upload(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
-        self._turn = (self._turn + 1) % len(self._buffers)
-        event, buf = self._events[self._turn], self._buffers[self._turn]
-        if event is not None:
-            event.synchronize()
-        if buf is None or buf.numel() < host.numel():
-            buf = pinned_empty(max(host.numel(), 1024), host.dtype)
-            self._buffers[self._turn] = buf
-        staged = buf[:host.numel()]
-        staged.copy_(host)
-        dev = torch.empty_like(staged, device=device)
-        dev.copy_(staged, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._events[self._turn] = event
-        return dev
-
-
-_PINNED = _PinnedRing()
-
-
-def _upload_indices(lists: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """int32 device tensors of the index arrays, in one host-to-device copy (non-blocking,
-    from pinned memory, on CUDA), each starting 256-byte aligned."""
-    offsets, total = [], 0
-    for entries in lists:
-        offsets.append(total)
-        total += -(-len(entries) // _INDEX_ALIGN) * _INDEX_ALIGN
-    packed = np.zeros(max(total, 1), dtype=np.int32)
-    for entries, o in zip(lists, offsets):
-        packed[o:o + len(entries)] = entries
-    host = torch.from_numpy(packed)
-    dev = _PINNED.upload(host, device) if device.type == "cuda" else host.to(device)
-    return [dev[o:o + len(entries)] for entries, o in zip(lists, offsets)]

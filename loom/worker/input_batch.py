@@ -14,7 +14,7 @@ import torch
 
 from loom.attention.backend import AttentionMetadata
 from loom.core.sched_output import SchedulerOutput
-from loom.pinned import pinned_empty
+from loom.pinned import upload
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
@@ -169,62 +169,6 @@ def _pending_sources(reqs, pending_reqs: np.ndarray, pending: PendingTokens | No
     except KeyError as e:
         raise RuntimeError(f"request {e.args[0]!r}: its next input token was sampled by a step "
                            "other than the previous one and never read back") from None
-
-
-def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """Host arrays as device tensors: on CUDA, packed into one pinned staging buffer, one
-    non-blocking copy, then viewed back (no kernel, no wait on the stream)."""
-    if device.type != "cuda":
-        return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-    offsets, total = [], 0
-    for a in arrays:
-        offsets.append(total)
-        # Every view starts 256-byte aligned, like a tensor of its own: Triton compiles a
-        # kernel variant per pointer alignment (a step with a new mix would recompile), and
-        # Inductor copies graph inputs that are less aligned than its example inputs.
-        total += -(-a.nbytes // _ALIGN) * _ALIGN
-    host = _STAGING.take(max(total, _ALIGN))
-    buf = host.numpy()
-    for a, o in zip(arrays, offsets):
-        buf[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-    dev = torch.empty(host.shape, dtype=torch.uint8, device=device)
-    dev.copy_(host, non_blocking=True)
-    _STAGING.copied()
-    return [dev[o:o + a.nbytes].view(_TORCH_DTYPES[a.dtype.type]).view(a.shape)
-            for a, o in zip(arrays, offsets)]
-
-
-class _PinnedStaging:
-    """Pinned host buffers used in turn. A buffer is rewritten only after the copy made
-    from it len(buffers) uploads ago has finished; with at most three steps in flight that
-    copy preceded the oldest step still on the device, so the wait is free. (Pinning a
-    fresh buffer every step cost milliseconds.)"""
-
-    def __init__(self, size: int = 4) -> None:
-        self._buffers: list[torch.Tensor | None] = [None] * size
-        self._events: list[torch.cuda.Event | None] = [None] * size
-        self._turn = 0
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        self._turn = (self._turn + 1) % len(self._buffers)
-        event, buf = self._events[self._turn], self._buffers[self._turn]
-        if event is not None:
-            event.synchronize()
-        if buf is None or buf.numel() < nbytes:
-            buf = pinned_empty(max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 16),
-                               torch.uint8)
-            self._buffers[self._turn] = buf
-        return buf[:nbytes]
-
-    def copied(self) -> None:
-        event = torch.cuda.Event()
-        event.record()
-        self._events[self._turn] = event
-
-
-_STAGING = _PinnedStaging()
-_TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
-_ALIGN = 256
 
 
 def _prompt_logprob_rows(reqs, computed, counts, starts) -> dict:

@@ -16,7 +16,7 @@ import torch
 
 from loom.core.sched_output import ModelRunnerOutput
 from loom.engine.protocol import Logprobs
-from loom.pinned import pinned_empty
+from loom.pinned import PinnedRing
 
 logger = logging.getLogger(__name__)
 
@@ -78,21 +78,6 @@ class StepHandle:
                                  pooled=self.pooled)
 
 
-class _ReadbackRing:
-    """Pinned int64 buffers for sampled tokens, used in turn. Steps are read back in launch
-    order with at most three launched and unread, so a buffer is free again four steps on."""
-
-    def __init__(self, size: int = 4) -> None:
-        self._buffers: list[torch.Tensor | None] = [None] * size
-        self._turn = 0
-
-    def take(self, n: int) -> torch.Tensor:
-        self._turn = (self._turn + 1) % len(self._buffers)
-        buf = self._buffers[self._turn]
-        if buf is None or buf.numel() < n:
-            buf = pinned_empty(max(n, 1024), torch.int64)
-            self._buffers[self._turn] = buf
-        return buf[:n]
-
-
-_READBACK = _ReadbackRing()
+_READBACK = PinnedRing(4, torch.int64)
+"""Sampled tokens' buffers: steps are read back in launch order with at most three launched
+and unread, so a buffer is free again four steps on (no event needed)."""

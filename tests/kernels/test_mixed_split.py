@@ -78,8 +78,8 @@ def test_mixed_step_splits_decodes_from_prompt_chunks(case, monkeypatch):
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # a few decodes split too
     calls = _spy_kernels(monkeypatch)
     uploads = []
-    real_upload = mixed_split._upload_indices
-    monkeypatch.setattr(mixed_split, "_upload_indices",
+    real_upload = mixed_split.upload
+    monkeypatch.setattr(mixed_split, "upload",
                         lambda *a: uploads.append(1) or real_upload(*a))
     decodes = [i for i, q in enumerate(q_lens) if q == 1]
     prompts = [i for i, q in enumerate(q_lens) if q > 1]
