@@ -29,5 +29,8 @@ def counters(device: torch.device, needed: int, family: str) -> torch.Tensor:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"{family}: the first call on a device must run outside CUDA "
                                "graph capture (it allocates the arrival counters)")
-        buf = _BUFFERS[key] = torch.zeros(SIZE, dtype=torch.int32, device=device)
+        # A normal tensor even if the first call is inside inference mode: the counters
+        # outlive it, and an inference tensor refuses in-place writes outside it.
+        with torch.inference_mode(False):
+            buf = _BUFFERS[key] = torch.zeros(SIZE, dtype=torch.int32, device=device)
     return buf

@@ -1,10 +1,11 @@
-"""The engine's module-wide pinned rings: buffers handed out in turn, growing, and serving
-callers in and out of inference mode; the packed upload against plain copies."""
+"""The engine's module-wide buffers serve callers in and out of inference mode; the pinned
+rings hand out their buffers in turn, growing them; the packed upload against plain copies."""
 
 import numpy as np
 import pytest
 import torch
 
+from loom.kernels import arrival
 from loom.pinned import PinnedRing, pinned_empty, upload
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -22,6 +23,15 @@ def test_a_buffer_made_in_inference_mode_takes_writes_outside_it():
         plain = torch.empty(8, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="[Ii]nference"):
         plain.copy_(torch.arange(8, dtype=torch.int32))
+
+
+def test_arrival_counters_made_in_inference_mode_take_writes_outside_it():
+    """Tests zero the counters between launches; the first launch may be an engine's."""
+    with torch.inference_mode():
+        counters = arrival.counters(torch.device("cpu"), 4, "test_pinned")
+    counters[:4].fill_(3)
+    assert counters.count_nonzero() == 4
+    counters.zero_()
 
 
 def test_ring_hands_out_its_buffers_in_turn_and_grows_them():
