@@ -47,13 +47,65 @@ def grammar_of(guided: GuidedDecodingParams) -> str:
 
 
 def _schema_text(schema: str | dict) -> str:
-    if isinstance(schema, dict):
-        return json.dumps(schema)
-    try:
-        json.loads(schema)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON: {e}") from None
-    return schema
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON: {e}") from None
+    return json.dumps(closed_objects(schema))
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+"""Keywords whose values map names to subschemas: closed_objects recurses into these..."""
+_SCHEMA_ITEMS = ("items", "prefixItems", "additionalProperties", "anyOf", "oneOf")
+"""...and into these (a subschema or a list of them). Not into `not`, `if` / `then` /
+`else` or `dependentSchemas`, whose objects are negated or merged with their parent's."""
+_OPENING = ("additionalProperties", "unevaluatedProperties", "$ref", "anyOf", "oneOf", "if",
+            "dependentSchemas")
+"""Beside `properties`, any of these keeps the object as the schema says: it either decides
+other properties itself or merges in properties declared elsewhere."""
+
+
+def closed_objects(schema):
+    """The schema with every object that lists its `properties`, and says nothing of other
+    properties, closed to them (`additionalProperties: false`): what vLLM's default backend
+    (xgrammar's strict mode) generates. JSON Schema's own default admits any other key, and
+    a model given that freedom (a small one especially) wanders into keys of its own and
+    may never close the object. A schema that composes objects (`allOf` anywhere, or a
+    `$ref` beside `properties`) is returned unchanged: closing one part would refuse the
+    properties another part adds. Members of `anyOf` / `oneOf` are closed unless their
+    parent lists properties of its own."""
+    if _composes(schema):
+        return schema
+    return _close(schema, True)
+
+
+def _composes(node) -> bool:
+    if isinstance(node, list):
+        return any(_composes(n) for n in node)
+    if not isinstance(node, dict):
+        return False
+    if "allOf" in node or ("$ref" in node and "properties" in node):
+        return True
+    return any(_composes(v) for v in node.values())
+
+
+def _close(node, close: bool):
+    if isinstance(node, list):
+        return [_close(n, close) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    own = isinstance(out.get("properties"), dict)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _close(sub, True) for name, sub in out[key].items()}
+    for key in _SCHEMA_ITEMS:
+        if key in node:  # the parent's own properties merge with its alternatives'
+            out[key] = _close(out[key], not own if key in ("anyOf", "oneOf") else True)
+    if close and own and not any(k in node for k in _OPENING):
+        out["additionalProperties"] = False
+    return out
 
 
 def validate_guided(guided: GuidedDecodingParams) -> str:
