@@ -107,7 +107,6 @@ class TritonBackend(AttentionBackend):
         its metadata afresh for each run, so its capture records their computation)."""
         self._compile_decodes: list[tuple[int, int, int, int]] = []
         """`compiling_decodes`' variants, until the next pure decode compiles them."""
-        self._compile_packed: list[int] = []  # `compiling_packed`'s, the same way
         self._fused_rope_off = envs.decode_rope_unfused()
         if self._fused_rope_off:
             logger.info("LOOM_DECODE_ROPE_UNFUSED: decode steps rotate and write the KV cache "
@@ -214,18 +213,11 @@ class TritonBackend(AttentionBackend):
         block_m, block_n, warps, stages = self.prefill_tiles(query.shape[2], query.dtype)
         tile_starts = (self._tile_starts(meta, prefill_block_q(
             block_m, query.shape[1] // kv_cache.shape[3])) if packed else None)
-        def launch(num_reqs, compile_only=False):
-            paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
-                          meta.seq_lens, num_reqs, max_query_len, scale, block_m=block_m,
-                          block_n=block_n, num_warps=warps, num_stages=stages,
-                          req_index=req_index, packed_tokens=meta.num_actual_tokens if packed
-                          else None, tile_starts=tile_starts, compile_only=compile_only)
-        if packed and self._compile_packed:
-            variants, self._compile_packed = self._compile_packed, []
-            with compile_pool(len(variants)):  # side by side, nothing run
-                for n in variants:
-                    launch(n, compile_only=True)
-        launch(num_reqs)
+        paged_prefill(query, kv_cache, out, meta.block_table, meta.query_start_loc,
+                      meta.seq_lens, num_reqs, max_query_len, scale, block_m=block_m,
+                      block_n=block_n, num_warps=warps, num_stages=stages,
+                      req_index=req_index, packed_tokens=meta.num_actual_tokens if packed
+                      else None, tile_starts=tile_starts)
 
     def _decode(self, query, kv_cache, meta, scale, out, num_reqs=None, max_seq_len=None,
                 req_index=None, new_tokens=None) -> None:
@@ -250,25 +242,17 @@ class TritonBackend(AttentionBackend):
                     launch(*variant, compile_only=True)
         launch(*tiles, splits)
 
+    @contextlib.contextmanager
     def compiling_decodes(self, variants: list[tuple[int, int, int, int]]):
         """In the block, the next pure decode first compiles the decode kernel at each of
         variants ((block_n, num_warps, num_stages, num_splits)) with its own arguments
         (rotary fused or not, a q/k norm or not, as the model calls it), side by side on
         threads, running none: start-up's warm-up of decodes outside CUDA graphs."""
-        return self._compiling("_compile_decodes", list(variants))
-
-    def compiling_packed(self, num_reqs: list[int]):
-        """In the block, the next packed prefill (FULL's first graph) first compiles the
-        kernel for graphs of each of num_reqs requests, side by side, running none."""
-        return self._compiling("_compile_packed", sorted(set(num_reqs)))
-
-    @contextlib.contextmanager
-    def _compiling(self, pending: str, variants: list):
-        setattr(self, pending, variants)  # until the next launch of its kind takes them
+        self._compile_decodes = list(variants)
         try:
             yield
         finally:
-            setattr(self, pending, [])
+            self._compile_decodes = []
 
     def decode_splits(self, num_reqs: int, num_kv_heads: int, max_seq_len: int,
                       tiles: DecodeTiles, cache_dtype: torch.dtype) -> int:

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import cdiv, next_power_of_2
-from loom.kernels.compile_pool import launch_or_compile
+from loom.kernels.launch import fast_launch
 
 
 LOG2E = 1.4426950408889634
@@ -229,8 +229,7 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                   block_m: int = 64, block_n: int = 64, num_warps: int = 4,
                   num_stages: int = 2, req_index: torch.Tensor | None = None,
                   mask_all: bool = False, packed_tokens: int | None = None,
-                  tile_starts: torch.Tensor | None = None,
-                  compile_only: bool = False) -> torch.Tensor:
+                  tile_starts: torch.Tensor | None = None) -> torch.Tensor:
     """Causal varlen attention of query [T, H, D] over the paged cache into out [T, H, D].
 
     block_m is the tile's row count (query tokens x padded GQA group); block_n its keys.
@@ -244,8 +243,7 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     it replays (requests past the batch's have empty queries). max_query_len is then unused;
     a grid sized by it would be num_reqs x packed_tokens / block_q programs. tile_starts:
     `packed_tile_starts` of this launch's block_q (`prefill_block_q`), made once for a step's
-    layers; computed here where not given. compile_only: compile the kernel these arguments
-    need and run nothing (inside compile_pool, on its threads).
+    layers; computed here where not given.
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
@@ -263,7 +261,7 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                       SEARCH_STEPS=max(1, num_reqs.bit_length()))
     else:
         grid, packed = (num_reqs, cdiv(max_query_len, block_q), num_kv_heads), {}
-    launch_or_compile(_prefill_kernel, grid, compile_only)(
+    fast_launch(_prefill_kernel, grid)(
         query, kv_cache, out, block_table, query_start_loc, seq_lens, req_index,
         scale * LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *cache_strides(kv_cache), block_table.stride(0),

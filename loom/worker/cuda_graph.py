@@ -15,7 +15,6 @@ bound only (`paged_prefill(packed_tokens=...)`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 
@@ -143,11 +142,8 @@ class CUDAGraphRunner:
         # Largest first, so that later graphs reuse its memory. Every capture's buffers
         # hold what they were made with: decodes of one key and no KV writes, mixed
         # batches of empty queries.
-        compiling = getattr(self.backend, "compiling_packed", None)  # the Triton backend's
-        with compiling([self.mixed_reqs(s) for s in self.mixed_sizes]) if compiling \
-                else contextlib.nullcontext():
-            for size in reversed(self.mixed_sizes):
-                self.mixed_graphs[size] = self._capture(self._mixed_metadata, size, pool)
+        for size in reversed(self.mixed_sizes):
+            self.mixed_graphs[size] = self._capture(self._mixed_metadata, size, pool)
         for size in reversed(self.sizes):
             begin = time.perf_counter()
             self.graphs[size] = self._capture(self._metadata, size, pool)

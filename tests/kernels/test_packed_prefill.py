@@ -11,7 +11,6 @@ import torch
 from loom.attention.backend import AttentionMetadata
 from loom.attention.torch_native import TorchNativeBackend
 from loom.attention.triton_backend import TritonBackend, TritonTiles
-from loom.kernels import jit_watch
 from loom.kernels.paged_attention import paged_prefill
 from tests.kernels.test_paged_attention import (CPU_TILES, DECODE, GPU_CASES, MIXED, Batch,
                                                 _spy_kernels, cpu_only, make_batch, needs_gpu,
@@ -76,64 +75,6 @@ def test_fixed_shape_batches_take_one_packed_launch(case, monkeypatch):
     (call,) = calls
     assert call["kernel"] == "paged_prefill" and call["num_reqs"] == num_reqs
     assert call["packed_tokens"] == sum(q_lens) + pad
-
-
-def _forward(backend: TritonBackend, batch: Batch, num_reqs: int) -> torch.Tensor:
-    meta = fixed_shape(batch.meta, num_reqs, batch.query.shape[0])
-    return backend.forward(batch.query, batch.kv_cache, meta, batch.query.shape[-1] ** -0.5)
-
-
-def _close_to_reference(batch: Batch, out: torch.Tensor, tol: float) -> None:
-    n = batch.meta.num_actual_tokens
-    ref = reference(batch, batch.query.shape[-1] ** -0.5)[1]
-    torch.testing.assert_close(out[:n].float(), ref[:n], atol=tol, rtol=tol)
-
-
-@cpu_only
-def test_compiling_packed_compiles_every_graphs_variant_first_and_runs_none(monkeypatch):
-    """FULL's capture: under compiling_packed, the first packed launch first compiles the
-    kernel for each graph's request count (compile_only), then runs its own; the next
-    launch compiles nothing more. The NaN-filled output shows a compile that ran."""
-    (q_lens, s_lens, h, hkv, d, bs, pad), num_reqs = FIXED["mixed-gqa4-d64-b16"]
-    calls = _spy_kernels(monkeypatch)
-    batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad)
-    backend = TritonBackend(CPU_TILES)
-    backend.write_kv(batch.key, batch.value, batch.kv_cache, batch.meta.slot_mapping)
-    with backend.compiling_packed([16, num_reqs, 1, 16]):
-        out = _forward(backend, batch, num_reqs)
-        assert [(c["num_reqs"], c["compile_only"]) for c in calls] == [
-            (1, True), (num_reqs, True), (16, True), (num_reqs, False)]
-        _close_to_reference(batch, out, 1e-4)
-        calls.clear()
-        _forward(backend, batch, num_reqs)
-        assert [(c["num_reqs"], c["compile_only"]) for c in calls] == [(num_reqs, False)]
-
-
-@pytest.mark.gpu
-@needs_gpu
-def test_gpu_packed_variants_compiled_on_threads_then_launched_without_a_compile(monkeypatch):
-    monkeypatch.setattr(jit_watch, "_events", [])
-    q_lens, s_lens, h, hkv, d, bs, pad = GPU_CASES["mixed-gqa8-d128-b16"]
-    batch = make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad, dtype=torch.bfloat16,
-                       device="cuda")
-    backend = TritonBackend(TritonTiles())
-    backend.write_kv(batch.key, batch.value, batch.kv_cache, batch.meta.slot_mapping)
-    # graph request counts of three variants (a search of 6, 6 and 7 steps; 48 divides
-    # by 16) that no other test's graph has
-    counts = [len(q_lens) + 33, 48, 70]
-    jit_watch.arm()
-    try:
-        with backend.compiling_packed(counts):
-            _close_to_reference(batch, _forward(backend, batch, counts[0]), 2e-2)
-        torch.cuda.synchronize()
-        compiled = [name for name, _ in jit_watch.compiles()]
-        assert "_prefill_kernel" in compiled
-        for n in counts:
-            _close_to_reference(batch, _forward(backend, batch, n), 2e-2)
-        torch.cuda.synchronize()
-        assert [name for name, _ in jit_watch.compiles()] == compiled
-    finally:
-        jit_watch.disarm()
 
 
 def test_packed_grid_refuses_a_request_index():
