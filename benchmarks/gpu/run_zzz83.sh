@@ -1,3 +1,4 @@
+# Found: 7.0 s of capture either way (warm-up 10.0 / 9.6 s); 15a2007 reverted (fc06b60).
 # 1 GPU (~4.5 min), session 35: cudagraph_mode FULL's cold capture with the packed prefill
 # kernel's variants (one per mixed graph's request count) compiled side by side first
 # (compiling_packed), against 40050d7's one-by-one compiles (run_zzz78: 24.1 s), each start
