@@ -20,7 +20,8 @@ class GuidedDecodingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     frontend (`loom.core.structured_output.validate_guided`), which needs llguidance.
     """
     json: str | dict[str, Any] | None = None
-    """A JSON schema, as a JSON string or an object."""
+    """A JSON schema, as a JSON string or an object; a pydantic model class is taken as its
+    `model_json_schema()`."""
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
@@ -37,6 +38,12 @@ class GuidedDecodingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         if self.choice is not None and not (self.choice
                                             and all(isinstance(c, str) for c in self.choice)):
             raise ValueError("guided_decoding.choice: must be a non-empty list of strings")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            schema = getattr(self.json, "model_json_schema", None)  # a pydantic model class
+            if not callable(schema):
+                raise ValueError("guided_decoding.json: must be a JSON schema (str or dict) or "
+                                 f"a pydantic model class, got {type(self.json).__name__}")
+            self.json = schema()
 
     @property
     def kinds(self) -> list[str]:

@@ -84,6 +84,18 @@ def test_guided_params_need_exactly_one_constraint(fields):
         GuidedDecodingParams(**fields)
 
 
+def test_a_pydantic_model_class_is_its_schema():
+    from pydantic import BaseModel
+
+    class Point(BaseModel):
+        x: int
+        label: str
+
+    assert GuidedDecodingParams(json=Point).json == Point.model_json_schema()
+    with pytest.raises(ValueError, match="guided_decoding.json: .* got int"):
+        GuidedDecodingParams(json=3)
+
+
 # -- json_object: any JSON object -----------------------------------------------------------
 # A random model would fill a free-form string until max_tokens. This one is steered: its
 # final hidden state is constant, so its logits are a fixed preference, '"' > ':' > '}' > the
