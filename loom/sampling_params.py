@@ -51,6 +51,10 @@ class GuidedDecodingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 if (getattr(self, k) is not None and getattr(self, k) is not False)]
 
 
+StructuredOutputsParams = GuidedDecodingParams
+"""vLLM's newer name for the same parameters."""
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     n: int = 1
     temperature: float = 1.0
@@ -75,6 +79,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     skip_special_tokens: bool = True
     guided_decoding: GuidedDecodingParams | None = None
     """Structured output; None: unconstrained."""
+    structured_outputs: GuidedDecodingParams | None = None
+    """vLLM's newer name for guided_decoding: either may be given, and both then hold it."""
 
     def __post_init__(self) -> None:
         # As vLLM takes them: None for none, one string, or any sequence.
@@ -124,6 +130,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                              f"integers), got {self.stop_token_ids!r}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed: must fit in 64 bits, got {self.seed}")
+        if self.guided_decoding is None:
+            self.guided_decoding = self.structured_outputs
+        elif (self.structured_outputs is not None
+              and self.structured_outputs != self.guided_decoding):
+            raise ValueError("structured_outputs: give it or guided_decoding, not both")
+        self.structured_outputs = self.guided_decoding
         if not (self.guided_decoding is None
                 or isinstance(self.guided_decoding, GuidedDecodingParams)):
             raise ValueError("guided_decoding: must be a GuidedDecodingParams, got "
@@ -169,4 +181,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         return self.temperature < _GREEDY_EPS
 
     def clone(self, **changes) -> SamplingParams:
+        for name in ("guided_decoding", "structured_outputs"):  # the two names stay one
+            if name in changes:
+                changes.update(guided_decoding=changes[name], structured_outputs=changes[name])
         return msgspec.structs.replace(self, **changes)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from loom import LLM, SamplingParams
-from loom.sampling_params import GuidedDecodingParams
+from loom.sampling_params import GuidedDecodingParams, StructuredOutputsParams
 
 PROMPTS = ["The quick brown fox", "Once upon a time there"]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok", "n"],
@@ -82,6 +82,19 @@ def test_bad_constraints_are_value_errors(llm, guided, field):
 def test_guided_params_need_exactly_one_constraint(fields):
     with pytest.raises(ValueError, match="guided_decoding"):
         GuidedDecodingParams(**fields)
+
+
+def test_structured_outputs_is_vllms_newer_name(llm):
+    choices = ["yes", "no"]
+    params = SamplingParams(n=2, max_tokens=8, temperature=1.0, seed=7,
+                            structured_outputs=StructuredOutputsParams(choice=choices))
+    assert params.guided_decoding is params.structured_outputs
+    outs = [c for out in llm.generate(PROMPTS, params, use_tqdm=False) for c in out.outputs]
+    assert {c.text for c in outs} <= set(choices) and all(c.finish_reason == "stop" for c in outs)
+    assert params.clone(guided_decoding=None).structured_outputs is None
+    with pytest.raises(ValueError, match="structured_outputs: give it or guided_decoding"):
+        SamplingParams(structured_outputs=StructuredOutputsParams(choice=choices),
+                       guided_decoding=GuidedDecodingParams(regex="a"))
 
 
 def test_a_pydantic_model_class_is_its_schema():

@@ -1,5 +1,6 @@
-"""Structured output over HTTP: OpenAI's response_format and vLLM's guided_* fields on both
-endpoints, and a 400 with an OpenAI error body for constraints that do not compile."""
+"""Structured output over HTTP: OpenAI's response_format, vLLM's structured_outputs and its
+older guided_* fields on both endpoints, and a 400 with an OpenAI error body for constraints
+that do not compile."""
 
 from __future__ import annotations
 
@@ -39,6 +40,21 @@ def test_completions_guided_fields(server):
     assert re.fullmatch(r"[A-Z]{2}\d", text), text
 
 
+def test_structured_outputs_field(server):
+    """vLLM's structured_outputs (its guided_* fields' replacement since vLLM 0.12)."""
+    client = server.client()
+    model = _model(client)
+    choice = client.completions.create(model=model, prompt="Pick one:", max_tokens=10, n=2,
+                                       temperature=1.0, seed=5, extra_body={
+                                           "structured_outputs": {"choice": ["red", "green"]}})
+    assert {c.text for c in choice.choices} <= {"red", "green"}
+    response = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=30, extra_body={
+            "structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}})
+    value = json.loads(response.choices[0].message.content)
+    assert value["city"] in ("Oslo", "Lima") and isinstance(value["rainy"], bool)
+
+
 def test_chat_response_format_json_schema(server):
     client = server.client()
     fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA,
@@ -60,6 +76,12 @@ BAD = [
      "grammar"),
     ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema"}},
      "response_format"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"structural_tag": "{}"}},
+     "structured_outputs.structural_tag"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {}}, "structured_outputs"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "(ab"}}, "regex"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "guided_choice": ["a"],
+                              "structured_outputs": {"regex": "a"}}, "guided_choice"),
     # These compile, but match no text: refused before generating from them.
     ("/v1/completions", {"prompt": "x", "guided_grammar": 'start: a\na: a "x"'}, "grammar"),
     ("/v1/completions", {"prompt": "x", "guided_regex": "[^\\x00-\\U0010FFFF]"}, "regex"),

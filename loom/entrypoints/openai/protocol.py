@@ -124,9 +124,42 @@ class ResponseFormat(OpenAIModel):
         return self
 
 
+class StructuredOutputs(OpenAIModel):
+    """vLLM's `structured_outputs` (its guided_* fields' replacement since vLLM 0.12): one
+    constraint, as GuidedDecodingParams. Its switches match loom's one behaviour (compact
+    JSON, objects closed to undeclared keys, no fallback backend) and are accepted as such."""
+    json_schema: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        try:
+            refuse_extensions(data, ("whitespace_pattern", "structural_tag"))
+        except ValueError as e:
+            raise ValueError(f"structured_outputs.{e}") from None
+        return data
+
+    @model_validator(mode="after")
+    def _one_given(self):
+        if all(v in (None, False) for v in (self.json_schema, self.regex, self.choice,
+                                            self.grammar, self.json_object)):
+            raise ValueError("structured_outputs: set one of json, regex, choice, grammar, "
+                             "json_object")
+        return self
+
+
 class GuidedFields(OpenAIModel):
-    """Structured output: OpenAI's response_format and vLLM's guided_* fields, one at a time."""
+    """Structured output: OpenAI's response_format, vLLM's structured_outputs and its older
+    guided_* fields, one at a time."""
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -154,11 +187,21 @@ class GuidedFields(OpenAIModel):
             ("response_format", "json_object", True if fmt_type == "json_object" else None),
             ("response_format", "json",
              fmt.json_schema.json_schema if fmt_type == "json_schema" else None),
+            *self._structured_candidates(),
             ("guided_json", "json", self.guided_json),
             ("guided_regex", "regex", self.guided_regex),
             ("guided_choice", "choice", self.guided_choice),
             ("guided_grammar", "grammar", self.guided_grammar),
         ]
+
+
+    def _structured_candidates(self) -> list[tuple[str, str, Any]]:
+        so = self.structured_outputs
+        if so is None:
+            return []
+        values = dict(json=so.json_schema, regex=so.regex, choice=so.choice,
+                      grammar=so.grammar, json_object=so.json_object or None)
+        return [(f"structured_outputs.{kind}", kind, value) for kind, value in values.items()]
 
 
 class SamplingFields(RequestBody, GuidedFields):
