@@ -194,7 +194,6 @@ class GuidedFields(OpenAIModel):
             ("guided_grammar", "grammar", self.guided_grammar),
         ]
 
-
     def _structured_candidates(self) -> list[tuple[str, str, Any]]:
         so = self.structured_outputs
         if so is None:
