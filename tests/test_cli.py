@@ -103,9 +103,18 @@ def test_generate_and_serve_take_vllm_flags():
     args = parser.parse_args(["generate", "--prompt", "x", "--chat-template", "t.jinja",
                               "--trust-remote-code", "-O3"])
     assert args.chat_template == "t.jinja" and args.trust_remote_code and args.compilation_config == "3"
-    args = parser.parse_args(["serve", "--trust-remote-code"])
+    args = parser.parse_args(["serve", "--trust-remote-code", "--enable-chunked-prefill",
+                              "--disable-log-requests"])
     assert arg_utils.EngineArgs.from_cli_args(args).trust_remote_code is True
+    assert args.enable_chunked_prefill is True and args.disable_log_requests is True
     assert "never runs code" in arg_utils.TRUST_REMOTE_CODE_HELP
+
+
+def test_no_chunked_prefill_is_a_cli_error(capsys):
+    err = _main_error(capsys, "generate", "--model", "llama-3.1-8b", "--load-format", "dummy",
+                      "--prompt", "x", "--no-enable-chunked-prefill")
+    assert "enable_chunked_prefill: loom always schedules prompts in chunks" in err
+    assert err.count("\n") == 1
 
 
 def test_batched_tokens_below_max_num_seqs_is_a_cli_error(capsys):

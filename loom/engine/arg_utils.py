@@ -19,6 +19,11 @@ TRUST_REMOTE_CODE_HELP = ("accepted for vLLM compatibility and ignored: loom nev
                           "tokenizers")
 
 
+CHUNKED_PREFILL_HELP = ("accepted for vLLM compatibility: loom always schedules a prompt in "
+                        "chunks of at most --max-num-batched-tokens beside running decodes, as "
+                        "vLLM's V1 engine; --no-enable-chunked-prefill is refused")
+
+
 def default_model() -> str:
     path = demo_model_path()
     if path is None:
@@ -54,6 +59,8 @@ class EngineArgs:
     compilation_config: CompilationConfig | dict | str | int | None = field(default=None)
     trust_remote_code: bool = False
     """Accepted as vLLM's, and ignored (TRUST_REMOTE_CODE_HELP)."""
+    enable_chunked_prefill: bool = True
+    """Accepted as vLLM's when true (CHUNKED_PREFILL_HELP); False is a ValueError."""
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -98,6 +105,8 @@ class EngineArgs:
                        "-O.pass_config.enable_async_tp true), list items with + "
                        "(-O.compile_sizes+ 8), and -cc for -O; all of them merge")
         g.add_argument("--trust-remote-code", action="store_true", help=TRUST_REMOTE_CODE_HELP)
+        g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                       default=True, help=CHUNKED_PREFILL_HELP)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -117,6 +126,9 @@ class EngineArgs:
             if value is not None and not is_int(value):
                 raise ValueError(f"{name}: must be an integer or None, got {value!r}")
         self._check_bools()
+        if not self.enable_chunked_prefill:
+            raise ValueError("enable_chunked_prefill: loom always schedules prompts in chunks "
+                             "of at most max_num_batched_tokens; it cannot be turned off")
         if not (isinstance(self.gpu_memory_utilization, int | float)
                 and not isinstance(self.gpu_memory_utilization, bool)):
             raise ValueError("gpu_memory_utilization: must be a number, got "

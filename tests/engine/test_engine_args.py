@@ -10,7 +10,7 @@ from loom.engine.arg_utils import EngineArgs
 
 
 @pytest.mark.parametrize("field", ["enforce_eager", "enable_prefix_caching", "async_scheduling",
-                                   "trust_remote_code"])
+                                   "trust_remote_code", "enable_chunked_prefill"])
 @pytest.mark.parametrize("value", ["no", "false", 1, None])
 def test_boolean_fields_take_only_booleans(field, value):
     args = EngineArgs(model="llama-3.1-8b", load_format="dummy", **{field: value})
@@ -23,6 +23,15 @@ def test_trust_remote_code_is_accepted_and_changes_nothing():
     trusted = EngineArgs(model="llama-3.1-8b", load_format="dummy",
                          trust_remote_code=True).create_engine_config()
     assert trusted == plain
+
+
+def test_chunked_prefill_is_accepted_on_and_refused_off():
+    plain = EngineArgs(model="llama-3.1-8b", load_format="dummy").create_engine_config()
+    assert EngineArgs(model="llama-3.1-8b", load_format="dummy",
+                      enable_chunked_prefill=True).create_engine_config() == plain
+    with pytest.raises(ValueError, match="^enable_chunked_prefill: loom always schedules"):
+        EngineArgs(model="llama-3.1-8b", load_format="dummy",
+                   enable_chunked_prefill=False).create_engine_config()
 
 
 def test_llm_takes_trust_remote_code(tiny_model_factory):

@@ -37,6 +37,8 @@ def register(subparsers) -> None:
     g.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic engine stats line")
     g.add_argument("--disable-uvicorn-access-log", action="store_true")
+    g.add_argument("--disable-log-requests", action="store_true",
+                   help="accepted for vLLM compatibility: loom never logs requests' contents")
     g.add_argument("--max-request-body-bytes", type=int, default=10 * 1024 * 1024)
     g.add_argument("--otlp-traces-endpoint", default=None,
                    help="OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) that "
