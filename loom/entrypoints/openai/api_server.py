@@ -59,6 +59,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     api_server_count: int = 1
     otlp_traces_endpoint: str | None = None
     """OTLP/HTTP collector for one `llm_request` span per request; None: no tracing."""
+    tool_call_parser: str | None = None
+    """What tool_choice "auto" reads calls with (--enable-auto-tool-choice); None: refused."""
 
 
 @dataclass
@@ -227,7 +229,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
         logger.info("sampling defaults from the model's generation_config.json: %s", defaults)
     state = ServerState(options, engine, metrics,
                         OpenAIServingCompletion(engine, names, defaults),
-                        OpenAIServingChat(engine, names, defaults),
+                        OpenAIServingChat(engine, names, defaults,
+                                          tool_call_parser=options.tool_call_parser),
                         OpenAIServingEmbedding(engine, names))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,

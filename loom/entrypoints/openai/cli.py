@@ -9,6 +9,7 @@ import os
 from loom import envs
 from loom.engine.arg_utils import EngineArgs
 from loom.config import ModelConfig
+from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from loom.models.loader import shipped_config, tokenizer_path
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,12 @@ def register(subparsers) -> None:
                    help="name(s) clients use for the model; the first is reported in responses")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one; overrides the model's")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="let tool_choice \"auto\" (the default with tools) read the model's own "
+                        "tool calls, with --tool-call-parser")
+    g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the model's tool-call syntax: hermes (Hermes, Qwen2.5, Qwen3), "
+                        "llama3_json (Llama 3.1/3.2)")
     g.add_argument("--disable-frontend-multiprocessing", action="store_true",
                    help="run the engine core in the API server process")
     g.add_argument("--api-server-count", type=int, default=1,
@@ -64,7 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or envs.api_key(),
         log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
         max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
-        otlp_traces_endpoint=traces_endpoint)
+        otlp_traces_endpoint=traces_endpoint,
+        tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
@@ -76,6 +84,9 @@ def _check(args: argparse.Namespace) -> None:
                          "process; drop --disable-frontend-multiprocessing")
     if args.max_request_body_bytes < 1:
         raise ValueError("max_request_body_bytes: must be positive")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
+                         f"({', '.join(sorted(TOOL_PARSERS))})")
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
 

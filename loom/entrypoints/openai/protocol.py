@@ -4,7 +4,7 @@ what every request shares, /v1/completions and /v1/models (chat and /tokenize in
 
 Requests accept OpenAI's fields plus vLLM's extensions (top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, guided_json, ...). Unknown fields are ignored, as OpenAI's SDKs send
-some that do not apply here. Features loom lacks (logit_bias, tools, best_of > n, and vLLM's
+some that do not apply here. Features loom lacks (logit_bias, best_of > n, and vLLM's
 extensions in `UNSUPPORTED_EXTENSIONS`) are refused with a 400 rather than silently ignored.
 """
 

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, RequestBody,
                                               SamplingFields, TokenId, UsageInfo,
                                               refuse_extensions)
-from loom.sampling_params import SamplingParams
+from loom.entrypoints.openai.tool_calls import ToolCall, check_tools, tool_schema
+from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 
 class ContentPart(OpenAIModel):
@@ -50,6 +51,7 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     """vLLM's: more variables for the chat template (Qwen3's enable_thinking, ...)."""
 
@@ -65,12 +67,7 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_chat(self):
-        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
-            raise ValueError("tool_choice: needs tools")
-        if self.tools and self.tool_choice != "none":
-            # Tool calls need a parser of the model's call syntax; with tool_choice "none" the
-            # tools only reach the template, as in vLLM.
-            raise ValueError("tools: not supported by loom unless tool_choice is \"none\"")
+        check_tools(self.tools, self.tool_choice)
         reserved = ({"messages", "add_generation_prompt", "tools"}
                     & set(self.chat_template_kwargs or {}))
         if reserved:
@@ -85,6 +82,18 @@ class ChatCompletionRequest(SamplingFields):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def guided_decoding(self) -> GuidedDecodingParams | None:
+        """The request's structured output; a required or named tool call is one too."""
+        constraint = super().guided_decoding()
+        schema = tool_schema(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if schema is None:
+            return constraint
+        if constraint is not None:
+            raise ValueError("tool_choice: a required or named tool call constrains the output "
+                             "itself; it cannot be combined with response_format or "
+                             "structured_outputs")
+        return GuidedDecodingParams(json=schema)
 
     def to_sampling_params(self, max_tokens: int,
                            defaults: dict[str, Any] | None = None) -> SamplingParams:
@@ -106,9 +115,26 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+    @classmethod
+    def of(cls, call: ToolCall) -> ToolCallOut:
+        return cls(id=call.id, function=FunctionCallOut(name=call.function.name,
+                                                        arguments=call.function.arguments))
+
+
 class ChatMessageOut(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -128,9 +154,26 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallOut
+
+    @classmethod
+    def of(cls, delta: ToolCall | tuple[int, str]) -> DeltaToolCall:
+        """A call's opening (its id, name and the arguments so far) or more of its arguments."""
+        if isinstance(delta, tuple):
+            return cls(index=delta[0], function=FunctionCallOut(arguments=delta[1]))
+        return cls(index=delta.index, id=delta.id, type="function",
+                   function=FunctionCallOut(name=delta.function.name,
+                                            arguments=delta.function.arguments))
+
+
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions: the chat template, n choices, logprobs/top_logprobs, streamed
-or whole."""
+"""POST /v1/chat/completions: the chat template, n choices, logprobs/top_logprobs, tool
+calls, streamed or whole."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from loom.entrypoints.openai.protocol import UsageInfo
 from loom.entrypoints.openai.protocol_chat import (ChatChoice, ChatCompletionChunk,
                                                    ChatCompletionRequest, ChatCompletionResponse,
                                                    ChatMessage, ChatMessageOut, ChatStreamChoice,
-                                                   ChoiceLogprobs, DeltaMessage, TokenLogprob,
-                                                   TopLogprob)
+                                                   ChoiceLogprobs, DeltaMessage, DeltaToolCall,
+                                                   TokenLogprob, ToolCallOut, TopLogprob)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
                                                   sse_error)
+from loom.entrypoints.openai.tool_calls import ToolCalls, ToolStream
 from loom.outputs import CompletionOutput, PositionLogprobs
 
 
@@ -30,9 +31,16 @@ class _Chat:
     created: int
     body: ChatCompletionRequest
     prompt_ids: list[int]
+    tools: ToolCalls
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *args, tool_call_parser: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tool_call_parser = tool_call_parser
+        """--tool-call-parser, set with --enable-auto-tool-choice: what tool_choice "auto"
+        reads calls with; None refuses "auto"."""
+
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                continue_final_message: bool = False,
                template_variables: dict[str, Any] | None = None) -> list[int]:
@@ -54,13 +62,17 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, body: ChatCompletionRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
         model = self.check_model(body.model)
+        tools = ToolCalls.for_request(body.tools, body.tool_choice, body.parallel_tool_calls,
+                                      self.tool_call_parser)
         variables = {**(body.chat_template_kwargs or {}), "tools": body.tools or None}
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
                                     body.continue_final_message, variables)
-        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids)
+        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids, tools)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens),
                                          self.sampling_defaults)
+        if tools.keeps_special_tokens:
+            params.skip_special_tokens = False  # the parser reads the call markers
         outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers)])
         if body.stream:
             return await self._stream(chat, outputs)
@@ -78,11 +90,16 @@ class OpenAIServingChat(OpenAIServing):
                     tokens[delta.index] += len(delta.token_ids)
                     logprobs[delta.index] += self._logprobs(delta, chat.body.top_logprobs or 0)
                     finish[delta.index] = delta
-        choices = [ChatChoice(index=i, message=ChatMessageOut(content=texts[i]),
-                              logprobs=ChoiceLogprobs(content=logprobs[i]) if chat.body.logprobs else None,
-                              finish_reason=finish[i].finish_reason if finish[i] else None,
-                              stop_reason=finish[i].stop_reason if finish[i] else None)
-                   for i in range(n)]
+        choices = []
+        for i in range(n):
+            content, calls, reason = chat.tools.whole(
+                texts[i], finish[i].finish_reason if finish[i] else None)
+            message = ChatMessageOut(content=content,
+                                     tool_calls=[ToolCallOut.of(c) for c in calls] or None)
+            choices.append(ChatChoice(
+                index=i, message=message, finish_reason=reason,
+                logprobs=ChoiceLogprobs(content=logprobs[i]) if chat.body.logprobs else None,
+                stop_reason=finish[i].stop_reason if finish[i] else None))
         response = ChatCompletionResponse(id=chat.id, created=chat.created, model=chat.model,
                                           choices=choices, usage=_usage(chat, sum(tokens)))
         return JSONResponse(response.model_dump(mode="json"))
@@ -97,6 +114,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _events(self, chat: _Chat, first, outputs: AsyncIterator) -> AsyncIterator[str]:
         completion_tokens = 0
+        streams = [chat.tools.stream() for _ in range(chat.body.n)]
         try:
             for i in range(chat.body.n):  # the role first, as OpenAI streams it
                 yield self._chunk(chat, ChatStreamChoice(
@@ -107,8 +125,8 @@ class OpenAIServingChat(OpenAIServing):
                     for delta in item[1].outputs:
                         completion_tokens += len(delta.token_ids)
                         if delta.text or delta.finish_reason is not None or delta.token_ids:
-                            yield self._chunk(chat, self._stream_choice(chat, delta),
-                                              completion_tokens)
+                            choice = self._stream_choice(chat, delta, streams[delta.index])
+                            yield self._chunk(chat, choice, completion_tokens)
                     item = await anext(outputs, None)
             if chat.body.include_usage:
                 yield sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
@@ -117,12 +135,19 @@ class OpenAIServingChat(OpenAIServing):
             yield sse_error(e)
         yield SSE_DONE
 
-    def _stream_choice(self, chat: _Chat, delta: CompletionOutput) -> ChatStreamChoice:
+    def _stream_choice(self, chat: _Chat, delta: CompletionOutput,
+                       stream: ToolStream) -> ChatStreamChoice:
         logprobs = (ChoiceLogprobs(content=self._logprobs(delta, chat.body.top_logprobs or 0))
                     if chat.body.logprobs else None)
-        return ChatStreamChoice(index=delta.index, delta=DeltaMessage(content=delta.text),
-                                logprobs=logprobs, finish_reason=delta.finish_reason,
-                                stop_reason=delta.stop_reason)
+        content, calls = stream.feed(delta.text)
+        reason = delta.finish_reason
+        if reason is not None:
+            rest, more_calls, reason = stream.end(reason)
+            content, calls = content + rest, calls + more_calls
+        message = DeltaMessage(content=content,
+                               tool_calls=[DeltaToolCall.of(c) for c in calls] or None)
+        return ChatStreamChoice(index=delta.index, delta=message, logprobs=logprobs,
+                                finish_reason=reason, stop_reason=delta.stop_reason)
 
     @staticmethod
     def _chunk(chat: _Chat, choice: ChatStreamChoice, completion_tokens: int) -> str:

@@ -1,0 +1,132 @@
+"""The tool-call parsers and the tool-call plumbing on text alone: what a finished output
+holds, and that a stream fed the same text in pieces of any size sends the same content and
+calls, with nothing of a call's markup sent as content."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loom.entrypoints.openai.tool_calls import ToolCalls, check_tools, tool_schema
+from loom.entrypoints.openai.tool_parsers import FunctionCall, HermesParser, Llama3JsonParser
+
+WEATHER = FunctionCall("get_weather", '{"city": "Paris", "days": 2}')
+
+# (parser, text, expected content, expected calls)
+CASES = [
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": '
+               '{"city": "Paris", "days": 2}}\n</tool_call>\n',
+     "Let me look.\n", [WEATHER]),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
+               '</tool_call>\n<tool_call>{"name": "now", "arguments": {}}</tool_call>',
+     None, [WEATHER, FunctionCall("now", "{}")]),
+    # The final block may be left open (generation stopped at its end marker).
+    ("hermes", '<tool_call>{"name": "now", "arguments": {}}', None, [FunctionCall("now", "{}")]),
+    ("hermes", "<tool_call> no json </tool_call>", "<tool_call> no json </tool_call>", []),
+    ("hermes", "A plain answer, with < and <tool", "A plain answer, with < and <tool", []),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", '
+                    '"days": 2}}; {"name": "now", "parameters": {}}',
+     None, [WEATHER, FunctionCall("now", "{}")]),
+    ("llama3_json", ' {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}',
+     None, [WEATHER]),
+    ("llama3_json", '{"answer": 42}', '{"answer": 42}', []),
+    ("llama3_json", '{"name": "now", "parameters": {}} and then text',
+     '{"name": "now", "parameters": {}} and then text', []),
+    ("llama3_json", "It is sunny {in Paris}.", "It is sunny {in Paris}.", []),
+]
+PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+
+
+@pytest.mark.parametrize("name, text, content, calls", CASES)
+def test_extract(name, text, content, calls):
+    assert PARSERS[name]().extract(text) == (content, calls)
+
+
+@pytest.mark.parametrize("name, text, content, calls", CASES)
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_stream_sends_what_the_whole_output_holds(name, text, content, calls, size):
+    tools = ToolCalls("auto", PARSERS[name]())
+    stream = tools.stream()
+    sent = ""
+    for i in range(0, len(text), size):
+        piece, deltas = stream.feed(text[i:i + size])
+        assert deltas == []  # calls go out once the output is complete
+        sent += piece
+        assert "<tool_call" not in sent and "python_tag" not in sent
+    rest, deltas, reason = stream.end("stop")
+    assert sent + rest == (content or "") if calls else sent + rest == text
+    assert [d.function for d in deltas] == calls
+    assert [d.index for d in deltas] == list(range(len(calls)))
+    assert len({d.id for d in deltas}) == len(calls)
+    assert reason == ("tool_calls" if calls else "stop")
+
+
+def test_whole_keeps_length_and_parallel_false_keeps_the_first_call():
+    text = CASES[1][1]
+    content, calls, reason = ToolCalls("auto", HermesParser()).whole(text, "length")
+    assert [c.function for c in calls] == CASES[1][3] and reason == "length"
+    content, calls, reason = ToolCalls("auto", HermesParser(), parallel=False).whole(text, "stop")
+    assert [c.function for c in calls] == [WEATHER] and reason == "tool_calls"
+
+
+def test_required_and_named_outputs():
+    required = ToolCalls("required")
+    _, calls, reason = required.whole('[{"name":"get_weather","parameters":{"city":"Paris",'
+                                      '"days":2}},{"name":"now","parameters":{}}]', "stop")
+    assert [c.function for c in calls] == [WEATHER, FunctionCall("now", "{}")]
+    assert reason == "tool_calls"
+    # Cut short by max_tokens: no calls, the text is the content.
+    assert required.whole('[{"name":"now","para', "length") == ('[{"name":"now","para', [],
+                                                                 "length")
+    named = ToolCalls("named", name="get_weather")
+    content, calls, reason = named.whole('{"city":"Paris"}', "stop")
+    assert content is None and reason == "stop"
+    assert [c.function for c in calls] == [FunctionCall("get_weather", '{"city":"Paris"}')]
+    stream = named.stream()
+    _, opening = stream.feed('{"ci')
+    _, more = stream.feed('ty":"Paris"}')
+    assert [d.function for d in opening] == [FunctionCall("get_weather", '{"ci')]
+    assert more == [(0, 'ty":"Paris"}')] and stream.feed("") == ("", [])
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
+            "$defs": {"City": {"enum": ["Paris", "Rome"]}}}}},
+         {"type": "function", "function": {"name": "now"}}]
+
+
+def test_required_schema_moves_definitions_to_the_root():
+    schema = tool_schema(TOOLS, "required", False)
+    assert schema["$defs"] == {"City": {"enum": ["Paris", "Rome"]}}
+    assert schema["maxItems"] == 1 and schema["minItems"] == 1
+    options = schema["items"]["anyOf"]
+    assert [o["properties"]["name"] for o in options] == [{"enum": ["get_weather"]},
+                                                         {"enum": ["now"]}]
+    assert "$defs" not in options[0]["properties"]["parameters"]
+    assert tool_schema(TOOLS, {"type": "function", "function": {"name": "now"}}, None) == {
+        "type": "object", "properties": {}}
+    assert tool_schema(TOOLS, "auto", None) is None and tool_schema(TOOLS, "none", None) is None
+
+
+@pytest.mark.parametrize("tools, choice, message", [
+    (None, "auto", "tool_choice: needs tools"),
+    (TOOLS, "any", "tool_choice: must be"),
+    (TOOLS, {"type": "function", "function": {"name": "missing"}},
+     "tool_choice.function.name: 'missing' is not among the tools"),
+    (TOOLS, {"name": "now"}, "tool_choice: a named tool choice is"),
+    ([{"type": "retrieval"}], "none", "tools.0.type"),
+    ([{"type": "function", "function": {"parameters": {}}}], None, "tools.0.function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": "x"}}], None,
+     "tools.0.function.parameters"),
+])
+def test_bad_tools_name_the_field(tools, choice, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_tools(tools, choice)
+
+
+def test_auto_needs_a_parser():
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice"):
+        ToolCalls.for_request(TOOLS, None, None, None)
+    assert ToolCalls.for_request(TOOLS, "none", None, None).mode == "none"
+    assert json.loads(json.dumps(tool_schema(TOOLS, "required", None)))  # plain JSON
