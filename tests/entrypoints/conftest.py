@@ -152,3 +152,36 @@ def llm(tiny_chat_model):
     from loom import LLM
     return LLM(tiny_chat_model, dtype="float32", device="cpu", max_model_len=MAX_MODEL_LEN,
                kv_cache_memory_bytes=64 * 1024 * 1024)
+
+
+@pytest.fixture(scope="session")
+def parsing_server(tiny_chat_model, tmp_path_factory):
+    """A server that reads tool calls (hermes) and thinking (qwen3) out of its outputs."""
+    s = start_server(tiny_chat_model, "mp", tmp_path_factory.mktemp("parsing-logs"),
+                     extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                 "--reasoning-parser", "qwen3"))
+    yield s
+    assert s.stop() == 0, s.log_tail()
+
+
+def forced(text: str) -> dict:
+    """extra_body that makes the model write exactly text (a regex of it)."""
+    escaped = "".join("\\" + c if c in r".{}[]()*+?|\^$" else c for c in text)
+    return {"structured_outputs": {"regex": escaped}}
+
+
+def streamed(stream) -> tuple[str, list[dict], str | None, str]:
+    """An openai client stream's chunks put together: (content, tool calls by index, the
+    finish reason, reasoning)."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            reasoning += getattr(choice.delta, "reasoning", None) or ""
+            for d in choice.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = d.id or call["id"]
+                call["name"] += (d.function.name or "") if d.function else ""
+                call["arguments"] += (d.function.arguments or "") if d.function else ""
+            finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish, reasoning

@@ -1,7 +1,8 @@
 """Tool calls through the official openai client, whole and streamed, on a server started
-with --enable-auto-tool-choice --tool-call-parser hermes. The random model's text is steered
-with a regex (structured_outputs) or by the tool choice's own schema, so that what it writes,
-and so what the calls must be, is known here."""
+with --enable-auto-tool-choice --tool-call-parser hermes (and --reasoning-parser qwen3,
+which leaves outputs without <think> alone). The random model's text is steered with a
+regex (structured_outputs) or by the tool choice's own schema, so that what it writes, and
+so what the calls must be, is known here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 
 import pytest
 
-from tests.entrypoints.conftest import start_server
+from tests.entrypoints.conftest import forced, streamed
 
 TOOLS = [{"type": "function", "function": {
              "name": "get_weather", "description": "The weather in a city",
@@ -21,39 +22,11 @@ CALL_TEXT = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"cit
              '\n</tool_call>')
 
 
-@pytest.fixture(scope="module")
-def tool_server(tiny_chat_model, tmp_path_factory):
-    s = start_server(tiny_chat_model, "mp", tmp_path_factory.mktemp("tool-logs"),
-                     extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
-    yield s
-    assert s.stop() == 0, s.log_tail()
-
-
-def _streamed(stream):
-    """The client's chunks put together: content, calls by index, finish reasons."""
-    content, calls, finish = "", {}, None
-    for chunk in stream:
-        for choice in chunk.choices:
-            content += choice.delta.content or ""
-            for d in choice.delta.tool_calls or []:
-                call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
-                call["id"] = d.id or call["id"]
-                call["name"] += (d.function.name or "") if d.function else ""
-                call["arguments"] += (d.function.arguments or "") if d.function else ""
-            finish = choice.finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish
-
-
-def _regex(text: str) -> dict:
-    escaped = "".join("\\" + c if c in r".{}[]()*+?|\^$" else c for c in text)
-    return {"structured_outputs": {"regex": escaped}}
-
-
-def test_auto_reads_the_models_calls(tool_server):
-    client = tool_server.client()
+def test_auto_reads_the_models_calls(parsing_server):
+    client = parsing_server.client()
     model = client.models.list().data[0].id
     kw = dict(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=60, temperature=0,
-              extra_body=_regex(CALL_TEXT))
+              extra_body=forced(CALL_TEXT))
     whole = client.chat.completions.create(**kw).choices[0]
     assert whole.finish_reason == "tool_calls"
     assert whole.message.content == "Checking.\n"
@@ -61,27 +34,27 @@ def test_auto_reads_the_models_calls(tool_server):
     assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
-    content, calls, finish = _streamed(client.chat.completions.create(stream=True, **kw))
+    content, calls, finish, _ = streamed(client.chat.completions.create(stream=True, **kw))
     assert (content, finish) == ("Checking.\n", "tool_calls")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris"})]
     assert calls[0]["id"].startswith("chatcmpl-tool-")
 
 
-def test_auto_without_a_call_is_plain_content(tool_server):
-    client = tool_server.client()
+def test_auto_without_a_call_is_plain_content(parsing_server):
+    client = parsing_server.client()
     model = client.models.list().data[0].id
     kw = dict(model=model, messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=20,
-              temperature=0, extra_body=_regex("It is <b>sunny</b>."))
+              temperature=0, extra_body=forced("It is <b>sunny</b>."))
     whole = client.chat.completions.create(**kw).choices[0]
     assert (whole.message.content, whole.message.tool_calls) == ("It is <b>sunny</b>.", None)
     assert whole.finish_reason == "stop"
-    assert _streamed(client.chat.completions.create(stream=True, **kw)) == (
-        "It is <b>sunny</b>.", [], "stop")
+    assert streamed(client.chat.completions.create(stream=True, **kw)) == (
+        "It is <b>sunny</b>.", [], "stop", "")
 
 
-def test_required_calls_follow_the_tools_schemas(tool_server):
-    client = tool_server.client()
+def test_required_calls_follow_the_tools_schemas(parsing_server):
+    client = parsing_server.client()
     model = client.models.list().data[0].id
     response = client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required", n=3,
@@ -92,15 +65,15 @@ def test_required_calls_follow_the_tools_schemas(tool_server):
         allowed = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"}),
                    ("now", {})]
         assert (call.function.name, json.loads(call.function.arguments)) in allowed, call
-    content, calls, finish = _streamed(client.chat.completions.create(
+    content, calls, finish, _ = streamed(client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=0,
         max_tokens=80, parallel_tool_calls=False, stream=True))
     assert finish == "tool_calls" and content == "" and len(calls) == 1
     assert calls[0]["name"] in {"get_weather", "now"}
 
 
-def test_named_call_streams_its_arguments(tool_server):
-    client = tool_server.client()
+def test_named_call_streams_its_arguments(parsing_server):
+    client = parsing_server.client()
     model = client.models.list().data[0].id
     kw = dict(model=model, messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=40,
               tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -109,7 +82,7 @@ def test_named_call_streams_its_arguments(tool_server):
     [call] = whole.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) in ({"city": "Paris"}, {"city": "Rome"})
-    content, calls, finish = _streamed(client.chat.completions.create(stream=True, **kw))
+    content, calls, finish, _ = streamed(client.chat.completions.create(stream=True, **kw))
     assert (content, finish) == ("", "stop")
     assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather",
                                                              call.function.arguments)]

@@ -61,6 +61,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """OTLP/HTTP collector for one `llm_request` span per request; None: no tracing."""
     tool_call_parser: str | None = None
     """What tool_choice "auto" reads calls with (--enable-auto-tool-choice); None: refused."""
+    reasoning_parser: str | None = None
+    """How thinking is split from the answer (--reasoning-parser); None: all is content."""
 
 
 @dataclass
@@ -230,7 +232,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
     state = ServerState(options, engine, metrics,
                         OpenAIServingCompletion(engine, names, defaults),
                         OpenAIServingChat(engine, names, defaults,
-                                          tool_call_parser=options.tool_call_parser),
+                                          tool_call_parser=options.tool_call_parser,
+                                          reasoning_parser=options.reasoning_parser),
                         OpenAIServingEmbedding(engine, names))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,

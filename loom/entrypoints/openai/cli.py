@@ -9,6 +9,7 @@ import os
 from loom import envs
 from loom.engine.arg_utils import EngineArgs
 from loom.config import ModelConfig
+from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from loom.models.loader import shipped_config, tokenizer_path
 
@@ -37,6 +38,9 @@ def register(subparsers) -> None:
     g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                    help="the model's tool-call syntax: hermes (Hermes, Qwen2.5, Qwen3), "
                         "llama3_json (Llama 3.1/3.2)")
+    g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                   help="send a reasoning model's thinking in the message's `reasoning` field: "
+                        "qwen3 (<think>...</think> first), deepseek_r1 (thinking until </think>)")
     g.add_argument("--disable-frontend-multiprocessing", action="store_true",
                    help="run the engine core in the API server process")
     g.add_argument("--api-server-count", type=int, default=1,
@@ -72,7 +76,8 @@ def run_serve(args: argparse.Namespace) -> int:
         log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
         max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
         otlp_traces_endpoint=traces_endpoint,
-        tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
+        tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+        reasoning_parser=args.reasoning_parser)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 

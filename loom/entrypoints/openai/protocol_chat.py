@@ -33,6 +33,8 @@ class ChatMessage(BaseModel):
         # An assistant turn that only calls tools has content null; templates read the
         # key, so it is there, empty (as vLLM renders it).
         message.setdefault("content", "")
+        if "reasoning" in message:  # an earlier turn's thinking, under the templates' name
+            message.setdefault("reasoning_content", message["reasoning"])
         if isinstance(self.content, list):
             kinds = {p.type for p in self.content} - {"text"}
             if kinds:
@@ -52,6 +54,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True
+    """vLLM's: with a --reasoning-parser, send the thinking in `reasoning` (else drop it)."""
     chat_template_kwargs: dict[str, Any] | None = None
     """vLLM's: more variables for the chat template (Qwen3's enable_thinking, ...)."""
 
@@ -134,6 +138,7 @@ class ToolCallOut(BaseModel):
 class ChatMessageOut(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
 
@@ -173,6 +178,7 @@ class DeltaToolCall(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

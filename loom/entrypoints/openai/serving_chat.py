@@ -20,7 +20,8 @@ from loom.entrypoints.openai.protocol_chat import (ChatChoice, ChatCompletionChu
                                                    TokenLogprob, ToolCallOut, TopLogprob)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
                                                   sse_error)
-from loom.entrypoints.openai.tool_calls import ToolCalls, ToolStream
+from loom.entrypoints.openai.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
+from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls, ToolStream
 from loom.outputs import CompletionOutput, PositionLogprobs
 
 
@@ -32,14 +33,50 @@ class _Chat:
     body: ChatCompletionRequest
     prompt_ids: list[int]
     tools: ToolCalls
+    reasoning: ReasoningParser | None
+    """--reasoning-parser's split of thinking from the answer; None: all is content."""
+
+    def split(self, text: str, finish_reason: str | None
+              ) -> tuple[str | None, str | None, list[ToolCall], str | None]:
+        """A finished choice's (reasoning, content, tool calls, finish reason)."""
+        thinking, answer = self.reasoning.split(text) if self.reasoning else (None, text)
+        content, calls, finish_reason = self.tools.whole(answer or "", finish_reason)
+        if answer is None and not calls:
+            content = None
+        return (thinking if self.body.include_reasoning else None), content, calls, finish_reason
+
+
+@dataclass
+class _ChoiceStream:
+    """One streamed choice's text on its way out: thinking split off, then tool calls."""
+    chat: _Chat
+    tools: ToolStream
+    reasoning: ReasoningStream | None
+
+    def feed(self, text: str, finish_reason: str | None
+             ) -> tuple[str, str, list[ToolCall | tuple[int, str]], str | None]:
+        """(reasoning, content, tool-call deltas, finish reason) to send for a new piece."""
+        thinking, answer = self.reasoning.feed(text) if self.reasoning else ("", text)
+        content, calls = self.tools.feed(answer)
+        if finish_reason is not None:
+            if self.reasoning is not None:
+                more_thinking, more_answer = self.reasoning.end()
+                more_content, more_calls = self.tools.feed(more_answer)
+                thinking, content = thinking + more_thinking, content + more_content
+                calls = calls + more_calls
+            rest, more_calls, finish_reason = self.tools.end(finish_reason)
+            content, calls = content + rest, calls + more_calls
+        return (thinking if self.chat.body.include_reasoning else ""), content, calls, finish_reason
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args, tool_call_parser: str | None = None, **kwargs) -> None:
+    def __init__(self, *args, tool_call_parser: str | None = None,
+                 reasoning_parser: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tool_call_parser = tool_call_parser
         """--tool-call-parser, set with --enable-auto-tool-choice: what tool_choice "auto"
         reads calls with; None refuses "auto"."""
+        self.reasoning_parser = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                continue_final_message: bool = False,
@@ -67,10 +104,17 @@ class OpenAIServingChat(OpenAIServing):
         variables = {**(body.chat_template_kwargs or {}), "tools": body.tools or None}
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
                                     body.continue_final_message, variables)
-        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids, tools)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens),
                                          self.sampling_defaults)
+        # A constraint (a schema, a forced tool call) applies from the first token, so the
+        # output holds no thinking the template opened: deepseek_r1 would take it all for
+        # thinking. qwen3 only splits an output that opens <think> itself.
+        reasoning = self.reasoning_parser
+        if params.guided_decoding is not None and reasoning and reasoning.opened_by_template:
+            reasoning = None
+        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids, tools,
+                     reasoning)
         if tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the parser reads the call markers
         outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers)])
@@ -92,9 +136,9 @@ class OpenAIServingChat(OpenAIServing):
                     finish[delta.index] = delta
         choices = []
         for i in range(n):
-            content, calls, reason = chat.tools.whole(
+            thinking, content, calls, reason = chat.split(
                 texts[i], finish[i].finish_reason if finish[i] else None)
-            message = ChatMessageOut(content=content,
+            message = ChatMessageOut(content=content, reasoning=thinking,
                                      tool_calls=[ToolCallOut.of(c) for c in calls] or None)
             choices.append(ChatChoice(
                 index=i, message=message, finish_reason=reason,
@@ -114,7 +158,9 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _events(self, chat: _Chat, first, outputs: AsyncIterator) -> AsyncIterator[str]:
         completion_tokens = 0
-        streams = [chat.tools.stream() for _ in range(chat.body.n)]
+        streams = [_ChoiceStream(chat, chat.tools.stream(),
+                                 ReasoningStream(chat.reasoning) if chat.reasoning else None)
+                   for _ in range(chat.body.n)]
         try:
             for i in range(chat.body.n):  # the role first, as OpenAI streams it
                 yield self._chunk(chat, ChatStreamChoice(
@@ -136,15 +182,12 @@ class OpenAIServingChat(OpenAIServing):
         yield SSE_DONE
 
     def _stream_choice(self, chat: _Chat, delta: CompletionOutput,
-                       stream: ToolStream) -> ChatStreamChoice:
+                       stream: _ChoiceStream) -> ChatStreamChoice:
         logprobs = (ChoiceLogprobs(content=self._logprobs(delta, chat.body.top_logprobs or 0))
                     if chat.body.logprobs else None)
-        content, calls = stream.feed(delta.text)
-        reason = delta.finish_reason
-        if reason is not None:
-            rest, more_calls, reason = stream.end(reason)
-            content, calls = content + rest, calls + more_calls
-        message = DeltaMessage(content=content,
+        thinking, content, calls, reason = stream.feed(delta.text, delta.finish_reason)
+        message = DeltaMessage(reasoning=thinking or None,
+                               content=None if thinking and not content else content,
                                tool_calls=[DeltaToolCall.of(c) for c in calls] or None)
         return ChatStreamChoice(index=delta.index, delta=message, logprobs=logprobs,
                                 finish_reason=reason, stop_reason=delta.stop_reason)
