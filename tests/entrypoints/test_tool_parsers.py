@@ -9,7 +9,8 @@ import json
 import pytest
 
 from loom.entrypoints.openai.tool_calls import ToolCalls, check_tools, tool_schema
-from loom.entrypoints.openai.tool_parsers import FunctionCall, HermesParser, Llama3JsonParser
+from loom.entrypoints.openai.tool_parsers import (FunctionCall, HermesParser, Llama3JsonParser,
+                                                 PythonicParser)
 
 WEATHER = FunctionCall("get_weather", '{"city": "Paris", "days": 2}')
 
@@ -34,8 +35,16 @@ CASES = [
     ("llama3_json", '{"name": "now", "parameters": {}} and then text',
      '{"name": "now", "parameters": {}} and then text', []),
     ("llama3_json", "It is sunny {in Paris}.", "It is sunny {in Paris}.", []),
+    ("pythonic", '[get_weather(city="Paris", days=2), now()]', None,
+     [WEATHER, FunctionCall("now", "{}")]),
+    ("pythonic", "<|python_start|>[f(a=[1, (2, 3)], b={'k': None}, c=true)]<|python_end|>",
+     None, [FunctionCall("f", '{"a": [1, [2, 3]], "b": {"k": null}, "c": true}')]),
+    ("pythonic", "[get_weather('Paris')]", "[get_weather('Paris')]", []),  # positional
+    ("pythonic", "[f(a=open('x'))]", "[f(a=open('x'))]", []),  # not a literal
+    ("pythonic", "[1, 2]", "[1, 2]", []),
+    ("pythonic", "Sunny [mostly].", "Sunny [mostly].", []),
 ]
-PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "pythonic": PythonicParser}
 
 
 @pytest.mark.parametrize("name, text, content, calls", CASES)
@@ -53,7 +62,7 @@ def test_stream_sends_what_the_whole_output_holds(name, text, content, calls, si
         piece, deltas = stream.feed(text[i:i + size])
         assert deltas == []  # calls go out once the output is complete
         sent += piece
-        assert "<tool_call" not in sent and "python_tag" not in sent
+        assert "<tool_call" not in sent and "<|python_" not in sent
     rest, deltas, reason = stream.end("stop")
     assert sent + rest == (content or "") if calls else sent + rest == text
     assert [d.function for d in deltas] == calls

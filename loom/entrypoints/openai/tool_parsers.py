@@ -5,6 +5,9 @@
 - `llama3_json`: the whole output is one or more `{"name": ..., "parameters": {...}}`
   objects, separated by `;`, after an optional `<|python_tag|>` (Llama 3.1 / 3.2 JSON tool
   calling); nothing else is content.
+- `pythonic`: the whole output is a Python list of calls, `[get_weather(city="Paris"),
+  now()]`, with literal keyword arguments (Llama 3.2 and Llama 4 pythonic tool calling,
+  optionally inside `<|python_start|>...<|python_end|>`); nothing else is content.
 
 A parser answers two questions: which calls a finished text holds (`extract`), and how much
 of a text still being generated is content whatever follows (`content_prefix`), which is what
@@ -14,6 +17,7 @@ whole: nothing the model wrote is dropped.
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -115,4 +119,49 @@ class Llama3JsonParser:
         return len(text)
 
 
-TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _literal(node: ast.expr) -> Any:
+    """A keyword argument's value: a Python literal (JSON's true/false/null too)."""
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
+    return ast.literal_eval(node)
+
+
+class PythonicParser:
+    START, END = "<|python_start|>", "<|python_end|>"
+    keeps_special_tokens = False
+
+    def extract(self, text: str) -> tuple[str | None, list[FunctionCall]]:
+        body = text.strip().removeprefix(self.START).removesuffix(self.END).strip()
+        if not body.startswith("["):
+            return text, []
+        try:
+            tree = ast.parse(body, mode="eval").body
+            if not isinstance(tree, ast.List) or not tree.elts:
+                return text, []
+            calls = []
+            for node in tree.elts:
+                if (not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name)
+                        or node.args or any(k.arg is None for k in node.keywords)):
+                    return text, []
+                args = {k.arg: _literal(k.value) for k in node.keywords}
+                calls.append(FunctionCall(node.func.id, json.dumps(args, ensure_ascii=False)))
+        except (SyntaxError, ValueError, TypeError, RecursionError):
+            return text, []
+        return None, calls
+
+    def content_prefix(self, text: str) -> int:
+        head = text.lstrip()
+        if not head or head.startswith("[") or head.startswith(self.START) or self.START.startswith(head):
+            return 0
+        return len(text)
+
+
+TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
+                "pythonic": PythonicParser}
