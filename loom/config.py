@@ -48,10 +48,23 @@ class ModelConfig:
     """auto (by file type), safetensors, gguf, or dummy (random weights from the config)."""
     seed: int = 0
     """Seed for dummy weights and for requests that give no seed of their own."""
+    generation_config: str = "auto"
+    """Where requests' sampling defaults come from (vLLM's --generation-config): "auto", the
+    model directory's generation_config.json; "vllm", none (SamplingParams' own); else a
+    directory whose generation_config.json is read instead, its EOS ids included."""
+    max_logprobs: int = 20
+    """The most top logprobs a request may ask for at each position (logprobs, prompt
+    logprobs, chat's top_logprobs); -1: the whole vocabulary. vLLM's default (OpenAI's)."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model),
                "model: must name a model path or a shipped config")
+        _check(isinstance(self.generation_config, str) and bool(self.generation_config),
+               "generation_config: must be 'auto', 'vllm' or a directory, got "
+               f"{self.generation_config!r}")
+        _check(type(self.max_logprobs) is int and self.max_logprobs >= -1,
+               f"max_logprobs: must be an integer >= -1 (-1: the whole vocabulary), got "
+               f"{self.max_logprobs!r}")
         name = str(self.dtype).removeprefix("torch.")
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(name, name))
         _check(self.dtype in DTYPES, f"dtype: {self.dtype!r} is not one of {DTYPES} "

@@ -154,13 +154,16 @@ class StructuredOutputManager:
     """Builds matchers. The tokenizer is loaded, and llguidance's made from it (about 1 s for
     a 128k vocabulary), at the first guided request, so unguided serving never pays for it."""
 
-    def __init__(self, tokenizer_path: str | None) -> None:
+    def __init__(self, tokenizer_path: str | None, generation_config: str | None = None) -> None:
         self._tokenizer_path = tokenizer_path
+        self._generation_config = generation_config
+        """--generation-config PATH: its EOS ids end a grammar, as they end generation."""
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
 
     def _get_ll_tokenizer(self) -> llguidance.LLTokenizer:
         if self._ll_tokenizer is None:
-            tok = load_tokenizer(self._tokenizer_path)
+            tok = load_tokenizer(self._tokenizer_path,
+                                 generation_config=self._generation_config)
             self._ll_tokenizer = llguidance.LLTokenizer(
                 tok.to_json_str(), eos_token=sorted(tok.eos_token_ids) or None)
         return self._ll_tokenizer

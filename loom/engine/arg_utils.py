@@ -61,6 +61,10 @@ class EngineArgs:
     """Accepted as vLLM's, and ignored (TRUST_REMOTE_CODE_HELP)."""
     enable_chunked_prefill: bool = True
     """Accepted as vLLM's when true (CHUNKED_PREFILL_HELP); False is a ValueError."""
+    generation_config: str = "auto"
+    """ModelConfig.generation_config: "auto", "vllm" or a directory."""
+    max_logprobs: int = 20
+    """ModelConfig.max_logprobs; -1: the whole vocabulary."""
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -107,6 +111,14 @@ class EngineArgs:
         g.add_argument("--trust-remote-code", action="store_true", help=TRUST_REMOTE_CODE_HELP)
         g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                        default=True, help=CHUNKED_PREFILL_HELP)
+        g.add_argument("--generation-config", default="auto",
+                       help="where the defaults of the sampling fields a request leaves unset "
+                       "come from: auto (the model directory's generation_config.json), vllm "
+                       "(none: loom's own defaults), or a directory whose "
+                       "generation_config.json is read instead (its EOS ids too)")
+        g.add_argument("--max-logprobs", type=int, default=20,
+                       help="the most top logprobs a request may ask for at each position "
+                       "(logprobs, top_logprobs, prompt logprobs); -1: the whole vocabulary")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -117,7 +129,8 @@ class EngineArgs:
         """Python callers' values, checked before any comparison could raise TypeError."""
         def is_int(v) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
-        for name in ("block_size", "tensor_parallel_size", "kv_headroom_tokens"):
+        for name in ("block_size", "tensor_parallel_size", "kv_headroom_tokens",
+                     "max_logprobs"):
             if not is_int(getattr(self, name)):
                 raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
@@ -159,7 +172,9 @@ class EngineArgs:
         model = ModelConfig(model=default_model() if self.model is None else self.model,
                             tokenizer=self.tokenizer,
                             dtype=self.dtype, max_model_len=self.max_model_len,
-                            load_format=self.load_format, seed=self.seed)
+                            load_format=self.load_format, seed=self.seed,
+                            generation_config=self.generation_config,
+                            max_logprobs=self.max_logprobs)
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,

@@ -21,7 +21,7 @@ from loom.core.structured_output import StructuredOutputManager
 from loom.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from loom.executor.base import make_executor
 from loom.models.arch import ModelArch
-from loom.models.loader import resolve, tokenizer_path
+from loom.models.loader import generation_config_dir, resolve, tokenizer_path
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class EngineCore:
         self.eos_token_id = info["eos_token_id"]
         self.max_model_len = resolve_max_model_len(config.model.max_model_len,
                                                    info["max_position_embeddings"])
+        self.max_logprobs = (self.vocab_size if config.model.max_logprobs == -1
+                             else config.model.max_logprobs)
         self.num_blocks = self._init_kv_cache()
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
         self._pending: list[EngineCoreOutput] = []
@@ -64,7 +66,8 @@ class EngineCore:
         self.step_observer = None
         """A benchmark's hook (`loom.bench.step_log.StepLog`): told of every step at launch
         and when its results are back."""
-        self.structured_output = StructuredOutputManager(tokenizer_path(config.model))
+        self.structured_output = StructuredOutputManager(
+            tokenizer_path(config.model), generation_config_dir(config.model.generation_config))
         # Again after the model runner's: the scheduler's KV blocks (one object each) were
         # built after it.
         heap.settle()
@@ -182,7 +185,7 @@ class EngineCore:
 
     def get_model_info(self) -> dict:
         return {"vocab_size": self.vocab_size, "max_model_len": self.max_model_len,
-                "eos_token_id": self.eos_token_id}
+                "eos_token_id": self.eos_token_id, "max_logprobs": self.max_logprobs}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -132,6 +132,9 @@ class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     eos_token_id: int | None
     num_blocks: int
     block_size: int
+    max_logprobs: int = 20
+    """The most top logprobs a request may ask for (ModelConfig.max_logprobs, -1 resolved
+    to the vocabulary's size): the frontend refuses more, naming the field."""
 
 
 EngineStartup = EngineReady | EngineDead

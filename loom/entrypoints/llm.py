@@ -9,13 +9,13 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from loom.config import CompilationConfig
+from loom.config import CompilationConfig, ModelConfig
 from loom.engine.arg_utils import EngineArgs
 from loom.engine.core import EngineCore
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
-from loom.models.loader import generation_defaults, tokenizer_path
+from loom.models.loader import generation_config_dir, generation_defaults, tokenizer_path
 from loom.engine.protocol import EngineCoreRequest
 from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from loom.pooling_params import PoolingParams
@@ -35,20 +35,22 @@ class LLM:
                           tensor_parallel_size=tensor_parallel_size,
                           compilation_config=compilation_config, **engine_kwargs)
         config = args.create_engine_config()
+        # Before the model loads: a bad generation_config is an error in a moment.
+        self.default_sampling_params = _default_params(config.model)
         self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)
         self.engine = EngineCore(config)
         self._shut_down = False
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
-                                   info["eos_token_id"])
+                                   info["eos_token_id"], info["max_logprobs"])
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
-        self.default_sampling_params = _default_params(config.model.model)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate uses without sampling_params: SamplingParams() with the model's
         generation_config.json recommendations (temperature, top_p, top_k, min_p,
-        repetition_penalty, max_new_tokens), as vLLM does."""
+        repetition_penalty, max_new_tokens), as vLLM does; plain SamplingParams() with
+        generation_config="vllm"."""
         return self.default_sampling_params
 
     @staticmethod
@@ -58,7 +60,9 @@ class LLM:
             raise ValueError(f"tokenizer: {config.model.model} ships no tokenizer; pass one "
                              "(tokenizer=..., --tokenizer), or skip_tokenizer_init=True with "
                              "token-id prompts")
-        return load_tokenizer(path, chat_template=chat_template)
+        return load_tokenizer(path, chat_template=chat_template,
+                              generation_config=generation_config_dir(
+                                  config.model.generation_config))
 
     def get_tokenizer(self) -> Tokenizer | None:
         return self.tokenizer
@@ -201,15 +205,16 @@ class LLM:
             self.engine.shutdown()
 
 
-def _default_params(model: str) -> SamplingParams:
-    defaults = generation_defaults(model)
+def _default_params(model: ModelConfig) -> SamplingParams:
+    defaults = generation_defaults(model.model, model.generation_config)
     if not defaults:
         return SamplingParams()
-    logger.info("sampling defaults from the model's generation_config.json: %s", defaults)
+    source = generation_config_dir(model.generation_config) or model.model
+    logger.info("sampling defaults from %s's generation_config.json: %s", source, defaults)
     try:
         return SamplingParams(**defaults)
     except ValueError as e:
-        raise ValueError(f"generation_config.json of {model}: {e}") from None
+        raise ValueError(f"generation_config.json of {source}: {e}") from None
 
 
 def _per_prompt(params, count: int, kind: type, field: str) -> list:

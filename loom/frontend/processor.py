@@ -21,12 +21,22 @@ POOLING_PLACEHOLDER = SamplingParams(max_tokens=1, temperature=0.0)
 PromptType = str | list[int]
 
 
+def check_num_logprobs(field: str, value: int | None, max_logprobs: int) -> None:
+    """vLLM's --max-logprobs: a ValueError naming the field that asks for more."""
+    if value is not None and value > max_logprobs:
+        raise ValueError(f"{field}: {value} is more than the engine's max_logprobs "
+                         f"({max_logprobs}); raise it (--max-logprobs, LLM(max_logprobs=...); "
+                         "-1: the whole vocabulary)")
+
+
 class Processor:
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int,
-                 eos_token_id: int | None) -> None:
+                 eos_token_id: int | None, max_logprobs: int | None = None) -> None:
+        """max_logprobs: resolved (never -1); None: as many as the vocabulary holds."""
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.max_logprobs = vocab_size if max_logprobs is None else max_logprobs
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else eos_token_id
         # generation_config.json may list more ids that end generation (Llama 3.1 Instruct:
         # <|eom_id|> and <|eot_id|> beside <|end_of_text|>). As vLLM does, they stop a
@@ -59,15 +69,19 @@ class Processor:
             raise ValueError(f"{field}: token id(s) {bad[:5]} outside the vocabulary "
                              f"(0..{self.vocab_size - 1})")
 
-    def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams) -> EngineCoreRequest:
-        self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
-        n = len(prompt_token_ids)
+    def _check_logprobs(self, params: SamplingParams) -> None:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.vocab_size:
                 raise ValueError(f"{name}: {value} is more than the vocabulary's "
                                  f"{self.vocab_size} tokens")
+            check_num_logprobs(name, value, self.max_logprobs)
+
+    def process(self, request_id: str, prompt_token_ids: list[int],
+                params: SamplingParams) -> EngineCoreRequest:
+        self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
+        n = len(prompt_token_ids)
+        self._check_logprobs(params)
         if params.guided_decoding is not None:
             validate_guided(params.guided_decoding)
         if params.max_tokens is None:

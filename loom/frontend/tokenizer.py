@@ -204,10 +204,13 @@ def render_chat_template(template: str, **variables: Any) -> str:
 _LONG_TEXT_CHARS = 16384
 
 
-def load_tokenizer(path: str, chat_template: str | None = None) -> Tokenizer:
+def load_tokenizer(path: str, chat_template: str | None = None,
+                   generation_config: str | None = None) -> Tokenizer:
     """Load a tokenizer from a Hugging Face directory or a `.gguf` file.
 
     `chat_template` overrides the tokenizer's own: a template string or a file holding one.
+    `generation_config`: a directory whose generation_config.json lists the EOS ids instead
+    of the tokenizer's own directory (`--generation-config PATH`).
     """
     source = Path(path)
     if source.is_file() and source.suffix == ".gguf":
@@ -217,17 +220,19 @@ def load_tokenizer(path: str, chat_template: str | None = None) -> Tokenizer:
     if not (source / "tokenizer.json").is_file():
         raise ValueError(f"tokenizer: {path} has no tokenizer.json (expected a Hugging Face "
                          "tokenizer directory or a .gguf file)")
-    return _load_dir(source, path, chat_template)
+    generation = Path(generation_config) if generation_config is not None else source
+    return _load_dir(source, path, chat_template, generation / "generation_config.json")
 
 
-def _load_dir(directory: Path, name: str, chat_template: str | None) -> Tokenizer:
+def _load_dir(directory: Path, name: str, chat_template: str | None,
+              generation_file: Path) -> Tokenizer:
     config = _read_json(directory / "tokenizer_config.json")
     special = _special_tokens(config, _read_json(directory / "special_tokens_map.json"))
     extra = _extra_special_tokens(config)
     backend = _Backend.from_file(str(directory / "tokenizer.json"))
     if config.get("split_special_tokens"):
         backend.encode_special_tokens = True
-    generation = _read_json(directory / "generation_config.json")
+    generation = _read_json(generation_file)
     template = _resolve_template(chat_template) or _own_template(directory, config)
     if chat_template is not None:  # the caller's: a syntax error is theirs, said at load
         try:

@@ -105,7 +105,7 @@ PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)]
 
 def _generate(path: str, tp: int, **kwargs):
     llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
-              tensor_parallel_size=tp, max_num_batched_tokens=24, **kwargs)
+              tensor_parallel_size=tp, max_num_batched_tokens=24, max_logprobs=-1, **kwargs)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=256)
         outs = llm.generate(PROMPTS, params, use_tqdm=False)

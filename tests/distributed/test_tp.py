@@ -20,7 +20,7 @@ PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)] for i, n in en
 
 def _run(path: str, tp: int):
     llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
-              tensor_parallel_size=tp, max_num_batched_tokens=24)
+              tensor_parallel_size=tp, max_num_batched_tokens=24, max_logprobs=-1)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=256)
         outs = llm.generate(PROMPTS, params, use_tqdm=False)

@@ -13,6 +13,7 @@ import transformers as tf
 from loom import LLM, SamplingParams
 from loom.entrypoints.openai.protocol import CompletionRequest
 from loom.entrypoints.openai.protocol_chat import ChatCompletionRequest
+from loom.models.loader import generation_defaults
 from tests.conftest import hf_greedy
 from tests.entrypoints.conftest import API_KEY, start_server
 
@@ -67,3 +68,54 @@ def test_served_defaults_follow_generation_config(tiny_chat_model, tmp_path, llm
     greedy = llm.generate("Once upon", SamplingParams(temperature=0, max_tokens=6,
                                                       ignore_eos=True), use_tqdm=False)
     assert texts == {greedy[0].outputs[0].text}
+    log = server.log_path.read_text()
+    assert "Received request" not in log  # no --enable-log-requests: no request contents
+    assert "Started server process" in log  # uvicorn's INFO lines, by default
+
+
+OTHER = {"temperature": 0.3, "eos_token_id": [5, 7]}
+"""The generation_config.json of a directory named by --generation-config."""
+
+
+def _other_generation_config(tmp_path) -> str:
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "generation_config.json").write_text(json.dumps(OTHER))
+    return str(tmp_path / "other")
+
+
+def test_generation_config_auto_vllm_or_a_directory(tmp_path):
+    """vLLM's --generation-config: the model's file, none, or another directory's; a
+    directory without one is an error naming the field, as is a file that is not JSON."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "generation_config.json").write_text(json.dumps(RECOMMENDED))
+    model = str(model)
+    _other_generation_config(tmp_path)
+    assert generation_defaults(model)["top_k"] == 7
+    assert generation_defaults(model, "vllm") == {}
+    assert generation_defaults(model, str(tmp_path / "other")) == {"temperature": 0.3}
+    with pytest.raises(ValueError, match="^generation_config: .* is neither 'auto', 'vllm' "):
+        generation_defaults(model, str(tmp_path))
+    (tmp_path / "generation_config.json").write_text("{")
+    with pytest.raises(ValueError, match="^generation_config: cannot read "):
+        generation_defaults(model, str(tmp_path))
+
+
+def test_offline_generation_config_directory_and_max_logprobs(tiny_llama_with_tokenizer,
+                                                              tmp_path):
+    """LLM(generation_config=DIR): that directory's defaults and EOS ids (vLLM reads both from
+    it), not the model's; LLM(max_logprobs=...) caps what a request may ask for."""
+    src, _ = tiny_llama_with_tokenizer
+    path = _with_generation_config(src, tmp_path / "model")
+    llm = LLM(path, dtype="float32", device="cpu", max_model_len=64,
+              generation_config=_other_generation_config(tmp_path), max_logprobs=2)
+    try:
+        assert llm.get_default_sampling_params() == SamplingParams(temperature=0.3)
+        ids = llm.get_tokenizer().encode("The quick brown fox")
+        request = llm.processor.process("x", ids, SamplingParams())
+        assert {5, 7} <= set(request.sampling_params.stop_token_ids)
+        with pytest.raises(ValueError, match=r"^logprobs: 3 is more than the engine's "
+                                             r"max_logprobs \(2\)"):
+            llm.generate([ids], SamplingParams(max_tokens=1, logprobs=3), use_tqdm=False)
+    finally:
+        llm.shutdown()

@@ -64,20 +64,45 @@ GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": 
 (`--generation-config auto`): key there -> SamplingParams field."""
 
 
-def generation_defaults(model: str) -> dict:
-    """The sampling defaults a model directory's generation_config.json recommends (Llama 3.1
-    Instruct: temperature 0.6, top_p 0.9), for requests that leave them unset; {} for a GGUF
-    file, a shipped config, or a directory without one."""
-    path = Path(model)
-    directory = path if path.is_dir() else path.parent if path.suffix == ".json" else None
-    if directory is None or not (directory / "generation_config.json").is_file():
+def generation_defaults(model: str, generation_config: str = "auto") -> dict:
+    """The sampling defaults that generation_config.json recommends (Llama 3.1 Instruct:
+    temperature 0.6, top_p 0.9), for requests that leave them unset. generation_config is
+    vLLM's: "auto" reads the model directory's ({} for a GGUF file, a shipped config, or a
+    directory without one), "vllm" none, anything else is a directory to read it from."""
+    if generation_config == "vllm":
         return {}
+    named = generation_config_dir(generation_config)
+    file = Path(named) / "generation_config.json" if named else _own_generation_config(model)
+    if file is None:
+        return {}
+    where = "model" if named is None else "generation_config"
     try:
-        config = json.loads((directory / "generation_config.json").read_text())
+        config = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"model: cannot read {directory / 'generation_config.json'} ({e})")
+        raise ValueError(f"{where}: cannot read {file} ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: {file} does not hold a JSON object")
     return {field: config[key] for key, field in GENERATION_DEFAULTS.items()
             if config.get(key) is not None}
+
+
+def _own_generation_config(model: str) -> Path | None:
+    path = Path(model)
+    directory = path if path.is_dir() else path.parent if path.suffix == ".json" else None
+    file = directory / "generation_config.json" if directory is not None else None
+    return file if file is not None and file.is_file() else None
+
+
+def generation_config_dir(generation_config: str) -> str | None:
+    """The directory `--generation-config PATH` names, whose generation_config.json stands in
+    for the model's (sampling defaults and extra EOS ids, as in vLLM); None for "auto" and
+    "vllm", which keep the model's own EOS ids."""
+    if generation_config in ("auto", "vllm"):
+        return None
+    if not (Path(generation_config) / "generation_config.json").is_file():
+        raise ValueError(f"generation_config: {generation_config!r} is neither 'auto', 'vllm' "
+                         "nor a directory holding a generation_config.json")
+    return generation_config
 
 
 def tokenizer_path(cfg: ModelConfig) -> str | None:
