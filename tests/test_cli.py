@@ -201,3 +201,46 @@ def test_generate_chat_takes_a_chat_template(tiny_llama_with_tokenizer, capsys):
     assert "has no chat template; pass one (--chat-template" in err and err.count("\n") == 1
     assert main([*base, "--chat-template", "{{ messages[0]['content'] }}"]) == 0
     assert "Prompt: 'hi'" in capsys.readouterr().out
+
+
+def test_serve_flags_reach_the_engine_and_the_api_server(capsys, monkeypatch):
+    """vLLM's --generation-config, --max-logprobs, --enable-log-requests, --max-log-len and
+    --uvicorn-log-level, each where it takes effect."""
+    from loom.cli import main
+    from loom.entrypoints.openai import launcher
+    seen = {}
+    monkeypatch.setattr(launcher, "run_server",
+                        lambda options, config, inproc: seen.update(options=options, config=config))
+    base = ["serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu"]
+    main(base)
+    options, model = seen["options"], seen["config"].model
+    assert (model.generation_config, model.max_logprobs) == ("auto", 20)
+    assert (options.uvicorn_log_level, options.log_requests, options.max_log_len) == (
+        "info", False, None)
+    main([*base, "--generation-config", "vllm", "--max-logprobs", "-1", "--enable-log-requests",
+          "--max-log-len", "5", "--uvicorn-log-level", "warning"])
+    options, model = seen["options"], seen["config"].model
+    assert (model.generation_config, model.max_logprobs) == ("vllm", -1)
+    assert (options.generation_config, options.uvicorn_log_level, options.log_requests,
+            options.max_log_len) == ("vllm", "warning", True, 5)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--generation-config", "/nonexistent"], "generation_config: '/nonexistent' is neither "
+     "'auto', 'vllm' nor a directory holding a generation_config.json"),
+    (["--generation-config", "{bad_json_dir}"], "generation_config: cannot read "),
+    (["--max-logprobs", "-2"], "max_logprobs: must be an integer >= -1"),
+    (["--max-log-len", "-1"], "max_log_len: must be non-negative, got -1"),
+    (["--enable-log-requests", "--disable-log-requests"], "enable_log_requests: give "),
+    (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level: invalid choice: 'loud'"),
+])
+def test_serve_logging_and_generation_flags_errors_are_one_line(capsys, monkeypatch, tmp_path,
+                                                                 flags, message):
+    from loom.entrypoints.openai import launcher
+    (tmp_path / "generation_config.json").write_text("{not json")
+    monkeypatch.setattr(launcher, "run_server", _no_server)
+    flags = [f.format(bad_json_dir=tmp_path) for f in flags]
+    err = _main_error(capsys, "serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu",
+                      *flags)
+    assert message in err.splitlines()[-1], err  # after argparse's usage lines, if any
+    assert "usage:" in err or err.count("\n") == 1, err

@@ -23,6 +23,7 @@ from loom.engine.protocol import (AbortRequests, EngineCoreMessage, EngineCoreOu
 from loom.frontend.core_client import EngineCoreClient
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
+from loom.frontend.request_logger import RequestLogger
 from loom.frontend.tokenizer import Tokenizer
 from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from loom.pooling_params import PoolingParams
@@ -71,14 +72,16 @@ class AsyncLLM:
     def __init__(self, client: EngineCoreClient, tokenizer: Tokenizer | None,
                  stats: StatsSink | None = None,
                  on_dead: Callable[[str], None] | None = None,
-                 tracer: RequestTracer | None = None) -> None:
+                 tracer: RequestTracer | None = None,
+                 request_logger: RequestLogger | None = None) -> None:
         self.client = client
         self.tokenizer = tokenizer
         info = client.info
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
+        self.max_logprobs = info.max_logprobs
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
-                                   info.eos_token_id)
+                                   info.eos_token_id, info.max_logprobs)
         self.output_processor = OutputProcessor(tokenizer)
         self.streams: dict[str, _Stream] = {}
         self._pooling: dict[str, asyncio.Future] = {}
@@ -88,6 +91,7 @@ class AsyncLLM:
         self._stats = stats
         self._on_dead = on_dead
         self._tracer = tracer
+        self._request_logger = request_logger
         self.dead_reason: str | None = None
 
     def start(self) -> None:
@@ -115,6 +119,8 @@ class AsyncLLM:
         if request_id in self.streams:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         text, prompt_ids = self.tokenize(prompt)
+        if self._request_logger is not None:
+            self._request_logger.log(request_id, text, prompt_ids, params)
         self.processor.process(request_id, prompt_ids, params)  # validate before any state
         stream = self.streams[request_id] = _Stream(arrival=time.monotonic())
         if self._tracer is not None:
@@ -142,7 +148,9 @@ class AsyncLLM:
         self._check_alive()
         if request_id in self.streams or request_id in self._pooling:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        _, prompt_ids = self.tokenize(prompt)
+        text, prompt_ids = self.tokenize(prompt)
+        if self._request_logger is not None:
+            self._request_logger.log(request_id, text, prompt_ids, params)
         request = self.processor.process_pooling(request_id, prompt_ids, params)
         future = self._pooling[request_id] = asyncio.get_running_loop().create_future()
         arrival = time.monotonic()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import aclosing
 
+import msgspec
 import pytest
 
 from loom.engine.protocol import (AbortRequests, EngineCoreOutput, EngineCoreOutputs,
@@ -13,6 +14,7 @@ from loom.engine.protocol import (AbortRequests, EngineCoreOutput, EngineCoreOut
                                   UtilityCall, UtilityResult)
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError, RequestRejectedError
 from loom.frontend.core_client import EngineCoreClient
+from loom.frontend.request_logger import RequestLogger
 from loom.sampling_params import SamplingParams
 
 
@@ -152,3 +154,35 @@ def test_utility_result_and_error():
         with pytest.raises(RuntimeError, match="unknown"):
             await bad
     asyncio.run(main())
+
+
+def test_max_logprobs_is_the_engines_and_names_the_field():
+    async def main():
+        client = FakeClient()
+        client.info = msgspec.structs.replace(client.info, max_logprobs=2)
+        engine = AsyncLLM(client, tokenizer=None)
+        engine.start()
+        for name in ("logprobs", "prompt_logprobs"):
+            with pytest.raises(ValueError, match=f"^{name}: 3 is more than the engine's "
+                                                 r"max_logprobs \(2\)"):
+                await anext(engine.generate([1, 2], SamplingParams(**{name: 3}), "r"))
+        assert client.sent == [] and _idle(engine)
+        engine.processor.process("ok", [1, 2], SamplingParams(logprobs=2, prompt_logprobs=2))
+    asyncio.run(main())
+
+
+def test_requests_are_logged_only_when_asked_and_cut_to_max_log_len(caplog):
+    async def main(request_logger):
+        client = FakeClient()
+        engine = AsyncLLM(client, tokenizer=None, request_logger=request_logger)
+        engine.start()
+        with pytest.raises(ValueError):  # logged as received, though then refused
+            await anext(engine.generate([1, 2, 3, 4], SamplingParams(logprobs=99), "r-1"))
+    with caplog.at_level("INFO"):
+        asyncio.run(main(None))
+    assert "r-1" not in caplog.text
+    with caplog.at_level("INFO"):
+        asyncio.run(main(RequestLogger(None, max_log_len=2)))
+    assert [r.getMessage() for r in caplog.records if "r-1" in r.getMessage()] == [
+        f"Received request r-1: prompt: None, params: {SamplingParams(logprobs=99)}, "
+        "prompt_token_ids: [1, 2]"]

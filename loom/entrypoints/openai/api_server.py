@@ -35,8 +35,10 @@ from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
+from loom.frontend.processor import check_num_logprobs
+from loom.frontend.request_logger import RequestLogger
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
-from loom.models.loader import generation_defaults
+from loom.models.loader import generation_config_dir, generation_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,14 @@ class ServerOptions(msgspec.Struct, frozen=True):
     api_key: str | None = None
     log_stats: bool = True
     access_log: bool = True
+    uvicorn_log_level: str = "info"
+    """uvicorn's own loggers' level (debug, info, warning, error, critical, trace)."""
+    log_requests: bool = False
+    """--enable-log-requests: one INFO line per request with its id, params and prompt."""
+    max_log_len: int | None = None
+    """How much of a logged prompt to show (characters and token ids); None: all of it."""
+    generation_config: str = "auto"
+    """ModelConfig.generation_config: where unset sampling fields' defaults come from."""
     max_body_bytes: int = 10 * 1024 * 1024
     api_server_count: int = 1
     otlp_traces_endpoint: str | None = None
@@ -124,6 +134,8 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        # Here, to name the request's own field: the Processor would say "logprobs".
+        check_num_logprobs("top_logprobs", body.top_logprobs, state.engine.max_logprobs)
         return await run_unless_disconnected(
             request, state.chat.create(body, trace_headers(request)))
 
@@ -212,8 +224,7 @@ async def serve(options: ServerOptions, sock: socket.socket,
                 make_client: Callable[[], EngineCoreClient],
                 make_server: Callable[[uvicorn.Config], uvicorn.Server] = uvicorn.Server) -> int:
     """Serve until stopped; returns the exit code (1 once the engine has died)."""
-    tokenizer = (load_tokenizer(options.tokenizer, chat_template=options.chat_template)
-                 if options.tokenizer else None)
+    tokenizer = _load_tokenizer(options)
     metrics = ServerMetrics(options.served_model_names[0])
     loop = asyncio.get_running_loop()
     server: uvicorn.Server | None = None
@@ -224,11 +235,13 @@ async def serve(options: ServerOptions, sock: socket.socket,
         loop.call_later(linger, setattr, server, "should_exit", True)
 
     tracer = _make_tracer(options)
-    engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer)
+    request_logger = (RequestLogger(tokenizer, options.max_log_len) if options.log_requests
+                      else None)
+    engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer, request_logger)
     names = options.served_model_names
-    defaults = generation_defaults(options.model)
+    defaults = generation_defaults(options.model, options.generation_config)
     if defaults:
-        logger.info("sampling defaults from the model's generation_config.json: %s", defaults)
+        logger.info("sampling defaults from generation_config.json: %s", defaults)
     state = ServerState(options, engine, metrics,
                         OpenAIServingCompletion(engine, names, defaults),
                         OpenAIServingChat(engine, names, defaults,
@@ -237,7 +250,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
                         OpenAIServingEmbedding(engine, names))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
-        access_log=options.access_log, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))
+        log_level=options.uvicorn_log_level, access_log=options.access_log,
+        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))
     engine.start()
     logger.info("API server %d serving %s at http://%s:%d", os.getpid(), ", ".join(names),
                 options.host, options.port)
@@ -248,6 +262,13 @@ async def serve(options: ServerOptions, sock: socket.socket,
         if tracer is not None:
             tracer.shutdown()  # flushes the spans still batched
     return 1 if engine.errored else 0
+
+
+def _load_tokenizer(options: ServerOptions) -> Tokenizer | None:
+    if options.tokenizer is None:
+        return None
+    return load_tokenizer(options.tokenizer, chat_template=options.chat_template,
+                          generation_config=generation_config_dir(options.generation_config))
 
 
 def _make_tracer(options: ServerOptions):

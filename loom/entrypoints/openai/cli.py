@@ -11,11 +11,12 @@ from loom.engine.arg_utils import EngineArgs
 from loom.config import ModelConfig
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
-from loom.models.loader import shipped_config, tokenizer_path
+from loom.models.loader import generation_defaults, shipped_config, tokenizer_path
 
 logger = logging.getLogger(__name__)
 
 DEMO_SERVED_NAME = "SmolLM2-135M-Instruct"
+UVICORN_LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "trace")
 OTEL_TRACES_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
 
@@ -49,7 +50,15 @@ def register(subparsers) -> None:
                    help="no periodic engine stats line")
     g.add_argument("--disable-uvicorn-access-log", action="store_true")
     g.add_argument("--disable-log-requests", action="store_true",
-                   help="accepted for vLLM compatibility: loom never logs requests' contents")
+                   help="accepted for vLLM compatibility: requests' contents are logged only "
+                        "with --enable-log-requests")
+    g.add_argument("--enable-log-requests", action="store_true",
+                   help="log one INFO line per request: its id, sampling params and prompt")
+    g.add_argument("--max-log-len", type=int, default=None,
+                   help="with --enable-log-requests, log at most this many characters and "
+                        "token ids of each prompt (default: all of it)")
+    g.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS,
+                   help="the level of uvicorn's own log lines")
     g.add_argument("--max-request-body-bytes", type=int, default=10 * 1024 * 1024)
     g.add_argument("--otlp-traces-endpoint", default=None,
                    help="OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) that "
@@ -67,6 +76,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.model_tag is not None:
         args.model = args.model_tag
     config = EngineArgs.from_cli_args(args).create_engine_config("api_server")
+    # Read once here, so that a bad --generation-config is one line before the model loads.
+    generation_defaults(config.model.model, config.model.generation_config)
     tokenizer = served_tokenizer(config.model)
     _check_tokenizer(tokenizer, args.chat_template, config.model.model)
     options = ServerOptions(
@@ -74,6 +85,8 @@ def run_serve(args: argparse.Namespace) -> int:
         tokenizer=tokenizer, host=args.host, port=args.port, chat_template=args.chat_template,
         api_key=args.api_key or envs.api_key(),
         log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
+        uvicorn_log_level=args.uvicorn_log_level, log_requests=args.enable_log_requests,
+        max_log_len=args.max_log_len, generation_config=config.model.generation_config,
         max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
         otlp_traces_endpoint=traces_endpoint,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
@@ -89,6 +102,11 @@ def _check(args: argparse.Namespace) -> None:
                          "process; drop --disable-frontend-multiprocessing")
     if args.max_request_body_bytes < 1:
         raise ValueError("max_request_body_bytes: must be positive")
+    if args.max_log_len is not None and args.max_log_len < 0:
+        raise ValueError(f"max_log_len: must be non-negative, got {args.max_log_len}")
+    if args.enable_log_requests and args.disable_log_requests:
+        raise ValueError("enable_log_requests: give --enable-log-requests or "
+                         "--disable-log-requests, not both")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
                          f"({', '.join(sorted(TOOL_PARSERS))})")

@@ -21,7 +21,9 @@ from loom.sampling_params import GuidedDecodingParams, SamplingParams
 MAX_N = 128
 SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 """The fields a model's generation_config.json may default for the server's requests."""
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 2**31 - 1
+"""The most top logprobs a request body may name at all. How many a server grants is its
+--max-logprobs (vLLM's default 20), which the frontend's Processor checks, naming the field."""
 
 Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]

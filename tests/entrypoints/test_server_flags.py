@@ -1,0 +1,54 @@
+"""`loom serve` with vLLM's --generation-config vllm, --max-logprobs, --enable-log-requests,
+--max-log-len and --uvicorn-log-level, in one served process (the engine core its own)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+
+import httpx
+
+from tests.entrypoints.conftest import API_KEY, start_server
+
+FLAGS = ("--generation-config", "vllm", "--max-logprobs", "2", "--enable-log-requests",
+         "--max-log-len", "8", "--uvicorn-log-level", "warning")
+PROMPT = "Once upon a time, in a land far away"
+RECEIVED = re.compile(r"Received request (cmpl-\S+): prompt: (.*), params: SamplingParams\(.*\), "
+                      r"prompt_token_ids: \[(.*)\]$")
+
+
+def test_served_flags(tiny_chat_model, tmp_path):
+    path = tmp_path / "model"
+    shutil.copytree(tiny_chat_model, path)
+    # What "vllm" must ignore: greedy decoding, were it the default.
+    (path / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))
+    server = start_server(str(path), "mp", tmp_path, extra_args=FLAGS)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60,
+                          headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            texts = {http.post("/v1/completions", json={
+                "prompt": PROMPT, "max_tokens": 6, "seed": seed, "ignore_eos": True,
+            }).json()["choices"][0]["text"] for seed in (1, 2, 3)}
+            too_many = http.post("/v1/completions", json={"prompt": "a", "logprobs": 3})
+            chat_too_many = http.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "a"}], "logprobs": True,
+                "top_logprobs": 3})
+            allowed = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1,
+                                                         "logprobs": 2})
+    finally:
+        assert server.stop() == 0
+    assert len(texts) > 1, texts  # sampled at temperature 1, not the file's 0
+    for response, field in ((too_many, "logprobs"), (chat_too_many, "top_logprobs")):
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == field and "max_logprobs (2)" in error["message"], error
+    assert allowed.status_code == 200, allowed.text
+    log = server.log_path.read_text()
+    received = [RECEIVED.search(line) for line in log.splitlines() if "Received request" in line]
+    # One line per completion that reached the engine (the two refused never did).
+    assert len(received) == 4 and all(received), log
+    prompt, ids = ast.literal_eval(received[0].group(2)), received[0].group(3).split(", ")
+    assert prompt == PROMPT[:8] and len(ids) == 8, received[0].group(0)
+    assert "Started server process" not in log  # uvicorn at warning
