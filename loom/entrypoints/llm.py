@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -21,7 +22,7 @@ from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
-Message = dict[str, str]
+Message = dict[str, Any]
 logger = logging.getLogger(__name__)
 
 
@@ -119,12 +120,17 @@ class LLM:
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the chat template to each conversation, then generate."""
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the chat template to each conversation, then generate. As vLLM's: tools and
+        chat_template_kwargs reach the template (no tool calls are parsed offline);
+        continue_final_message continues the last (assistant) message."""
         self._check_open()
         if self.tokenizer is None:
             raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
-        texts = [self.chat_prompt(c, chat_template, add_generation_prompt)
+        texts = [self.chat_prompt(c, chat_template, add_generation_prompt,
+                                  continue_final_message, tools, chat_template_kwargs)
                  for c in _conversations(messages)]
         # The template writes the special tokens (BOS) itself.
         prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
@@ -134,16 +140,23 @@ class LLM:
         return outputs
 
     def chat_prompt(self, conversation: list[Message], chat_template: str | None = None,
-                    add_generation_prompt: bool = True) -> str:
-        """The conversation rendered by the chat template."""
-        from loom.entrypoints.openai.protocol_chat import ChatMessage
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    tools: list[dict[str, Any]] | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """The conversation rendered by the chat template, as the server renders it."""
+        from loom.entrypoints.openai.protocol_chat import (ChatMessage, check_chat_options,
+                                                           render_chat)
+        from loom.entrypoints.openai.tool_calls import check_tools
+        check_tools(tools, "none")
+        check_chat_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
         try:
             # As the server takes them: OpenAI's text content parts are joined into a string.
-            conversation = [ChatMessage.model_validate(m).for_template() for m in conversation]
-        except ValueError as e:  # pydantic's ValidationError, or a non-text content part
+            messages = [ChatMessage.model_validate(m) for m in conversation]
+        except ValueError as e:  # pydantic's ValidationError
             raise ValueError(f"messages: {e}") from None
-        return self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
-                                                  chat_template)
+        variables = {**(chat_template_kwargs or {}), "tools": tools or None}
+        return render_chat(self.tokenizer, messages, add_generation_prompt,
+                           continue_final_message, chat_template, variables)
 
     def chat_prompt_ids(self, conversation: list[Message], chat_template: str | None = None,
                         add_generation_prompt: bool = True) -> list[int]:

@@ -174,3 +174,28 @@ def test_llm_chat_outputs_carry_the_rendered_prompt(llm, tiny_chat_model):
     out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), use_tqdm=False)[0]
     assert out.prompt == hf.apply_chat_template(MESSAGES, add_generation_prompt=True,
                                                 tokenize=False)
+
+
+def test_llm_chat_takes_tools_template_kwargs_and_continues_the_final_message(llm,
+                                                                            tiny_chat_model):
+    """vLLM's LLM.chat keywords, rendered as transformers renders them."""
+    import transformers as tf
+    hf = tf.AutoTokenizer.from_pretrained(tiny_chat_model)
+    template = ("{% if enable_thinking is defined and not enable_thinking %}[quiet]{% endif %}"
+                "{% if tools %}[tools: {{ tools[0]['function']['name'] }}]{% endif %}"
+                "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "It is"}]
+    out = llm.chat(messages, SamplingParams(max_tokens=1), use_tqdm=False,
+                   chat_template=template, add_generation_prompt=False,
+                   continue_final_message=True, tools=tools,
+                   chat_template_kwargs={"enable_thinking": False})[0]
+    assert out.prompt == hf.apply_chat_template(
+        messages, tools=tools, chat_template=template, tokenize=False,
+        add_generation_prompt=False, continue_final_message=True, enable_thinking=False)
+    with pytest.raises(ValueError, match="continue_final_message: set add_generation_prompt"):
+        llm.chat(messages, continue_final_message=True, use_tqdm=False, chat_template=template)
+    with pytest.raises(ValueError, match="tools.0.type"):
+        llm.chat(messages, tools=[{"type": "web"}], use_tqdm=False, chat_template=template)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from loom.entrypoints.openai.errors import APIError
-from loom.entrypoints.openai.serving_chat import _cut_after_final_message
+from loom.entrypoints.openai.protocol_chat import cut_after_final_message
 from loom.frontend.tokenizer import render_chat_template
 
 TRIMMING = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] | trim }}<|end|>\n"
@@ -35,14 +35,13 @@ def test_cut_matches_transformers(hf_tokenizer, template, final):
     expected = hf_tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                                 add_generation_prompt=False,
                                                 continue_final_message=True)
-    assert _cut_after_final_message(rendered, final) == expected
+    assert cut_after_final_message(rendered, final) == expected
 
 
 @pytest.mark.parametrize("final", ["", "   ", "not in it"])
-def test_a_final_message_not_in_the_prompt_is_a_400(final):
-    with pytest.raises(APIError) as e:
-        _cut_after_final_message("<|user|>\nx<|end|>\n", final)
-    assert e.value.status == 400 and e.value.param == "messages"
+def test_a_final_message_not_in_the_prompt_is_a_value_error(final):
+    with pytest.raises(ValueError, match="continue_final_message: the final message's content"):
+        cut_after_final_message("<|user|>\nx<|end|>\n", final)
 
 
 def test_a_template_broken_by_a_field_type_is_a_400():

@@ -43,6 +43,45 @@ class ChatMessage(BaseModel):
         return message
 
 
+def check_chat_options(add_generation_prompt: bool, continue_final_message: bool,
+                       chat_template_kwargs: dict[str, Any] | None) -> None:
+    reserved = {"messages", "add_generation_prompt", "tools"} & set(chat_template_kwargs or {})
+    if reserved:
+        raise ValueError(f"chat_template_kwargs: {sorted(reserved)} are set by the request "
+                         "itself")
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message: set add_generation_prompt to false with it")
+
+
+def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                continue_final_message: bool = False, chat_template: str | None = None,
+                template_variables: dict[str, Any] | None = None) -> str:
+    """The conversation as the chat template renders it, for the server and `LLM.chat`
+    alike; template_variables: more variables for the template (tools, chat_template_kwargs).
+    A ValueError when there is no template or it refuses the messages."""
+    conversation = [m.for_template() for m in messages]
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt, chat_template,
+                                         **(template_variables or {}))
+    if continue_final_message:
+        text = cut_after_final_message(text, conversation[-1].get("content") or "")
+    return text
+
+
+def cut_after_final_message(text: str, final_content: str) -> str:
+    """Drop what the template wrote after the last message (its end-of-turn), so that the
+    model continues that message. Templates may trim the content (Llama 3's does): it is
+    found without its outer whitespace, and its trailing whitespace is kept only where
+    the template kept it (as transformers does)."""
+    core = final_content.strip()
+    if not core or core not in text:
+        raise ValueError("continue_final_message: the final message's content is not in the "
+                         "rendered prompt")
+    start = text.rindex(core)
+    kept = final_content.lstrip()
+    end = start + (len(kept) if text[start:start + len(kept)] == kept else len(core))
+    return text[:end]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -72,15 +111,10 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _check_chat(self):
         check_tools(self.tools, self.tool_choice)
-        reserved = ({"messages", "add_generation_prompt", "tools"}
-                    & set(self.chat_template_kwargs or {}))
-        if reserved:
-            raise ValueError(f"chat_template_kwargs: {sorted(reserved)} are set by the request "
-                             "itself")
+        check_chat_options(self.add_generation_prompt, self.continue_final_message,
+                           self.chat_template_kwargs)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message: set add_generation_prompt to false with it")
         return self
 
     @property

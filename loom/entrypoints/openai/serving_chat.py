@@ -17,7 +17,8 @@ from loom.entrypoints.openai.protocol_chat import (ChatChoice, ChatCompletionChu
                                                    ChatCompletionRequest, ChatCompletionResponse,
                                                    ChatMessage, ChatMessageOut, ChatStreamChoice,
                                                    ChoiceLogprobs, DeltaMessage, DeltaToolCall,
-                                                   TokenLogprob, ToolCallOut, TopLogprob)
+                                                   TokenLogprob, ToolCallOut, TopLogprob,
+                                                   render_chat)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
                                                   sse_error)
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
@@ -85,14 +86,11 @@ class OpenAIServingChat(OpenAIServing):
         more variables for the chat template (tools, chat_template_kwargs)."""
         if self.tokenizer is None:
             raise APIError(400, "chat needs a tokenizer; this server has none", "messages")
-        conversation = [m.for_template() for m in messages]
         try:
-            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt,
-                                                      **(template_variables or {}))
-        except ValueError as e:  # no template, or the template refused the messages
-            raise APIError(400, str(e), "messages") from e
-        if continue_final_message:
-            text = _cut_after_final_message(text, conversation[-1].get("content") or "")
+            text = render_chat(self.tokenizer, messages, add_generation_prompt,
+                               continue_final_message, template_variables=template_variables)
+        except ValueError as e:  # no template, the template refused the messages, or the
+            raise APIError(400, str(e), "messages") from e  # final message is not in it
         # The template writes the special tokens (BOS) itself.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -220,17 +218,3 @@ def _usage(chat: _Chat, completion_tokens: int) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                      total_tokens=prompt_tokens + completion_tokens)
 
-
-def _cut_after_final_message(text: str, final_content: str) -> str:
-    """Drop what the template wrote after the last message (its end-of-turn), so that the
-    model continues that message. Templates may trim the content (Llama 3's does): it is
-    found without its outer whitespace, and its trailing whitespace is kept only where
-    the template kept it (as transformers does)."""
-    core = final_content.strip()
-    if not core or core not in text:
-        raise APIError(400, "continue_final_message: the final message's content is not in the "
-                            "rendered prompt", "messages")
-    start = text.rindex(core)
-    kept = final_content.lstrip()
-    end = start + (len(kept) if text[start:start + len(kept)] == kept else len(core))
-    return text[:end]
