@@ -38,7 +38,7 @@ def register(subparsers) -> None:
                         "tool calls, with --tool-call-parser")
     g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                    help="the model's tool-call syntax: hermes (Hermes, Qwen2.5, Qwen3), "
-                        "llama3_json (Llama 3.1/3.2)")
+                        "llama3_json (Llama 3.1/3.2), pythonic (Llama 3.2/4)")
     g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
                    help="send a reasoning model's thinking in the message's `reasoning` field: "
                         "qwen3 (<think>...</think> first), deepseek_r1 (thinking until </think>)")
