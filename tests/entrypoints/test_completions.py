@@ -109,6 +109,40 @@ def test_echo_prompt_logprobs_as_lm_eval_reads_them(server, llm):
         assert choice.text.startswith(llm.get_tokenizer().decode(prompt, skip_special_tokens=False))
 
 
+def _check_prompt_logprobs(got: list, offline: list, prompt_ids: list[int], k: int) -> None:
+    """vLLM's shape, {token id (a JSON string): {logprob, rank, decoded_token}}, with the
+    offline LLM's values (themselves checked against transformers in tests/e2e)."""
+    assert got[0] is None and len(got) == len(prompt_ids) == len(offline)
+    for pos in range(1, len(prompt_ids)):
+        entry = {int(t): v for t, v in got[pos].items()}
+        assert str(prompt_ids[pos]) in got[pos] and k <= len(entry) <= k + 1
+        for token_id, value in entry.items():
+            want = offline[pos][token_id]
+            assert value["logprob"] == pytest.approx(want.logprob, abs=1e-4)
+            assert value["rank"] == want.rank and isinstance(value["decoded_token"], str)
+
+
+def test_prompt_logprobs_as_vllm_returns_them(server, llm, tiny_chat_model):
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"},
+                      timeout=60) as http:
+        r = http.post("/v1/completions", json={"prompt": TOKEN_PROMPT, "max_tokens": 1,
+                                               "prompt_logprobs": 2, "n": 2})
+        assert r.status_code == 200, r.text
+        offline = _offline(llm, TOKEN_PROMPT, _greedy(max_tokens=1, prompt_logprobs=2))
+        for choice in r.json()["choices"]:
+            _check_prompt_logprobs(choice["prompt_logprobs"], offline.prompt_logprobs,
+                                   TOKEN_PROMPT, 2)
+        messages = [{"role": "user", "content": "Hello there"}]
+        r = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1,
+                                                    "prompt_logprobs": 1})
+        assert r.status_code == 200, r.text
+        ids = llm.chat_prompt_ids(messages)
+        offline = _offline(llm, ids, _greedy(max_tokens=1, prompt_logprobs=1))
+        _check_prompt_logprobs(r.json()["prompt_logprobs"], offline.prompt_logprobs, ids, 1)
+        plain = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).json()
+        assert plain["choices"][0]["prompt_logprobs"] is None
+
+
 def test_stop_string_cuts_the_text(server):
     client = server.client()
     kwargs = dict(model=server_model(server), prompt=PROMPTS[0], max_tokens=24, temperature=0,

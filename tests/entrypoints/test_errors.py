@@ -103,7 +103,11 @@ PARAM_CASES = [
     # differ from vLLM's without a word).
     ("/v1/completions", {"prompt": "x", "allowed_token_ids": [5]}, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "x", "bad_words": ["a"]}, "bad_words"),
-    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "echo": True, "logprobs": 1},
+     "prompt_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "prompt_logprobs": -1}, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "x", "use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1.0}}, "logit_bias"),

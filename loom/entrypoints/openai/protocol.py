@@ -35,7 +35,7 @@ class OpenAIModel(BaseModel):
 
 
 UNSUPPORTED_EXTENSIONS = ("allowed_token_ids", "bad_words", "truncate_prompt_tokens",
-                          "prompt_logprobs", "return_tokens_as_token_ids", "use_beam_search",
+                          "return_tokens_as_token_ids", "use_beam_search",
                           "length_penalty", "logits_processors", "vllm_xargs")
 """vLLM's request fields that change the output and that loom does not implement: a request
 setting one gets a 400 naming it, where ignoring it would answer something else."""
@@ -227,6 +227,8 @@ class SamplingFields(RequestBody, GuidedFields):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    prompt_logprobs: int | None = Field(None, ge=0)
+    """vLLM's: the top logprobs at each prompt position (and the prompt token's own)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -242,6 +244,8 @@ class SamplingFields(RequestBody, GuidedFields):
             raise ValueError("best_of: only best_of == n is supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs: not available when stream is true (as in vLLM)")
         return self
 
     def _sampling(self, max_tokens: int | None, logprobs: int | None,
@@ -315,7 +319,12 @@ class CompletionRequest(SamplingFields):
 
     def to_sampling_params(self, max_tokens: int,
                            defaults: dict[str, Any] | None = None) -> SamplingParams:
-        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        prompt_logprobs = self.prompt_logprobs
+        if self.echo and self.logprobs is not None:  # the echoed prompt's own logprobs
+            if prompt_logprobs is not None:
+                raise ValueError("prompt_logprobs: echo with logprobs already returns the "
+                                 "prompt's logprobs; give one or the other")
+            prompt_logprobs = self.logprobs
         return self._sampling(max_tokens, self.logprobs, prompt_logprobs, defaults or {})
 
 
@@ -326,12 +335,23 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = []
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's prompt_logprobs entry: {token id: this} at each prompt position but the first."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class UsageInfo(BaseModel):

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, RequestBody,
-                                              SamplingFields, TokenId, UsageInfo,
+from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, PromptLogprobs,
+                                              RequestBody, SamplingFields, TokenId, UsageInfo,
                                               refuse_extensions)
 from loom.entrypoints.openai.tool_calls import ToolCall, check_tools, tool_schema
 from loom.sampling_params import GuidedDecodingParams, SamplingParams
@@ -136,7 +136,7 @@ class ChatCompletionRequest(SamplingFields):
     def to_sampling_params(self, max_tokens: int,
                            defaults: dict[str, Any] | None = None) -> SamplingParams:
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling(max_tokens, logprobs, None, defaults or {})
+        return self._sampling(max_tokens, logprobs, self.prompt_logprobs, defaults or {})
 
 
 class TopLogprob(BaseModel):
@@ -191,6 +191,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaToolCall(BaseModel):

@@ -15,7 +15,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from loom.entrypoints.openai.errors import APIError, error_info, exception_status
-from loom.entrypoints.openai.protocol import ErrorResponse
+from loom.entrypoints.openai.protocol import ErrorResponse, PromptLogprob, PromptLogprobs
 from loom.frontend.async_llm import AsyncLLM
 from loom.outputs import PositionLogprobs, RequestOutput
 
@@ -75,6 +75,17 @@ class OpenAIServing:
         if self.tokenizer is None:
             return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def prompt_logprobs(self, positions: list[PositionLogprobs | None] | None
+                        ) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs field: None at the first position, then each position's
+        {token id: logprob, rank, decoded_token}."""
+        if positions is None:
+            return None
+        return [None if p is None else
+                {t: PromptLogprob(logprob=lp.logprob, rank=lp.rank,
+                                  decoded_token=self.token_text(t, p)) for t, lp in p.items()}
+                for p in positions]
 
 
 # -- server-sent events ---------------------------------------------------------------------

@@ -125,8 +125,10 @@ class OpenAIServingChat(OpenAIServing):
         texts, tokens = [""] * n, [0] * n
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         finish: list[CompletionOutput | None] = [None] * n
+        prompt_logprobs = None
         async with aclosing(outputs):
             async for _, output in outputs:
+                prompt_logprobs = output.prompt_logprobs or prompt_logprobs
                 for delta in output.outputs:
                     texts[delta.index] += delta.text
                     tokens[delta.index] += len(delta.token_ids)
@@ -142,8 +144,10 @@ class OpenAIServingChat(OpenAIServing):
                 index=i, message=message, finish_reason=reason,
                 logprobs=ChoiceLogprobs(content=logprobs[i]) if chat.body.logprobs else None,
                 stop_reason=finish[i].stop_reason if finish[i] else None))
-        response = ChatCompletionResponse(id=chat.id, created=chat.created, model=chat.model,
-                                          choices=choices, usage=_usage(chat, sum(tokens)))
+        response = ChatCompletionResponse(
+            id=chat.id, created=chat.created, model=chat.model, choices=choices,
+            usage=_usage(chat, sum(tokens)), prompt_logprobs=self.prompt_logprobs(prompt_logprobs)
+            if chat.body.prompt_logprobs is not None else None)
         return JSONResponse(response.model_dump(mode="json"))
 
     async def _stream(self, chat: _Chat, outputs: AsyncIterator) -> Response:

@@ -98,8 +98,11 @@ class OpenAIServingCompletion(OpenAIServing):
             positions = self._prompt_positions(prompt, prompt_logprobs) + positions
         logprobs = (self._logprobs(token_ids, positions, 0)
                     if request.body.logprobs is not None else None)
+        asked = request.body.prompt_logprobs is not None
         return CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
+                                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
+                                prompt_logprobs=self.prompt_logprobs(prompt_logprobs) if asked
+                                else None)
 
     # -- stream -------------------------------------------------------------------------------
 
