@@ -81,6 +81,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Structured output; None: unconstrained."""
     structured_outputs: GuidedDecodingParams | None = None
     """vLLM's newer name for guided_decoding: either may be given, and both then hold it."""
+    logit_bias: dict[int, float] | None = None
+    """OpenAI's: token id -> a bias in [-100, 100] added to its logit before sampling."""
+    allowed_token_ids: list[int] | None = None
+    """vLLM's: only these tokens may be sampled."""
 
     def __post_init__(self) -> None:
         # As vLLM takes them: None for none, one string, or any sequence.
@@ -128,6 +132,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 and all(is_int(t) and t >= 0 for t in self.stop_token_ids)):
             raise ValueError(f"stop_token_ids: must be a list of token ids (non-negative "
                              f"integers), got {self.stop_token_ids!r}")
+        self._check_token_maps(is_int, is_number)
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed: must fit in 64 bits, got {self.seed}")
         if self.guided_decoding is None:
@@ -140,6 +145,21 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 or isinstance(self.guided_decoding, GuidedDecodingParams)):
             raise ValueError("guided_decoding: must be a GuidedDecodingParams, got "
                              f"{type(self.guided_decoding).__name__}")
+
+    def _check_token_maps(self, is_int, is_number) -> None:
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    is_int(t) and t >= 0 and is_number(b) and -100 <= b <= 100
+                    for t, b in self.logit_bias.items()):
+                raise ValueError("logit_bias: must map token ids (non-negative integers) to "
+                                 f"biases in [-100, 100], got {self.logit_bias!r}")
+        if self.allowed_token_ids is not None:
+            if isinstance(self.allowed_token_ids, tuple):
+                self.allowed_token_ids = list(self.allowed_token_ids)
+            if not (isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
+                    and all(is_int(t) and t >= 0 for t in self.allowed_token_ids)):
+                raise ValueError("allowed_token_ids: must be a non-empty list of token ids, "
+                                 f"got {self.allowed_token_ids!r}")
 
     def _validate(self) -> None:
         checks = [
@@ -175,6 +195,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         """Whether sampling reads the token history (repetition/presence/frequency)."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether sampling changes the logits beyond temperature and the filters."""
+        return (self.uses_penalties or bool(self.logit_bias)
+                or self.allowed_token_ids is not None)
 
     @property
     def greedy(self) -> bool:

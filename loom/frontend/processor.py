@@ -82,6 +82,12 @@ class Processor:
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
         self._check_logprobs(params)
+        for name in ("logit_bias", "allowed_token_ids"):
+            ids = getattr(params, name)
+            bad = [t for t in ids or () if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name}: token id(s) {bad[:5]} outside the vocabulary "
+                                 f"(0..{self.vocab_size - 1})")
         if params.guided_decoding is not None:
             validate_guided(params.guided_decoding)
         if params.max_tokens is None:

@@ -387,7 +387,7 @@ def _plain_greedy(req: CachedRequestState) -> bool:
     """Greedy with nothing that changes or reports the distribution: argmax is the answer."""
     p = req.params
     min_tokens_pending = len(req.token_ids) - req.num_prompt_tokens < p.min_tokens
-    return (p.greedy and p.logprobs is None and not p.uses_penalties
+    return (p.greedy and p.logprobs is None and not p.shapes_logits
             and not (min_tokens_pending and _stop_ids(req)) and p.guided_decoding is None)
 
 

@@ -59,6 +59,7 @@ class Sampler(nn.Module):
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.log_softmax(dim=-1)
         logits = apply_grammar(logits, metadata)
+        logits = apply_token_maps(logits, metadata)
         logits = apply_penalties(logits, metadata)
         logits = apply_min_tokens(logits, metadata)
         sampled = _sample(logits, metadata)
@@ -114,6 +115,16 @@ def apply_grammar(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     if md.grammar_rows is not None:
         rows = logits[md.grammar_rows].masked_fill_(~md.grammar_allowed, float("-inf"))
         logits[md.grammar_rows] = rows
+    return logits
+
+
+def apply_token_maps(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """allowed_token_ids (everything else -inf), then logit_bias (added), as vLLM's order."""
+    if md.allowed_rows is not None:
+        rows = logits[md.allowed_rows].masked_fill_(~md.allowed_mask, float("-inf"))
+        logits[md.allowed_rows] = rows
+    if md.bias_rows is not None:
+        logits.index_put_((md.bias_rows, md.bias_cols), md.bias_values, accumulate=True)
     return logits
 
 

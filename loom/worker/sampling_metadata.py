@@ -71,6 +71,15 @@ class SamplingMetadata:
     grammar_allowed: torch.Tensor | None = None
     """[G, V] bool: the tokens each guided row's grammar allows next."""
 
+    allowed_rows: torch.Tensor | None = None
+    """[A] int64 rows with allowed_token_ids; None when no row has them."""
+    allowed_mask: torch.Tensor | None = None
+    """[A, V] bool: the tokens each of those rows may sample."""
+    bias_rows: torch.Tensor | None = None
+    """Flat (row, token, bias) triples of the rows' logit_bias; None when no row has one."""
+    bias_cols: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+
     @property
     def no_top_k(self) -> bool:
         return self.top_k is None
@@ -113,6 +122,7 @@ class SamplingMetadata:
             max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None),
                                  default=None),
             **_grammar_fields(grammar_bitmasks or [], device, vocab_size),
+            **_token_map_fields(params, device, vocab_size),
         )
 
 
@@ -238,6 +248,28 @@ def _min_tokens_pairs(
         return None, None
     flat = _upload(torch.tensor(pairs, dtype=torch.long), device)
     return flat[:, 0], flat[:, 1]
+
+
+def _token_map_fields(params: list[SamplingParams], device: torch.device | str,
+                      vocab_size: int) -> dict[str, torch.Tensor | None]:
+    """allowed_token_ids as a mask over the rows that give them, logit_bias as flat triples."""
+    fields: dict[str, torch.Tensor | None] = {}
+    allowed = [(row, p.allowed_token_ids) for row, p in enumerate(params)
+               if p.allowed_token_ids is not None]
+    if allowed:
+        mask = torch.zeros(len(allowed), vocab_size, dtype=torch.bool)
+        for i, (_, ids) in enumerate(allowed):
+            mask[i, ids] = True
+        fields["allowed_rows"] = _upload(torch.tensor([r for r, _ in allowed]), device)
+        fields["allowed_mask"] = _upload(mask, device)
+    triples = [(row, token, bias) for row, p in enumerate(params)
+               for token, bias in (p.logit_bias or {}).items()]
+    if triples:
+        rows, cols, values = zip(*triples)
+        fields["bias_rows"] = _upload(torch.tensor(rows), device)
+        fields["bias_cols"] = _upload(torch.tensor(cols), device)
+        fields["bias_values"] = _floats(list(values), device)
+    return fields
 
 
 def _grammar_only_ends(bitmask: bytes | None, stops: set[int]) -> bool:

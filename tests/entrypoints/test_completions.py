@@ -143,6 +143,24 @@ def test_prompt_logprobs_as_vllm_returns_them(server, llm, tiny_chat_model):
         assert plain["choices"][0]["prompt_logprobs"] is None
 
 
+def test_logit_bias_and_allowed_token_ids_as_offline(server, llm):
+    client = server.client()
+    bias = {1000: 9.0, 2024: 7.0, 30: -100.0}
+    response = client.completions.create(
+        model=server_model(server), prompt=TOKEN_PROMPT, max_tokens=6, temperature=0,
+        logit_bias={str(t): b for t, b in bias.items()}, extra_body={"ignore_eos": True})
+    offline = _offline(llm, TOKEN_PROMPT, _greedy(max_tokens=6, logit_bias=bias))
+    assert response.choices[0].text == offline.outputs[0].text
+    allowed = [253, 504, 1178, 2491]
+    response = client.completions.create(
+        model=server_model(server), prompt=TOKEN_PROMPT, max_tokens=5, temperature=1.0, seed=3,
+        extra_body={"allowed_token_ids": allowed, "ignore_eos": True})
+    offline = _offline(llm, TOKEN_PROMPT, SamplingParams(
+        temperature=1.0, seed=3, max_tokens=5, ignore_eos=True, allowed_token_ids=allowed))
+    assert set(offline.outputs[0].token_ids) <= set(allowed)
+    assert response.choices[0].text == offline.outputs[0].text
+
+
 def test_stop_string_cuts_the_text(server):
     client = server.client()
     kwargs = dict(model=server_model(server), prompt=PROMPTS[0], max_tokens=24, temperature=0,

@@ -38,7 +38,7 @@ CASES = [
     ("enormous-seed", "/v1/completions", {"prompt": "x", "seed": 10**30}, 400),
     ("stream-options-without-stream", "/v1/completions",
      {"prompt": "x", "stream_options": {"include_usage": True}}, 400),
-    ("logit-bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 1.0}}, 400),
+    ("logit-bias", "/v1/completions", {"prompt": "x", "logit_bias": {"5": "up"}}, 400),
     ("unknown-model", "/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404),
     ("chat-empty-messages", "/v1/chat/completions", {"messages": []}, 400),
     ("chat-messages-a-string", "/v1/chat/completions", {"messages": "hi"}, 400),
@@ -101,7 +101,8 @@ PARAM_CASES = [
                                             "tool_calls": 5}]}, "messages.0.tool_calls"),
     # vLLM's extensions loom lacks are refused by name, not ignored (the answer would
     # differ from vLLM's without a word).
-    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [5]}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [10**9]}, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "x", "bad_words": ["a"]}, "bad_words"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "echo": True, "logprobs": 1},
@@ -110,7 +111,8 @@ PARAM_CASES = [
                               "prompt_logprobs": -1}, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "x", "use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
-    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1.0}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"five": 1.0}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 200}}, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "chat_template": "{{ messages }}"}, "chat_template"),

@@ -4,7 +4,7 @@ what every request shares, /v1/completions and /v1/models (chat and /tokenize in
 
 Requests accept OpenAI's fields plus vLLM's extensions (top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, guided_json, ...). Unknown fields are ignored, as OpenAI's SDKs send
-some that do not apply here. Features loom lacks (logit_bias, best_of > n, and vLLM's
+some that do not apply here. Features loom lacks (best_of > n, and vLLM's
 extensions in `UNSUPPORTED_EXTENSIONS`) are refused with a 400 rather than silently ignored.
 """
 
@@ -34,7 +34,7 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-UNSUPPORTED_EXTENSIONS = ("allowed_token_ids", "bad_words", "truncate_prompt_tokens",
+UNSUPPORTED_EXTENSIONS = ("bad_words", "truncate_prompt_tokens",
                           "return_tokens_as_token_ids", "use_beam_search",
                           "length_penalty", "logits_processors", "vllm_xargs")
 """vLLM's request fields that change the output and that loom does not implement: a request
@@ -225,7 +225,9 @@ class SamplingFields(RequestBody, GuidedFields):
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Float] | None = None
+    """OpenAI's: {token id (as JSON keys are, a string): bias in [-100, 100]}."""
+    allowed_token_ids: list[TokenId] | None = None
     user: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0)
     """vLLM's: the top logprobs at each prompt position (and the prompt token's own)."""
@@ -238,8 +240,6 @@ class SamplingFields(RequestBody, GuidedFields):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self):
-        if self.logit_bias:
-            raise ValueError("logit_bias: not supported by loom")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of: only best_of == n is supported")
         if self.stream_options is not None and not self.stream:
@@ -265,7 +265,16 @@ class SamplingFields(RequestBody, GuidedFields):
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self._logit_bias(), allowed_token_ids=self.allowed_token_ids,
             guided_decoding=self.guided_decoding(), **optional)
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(token): bias for token, bias in self.logit_bias.items()}
+        except ValueError:
+            raise ValueError("logit_bias: keys must be token ids") from None
 
     @property
     def include_usage(self) -> bool:

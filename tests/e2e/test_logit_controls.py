@@ -1,0 +1,73 @@
+"""logit_bias and allowed_token_ids (OpenAI's and vLLM's), greedy, against transformers'
+own sequence_bias and prefix_allowed_tokens_fn on the same tiny model; seeded sampling
+stays inside the allowed set."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+
+PROMPT = "The quick brown fox"
+N = 8
+
+
+@pytest.fixture(scope="module")
+def text_llm(tiny_llama_with_tokenizer):
+    path, _ = tiny_llama_with_tokenizer
+    return LLM(path, dtype="float32", device="cpu", max_model_len=256, seed=0)
+
+
+def _hf(model, ids: list[int], **kw) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=N, min_new_tokens=N,
+                             do_sample=False, eos_token_id=None, pad_token_id=0, **kw)
+    return out[0, len(ids):].tolist()
+
+
+def _loom(llm, ids: list[int], **kw) -> list[int]:
+    params = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True, **kw)
+    return llm.generate([ids], params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_logit_bias_equals_transformers_sequence_bias(text_llm, tiny_llama_with_tokenizer):
+    model = tiny_llama_with_tokenizer[1]
+    ids = text_llm.get_tokenizer().encode(PROMPT)
+    plain = _hf(model, ids)
+    # Ban what it would say first, push a few arbitrary tokens up.
+    bias = {plain[0]: -100.0, 1000: 8.0, 2024: 6.5, 77: -3.0}
+    expected = _hf(model, ids, sequence_bias={(t,): b for t, b in bias.items()})
+    assert expected != plain
+    assert _loom(text_llm, ids, logit_bias=bias) == expected
+
+
+def test_allowed_token_ids_equal_transformers_prefix_allowed(text_llm,
+                                                             tiny_llama_with_tokenizer):
+    model = tiny_llama_with_tokenizer[1]
+    ids = text_llm.get_tokenizer().encode(PROMPT)
+    allowed = [5, 300, 4096, 9000, 12345]
+    expected = _hf(model, ids, prefix_allowed_tokens_fn=lambda batch, prefix: allowed)
+    assert _loom(text_llm, ids, allowed_token_ids=allowed) == expected
+    sampled = text_llm.generate([ids] * 3, SamplingParams(
+        temperature=1.5, seed=7, max_tokens=N, ignore_eos=True, allowed_token_ids=allowed),
+        use_tqdm=False)
+    assert all(set(o.outputs[0].token_ids) <= set(allowed) for o in sampled)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(logit_bias={5: 101.0}), "logit_bias"),
+    (dict(logit_bias={-1: 1.0}), "logit_bias"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids"),
+    (dict(allowed_token_ids=[1.5]), "allowed_token_ids"),
+])
+def test_bad_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        SamplingParams(**kwargs)
+
+
+def test_ids_beyond_the_vocabulary_name_the_field(text_llm):
+    for field, value in (("logit_bias", {10**6: 1.0}), ("allowed_token_ids", [10**6])):
+        with pytest.raises(ValueError, match=f"^{field}: token id"):
+            text_llm.generate(["x"], SamplingParams(**{field: value}), use_tqdm=False)
+    assert text_llm.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)
