@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "CompilationConfig", "PassConfig", "EngineArgs", "__version__"]
+__all__ = ["LLM", "SamplingParams", "PoolingParams", "CompilationConfig", "PassConfig",
+           "EngineArgs", "__version__"]
 
 
 def __getattr__(name: str):
@@ -15,6 +16,9 @@ def __getattr__(name: str):
     if name == "SamplingParams":
         from loom.sampling_params import SamplingParams
         return SamplingParams
+    if name == "PoolingParams":  # as vLLM exports it
+        from loom.pooling_params import PoolingParams
+        return PoolingParams
     if name in ("CompilationConfig", "PassConfig"):
         from loom import config
         return getattr(config, name)

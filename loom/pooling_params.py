@@ -11,6 +11,8 @@ from typing import Literal
 
 import msgspec
 
+from loom.sampling_params import check_truncation
+
 PoolingType = Literal["last", "mean", "cls"]
 POOLING_TYPES: tuple[str, ...] = ("last", "mean", "cls")
 
@@ -21,8 +23,11 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     Qwen3-Embedding); mean: the average over the prompt; cls: the first token's."""
     normalize: bool = True
     """L2-normalise the pooled vector."""
+    truncate_prompt_tokens: int | None = None
+    """vLLM's: embed only the input's last k tokens (-1: as many as max_model_len)."""
 
     def __post_init__(self) -> None:
+        check_truncation(self.truncate_prompt_tokens)
         if self.pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type: must be one of {', '.join(POOLING_TYPES)}, "
                              f"got {self.pooling_type!r}")

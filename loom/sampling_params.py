@@ -55,6 +55,14 @@ StructuredOutputsParams = GuidedDecodingParams
 """vLLM's newer name for the same parameters."""
 
 
+def check_truncation(keep: Any) -> None:
+    """truncate_prompt_tokens: None, -1 or a positive count (sampling and pooling alike)."""
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool)
+                             or not (keep == -1 or keep >= 1)):
+        raise ValueError(f"truncate_prompt_tokens: must be -1 or a positive integer, got "
+                         f"{keep!r}")
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     n: int = 1
     temperature: float = 1.0
@@ -85,6 +93,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """OpenAI's: token id -> a bias in [-100, 100] added to its logit before sampling."""
     allowed_token_ids: list[int] | None = None
     """vLLM's: only these tokens may be sampled."""
+    truncate_prompt_tokens: int | None = None
+    """vLLM's: keep only the prompt's last k tokens (-1: as many as max_model_len)."""
 
     def __post_init__(self) -> None:
         # As vLLM takes them: None for none, one string, or any sequence.
@@ -115,6 +125,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         for name in ("n", "top_k", "min_tokens"):
             if not is_int(getattr(self, name)):
                 raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
+        check_truncation(self.truncate_prompt_tokens)
         for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not is_int(value):

@@ -193,7 +193,7 @@ class LLM:
         for prompt, p in zip(prompts, params):
             text, ids = self.processor.tokenize(prompt)
             request_id = str(next(self._ids))
-            self.processor.process(request_id, ids, p)
+            ids = self.processor.process(request_id, ids, p).prompt_token_ids  # truncated
             requests.append((request_id, text, ids, p))
         return requests
 

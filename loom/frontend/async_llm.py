@@ -121,7 +121,8 @@ class AsyncLLM:
         text, prompt_ids = self.tokenize(prompt)
         if self._request_logger is not None:
             self._request_logger.log(request_id, text, prompt_ids, params)
-        self.processor.process(request_id, prompt_ids, params)  # validate before any state
+        # Validated before any state; its ids are the prompt's after truncate_prompt_tokens.
+        prompt_ids = self.processor.process(request_id, prompt_ids, params).prompt_token_ids
         stream = self.streams[request_id] = _Stream(arrival=time.monotonic())
         if self._tracer is not None:
             stream.trace = self._tracer.begin(request_id, params, len(prompt_ids), trace_headers)
@@ -162,7 +163,8 @@ class AsyncLLM:
                 self.client.send(AbortRequests([request_id]))
         if self._stats is not None:  # a pooling request ends with its one output
             self._stats.on_finished(time.monotonic() - arrival, "stop")
-        return EmbeddingRequestOutput(request_id, EmbeddingOutput(pooled), prompt_ids)
+        return EmbeddingRequestOutput(request_id, EmbeddingOutput(pooled),
+                                      request.prompt_token_ids)
 
     def _pooling_done(self, out: EngineCoreOutput) -> None:
         future = self._pooling.pop(out.request_id)

@@ -29,6 +29,14 @@ def check_num_logprobs(field: str, value: int | None, max_logprobs: int) -> None
                          "-1: the whole vocabulary)")
 
 
+def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: max_model_len of them)."""
+    if keep is None:
+        return token_ids
+    keep = max_model_len if keep == -1 else keep
+    return token_ids[-keep:] if len(token_ids) > keep else token_ids
+
+
 class Processor:
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int,
                  eos_token_id: int | None, max_logprobs: int | None = None) -> None:
@@ -79,6 +87,8 @@ class Processor:
 
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams) -> EngineCoreRequest:
+        prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
+                                           self.max_model_len)
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
         self._check_logprobs(params)
@@ -105,6 +115,8 @@ class Processor:
         if not isinstance(params, PoolingParams):
             raise ValueError(f"pooling_params: expected PoolingParams, got "
                              f"{type(params).__name__}")
+        prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
+                                           self.max_model_len)
         self._check_tokens(prompt_token_ids, "input", room_for_output=False)
         return EngineCoreRequest(request_id, list(prompt_token_ids), POOLING_PLACEHOLDER,
                                  time.time(), self.eos_token_id, pooling_params=params)

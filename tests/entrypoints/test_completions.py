@@ -161,6 +161,22 @@ def test_logit_bias_and_allowed_token_ids_as_offline(server, llm):
     assert response.choices[0].text == offline.outputs[0].text
 
 
+def test_truncate_prompt_tokens_generates_from_the_last_tokens(server, llm):
+    client = server.client()
+    response = client.completions.create(
+        model=server_model(server), prompt=TOKEN_PROMPT, max_tokens=5, temperature=0, echo=True,
+        extra_body={"truncate_prompt_tokens": 3, "ignore_eos": True})
+    kept = TOKEN_PROMPT[-3:]
+    offline = _offline(llm, kept, _greedy(max_tokens=5))
+    echoed = llm.get_tokenizer().decode(kept, skip_special_tokens=False)
+    assert response.choices[0].text == echoed + offline.outputs[0].text
+    assert response.usage.prompt_tokens == 3
+    chat = client.chat.completions.create(
+        model=server_model(server), messages=[{"role": "user", "content": "Hello there"}],
+        max_tokens=2, extra_body={"truncate_prompt_tokens": 5})
+    assert chat.usage.prompt_tokens == 5
+
+
 def test_stop_string_cuts_the_text(server):
     client = server.client()
     kwargs = dict(model=server_model(server), prompt=PROMPTS[0], max_tokens=24, temperature=0,

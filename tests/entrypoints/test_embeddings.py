@@ -99,3 +99,12 @@ def test_an_input_may_fill_the_whole_context(server):
         assert full.json()["usage"]["prompt_tokens"] == MAX_MODEL_LEN
         over = http.post("/v1/embeddings", json={"input": [5] * (MAX_MODEL_LEN + 1)})
     assert over.status_code == 400 and over.json()["error"]["param"] == "input", over.text
+
+
+def test_truncate_prompt_tokens_embeds_the_last_tokens(server, llm):
+    ids = llm.tokenizer.encode(TEXTS[1])
+    resp = httpx.post(f"{server.url}/v1/embeddings", headers=AUTH, timeout=60,
+                      json={"input": TEXTS[1], "truncate_prompt_tokens": 4}).json()
+    assert resp["usage"]["prompt_tokens"] == 4
+    expected = llm.embed([ids[-4:]], use_tqdm=False)[0].outputs.embedding
+    np.testing.assert_allclose(resp["data"][0]["embedding"], expected, atol=1e-5)

@@ -34,8 +34,7 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-UNSUPPORTED_EXTENSIONS = ("bad_words", "truncate_prompt_tokens",
-                          "return_tokens_as_token_ids", "use_beam_search",
+UNSUPPORTED_EXTENSIONS = ("bad_words", "return_tokens_as_token_ids", "use_beam_search",
                           "length_penalty", "logits_processors", "vllm_xargs")
 """vLLM's request fields that change the output and that loom does not implement: a request
 setting one gets a 400 naming it, where ignoring it would answer something else."""
@@ -228,6 +227,8 @@ class SamplingFields(RequestBody, GuidedFields):
     logit_bias: dict[str, Float] | None = None
     """OpenAI's: {token id (as JSON keys are, a string): bias in [-100, 100]}."""
     allowed_token_ids: list[TokenId] | None = None
+    truncate_prompt_tokens: int | None = None
+    """vLLM's: keep only the prompt's last k tokens (-1: as many as max_model_len)."""
     user: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0)
     """vLLM's: the top logprobs at each prompt position (and the prompt token's own)."""
@@ -266,6 +267,7 @@ class SamplingFields(RequestBody, GuidedFields):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self._logit_bias(), allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             guided_decoding=self.guided_decoding(), **optional)
 
     def _logit_bias(self) -> dict[int, float] | None:

@@ -20,6 +20,8 @@ class EmbeddingRequest(RequestBody):  # unknown fields ignored: the SDKs send so
     user: str | None = None
     normalize: bool = True
     """vLLM's extension: L2-normalise each vector."""
+    truncate_prompt_tokens: int | None = None
+    """vLLM's extension: embed only each input's last k tokens (-1: max_model_len of them)."""
 
     @field_validator("input", mode="before")
     @classmethod
@@ -49,7 +51,8 @@ class EmbeddingRequest(RequestBody):  # unknown fields ignored: the SDKs send so
         if self.dimensions is not None:
             raise ValueError("dimensions: this model does not support reduced (matryoshka) "
                              "dimensions; leave the field out")
-        return PoolingParams(normalize=self.normalize)
+        return PoolingParams(normalize=self.normalize,
+                             truncate_prompt_tokens=self.truncate_prompt_tokens)
 
 
 class EmbeddingData(BaseModel):

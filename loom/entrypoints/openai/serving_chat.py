@@ -23,6 +23,7 @@ from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge
                                                   sse_error)
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls, ToolStream
+from loom.frontend.processor import truncate_prompt
 from loom.outputs import CompletionOutput, PositionLogprobs
 
 
@@ -102,6 +103,8 @@ class OpenAIServingChat(OpenAIServing):
         variables = {**(body.chat_template_kwargs or {}), "tools": body.tools or None}
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
                                     body.continue_final_message, variables)
+        prompt_ids = truncate_prompt(prompt_ids, body.truncate_prompt_tokens,
+                                     self.engine.max_model_len)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens),
                                          self.sampling_defaults)

@@ -15,6 +15,7 @@ from loom.entrypoints.openai.protocol import (CompletionChoice, CompletionLogpro
                                               CompletionRequest, CompletionResponse, UsageInfo)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
                                                   sse_error)
+from loom.frontend.processor import truncate_prompt
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
@@ -60,6 +61,9 @@ class OpenAIServingCompletion(OpenAIServing):
         generators = []
         tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.prompts])
         for i, (text, token_ids) in enumerate(tokenized):
+            kept = truncate_prompt(token_ids, body.truncate_prompt_tokens,
+                                   self.engine.max_model_len)
+            text, token_ids = (text, token_ids) if kept is token_ids else (None, kept)
             params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens),
                                              self.sampling_defaults)
             self.engine.processor.process(request.id, token_ids, params)  # all valid, or none runs

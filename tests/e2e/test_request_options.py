@@ -1,13 +1,14 @@
-"""logit_bias and allowed_token_ids (OpenAI's and vLLM's), greedy, against transformers'
-own sequence_bias and prefix_allowed_tokens_fn on the same tiny model; seeded sampling
-stays inside the allowed set."""
+"""Request options that shape the distribution or the prompt: logit_bias and
+allowed_token_ids (OpenAI's and vLLM's), greedy, against transformers' own sequence_bias and
+prefix_allowed_tokens_fn on the same tiny model (seeded sampling stays inside the allowed
+set); vLLM's truncate_prompt_tokens, against the truncated prompt given whole."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from loom import LLM, SamplingParams
+from loom import LLM, PoolingParams, SamplingParams
 
 PROMPT = "The quick brown fox"
 N = 8
@@ -71,3 +72,23 @@ def test_ids_beyond_the_vocabulary_name_the_field(text_llm):
         with pytest.raises(ValueError, match=f"^{field}: token id"):
             text_llm.generate(["x"], SamplingParams(**{field: value}), use_tqdm=False)
     assert text_llm.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(text_llm):
+    ids = text_llm.get_tokenizer().encode("one two three four five six seven eight nine ten")
+    cut = text_llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True,
+                                                  truncate_prompt_tokens=4), use_tqdm=False)[0]
+    assert cut.prompt_token_ids == ids[-4:]
+    assert cut.outputs[0].token_ids == _loom(text_llm, ids[-4:])
+    whole = text_llm.generate([ids], SamplingParams(max_tokens=1, truncate_prompt_tokens=-1),
+                              use_tqdm=False)[0]
+    assert whole.prompt_token_ids == ids  # -1: up to max_model_len, which it fits
+    embedded = text_llm.embed([ids], PoolingParams(truncate_prompt_tokens=3), use_tqdm=False)[0]
+    assert embedded.prompt_token_ids == ids[-3:]
+    assert embedded.outputs.embedding == pytest.approx(
+        text_llm.embed([ids[-3:]], use_tqdm=False)[0].outputs.embedding, abs=1e-6)
+    for bad in (0, -2, 1.5):
+        with pytest.raises(ValueError, match="^truncate_prompt_tokens:"):
+            SamplingParams(truncate_prompt_tokens=bad)
+        with pytest.raises(ValueError, match="^truncate_prompt_tokens:"):
+            PoolingParams(truncate_prompt_tokens=bad)
