@@ -177,6 +177,29 @@ def test_truncate_prompt_tokens_generates_from_the_last_tokens(server, llm):
     assert chat.usage.prompt_tokens == 5
 
 
+def test_return_tokens_as_token_ids(server, llm):
+    """vLLM's spelling of each logprob's token, "token_id:<id>", on both endpoints: the ids
+    are the ones the offline LLM samples."""
+    client = server.client()
+    offline = _offline(llm, TOKEN_PROMPT, _greedy(max_tokens=4, logprobs=2))
+    response = client.completions.create(
+        model=server_model(server), prompt=TOKEN_PROMPT, max_tokens=4, temperature=0,
+        logprobs=2, extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True})
+    lp = response.choices[0].logprobs
+    assert lp.tokens == [f"token_id:{t}" for t in offline.outputs[0].token_ids]
+    assert all(all(k.startswith("token_id:") for k in top) for top in lp.top_logprobs)
+    chat = client.chat.completions.create(
+        model=server_model(server), messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        temperature=0, logprobs=True, top_logprobs=2,
+        extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True})
+    ids = llm.chat_prompt_ids([{"role": "user", "content": "hi"}])
+    expected = _offline(llm, ids, _greedy(max_tokens=3)).outputs[0].token_ids
+    content = chat.choices[0].logprobs.content
+    assert [c.token for c in content] == [f"token_id:{t}" for t in expected]
+    assert content[0].bytes == list(content[0].token.encode())
+    assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)
+
+
 def test_stop_string_cuts_the_text(server):
     client = server.client()
     kwargs = dict(model=server_model(server), prompt=PROMPTS[0], max_tokens=24, temperature=0,

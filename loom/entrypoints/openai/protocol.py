@@ -34,7 +34,7 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-UNSUPPORTED_EXTENSIONS = ("bad_words", "return_tokens_as_token_ids", "use_beam_search",
+UNSUPPORTED_EXTENSIONS = ("bad_words", "use_beam_search",
                           "length_penalty", "logits_processors", "vllm_xargs")
 """vLLM's request fields that change the output and that loom does not implement: a request
 setting one gets a 400 naming it, where ignoring it would answer something else."""
@@ -229,6 +229,8 @@ class SamplingFields(RequestBody, GuidedFields):
     allowed_token_ids: list[TokenId] | None = None
     truncate_prompt_tokens: int | None = None
     """vLLM's: keep only the prompt's last k tokens (-1: as many as max_model_len)."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's: logprobs name their tokens "token_id:<id>" (text need not round-trip)."""
     user: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0)
     """vLLM's: the top logprobs at each prompt position (and the prompt token's own)."""

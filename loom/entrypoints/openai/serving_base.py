@@ -68,7 +68,11 @@ class OpenAIServing:
                                 "completion). Please reduce the prompt or max_tokens.", "max_tokens")
         return requested
 
-    def token_text(self, token_id: int, logprobs: PositionLogprobs | None = None) -> str:
+    def token_text(self, token_id: int, logprobs: PositionLogprobs | None = None,
+                   as_id: bool = False) -> str:
+        """A logprob entry's token; as_id: vLLM's return_tokens_as_token_ids spelling."""
+        if as_id:
+            return f"token_id:{token_id}"
         entry = logprobs.get(token_id) if logprobs else None
         if entry is not None and entry.decoded_token is not None:
             return entry.decoded_token

@@ -135,7 +135,7 @@ class OpenAIServingChat(OpenAIServing):
                 for delta in output.outputs:
                     texts[delta.index] += delta.text
                     tokens[delta.index] += len(delta.token_ids)
-                    logprobs[delta.index] += self._logprobs(delta, chat.body.top_logprobs or 0)
+                    logprobs[delta.index] += self._logprobs(delta, chat.body)
                     finish[delta.index] = delta
         choices = []
         for i in range(n):
@@ -188,7 +188,7 @@ class OpenAIServingChat(OpenAIServing):
 
     def _stream_choice(self, chat: _Chat, delta: CompletionOutput,
                        stream: _ChoiceStream) -> ChatStreamChoice:
-        logprobs = (ChoiceLogprobs(content=self._logprobs(delta, chat.body.top_logprobs or 0))
+        logprobs = (ChoiceLogprobs(content=self._logprobs(delta, chat.body))
                     if chat.body.logprobs else None)
         thinking, content, calls, reason = stream.feed(delta.text, delta.finish_reason)
         message = DeltaMessage(reasoning=thinking or None,
@@ -203,19 +203,22 @@ class OpenAIServingChat(OpenAIServing):
         return sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
                                        choices=[choice], usage=usage))
 
-    def _logprobs(self, delta: CompletionOutput, top_n: int) -> list[TokenLogprob]:
+    def _logprobs(self, delta: CompletionOutput, body: ChatCompletionRequest
+                  ) -> list[TokenLogprob]:
         if not delta.logprobs:
             return []
-        return [self._token_logprob(t, p, top_n) for t, p in zip(delta.token_ids, delta.logprobs)]
+        return [self._token_logprob(t, p, body.top_logprobs or 0, body.return_tokens_as_token_ids)
+                for t, p in zip(delta.token_ids, delta.logprobs)]
 
-    def _token_logprob(self, token_id: int, position: PositionLogprobs, top_n: int) -> TokenLogprob:
+    def _token_logprob(self, token_id: int, position: PositionLogprobs, top_n: int,
+                       as_ids: bool) -> TokenLogprob:
         ranked = sorted(position, key=lambda t: -position[t].logprob)[:top_n]
-        chosen = self._top(token_id, position)
+        chosen = self._top(token_id, position, as_ids)
         return TokenLogprob(token=chosen.token, logprob=chosen.logprob, bytes=chosen.bytes,
-                            top_logprobs=[self._top(t, position) for t in ranked])
+                            top_logprobs=[self._top(t, position, as_ids) for t in ranked])
 
-    def _top(self, token_id: int, position: PositionLogprobs) -> TopLogprob:
-        text = self.token_text(token_id, position)
+    def _top(self, token_id: int, position: PositionLogprobs, as_ids: bool) -> TopLogprob:
+        text = self.token_text(token_id, position, as_ids)
         return TopLogprob(token=text, logprob=position[token_id].logprob,
                           bytes=list(text.encode("utf-8")))
 

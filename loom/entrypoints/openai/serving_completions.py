@@ -100,7 +100,7 @@ class OpenAIServingCompletion(OpenAIServing):
             text = self._echo_text(prompt) + text
             token_ids = prompt.token_ids + token_ids
             positions = self._prompt_positions(prompt, prompt_logprobs) + positions
-        logprobs = (self._logprobs(token_ids, positions, 0)
+        logprobs = (self._logprobs(token_ids, positions, 0, request.body.return_tokens_as_token_ids)
                     if request.body.logprobs is not None else None)
         asked = request.body.prompt_logprobs is not None
         return CompletionChoice(index=index, text=text, logprobs=logprobs,
@@ -154,7 +154,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 continue
             logprobs = None
             if body.logprobs is not None:
-                logprobs = self._logprobs(token_ids, positions, choice.text_offset)
+                logprobs = self._logprobs(token_ids, positions, choice.text_offset,
+                                          body.return_tokens_as_token_ids)
                 choice.text_offset += sum(len(t) for t in logprobs.tokens)
             yield sse(CompletionResponse(
                 id=request.id, created=request.created, model=request.model,
@@ -176,10 +177,11 @@ class OpenAIServingCompletion(OpenAIServing):
             return [None] * len(prompt.token_ids)
         return list(prompt_logprobs[:len(prompt.token_ids)])
 
-    def _logprobs(self, token_ids: list[int], positions: list, offset: int) -> CompletionLogprobs:
+    def _logprobs(self, token_ids: list[int], positions: list, offset: int,
+                  as_ids: bool) -> CompletionLogprobs:
         out = CompletionLogprobs()
         for token_id, position in zip(token_ids, positions):
-            token = self.token_text(token_id, position)
+            token = self.token_text(token_id, position, as_ids)
             out.tokens.append(token)
             out.text_offset.append(offset)
             offset += len(token)
@@ -188,7 +190,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 out.top_logprobs.append(None)
                 continue
             out.token_logprobs.append(position[token_id].logprob)
-            out.top_logprobs.append({self.token_text(t, position): lp.logprob
+            out.top_logprobs.append({self.token_text(t, position, as_ids): lp.logprob
                                      for t, lp in position.items()})
         return out
 
