@@ -95,6 +95,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """vLLM's: only these tokens may be sampled."""
     truncate_prompt_tokens: int | None = None
     """vLLM's: keep only the prompt's last k tokens (-1: as many as max_model_len)."""
+    bad_words: list[str] = []
+    """vLLM's: words never generated, at the start of the text or after a space."""
+    bad_words_token_ids: list[list[int]] = []
+    """bad_words as token sequences (the frontend fills it from bad_words; may be given)."""
 
     def __post_init__(self) -> None:
         # As vLLM takes them: None for none, one string, or any sequence.
@@ -164,6 +168,18 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                     for t, b in self.logit_bias.items()):
                 raise ValueError("logit_bias: must map token ids (non-negative integers) to "
                                  f"biases in [-100, 100], got {self.logit_bias!r}")
+        for name in ("bad_words", "bad_words_token_ids"):
+            if getattr(self, name) is None:
+                setattr(self, name, [])
+        if not (isinstance(self.bad_words, list)
+                and all(isinstance(w, str) and w.strip() for w in self.bad_words)):
+            raise ValueError(f"bad_words: must be a list of non-blank strings, got "
+                             f"{self.bad_words!r}")
+        if not (isinstance(self.bad_words_token_ids, list) and all(
+                isinstance(s, list) and s and all(is_int(t) and t >= 0 for t in s)
+                for s in self.bad_words_token_ids)):
+            raise ValueError("bad_words_token_ids: must be a list of non-empty token id "
+                             f"lists, got {self.bad_words_token_ids!r}")
         if self.allowed_token_ids is not None:
             if isinstance(self.allowed_token_ids, tuple):
                 self.allowed_token_ids = list(self.allowed_token_ids)
@@ -210,7 +226,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     @property
     def shapes_logits(self) -> bool:
         """Whether sampling changes the logits beyond temperature and the filters."""
-        return (self.uses_penalties or bool(self.logit_bias)
+        return (self.uses_penalties or bool(self.logit_bias) or bool(self.bad_words_token_ids)
                 or self.allowed_token_ids is not None)
 
     @property

@@ -181,7 +181,7 @@ class Scheduler:
         # min_tokens masks stop tokens until enough are out: only then does it need counts.
         masks_stops = bool(p.stop_token_ids) or (request.eos_token_id is not None
                                                  and not p.ignore_eos)
-        if (p.uses_penalties or (p.seed is not None and not p.greedy)
+        if (p.uses_penalties or p.bad_words_token_ids or (p.seed is not None and not p.greedy)
                 or (request.num_output_tokens < p.min_tokens and masks_stops)):
             return False
         num_outputs = request.num_output_tokens + request.num_output_placeholders

@@ -92,8 +92,14 @@ class Processor:
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
         self._check_logprobs(params)
-        for name in ("logit_bias", "allowed_token_ids"):
+        if params.bad_words:
+            # The engine gets token sequences only (and converting twice adds nothing).
+            params = params.clone(bad_words=[], bad_words_token_ids=params.bad_words_token_ids
+                                  + self._bad_words_ids(params.bad_words))
+        for name in ("logit_bias", "allowed_token_ids", "bad_words_token_ids"):
             ids = getattr(params, name)
+            if name == "bad_words_token_ids":
+                ids = [t for seq in ids for t in seq]
             bad = [t for t in ids or () if t >= self.vocab_size]
             if bad:
                 raise ValueError(f"{name}: token id(s) {bad[:5]} outside the vocabulary "
@@ -107,6 +113,20 @@ class Processor:
             params = params.clone(stop_token_ids=params.stop_token_ids + extra)
         return EngineCoreRequest(request_id, list(prompt_token_ids), params, time.time(),
                                  self.eos_token_id)
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Each word as it starts the text and as it follows a space (vLLM's rule: the
+        second only where it is a different word token of the same length)."""
+        if self.tokenizer is None:
+            raise ValueError("bad_words: needs a tokenizer; give bad_words_token_ids")
+        out = []
+        for word in words:
+            alone = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            out.append(alone)
+            if spaced[0] != alone[0] and len(spaced) == len(alone):
+                out.append(spaced)
+        return out
 
     def process_pooling(self, request_id: str, prompt_token_ids: list[int],
                         params: PoolingParams) -> EngineCoreRequest:

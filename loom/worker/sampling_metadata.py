@@ -55,7 +55,8 @@ class SamplingMetadata:
     """[B, V] bool, token occurs in the prompt; only the repetition penalty reads it."""
 
     stop_rows: torch.Tensor | None
-    """Flat (row, token) pairs masked to -inf because the row is still under min_tokens."""
+    """Flat (row, token) pairs masked to -inf: stop tokens while the row is still under
+    min_tokens, and the tokens that would complete one of its bad words."""
     stop_cols: torch.Tensor | None
 
     generators: dict[int, torch.Generator]
@@ -109,7 +110,7 @@ class SamplingMetadata:
         grammar_bitmasks: list[bytes | None] | None = None,
     ) -> SamplingMetadata:
         greedy = [p.greedy for p in params]
-        stop_rows, stop_cols = _min_tokens_pairs(params, output_token_ids, stop_ids,
+        stop_rows, stop_cols = _masked_pairs(params, output_token_ids, stop_ids,
                                                  device, vocab_size, grammar_bitmasks)
         return cls(
             **_mode_fields(params, greedy, device),
@@ -229,7 +230,7 @@ def _token_counts(
     return counts.index_put_((rows, cols), ones, accumulate=True)
 
 
-def _min_tokens_pairs(
+def _masked_pairs(
     params: list[SamplingParams],
     output_token_ids: list[list[int]],
     stop_ids: list[set[int]],
@@ -244,6 +245,9 @@ def _min_tokens_pairs(
                                                              stop_ids, bitmasks))
              if len(out) < p.min_tokens and not _grammar_only_ends(mask, stops)
              for tok in sorted(stops) if 0 <= tok < vocab_size]
+    pairs += [(row, seq[-1]) for row, (p, out) in enumerate(zip(params, output_token_ids))
+              for seq in p.bad_words_token_ids
+              if len(seq) == 1 or out[len(out) - len(seq) + 1:] == seq[:-1]]
     if not pairs:
         return None, None
     flat = _upload(torch.tensor(pairs, dtype=torch.long), device)

@@ -1,7 +1,8 @@
 """Request options that shape the distribution or the prompt: logit_bias and
 allowed_token_ids (OpenAI's and vLLM's), greedy, against transformers' own sequence_bias and
 prefix_allowed_tokens_fn on the same tiny model (seeded sampling stays inside the allowed
-set); vLLM's truncate_prompt_tokens, against the truncated prompt given whole."""
+set); vLLM's truncate_prompt_tokens, against the truncated prompt given whole; bad words against
+transformers' bad_words_ids."""
 
 from __future__ import annotations
 
@@ -92,3 +93,32 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(text_llm):
             SamplingParams(truncate_prompt_tokens=bad)
         with pytest.raises(ValueError, match="^truncate_prompt_tokens:"):
             PoolingParams(truncate_prompt_tokens=bad)
+
+
+def test_bad_words_equal_transformers_bad_words_ids(text_llm, tiny_llama_with_tokenizer):
+    model = tiny_llama_with_tokenizer[1]
+    ids = text_llm.get_tokenizer().encode(PROMPT)
+    first = _hf(model, ids)[0]
+    # A second, two-token bad word taken from what it says once the first is banned, so
+    # that the rule on the preceding token fires mid-output.
+    h = _hf(model, ids, bad_words_ids=[[first]])
+    assert ids[-1] != h[2]  # transformers also matches against the prompt; loom, as vLLM, not
+    bad = [[first], [h[2], h[3]]]
+    expected = _hf(model, ids, bad_words_ids=bad)
+    assert expected[:3] == h[:3] and expected[3] != h[3]
+    assert _loom(text_llm, ids, bad_words_token_ids=bad) == expected
+
+
+def test_bad_words_are_tokenized_alone_and_after_a_space(text_llm, tiny_llama_with_tokenizer):
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(tiny_llama_with_tokenizer[0])
+    alone, spaced = (hf.encode(w, add_special_tokens=False) for w in ("fox", " fox"))
+    params = text_llm.processor.process("bad-words", [1, 2, 3], SamplingParams(
+        bad_words=["fox"])).sampling_params
+    assert params.bad_words_token_ids == [alone, spaced] and params.bad_words == []
+    ids = text_llm.get_tokenizer().encode(PROMPT)
+    plain = _loom(text_llm, ids)
+    word = text_llm.get_tokenizer().decode(plain[:1]).strip()
+    banned = {t for w in (word, " " + word) for t in hf.encode(w, add_special_tokens=False)}
+    out = _loom(text_llm, ids, bad_words=[word])
+    assert out[0] != plain[0] and not banned & set(out)

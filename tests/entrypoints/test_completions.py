@@ -177,6 +177,25 @@ def test_truncate_prompt_tokens_generates_from_the_last_tokens(server, llm):
     assert chat.usage.prompt_tokens == 5
 
 
+def test_bad_words_as_offline(server, llm):
+    client = server.client()
+    plain = _offline(llm, TOKEN_PROMPT, _greedy(max_tokens=6)).outputs[0]
+    tok = llm.get_tokenizer()
+
+    def banned(word: str) -> list[list[int]]:
+        return llm.processor.process("w", [1], SamplingParams(
+            bad_words=[word])).sampling_params.bad_words_token_ids
+    # A token of the greedy output that its word, as bad, bans on its own.
+    k, words = next((k, [tok.decode([t]).strip()]) for k, t in enumerate(plain.token_ids)
+                    if tok.decode([t]).strip() and [t] in banned(tok.decode([t]).strip()))
+    offline = _offline(llm, TOKEN_PROMPT, _greedy(max_tokens=6, bad_words=words)).outputs[0]
+    assert offline.token_ids[:k + 1] != plain.token_ids[:k + 1]
+    response = client.completions.create(
+        model=server_model(server), prompt=TOKEN_PROMPT, max_tokens=6, temperature=0,
+        extra_body={"bad_words": words, "ignore_eos": True})
+    assert response.choices[0].text == offline.text
+
+
 def test_return_tokens_as_token_ids(server, llm):
     """vLLM's spelling of each logprob's token, "token_id:<id>", on both endpoints: the ids
     are the ones the offline LLM samples."""

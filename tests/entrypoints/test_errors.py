@@ -103,7 +103,7 @@ PARAM_CASES = [
     # differ from vLLM's without a word).
     ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "x", "allowed_token_ids": [10**9]}, "allowed_token_ids"),
-    ("/v1/completions", {"prompt": "x", "bad_words": ["a"]}, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "bad_words": [" "]}, "bad_words"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "echo": True, "logprobs": 1},
      "prompt_logprobs"),

@@ -34,7 +34,7 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-UNSUPPORTED_EXTENSIONS = ("bad_words", "use_beam_search",
+UNSUPPORTED_EXTENSIONS = ("use_beam_search",
                           "length_penalty", "logits_processors", "vllm_xargs")
 """vLLM's request fields that change the output and that loom does not implement: a request
 setting one gets a 400 naming it, where ignoring it would answer something else."""
@@ -229,6 +229,8 @@ class SamplingFields(RequestBody, GuidedFields):
     allowed_token_ids: list[TokenId] | None = None
     truncate_prompt_tokens: int | None = None
     """vLLM's: keep only the prompt's last k tokens (-1: as many as max_model_len)."""
+    bad_words: list[str] | None = None
+    """vLLM's: words never generated (at the start of the text or after a space)."""
     return_tokens_as_token_ids: bool = False
     """vLLM's: logprobs name their tokens "token_id:<id>" (text need not round-trip)."""
     user: str | None = None
@@ -269,7 +271,7 @@ class SamplingFields(RequestBody, GuidedFields):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self._logit_bias(), allowed_token_ids=self.allowed_token_ids,
-            truncate_prompt_tokens=self.truncate_prompt_tokens,
+            truncate_prompt_tokens=self.truncate_prompt_tokens, bad_words=self.bad_words or [],
             guided_decoding=self.guided_decoding(), **optional)
 
     def _logit_bias(self) -> dict[int, float] | None:
