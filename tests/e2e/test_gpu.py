@@ -79,3 +79,26 @@ def test_gpu_bf16_first_tokens_match_transformers(tiny_model_factory):
             ref = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=4,
                               do_sample=False, pad_token_id=0, eos_token_id=None)
         assert out.outputs[0].token_ids[:2] == ref[0, len(prompt):len(prompt) + 2].tolist()
+
+
+def test_gpu_logit_options_equal_cpu(tiny_model_factory):
+    """logit_bias, allowed_token_ids and bad words shape the distribution on the device
+    (index_put_, masked rows) exactly as on the CPU, batched with a plain greedy row."""
+    path, _ = tiny_model_factory("llama")
+    prompts = _prompts(9, (12, 30, 7, 25))
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                             logit_bias={5: 1.5, 77: -100.0, 201: 1.0}),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                             allowed_token_ids=[3, 50, 70, 90]),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                             bad_words_token_ids=[[11], [40, 41]]),
+              PARAMS]
+    out = []
+    for device in ("cpu", "cuda"):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
+                  dtype="float32")
+        out.append([o.outputs[0].token_ids
+                    for o in llm.generate(prompts, params, use_tqdm=False)])
+        llm.shutdown()
+    assert out[1] == out[0]
+    assert set(out[0][1]) <= {3, 50, 70, 90} and 11 not in out[0][2]
