@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loom.entrypoints.openai.tool_parsers import tail_overlap
+
 START, END = "<think>", "</think>"
 
 
@@ -39,13 +41,6 @@ REASONING_PARSERS = {"qwen3": ReasoningParser(opened_by_template=False),
                      "deepseek_r1": ReasoningParser(opened_by_template=True)}
 
 
-def _tail_overlap(text: str, marker: str) -> int:
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
-
-
 @dataclass
 class ReasoningStream:
     parser: ReasoningParser
@@ -62,7 +57,7 @@ class ReasoningStream:
             return "", ""  # may still open with <think>
         reasoning, content = self.parser.split(self.text)
         if reasoning is not None and content is None:  # still thinking: hold a partial </think>
-            reasoning = reasoning[:len(reasoning) - _tail_overlap(reasoning, END)]
+            reasoning = reasoning[:len(reasoning) - tail_overlap(reasoning, END)]
         return self._new(reasoning, content)
 
     def end(self) -> tuple[str, str]:

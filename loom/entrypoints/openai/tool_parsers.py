@@ -45,7 +45,16 @@ def call_from_json(obj: Any, argument_keys: tuple[str, ...]) -> FunctionCall | N
     return FunctionCall(obj["name"], "{}")
 
 
-def _tail_overlap(text: str, marker: str) -> int:
+def _whole_output_call_prefix(text: str, opener: str, tag: str) -> int:
+    """content_prefix of a syntax where calls are the whole output: nothing may go out while
+    the output may still open with them (opener, or tag), all of it once it cannot."""
+    head = text.lstrip()
+    if not head or head.startswith(opener) or head.startswith(tag) or tag.startswith(head):
+        return 0
+    return len(text)
+
+
+def tail_overlap(text: str, marker: str) -> int:
     """The length of the longest suffix of text that begins marker."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:k]):
@@ -83,7 +92,7 @@ class HermesParser:
 
     def content_prefix(self, text: str) -> int:
         start = text.find(self.START)
-        return start if start >= 0 else len(text) - _tail_overlap(text, self.START)
+        return start if start >= 0 else len(text) - tail_overlap(text, self.START)
 
 
 class Llama3JsonParser:
@@ -113,10 +122,7 @@ class Llama3JsonParser:
         return None, calls
 
     def content_prefix(self, text: str) -> int:
-        head = text.lstrip()
-        if not head or head.startswith("{") or head.startswith(self.TAG) or self.TAG.startswith(head):
-            return 0
-        return len(text)
+        return _whole_output_call_prefix(text, "{", self.TAG)
 
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
@@ -157,10 +163,7 @@ class PythonicParser:
         return None, calls
 
     def content_prefix(self, text: str) -> int:
-        head = text.lstrip()
-        if not head or head.startswith("[") or head.startswith(self.START) or self.START.startswith(head):
-            return 0
-        return len(text)
+        return _whole_output_call_prefix(text, "[", self.START)
 
 
 TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
