@@ -163,8 +163,7 @@ def test_render_passes_template_variables(tiny_chat_model):
         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}],
         "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
         "chat_template_kwargs": {"enable_thinking": False}})
-    ids = chat.render(body.messages, False, False,
-                      {**body.chat_template_kwargs, "tools": body.tools})
+    ids = chat.render(body.messages, False, False, body.template_variables)
     assert tokenizer.decode(ids) == "[quiet][1 tools]user:hi;assistant:;"
 
 
@@ -199,3 +198,24 @@ def test_llm_chat_takes_tools_template_kwargs_and_continues_the_final_message(ll
         llm.chat(messages, continue_final_message=True, use_tqdm=False, chat_template=template)
     with pytest.raises(ValueError, match="tools.0.type"):
         llm.chat(messages, tools=[{"type": "web"}], use_tqdm=False, chat_template=template)
+
+
+def test_request_chat_template_and_documents(parsing_server, tiny_chat_model):
+    """With --trust-request-chat-template a request's own template renders its messages and
+    documents, as transformers renders them; a server without the flag refuses it (see
+    test_errors)."""
+    import transformers as tf
+    hf = tf.AutoTokenizer.from_pretrained(tiny_chat_model)
+    template = ("{% for d in documents %}[{{ d['title'] }}: {{ d['text'] }}]{% endfor %}"
+                "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
+    messages = [{"role": "user", "content": "Summarise."}]
+    documents = [{"title": "a", "text": "one"}, {"title": "b", "text": "two"}]
+    text = hf.apply_chat_template(messages, documents=documents, chat_template=template,
+                                  tokenize=False, add_generation_prompt=True)
+    with httpx.Client(base_url=parsing_server.url,
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as http:
+        r = http.post("/v1/chat/completions", json={
+            "messages": messages, "max_tokens": 1, "chat_template": template,
+            "documents": documents})
+        assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(hf(text, add_special_tokens=False)["input_ids"])

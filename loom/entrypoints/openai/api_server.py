@@ -73,6 +73,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """What tool_choice "auto" reads calls with (--enable-auto-tool-choice); None: refused."""
     reasoning_parser: str | None = None
     """How thinking is split from the answer (--reasoning-parser); None: all is content."""
+    trust_request_chat_template: bool = False
+    """A chat request may bring its own chat_template (--trust-request-chat-template)."""
 
 
 @dataclass
@@ -246,7 +248,9 @@ async def serve(options: ServerOptions, sock: socket.socket,
                         OpenAIServingCompletion(engine, names, defaults),
                         OpenAIServingChat(engine, names, defaults,
                                           tool_call_parser=options.tool_call_parser,
-                                          reasoning_parser=options.reasoning_parser),
+                                          reasoning_parser=options.reasoning_parser,
+                                          trust_request_chat_template=(
+                                              options.trust_request_chat_template)),
                         OpenAIServingEmbedding(engine, names))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,

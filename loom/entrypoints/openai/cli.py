@@ -33,6 +33,8 @@ def register(subparsers) -> None:
                    help="name(s) clients use for the model; the first is reported in responses")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one; overrides the model's")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let a chat request bring its own chat_template (a template is code)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="let tool_choice \"auto\" (the default with tools) read the model's own "
                         "tool calls, with --tool-call-parser")
@@ -90,7 +92,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
         otlp_traces_endpoint=traces_endpoint,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
-        reasoning_parser=args.reasoning_parser)
+        reasoning_parser=args.reasoning_parser,
+        trust_request_chat_template=args.trust_request_chat_template)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 

@@ -97,16 +97,23 @@ class ChatCompletionRequest(SamplingFields):
     """vLLM's: with a --reasoning-parser, send the thinking in `reasoning` (else drop it)."""
     chat_template_kwargs: dict[str, Any] | None = None
     """vLLM's: more variables for the chat template (Qwen3's enable_thinking, ...)."""
+    documents: list[dict[str, Any]] | None = None
+    """vLLM's: the template's `documents` (RAG templates)."""
+    chat_template: str | None = None
+    """vLLM's: the request's own template, if the server runs with
+    --trust-request-chat-template (a template is code)."""
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_chat_extensions(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("chat_template") is not None:
-            # As vLLM without --trust-request-chat-template: a template is code.
-            raise ValueError("chat_template: a request may not bring its own chat template; "
-                             "start the server with --chat-template")
-        refuse_extensions(data, ("echo", "documents", "mm_processor_kwargs"))
+        refuse_extensions(data, ("echo", "mm_processor_kwargs"))
         return data
+
+    @property
+    def template_variables(self) -> dict[str, Any]:
+        """The template's variables beyond the messages."""
+        extra = {"documents": self.documents} if self.documents is not None else {}
+        return {**(self.chat_template_kwargs or {}), "tools": self.tools or None, **extra}
 
     @model_validator(mode="after")
     def _check_chat(self):

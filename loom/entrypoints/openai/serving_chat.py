@@ -73,8 +73,10 @@ class _ChoiceStream:
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args, tool_call_parser: str | None = None,
-                 reasoning_parser: str | None = None, **kwargs) -> None:
+                 reasoning_parser: str | None = None, trust_request_chat_template: bool = False,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.trust_request_chat_template = trust_request_chat_template
         self.tool_call_parser = tool_call_parser
         """--tool-call-parser, set with --enable-auto-tool-choice: what tool_choice "auto"
         reads calls with; None refuses "auto"."""
@@ -82,14 +84,15 @@ class OpenAIServingChat(OpenAIServing):
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                continue_final_message: bool = False,
-               template_variables: dict[str, Any] | None = None) -> list[int]:
+               template_variables: dict[str, Any] | None = None,
+               chat_template: str | None = None) -> list[int]:
         """The prompt's token ids, exactly as `LLM.chat` builds them; template_variables:
         more variables for the chat template (tools, chat_template_kwargs)."""
         if self.tokenizer is None:
             raise APIError(400, "chat needs a tokenizer; this server has none", "messages")
         try:
             text = render_chat(self.tokenizer, messages, add_generation_prompt,
-                               continue_final_message, template_variables=template_variables)
+                               continue_final_message, chat_template, template_variables)
         except ValueError as e:  # no template, the template refused the messages, or the
             raise APIError(400, str(e), "messages") from e  # final message is not in it
         # The template writes the special tokens (BOS) itself.
@@ -100,9 +103,14 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(body.model)
         tools = ToolCalls.for_request(body.tools, body.tool_choice, body.parallel_tool_calls,
                                       self.tool_call_parser)
-        variables = {**(body.chat_template_kwargs or {}), "tools": body.tools or None}
+        if body.chat_template is not None and not self.trust_request_chat_template:
+            # As vLLM without --trust-request-chat-template: a template is code.
+            raise APIError(400, "a request may not bring its own chat template unless the "
+                                "server runs with --trust-request-chat-template; or start it "
+                                "with --chat-template", "chat_template")
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
-                                    body.continue_final_message, variables)
+                                    body.continue_final_message, body.template_variables,
+                                    body.chat_template)
         prompt_ids = truncate_prompt(prompt_ids, body.truncate_prompt_tokens,
                                      self.engine.max_model_len)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
