@@ -219,3 +219,29 @@ def test_request_chat_template_and_documents(parsing_server, tiny_chat_model):
             "documents": documents})
         assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(hf(text, add_special_tokens=False)["input_ids"])
+
+
+def test_cors_as_vllm_defaults(server):
+    """Browser clients: a preflight (no API key) is answered, and responses carry
+    Access-Control-Allow-Origin, as vLLM's default CORS (any origin)."""
+    origin = {"Origin": "http://localhost:3000"}
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        pre = http.options("/v1/chat/completions", headers={
+            **origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert pre.status_code == 200, pre.text
+        assert pre.headers["access-control-allow-origin"] in ("*", origin["Origin"])
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        r = http.get("/v1/models", headers={**origin, "Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+
+
+def test_cors_flags_take_json_lists(capsys):
+    from loom.cli import build_parser
+    from tests.test_cli import _main_error
+    args = build_parser().parse_args(["serve", "--allowed-origins", '["http://a.example"]',
+                                      "--allow-credentials"])
+    assert args.allowed_origins == ["http://a.example"] and args.allow_credentials
+    assert args.allowed_methods == ["*"]
+    assert "must be a JSON list of strings" in _main_error(capsys, "serve", "--allowed-origins",
+                                                           "http://a.example")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from loom import __version__, envs
@@ -75,6 +76,11 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """How thinking is split from the answer (--reasoning-parser); None: all is content."""
     trust_request_chat_template: bool = False
     """A chat request may bring its own chat_template (--trust-request-chat-template)."""
+    allowed_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    """CORS, as vLLM's defaults: any origin, method and header; no credentials."""
+    allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
 
 
 @dataclass
@@ -119,6 +125,12 @@ def build_app(state: ServerState) -> FastAPI:
     if state.options.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.options.api_key)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.options.max_body_bytes)
+    options = state.options
+    # Outermost: a browser's preflight carries no API key.
+    app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins,
+                       allow_methods=options.allowed_methods,
+                       allow_headers=options.allowed_headers,
+                       allow_credentials=options.allow_credentials)
     return app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
@@ -33,6 +34,10 @@ def register(subparsers) -> None:
                    help="name(s) clients use for the model; the first is reported in responses")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one; overrides the model's")
+    for flag in ("--allowed-origins", "--allowed-methods", "--allowed-headers"):
+        g.add_argument(flag, type=_json_list, default=["*"],
+                       help="CORS: a JSON list (default [\"*\"], as vLLM)")
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a chat request bring its own chat_template (a template is code)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -70,6 +75,18 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_serve)
 
 
+def _json_list(value: str) -> list[str]:
+    """A CORS flag's value, as vLLM takes it: a JSON list of strings."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not (isinstance(parsed, list) and all(isinstance(v, str) for v in parsed)):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, e.g. "
+                                         f"'[\"http://localhost:3000\"]', got {value!r}")
+    return parsed
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from loom.entrypoints.openai.api_server import ServerOptions
     from loom.entrypoints.openai.launcher import run_server
@@ -93,7 +110,9 @@ def run_serve(args: argparse.Namespace) -> int:
         otlp_traces_endpoint=traces_endpoint,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
         reasoning_parser=args.reasoning_parser,
-        trust_request_chat_template=args.trust_request_chat_template)
+        trust_request_chat_template=args.trust_request_chat_template,
+        allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
