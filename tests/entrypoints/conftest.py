@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -71,10 +72,13 @@ class Server:
     proc: subprocess.Popen
     port: int
     log_path: Path
+    verify: bool | ssl.SSLContext = True
+    """httpx's verify: for a TLS server, a context trusting its certificate."""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "http" if self.verify is True else "https"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def client(self, **kwargs):
         import openai
@@ -95,7 +99,8 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=2,
+                             verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -128,7 +133,10 @@ def start_server(model: str, mode: str, log_dir: Path, extra_env: dict | None = 
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=Path(__file__).resolve().parents[2])
-    server = Server(mode, proc, port, log_path)
+    args = list(extra_args)
+    verify = (ssl.create_default_context(cafile=args[args.index("--ssl-certfile") + 1])
+              if "--ssl-certfile" in args else True)
+    server = Server(mode, proc, port, log_path, verify)
     try:
         server.wait_ready()
     except BaseException:

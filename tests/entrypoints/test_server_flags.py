@@ -1,5 +1,6 @@
 """`loom serve` with vLLM's --generation-config vllm, --max-logprobs, --enable-log-requests,
---max-log-len and --uvicorn-log-level, in one served process (the engine core its own)."""
+--max-log-len and --uvicorn-log-level, in one served process (the engine core its own); and
+with TLS (--ssl-keyfile/--ssl-certfile), spoken to by the official openai client."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import ast
 import json
 import re
 import shutil
+import subprocess
 
 import httpx
+import pytest
 
 from tests.entrypoints.conftest import API_KEY, start_server
 
@@ -52,3 +55,30 @@ def test_served_flags(tiny_chat_model, tmp_path):
     prompt, ids = ast.literal_eval(received[0].group(2)), received[0].group(3).split(", ")
     assert prompt == PROMPT[:8] and len(ids) == 8, received[0].group(0)
     assert "Started server process" not in log  # uvicorn at warning
+
+
+def test_tls(tiny_chat_model, tmp_path, capsys):
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    from tests.test_cli import _main_error
+    assert "ssl_certfile: --ssl-keyfile needs --ssl-certfile" in _main_error(
+        capsys, "serve", "--ssl-keyfile", str(key))
+    assert "ssl_certfile: cannot load the TLS files" in _main_error(
+        capsys, "serve", "--ssl-keyfile", str(cert), "--ssl-certfile", str(cert))
+    server = start_server(tiny_chat_model, "mp", tmp_path, extra_args=(
+        "--ssl-keyfile", str(key), "--ssl-certfile", str(cert)))
+    try:
+        assert server.url.startswith("https://")
+        client = server.client(http_client=httpx.Client(verify=server.verify))
+        completion = client.completions.create(model=client.models.list().data[0].id,
+                                               prompt="Hi", max_tokens=2)
+        assert completion.usage.completion_tokens == 2
+        with pytest.raises(httpx.HTTPError):  # the port speaks TLS only
+            httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=5)
+    finally:
+        assert server.stop() == 0
+    assert f"at https://127.0.0.1:{server.port}" in server.log_path.read_text()

@@ -81,6 +81,11 @@ class ServerOptions(msgspec.Struct, frozen=True):
     allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = msgspec.field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
+    ssl_keyfile: str | None = None
+    """TLS (vLLM's --ssl-* flags, handed to uvicorn); None: plain HTTP."""
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
 
 
 @dataclass
@@ -267,9 +272,12 @@ async def serve(options: ServerOptions, sock: socket.socket,
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         log_level=options.uvicorn_log_level, access_log=options.access_log,
-        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))
+        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, ssl_keyfile=options.ssl_keyfile,
+        ssl_certfile=options.ssl_certfile, ssl_ca_certs=options.ssl_ca_certs,
+        ssl_cert_reqs=options.ssl_cert_reqs))
     engine.start()
-    logger.info("API server %d serving %s at http://%s:%d", os.getpid(), ", ".join(names),
+    scheme = "https" if options.ssl_certfile else "http"
+    logger.info("API server %d serving %s at %s://%s:%d", os.getpid(), ", ".join(names), scheme,
                 options.host, options.port)
     try:
         await server.serve(sockets=[sock])

@@ -38,6 +38,11 @@ def register(subparsers) -> None:
         g.add_argument(flag, type=_json_list, default=["*"],
                        help="CORS: a JSON list (default [\"*\"], as vLLM)")
     g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    g.add_argument("--ssl-keyfile", default=None, help="TLS: the key file (with --ssl-certfile)")
+    g.add_argument("--ssl-certfile", default=None, help="TLS: the certificate file")
+    g.add_argument("--ssl-ca-certs", default=None, help="TLS: CA certificates for clients")
+    g.add_argument("--ssl-cert-reqs", type=int, default=0,
+                   help="TLS: whether client certificates are required (Python's ssl.CERT_*)")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a chat request bring its own chat_template (a template is code)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -73,6 +78,22 @@ def register(subparsers) -> None:
                         f"${OTEL_TRACES_ENV}); needs pip install 'loom[tracing]'")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run_serve)
+
+
+def _check_ssl(args: argparse.Namespace) -> None:
+    """Load the TLS files here, so that a bad one is one line before the engine starts."""
+    if args.ssl_keyfile is None and args.ssl_certfile is None:
+        return
+    if args.ssl_certfile is None:
+        raise ValueError("ssl_certfile: --ssl-keyfile needs --ssl-certfile")
+    import ssl
+    try:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+        if args.ssl_ca_certs:
+            context.load_verify_locations(args.ssl_ca_certs)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"ssl_certfile: cannot load the TLS files ({e})") from None
 
 
 def _json_list(value: str) -> list[str]:
@@ -112,7 +133,9 @@ def run_serve(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         trust_request_chat_template=args.trust_request_chat_template,
         allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
-        allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+        allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
+        ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
@@ -129,6 +152,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.enable_log_requests and args.disable_log_requests:
         raise ValueError("enable_log_requests: give --enable-log-requests or "
                          "--disable-log-requests, not both")
+    _check_ssl(args)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
                          f"({', '.join(sorted(TOOL_PARSERS))})")
