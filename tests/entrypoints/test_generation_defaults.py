@@ -11,7 +11,7 @@ import pytest
 import transformers as tf
 
 from loom import LLM, SamplingParams
-from loom.entrypoints.openai.protocol import CompletionRequest
+from loom.entrypoints.openai.protocol_completions import CompletionRequest
 from loom.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from loom.models.loader import generation_defaults
 from tests.conftest import hf_greedy

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.entrypoints.conftest import forced, streamed
 
 TOOLS = [{"type": "function", "function": {

@@ -25,7 +25,8 @@ from loom import __version__, envs
 from loom.entrypoints.openai.errors import error_response, install_exception_handlers
 from loom.entrypoints.openai.metrics import ServerMetrics
 from loom.entrypoints.openai.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
-from loom.entrypoints.openai.protocol import CompletionRequest, ModelCard, ModelList
+from loom.entrypoints.openai.protocol import ModelCard, ModelList
+from loom.entrypoints.openai.protocol_completions import CompletionRequest
 from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, DetokenizeRequest,
                                                    DetokenizeResponse, TokenizeRequest,
                                                    TokenizeResponse)

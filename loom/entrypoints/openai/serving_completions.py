@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from loom.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs,
-                                              CompletionRequest, CompletionResponse, UsageInfo)
+from loom.entrypoints.openai.protocol import UsageInfo
+from loom.entrypoints.openai.protocol_completions import (CompletionChoice, CompletionLogprobs,
+                                                          CompletionRequest, CompletionResponse)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
                                                   sse_error)
 from loom.frontend.processor import truncate_prompt
