@@ -146,7 +146,8 @@ class KVCacheManager:
         """The hash chain over all full blocks of the request's known tokens."""
         hashes = self._req_hashes.setdefault(request.request_id, [])
         tokens, size = request.all_token_ids, self.block_size
+        salt = None if request.cache_salt is None else hash(("cache_salt", request.cache_salt))
         for i in range(len(hashes), len(tokens) // size):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else salt
             hashes.append(hash_block_tokens(parent, tokens[i * size:(i + 1) * size]))
         return hashes

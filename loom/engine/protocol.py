@@ -33,6 +33,8 @@ class EngineCoreRequest(msgspec.Struct, tag="add", array_like=True, omit_default
     pooling_params: PoolingParams | None = None
     """Set for an embedding request: the engine pools its prompt's hidden states and
     samples nothing (its sampling_params are then only the one-step placeholder)."""
+    cache_salt: str | None = None
+    """vLLM's: only requests with the same salt share prefix-cache blocks."""
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):

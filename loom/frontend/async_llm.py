@@ -110,8 +110,8 @@ class AsyncLLM:
         return self.processor.tokenize(prompt)
 
     async def generate(self, prompt: PromptType, params: SamplingParams, request_id: str,
-                       trace_headers: Mapping[str, str] | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       trace_headers: Mapping[str, str] | None = None,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield what is new for the request at each engine step (text, tokens, logprobs),
         until it finishes. Closing the generator early aborts the request in the engine.
         With tracing on, its span is parented to trace_headers' W3C trace context."""
@@ -122,7 +122,8 @@ class AsyncLLM:
         if self._request_logger is not None:
             self._request_logger.log(request_id, text, prompt_ids, params)
         # Validated before any state; its ids are the prompt's after truncate_prompt_tokens.
-        prompt_ids = self.processor.process(request_id, prompt_ids, params).prompt_token_ids
+        prompt_ids = self.processor.process(request_id, prompt_ids, params,
+                                            cache_salt).prompt_token_ids
         stream = self.streams[request_id] = _Stream(arrival=time.monotonic())
         if self._tracer is not None:
             stream.trace = self._tracer.begin(request_id, params, len(prompt_ids), trace_headers)
@@ -130,7 +131,8 @@ class AsyncLLM:
             children = self.output_processor.add_request(request_id, text, prompt_ids, params,
                                                          OutputKind.DELTA)
             for child_id, child_params in children:
-                self.client.send(self.processor.process(child_id, prompt_ids, child_params))
+                self.client.send(self.processor.process(child_id, prompt_ids, child_params,
+                                                        cache_salt))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):

@@ -86,7 +86,10 @@ class Processor:
             check_num_logprobs(name, value, self.max_logprobs)
 
     def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams) -> EngineCoreRequest:
+                params: SamplingParams, cache_salt: str | None = None) -> EngineCoreRequest:
+        """cache_salt: vLLM's; only requests with the same salt share cached prefixes."""
+        if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
+            raise ValueError("cache_salt: must be a non-empty string")
         prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
                                            self.max_model_len)
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
@@ -112,7 +115,7 @@ class Processor:
         if extra and not params.ignore_eos:
             params = params.clone(stop_token_ids=params.stop_token_ids + extra)
         return EngineCoreRequest(request_id, list(prompt_token_ids), params, time.time(),
-                                 self.eos_token_id)
+                                 self.eos_token_id, cache_salt=cache_salt)
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
         """Each word as it starts the text and as it follows a space (vLLM's rule: the

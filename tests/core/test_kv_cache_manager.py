@@ -155,3 +155,16 @@ def test_prompt_logprobs_requests_skip_the_prefix_cache():
     b = Request("b", list(range(9)), SamplingParams(prompt_logprobs=1))
     assert m.get_computed_blocks(b) == ([], 0)
     assert m.get_computed_blocks(req("c", list(range(9))))[1] == 8
+
+
+def test_cache_salt_keeps_prefixes_apart():
+    """vLLM's cache_salt: the same prompt shares blocks only with the same salt."""
+    m = KVCacheManager(20, BS, enable_prefix_caching=True)
+    tokens = list(range(1, 11))
+    compute(m, Request("a", tokens, SamplingParams(), cache_salt="tenant-1"), 10)
+    for rid, salt, expected in (("b", "tenant-2", 0), ("c", None, 0), ("d", "tenant-1", 8)):
+        _, num_hit = m.get_computed_blocks(Request(rid, tokens, SamplingParams(),
+                                                   cache_salt=salt))
+        assert num_hit == expected, (rid, salt)
+    compute(m, req("e", tokens), 10)  # unsalted requests still share among themselves
+    assert m.get_computed_blocks(req("f", tokens))[1] == 8

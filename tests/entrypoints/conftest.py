@@ -164,11 +164,12 @@ def llm(tiny_chat_model):
 
 @pytest.fixture(scope="session")
 def parsing_server(tiny_chat_model, tmp_path_factory):
-    """A server that reads tool calls (hermes) and thinking (qwen3) out of its outputs, and
-    takes a request's own chat template."""
+    """A server that reads tool calls (hermes) and thinking (qwen3) out of its outputs,
+    takes a request's own chat template and counts cached prompt tokens in usage."""
     s = start_server(tiny_chat_model, "mp", tmp_path_factory.mktemp("parsing-logs"),
                      extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                                 "--reasoning-parser", "qwen3", "--trust-request-chat-template"))
+                                 "--reasoning-parser", "qwen3", "--trust-request-chat-template",
+                                 "--enable-prompt-tokens-details"))
     yield s
     assert s.stop() == 0, s.log_tail()
 

@@ -259,3 +259,33 @@ def test_continuous_usage_stats_on_every_chunk(server, path, body):
     assert events[-1]["choices"] == []
     assert all(e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"]
                + e["usage"]["completion_tokens"] for e in events)
+
+
+def test_cache_salt_and_cached_tokens_in_usage(parsing_server, server):
+    """--enable-prompt-tokens-details counts the prompt tokens served from the prefix cache;
+    vLLM's cache_salt shares them only between requests with the same salt."""
+    client = parsing_server.client()
+    model = server_model(parsing_server)
+    prompt = [(11 * i) % 3000 + 7 for i in range(70)]  # four full 16-token blocks, and more
+
+    def cached(salt=None, **kw) -> int:
+        extra = {} if salt is None else {"cache_salt": salt}
+        out = client.completions.create(model=model, prompt=prompt, max_tokens=1,
+                                         extra_body=extra, **kw)
+        if kw.get("stream"):
+            out = [c for c in out if c.usage][-1]
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    first = cached("tenant-a")
+    assert cached("tenant-a") >= 64 > first
+    assert cached("tenant-b") == 0 and cached() == 0 and cached() >= 64
+    assert cached("tenant-a", stream=True, stream_options={"include_usage": True}) >= 64
+    chat = client.chat.completions.create(model=model, max_tokens=1,
+                                          messages=[{"role": "user", "content": "hi " * 40}])
+    assert chat.usage.prompt_tokens_details.cached_tokens >= 0
+    plain = server.client().completions.create(model=server_model(server), prompt="x",
+                                               max_tokens=1)
+    assert plain.usage.prompt_tokens_details is None  # without the flag
+    r = httpx.post(f"{parsing_server.url}/v1/completions", json={
+        "prompt": "x", "cache_salt": ""}, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"

@@ -87,6 +87,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = 0
+    enable_prompt_tokens_details: bool = False
+    """usage.prompt_tokens_details.cached_tokens in responses, as vLLM's flag."""
 
 
 @dataclass
@@ -262,9 +264,10 @@ async def serve(options: ServerOptions, sock: socket.socket,
     defaults = generation_defaults(options.model, options.generation_config)
     if defaults:
         logger.info("sampling defaults from generation_config.json: %s", defaults)
+    details = options.enable_prompt_tokens_details
     state = ServerState(options, engine, metrics,
-                        OpenAIServingCompletion(engine, names, defaults),
-                        OpenAIServingChat(engine, names, defaults,
+                        OpenAIServingCompletion(engine, names, defaults, details),
+                        OpenAIServingChat(engine, names, defaults, details,
                                           tool_call_parser=options.tool_call_parser,
                                           reasoning_parser=options.reasoning_parser,
                                           trust_request_chat_template=(

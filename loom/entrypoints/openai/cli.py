@@ -43,6 +43,8 @@ def register(subparsers) -> None:
     g.add_argument("--ssl-ca-certs", default=None, help="TLS: CA certificates for clients")
     g.add_argument("--ssl-cert-reqs", type=int, default=0,
                    help="TLS: whether client certificates are required (Python's ssl.CERT_*)")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage says how many prompt tokens came from the prefix cache")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a chat request bring its own chat_template (a template is code)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -135,7 +137,8 @@ def run_serve(args: argparse.Namespace) -> int:
         allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
         allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
         ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
-        ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs)
+        ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 

@@ -231,6 +231,8 @@ class SamplingFields(RequestBody, GuidedFields):
     """vLLM's: keep only the prompt's last k tokens (-1: as many as max_model_len)."""
     bad_words: list[str] | None = None
     """vLLM's: words never generated (at the start of the text or after a space)."""
+    cache_salt: str | None = None
+    """vLLM's: only requests with the same salt share cached prompt prefixes."""
     return_tokens_as_token_ids: bool = False
     """vLLM's: logprobs name their tokens "token_id:<id>" (text need not round-trip)."""
     user: str | None = None
@@ -304,10 +306,26 @@ class PromptLogprob(BaseModel):
 PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+    """vLLM's --enable-prompt-tokens-details; None without it."""
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int,
+           cached_tokens: int | None = None) -> UsageInfo:
+        """cached_tokens: None leaves prompt_tokens_details out."""
+        details = None if cached_tokens is None else PromptTokensDetails(
+            cached_tokens=cached_tokens)
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
 # -- models -----------------------------------------------------------------------------------

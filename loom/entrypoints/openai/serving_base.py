@@ -34,8 +34,11 @@ async def off_loop(fn: Callable[..., _T], *args) -> _T:
 
 class OpenAIServing:
     def __init__(self, engine: AsyncLLM, served_model_names: list[str],
-                 sampling_defaults: dict | None = None) -> None:
+                 sampling_defaults: dict | None = None,
+                 prompt_tokens_details: bool = False) -> None:
         self.engine = engine
+        self.prompt_tokens_details = prompt_tokens_details
+        """--enable-prompt-tokens-details: usage says how many prompt tokens were cached."""
         self.served_model_names = served_model_names
         self.tokenizer = engine.tokenizer
         self.sampling_defaults = sampling_defaults or {}

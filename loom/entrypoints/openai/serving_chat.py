@@ -37,6 +37,12 @@ class _Chat:
     tools: ToolCalls
     reasoning: ReasoningParser | None
     """--reasoning-parser's split of thinking from the answer; None: all is content."""
+    cached_tokens: int | None = None
+    """Prompt tokens from the prefix cache, counted with --enable-prompt-tokens-details."""
+
+    def seen(self, output) -> None:
+        if self.cached_tokens is not None:
+            self.cached_tokens = max(self.cached_tokens, output.num_cached_tokens)
 
     def split(self, text: str, finish_reason: str | None
               ) -> tuple[str | None, str | None, list[ToolCall], str | None]:
@@ -123,10 +129,11 @@ class OpenAIServingChat(OpenAIServing):
         if params.guided_decoding is not None and reasoning and reasoning.opened_by_template:
             reasoning = None
         chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids, tools,
-                     reasoning)
+                     reasoning, 0 if self.prompt_tokens_details else None)
         if tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the parser reads the call markers
-        outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers)])
+        outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers,
+                                              body.cache_salt)])
         if body.stream:
             return await self._stream(chat, outputs)
         return await self._whole(chat, outputs)
@@ -139,6 +146,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt_logprobs = None
         async with aclosing(outputs):
             async for _, output in outputs:
+                chat.seen(output)
                 prompt_logprobs = output.prompt_logprobs or prompt_logprobs
                 for delta in output.outputs:
                     texts[delta.index] += delta.text
@@ -181,6 +189,7 @@ class OpenAIServingChat(OpenAIServing):
             async with aclosing(outputs):
                 item = first
                 while item is not None:
+                    chat.seen(item[1])
                     for delta in item[1].outputs:
                         completion_tokens += len(delta.token_ids)
                         if delta.text or delta.finish_reason is not None or delta.token_ids:
@@ -232,7 +241,5 @@ class OpenAIServingChat(OpenAIServing):
 
 
 def _usage(chat: _Chat, completion_tokens: int) -> UsageInfo:
-    prompt_tokens = len(chat.prompt_ids)
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+    return UsageInfo.of(len(chat.prompt_ids), completion_tokens, chat.cached_tokens)
 

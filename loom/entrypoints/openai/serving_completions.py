@@ -24,6 +24,10 @@ from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 class _Prompt:
     text: str | None
     token_ids: list[int]
+    cached_tokens: int = 0
+
+    def seen(self, output: RequestOutput) -> None:
+        self.cached_tokens = max(self.cached_tokens, output.num_cached_tokens)
 
 
 @dataclass
@@ -67,10 +71,12 @@ class OpenAIServingCompletion(OpenAIServing):
             text, token_ids = (text, token_ids) if kept is token_ids else (None, kept)
             params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens),
                                              self.sampling_defaults)
-            self.engine.processor.process(request.id, token_ids, params)  # all valid, or none runs
+            # All valid, or none runs.
+            self.engine.processor.process(request.id, token_ids, params, body.cache_salt)
             request.prompts.append(_Prompt(text, token_ids))
             generators.append((token_ids, params, f"{request.id}-{i}"))
-        outputs = merge([self.engine.generate(*g, trace_headers) for g in generators])
+        outputs = merge([self.engine.generate(*g, trace_headers, body.cache_salt)
+                         for g in generators])
         if body.stream:
             return await self._stream(request, outputs)
         return await self._whole(request, outputs)
@@ -83,6 +89,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs: dict[int, list] = {}
         async with aclosing(outputs):
             async for i, output in outputs:
+                request.prompts[i].seen(output)
                 if output.prompt_logprobs is not None:
                     prompt_logprobs[i] = output.prompt_logprobs
                 for delta in output.outputs:
@@ -127,6 +134,7 @@ class OpenAIServingCompletion(OpenAIServing):
             async with aclosing(outputs):
                 item = first
                 while item is not None:
+                    request.prompts[item[0]].seen(item[1])
                     for chunk in self._chunks(request, choices, *item):
                         yield chunk
                     item = await anext(outputs, None)
@@ -195,9 +203,8 @@ class OpenAIServingCompletion(OpenAIServing):
                                      for t, lp in position.items()})
         return out
 
-    @staticmethod
-    def _usage(request: _Request, choices: list[_Choice]) -> UsageInfo:
-        prompt_tokens = sum(len(p.token_ids) for p in request.prompts)
-        completion_tokens = sum(len(c.token_ids) for c in choices)
-        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         total_tokens=prompt_tokens + completion_tokens)
+    def _usage(self, request: _Request, choices: list[_Choice]) -> UsageInfo:
+        cached = sum(p.cached_tokens for p in request.prompts)
+        return UsageInfo.of(sum(len(p.token_ids) for p in request.prompts),
+                            sum(len(c.token_ids) for c in choices),
+                            cached if self.prompt_tokens_details else None)
