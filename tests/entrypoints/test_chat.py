@@ -245,3 +245,28 @@ def test_cors_flags_take_json_lists(capsys):
     assert args.allowed_methods == ["*"]
     assert "must be a JSON list of strings" in _main_error(capsys, "serve", "--allowed-origins",
                                                            "http://a.example")
+
+
+def test_tokenize_renders_messages_as_chat_does(server, tiny_chat_model):
+    """vLLM's /tokenize fields for messages (tools, chat_template_kwargs,
+    continue_final_message) and return_token_strs, against transformers."""
+    import transformers as tf
+    hf = tf.AutoTokenizer.from_pretrained(tiny_chat_model)
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "It is"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False,
+                                  add_generation_prompt=False, continue_final_message=True,
+                                  enable_thinking=False)
+    expected = hf(text, add_special_tokens=False)["input_ids"]
+    r = httpx.post(f"{server.url}/tokenize", json={
+        "messages": messages, "tools": tools, "add_generation_prompt": False,
+        "continue_final_message": True, "chat_template_kwargs": {"enable_thinking": False},
+        "return_token_strs": True}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == expected
+    assert body["token_strs"] == hf.convert_ids_to_tokens(expected)
+    bad = httpx.post(f"{server.url}/tokenize", json={"messages": messages,
+                                                    "chat_template": "{{ 1 }}"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template"

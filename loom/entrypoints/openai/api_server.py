@@ -191,11 +191,17 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         state.chat.check_model(body.model)
         if body.messages is not None:
-            ids = await off_loop(state.chat.render, body.messages, body.add_generation_prompt)
+            state.chat.check_request_template(body.chat_template)
+            ids = await off_loop(state.chat.render, body.messages, body.add_generation_prompt,
+                                 body.continue_final_message, body.template_variables,
+                                 body.chat_template)
         else:
             ids = await off_loop(_need_tokenizer(engine.tokenizer).encode, body.prompt,
                                  body.add_special_tokens)
-        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.max_model_len)
+        strs = (_need_tokenizer(engine.tokenizer).convert_ids_to_tokens(ids)
+                if body.return_token_strs else None)
+        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.max_model_len,
+                                token_strs=strs)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:

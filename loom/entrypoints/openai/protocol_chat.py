@@ -82,19 +82,11 @@ def cut_after_final_message(text: str, final_content: str) -> str:
     return text[:end]
 
 
-class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+class ChatTemplateFields(OpenAIModel):
+    """How a request's messages are rendered: chat completions' and /tokenize's."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    include_reasoning: bool = True
-    """vLLM's: with a --reasoning-parser, send the thinking in `reasoning` (else drop it)."""
     chat_template_kwargs: dict[str, Any] | None = None
     """vLLM's: more variables for the chat template (Qwen3's enable_thinking, ...)."""
     documents: list[dict[str, Any]] | None = None
@@ -103,23 +95,38 @@ class ChatCompletionRequest(SamplingFields):
     """vLLM's: the request's own template, if the server runs with
     --trust-request-chat-template (a template is code)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_chat_extensions(cls, data: Any) -> Any:
-        refuse_extensions(data, ("echo", "mm_processor_kwargs"))
-        return data
-
     @property
     def template_variables(self) -> dict[str, Any]:
         """The template's variables beyond the messages."""
         extra = {"documents": self.documents} if self.documents is not None else {}
         return {**(self.chat_template_kwargs or {}), "tools": self.tools or None, **extra}
 
-    @model_validator(mode="after")
-    def _check_chat(self):
-        check_tools(self.tools, self.tool_choice)
+    def check_template_fields(self, tool_choice: Any = "none") -> None:
+        check_tools(self.tools, tool_choice)
         check_chat_options(self.add_generation_prompt, self.continue_final_message,
                            self.chat_template_kwargs)
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True
+    """vLLM's: with a --reasoning-parser, send the thinking in `reasoning` (else drop it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_chat_extensions(cls, data: Any) -> Any:
+        refuse_extensions(data, ("echo", "mm_processor_kwargs"))
+        return data
+
+    @model_validator(mode="after")
+    def _check_chat(self):
+        self.check_template_fields(self.tool_choice)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
         return self
@@ -243,17 +250,19 @@ class ChatCompletionChunk(BaseModel):
 
 # -- /tokenize, /detokenize -----------------------------------------------------------------
 
-class TokenizeRequest(RequestBody):
+class TokenizeRequest(RequestBody, ChatTemplateFields):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+    """vLLM's: the tokens' strings too (the tokenizer's own pieces)."""
 
     @model_validator(mode="after")
     def _one_input(self):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("prompt: give exactly one of prompt and messages")
+        self.check_template_fields()
         return self
 
 
@@ -261,6 +270,7 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str | None] | None = None
 
 
 class DetokenizeRequest(RequestBody):

@@ -88,6 +88,13 @@ class OpenAIServingChat(OpenAIServing):
         reads calls with; None refuses "auto"."""
         self.reasoning_parser = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
 
+    def check_request_template(self, chat_template: str | None) -> None:
+        if chat_template is not None and not self.trust_request_chat_template:
+            # As vLLM without --trust-request-chat-template: a template is code.
+            raise APIError(400, "a request may not bring its own chat template unless the "
+                                "server runs with --trust-request-chat-template; or start it "
+                                "with --chat-template", "chat_template")
+
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                continue_final_message: bool = False,
                template_variables: dict[str, Any] | None = None,
@@ -109,11 +116,7 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(body.model)
         tools = ToolCalls.for_request(body.tools, body.tool_choice, body.parallel_tool_calls,
                                       self.tool_call_parser)
-        if body.chat_template is not None and not self.trust_request_chat_template:
-            # As vLLM without --trust-request-chat-template: a template is code.
-            raise APIError(400, "a request may not bring its own chat template unless the "
-                                "server runs with --trust-request-chat-template; or start it "
-                                "with --chat-template", "chat_template")
+        self.check_request_template(body.chat_template)
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
                                     body.continue_final_message, body.template_variables,
                                     body.chat_template)
