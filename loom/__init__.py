@@ -4,8 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "PoolingParams", "CompilationConfig", "PassConfig",
-           "EngineArgs", "__version__"]
+__all__ = ["LLM", "SamplingParams", "PoolingParams", "BeamSearchParams", "CompilationConfig",
+           "PassConfig", "EngineArgs", "__version__"]
 
 
 def __getattr__(name: str):
@@ -16,6 +16,9 @@ def __getattr__(name: str):
     if name == "SamplingParams":
         from loom.sampling_params import SamplingParams
         return SamplingParams
+    if name == "BeamSearchParams":
+        from loom.beam_search import BeamSearchParams
+        return BeamSearchParams
     if name == "PoolingParams":  # as vLLM exports it
         from loom.pooling_params import PoolingParams
         return PoolingParams

@@ -10,6 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from loom.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from loom.config import CompilationConfig, ModelConfig
 from loom.engine.arg_utils import EngineArgs
 from loom.engine.core import EngineCore
@@ -85,6 +86,26 @@ class LLM:
             outputs = self._run(len(requests), use_tqdm)
         order = {r[0]: i for i, r in enumerate(requests)}
         return sorted(outputs, key=lambda o: order[o.request_id])
+
+    def beam_search(self, prompts, params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's beam search (`loom.beam_search`): each round one batched generate call of
+        one token for every live beam of every prompt."""
+        self._check_open()
+        eos = self.processor.eos_token_id
+        searches = [BeamSearch(self.processor.tokenize(p)[1], params, eos)
+                    for p in _prompt_list(prompts)]
+        with tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm) as bar:
+            while live := [s for s in searches if not s.done]:
+                batch = [ids for s in live for ids in s.prompts()]
+                outs = iter(self.generate(batch, live[0].round_params(), use_tqdm=False))
+                for s in live:
+                    s.advance([next(outs).outputs[0] for _ in s.beams])
+                bar.update(1)
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+        return [BeamSearchOutput(s.best(decode)) for s in searches]
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,

@@ -122,3 +122,26 @@ def test_bad_words_are_tokenized_alone_and_after_a_space(text_llm, tiny_llama_wi
     banned = {t for w in (word, " " + word) for t in hf.encode(w, add_special_tokens=False)}
     out = _loom(text_llm, ids, bad_words=[word])
     assert out[0] != plain[0] and not banned & set(out)
+
+
+def test_beam_search_equals_transformers(text_llm, tiny_llama_with_tokenizer):
+    """LLM.beam_search (vLLM's algorithm) against transformers' num_beams on the same model:
+    without an end token both keep the beam_width best cumulative logprobs each step."""
+    from loom import BeamSearchParams
+    model = tiny_llama_with_tokenizer[1]
+    prompts = [text_llm.get_tokenizer().encode(p) for p in (PROMPT, "In a galaxy far away")]
+    outs = text_llm.beam_search([{"prompt_token_ids": p} for p in prompts],
+                                BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([ids]), num_beams=3, num_return_sequences=3,
+                                max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                eos_token_id=None, pad_token_id=0, early_stopping=False)
+        expected = [row[len(ids):].tolist() for row in hf]
+        assert [s.tokens[len(ids):] for s in out.sequences] == expected
+        assert [s.finish_reason for s in out.sequences] == ["length"] * 3
+        assert out.sequences[0].text == text_llm.get_tokenizer().decode(expected[0])
+        scores = [s.cum_logprob for s in out.sequences]
+        assert scores == sorted(scores, reverse=True)
+    with pytest.raises(ValueError, match="^beam_width:"):
+        BeamSearchParams(beam_width=0, max_tokens=4)

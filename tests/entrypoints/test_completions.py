@@ -289,3 +289,31 @@ def test_cache_salt_and_cached_tokens_in_usage(parsing_server, server):
     r = httpx.post(f"{parsing_server.url}/v1/completions", json={
         "prompt": "x", "cache_salt": ""}, headers={"Authorization": f"Bearer {API_KEY}"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
+def test_use_beam_search_as_offline(server, llm):
+    """vLLM's use_beam_search: the n beams of LLM.beam_search (itself checked against
+    transformers' num_beams in tests/e2e), best first, on both endpoints."""
+    from loom import BeamSearchParams
+    client = server.client()
+    offline = llm.beam_search([{"prompt_token_ids": TOKEN_PROMPT}],
+                              BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))[0]
+    response = client.completions.create(
+        model=server_model(server), prompt=TOKEN_PROMPT, max_tokens=5, n=3,
+        extra_body={"use_beam_search": True, "ignore_eos": True})
+    choices = sorted(response.choices, key=lambda c: c.index)
+    assert [c.text for c in choices] == [s.text for s in offline.sequences]
+    assert response.usage.completion_tokens == 15
+    messages = [{"role": "user", "content": "hi"}]
+    ids = llm.chat_prompt_ids(messages)
+    offline = llm.beam_search([{"prompt_token_ids": ids}],
+                              BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True))[0]
+    chat = client.chat.completions.create(model=server_model(server), messages=messages,
+                                          max_tokens=4, n=2,
+                                          extra_body={"use_beam_search": True,
+                                                      "ignore_eos": True})
+    assert [c.message.content for c in chat.choices] == [s.text for s in offline.sequences]
+    r = httpx.post(f"{server.url}/v1/completions", json={
+        "prompt": "x", "use_beam_search": True, "stream": True},
+        headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search"

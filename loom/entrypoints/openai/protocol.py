@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loom.beam_search import BeamSearchParams
 from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 MAX_N = 128
@@ -34,8 +35,7 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-UNSUPPORTED_EXTENSIONS = ("use_beam_search",
-                          "length_penalty", "logits_processors", "vllm_xargs")
+UNSUPPORTED_EXTENSIONS = ("logits_processors", "vllm_xargs")
 """vLLM's request fields that change the output and that loom does not implement: a request
 setting one gets a 400 naming it, where ignoring it would answer something else."""
 
@@ -233,6 +233,10 @@ class SamplingFields(RequestBody, GuidedFields):
     """vLLM's: words never generated (at the start of the text or after a space)."""
     cache_salt: str | None = None
     """vLLM's: only requests with the same salt share cached prompt prefixes."""
+    use_beam_search: bool = False
+    """vLLM's: beam search over n beams (`loom.beam_search`); whole responses only."""
+    length_penalty: Float = 1.0
+    """Beam search's: beams rank by cum_logprob / length ** length_penalty."""
     return_tokens_as_token_ids: bool = False
     """vLLM's: logprobs name their tokens "token_id:<id>" (text need not round-trip)."""
     user: str | None = None
@@ -253,7 +257,23 @@ class SamplingFields(RequestBody, GuidedFields):
             raise ValueError("stream_options: only allowed when stream is true")
         if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs: not available when stream is true (as in vLLM)")
+        if self.use_beam_search:
+            asked = [name for name, on in (
+                ("stream", self.stream),
+                ("logprobs", getattr(self, "logprobs") not in (None, False)),
+                ("prompt_logprobs", self.prompt_logprobs is not None)) if on]
+            if asked:
+                raise ValueError(f"use_beam_search: not supported by loom with {asked[0]}")
         return self
+
+    def beam_search_params(self, max_tokens: int) -> BeamSearchParams:
+        if self.guided_decoding() is not None:
+            raise ValueError("use_beam_search: not supported by loom with structured output")
+        return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens,
+                                ignore_eos=self.ignore_eos,
+                                temperature=0.0 if self.temperature is None else self.temperature,
+                                length_penalty=self.length_penalty,
+                                include_stop_str_in_output=self.include_stop_str_in_output)
 
     def _sampling(self, max_tokens: int | None, logprobs: int | None,
                   prompt_logprobs: int | None, defaults: dict[str, Any]) -> SamplingParams:

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from loom.beam_search import BeamSearchParams, BeamSearchSequence, beam_search_async
 from loom.entrypoints.openai.errors import APIError, error_info, exception_status
 from loom.entrypoints.openai.protocol import ErrorResponse, PromptLogprob, PromptLogprobs
 from loom.frontend.async_llm import AsyncLLM
@@ -43,6 +44,14 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
         self.sampling_defaults = sampling_defaults or {}
         """The model's generation_config recommendations for unset sampling fields."""
+
+    async def beam_search(self, prompt_ids: list[int], params: BeamSearchParams,
+                          request_id: str) -> list[BeamSearchSequence]:
+        """vLLM's use_beam_search: the n best beams of one prompt."""
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+        return await beam_search_async(self.engine.generate, prompt_ids, params,
+                                       self.engine.processor.eos_token_id, request_id, decode)
 
     def check_model(self, model: str | None) -> str:
         """The name to answer with: the first served name, whichever alias was asked for (as

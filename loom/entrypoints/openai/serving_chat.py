@@ -135,6 +135,16 @@ class OpenAIServingChat(OpenAIServing):
                      reasoning, 0 if self.prompt_tokens_details else None)
         if tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the parser reads the call markers
+        if body.use_beam_search:
+            beams = await self.beam_search(prompt_ids, body.beam_search_params(params.max_tokens),
+                                           chat.id)
+            choices = [ChatChoice(index=k, message=ChatMessageOut(content=beam.text),
+                                  finish_reason=beam.finish_reason)
+                       for k, beam in enumerate(beams)]
+            generated = sum(len(b.tokens) - len(prompt_ids) for b in beams)
+            return JSONResponse(ChatCompletionResponse(
+                id=chat.id, created=chat.created, model=chat.model, choices=choices,
+                usage=UsageInfo.of(len(prompt_ids), generated)).model_dump(mode="json"))
         outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers,
                                               body.cache_salt)])
         if body.stream:

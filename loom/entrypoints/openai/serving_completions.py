@@ -4,6 +4,7 @@ or whole."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
@@ -75,6 +76,8 @@ class OpenAIServingCompletion(OpenAIServing):
             self.engine.processor.process(request.id, token_ids, params, body.cache_salt)
             request.prompts.append(_Prompt(text, token_ids))
             generators.append((token_ids, params, f"{request.id}-{i}"))
+        if body.use_beam_search:
+            return await self._beam_search(request, [g[0] for g in generators])
         outputs = merge([self.engine.generate(*g, trace_headers, body.cache_salt)
                          for g in generators])
         if body.stream:
@@ -115,6 +118,24 @@ class OpenAIServingCompletion(OpenAIServing):
                                 finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
                                 prompt_logprobs=self.prompt_logprobs(prompt_logprobs) if asked
                                 else None)
+
+    async def _beam_search(self, request: _Request, prompts: list[list[int]]) -> Response:
+        body = request.body
+        searches = [self.beam_search(ids, body.beam_search_params(
+            self.max_tokens_for(len(ids), body.max_tokens)), f"{request.id}-{i}")
+            for i, ids in enumerate(prompts)]
+        results = await asyncio.gather(*searches)
+        choices, generated = [], 0
+        for i, (prompt, beams) in enumerate(zip(request.prompts, results)):
+            echo = self._echo_text(prompt) if body.echo else ""
+            for k, beam in enumerate(beams):
+                generated += len(beam.tokens) - len(prompt.token_ids)
+                choices.append(CompletionChoice(index=i * body.n + k, text=echo + beam.text,
+                                                finish_reason=beam.finish_reason))
+        usage = UsageInfo.of(sum(len(p.token_ids) for p in request.prompts), generated)
+        response = CompletionResponse(id=request.id, created=request.created,
+                                      model=request.model, choices=choices, usage=usage)
+        return JSONResponse(response.model_dump(mode="json"))
 
     # -- stream -------------------------------------------------------------------------------
 
