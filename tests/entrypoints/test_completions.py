@@ -266,7 +266,11 @@ def test_cache_salt_and_cached_tokens_in_usage(parsing_server, server):
     vLLM's cache_salt shares them only between requests with the same salt."""
     client = parsing_server.client()
     model = server_model(parsing_server)
-    prompt = [(11 * i) % 3000 + 7 for i in range(70)]  # four full 16-token blocks, and more
+    # Four full 16-token blocks and more, new to the (session-wide) server on each run, as
+    # are the salts: the test runs once per frontend mode of `server`.
+    run = server.mode
+    start = {"inproc": 0, "mp": 1000, "mp2": 2000}[run]
+    prompt = [(11 * i + start) % 3000 + 7 for i in range(70)]
 
     def cached(salt=None, **kw) -> int:
         extra = {} if salt is None else {"cache_salt": salt}
@@ -276,10 +280,11 @@ def test_cache_salt_and_cached_tokens_in_usage(parsing_server, server):
             out = [c for c in out if c.usage][-1]
         return out.usage.prompt_tokens_details.cached_tokens
 
-    first = cached("tenant-a")
-    assert cached("tenant-a") >= 64 > first
-    assert cached("tenant-b") == 0 and cached() == 0 and cached() >= 64
-    assert cached("tenant-a", stream=True, stream_options={"include_usage": True}) >= 64
+    a, b = f"tenant-a-{run}", f"tenant-b-{run}"
+    first = cached(a)
+    assert cached(a) >= 64 > first
+    assert cached(b) == 0 and cached() == 0 and cached() >= 64
+    assert cached(a, stream=True, stream_options={"include_usage": True}) >= 64
     chat = client.chat.completions.create(model=model, max_tokens=1,
                                           messages=[{"role": "user", "content": "hi " * 40}])
     assert chat.usage.prompt_tokens_details.cached_tokens >= 0
