@@ -74,15 +74,16 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for each prompt (a string or a list of token ids); outputs in input order."""
         self._check_open()
+        salts = _cache_salts(prompts)
         prompts = _prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
-        requests = self._prepare(prompts, params)  # validates everything before adding any
+        requests = self._prepare(prompts, params, salts)  # validates all before adding any
         with self._abort_on_error():
-            for request_id, prompt, prompt_ids, p in requests:
+            for (request_id, prompt, prompt_ids, p), salt in zip(requests, salts):
                 for child_id, child_params in self.output_processor.add_request(
                         request_id, prompt, prompt_ids, p, OutputKind.FINAL_ONLY):
                     self.engine.add_request(
-                        self.processor.process(child_id, prompt_ids, child_params))
+                        self.processor.process(child_id, prompt_ids, child_params, salt))
             outputs = self._run(len(requests), use_tqdm)
         order = {r[0]: i for i, r in enumerate(requests)}
         return sorted(outputs, key=lambda o: order[o.request_id])
@@ -209,12 +210,12 @@ class LLM:
             return [self.default_sampling_params] * count
         return _per_prompt(params, count, SamplingParams, "sampling_params")
 
-    def _prepare(self, prompts, params):
+    def _prepare(self, prompts, params, salts):
         requests = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p, salt in zip(prompts, params, salts):
             text, ids = self.processor.tokenize(prompt)
             request_id = str(next(self._ids))
-            ids = self.processor.process(request_id, ids, p).prompt_token_ids  # truncated
+            ids = self.processor.process(request_id, ids, p, salt).prompt_token_ids  # truncated
             requests.append((request_id, text, ids, p))
         return requests
 
@@ -281,17 +282,27 @@ def _conversations(messages) -> list[list[Message]]:
                      "{'role': ..., 'content': ...} dicts) or a list of conversations")
 
 
-def _prompt_list(prompts) -> list:
-    """A list of prompts, each a string or a list of token ids. Also takes one prompt alone,
-    and vLLM's prompt dicts ({"prompt": text} or {"prompt_token_ids": ids})."""
+def _cache_salts(prompts) -> list[str | None]:
+    """vLLM's prompt dicts may carry a cache_salt; one entry (None or the salt) per prompt."""
+    return [p.get("cache_salt") if isinstance(p, dict) else None for p in _as_list(prompts)]
+
+
+def _as_list(prompts) -> list | tuple:
     if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts
                                           and isinstance(prompts[0], int)):
-        prompts = [prompts]
+        return [prompts]
     if not isinstance(prompts, list | tuple):
         raise ValueError(f"prompts: expected a string, a list of token ids, or a list of "
                          f"them; got {type(prompts).__name__}")
+    return prompts
+
+
+def _prompt_list(prompts) -> list:
+    """A list of prompts, each a string or a list of token ids. Also takes one prompt alone,
+    and vLLM's prompt dicts ({"prompt": text} or {"prompt_token_ids": ids}, with an
+    optional "cache_salt")."""
     out = []
-    for p in prompts:
+    for p in _as_list(prompts):
         if isinstance(p, dict):
             keys = set(p) & {"prompt", "prompt_token_ids"}
             if len(keys) != 1:

@@ -145,3 +145,18 @@ def test_beam_search_equals_transformers(text_llm, tiny_llama_with_tokenizer):
         assert scores == sorted(scores, reverse=True)
     with pytest.raises(ValueError, match="^beam_width:"):
         BeamSearchParams(beam_width=0, max_tokens=4)
+
+
+def test_cache_salt_in_prompt_dicts(text_llm):
+    """vLLM's prompt dicts carry cache_salt: prefixes are shared only under the same salt."""
+    ids = [(7 * i) % 5000 + 11 for i in range(40)]  # two full 16-token blocks, and more
+    params = SamplingParams(max_tokens=1)
+
+    def cached(**salt) -> int:
+        return text_llm.generate([{"prompt_token_ids": ids, **salt}], params,
+                                 use_tqdm=False)[0].num_cached_tokens
+    assert cached(cache_salt="a") == 0
+    assert cached(cache_salt="b") == 0 and cached() == 0
+    assert cached(cache_salt="a") == 32 and cached() == 32
+    with pytest.raises(ValueError, match="^cache_salt:"):
+        cached(cache_salt="")
