@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
@@ -51,6 +52,15 @@ class BeamSearchSequence:
 class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
     """The beam_width best, best first."""
+
+
+def check_width(params: BeamSearchParams, max_logprobs: int, field: str) -> None:
+    """A round asks for 2 x beam_width logprobs: beyond the engine's max_logprobs, say so
+    in the beam search's own terms (vLLM has the same bound)."""
+    if 2 * params.beam_width > max_logprobs:
+        raise ValueError(f"{field}: a beam width of {params.beam_width} asks for "
+                         f"{2 * params.beam_width} logprobs a round, more than max_logprobs "
+                         f"({max_logprobs}); raise it (--max-logprobs, LLM(max_logprobs=...))")
 
 
 class BeamSearch:
@@ -118,17 +128,18 @@ async def beam_search_async(generate: Callable[[list[int], SamplingParams, str],
         rounds = [_one_token(generate(ids, search.round_params(),
                                       f"{request_id}-beam{search.rounds}-{k}"))
                   for k, ids in enumerate(search.prompts())]
-        search.advance(await asyncio.gather(*rounds))
+        search.advance(await asyncio.gather(*rounds))  # a failure cancels the caller
     return search.best(decode)
 
 
 async def _one_token(outputs: AsyncIterator[RequestOutput]) -> CompletionOutput:
     """The one-token request's output that carries the token and its logprobs."""
     found = None
-    async for output in outputs:
-        for delta in output.outputs:
-            if delta.logprobs:
-                found = delta
+    async with aclosing(outputs):  # cancelled, the request is aborted in the engine
+        async for output in outputs:
+            for delta in output.outputs:
+                if delta.logprobs:
+                    found = delta
     if found is None:
         raise RuntimeError("beam search: a round's request returned no token")
     return found

@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loom.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from loom.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, check_width
 from loom.config import CompilationConfig, ModelConfig
 from loom.engine.arg_utils import EngineArgs
 from loom.engine.core import EngineCore
@@ -93,6 +93,7 @@ class LLM:
         """vLLM's beam search (`loom.beam_search`): each round one batched generate call of
         one token for every live beam of every prompt."""
         self._check_open()
+        check_width(params, self.processor.max_logprobs, "beam_width")
         eos = self.processor.eos_token_id
         searches = [BeamSearch(self.processor.tokenize(p)[1], params, eos)
                     for p in _prompt_list(prompts)]

@@ -318,7 +318,9 @@ def test_use_beam_search_as_offline(server, llm):
                                           extra_body={"use_beam_search": True,
                                                       "ignore_eos": True})
     assert [c.message.content for c in chat.choices] == [s.text for s in offline.sequences]
-    r = httpx.post(f"{server.url}/v1/completions", json={
-        "prompt": "x", "use_beam_search": True, "stream": True},
-        headers={"Authorization": f"Bearer {API_KEY}"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search"
+    for bad in ({"stream": True}, {"n": 11}):  # 22 logprobs a round, over max_logprobs 20
+        r = httpx.post(f"{server.url}/v1/completions", json={
+            "prompt": ["x", "y"], "use_beam_search": True, **bad},
+            headers={"Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search", r.text
+    assert server.introspect()["engine_unfinished"] == 0

@@ -7,14 +7,15 @@ import asyncio
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import TypeVar
 
 from pydantic import BaseModel
 
-from loom.beam_search import BeamSearchParams, BeamSearchSequence, beam_search_async
+from loom.beam_search import (BeamSearchParams, BeamSearchSequence, beam_search_async,
+                               check_width)
 from loom.entrypoints.openai.errors import APIError, error_info, exception_status
 from loom.entrypoints.openai.protocol import ErrorResponse, PromptLogprob, PromptLogprobs
 from loom.frontend.async_llm import AsyncLLM
@@ -50,6 +51,7 @@ class OpenAIServing:
         """vLLM's use_beam_search: the n best beams of one prompt."""
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+        check_width(params, self.engine.processor.max_logprobs, "use_beam_search")
         return await beam_search_async(self.engine.generate, prompt_ids, params,
                                        self.engine.processor.eos_token_id, request_id, decode)
 
@@ -152,3 +154,14 @@ async def merge(generators: Sequence[AsyncIterator[RequestOutput]]
         await asyncio.gather(*pending, return_exceptions=True)
         for g in generators:
             await g.aclose()
+
+
+async def gather_or_cancel(coros: list[Coroutine]) -> list:
+    """All results in order; the first failure cancels the rest (aborting them)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

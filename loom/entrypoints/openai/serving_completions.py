@@ -4,7 +4,6 @@ or whole."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
@@ -15,8 +14,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from loom.entrypoints.openai.protocol import UsageInfo
 from loom.entrypoints.openai.protocol_completions import (CompletionChoice, CompletionLogprobs,
                                                           CompletionRequest, CompletionResponse)
-from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
-                                                  sse_error)
+from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, gather_or_cancel,
+                                                  merge, off_loop, sse, sse_error)
 from loom.frontend.processor import truncate_prompt
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
@@ -124,7 +123,7 @@ class OpenAIServingCompletion(OpenAIServing):
         searches = [self.beam_search(ids, body.beam_search_params(
             self.max_tokens_for(len(ids), body.max_tokens)), f"{request.id}-{i}")
             for i, ids in enumerate(prompts)]
-        results = await asyncio.gather(*searches)
+        results = await gather_or_cancel(searches)
         choices, generated = [], 0
         for i, (prompt, beams) in enumerate(zip(request.prompts, results)):
             echo = self._echo_text(prompt) if body.echo else ""

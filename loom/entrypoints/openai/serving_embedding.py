@@ -3,31 +3,18 @@ L2-normalised by default), as floats or base64 float32."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import struct
-from collections.abc import Coroutine
 
 from loom.entrypoints.openai.protocol_embeddings import (EmbeddingData, EmbeddingRequest,
                                                          EmbeddingResponse, EmbeddingUsage)
-from loom.entrypoints.openai.serving_base import OpenAIServing, off_loop
+from loom.entrypoints.openai.serving_base import OpenAIServing, gather_or_cancel, off_loop
 from loom.outputs import EmbeddingRequestOutput
 
 
 def encode_base64(vector: list[float]) -> str:
     """OpenAI's base64 format: the vector as little-endian float32 bytes."""
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
-
-
-async def gather_or_cancel(coros: list[Coroutine]) -> list:
-    """All results in order; the first failure cancels the rest (aborting them)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class OpenAIServingEmbedding(OpenAIServing):
