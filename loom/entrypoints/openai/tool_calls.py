@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, FunctionCall
@@ -178,21 +178,21 @@ class ToolStream:
     text: str = ""
     sent: int = 0
     """How much of text went out as content."""
-    named_id: str | None = field(default=None)
+    named_id: str | None = None
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall | tuple[int, str]]]:
         """(content to send, tool-call deltas to send): a ToolCall opens a call, (index,
         arguments) continues one."""
-        self.text += piece
         mode = self.calls.mode
+        if mode == "none":  # the common stream: nothing kept, nothing held back
+            return piece, []
+        self.text += piece
         if mode == "named":
             if self.named_id is None:
                 self.named_id = f"chatcmpl-tool-{uuid.uuid4().hex}"
                 return "", [ToolCall(self.named_id, 0, FunctionCall(self.calls.name, piece))]
             return "", [(0, piece)] if piece else []
-        safe = {"none": len(self.text), "required": 0}.get(mode)
-        if safe is None:
-            safe = self.calls.parser.content_prefix(self.text)
+        safe = 0 if mode == "required" else self.calls.parser.content_prefix(self.text)
         out = self.text[self.sent:safe] if safe > self.sent else ""
         self.sent = max(self.sent, safe)
         return out, []
