@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,9 @@ class ServeBenchConfig:
     tensor_parallel_size: int = 1
     extra_info: dict[str, Any] = field(default_factory=dict)
     """Recorded as is in the result JSON (the sweep puts its mode and rate here)."""
+    after_probe: Callable[[], None] | None = None
+    """Called once the untimed probe has answered, before the timed requests (the sweep
+    reads the server's histograms there, so that they count the timed requests only)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.percentile_metrics) - set(METRICS)
@@ -188,6 +192,8 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
                                s.expected_output_len, cfg.endpoint == CHAT_ENDPOINT,
                                cfg.ignore_eos, cfg.api_key) for s in samples]
         await _probe(session, replace(inputs[0], prompt="Hello", output_len=4))
+        if cfg.after_probe is not None:
+            cfg.after_probe()
         info = await _server_info(session, cfg)
         offsets = arrival_times(len(inputs), cfg.request_rate, cfg.burstiness,
                                 np.random.default_rng(cfg.dataset.seed))

@@ -173,9 +173,13 @@ def _run_rate(plan: SweepPlan, mode: str, rate: float, base_url: str) -> dict[st
         cfg = replace(cfg, compute_floor=True, model=plan.spec.model,
                       tensor_parallel_size=_server_tp(plan.spec.extra_args))
     print(f"\n===== {mode}: {rate:g} req/s, {n} prompts =====")
-    before = server_latency.read_totals(base_url)
+    # Read after the benchmark's untimed probe: the server's means then cover exactly the
+    # requests the client timed (the probe, the first to a fresh server, can be the slowest).
+    readings = []
+    cfg = replace(cfg, after_probe=lambda: readings.append(server_latency.read_totals(base_url)))
     run = run_benchmark(cfg)
-    server_ms = server_latency.mean_ms(before, server_latency.read_totals(base_url))
+    server_ms = server_latency.mean_ms(readings[0] if readings else None,
+                                       server_latency.read_totals(base_url))
     if server_ms is not None:
         print(server_latency.describe(server_ms))
     m, floor = run.metrics, (run.result or {}).get("compute_floor")
