@@ -79,7 +79,6 @@ class AsyncLLM:
         info = client.info
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
-        self.max_logprobs = info.max_logprobs
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
                                    info.eos_token_id, info.max_logprobs)
         self.output_processor = OutputProcessor(tokenizer)

@@ -37,7 +37,6 @@ from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
-from loom.frontend.processor import check_num_logprobs
 from loom.frontend.request_logger import RequestLogger
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
 from loom.models.loader import generation_config_dir, generation_defaults
@@ -156,8 +155,6 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        # Here, to name the request's own field: the Processor would say "logprobs".
-        check_num_logprobs("top_logprobs", body.top_logprobs, state.engine.max_logprobs)
         return await run_unless_disconnected(
             request, state.chat.create(body, trace_headers(request)))
 

@@ -23,7 +23,7 @@ from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge
                                                   sse_error)
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls, ToolStream
-from loom.frontend.processor import truncate_prompt
+from loom.frontend.processor import check_num_logprobs, truncate_prompt
 from loom.outputs import CompletionOutput, PositionLogprobs
 
 
@@ -114,6 +114,8 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, body: ChatCompletionRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
         model = self.check_model(body.model)
+        # Before the Processor's own check, which would name SamplingParams' "logprobs".
+        check_num_logprobs("top_logprobs", body.top_logprobs, self.engine.processor.max_logprobs)
         tools = ToolCalls.for_request(body.tools, body.tool_choice, body.parallel_tool_calls,
                                       self.tool_call_parser)
         self.check_request_template(body.chat_template)
