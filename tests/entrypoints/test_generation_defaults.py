@@ -15,7 +15,7 @@ from loom.entrypoints.openai.protocol_completions import CompletionRequest
 from loom.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from loom.models.loader import generation_defaults
 from tests.conftest import hf_greedy
-from tests.entrypoints.conftest import API_KEY, start_server
+from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN, start_server
 
 RECOMMENDED = {"temperature": 0.0, "top_p": 0.9, "top_k": 7, "repetition_penalty": 1.0,
                "max_new_tokens": 5, "do_sample": True}
@@ -63,6 +63,7 @@ def test_served_defaults_follow_generation_config(tiny_chat_model, tmp_path, llm
             texts = {http.post("/v1/completions", json={
                 "prompt": "Once upon", "max_tokens": 6, "seed": seed, "ignore_eos": True,
             }).json()["choices"][0]["text"] for seed in (1, 2, 3)}
+            _check_default_max_tokens(http)
     finally:
         assert server.stop() == 0
     greedy = llm.generate("Once upon", SamplingParams(temperature=0, max_tokens=6,
@@ -71,6 +72,23 @@ def test_served_defaults_follow_generation_config(tiny_chat_model, tmp_path, llm
     log = server.log_path.read_text()
     assert "Received request" not in log  # no --enable-log-requests: no request contents
     assert "Started server process" in log  # uvicorn's INFO lines, by default
+
+
+def _check_default_max_tokens(http: httpx.Client) -> None:
+    """The file's max_new_tokens (5) is max_tokens where a request leaves it unset (chat) or
+    null (completions, whose unset max_tokens is 16, as in vLLM and OpenAI); what the request
+    names wins; the context caps either."""
+    def generated(path: str, **body) -> int:
+        response = http.post(path, json={"ignore_eos": True, **body})
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["completion_tokens"]
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    assert generated("/v1/chat/completions", **chat) == 5
+    assert generated("/v1/chat/completions", **chat, max_tokens=7) == 7
+    assert generated("/v1/chat/completions", **chat, max_completion_tokens=3) == 3
+    assert generated("/v1/completions", prompt="Once upon", max_tokens=None) == 5
+    assert generated("/v1/completions", prompt="Once upon") == 16
+    assert generated("/v1/completions", prompt=[1] * (MAX_MODEL_LEN - 2), max_tokens=None) == 2
 
 
 OTHER = {"temperature": 0.3, "eos_token_id": [5, 7]}

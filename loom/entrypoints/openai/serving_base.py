@@ -67,14 +67,19 @@ class OpenAIServing:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     def max_tokens_for(self, num_prompt_tokens: int, requested: int | None) -> int:
-        """The request's max_tokens; a 400 when prompt + output cannot fit the context."""
+        """The request's max_tokens; a 400 when prompt + output cannot fit the context.
+        None (unset in chat, null in completions, whose own default is 16 as in vLLM and
+        OpenAI): generation_config's max_new_tokens where it has one, as vLLM; in either case
+        no more than the context leaves."""
         limit = self.engine.max_model_len
         if num_prompt_tokens >= limit:
             raise APIError(400, f"This model's maximum context length is {limit} tokens; the "
                                 f"prompt has {num_prompt_tokens} tokens, which leaves no room "
                                 "for output.", "prompt")
         if requested is None:
-            return limit - num_prompt_tokens
+            default = self.sampling_defaults.get("max_tokens")
+            room = limit - num_prompt_tokens
+            return room if default is None else min(default, room)
         if num_prompt_tokens + requested > limit:
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, "
                                 f"you requested {num_prompt_tokens + requested} tokens "
