@@ -4,7 +4,9 @@ unset, offline and served, as vLLM's `--generation-config auto` does."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +18,7 @@ from loom.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from loom.models.loader import generation_defaults
 from tests.conftest import hf_greedy
 from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN, start_server
+from tests.test_cli import _main_error
 
 RECOMMENDED = {"temperature": 0.0, "top_p": 0.9, "top_k": 7, "repetition_penalty": 1.0,
                "max_new_tokens": 5, "do_sample": True}
@@ -89,6 +92,31 @@ def _check_default_max_tokens(http: httpx.Client) -> None:
     assert generated("/v1/completions", prompt="Once upon", max_tokens=None) == 5
     assert generated("/v1/completions", prompt="Once upon") == 16
     assert generated("/v1/completions", prompt=[1] * (MAX_MODEL_LEN - 2), max_tokens=None) == 2
+
+
+BAD_VALUES = [("temperature", "hot", "must be a number, got 'hot'"),
+              ("top_p", 7, r"must be in \(0, 1\], got 7"),
+              ("max_new_tokens", 0, "must be at least 1, got 0")]
+
+
+@pytest.mark.parametrize("key, value, reason", BAD_VALUES)
+def test_a_bad_value_fails_at_start_up(tiny_chat_model, tmp_path, capsys, key, value, reason):
+    """Once, naming the file and its key: `loom serve` exits with one line (not a 400 for
+    every request later), and LLM(...) raises before loading the model."""
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(Path(tiny_chat_model) / "config.json", model)
+    file = model / "generation_config.json"
+    file.write_text(json.dumps({"temperature": 0.6, key: value}))
+    what = f"{re.escape(str(file))}: {key}: {reason}"
+    err = _main_error(capsys, "serve", str(model), "--device", "cpu")
+    assert re.fullmatch(f"loom serve: error: model: {what}\n", err), err
+    with pytest.raises(ValueError, match=f"^model: {what}$"):
+        LLM(str(model), device="cpu")
+    # Named by --generation-config, the file is that flag's.
+    err = _main_error(capsys, "serve", str(tiny_chat_model), "--device", "cpu",
+                      "--generation-config", str(model))
+    assert re.fullmatch(f"loom serve: error: generation_config: {what}\n", err), err
 
 
 OTHER = {"temperature": 0.3, "eos_token_id": [5, 7]}

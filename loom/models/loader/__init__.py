@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loom.config import ModelConfig
+from loom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +69,8 @@ def generation_defaults(model: str, generation_config: str = "auto") -> dict:
     """The sampling defaults that generation_config.json recommends (Llama 3.1 Instruct:
     temperature 0.6, top_p 0.9), for requests that leave them unset. generation_config is
     vLLM's: "auto" reads the model directory's ({} for a GGUF file, a shipped config, or a
-    directory without one), "vllm" none, anything else is a directory to read it from."""
+    directory without one), "vllm" none, anything else is a directory to read it from.
+    A value SamplingParams would refuse is a ValueError naming the file and its key."""
     if generation_config == "vllm":
         return {}
     named = generation_config_dir(generation_config)
@@ -82,8 +84,23 @@ def generation_defaults(model: str, generation_config: str = "auto") -> dict:
         raise ValueError(f"{where}: cannot read {file} ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{where}: {file} does not hold a JSON object")
-    return {field: config[key] for key, field in GENERATION_DEFAULTS.items()
-            if config.get(key) is not None}
+    defaults = {}
+    for key, field in GENERATION_DEFAULTS.items():
+        if config.get(key) is not None:
+            defaults[field] = _checked(config[key], key, field, f"{where}: {file}")
+    return defaults
+
+
+def _checked(value: object, key: str, field: str, source: str) -> object:
+    """value, as SamplingParams takes it for field: checked once here, at start-up, so that
+    a bad default is one error naming the file's own key (max_new_tokens, not max_tokens)
+    instead of a 400 for every request that leaves the field unset."""
+    try:
+        SamplingParams(**{field: value})
+    except ValueError as e:
+        reason = str(e).removeprefix(f"{field}: ")
+        raise ValueError(f"{source}: {key}: {reason}") from None
+    return value
 
 
 def _own_generation_config(model: str) -> Path | None:
