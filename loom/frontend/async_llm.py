@@ -118,11 +118,13 @@ class AsyncLLM:
         if request_id in self.streams:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         text, prompt_ids = self.tokenize(prompt)
+        # Validated before any state; its ids are the prompt's after truncate_prompt_tokens.
+        request = self.processor.process(request_id, prompt_ids, params, cache_salt)
+        # Logged once accepted, so that a request the Processor refuses is in the log from
+        # neither endpoint (completions checks its prompts before it gets here).
         if self._request_logger is not None:
             self._request_logger.log(request_id, text, prompt_ids, params)
-        # Validated before any state; its ids are the prompt's after truncate_prompt_tokens.
-        prompt_ids = self.processor.process(request_id, prompt_ids, params,
-                                            cache_salt).prompt_token_ids
+        prompt_ids = request.prompt_token_ids
         stream = self.streams[request_id] = _Stream(arrival=time.monotonic())
         if self._tracer is not None:
             stream.trace = self._tracer.begin(request_id, params, len(prompt_ids), trace_headers)
@@ -151,9 +153,9 @@ class AsyncLLM:
         if request_id in self.streams or request_id in self._pooling:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         text, prompt_ids = self.tokenize(prompt)
-        if self._request_logger is not None:
-            self._request_logger.log(request_id, text, prompt_ids, params)
         request = self.processor.process_pooling(request_id, prompt_ids, params)
+        if self._request_logger is not None:  # once accepted, as generate
+            self._request_logger.log(request_id, text, prompt_ids, params)
         future = self._pooling[request_id] = asyncio.get_running_loop().create_future()
         arrival = time.monotonic()
         try:

@@ -18,6 +18,7 @@ from tests.entrypoints.conftest import API_KEY, start_server
 FLAGS = ("--generation-config", "vllm", "--max-logprobs", "2", "--enable-log-requests",
          "--max-log-len", "8", "--uvicorn-log-level", "warning")
 PROMPT = "Once upon a time, in a land far away"
+CHAT = {"messages": [{"role": "user", "content": "a"}]}
 RECEIVED = re.compile(r"Received request (cmpl-\S+): prompt: (.*), params: SamplingParams\(.*\), "
                       r"prompt_token_ids: \[(.*)\]$")
 
@@ -36,21 +37,26 @@ def test_served_flags(tiny_chat_model, tmp_path):
             }).json()["choices"][0]["text"] for seed in (1, 2, 3)}
             too_many = http.post("/v1/completions", json={"prompt": "a", "logprobs": 3})
             chat_too_many = http.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "a"}], "logprobs": True,
-                "top_logprobs": 3})
+                **CHAT, "logprobs": True, "top_logprobs": 3})
+            # Refused by the Processor's checks, past the endpoints' own.
+            prompt_too_many = [http.post(path, json={**body, "prompt_logprobs": 3})
+                               for path, body in (("/v1/completions", {"prompt": "a"}),
+                                                  ("/v1/chat/completions", CHAT))]
             allowed = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1,
                                                          "logprobs": 2})
     finally:
         assert server.stop() == 0
     assert len(texts) > 1, texts  # sampled at temperature 1, not the file's 0
-    for response, field in ((too_many, "logprobs"), (chat_too_many, "top_logprobs")):
+    for response, field in ((too_many, "logprobs"), (chat_too_many, "top_logprobs"),
+                            *((r, "prompt_logprobs") for r in prompt_too_many)):
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == field and "max_logprobs (2)" in error["message"], error
     assert allowed.status_code == 200, allowed.text
     log = server.log_path.read_text()
     received = [RECEIVED.search(line) for line in log.splitlines() if "Received request" in line]
-    # One line per completion that reached the engine (the two refused never did).
+    # One line per completion that reached the engine (the four refused never did), as vLLM
+    # logs a request once it is accepted for generation; chat and completions alike.
     assert len(received) == 4 and all(received), log
     prompt, ids = ast.literal_eval(received[0].group(2)), received[0].group(3).split(", ")
     assert prompt == PROMPT[:8] and len(ids) == 8, received[0].group(0)
