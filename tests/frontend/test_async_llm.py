@@ -171,18 +171,24 @@ def test_max_logprobs_is_the_engines_and_names_the_field():
     asyncio.run(main())
 
 
-def test_requests_are_logged_only_when_asked_and_cut_to_max_log_len(caplog):
+def test_requests_are_logged_only_when_asked_and_accepted_and_cut_to_max_log_len(caplog):
     async def main(request_logger):
         client = FakeClient()
         engine = AsyncLLM(client, tokenizer=None, request_logger=request_logger)
         engine.start()
-        with pytest.raises(ValueError):  # logged as received, though then refused
-            await anext(engine.generate([1, 2, 3, 4], SamplingParams(logprobs=99), "r-1"))
+        with pytest.raises(ValueError):  # refused by the Processor: never logged
+            await anext(engine.generate([1, 2, 3, 4], SamplingParams(logprobs=99), "r-0"))
+        task = asyncio.ensure_future(_collect(engine, "r-1", SamplingParams(max_tokens=1),
+                                              lambda _: None))
+        await asyncio.sleep(0)  # let generate send the request
+        client.output("r-1", [10], FinishReason.LENGTH)
+        await task
     with caplog.at_level("INFO"):
         asyncio.run(main(None))
     assert "r-1" not in caplog.text
     with caplog.at_level("INFO"):
         asyncio.run(main(RequestLogger(None, max_log_len=2)))
+    assert "r-0" not in caplog.text
     assert [r.getMessage() for r in caplog.records if "r-1" in r.getMessage()] == [
-        f"Received request r-1: prompt: None, params: {SamplingParams(logprobs=99)}, "
+        f"Received request r-1: prompt: None, params: {SamplingParams(max_tokens=1)}, "
         "prompt_token_ids: [1, 2]"]
