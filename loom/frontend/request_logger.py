@@ -1,4 +1,4 @@
-"""`--enable-log-requests`: one INFO line for each request the server receives, with its id,
+"""`--enable-log-requests`: one INFO line for each request the server accepts, with its id,
 its sampling (or pooling) parameters and its prompt, cut to `--max-log-len` characters and
 token ids. Without the flag there is no `RequestLogger`, and nothing about what a request
 says reaches the log."""
