@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from loom.compilation_config import CompilationConfig, PassConfig, compilation_dict
 from loom.config_checks import check as _check
+from loom.speculative_config import SpeculativeConfig
 
 __all__ = ["DTYPES", "LOAD_FORMATS", "DEVICES", "KV_CACHE_DTYPES", "DTYPE_ALIASES",
            "USAGE_CONTEXTS", "LARGE_GPU_BYTES", "ModelConfig", "CacheConfig", "SchedulerConfig",
@@ -192,3 +193,5 @@ class EngineConfig:
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
     enforce_eager: bool = False
     """Run the model eagerly: no torch.compile, no CUDA graphs."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (vLLM's --speculative-config); None: off."""

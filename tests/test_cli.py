@@ -54,6 +54,8 @@ def test_missing_demo_model_says_how_to_install(monkeypatch):
     (["--host", "999.1.1.1"], "host: cannot resolve '999.1.1.1'"),
     (["--kv-cache-memory-bytes", "1000"], "the KV cache holds 0 tokens"),
     (["--kv-headroom-tokens", "-1"], "kv_headroom_tokens: must not be negative, got -1"),
+    (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'],
+     "speculative_config.method: 'eagle' is not implemented by loom"),
 ])
 def test_serve_start_up_errors_are_one_line(tiny_model_factory, flags, message):
     """Each names the setting, with no traceback (the last one is raised in the engine core

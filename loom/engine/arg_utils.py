@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS,
                          CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
                          ModelConfig, ParallelConfig, SchedulerConfig)
+from loom.speculative_config import SpeculativeConfig
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class EngineArgs:
     """ModelConfig.generation_config: "auto", "vllm" or a directory."""
     max_logprobs: int = 20
     """ModelConfig.max_logprobs; -1: the whole vocabulary."""
+    speculative_config: SpeculativeConfig | dict | str | None = None
+    """EngineConfig.speculative: an object, a dict or a JSON string."""
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -119,6 +122,10 @@ class EngineArgs:
         g.add_argument("--max-logprobs", type=int, default=20,
                        help="the most top logprobs a request may ask for at each position "
                        "(logprobs, top_logprobs, prompt logprobs); -1: the whole vocabulary")
+        g.add_argument("--speculative-config", default=None,
+                       help="JSON object for speculative decoding, as vLLM's: "
+                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                       "\"prompt_lookup_max\": 4}' (n-gram prompt lookup only)")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -186,4 +193,5 @@ class EngineArgs:
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
             compilation=compilation,
-            enforce_eager=self.enforce_eager)
+            enforce_eager=self.enforce_eager,
+            speculative=SpeculativeConfig.parse(self.speculative_config))
