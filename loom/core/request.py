@@ -62,6 +62,8 @@ class Request:
         scheduling): the next decode can be scheduled before they arrive."""
         self.num_cached_tokens = -1
         """Prefix-cache hit length at first scheduling (-1 before)."""
+        self.spec_token_ids: list[int] = []
+        """Draft tokens scheduled in the step in flight (speculative decoding)."""
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None
         self.max_tokens = sampling_params.max_tokens

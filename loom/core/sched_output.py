@@ -35,6 +35,9 @@ class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     num_computed_tokens: int
     """Sampled tokens are not sent: each worker keeps those of its own steps (on the device
     for the next input, on the host once the step's output is read back)."""
+    spec_token_ids: list[int] = []
+    """Speculative decoding: draft tokens after the request's last one, scheduled (and
+    verified) with it this step."""
 
 
 class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from loom.config import CacheConfig, SchedulerConfig
 from loom.core.kv_cache_manager import KVCacheManager, cdiv
 from loom.core.request import Request, RequestStatus
+from loom.core.spec_decode import SpecDecoder
 from loom.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
 from loom.core.structured_output import grammar_bitmasks
 from loom.engine.protocol import EngineCoreOutput, FinishReason, Logprobs, SchedulerStats
+from loom.speculative_config import SpeculativeConfig
 
 
 @dataclass
@@ -41,7 +43,8 @@ class _Step:
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 num_blocks: int, max_model_len: int) -> None:
+                 num_blocks: int, max_model_len: int,
+                 speculative: SpeculativeConfig | None = None) -> None:
         # The engine passes the limits its workers chose; a bare config takes the CPU's.
         self.config = scheduler_config.resolved(None, 0)
         self.max_model_len = max_model_len
@@ -54,6 +57,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: list[str] = []
         """Finished, aborted or preempted since the last schedule(): workers drop them."""
+        self.spec = SpecDecoder(speculative, max_model_len) if speculative is not None else None
         self._num_preemptions = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -76,7 +80,7 @@ class Scheduler:
             else:
                 self.waiting.remove(request)
             request.status = RequestStatus.FINISHED_ABORTED
-            self.kv_cache_manager.free(request)
+            self._free(request)
             self.finished_req_ids.append(rid)
             outputs.append(EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT,
                                             num_cached_tokens=max(0, request.num_cached_tokens)))
@@ -143,16 +147,28 @@ class Scheduler:
                                 and not self._may_run_ahead(request)):
                 i += 1  # nothing to compute until update_from_output appends
                 continue
-            new_block_ids = self._allocate_or_preempt(request, num_new, step)
+            drafts = self._drafts(request, num_new, step.budget)
+            new_block_ids = (self.kv_cache_manager.allocate_slots(request, 1 + len(drafts))
+                             if drafts else None)
+            if new_block_ids is None:  # no drafts, or no room for them: one token
+                drafts, new_block_ids = [], self._allocate_or_preempt(request, num_new, step)
             if new_block_ids is None:
                 return  # it preempted itself (the last one running), or must wait
             rid = request.request_id
+            request.spec_token_ids, num_new = drafts, num_new + len(drafts)
             # Workers know sampled tokens from their own steps: only block ids travel.
             step.cached_reqs.append(
-                CachedRequestData(rid, new_block_ids, request.num_computed_tokens))
+                CachedRequestData(rid, new_block_ids, request.num_computed_tokens, drafts))
             step.cached_tokens[rid] = num_new
             step.budget -= num_new
             i += 1
+
+    def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Speculative decoding's draft tokens for a request about to decode."""
+        if (self.spec is None or num_new != 1 or request.num_output_placeholders
+                or request.num_computed_tokens != request.num_tokens - 1):
+            return []
+        return self.spec.drafts(request, budget)
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              step: _Step) -> list[int] | None:
@@ -177,6 +193,8 @@ class Scheduler:
         must not be able to end it."""
         if not self.config.async_scheduling or request.grammar is not None:
             return False
+        if self.spec is not None and self.spec.speculates(request):
+            return False  # its drafts are proposed from its latest token
         p = request.sampling_params
         # min_tokens masks stop tokens until enough are out: only then does it need counts.
         masks_stops = bool(p.stop_token_ids) or (request.eos_token_id is not None
@@ -267,6 +285,8 @@ class Scheduler:
                 continue
             if runner_output.sampled_token_ids[i]:
                 request.num_output_placeholders -= 1
+            if request.spec_token_ids:
+                self.spec.on_output(request, runner_output.sampled_token_ids[i])
             new_token_ids = self._append_tokens(request, runner_output.sampled_token_ids[i])
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:
@@ -339,10 +359,16 @@ class Scheduler:
             if not request.is_finished:
                 still_running.append(request)
                 continue
-            self.kv_cache_manager.free(request)
+            self._free(request)
             del self.requests[request.request_id]
             self.finished_req_ids.append(request.request_id)
         self.running = still_running
+
+    def _free(self, request: Request) -> None:
+        """Release a request that has left for good (finished or aborted)."""
+        self.kv_cache_manager.free(request)
+        if self.spec is not None:
+            self.spec.drop(request.request_id)
 
     # -- stats and utilities -------------------------------------------------------------
 
@@ -353,7 +379,8 @@ class Scheduler:
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_queries=queries, prefix_cache_hits=hits,
             num_preemptions=self._num_preemptions, num_prompt_tokens=self._num_prompt_tokens,
-            num_generation_tokens=self._num_generation_tokens)
+            num_generation_tokens=self._num_generation_tokens,
+            **(self.spec.take_stats() if self.spec is not None else {}))
         self._num_preemptions = self._num_prompt_tokens = self._num_generation_tokens = 0
         return stats
 

@@ -59,7 +59,8 @@ class EngineCore:
         self.max_logprobs = (self.vocab_size if config.model.max_logprobs == -1
                              else config.model.max_logprobs)
         self.num_blocks = self._init_kv_cache()
-        self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks, self.max_model_len)
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks,
+                                   self.max_model_len, config.speculative)
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         """Launched steps not yet collected, oldest first."""

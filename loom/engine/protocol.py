@@ -98,6 +98,12 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     num_preemptions: int = 0
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    spec_num_drafts: int = 0
+    """Speculative decoding: verified steps of drafting requests (a delta)."""
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
+    """Accepted drafts by position in the draft ([] when none were verified)."""
 
 
 class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -17,6 +17,7 @@ from loom.core.sched_output import SchedulerOutput
 from loom.pinned import upload
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+from loom.worker.spec_verify import SpecRows
 
 
 @dataclass
@@ -32,10 +33,30 @@ class CachedRequestState:
     """Set for an embedding request: its rows are pooled, it never samples."""
     row: int = -1
     """Its row in RequestStates' token and block tables."""
+    spec_token_ids: list[int] = field(default_factory=list)
+    """Draft tokens after its known ones this step (speculative decoding); they sit in the
+    token table past token_ids until verified."""
 
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes or reports the distribution: argmax is the
+        answer."""
+        p = self.params
+        min_tokens_pending = len(self.token_ids) - self.num_prompt_tokens < p.min_tokens
+        return (p.greedy and p.logprobs is None and not p.shapes_logits
+                and not (min_tokens_pending and self.stop_ids) and p.guided_decoding is None)
+
+    @property
+    def stop_ids(self) -> set[int]:
+        """Tokens masked while fewer than min_tokens have been generated."""
+        ids = set(self.params.stop_token_ids)
+        if self.eos_token_id is not None and not self.params.ignore_eos:
+            ids.add(self.eos_token_id)
+        return ids
 
 
 class RequestStates(dict[str, CachedRequestState]):
@@ -86,13 +107,18 @@ class RequestStates(dict[str, CachedRequestState]):
             self.blocks[state.row, n:n + len(cached.new_block_ids)] = cached.new_block_ids
             state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
+        state.spec_token_ids = cached.spec_token_ids
+        if cached.spec_token_ids:
+            n = len(state.token_ids)
+            self.tokens[state.row, n:n + len(cached.spec_token_ids)] = cached.spec_token_ids
 
-    def append_sampled(self, state: CachedRequestState, position: int, token_id: int) -> None:
-        """Record a token this rank sampled (or received) at `position`, once its step's
-        output is read back; a request dropped or re-sent since then is left alone."""
+    def append_sampled(self, state: CachedRequestState, position: int,
+                       token_ids: list[int]) -> None:
+        """Record tokens this rank sampled (or received) from `position` on, once their
+        step's output is read back; a request dropped or re-sent since then is left alone."""
         if self.get(state.req_id) is state and len(state.token_ids) == position:
-            self.tokens[state.row, position] = token_id
-            state.token_ids.append(token_id)
+            self.tokens[state.row, position:position + len(token_ids)] = token_ids
+            state.token_ids.extend(token_ids)
 
 
 @dataclass
@@ -106,6 +132,17 @@ class StepBatch:
     """Token row of the last scheduled token of each sampling request."""
     prompt_logprob_rows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     """req_id -> (token rows, next prompt token ids) for prompt logprobs this step."""
+    spec: SpecRows | None = None
+    """Speculative decoding's drafts to verify this step; None when no request drafts."""
+    spec_arrays: list[torch.Tensor] = field(default_factory=list)
+    """spec's counts, draft ids, sample rows and positions, hidden rows, on the device."""
+
+    @property
+    def sampled_shape(self) -> tuple[int, ...]:
+        """The sampled tokens' shape: one per sampling request, or K + 1 with drafts."""
+        if self.spec is None:
+            return (len(self.sample_rows),)
+        return (len(self.sample_rows), int(self.spec.counts.max()) + 1)
 
 
 PendingTokens = tuple[torch.Tensor, dict[str, int]]
@@ -133,7 +170,8 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
     positions = np.arange(starts[-1]) - starts[req_of_row] + computed[req_of_row]
     rows = np.asarray([r.row for r in reqs], dtype=np.int64)
     input_ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
-    pending_dst = np.flatnonzero(positions >= known[req_of_row])
+    drafted = np.asarray([len(r.spec_token_ids) for r in reqs], dtype=np.int64)
+    pending_dst = np.flatnonzero(positions >= (known + drafted)[req_of_row])
     pending_src = _pending_sources(reqs, req_of_row[pending_dst], pending)
     seq_lens = computed + counts
     block_table = states.blocks[rows, :-(-int(seq_lens.max()) // block_size)]
@@ -145,10 +183,14 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
     sample_rows = [i for i, r in enumerate(reqs)
                    if seq_lens[i] >= known[i] and r.pooling_params is None]
     starts32, seq_lens32 = starts.astype(np.int32), seq_lens.astype(np.int32)
+    last_rows = starts[1:][sample_rows] - 1
+    spec = SpecRows.build([reqs[i].spec_token_ids for i in sample_rows], last_rows)
+    spec_arrays = [] if spec is None else [spec.counts, spec.draft_ids, spec.sample_row,
+                                           spec.position, spec.hidden_rows]
     (input_ids_d, positions_d, slots_d, logits_d, dst_d, src_d, starts_d, seq_lens_d,
-     block_table_d) = upload([input_ids, positions, slots, starts[1:][sample_rows] - 1,
-                              pending_dst, pending_src, starts32, seq_lens32,
-                              block_table.astype(np.int32)], device)
+     block_table_d, *spec_d) = upload([input_ids, positions, slots, last_rows, pending_dst,
+                                       pending_src, starts32, seq_lens32,
+                                       block_table.astype(np.int32), *spec_arrays], device)
     if len(pending_dst):
         input_ids_d[dst_d] = pending[0][src_d]
     meta = AttentionMetadata(
@@ -159,7 +201,8 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
         seq_lens_cpu=torch.from_numpy(seq_lens32))
     return StepBatch(input_ids=input_ids_d, positions=positions_d, attn_metadata=meta,
                      sample_rows=sample_rows, logits_indices=logits_d,
-                     prompt_logprob_rows=_prompt_logprob_rows(reqs, computed, counts, starts))
+                     prompt_logprob_rows=_prompt_logprob_rows(reqs, computed, counts, starts),
+                     spec=spec, spec_arrays=spec_d)
 
 
 def _pending_sources(reqs, pending_reqs: np.ndarray, pending: PendingTokens | None) -> np.ndarray:

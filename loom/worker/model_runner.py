@@ -31,6 +31,7 @@ from loom.worker.moe_warmup import warm_up_moe
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
+from loom.worker.spec_verify import verify_step
 from loom.worker.step_handle import StepHandle
 from loom.worker.warmup import capture_pieces, warm_up
 
@@ -282,15 +283,20 @@ class ModelRunner:
             if clock is not None:
                 clock.mark()
         seq_lens = batch.attn_metadata.seq_lens_cpu.tolist()
-        handle = StepHandle(self, reqs, seq_lens, batch.sample_rows)
+        handle = StepHandle(self, reqs, [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)],
+                            batch.sample_rows)
         handle.layer_clock = clock
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             tokens, handle.logprobs = (self._sample(reqs, batch.sample_rows, logits,
                                                     so.grammar_bitmask)
                                        if self.is_driver else (None, None))
-            tokens = self._share_tokens(tokens, len(batch.sample_rows))
-            self._pending = (tokens, {reqs[i].req_id: k for k, i in enumerate(batch.sample_rows)})
+            if batch.spec is not None:  # [R, K + 1]: accepted drafts, then one more token
+                tokens = verify_step(self.model, reqs, batch, hidden, tokens, self.is_driver,
+                                     self.arch.vocab_size)
+            tokens = self._share_tokens(tokens, batch.sampled_shape)
+            self._pending = (tokens if tokens.dim() == 1 else tokens[:, 0],
+                             {reqs[i].req_id: k for k, i in enumerate(batch.sample_rows)})
             handle.read_back(tokens)
         else:
             self._pending = None
@@ -312,14 +318,14 @@ class ModelRunner:
         total = sum(counts)
         return next((s for s in self.piece_sizes if s >= total), None)
 
-    def _share_tokens(self, tokens: torch.Tensor | None, n: int) -> torch.Tensor:
+    def _share_tokens(self, tokens: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
         """Every rank feeds the sampled tokens to its next step: the driver's, broadcast on
         the device (queued like any collective, no host round trip)."""
         group = get_tp_group()
         if group.world_size == 1:
             return tokens
         if tokens is None:
-            tokens = torch.empty(n, dtype=torch.long, device=self.device)
+            tokens = torch.empty(shape, dtype=torch.long, device=self.device)
         torch.distributed.broadcast(tokens, src=0, group=group.group)
         return tokens
 
@@ -342,7 +348,7 @@ class ModelRunner:
         """The sampled tokens (on the device) and, for the handle, a function making the
         requested logprobs structs once the step is read back."""
         chosen = [reqs[i] for i in rows]
-        if not grammar_bitmask and all(_plain_greedy(r) for r in chosen):
+        if not grammar_bitmask and all(r.plain_greedy for r in chosen):
             # The common decode case needs no sampling metadata: one argmax.
             return greedy_argmax(logits), None
         # Token histories are copied only when a penalty reads them (long prompts make
@@ -351,7 +357,7 @@ class ModelRunner:
         meta = SamplingMetadata.build(
             [r.params for r in chosen], [r.output_token_ids for r in chosen],
             [r.token_ids[:r.num_prompt_tokens] if history else [] for r in chosen],
-            [_stop_ids(r) for r in chosen], [r.params.seed for r in chosen],
+            [r.stop_ids for r in chosen], [r.params.seed for r in chosen],
             self.device, self.arch.vocab_size,
             [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None)
         out = self.sampler(logits, meta)
@@ -382,18 +388,3 @@ def cuda_graphs_on(device: torch.device) -> bool:
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
-
-def _plain_greedy(req: CachedRequestState) -> bool:
-    """Greedy with nothing that changes or reports the distribution: argmax is the answer."""
-    p = req.params
-    min_tokens_pending = len(req.token_ids) - req.num_prompt_tokens < p.min_tokens
-    return (p.greedy and p.logprobs is None and not p.shapes_logits
-            and not (min_tokens_pending and _stop_ids(req)) and p.guided_decoding is None)
-
-
-def _stop_ids(req: CachedRequestState) -> set[int]:
-    """Tokens masked while fewer than min_tokens have been generated."""
-    ids = set(req.params.stop_token_ids)
-    if req.eos_token_id is not None and not req.params.ignore_eos:
-        ids.add(req.eos_token_id)
-    return ids

@@ -24,7 +24,7 @@ from loom.engine.protocol import Logprobs
 from loom.worker.sampling_metadata import SamplingMetadata
 
 __all__ = ["LogprobsTensors", "Sampler", "SamplerOutput", "SamplingMetadata",
-           "apply_penalties", "compute_prompt_logprobs", "greedy_argmax"]
+           "apply_penalties", "compute_prompt_logprobs", "filtered_probs", "greedy_argmax"]
 
 
 @dataclass
@@ -173,6 +173,12 @@ def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
 
 
 def _random_sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    return exponential_race(filtered_probs(logits, md), md)
+
+
+def filtered_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """The random rows' distribution: temperature, top-k, top-p, then min-p (which leaves
+    the row unnormalised). Rewrites `logits` in place."""
     logits.div_(md.temperature.unsqueeze(-1))
     if not md.no_top_p:
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
@@ -181,7 +187,7 @@ def _random_sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     probs = logits.softmax(dim=-1)
     if not md.no_min_p:
         probs = apply_min_p(probs, md.min_p)
-    return exponential_race(probs, md)
+    return probs
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:

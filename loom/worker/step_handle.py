@@ -22,8 +22,10 @@ logger = logging.getLogger(__name__)
 
 
 class StepHandle:
-    def __init__(self, runner, reqs: list, seq_lens: list[int], sample_rows: list[int]) -> None:
-        self._runner, self._reqs, self._seq_lens, self._rows = runner, reqs, seq_lens, sample_rows
+    def __init__(self, runner, reqs: list, positions: list[int], sample_rows: list[int]) -> None:
+        """positions: per request, where its first sampled token goes (its seq_len, less
+        its drafts under speculative decoding)."""
+        self._runner, self._reqs, self._positions, self._rows = runner, reqs, positions, sample_rows
         self._tokens: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         self._output: ModelRunnerOutput | None = None
@@ -40,11 +42,12 @@ class StepHandle:
         return handle
 
     def read_back(self, tokens: torch.Tensor) -> None:
-        """Start copying the sampled tokens to the host behind the step's kernels."""
+        """Start copying the sampled tokens to the host behind the step's kernels: [R], or
+        [R, K + 1] under speculative decoding (each row's tokens, then -1s)."""
         if tokens.device.type != "cuda":
             self._tokens = tokens
             return
-        self._tokens = _READBACK.take(tokens.numel())
+        self._tokens = _READBACK.take(tokens.numel()).view(tokens.shape)
         self._tokens.copy_(tokens, non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
@@ -65,8 +68,8 @@ class StepHandle:
         states, reqs = self._runner.requests, self._reqs
         sampled: list[list[int]] = [[] for _ in reqs]
         for i, token in zip(self._rows, tokens):
-            states.append_sampled(reqs[i], self._seq_lens[i], token)
-            sampled[i] = [token]
+            sampled[i] = [t for t in token if t >= 0] if isinstance(token, list) else [token]
+            states.append_sampled(reqs[i], self._positions[i], sampled[i])
         logprobs: list[Logprobs | None] = [None] * len(reqs)
         if self.logprobs is not None:
             for i, struct in zip(self._rows, self.logprobs()):

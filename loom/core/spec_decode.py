@@ -1,0 +1,89 @@
+"""The scheduler's side of speculative decoding: which requests get drafts, how many, and
+what a verified step leaves computed.
+
+A decode step of a drafting request computes its last token and k draft tokens after it;
+the worker verifies the drafts against the model's own choices and returns the accepted
+ones plus one more token (the model's at the first rejection, or a bonus one after the
+last draft). The KV of rejected drafts is left to be overwritten: num_computed_tokens
+steps back over them.
+
+Drafts need the request's latest token on the host, so a drafting request does not run
+ahead under async scheduling. Requests whose sampling reads anything beyond the filtered
+distribution (penalties, logit maps, bad words, grammars, logprobs, per-request seeds,
+pending min_tokens) decode one token at a time, as without speculation.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from loom.core.ngram import NgramProposer
+from loom.core.request import Request
+from loom.speculative_config import SpeculativeConfig
+
+logger = logging.getLogger(__name__)
+
+
+class SpecDecoder:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.k = config.num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * self.k
+        self._totals = [0, 0, 0]
+        """(verified steps, draft tokens, accepted tokens) since start, never reset."""
+        logger.info("speculative decoding: %s, %d tokens (n-grams of %d..%d); requests that draft "
+                    "wait for their previous step's output (no async run-ahead)", config.method,
+                    self.k, config.prompt_lookup_min, config.prompt_lookup_max)
+
+    @staticmethod
+    def speculates(request: Request) -> bool:
+        """Whether the request's decodes are drafted for (its sampling can be verified)."""
+        p = request.sampling_params
+        return (request.grammar is None and request.pooling_params is None
+                and p.logprobs is None and not p.shapes_logits
+                and (p.greedy or p.seed is None)
+                and request.num_output_tokens >= p.min_tokens)
+
+    def drafts(self, request: Request, budget: int) -> list[int]:
+        """Draft tokens for a request about to decode its last token, within the step's
+        token budget, its max_tokens and max_model_len (every accepted draft and the token
+        after them must fit)."""
+        room = min(self.k, budget - 1, self.max_model_len - request.num_tokens - 1)
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+        if room <= 0 or not self.speculates(request):
+            return []
+        return self.proposer.propose(request.request_id, request.all_token_ids, room)
+
+    def on_output(self, request: Request, sampled: list[int]) -> None:
+        """A verified step came back: count it, and step num_computed_tokens back over the
+        rejected drafts (their KV is overwritten later)."""
+        drafted = len(request.spec_token_ids)
+        request.spec_token_ids = []
+        accepted = max(0, len(sampled) - 1)
+        request.num_computed_tokens -= drafted - accepted
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        self._totals = [self._totals[0] + 1, self._totals[1] + drafted,
+                        self._totals[2] + accepted]
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+
+    def totals(self) -> tuple[int, int, int]:
+        """(verified steps, draft tokens, accepted tokens) since start (benchmarks)."""
+        return tuple(self._totals)
+
+    def drop(self, request_id: str) -> None:
+        self.proposer.drop(request_id)
+
+    def take_stats(self) -> dict:
+        """Counters since the last call, as SchedulerStats' spec_* fields."""
+        stats = dict(spec_num_drafts=self.num_drafts, spec_num_draft_tokens=self.num_draft_tokens,
+                     spec_num_accepted_tokens=self.num_accepted_tokens,
+                     spec_accepted_per_pos=list(self.accepted_per_pos) if self.num_drafts else [])
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * self.k
+        return stats
