@@ -6,6 +6,7 @@ up, gauges (running, waiting, KV usage) take the latest value.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -16,7 +17,8 @@ from loom.engine.protocol import SchedulerStats
 logger = logging.getLogger("loom.engine")
 
 _COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
-             "num_prompt_tokens", "num_generation_tokens")
+             "num_prompt_tokens", "num_generation_tokens", "spec_num_drafts",
+             "spec_num_draft_tokens", "spec_num_accepted_tokens")
 
 
 def merge_stats(older: SchedulerStats | None, newer: SchedulerStats) -> SchedulerStats:
@@ -24,12 +26,15 @@ def merge_stats(older: SchedulerStats | None, newer: SchedulerStats) -> Schedule
     if older is None:
         return newer
     sums = {name: getattr(older, name) + getattr(newer, name) for name in _COUNTERS}
-    return msgspec.structs.replace(newer, **sums)
+    per_pos = [a + b for a, b in itertools.zip_longest(older.spec_accepted_per_pos,
+                                                         newer.spec_accepted_per_pos, fillvalue=0)]
+    return msgspec.structs.replace(newer, spec_accepted_per_pos=per_pos, **sums)
 
 
 def gauges_only(stats: SchedulerStats) -> SchedulerStats:
     """The same gauges with every counter at zero: safe to send to every client."""
-    return msgspec.structs.replace(stats, **dict.fromkeys(_COUNTERS, 0))
+    return msgspec.structs.replace(stats, spec_accepted_per_pos=[],
+                                   **dict.fromkeys(_COUNTERS, 0))
 
 
 class StatsLogger:
@@ -80,3 +85,17 @@ class StatsLogger:
                     s.num_running, s.num_waiting, 100.0 * s.kv_cache_usage, hit_rate,
                     s.num_preemptions)
         self._last_logged = (s.num_running, s.num_waiting, round(s.kv_cache_usage, 3))
+        if s.spec_num_drafts:
+            _log_spec(s, elapsed)
+
+
+def _log_spec(s: SchedulerStats, elapsed: float) -> None:
+    """vLLM's SpecDecoding line: how many drafts the model accepted, and where."""
+    per_pos = ", ".join(f"{n / s.spec_num_drafts:.3f}" for n in s.spec_accepted_per_pos)
+    logger.info("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: "
+                "%.2f tokens/s, Drafted throughput: %.2f tokens/s, Accepted: %d tokens, "
+                "Drafted: %d tokens, Per-position acceptance rate: %s, Avg Draft acceptance "
+                "rate: %.1f%%", 1 + s.spec_num_accepted_tokens / s.spec_num_drafts,
+                s.spec_num_accepted_tokens / elapsed, s.spec_num_draft_tokens / elapsed,
+                s.spec_num_accepted_tokens, s.spec_num_draft_tokens, per_pos,
+                100.0 * s.spec_num_accepted_tokens / max(1, s.spec_num_draft_tokens))

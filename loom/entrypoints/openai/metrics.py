@@ -65,6 +65,16 @@ class ServerMetrics:
         self.prefill_time = histogram("request_prefill_time_seconds",
                                       "Time from a request's first scheduling to its first "
                                       "token, in the engine.", E2E_BUCKETS)
+        self.spec_drafts = counter("spec_decode_num_drafts",
+                                   "Speculative decoding: verified steps of drafting requests.")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens",
+                                         "Speculative decoding: draft tokens proposed.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens",
+                                     "Speculative decoding: draft tokens accepted.")
+        self._spec_per_pos = Counter("loom:spec_decode_num_accepted_tokens_per_pos",
+                                     "Speculative decoding: draft tokens accepted, by position "
+                                     "in the draft.", ["model_name", "position"],
+                                     registry=self.registry)
         self._success = Counter("loom:request_success", "Finished requests by finish reason.",
                                 ["model_name", "finished_reason"], registry=self.registry)
         self._label = model_name
@@ -80,6 +90,12 @@ class ServerMetrics:
         self.preemptions.inc(stats.num_preemptions)
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.generation_tokens.inc(stats.num_generation_tokens)
+        if stats.spec_num_drafts:
+            self.spec_drafts.inc(stats.spec_num_drafts)
+            self.spec_draft_tokens.inc(stats.spec_num_draft_tokens)
+            self.spec_accepted.inc(stats.spec_num_accepted_tokens)
+            for position, n in enumerate(stats.spec_accepted_per_pos):
+                self._spec_per_pos.labels(model_name=self._label, position=str(position)).inc(n)
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
