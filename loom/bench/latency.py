@@ -58,6 +58,9 @@ def register(subparsers) -> None:
                    help="run one more iteration under Python's cProfile on every rank: write "
                         "each rank's functions by host time to --profile-result-dir")
     p.add_argument("--profile-result-dir", default="loom-profile")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="the requests' temperature (vLLM's benchmark samples at 1.0, top_p 1.0; "
+                        "0 decodes greedily)")
     add_offline_args(p)
     p.set_defaults(func=run_latency)
 
@@ -93,8 +96,11 @@ def run_latency(args: argparse.Namespace) -> int:
 
 def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
+    spec = bench.llm.engine.scheduler.spec
+    before = spec.totals() if spec is not None else None
     main = measure(bench, args, args.output_len, rng)
     print_series(main)
+    drafts = spec_summary(before, spec.totals()) if spec is not None else None
     prefill = measure(bench, args, 1, rng) if args.decode_split else None
     print_ceilings(bench.ceilings)
     ratios = latency_floors(bench, args, main, prefill)
@@ -106,9 +112,21 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         profile_iteration(bench, args, rng, host=True)
     if args.output_json:
         payload = {**bench.provenance("latency"), **_params(args), **main.summary(),
-                   "decode_split": prefill.summary() if prefill else None, "floors": ratios}
+                   "decode_split": prefill.summary() if prefill else None, "floors": ratios,
+                   "speculative": drafts}
         print(f"Wrote {write_json(args.output_json, payload)}")
     return 0
+
+
+def spec_summary(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict:
+    """Speculative decoding over the main series (warm-up included): verified steps,
+    drafted and accepted tokens, and the mean tokens a verified step produced."""
+    steps, drafted, accepted = (a - b for a, b in zip(after, before))
+    mean = 1 + accepted / steps if steps else None
+    print(f"Speculative decoding: {steps} verified steps, {accepted} of {drafted} draft tokens "
+          f"accepted; mean acceptance length {mean if mean is None else round(mean, 3)}")
+    return {"verified_steps": steps, "draft_tokens": drafted, "accepted_tokens": accepted,
+            "mean_acceptance_length": mean}
 
 
 def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str | int | None:
@@ -143,7 +161,8 @@ sizes stop at 512 too)."""
 
 def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,
             rng: np.random.Generator) -> Series:
-    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=1.0, top_p=1.0)
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True,
+                            temperature=args.temperature, top_p=1.0)
 
     def once() -> float:
         prompts = bench.random_prompts(rng, args.batch_size, args.input_len)

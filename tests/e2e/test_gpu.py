@@ -102,3 +102,25 @@ def test_gpu_logit_options_equal_cpu(tiny_model_factory):
         llm.shutdown()
     assert out[1] == out[0]
     assert set(out[0][1]) <= {3, 50, 70, 90} and 11 not in out[0][2]
+
+
+@pytest.mark.parametrize("compilation", [{}, {"cudagraph_mode": "FULL"}], ids=["default", "full"])
+def test_gpu_spec_decode_equals_cpu(compilation, tiny_model_factory):
+    """n-gram drafts verified on the device (their steps through piece graphs, or FULL's
+    mixed graphs) give the CPU's greedy tokens, with drafts accepted."""
+    from loom.core.spec_decode import SpecDecoder
+    from tests.e2e.test_spec_decode import SPEC
+    from tests.e2e.test_spec_decode import _prompts as spec_prompts
+    path, _ = tiny_model_factory("llama")
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    out, accepted = [], []
+    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": compilation})):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
+                  dtype="float32", speculative_config=SPEC, **extra)
+        out.append([o.outputs[0].token_ids
+                    for o in llm.generate(spec_prompts(), params, use_tqdm=False)])
+        spec: SpecDecoder = llm.engine.scheduler.spec
+        accepted.append(spec.totals()[2])
+        llm.shutdown()
+    assert out[1] == out[0]
+    assert accepted[1] > 0
