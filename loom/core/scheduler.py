@@ -165,10 +165,12 @@ class Scheduler:
 
     def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
         """Speculative decoding's draft tokens for a request about to decode."""
-        if (self.spec is None or num_new != 1 or request.num_output_placeholders
-                or request.num_computed_tokens != request.num_tokens - 1):
+        if self.spec is None or num_new != 1:
             return []
-        return self.spec.drafts(request, budget)
+        lag = request.num_output_placeholders  # 1: its last token is still in flight
+        if lag > 1 or request.num_computed_tokens != request.num_tokens - 1 + lag:
+            return []  # a prompt chunk
+        return self.spec.drafts(request, budget, lag)
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              step: _Step) -> list[int] | None:
@@ -193,8 +195,8 @@ class Scheduler:
         must not be able to end it."""
         if not self.config.async_scheduling or request.grammar is not None:
             return False
-        if self.spec is not None and self.spec.speculates(request):
-            return False  # its drafts are proposed from its latest token
+        if request.spec_token_ids:
+            return False  # its step in flight verifies drafts: how many tokens it adds is unknown
         p = request.sampling_params
         # min_tokens masks stop tokens until enough are out: only then does it need counts.
         masks_stops = bool(p.stop_token_ids) or (request.eos_token_id is not None
@@ -276,6 +278,8 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
+        drafted = ({c.req_id: len(c.spec_token_ids) for c in scheduler_output.cached_reqs
+                    if c.spec_token_ids} if self.spec is not None else {})
         for i, rid in enumerate(runner_output.req_ids):
             request = self.requests.get(rid)
             if request is None or request.status != RequestStatus.RUNNING:
@@ -285,8 +289,8 @@ class Scheduler:
                 continue
             if runner_output.sampled_token_ids[i]:
                 request.num_output_placeholders -= 1
-            if request.spec_token_ids:
-                self.spec.on_output(request, runner_output.sampled_token_ids[i])
+            if rid in drafted:
+                self.spec.on_output(request, drafted[rid], runner_output.sampled_token_ids[i])
             new_token_ids = self._append_tokens(request, runner_output.sampled_token_ids[i])
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:

@@ -7,8 +7,12 @@ ones plus one more token (the model's at the first rejection, or a bonus one aft
 last draft). The KV of rejected drafts is left to be overwritten: num_computed_tokens
 steps back over them.
 
-Drafts need the request's latest token on the host, so a drafting request does not run
-ahead under async scheduling. Requests whose sampling reads anything beyond the filtered
+Under async scheduling a request may be scheduled while its last token is still in flight
+(it runs ahead): its drafts then come from the tokens known on the host, the n-gram's
+continuation read as a guess at the token in flight and the drafts after it. A wrong guess
+costs only rejected drafts: each draft is judged by the model's output at the position
+before it, computed from the real token. A step that verifies drafts adds an unknown
+number of tokens, so nothing runs ahead of it. Requests whose sampling reads anything beyond the filtered
 distribution (penalties, logit maps, bad words, grammars, logprobs, per-request seeds,
 pending min_tokens) decode one token at a time, as without speculation.
 """
@@ -46,21 +50,20 @@ class SpecDecoder:
                 and (p.greedy or p.seed is None)
                 and request.num_output_tokens >= p.min_tokens)
 
-    def drafts(self, request: Request, budget: int) -> list[int]:
-        """Draft tokens for a request about to decode its last token, within the step's
-        token budget, its max_tokens and max_model_len (every accepted draft and the token
-        after them must fit)."""
-        room = min(self.k, budget - 1, self.max_model_len - request.num_tokens - 1)
+    def drafts(self, request: Request, budget: int, lag: int) -> list[int]:
+        """Draft tokens for a request about to decode its last token, `lag` (0 or 1) of
+        them still in flight, within the step's token budget, its max_tokens and
+        max_model_len (every accepted draft and the token after them must fit)."""
+        room = min(self.k, budget - 1, self.max_model_len - request.num_tokens - lag - 1)
         if request.max_tokens is not None:
-            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+            room = min(room, request.max_tokens - request.num_output_tokens - lag - 1)
         if room <= 0 or not self.speculates(request):
             return []
-        return self.proposer.propose(request.request_id, request.all_token_ids, room)
+        return self.proposer.propose(request.request_id, request.all_token_ids, room + lag)[lag:]
 
-    def on_output(self, request: Request, sampled: list[int]) -> None:
-        """A verified step came back: count it, and step num_computed_tokens back over the
-        rejected drafts (their KV is overwritten later)."""
-        drafted = len(request.spec_token_ids)
+    def on_output(self, request: Request, drafted: int, sampled: list[int]) -> None:
+        """A step that verified `drafted` drafts came back: count it, and step
+        num_computed_tokens back over the rejected drafts (their KV is overwritten later)."""
         request.spec_token_ids = []
         accepted = max(0, len(sampled) - 1)
         request.num_computed_tokens -= drafted - accepted

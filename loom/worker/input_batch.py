@@ -108,8 +108,8 @@ class RequestStates(dict[str, CachedRequestState]):
             state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
         state.spec_token_ids = cached.spec_token_ids
-        if cached.spec_token_ids:
-            n = len(state.token_ids)
+        if cached.spec_token_ids:  # after the step's first token (which may be in flight)
+            n = cached.num_computed_tokens + 1
             self.tokens[state.row, n:n + len(cached.spec_token_ids)] = cached.spec_token_ids
 
     def append_sampled(self, state: CachedRequestState, position: int,
@@ -170,8 +170,11 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
     positions = np.arange(starts[-1]) - starts[req_of_row] + computed[req_of_row]
     rows = np.asarray([r.row for r in reqs], dtype=np.int64)
     input_ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
-    drafted = np.asarray([len(r.spec_token_ids) for r in reqs], dtype=np.int64)
-    pending_dst = np.flatnonzero(positions >= (known + drafted)[req_of_row])
+    # Positions past the known tokens are in flight, but for the drafts (after the first).
+    drafts_from = np.asarray([r.num_computed_tokens + 1 if r.spec_token_ids else 1 << 62
+                              for r in reqs], dtype=np.int64)
+    pending_dst = np.flatnonzero((positions >= known[req_of_row])
+                                 & (positions < drafts_from[req_of_row]))
     pending_src = _pending_sources(reqs, req_of_row[pending_dst], pending)
     seq_lens = computed + counts
     block_table = states.blocks[rows, :-(-int(seq_lens.max()) // block_size)]

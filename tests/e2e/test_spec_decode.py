@@ -41,11 +41,11 @@ def verified(monkeypatch):
     totals = [0, 0, 0]
     original = SpecDecoder.on_output
 
-    def on_output(self, request, sampled):
+    def on_output(self, request, drafted, sampled):
         totals[0] += 1
-        totals[1] += len(request.spec_token_ids)
+        totals[1] += drafted
         totals[2] += len(sampled) - 1
-        return original(self, request, sampled)
+        return original(self, request, drafted, sampled)
     monkeypatch.setattr(SpecDecoder, "on_output", on_output)
     return totals
 
