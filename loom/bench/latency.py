@@ -35,6 +35,7 @@ from loom.bench.offline import (
 )
 from loom.config import CompilationConfig
 from loom.sampling_params import SamplingParams
+from loom.speculative_config import SpeculativeConfig
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -141,6 +142,9 @@ def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str
             or config.cudagraph_mode == "PIECEWISE":  # there the sizes are its pieces'
         return args.compilation_config
     sizes = (args.batch_size,) if args.output_len > 1 else ()
+    spec = SpeculativeConfig.parse(args.speculative_config)
+    if spec is not None and sizes:  # its verify steps: k + 1 tokens a request
+        sizes = (args.batch_size, args.batch_size * (spec.num_speculative_tokens + 1))
     prompt = args.batch_size * args.input_len
     if config.cudagraph_mode == "FULL" and prompt <= FULL_PROMPT_MAX:
         # FULL's mixed graphs go up to the largest decode size: let it hold the prompt step
@@ -149,7 +153,7 @@ def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str
         print(f"CUDA graphs: capturing {decode}the prompt step's {prompt} tokens "
               "(cudagraph_mode FULL) only")
     else:
-        print(f"CUDA graphs: capturing batch size {sizes[0]} only" if sizes else
+        print(f"CUDA graphs: capturing batch sizes {', '.join(map(str, sizes))} only" if sizes else
               "CUDA graphs: none captured (--output-len 1 has no decode step)")
     return replace(config, cudagraph_capture_sizes=sizes)
 

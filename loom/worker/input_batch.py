@@ -129,13 +129,14 @@ class StepBatch:
     sample_rows: list[int]
     """Index into the batch's requests of those that sample a token this step."""
     logits_indices: torch.Tensor
-    """Token row of the last scheduled token of each sampling request."""
+    """Token rows whose logits are computed: the last scheduled token of each sampling
+    request, then (speculative decoding) the row judging each draft, spec.hidden_rows."""
     prompt_logprob_rows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     """req_id -> (token rows, next prompt token ids) for prompt logprobs this step."""
     spec: SpecRows | None = None
     """Speculative decoding's drafts to verify this step; None when no request drafts."""
     spec_arrays: list[torch.Tensor] = field(default_factory=list)
-    """spec's counts, draft ids, sample rows and positions, hidden rows, on the device."""
+    """spec's counts, draft ids, sample rows and positions, on the device."""
 
     @property
     def sampled_shape(self) -> tuple[int, ...]:
@@ -189,7 +190,9 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
     last_rows = starts[1:][sample_rows] - 1
     spec = SpecRows.build([reqs[i].spec_token_ids for i in sample_rows], last_rows)
     spec_arrays = [] if spec is None else [spec.counts, spec.draft_ids, spec.sample_row,
-                                           spec.position, spec.hidden_rows]
+                                           spec.position]
+    if spec is not None:  # one LM head pass for both
+        last_rows = np.concatenate([last_rows, spec.hidden_rows])
     (input_ids_d, positions_d, slots_d, logits_d, dst_d, src_d, starts_d, seq_lens_d,
      block_table_d, *spec_d) = upload([input_ids, positions, slots, last_rows, pending_dst,
                                        pending_src, starts32, seq_lens32,

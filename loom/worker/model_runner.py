@@ -288,11 +288,12 @@ class ModelRunner:
         handle.layer_clock = clock
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
-            tokens, handle.logprobs = (self._sample(reqs, batch.sample_rows, logits,
+            num = len(batch.sample_rows)  # then the drafts' rows
+            tokens, handle.logprobs = (self._sample(reqs, batch.sample_rows, logits[:num],
                                                     so.grammar_bitmask)
                                        if self.is_driver else (None, None))
-            if batch.spec is not None:  # [R, K + 1]: accepted drafts, then one more token
-                tokens = verify_step(self.model, reqs, batch, hidden, tokens, self.is_driver,
+            if batch.spec is not None and self.is_driver:  # [R, K + 1]: accepted drafts,
+                tokens = verify_step(reqs, batch, logits[num:], tokens,  # then one more
                                      self.arch.vocab_size)
             tokens = self._share_tokens(tokens, batch.sampled_shape)
             self._pending = (tokens if tokens.dim() == 1 else tokens[:, 0],

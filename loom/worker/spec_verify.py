@@ -103,13 +103,9 @@ def _judge(logits: torch.Tensor, draft_ids: torch.Tensor, params: list[SamplingP
     return accepted, recovered
 
 
-def verify_step(model, reqs: list, batch, hidden: torch.Tensor, bonus: torch.Tensor | None,
-                is_driver: bool, vocab_size: int) -> torch.Tensor | None:
-    """The model runner's verification of a step's drafts (`verify`); every TP rank joins
-    the logits' gather, only the driver (which samples) verifies."""
-    spec = batch.spec
-    logits = model.compute_logits(hidden[batch.spec_arrays[4]]).float()
-    if not is_driver:
-        return None
-    params = [reqs[batch.sample_rows[r]].params for r in spec.sample_row]
-    return verify(logits, spec, batch.spec_arrays[:4], params, bonus, vocab_size)
+def verify_step(reqs: list, batch, logits: torch.Tensor, bonus: torch.Tensor,
+                vocab_size: int) -> torch.Tensor:
+    """The model runner's verification of a step's drafts (`verify`), on the driver rank
+    (which samples); logits: the drafts' rows."""
+    params = [reqs[batch.sample_rows[r]].params for r in batch.spec.sample_row]
+    return verify(logits, batch.spec, batch.spec_arrays, params, bonus, vocab_size)

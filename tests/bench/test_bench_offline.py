@@ -269,9 +269,11 @@ def test_latency_captures_only_the_graph_it_replays(capsys):
 
     from loom.bench.latency import only_the_replayed_graph
 
-    def sizes(compilation, batch=4, output_len=8, eager=False, device="cpu", input_len=16):
+    def sizes(compilation, batch=4, output_len=8, eager=False, device="cpu", input_len=16,
+              spec=None):
         args = Namespace(compilation_config=compilation, batch_size=batch, input_len=input_len,
-                         output_len=output_len, enforce_eager=eager, device=device)
+                         output_len=output_len, enforce_eager=eager, device=device,
+                         speculative_config=spec)
         config = CompilationConfig.parse(only_the_replayed_graph(args))
         return config.cudagraph_capture_sizes
 
@@ -282,7 +284,12 @@ def test_latency_captures_only_the_graph_it_replays(capsys):
     assert sizes("3", eager=True) is None and sizes(None) is None  # unset: 0 on the CPU
     if torch.cuda.is_available():
         assert sizes(None, device="cuda") == (4,)  # unset: 3 on CUDA
-    assert "capturing batch size 4 only" in capsys.readouterr().out
+    assert "capturing batch sizes 4 only" in capsys.readouterr().out
+    # Speculative decoding's verify steps: k + 1 tokens a request
+    spec = '{"method": "ngram", "num_speculative_tokens": 4}'
+    assert sizes('{"level":3}', spec=spec) == (4, 20)
+    assert sizes('{"level":3,"cudagraph_mode":"FULL"}', spec=spec) == (4, 20, 64)
+    capsys.readouterr()
     # FULL: the prompt step's tokens too, so that its mixed graph exists (up to 512)
     full = '{"level":3,"cudagraph_mode":"FULL"}'
     assert sizes(full) == (4, 64)
