@@ -188,8 +188,8 @@ def profile_iteration(bench: OfflineBench, args: argparse.Namespace,
     """One more iteration of the main series under torch.profiler (or, with `host`, Python's
     cProfile) on every rank."""
     engine = bench.llm.engine
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0,
-                            top_p=1.0)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True,
+                            temperature=args.temperature, top_p=1.0)
     prompts = bench.random_prompts(rng, args.batch_size, args.input_len)
     suffix = "-host" if host else ""
     engine.collective_rpc("profile", "start" + suffix)

@@ -58,6 +58,8 @@ class Scheduler:
         self.finished_req_ids: list[str] = []
         """Finished, aborted or preempted since the last schedule(): workers drop them."""
         self.spec = SpecDecoder(speculative, max_model_len) if speculative is not None else None
+        self._verifying = False
+        """A step in flight verifies some request's drafts (set by schedule())."""
         self._num_preemptions = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -117,6 +119,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         step = _Step(budget=self.config.max_num_batched_tokens)
+        # While any step in flight verifies drafts, nothing runs ahead: the batch waits
+        # for it whole, rather than splitting into halves that each read every weight.
+        self._verifying = self.spec is not None and any(r.spec_token_ids for r in self.running)
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
@@ -147,7 +152,7 @@ class Scheduler:
                                 and not self._may_run_ahead(request)):
                 i += 1  # nothing to compute until update_from_output appends
                 continue
-            drafts = self._drafts(request, num_new, step.budget)
+            drafts = self.spec.drafts(request, num_new, step.budget) if self.spec else []
             new_block_ids = (self.kv_cache_manager.allocate_slots(request, 1 + len(drafts))
                              if drafts else None)
             if new_block_ids is None:  # no drafts, or no room for them: one token
@@ -162,15 +167,6 @@ class Scheduler:
             step.cached_tokens[rid] = num_new
             step.budget -= num_new
             i += 1
-
-    def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
-        """Speculative decoding's draft tokens for a request about to decode."""
-        if self.spec is None or num_new != 1:
-            return []
-        lag = request.num_output_placeholders  # 1: its last token is still in flight
-        if lag > 1 or request.num_computed_tokens != request.num_tokens - 1 + lag:
-            return []  # a prompt chunk
-        return self.spec.drafts(request, budget, lag)
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              step: _Step) -> list[int] | None:
@@ -195,8 +191,8 @@ class Scheduler:
         must not be able to end it."""
         if not self.config.async_scheduling or request.grammar is not None:
             return False
-        if request.spec_token_ids:
-            return False  # its step in flight verifies drafts: how many tokens it adds is unknown
+        if self._verifying:
+            return False  # (its own step in flight may add an unknown number of tokens)
         p = request.sampling_params
         # min_tokens masks stop tokens until enough are out: only then does it need counts.
         masks_stops = bool(p.stop_token_ids) or (request.eos_token_id is not None

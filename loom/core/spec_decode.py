@@ -12,7 +12,8 @@ Under async scheduling a request may be scheduled while its last token is still 
 continuation read as a guess at the token in flight and the drafts after it. A wrong guess
 costs only rejected drafts: each draft is judged by the model's output at the position
 before it, computed from the real token. A step that verifies drafts adds an unknown
-number of tokens, so nothing runs ahead of it. Requests whose sampling reads anything beyond the filtered
+number of tokens, so nothing runs ahead of it; nor does any other request, so that the
+batch is not split into two that alternate (each step reading every weight). Requests whose sampling reads anything beyond the filtered
 distribution (penalties, logit maps, bad words, grammars, logprobs, per-request seeds,
 pending min_tokens) decode one token at a time, as without speculation.
 """
@@ -50,10 +51,13 @@ class SpecDecoder:
                 and (p.greedy or p.seed is None)
                 and request.num_output_tokens >= p.min_tokens)
 
-    def drafts(self, request: Request, budget: int, lag: int) -> list[int]:
-        """Draft tokens for a request about to decode its last token, `lag` (0 or 1) of
-        them still in flight, within the step's token budget, its max_tokens and
-        max_model_len (every accepted draft and the token after them must fit)."""
+    def drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Draft tokens for a request about to compute num_new tokens, if that is a decode
+        (its last token, known or still in flight), within the step's token budget, its
+        max_tokens and max_model_len (every accepted draft and the token after must fit)."""
+        lag = request.num_output_placeholders  # 1: its last token is still in flight
+        if num_new != 1 or lag > 1 or request.num_computed_tokens != request.num_tokens - 1 + lag:
+            return []  # a prompt chunk
         room = min(self.k, budget - 1, self.max_model_len - request.num_tokens - lag - 1)
         if request.max_tokens is not None:
             room = min(room, request.max_tokens - request.num_output_tokens - lag - 1)
