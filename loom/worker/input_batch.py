@@ -74,6 +74,8 @@ class RequestStates(dict[str, CachedRequestState]):
             raise ValueError(f"max_num_seqs x max_model_len: {max_reqs} x {max_model_len} "
                              "token slots do not fit in host memory; lower either") from None
         self._free_rows = list(range(max_reqs - 1, -1, -1))
+        self.num_drafting = 0
+        """Requests with drafts in the step last applied (0: the batch skips that work)."""
 
     def add(self, state: CachedRequestState) -> None:
         if not self._free_rows:
@@ -97,6 +99,7 @@ class RequestStates(dict[str, CachedRequestState]):
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
                 list(new.block_ids), new.eos_token_id, new.num_computed_tokens,
                 new.pooling_params))
+        self.num_drafting = 0
         for cached in so.cached_reqs:
             self._apply_cached(self[cached.req_id], cached)
         return [self[req_id] for req_id in so.num_scheduled_tokens]
@@ -109,6 +112,7 @@ class RequestStates(dict[str, CachedRequestState]):
         state.num_computed_tokens = cached.num_computed_tokens
         state.spec_token_ids = cached.spec_token_ids
         if cached.spec_token_ids:  # after the step's first token (which may be in flight)
+            self.num_drafting += 1
             n = cached.num_computed_tokens + 1
             self.tokens[state.row, n:n + len(cached.spec_token_ids)] = cached.spec_token_ids
 
@@ -171,11 +175,12 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
     positions = np.arange(starts[-1]) - starts[req_of_row] + computed[req_of_row]
     rows = np.asarray([r.row for r in reqs], dtype=np.int64)
     input_ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
-    # Positions past the known tokens are in flight, but for the drafts (after the first).
-    drafts_from = np.asarray([r.num_computed_tokens + 1 if r.spec_token_ids else 1 << 62
-                              for r in reqs], dtype=np.int64)
-    pending_dst = np.flatnonzero((positions >= known[req_of_row])
-                                 & (positions < drafts_from[req_of_row]))
+    in_flight = positions >= known[req_of_row]
+    if states.num_drafting:  # in flight, but for the drafts (after each one's first token)
+        drafts_from = np.asarray([r.num_computed_tokens + 1 if r.spec_token_ids else 1 << 62
+                                  for r in reqs], dtype=np.int64)
+        in_flight &= positions < drafts_from[req_of_row]
+    pending_dst = np.flatnonzero(in_flight)
     pending_src = _pending_sources(reqs, req_of_row[pending_dst], pending)
     seq_lens = computed + counts
     block_table = states.blocks[rows, :-(-int(seq_lens.max()) // block_size)]
@@ -188,7 +193,8 @@ def build_batch(states: RequestStates, reqs: list[CachedRequestState], num_sched
                    if seq_lens[i] >= known[i] and r.pooling_params is None]
     starts32, seq_lens32 = starts.astype(np.int32), seq_lens.astype(np.int32)
     last_rows = starts[1:][sample_rows] - 1
-    spec = SpecRows.build([reqs[i].spec_token_ids for i in sample_rows], last_rows)
+    spec = (SpecRows.build([reqs[i].spec_token_ids for i in sample_rows], last_rows)
+            if states.num_drafting else None)
     spec_arrays = [] if spec is None else [spec.counts, spec.draft_ids, spec.sample_row,
                                            spec.position]
     if spec is not None:  # one LM head pass for both

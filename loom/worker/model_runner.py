@@ -283,7 +283,9 @@ class ModelRunner:
             if clock is not None:
                 clock.mark()
         seq_lens = batch.attn_metadata.seq_lens_cpu.tolist()
-        handle = StepHandle(self, reqs, [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)],
+        # Where each request's first sampled token goes: past its seq_len's drafts, if any.
+        handle = StepHandle(self, reqs, seq_lens if batch.spec is None else
+                            [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)],
                             batch.sample_rows)
         handle.layer_clock = clock
         if batch.sample_rows:
