@@ -120,3 +120,18 @@ def test_random_sampling_with_drafts_runs_to_length(tiny_model_factory, verified
     assert all(len(c.token_ids) == 40 for o in outs for c in o.outputs)
     assert all(0 <= t < 256 for o in outs for c in o.outputs for t in c.token_ids)
     assert verified[2] > 0
+
+
+def test_tensor_parallel_ranks_follow_the_verified_tokens(tiny_model_factory, verified):
+    """TP=2 on gloo: the driver verifies, the other rank receives the [R, K + 1] tokens and
+    appends the same accepted drafts (else its next inputs and KV would differ)."""
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()[3:]
+    llm = _llm(path, tensor_parallel_size=2)
+    try:
+        outs = llm.generate(prompts, _greedy(40), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 40)
+    assert verified[2] > 0
