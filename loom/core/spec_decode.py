@@ -7,15 +7,16 @@ ones plus one more token (the model's at the first rejection, or a bonus one aft
 last draft). The KV of rejected drafts is left to be overwritten: num_computed_tokens
 steps back over them.
 
-Under async scheduling a request may be scheduled while its last token is still in flight
-(it runs ahead): its drafts then come from the tokens known on the host, the n-gram's
-continuation read as a guess at the tokens in flight and the drafts after them. A wrong guess
-costs only rejected drafts: each draft is judged by the model's output at the position
-before it, computed from the real token. A step that verifies drafts adds an unknown
-number of tokens, so nothing runs ahead of it; nor does any other request, so that the
-batch is not split into two that alternate (each step reading every weight). Requests whose sampling reads anything beyond the filtered
-distribution (penalties, logit maps, bad words, grammars, logprobs, per-request seeds,
-pending min_tokens) decode one token at a time, as without speculation.
+Under async scheduling a request may be scheduled while its last tokens are still in
+flight (it runs ahead): its drafts then come from the tokens known on the host, the
+n-gram's continuation read as a guess at the tokens in flight and the drafts after them.
+A wrong guess costs only rejected drafts: each draft is judged by the model's output at
+the position before it, computed from the real tokens. A step that verifies drafts adds
+an unknown number of tokens, so nothing runs ahead of it; nor does any other request, so
+that the batch is not split into two that alternate (each step reading every weight).
+Requests whose sampling reads anything beyond the filtered distribution (penalties, logit
+maps, bad words, grammars, logprobs, per-request seeds, pending min_tokens) decode one
+token at a time, as without speculation.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class SpecDecoder:
     def drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
         """Draft tokens for a request about to compute num_new tokens, if that is a decode
         (its last token, known or still in flight: the n-gram's continuation guesses each
-        token in flight, and the drafts follow the guesses), within the step's token budget, its
-        max_tokens and max_model_len (every accepted draft and the token after must fit)."""
+        token in flight, and the drafts follow the guesses), within the step's token
+        budget, its max_tokens and max_model_len (every accepted draft and the token after
+        must fit)."""
         lag = request.num_output_placeholders  # its last tokens still in flight
         if num_new != 1 or request.num_computed_tokens != request.num_tokens - 1 + lag:
             return []  # a prompt chunk
