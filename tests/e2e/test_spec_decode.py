@@ -52,10 +52,17 @@ def verified(monkeypatch):
 
 @pytest.mark.parametrize("engine_kwargs", [
     {}, dict(async_scheduling=False), dict(max_num_batched_tokens=16),
-], ids=["default", "sync", "small-budget"])
+    # blocks run out mid-decode: drafts fall back to one token, requests are preempted
+    dict(kv_cache_memory_bytes=2 * 2 * 16 * 2 * 16 * 4 * 14, max_model_len=160,
+         kv_headroom_tokens=0),
+], ids=["default", "sync", "small-budget", "preemption"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
 def test_greedy_equals_transformers_with_drafts_accepted(kind, engine_kwargs, tiny_model_factory,
-                                                        verified):
+                                                        verified, monkeypatch):
+    from loom.core.scheduler import Scheduler
+    preempted, preempt = [], Scheduler._preempt
+    monkeypatch.setattr(Scheduler, "_preempt",
+                        lambda self, req: (preempted.append(req.request_id), preempt(self, req)))
     path, hf = tiny_model_factory(kind)
     prompts = _prompts()
     outs = _llm(path, **engine_kwargs).generate(prompts, _greedy(40), use_tqdm=False)
@@ -63,6 +70,7 @@ def test_greedy_equals_transformers_with_drafts_accepted(kind, engine_kwargs, ti
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 40)
     steps, drafted, accepted = verified
     assert steps > 0 and 0 < accepted < drafted
+    assert bool(preempted) == ("kv_cache_memory_bytes" in engine_kwargs)
 
 
 def test_outputs_end_where_they_would_without_drafts(tiny_model_factory, verified):
