@@ -291,7 +291,7 @@ class Scheduler:
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:
                 outputs.append(self._make_output(request, new_token_ids, prompt_logprobs,
-                                                 _logprobs_at(runner_output, i)))
+                                                 _logprobs_at(runner_output, i, rid)))
         if any(r.is_finished for r in self.running):
             self._remove_finished()
         return outputs
@@ -343,10 +343,10 @@ class Scheduler:
 
     def _make_output(self, request: Request, new_token_ids: list[int],
                      prompt_logprobs: list[Logprobs] | None,
-                     new_logprobs: Logprobs | None) -> EngineCoreOutput:
+                     new_logprobs: list[Logprobs] | None) -> EngineCoreOutput:
         return EngineCoreOutput(
             request_id=request.request_id, new_token_ids=new_token_ids,
-            new_logprobs=[new_logprobs] if new_logprobs is not None else None,
+            new_logprobs=new_logprobs[:len(new_token_ids)] if new_logprobs else None,
             prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
             stop_reason=request.stop_reason, num_cached_tokens=max(0, request.num_cached_tokens),
             queue_time_s=request.take_queue_time(),
@@ -388,8 +388,11 @@ class Scheduler:
         return self.kv_cache_manager.reset_prefix_cache()
 
 
-def _logprobs_at(runner_output: ModelRunnerOutput, i: int) -> Logprobs | None:
+def _logprobs_at(runner_output: ModelRunnerOutput, i: int, rid: str) -> list[Logprobs] | None:
+    """The logprobs of each token request i output (a drafting request's may be several)."""
+    if rid in runner_output.spec_logprobs:
+        return runner_output.spec_logprobs[rid]
     # The runner leaves the list empty when no request in the batch asked for logprobs.
-    if i < len(runner_output.logprobs):
-        return runner_output.logprobs[i]
+    if i < len(runner_output.logprobs) and runner_output.logprobs[i] is not None:
+        return [runner_output.logprobs[i]]
     return None

@@ -15,8 +15,8 @@ the position before it, computed from the real tokens. A step that verifies draf
 an unknown number of tokens, so nothing runs ahead of it; nor does any other request, so
 that the batch is not split into two that alternate (each step reading every weight).
 Requests whose sampling reads anything beyond the filtered distribution (penalties, logit
-maps, bad words, grammars, logprobs, per-request seeds, pending min_tokens) decode one
-token at a time, as without speculation.
+maps, bad words, grammars, per-request seeds, pending min_tokens) decode one token at a
+time, as without speculation.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SpecDecoder:
         """Whether the request's decodes are drafted for (its sampling can be verified)."""
         p = request.sampling_params
         return (request.grammar is None and request.pooling_params is None
-                and p.logprobs is None and not p.shapes_logits
+                and not p.shapes_logits
                 and (p.greedy or p.seed is None)
                 and request.num_output_tokens >= p.min_tokens)
 

@@ -295,8 +295,9 @@ class ModelRunner:
                                                     so.grammar_bitmask)
                                        if self.is_driver else (None, None))
             if batch.spec is not None and self.is_driver:  # [R, K + 1]: accepted drafts,
-                tokens = verify_step(reqs, batch, logits[num:], tokens,  # then one more
-                                     self.arch.vocab_size)
+                tokens, handle.draft_logprobs = verify_step(  # then one more
+                    reqs, batch, logits[num:], tokens, self.arch.vocab_size)
+                handle.draft_counts = batch.spec.counts
             tokens = self._share_tokens(tokens, batch.sampled_shape)
             self._pending = (tokens if tokens.dim() == 1 else tokens[:, 0],
                              {reqs[i].req_id: k for k, i in enumerate(batch.sample_rows)})

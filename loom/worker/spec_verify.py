@@ -15,13 +15,14 @@ or, when all were accepted, the token sampled at the last position as usual (the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from loom.sampling_params import SamplingParams
-from loom.worker.sampler import exponential_race, filtered_probs, greedy_argmax
+from loom.worker.sampler import exponential_race, filtered_probs, gather_logprobs, greedy_argmax
 from loom.worker.sampling_metadata import SamplingMetadata
 
 
@@ -56,11 +57,13 @@ class SpecRows:
 
 
 def verify(logits: torch.Tensor, spec: SpecRows, device_arrays: list[torch.Tensor],
-           params: list[SamplingParams], bonus: torch.Tensor, vocab_size: int) -> torch.Tensor:
+           params: list[SamplingParams], bonus: torch.Tensor,
+           vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[R, K + 1] tokens per sampling request: its accepted drafts, then one more token;
-    -1 past them. logits: [N, V] float32 at spec.hidden_rows (scratch); device_arrays:
-    counts, draft ids, sample rows and positions on the device; params: per draft;
-    bonus: [R] the tokens sampled at each request's last row."""
+    -1 past them. Also, per draft row, the token that row chose (the draft where kept, else
+    the one drawn in its place). logits: [N, V] float32 at spec.hidden_rows (scratch);
+    device_arrays: counts, draft ids, sample rows and positions on the device; params: per
+    draft; bonus: [R] the tokens sampled at each request's last row."""
     counts, draft_ids, sample_row, position = device_arrays
     accepted, recovered = _judge(logits, draft_ids, params, vocab_size)
     num_reqs, k = len(spec.counts), int(spec.counts.max())
@@ -73,7 +76,8 @@ def verify(logits: torch.Tensor, spec: SpecRows, device_arrays: list[torch.Tenso
     cols = torch.arange(k + 1, device=logits.device)
     out = torch.where(cols[:k] < num_accepted.unsqueeze(1), table[2], -1)
     out = torch.cat([out, out.new_full((num_reqs, 1), -1)], dim=1)
-    return out.scatter_(1, num_accepted.unsqueeze(1), last.unsqueeze(1))
+    chosen = torch.where(position < num_accepted[sample_row], draft_ids, recovered)
+    return out.scatter_(1, num_accepted.unsqueeze(1), last.unsqueeze(1)), chosen
 
 
 def _judge(logits: torch.Tensor, draft_ids: torch.Tensor, params: list[SamplingParams],
@@ -104,8 +108,32 @@ def _judge(logits: torch.Tensor, draft_ids: torch.Tensor, params: list[SamplingP
 
 
 def verify_step(reqs: list, batch, logits: torch.Tensor, bonus: torch.Tensor,
-                vocab_size: int) -> torch.Tensor:
+                vocab_size: int) -> tuple[torch.Tensor, Callable[[], list] | None]:
     """The model runner's verification of a step's drafts (`verify`), on the driver rank
-    (which samples); logits: the drafts' rows."""
+    (which samples); logits: the drafts' rows. Also, where a drafting request asked for
+    logprobs, a function making each draft row's logprobs structs once read back (raw
+    logprobs of the token the row chose, as the sampler reports them)."""
     params = [reqs[batch.sample_rows[r]].params for r in batch.spec.sample_row]
-    return verify(logits, batch.spec, batch.spec_arrays, params, bonus, vocab_size)
+    num_top = [p.logprobs for p in params]
+    asked = [n for n in num_top if n is not None]
+    raw = logits.log_softmax(dim=-1) if asked else None  # before judging rewrites logits
+    out, chosen = verify(logits, batch.spec, batch.spec_arrays, params, bonus, vocab_size)
+    if raw is None:
+        return out, None
+    tensors = gather_logprobs(raw, chosen, max(asked))
+    return out, lambda: tensors.to_structs(num_top)
+
+
+def logprob_lists(per_draft: list, counts: np.ndarray, sample_rows: list[int],
+                  sampled: list[list[int]], logprobs: list) -> dict[int, list]:
+    """Request index -> the logprobs of each token a drafting request output: its draft
+    rows' up to the first rejection (that row's drawn token included), then, when every
+    draft was kept, the last row's (the sampler's, in `logprobs`)."""
+    out, start = {}, 0
+    for i, k in zip(sample_rows, counts.tolist()):
+        if k and per_draft[start] is not None:
+            kept = len(sampled[i]) - 1
+            out[i] = per_draft[start:start + min(kept + 1, k)] + (
+                [logprobs[i]] if kept == k else [])
+        start += k
+    return out

@@ -17,6 +17,7 @@ import torch
 from loom.core.sched_output import ModelRunnerOutput
 from loom.engine.protocol import Logprobs
 from loom.pinned import PinnedRing
+from loom.worker.spec_verify import logprob_lists
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,10 @@ class StepHandle:
         self._event: torch.cuda.Event | None = None
         self._output: ModelRunnerOutput | None = None
         self.logprobs: Callable[[], list[Logprobs]] | None = None
+        self.draft_logprobs: Callable[[], list[Logprobs | None]] | None = None
+        """Speculative decoding: each draft row's logprobs (`spec_verify.verify_step`)."""
+        self.draft_counts = None
+        """Speculative decoding: drafts per sampling request."""
         self.pooled: dict[str, list[float]] = {}
         self.prompt_logprobs: dict[str, list[Logprobs]] = {}
         self.layer_clock = None
@@ -76,9 +81,13 @@ class StepHandle:
                 logprobs[i] = struct
         if not self._runner.is_driver:
             return ModelRunnerOutput()
+        per_token = {}
+        if self.draft_logprobs is not None:
+            per_token = {reqs[i].req_id: lps for i, lps in logprob_lists(
+                self.draft_logprobs(), self.draft_counts, self._rows, sampled, logprobs).items()}
         return ModelRunnerOutput(req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled,
                                  logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
-                                 pooled=self.pooled)
+                                 pooled=self.pooled, spec_logprobs=per_token)
 
 
 _READBACK = PinnedRing(4, torch.int64)

@@ -98,9 +98,28 @@ def test_outputs_end_where_they_would_without_drafts(tiny_model_factory, verifie
     assert verified[2] > 0
 
 
+def test_logprobs_of_drafted_tokens_equal_transformers(tiny_model_factory, verified):
+    """Each output token's logprob and top-5, whether it was a kept draft, the token drawn
+    at a rejection or the bonus, are those of transformers' forward over the whole text."""
+    import torch
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()[4:]
+    outs = _llm(path).generate(prompts, _greedy(30, logprobs=5), use_tqdm=False)
+    assert verified[2] > 0
+    for prompt, out in zip(prompts, outs):
+        tokens, logprobs = out.outputs[0].token_ids, out.outputs[0].logprobs
+        assert tokens == hf_greedy(hf, prompt, 30) and len(logprobs) == 30
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt + tokens])).logits[0].float().log_softmax(-1)
+        for j, (token, position) in enumerate(zip(tokens, logprobs)):
+            row = ref[len(prompt) + j - 1]
+            assert position[token].logprob == pytest.approx(row[token].item(), abs=1e-4)
+            assert set(position) == {token, *row.topk(5).indices.tolist()}
+
+
 def test_requests_that_cannot_be_verified_decode_as_before(tiny_model_factory, verified):
-    """Penalties, logprobs and seeds take no drafts: batched with drafting requests they
-    give what they give without speculative decoding."""
+    """Penalties and seeds take no drafts: batched with drafting requests they give what
+    they give without speculative decoding (and so do drafting requests with logprobs)."""
     path, hf = tiny_model_factory("llama")
     prompts = _prompts()[4:]
     others = [_greedy(30, repetition_penalty=1.3), _greedy(30, logprobs=3),

@@ -26,7 +26,7 @@ def run(logits_per_req: list[torch.Tensor], drafts: list[list[int]],
     per_draft = [params[r] for r in spec.sample_row]
     assert spec.hidden_rows.tolist() == [last_rows[r] - len(drafts[r]) + p for r, p in
                                          zip(spec.sample_row, spec.position)]
-    return verify(logits, spec, arrays, per_draft, torch.tensor(bonus), V)
+    return verify(logits, spec, arrays, per_draft, torch.tensor(bonus), V)[0]
 
 
 def target(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
