@@ -158,3 +158,24 @@ def test_merge_stats_sums_counters_and_keeps_latest_gauges():
     merged = merge_stats(SchedulerStats(num_running=3, prefix_cache_hits=2, num_prompt_tokens=5),
                          SchedulerStats(num_running=1, prefix_cache_hits=1, num_prompt_tokens=0))
     assert (merged.num_running, merged.prefix_cache_hits, merged.num_prompt_tokens) == (1, 3, 5)
+
+
+def test_spec_decode_counters_merge_and_log_as_vllms_line(caplog):
+    """Speculative decoding's counters add up across steps (per position too), and the
+    stats line is followed by vLLM's SpecDecoding line."""
+    merged = merge_stats(SchedulerStats(spec_num_drafts=2, spec_num_draft_tokens=8,
+                                        spec_num_accepted_tokens=5,
+                                        spec_accepted_per_pos=[2, 2, 1, 0]),
+                         SchedulerStats(spec_num_drafts=1, spec_num_draft_tokens=4,
+                                        spec_num_accepted_tokens=4,
+                                        spec_accepted_per_pos=[1, 1, 1, 1]))
+    assert (merged.spec_num_drafts, merged.spec_num_draft_tokens,
+            merged.spec_num_accepted_tokens, merged.spec_accepted_per_pos) == (3, 12, 9, [3, 3, 2, 1])
+    stats = StatsLogger(0.0)
+    stats.record(merged)
+    with caplog.at_level("INFO", logger="loom.engine"):
+        stats.maybe_log()
+    line = next(r.getMessage() for r in caplog.records if "SpecDecoding" in r.getMessage())
+    assert "Mean acceptance length: 4.00" in line and "Accepted: 9 tokens" in line
+    assert "Drafted: 12 tokens" in line and "Avg Draft acceptance rate: 75.0%" in line
+    assert "Per-position acceptance rate: 1.000, 1.000, 0.667, 0.333" in line
