@@ -1,0 +1,85 @@
+"""The scheduler's side of speculative decoding, against a scripted model: outputs equal
+the script's whatever the drafts; rejected drafts are stepped back over; drafts stay within
+max_tokens; and while a step in flight verifies drafts nothing runs ahead."""
+
+from __future__ import annotations
+
+from loom.config import CacheConfig, SchedulerConfig
+from loom.core.request import Request
+from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from loom.core.scheduler import Scheduler
+from loom.sampling_params import SamplingParams
+from loom.speculative_config import SpeculativeConfig
+
+
+def script(rid: str, position: int) -> int:
+    """The model's token at each position: a loop of 3 for "loop", never repeating else."""
+    return 10 + position % 3 if rid == "loop" else 1000 + position
+
+
+def make(async_scheduling: bool = True) -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64,
+                                     async_scheduling=async_scheduling),
+                     CacheConfig(block_size=4), 64, 256,
+                     SpeculativeConfig(method="ngram", num_speculative_tokens=3,
+                                       prompt_lookup_min=1, prompt_lookup_max=2))
+
+
+def add(sched: Scheduler, rid: str, n: int, max_tokens: int = 20) -> Request:
+    request = Request(rid, [script(rid, i) for i in range(n)],
+                      SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    sched.add_request(request)
+    return request
+
+
+def execute(out: SchedulerOutput, computed: dict[str, int]) -> ModelRunnerOutput:
+    """Verify each request's drafts against the script; every step's last row samples."""
+    drafts = {c.req_id: c.spec_token_ids for c in out.cached_reqs}
+    sampled = []
+    for rid, n in out.num_scheduled_tokens.items():
+        start = next((c.num_computed_tokens for c in out.cached_reqs if c.req_id == rid), 0)
+        first = start + n - len(drafts.get(rid, []))  # the position sampled after the input
+        tokens = []
+        for j, draft in enumerate(drafts.get(rid, [])):
+            if draft != script(rid, first + j):
+                break
+            tokens.append(draft)
+        sampled.append(tokens + [script(rid, first + len(tokens))])
+        computed[rid] = start + n
+    return ModelRunnerOutput(req_ids=list(out.num_scheduled_tokens), sampled_token_ids=sampled)
+
+
+def test_outputs_follow_the_script_with_drafts_kept_and_stepped_back_over():
+    sched = make(async_scheduling=False)
+    loop, other = add(sched, "loop", 7, max_tokens=20), add(sched, "other", 5, max_tokens=9)
+    computed: dict[str, int] = {}
+    drafted = 0
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        drafted += sum(len(c.spec_token_ids) for c in out.cached_reqs)
+        for c in out.cached_reqs:  # drafts never let an output pass max_tokens
+            request = sched.requests[c.req_id]
+            assert request.num_output_tokens + len(c.spec_token_ids) + 1 <= request.max_tokens
+        sched.update_from_output(out, execute(out, computed))
+        for request in (loop, other):
+            if not request.is_finished:
+                assert request.num_computed_tokens == request.num_tokens - 1
+    assert loop.output_token_ids == [script("loop", p) for p in range(7, 27)]
+    assert other.output_token_ids == [script("other", p) for p in range(5, 14)]
+    assert drafted > 0 and sched.spec.totals()[2] > 0  # drafts proposed and kept
+
+
+def test_nothing_runs_ahead_while_a_step_verifies_drafts():
+    sched = make()
+    add(sched, "loop", 7)
+    add(sched, "other", 5)
+    computed: dict[str, int] = {}
+    first = sched.schedule()  # both prompts
+    ahead = sched.schedule()  # both decode ahead of the prompts' tokens
+    assert set(ahead.num_scheduled_tokens) == {"loop", "other"}
+    sched.update_from_output(first, execute(first, computed))
+    assert [len(c.spec_token_ids) for c in ahead.cached_reqs if c.req_id == "loop"] == [2]
+    # "loop" drafted behind its token in flight: nothing may run ahead of that step now.
+    assert sched.schedule().num_scheduled_tokens == {}
+    sched.update_from_output(ahead, execute(ahead, computed))
+    assert set(sched.schedule().num_scheduled_tokens) == {"loop", "other"}
