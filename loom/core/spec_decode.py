@@ -15,8 +15,9 @@ the position before it, computed from the real tokens. A step that verifies draf
 an unknown number of tokens, so nothing runs ahead of it; nor does any other request, so
 that the batch is not split into two that alternate (each step reading every weight).
 Requests whose sampling reads anything beyond the filtered distribution (penalties, logit
-maps, bad words, grammars, per-request seeds, pending min_tokens) decode one token at a
-time, as without speculation.
+maps, bad words, grammars, pending min_tokens) decode one token at a time, as without
+speculation. A seeded request draws each output token from a generator seeded by the
+token's index, drafted or not, so its tokens do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ class SpecDecoder:
         p = request.sampling_params
         return (request.grammar is None and request.pooling_params is None
                 and not p.shapes_logits
-                and (p.greedy or p.seed is None)
                 and request.num_output_tokens >= p.min_tokens)
 
     def drafts(self, request: Request, num_new: int, budget: int) -> list[int]:

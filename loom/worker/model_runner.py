@@ -359,7 +359,10 @@ class ModelRunner:
         # these copies the largest host cost of a step).
         history = any(r.params.uses_penalties for r in chosen)
         meta = SamplingMetadata.build(
-            [r.params for r in chosen], [r.output_token_ids for r in chosen],
+            # A drafting row's last token is output number outputs + drafts (its seed's).
+            [r.params for r in chosen],
+            [r.output_token_ids + r.spec_token_ids if r.spec_token_ids else r.output_token_ids
+             for r in chosen],
             [r.token_ids[:r.num_prompt_tokens] if history else [] for r in chosen],
             [r.stop_ids for r in chosen], [r.params.seed for r in chosen],
             self.device, self.arch.vocab_size,

@@ -23,7 +23,7 @@ import torch
 
 from loom.sampling_params import SamplingParams
 from loom.worker.sampler import exponential_race, filtered_probs, gather_logprobs, greedy_argmax
-from loom.worker.sampling_metadata import SamplingMetadata
+from loom.worker.sampling_metadata import SamplingMetadata, derive_seed
 
 
 @dataclass
@@ -57,15 +57,17 @@ class SpecRows:
 
 
 def verify(logits: torch.Tensor, spec: SpecRows, device_arrays: list[torch.Tensor],
-           params: list[SamplingParams], bonus: torch.Tensor,
-           vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+           params: list[SamplingParams], bonus: torch.Tensor, vocab_size: int,
+           draws: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[R, K + 1] tokens per sampling request: its accepted drafts, then one more token;
     -1 past them. Also, per draft row, the token that row chose (the draft where kept, else
     the one drawn in its place). logits: [N, V] float32 at spec.hidden_rows (scratch);
     device_arrays: counts, draft ids, sample rows and positions on the device; params: per
-    draft; bonus: [R] the tokens sampled at each request's last row."""
+    draft; bonus: [R] the tokens sampled at each request's last row; draws: per draft, the
+    index of the output token it stands for (a seeded row draws from its own generator,
+    seeded by that index, so that its tokens do not depend on the batch)."""
     counts, draft_ids, sample_row, position = device_arrays
-    accepted, recovered = _judge(logits, draft_ids, params, vocab_size)
+    accepted, recovered = _judge(logits, draft_ids, params, vocab_size, draws)
     num_reqs, k = len(spec.counts), int(spec.counts.max())
     table = torch.zeros((3, num_reqs, k), dtype=torch.long, device=logits.device)
     table[:, sample_row, position] = torch.stack([accepted.long(), recovered, draft_ids])
@@ -81,7 +83,7 @@ def verify(logits: torch.Tensor, spec: SpecRows, device_arrays: list[torch.Tenso
 
 
 def _judge(logits: torch.Tensor, draft_ids: torch.Tensor, params: list[SamplingParams],
-           vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+           vocab_size: int, draws: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per draft: whether it is accepted, and the token drawn in its place if not."""
     greedy = [p.greedy for p in params]
     if all(greedy):
@@ -98,13 +100,25 @@ def _judge(logits: torch.Tensor, draft_ids: torch.Tensor, params: list[SamplingP
     chosen = [params[i] for i in rand]
     md = SamplingMetadata.build(chosen, [[]] * len(rand), [[]] * len(rand), [set()] * len(rand),
                                 [None] * len(rand), logits.device, vocab_size)
+    md.generators = {k: _generator(chosen[k].seed, draws[i], logits.device)
+                     for k, i in enumerate(rand) if chosen[k].seed is not None}
+    md.needs_global_rng = len(md.generators) < len(rand)
     probs = filtered_probs(logits[rows], md)
     probs /= probs.sum(dim=-1, keepdim=True)
     drafts = draft_ids[rows].unsqueeze(1)
     p_draft = probs.gather(1, drafts).squeeze(1)
-    accepted[rows] = torch.rand_like(p_draft) < p_draft
+    u = torch.rand_like(p_draft)
+    for k, generator in md.generators.items():  # then its exponential race, below
+        u[k] = torch.rand((), generator=generator, device=u.device)
+    accepted[rows] = u < p_draft
     recovered[rows] = exponential_race(probs.scatter_(1, drafts, 0.0), md)
     return accepted, recovered
+
+
+def _generator(seed: int, index: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(derive_seed(seed, index))
+    return generator
 
 
 def verify_step(reqs: list, batch, logits: torch.Tensor, bonus: torch.Tensor,
@@ -113,11 +127,15 @@ def verify_step(reqs: list, batch, logits: torch.Tensor, bonus: torch.Tensor,
     (which samples); logits: the drafts' rows. Also, where a drafting request asked for
     logprobs, a function making each draft row's logprobs structs once read back (raw
     logprobs of the token the row chose, as the sampler reports them)."""
-    params = [reqs[batch.sample_rows[r]].params for r in batch.spec.sample_row]
+    spec = batch.spec
+    drafting = [reqs[batch.sample_rows[r]] for r in spec.sample_row]
+    params = [r.params for r in drafting]
+    draws = [len(r.token_ids) - r.num_prompt_tokens + j
+             for r, j in zip(drafting, spec.position.tolist())]
     num_top = [p.logprobs for p in params]
     asked = [n for n in num_top if n is not None]
     raw = logits.log_softmax(dim=-1) if asked else None  # before judging rewrites logits
-    out, chosen = verify(logits, batch.spec, batch.spec_arrays, params, bonus, vocab_size)
+    out, chosen = verify(logits, spec, batch.spec_arrays, params, bonus, vocab_size, draws)
     if raw is None:
         return out, None
     tensors = gather_logprobs(raw, chosen, max(asked))

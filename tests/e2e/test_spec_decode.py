@@ -118,12 +118,13 @@ def test_logprobs_of_drafted_tokens_equal_transformers(tiny_model_factory, verif
 
 
 def test_requests_that_cannot_be_verified_decode_as_before(tiny_model_factory, verified):
-    """Penalties and seeds take no drafts: batched with drafting requests they give what
-    they give without speculative decoding (and so do drafting requests with logprobs)."""
+    """Penalties, logit maps and bad words take no drafts: batched with drafting requests
+    they give what they give without speculative decoding (and drafting requests with
+    logprobs give the same tokens and top tokens)."""
     path, hf = tiny_model_factory("llama")
     prompts = _prompts()[4:]
-    others = [_greedy(30, repetition_penalty=1.3), _greedy(30, logprobs=3),
-              SamplingParams(temperature=0.8, seed=7, max_tokens=30)]
+    others = [_greedy(30, repetition_penalty=1.3), _greedy(30, logit_bias={12: 3.0}),
+              _greedy(30, bad_words_token_ids=[[10, 11]]), _greedy(30, logprobs=3)]
     plain = _greedy(30)
     batch = [(p, params) for p in prompts for params in [plain, *others]]
     with_spec = _llm(path).generate([p for p, _ in batch], [s for _, s in batch],
@@ -138,6 +139,22 @@ def test_requests_that_cannot_be_verified_decode_as_before(tiny_model_factory, v
         if params.logprobs:
             assert [lp.keys() for lp in a.outputs[0].logprobs] == \
                 [lp.keys() for lp in b.outputs[0].logprobs]
+
+
+def test_seeded_requests_draft_and_do_not_depend_on_the_batch(tiny_model_factory, verified):
+    """A seeded request's tokens, drafted or not, come from generators seeded by their
+    output index: the same alone, beside other requests, and in another engine."""
+    path, _ = tiny_model_factory("llama")
+    prompts = _prompts()[4:]
+    seeded = [SamplingParams(temperature=0.5, seed=s, max_tokens=30, ignore_eos=True)
+              for s in (1, 2, 3)]
+    alone = [o.outputs[0].token_ids for o in _llm(path).generate(prompts, seeded,
+                                                                  use_tqdm=False)]
+    assert verified[2] > 0
+    noise = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)
+    mixed = _llm(path).generate(prompts + prompts, seeded + [noise] * 3, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in mixed[:3]] == alone
+    assert len({tuple(t) for t in alone}) == 3
 
 
 def test_random_sampling_with_drafts_runs_to_length(tiny_model_factory, verified):

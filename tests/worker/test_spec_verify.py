@@ -91,3 +91,31 @@ def test_greedy_and_random_requests_in_one_step():
     out = run([eye[[2, 3]], certain.repeat(2, 1), eye[[1]]], [[2, 4], [5, 5], [0]],
               [g, r, g], [6, 6, 6])
     assert out.tolist() == [[2, 3, -1], [5, 5, 6], [1, -1, -1]]
+
+
+def test_seeded_rows_draw_from_the_target_each_from_its_own_generator():
+    """Each seeded draft row draws from a generator seeded by (seed, output index): the
+    target distribution over seeds, the same tokens whatever else is in the step."""
+    torch.manual_seed(3)
+    logits = torch.tensor([2.0, 0.5, -1.0, 1.5, 0.0, 1.0, -0.5, -3.0])
+    n = 40_000
+    params = [SamplingParams(temperature=1.0, seed=s) for s in range(n)]
+    drafts = [[3]] * n
+
+    def seeded_run(rows, extra=0):
+        last_rows = np.arange(len(rows) + extra) * 2 + 1
+        d = drafts[:len(rows)] + [[0]] * extra
+        spec = SpecRows.build(d, last_rows)
+        arrays = [torch.from_numpy(a) for a in (spec.counts, spec.draft_ids, spec.sample_row,
+                                                 spec.position)]
+        p = [params[i] for i in rows] + [SamplingParams(temperature=1.0)] * extra
+        return verify(logits.repeat(len(p), 1), spec, arrays, p,
+                      torch.full((len(p),), -7), V, draws=[5] * len(p))[0]
+
+    out = seeded_run(range(n))
+    p = target(logits, params[0])
+    freq = torch.bincount(out[:, 0], minlength=V).double() / n
+    assert ((freq - p).abs() / (p * (1 - p) / n).sqrt().clamp_min(1e-4)).max() < 5
+    # Seeds 0..199 alone, and beside 300 unseeded rows: the same tokens.
+    assert torch.equal(seeded_run(range(200)), out[:200])
+    assert torch.equal(seeded_run(range(200), extra=300)[:200], out[:200])
