@@ -38,9 +38,9 @@ from loom.models.arch import ModelArch
 class Step:
     seconds: float
     prompt_tokens: int
-    """Tokens of requests scheduled for more than one token (prompt chunks)."""
+    """Tokens of prompt chunks (requests scheduled for more than one token, drafts aside)."""
     decode_tokens: int
-    """Requests scheduled for exactly one token."""
+    """Tokens of decoding requests: one each, 1 + its drafts under speculative decoding."""
     decode_context: int
     """Sum of those requests' context lengths: the KV cache rows the step reads for them."""
     attention_pairs: int
@@ -92,11 +92,14 @@ class StepLog:
         if self.first_launch_s is None:
             self.first_launch_s = time.perf_counter() - self._start
         prompt = decode = context = pairs = 0
+        # Speculative decoding: a decode with drafts is a decode of 1 + drafts tokens.
+        drafted = {c.req_id: len(c.spec_token_ids) for c in scheduler_output.cached_reqs
+                   if c.spec_token_ids}
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             # The scheduler has already counted this step's tokens as computed.
             computed = scheduler.requests[req_id].num_computed_tokens
-            if n == 1:
-                decode += 1
+            if n == 1 + drafted.get(req_id, 0):
+                decode += n
                 context += computed
             else:
                 prompt += n

@@ -244,6 +244,27 @@ def test_step_log_times_the_collections_between_start_and_stop():
     assert log._on_gc not in gc.callbacks
 
 
+def test_step_log_counts_a_verify_step_as_decodes():
+    """Speculative decoding: a decode of 1 + drafts tokens is decoding, its context read once;
+    only prompt chunks count as prompt tokens."""
+    from types import SimpleNamespace
+
+    from loom.bench.step_log import StepLog
+    from loom.core.sched_output import CachedRequestData, SchedulerOutput
+    out = SchedulerOutput(cached_reqs=[CachedRequestData("a", [], 40, [7, 8, 9]),
+                                       CachedRequestData("b", [], 50),
+                                       CachedRequestData("c", [], 0)],
+                          num_scheduled_tokens={"a": 4, "b": 1, "c": 4})
+    computed = {"a": 44, "b": 51, "c": 4}  # as the scheduler leaves them at launch
+    scheduler = SimpleNamespace(requests={r: SimpleNamespace(num_computed_tokens=n)
+                                          for r, n in computed.items()})
+    log = StepLog()
+    log.launched(out, scheduler)
+    log.collected()
+    step = log.steps[0]
+    assert (step.prompt_tokens, step.decode_tokens, step.decode_context) == (4, 5, 44 + 51)
+
+
 def test_bad_arguments_are_cli_errors(tiny, capsys):
     assert main(["bench", "latency", "--model", tiny, "--output-len", "1", "--decode-split"]) == 2
     assert "decode_split" in capsys.readouterr().err
