@@ -65,7 +65,7 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_logprobs: dict[str, list[Logprobs]] = {}
     """Prompt logprobs computed this step, per request (a chunk of them under chunked prefill)."""
     pooled: dict[str, list[float]] = {}
+    """Pooling requests whose prompt completed this step -> their pooled vector."""
     spec_logprobs: dict[str, list[Logprobs]] = {}
     """Speculative decoding: the logprobs of each token a drafting request output this step
     (for it, in place of its `logprobs` entry)."""
-    """Pooling requests whose prompt completed this step -> their pooled vector."""

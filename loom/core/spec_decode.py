@@ -40,9 +40,9 @@ class SpecDecoder:
         self.accepted_per_pos = [0] * self.k
         self._totals = [0, 0, 0]
         """(verified steps, draft tokens, accepted tokens) since start, never reset."""
-        logger.info("speculative decoding: %s, %d tokens (n-grams of %d..%d); requests that draft "
-                    "wait for their previous step's output (no async run-ahead)", config.method,
-                    self.k, config.prompt_lookup_min, config.prompt_lookup_max)
+        logger.info("speculative decoding: %s, %d tokens (n-grams of %d..%d); while a step "
+                    "verifies drafts, no request runs ahead of it", config.method, self.k,
+                    config.prompt_lookup_min, config.prompt_lookup_max)
 
     @staticmethod
     def speculates(request: Request) -> bool:
@@ -77,8 +77,8 @@ class SpecDecoder:
         self.num_drafts += 1
         self.num_draft_tokens += drafted
         self.num_accepted_tokens += accepted
-        self._totals = [self._totals[0] + 1, self._totals[1] + drafted,
-                        self._totals[2] + accepted]
+        for i, n in enumerate((1, drafted, accepted)):
+            self._totals[i] += n
         for i in range(accepted):
             self.accepted_per_pos[i] += 1
 

@@ -26,9 +26,10 @@ def merge_stats(older: SchedulerStats | None, newer: SchedulerStats) -> Schedule
     if older is None:
         return newer
     sums = {name: getattr(older, name) + getattr(newer, name) for name in _COUNTERS}
-    per_pos = [a + b for a, b in itertools.zip_longest(older.spec_accepted_per_pos,
-                                                         newer.spec_accepted_per_pos, fillvalue=0)]
-    return msgspec.structs.replace(newer, spec_accepted_per_pos=per_pos, **sums)
+    if older.spec_accepted_per_pos:  # speculative decoding: per draft position
+        sums["spec_accepted_per_pos"] = [a + b for a, b in itertools.zip_longest(
+            older.spec_accepted_per_pos, newer.spec_accepted_per_pos, fillvalue=0)]
+    return msgspec.structs.replace(newer, **sums)
 
 
 def gauges_only(stats: SchedulerStats) -> SchedulerStats:
