@@ -16,7 +16,7 @@ from loom.speculative_config import SpeculativeConfig
 
 __all__ = ["DTYPES", "LOAD_FORMATS", "DEVICES", "KV_CACHE_DTYPES", "DTYPE_ALIASES",
            "USAGE_CONTEXTS", "LARGE_GPU_BYTES", "ModelConfig", "CacheConfig", "SchedulerConfig",
-           "ParallelConfig", "DeviceConfig", "EngineConfig",
+           "ParallelConfig", "DeviceConfig", "LoRAConfig", "EngineConfig",
            # the compilation config lives in loom.compilation_config; vLLM users find it here
            "CompilationConfig", "PassConfig", "compilation_dict"]
 
@@ -184,6 +184,32 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """LoRA adapters beside the base model (vLLM's --enable-lora): each step's requests may
+    use up to max_loras different adapters, held on the device in that many slots."""
+    max_loras: int = 1
+    """Adapters one step may use (device slots); requests with others wait their turn."""
+    max_lora_rank: int = 16
+    """The largest adapter rank accepted; every slot is this wide."""
+    max_cpu_loras: int | None = None
+    """Adapters kept loaded in host memory, ready for a slot; None: max_loras."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            _check(type(value) is int and value > 0,
+                   f"{name}: must be a positive integer, got {value!r}")
+        _check(self.max_cpu_loras is None or (type(self.max_cpu_loras) is int
+                                              and self.max_cpu_loras >= self.max_loras),
+               f"max_cpu_loras: must be an integer >= max_loras ({self.max_loras}), got "
+               f"{self.max_cpu_loras!r}")
+
+    @property
+    def cpu_loras(self) -> int:
+        return self.max_cpu_loras or self.max_loras
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -195,3 +221,5 @@ class EngineConfig:
     """Run the model eagerly: no torch.compile, no CUDA graphs."""
     speculative: SpeculativeConfig | None = None
     """Speculative decoding (vLLM's --speculative-config); None: off."""
+    lora: LoRAConfig | None = None
+    """LoRA adapters (vLLM's --enable-lora); None: requests may not name one."""

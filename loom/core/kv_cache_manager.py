@@ -147,6 +147,8 @@ class KVCacheManager:
         hashes = self._req_hashes.setdefault(request.request_id, [])
         tokens, size = request.all_token_ids, self.block_size
         salt = None if request.cache_salt is None else hash(("cache_salt", request.cache_salt))
+        if request.lora_request is not None:  # an adapter's KV is its own
+            salt = hash(("lora", request.lora_request.lora_int_id, salt))
         for i in range(len(hashes), len(tokens) // size):
             parent = hashes[-1] if hashes else salt
             hashes.append(hash_block_tokens(parent, tokens[i * size:(i + 1) * size]))

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from loom.engine.protocol import EngineCoreRequest, FinishReason
+from loom.lora.request import LoRARequest
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
@@ -44,10 +45,12 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None = None, arrival_time: float = 0.0,
                  pooling_params: PoolingParams | None = None,
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None, lora_request: LoRARequest | None = None) -> None:
         self.request_id = request_id
         self.cache_salt = cache_salt
         """Mixed into the first block's hash: only the same salt shares cached prefixes."""
+        self.lora_request = lora_request
+        """Its LoRA adapter (None: the base model); mixed into the hash as the salt is."""
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
@@ -81,7 +84,8 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
-                   req.eos_token_id, req.arrival_time, req.pooling_params, req.cache_salt)
+                   req.eos_token_id, req.arrival_time, req.pooling_params, req.cache_salt,
+                   req.lora_request)
 
     def take_queue_time(self) -> float | None:
         """The queue time, the first time it is asked for after scheduling; then None."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from loom.engine.protocol import Logprobs
+from loom.lora.request import LoRARequest
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
@@ -26,6 +27,7 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     """Tokens whose KV is already in the cache (a prefix-cache hit)."""
     eos_token_id: int | None = None
     pooling_params: PoolingParams | None = None
+    lora_request: LoRARequest | None = None
 
 
 class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -69,3 +71,13 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_logprobs: dict[str, list[Logprobs]] = {}
     """Speculative decoding: the logprobs of each token a drafting request output this step
     (for it, in place of its `logprobs` entry)."""
+
+    def logprobs_of(self, i: int, req_id: str) -> list[Logprobs] | None:
+        """The logprobs of each token request i output (a drafting request's may be
+        several)."""
+        if req_id in self.spec_logprobs:
+            return self.spec_logprobs[req_id]
+        # The runner leaves the list empty when no request in the batch asked for logprobs.
+        if i < len(self.logprobs) and self.logprobs[i] is not None:
+            return [self.logprobs[i]]
+        return None

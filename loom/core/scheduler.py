@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from loom.config import CacheConfig, SchedulerConfig
 from loom.core.kv_cache_manager import KVCacheManager, cdiv
+from loom.core.lora_admission import LoRAAdmission
 from loom.core.request import Request, RequestStatus
 from loom.core.spec_decode import SpecDecoder
 from loom.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
@@ -44,7 +45,8 @@ class _Step:
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int,
-                 speculative: SpeculativeConfig | None = None) -> None:
+                 speculative: SpeculativeConfig | None = None,
+                 max_loras: int | None = None) -> None:
         # The engine passes the limits its workers chose; a bare config takes the CPU's.
         self.config = scheduler_config.resolved(None, 0)
         self.max_model_len = max_model_len
@@ -60,6 +62,7 @@ class Scheduler:
         self.spec = SpecDecoder(speculative, max_model_len) if speculative is not None else None
         self._verifying = False
         """A step in flight verifies some request's drafts (set by schedule())."""
+        self.loras = LoRAAdmission(max_loras)
         self._num_preemptions = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -216,24 +219,31 @@ class Scheduler:
         self._num_preemptions += 1
 
     def _schedule_waiting(self, step: _Step) -> None:
+        self.loras.begin(self.running)
+        passed_over: list[Request] = []  # their adapter would be one too many
         reserved = None  # blocks the running requests may still need to decode (lazily)
         while (self.waiting and step.budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
+            if not self.loras.admits(request):
+                passed_over.append(self.waiting.popleft())
+                continue
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             if self.config.kv_headroom_tokens and self.running:  # alone: always admitted
                 if reserved is None:
                     reserved = sum(self._growth_blocks(r) for r in self.running)
                 growth = cdiv(self._target_tokens(request), self.block_size) - len(hit_blocks)
                 if growth + reserved > self.kv_cache_manager.num_free_blocks:
-                    return  # it waits for decodes to finish rather than preempt them later
+                    break  # it waits for decodes to finish rather than preempt them later
             num_new = min(request.num_tokens - num_hit, step.budget)
             if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
-                return  # FCFS: nothing behind it jumps the queue
+                break  # FCFS: nothing behind it jumps the queue
             self.waiting.popleft()
             self._admit(request, num_hit, num_new, step)
+            self.loras.admitted(request)
             if reserved is not None:
                 reserved += self._growth_blocks(request)
+        self.waiting.extendleft(reversed(passed_over))
 
     def _target_tokens(self, request: Request) -> int:
         """The KV a request may come to hold: its tokens and those it may yet generate but
@@ -265,7 +275,8 @@ class Scheduler:
             num_prompt_tokens=request.num_prompt_tokens,
             sampling_params=request.sampling_params,
             block_ids=self.kv_cache_manager.get_block_ids(rid), num_computed_tokens=num_hit,
-            eos_token_id=request.eos_token_id, pooling_params=request.pooling_params))
+            eos_token_id=request.eos_token_id, pooling_params=request.pooling_params,
+            lora_request=request.lora_request))
         step.new_tokens[rid] = num_new
         step.budget -= num_new
 
@@ -291,7 +302,7 @@ class Scheduler:
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:
                 outputs.append(self._make_output(request, new_token_ids, prompt_logprobs,
-                                                 _logprobs_at(runner_output, i, rid)))
+                                                 runner_output.logprobs_of(i, rid)))
         if any(r.is_finished for r in self.running):
             self._remove_finished()
         return outputs
@@ -323,10 +334,8 @@ class Scheduler:
             if not params.ignore_eos and token_id == request.eos_token_id:
                 request.status = RequestStatus.FINISHED_STOPPED
                 return True
-        if request.max_tokens is not None and request.num_output_tokens >= request.max_tokens:
-            request.status = RequestStatus.FINISHED_LENGTH
-            return True
-        if request.num_tokens >= self.max_model_len:
+        if ((request.max_tokens is not None and request.num_output_tokens >= request.max_tokens)
+                or request.num_tokens >= self.max_model_len):
             request.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
@@ -387,12 +396,3 @@ class Scheduler:
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
 
-
-def _logprobs_at(runner_output: ModelRunnerOutput, i: int, rid: str) -> list[Logprobs] | None:
-    """The logprobs of each token request i output (a drafting request's may be several)."""
-    if rid in runner_output.spec_logprobs:
-        return runner_output.spec_logprobs[rid]
-    # The runner leaves the list empty when no request in the batch asked for logprobs.
-    if i < len(runner_output.logprobs) and runner_output.logprobs[i] is not None:
-        return [runner_output.logprobs[i]]
-    return None

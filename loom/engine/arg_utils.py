@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS,
                          CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
-                         ModelConfig, ParallelConfig, SchedulerConfig)
+                         LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from loom.speculative_config import SpeculativeConfig
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 
@@ -68,6 +68,11 @@ class EngineArgs:
     """ModelConfig.max_logprobs; -1: the whole vocabulary."""
     speculative_config: SpeculativeConfig | dict | str | None = None
     """EngineConfig.speculative: an object, a dict or a JSON string."""
+    enable_lora: bool = False
+    """EngineConfig.lora: requests may name LoRA adapters (LoRAConfig's fields below)."""
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -126,6 +131,14 @@ class EngineArgs:
                        help="JSON object for speculative decoding, as vLLM's: "
                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                        "\"prompt_lookup_max\": 4}' (n-gram prompt lookup only)")
+        g.add_argument("--enable-lora", action="store_true",
+                       help="let requests name LoRA adapters (PEFT directories)")
+        g.add_argument("--max-loras", type=int, default=1,
+                       help="different adapters one step may use (device slots)")
+        g.add_argument("--max-lora-rank", type=int, default=16,
+                       help="the largest adapter rank accepted")
+        g.add_argument("--max-cpu-loras", type=int, default=None,
+                       help="adapters kept loaded in host memory (default: --max-loras)")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -194,4 +207,6 @@ class EngineArgs:
             device=DeviceConfig(self.device),
             compilation=compilation,
             enforce_eager=self.enforce_eager,
-            speculative=SpeculativeConfig.parse(self.speculative_config))
+            speculative=SpeculativeConfig.parse(self.speculative_config),
+            lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+            if self.enable_lora else None)

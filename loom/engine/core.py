@@ -18,7 +18,8 @@ from loom.core.request import Request
 from loom.core.sched_output import SchedulerOutput
 from loom.core.scheduler import Scheduler
 from loom.core.structured_output import StructuredOutputManager
-from loom.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from loom.engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
+                                  LoRAInfo)
 from loom.executor.base import make_executor
 from loom.models.arch import ModelArch
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
@@ -58,9 +59,13 @@ class EngineCore:
                                                    info["max_position_embeddings"])
         self.max_logprobs = (self.vocab_size if config.model.max_logprobs == -1
                              else config.model.max_logprobs)
+        lora = config.lora
+        self.lora_info = None if lora is None else LoRAInfo(lora.max_lora_rank,
+                                                            info["lora_targets"])
         self.num_blocks = self._init_kv_cache()
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks,
-                                   self.max_model_len, config.speculative)
+                                   self.max_model_len, config.speculative,
+                                   None if lora is None else lora.max_loras)
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         """Launched steps not yet collected, oldest first."""
@@ -186,7 +191,8 @@ class EngineCore:
 
     def get_model_info(self) -> dict:
         return {"vocab_size": self.vocab_size, "max_model_len": self.max_model_len,
-                "eos_token_id": self.eos_token_id, "max_logprobs": self.max_logprobs}
+                "eos_token_id": self.eos_token_id, "max_logprobs": self.max_logprobs,
+                "lora": self.lora_info}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

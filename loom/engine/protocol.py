@@ -10,6 +10,7 @@ import enum
 
 import msgspec
 
+from loom.lora.request import LoRARequest
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
@@ -35,6 +36,8 @@ class EngineCoreRequest(msgspec.Struct, tag="add", array_like=True, omit_default
     samples nothing (its sampling_params are then only the one-step placeholder)."""
     cache_salt: str | None = None
     """vLLM's: only requests with the same salt share prefix-cache blocks."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter it runs with (checked by the Processor); None: the base model."""
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
@@ -133,6 +136,13 @@ class ClientHello(msgspec.Struct, tag="hello", array_like=True):
     client_index: int
 
 
+class LoRAInfo(msgspec.Struct, array_like=True):
+    """The engine's LoRA limits and the model's adaptable modules (`lora.adapter`)."""
+    max_lora_rank: int
+    targets: dict[str, list[int]]
+    """Module name -> [out, in] of its full weight."""
+
+
 class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     """The engine core process's answer to its launcher once the model and KV cache are up."""
     vocab_size: int
@@ -143,6 +153,8 @@ class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     max_logprobs: int = 20
     """The most top logprobs a request may ask for (ModelConfig.max_logprobs, -1 resolved
     to the vocabulary's size): the frontend refuses more, naming the field."""
+    lora: LoRAInfo | None = None
+    """What the frontend checks adapters against; None: LoRA is off."""
 
 
 EngineStartup = EngineReady | EngineDead

@@ -19,6 +19,7 @@ from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
 from loom.models.loader import generation_config_dir, generation_defaults, tokenizer_path
 from loom.engine.protocol import EngineCoreRequest
+from loom.lora.request import LoRARequest
 from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
@@ -44,7 +45,7 @@ class LLM:
         self._shut_down = False
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
-                                   info["eos_token_id"], info["max_logprobs"])
+                                   info["eos_token_id"], info["max_logprobs"], info["lora"])
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
@@ -71,19 +72,25 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for each prompt (a string or a list of token ids); outputs in input order."""
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
+        """Generate for each prompt (a string or a list of token ids); outputs in input order.
+        lora_request: the LoRA adapter of every prompt, or one per prompt (None: the base
+        model's)."""
         self._check_open()
         salts = _cache_salts(prompts)
         prompts = _prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
-        requests = self._prepare(prompts, params, salts)  # validates all before adding any
+        loras = _loras_per_prompt(lora_request, len(prompts))
+        # validates all before adding any
+        requests = self._prepare(prompts, params, salts, loras)
         with self._abort_on_error():
-            for (request_id, prompt, prompt_ids, p), salt in zip(requests, salts):
+            for (request_id, prompt, prompt_ids, p), salt, lora in zip(requests, salts, loras):
                 for child_id, child_params in self.output_processor.add_request(
                         request_id, prompt, prompt_ids, p, OutputKind.FINAL_ONLY):
                     self.engine.add_request(
-                        self.processor.process(child_id, prompt_ids, child_params, salt))
+                        self.processor.process(child_id, prompt_ids, child_params, salt, lora))
             outputs = self._run(len(requests), use_tqdm)
         order = {r[0]: i for i, r in enumerate(requests)}
         return sorted(outputs, key=lambda o: order[o.request_id])
@@ -145,10 +152,13 @@ class LLM:
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict[str, Any]] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+             ) -> list[RequestOutput]:
         """Apply the chat template to each conversation, then generate. As vLLM's: tools and
         chat_template_kwargs reach the template (no tool calls are parsed offline);
-        continue_final_message continues the last (assistant) message."""
+        continue_final_message continues the last (assistant) message; lora_request as
+        generate's."""
         self._check_open()
         if self.tokenizer is None:
             raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
@@ -157,7 +167,7 @@ class LLM:
                  for c in _conversations(messages)]
         # The template writes the special tokens (BOS) itself.
         prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        outputs = self.generate(prompts, sampling_params, use_tqdm)
+        outputs = self.generate(prompts, sampling_params, use_tqdm, lora_request)
         for output, text in zip(outputs, texts):
             output.prompt = text  # as vLLM: the rendered conversation
         return outputs
@@ -211,12 +221,13 @@ class LLM:
             return [self.default_sampling_params] * count
         return _per_prompt(params, count, SamplingParams, "sampling_params")
 
-    def _prepare(self, prompts, params, salts):
+    def _prepare(self, prompts, params, salts, loras):
         requests = []
-        for prompt, p, salt in zip(prompts, params, salts):
+        for prompt, p, salt, lora in zip(prompts, params, salts, loras):
             text, ids = self.processor.tokenize(prompt)
             request_id = str(next(self._ids))
-            ids = self.processor.process(request_id, ids, p, salt).prompt_token_ids  # truncated
+            # (the prompt truncated as truncate_prompt_tokens says)
+            ids = self.processor.process(request_id, ids, p, salt, lora).prompt_token_ids
             requests.append((request_id, text, ids, p))
         return requests
 
@@ -248,6 +259,16 @@ def _default_params(model: ModelConfig) -> SamplingParams:
     source = generation_config_dir(model.generation_config) or model.model
     logger.info("sampling defaults from %s's generation_config.json: %s", source, defaults)
     return SamplingParams(**defaults)  # each value checked by generation_defaults
+
+
+def _loras_per_prompt(loras, count: int) -> list[LoRARequest | None]:
+    """One adapter for every prompt, or one each (None: the base model); the Processor
+    checks each."""
+    if loras is None or not isinstance(loras, list | tuple):
+        return [loras] * count
+    if len(loras) != count:
+        raise ValueError(f"lora_request: {len(loras)} given for {count} prompts")
+    return list(loras)
 
 
 def _per_prompt(params, count: int, kind: type, field: str) -> list:

@@ -25,6 +25,7 @@ from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.request_logger import RequestLogger
 from loom.frontend.tokenizer import Tokenizer
+from loom.lora.request import LoRARequest
 from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
@@ -80,7 +81,7 @@ class AsyncLLM:
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
-                                   info.eos_token_id, info.max_logprobs)
+                                   info.eos_token_id, info.max_logprobs, info.lora)
         self.output_processor = OutputProcessor(tokenizer)
         self.streams: dict[str, _Stream] = {}
         self._pooling: dict[str, asyncio.Future] = {}
@@ -110,16 +111,19 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptType, params: SamplingParams, request_id: str,
                        trace_headers: Mapping[str, str] | None = None,
-                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Yield what is new for the request at each engine step (text, tokens, logprobs),
         until it finishes. Closing the generator early aborts the request in the engine.
-        With tracing on, its span is parented to trace_headers' W3C trace context."""
+        With tracing on, its span is parented to trace_headers' W3C trace context.
+        lora_request: the LoRA adapter it runs with (None: the base model)."""
         self._check_alive()
         if request_id in self.streams:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         text, prompt_ids = self.tokenize(prompt)
         # Validated before any state; its ids are the prompt's after truncate_prompt_tokens.
-        request = self.processor.process(request_id, prompt_ids, params, cache_salt)
+        request = self.processor.process(request_id, prompt_ids, params, cache_salt,
+                                         lora_request)
         # Logged once accepted, so that a request the Processor refuses is in the log from
         # neither endpoint (completions checks its prompts before it gets here).
         if self._request_logger is not None:
@@ -133,7 +137,7 @@ class AsyncLLM:
                                                          OutputKind.DELTA)
             for child_id, child_params in children:
                 self.client.send(self.processor.process(child_id, prompt_ids, child_params,
-                                                        cache_salt))
+                                                        cache_salt, lora_request))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):

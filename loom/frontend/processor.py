@@ -10,8 +10,10 @@ import time
 
 
 from loom.core.structured_output import validate_guided
-from loom.engine.protocol import EngineCoreRequest
+from loom.engine.protocol import EngineCoreRequest, LoRAInfo
 from loom.frontend.tokenizer import Tokenizer
+from loom.lora.adapter import read_adapter
+from loom.lora.request import LoRARequest
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
 
@@ -39,8 +41,13 @@ def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) 
 
 class Processor:
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int,
-                 eos_token_id: int | None, max_logprobs: int | None = None) -> None:
-        """max_logprobs: resolved (never -1); None: as many as the vocabulary holds."""
+                 eos_token_id: int | None, max_logprobs: int | None = None,
+                 lora: LoRAInfo | None = None) -> None:
+        """max_logprobs: resolved (never -1); None: as many as the vocabulary holds.
+        lora: the engine's LoRA limits; None: requests may not name an adapter."""
+        self.lora = lora
+        self._lora_paths: dict[int, str] = {}
+        """Adapters checked so far: lora_int_id -> its path (an id names one adapter)."""
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -85,11 +92,31 @@ class Processor:
                                  f"{self.vocab_size} tokens")
             check_num_logprobs(name, value, self.max_logprobs)
 
+    def check_lora(self, request: LoRARequest) -> None:
+        """A ValueError unless the engine takes LoRA adapters and this one fits the model;
+        each adapter's files are read once (the worker loads them again)."""
+        if not isinstance(request, LoRARequest):
+            raise ValueError(f"lora_request: must be a LoRARequest, got {type(request).__name__}")
+        if self.lora is None:
+            raise ValueError(f"lora_request {request.lora_name!r}: LoRA is not enabled; start "
+                             "the engine with --enable-lora (LLM(enable_lora=True))")
+        known = self._lora_paths.get(request.lora_int_id)
+        if known is None:
+            read_adapter(request, self.lora.targets, self.lora.max_lora_rank)
+            self._lora_paths[request.lora_int_id] = request.lora_path
+        elif known != request.lora_path:
+            raise ValueError(f"lora_request {request.lora_name!r}: lora_int_id "
+                             f"{request.lora_int_id} already names the adapter at {known}")
+
     def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams, cache_salt: str | None = None) -> EngineCoreRequest:
-        """cache_salt: vLLM's; only requests with the same salt share cached prefixes."""
+                params: SamplingParams, cache_salt: str | None = None,
+                lora_request: LoRARequest | None = None) -> EngineCoreRequest:
+        """cache_salt: vLLM's; only requests with the same salt share cached prefixes.
+        lora_request: the adapter it runs with (None: the base model)."""
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError("cache_salt: must be a non-empty string")
+        if lora_request is not None:
+            self.check_lora(lora_request)
         prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
                                            self.max_model_len)
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
@@ -115,7 +142,8 @@ class Processor:
         if extra and not params.ignore_eos:
             params = params.clone(stop_token_ids=params.stop_token_ids + extra)
         return EngineCoreRequest(request_id, list(prompt_token_ids), params, time.time(),
-                                 self.eos_token_id, cache_salt=cache_salt)
+                                 self.eos_token_id, cache_salt=cache_salt,
+                                 lora_request=lora_request)
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
         """Each word as it starts the text and as it follows a space (vLLM's rule: the

@@ -3,7 +3,8 @@
 Column-parallel layers split the output features, row-parallel ones the input features and
 all-reduce the partial sums. Each parameter carries a `weight_loader` that takes the full
 checkpoint tensor (or one stacked shard of it) and copies in this rank's slice, so model
-files read like single-GPU code.
+files read like single-GPU code. With LoRA on, a layer's `lora` adds its adapters' term
+(`loom.lora.layers`) to this rank's output, before any reduction.
 """
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ class LinearBase(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = _param((out_features, in_features), self.weight_loader)
         self.bias = _param((out_features,), self.weight_loader) if bias else None
+        self.lora: nn.Module | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.with_lora(x, F.linear(x, self.weight, self.bias))
+
+    def with_lora(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return y if self.lora is None else y + self.lora(x)
 
 
 class ReplicatedLinear(LinearBase):
@@ -76,7 +81,7 @@ class ColumnParallelLinear(LinearBase):
                                   type(self).__name__))
 
     def forward(self, x):
-        y = F.linear(x, self.weight, self.bias)
+        y = self.with_lora(x, F.linear(x, self.weight, self.bias))
         return tp_all_gather(y) if self.gather_output else y
 
 
@@ -154,7 +159,7 @@ class RowParallelLinear(LinearBase):
                                   type(self).__name__))
 
     def forward(self, x):
-        y = F.linear(x, self.weight)
+        y = self.with_lora(x, F.linear(x, self.weight))
         if self.reduce_results:
             y = tp_all_reduce(y)
         return y + self.bias if self.bias is not None else y

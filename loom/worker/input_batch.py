@@ -14,6 +14,7 @@ import torch
 
 from loom.attention.backend import AttentionMetadata
 from loom.core.sched_output import SchedulerOutput
+from loom.lora.request import LoRARequest
 from loom.pinned import upload
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
@@ -36,6 +37,7 @@ class CachedRequestState:
     spec_token_ids: list[int] = field(default_factory=list)
     """Draft tokens after its known ones this step (speculative decoding); they sit in the
     token table past token_ids until verified."""
+    lora_request: LoRARequest | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -98,7 +100,7 @@ class RequestStates(dict[str, CachedRequestState]):
             self.add(CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
                 list(new.block_ids), new.eos_token_id, new.num_computed_tokens,
-                new.pooling_params))
+                new.pooling_params, lora_request=new.lora_request))
         self.num_drafting = 0
         for cached in so.cached_reqs:
             self._apply_cached(self[cached.req_id], cached)

@@ -22,6 +22,7 @@ from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.kernels import jit_watch
+from loom.lora.manager import make_lora_manager
 from loom.worker.cuda_graph import CUDAGraphRunner, mixed_sizes, mode_line, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
@@ -79,6 +80,7 @@ class ModelRunner:
         self.model, self.arch, self.dtype = load_model(config, device)
         logger.info("loaded %s (%s, %s) in %.1f s", self.arch.architecture, self.dtype, device,
                     time.perf_counter() - start)
+        self.lora = make_lora_manager(self.model, self.arch, config, device, self.dtype)
         self.kv_dtype = resolve_kv_cache_dtype(config.cache.cache_dtype, self.dtype)
         if self.kv_dtype != self.dtype:
             logger.info("KV cache in %s (the model computes in %s): keys and values stored "
@@ -267,6 +269,8 @@ class ModelRunner:
         counts = list(so.num_scheduled_tokens.values())
         batch = build_batch(self.requests, reqs, counts, self.block_size, self.device,
                             self.token_multiple, self._pending, self._padded_rows(counts))
+        if self.lora is not None:
+            self.lora.prepare([r.lora_request for r in reqs], counts, len(batch.input_ids))
         graphs, clock = self.graph_runner, None
         size = graphs.padded_size(batch) if graphs else None
         mixed = graphs.mixed_size(batch) if graphs and size is None else None
@@ -387,8 +391,7 @@ class ModelRunner:
 
 
 def cuda_graphs_on(device: torch.device) -> bool:
-    """Whether CUDA graphs can be captured on this device (the CPU tests patch it, with a
-    stand-in graph, to run the piecewise path)."""
+    """Whether CUDA graphs can be captured here (CPU tests patch it, with a stand-in graph)."""
     return device.type == "cuda"
 
 

@@ -1,0 +1,1 @@
+"""LoRA adapters served beside their base model (vLLM's --enable-lora)."""

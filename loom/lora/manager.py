@@ -1,0 +1,155 @@
+"""The worker's adapter slots: which adapter sits in each, loading them, and the per-token
+mask (`loom.lora.layers`) each step.
+
+The scheduler keeps a step's adapters within max_loras (`core.lora_admission`), so a step
+always finds a slot for each: one already holding it, else the least recently used slot
+that this step does not need. Adapters are read from disk once and kept in host memory
+(the max_cpu_loras most recently used), already sliced for this rank and scaled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from loom.config import EngineConfig, LoRAConfig
+from loom.layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
+                                RowParallelLinear)
+from loom.lora.adapter import WEIGHTS_FILE, model_targets, read_adapter
+from loom.lora.layers import LoRASlots
+from loom.lora.request import LoRARequest
+from loom.pinned import upload
+
+logger = logging.getLogger(__name__)
+
+_SLICES = {  # loom's projection -> the checkpoint projections in it, with their shard ids
+    "qkv_proj": [("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v")],
+    "gate_up_proj": [("gate_proj", 0), ("up_proj", 1)],
+    "o_proj": [("o_proj", None)],
+    "down_proj": [("down_proj", None)],
+}
+
+Loaded = dict[str, tuple[list[torch.Tensor | None], torch.Tensor]]
+"""loom module name -> each slice's A ([r, in], None: not adapted) and the B rows of this
+rank ([out, r], scaled)."""
+
+
+def make_lora_manager(model: nn.Module, arch, config: EngineConfig, device: torch.device,
+                      dtype: torch.dtype) -> LoRAManager | None:
+    """The slots for config.lora (None: LoRA off). The mask covers the largest forward:
+    max_num_batched_tokens, rounded up to the TP size or to a piecewise graph's size."""
+    if config.lora is None:
+        return None
+    rows = config.scheduler.max_num_batched_tokens + 256
+    return LoRAManager(model, arch, config.lora, rows, device, dtype)
+
+
+class LoRAManager:
+    def __init__(self, model: nn.Module, arch, config: LoRAConfig, max_tokens: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        """max_tokens: the most token rows any forward runs (padded batches included)."""
+        self.config, self.dtype = config, dtype
+        self.targets = model_targets(arch)
+        slots, rank = config.max_loras, config.max_lora_rank
+        self.mask = torch.zeros(max_tokens, slots * rank, dtype=dtype, device=device)
+        # Row s: ones over slot s's columns; the last row (the base model) is all zeros.
+        self._rows = torch.zeros(slots + 1, slots * rank, dtype=dtype, device=device)
+        for s in range(slots):
+            self._rows[s, s * rank:(s + 1) * rank] = 1
+        self.layers: dict[str, LinearBase] = {}
+        for name, module in model.named_modules():
+            if isinstance(module, LinearBase) and name.rpartition(".")[2] in _SLICES:
+                module.lora = LoRASlots(module.in_features, _out_sizes(module), slots, rank,
+                                        self.mask)
+                self.layers[name] = module
+        self.slots: list[int | None] = [None] * slots
+        """The adapter id in each slot."""
+        self._slot_used = [0] * slots
+        self._step = 0
+        self._host: OrderedDict[int, Loaded] = OrderedDict()
+        logger.info("LoRA: %d slot(s) of rank %d on %d layers", slots, rank, len(self.layers))
+
+    def prepare(self, loras: list[LoRARequest | None], counts: list[int],
+                num_rows: int) -> None:
+        """Put each adapter of the step in a slot, then point every token row at its own
+        (counts: each request's tokens; rows past them, padding, at none)."""
+        self._step += 1
+        slot_of: dict[int, int] = {}
+        for lora in loras:
+            if lora is not None and lora.lora_int_id not in slot_of:
+                slot_of[lora.lora_int_id] = self._slot_for(lora, slot_of)
+        base = len(self.slots)
+        per_req = [base if lora is None else slot_of[lora.lora_int_id] for lora in loras]
+        rows = np.full(num_rows, base, dtype=np.int64)
+        rows[:sum(counts)] = np.repeat(per_req, counts)
+        (rows_d,) = upload([rows], self.mask.device)
+        torch.index_select(self._rows, 0, rows_d, out=self.mask[:num_rows])
+
+    def _slot_for(self, lora: LoRARequest, taken: dict[int, int]) -> int:
+        if lora.lora_int_id in self.slots:
+            slot = self.slots.index(lora.lora_int_id)
+        else:
+            free = [s for s in range(len(self.slots)) if s not in taken.values()]
+            if not free:
+                raise RuntimeError(f"a step uses more than max_loras ({len(self.slots)}) "
+                                   "adapters")
+            slot = min(free, key=lambda s: (self.slots[s] is not None, self._slot_used[s]))
+            self._fill(slot, lora)
+        self._slot_used[slot] = self._step
+        return slot
+
+    def _fill(self, slot: int, lora: LoRARequest) -> None:
+        loaded = self._host.get(lora.lora_int_id)
+        if loaded is None:
+            loaded = self._load(lora)
+            self._host[lora.lora_int_id] = loaded
+            while len(self._host) > self.config.cpu_loras:
+                self._host.popitem(last=False)
+        self._host.move_to_end(lora.lora_int_id)
+        for name, layer in self.layers.items():
+            if name in loaded:
+                layer.lora.set_slot(slot, *loaded[name])
+            else:
+                layer.lora.clear_slot(slot)
+        self.slots[slot] = lora.lora_int_id
+
+    def _load(self, lora: LoRARequest) -> Loaded:
+        spec = read_adapter(lora, self.targets, self.config.max_lora_rank)
+        tensors = load_file(os.path.join(spec.path, WEIGHTS_FILE))
+        out: Loaded = {}
+        for name, layer in self.layers.items():
+            prefix, _, proj = name.rpartition(".")
+            a_list, b = [], torch.zeros(layer.out_features, spec.rank, dtype=self.dtype)
+            for ckpt_proj, shard in _SLICES[proj]:
+                names = spec.modules.get(f"{prefix}.{ckpt_proj}")
+                if names is None:
+                    a_list.append(None)
+                    continue
+                a = tensors[names[0]].to(self.dtype)
+                b_full = (tensors[names[1]].float() * spec.scaling).to(self.dtype)
+                if isinstance(layer, RowParallelLinear):  # A takes this rank's inputs
+                    a_local = torch.empty(spec.rank, layer.in_features, dtype=self.dtype)
+                    layer.weight_loader(a_local, a)
+                    a, b = a_local, b_full
+                else:  # B gives this rank's outputs, at the slice's rows
+                    layer.weight_loader(b, b_full, shard)
+                a_list.append(a)
+            if any(a is not None for a in a_list):
+                out[name] = (a_list, b)
+        logger.info("LoRA adapter %r (id %d, rank %d) loaded from %s", lora.lora_name,
+                    lora.lora_int_id, spec.rank, spec.path)
+        return out
+
+
+def _out_sizes(layer: LinearBase) -> list[int]:
+    if isinstance(layer, QKVParallelLinear):
+        return [layer.q_size, layer.kv_size, layer.kv_size]
+    if isinstance(layer, MergedColumnParallelLinear):
+        return [s // layer.tp_size for s in layer.output_sizes]
+    return [layer.out_features]

@@ -1,0 +1,27 @@
+"""PEFT adapters for tests: made by peft itself on a tiny transformers model, so that the
+reference outputs (the peft model's) come from code nobody here wrote."""
+
+from __future__ import annotations
+
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def make_adapter(base_path: str, out_dir: str, targets=ALL_TARGETS, r: int = 8,
+                 alpha: int = 16, seed: int = 1, use_rslora: bool = False):
+    """Save a LoRA adapter for the model at base_path into out_dir; return the peft model
+    (base + adapter, eval mode) that defines what it computes. Its A and B are random
+    (peft's own init leaves B zero, which would change nothing)."""
+    import peft
+    import torch
+    import transformers as tf
+    base = tf.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
+                             init_lora_weights=False, use_rslora=use_rslora)
+    model = peft.get_peft_model(base, config)
+    with torch.no_grad():  # large enough to change greedy tokens, small enough to keep
+        for name, p in model.named_parameters():  # logits well apart
+            if "lora_" in name:
+                p.normal_(0.0, 0.25 if "lora_A" in name else 0.5)
+    model.save_pretrained(out_dir)
+    return model.eval()
