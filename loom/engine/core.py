@@ -21,6 +21,7 @@ from loom.core.structured_output import StructuredOutputManager
 from loom.engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
                                   LoRAInfo)
 from loom.executor.base import make_executor
+from loom.lora.adapter import model_targets
 from loom.models.arch import ModelArch
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
 
@@ -60,8 +61,8 @@ class EngineCore:
         self.max_logprobs = (self.vocab_size if config.model.max_logprobs == -1
                              else config.model.max_logprobs)
         lora = config.lora
-        self.lora_info = None if lora is None else LoRAInfo(lora.max_lora_rank,
-                                                            info["lora_targets"])
+        self.lora_info = None if lora is None else LoRAInfo(lora.max_lora_rank, model_targets(
+            ModelArch.from_hf_config(resolve(config.model).hf_config)))
         self.num_blocks = self._init_kv_cache()
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks,
                                    self.max_model_len, config.speculative,

@@ -17,7 +17,6 @@ from loom.config import EngineConfig
 from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
-from loom.lora.adapter import model_targets
 from loom.worker.model_runner import ModelRunner, resolved_for_device
 from loom.worker.step_handle import StepHandle
 
@@ -62,8 +61,7 @@ class Worker:
                 "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None,
                 # the batch limits this device chose (`SchedulerConfig.resolved`)
                 "max_num_seqs": self.config.scheduler.max_num_seqs,
-                "max_num_batched_tokens": self.config.scheduler.max_num_batched_tokens,
-                "lora_targets": model_targets(arch) if self.config.lora is not None else None}
+                "max_num_batched_tokens": self.config.scheduler.max_num_batched_tokens}
 
     def time_all_reduce(self, num_tokens: int, iters: int, in_graph: bool = False) -> float:
         """Seconds per TP all-reduce of a [num_tokens, hidden] activation in the model's

@@ -1,0 +1,55 @@
+"""max_loras in the scheduler: the running requests never use more adapters than there are
+slots; a request whose adapter would be one too many is passed over (and others go ahead),
+then admitted in its turn once a slot's requests have finished."""
+
+from __future__ import annotations
+
+from loom.config import CacheConfig, SchedulerConfig
+from loom.core.request import Request
+from loom.core.sched_output import ModelRunnerOutput
+from loom.core.scheduler import Scheduler
+from loom.lora.request import LoRARequest
+from loom.sampling_params import SamplingParams
+
+
+def _lora(i: int) -> LoRARequest:
+    return LoRARequest(f"a{i}", i, f"/adapters/{i}")
+
+
+def _run(max_loras: int | None, loras: list[int | None], max_tokens: int = 3):
+    """Schedule requests (one per entry: its adapter id or None) to the end; return the
+    adapter ids running at each step and the order requests were first scheduled in."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
+                                      async_scheduling=False),
+                      CacheConfig(block_size=4), 256, 128, max_loras=max_loras)
+    for i, lora in enumerate(loras):
+        sched.add_request(Request(f"r{i}", [5, 6, 7], SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+            lora_request=None if lora is None else _lora(lora)))
+    steps, order = [], []
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        order += [r.req_id for r in out.new_reqs]
+        steps.append({r.lora_request.lora_int_id for r in sched.running if r.lora_request})
+        sched.update_from_output(out, ModelRunnerOutput(
+            req_ids=list(out.num_scheduled_tokens),
+            sampled_token_ids=[[9] for _ in out.num_scheduled_tokens]))
+    return steps, order
+
+
+def test_one_slot_runs_one_adapter_at_a_time_and_others_go_ahead():
+    steps, order = _run(1, [1, 2, None, 1, 2])
+    assert all(len(s) <= 1 for s in steps)
+    # r1 (adapter 2) is passed over: the base request and adapter 1's next go ahead of it.
+    assert order == ["r0", "r2", "r3", "r1", "r4"]
+    assert {i for s in steps for i in s} == {1, 2}
+
+
+def test_enough_slots_admit_in_arrival_order():
+    steps, order = _run(2, [1, 2, None, 1, 2])
+    assert order == [f"r{i}" for i in range(5)] and max(len(s) for s in steps) == 2
+
+
+def test_lora_off_admits_everything():
+    steps, order = _run(None, [1, 2, 3])
+    assert order == ["r0", "r1", "r2"] and steps[0] == {1, 2, 3}

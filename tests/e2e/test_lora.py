@@ -1,0 +1,166 @@
+"""LoRA adapters end to end: loom's greedy tokens and logprobs equal peft's (the adapter
+applied by the library that trained it) for every request of a batch that mixes adapters
+and the base model, under each scheduling mode, compiled, and over two TP ranks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from loom import LLM, SamplingParams
+from loom.lora.request import LoRARequest
+from tests.conftest import hf_greedy
+from tests.lora_util import make_adapter
+
+pytest.importorskip("peft")
+
+ATTENTION = ("q_proj", "v_proj")
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model_factory, tmp_path_factory):
+    """kind -> (base path, base model, [(LoRARequest, peft model)]): one adapter on every
+    projection (rank 8) and one on q and v only (rank 4, rsLoRA)."""
+    cache = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            path, hf = tiny_model_factory(kind)
+            made = []
+            for i, (targets, r, rs) in enumerate([(None, 8, False), (ATTENTION, 4, True)]):
+                out = str(tmp_path_factory.mktemp(f"{kind}-lora{i}"))
+                kw = {} if targets is None else {"targets": targets}
+                peft_model = make_adapter(path, out, r=r, alpha=2 * r, seed=10 + i,
+                                          use_rslora=rs, **kw)
+                made.append((LoRARequest(f"lora{i}", i + 1, out), peft_model))
+            cache[kind] = (path, hf, made)
+        return cache[kind]
+    return get
+
+
+def _prompts() -> list[list[int]]:
+    rng = random.Random(3)
+    return [[rng.randrange(3, 256) for _ in range(n)] for n in (6, 19, 40)]
+
+
+def _llm(path: str, **kwargs) -> LLM:
+    kwargs.setdefault("max_model_len", 128)
+    return LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", enable_lora=True,
+               max_lora_rank=8, **kwargs)
+
+
+def _greedy(n: int = 12, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
+
+
+def _mixed(made):
+    """Every prompt with the base model and with each adapter, interleaved in one batch;
+    the models that define each request's tokens."""
+    batch = []
+    for prompt in _prompts():
+        batch.append((prompt, None, None))
+        batch.extend((prompt, lora, model) for lora, model in made)
+    return batch
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    dict(max_loras=2), dict(max_loras=1), dict(max_loras=2, async_scheduling=False),
+    dict(max_loras=2, max_num_batched_tokens=16),
+], ids=["two-slots", "one-slot", "sync", "small-budget"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_mixed_batch_equals_peft(kind, engine_kwargs, adapters):
+    path, hf, made = adapters(kind)
+    batch = _mixed(made)
+    outs = _llm(path, **engine_kwargs).generate([p for p, _, _ in batch], _greedy(),
+                                                lora_request=[lo for _, lo, _ in batch],
+                                                use_tqdm=False)
+    for (prompt, _, model), out in zip(batch, outs):
+        assert out.outputs[0].token_ids == hf_greedy(model or hf, prompt, 12)
+    # The adapters change what is generated (else the test could not fail).
+    assert len({tuple(o.outputs[0].token_ids) for o in outs[:3]}) == 3
+
+
+def test_logprobs_equal_peft(adapters):
+    import torch
+    path, _, made = adapters("llama")
+    lora, model = made[0]
+    prompt = _prompts()[1]
+    out = _llm(path).generate([prompt], _greedy(6, logprobs=4), lora_request=lora,
+                              use_tqdm=False)[0].outputs[0]
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt + out.token_ids])).logits[0].float().log_softmax(-1)
+    for j, (token, position) in enumerate(zip(out.token_ids, out.logprobs)):
+        row = ref[len(prompt) + j - 1]
+        assert position[token].logprob == pytest.approx(row[token].item(), abs=1e-4)
+        assert set(position) == {token, *row.topk(4).indices.tolist()}
+
+
+def test_prefix_cache_is_kept_apart_per_adapter(adapters):
+    """The base model's cached prompt blocks are not reused for an adapter's request (its
+    KV differs), while a second request of the same adapter hits its own."""
+    path, hf, made = adapters("llama")
+    lora, model = made[0]
+    prompt = _prompts()[2]  # 40 tokens: two full blocks
+    llm = _llm(path)
+    base = llm.generate([prompt], _greedy(), use_tqdm=False)[0]
+    first = llm.generate([prompt], _greedy(), lora_request=lora, use_tqdm=False)[0]
+    again = llm.generate([prompt], _greedy(), lora_request=lora, use_tqdm=False)[0]
+    assert base.outputs[0].token_ids == hf_greedy(hf, prompt, 12)
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == hf_greedy(model, prompt, 12)
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 32
+
+
+def test_adapters_beyond_the_slots_take_turns(adapters, monkeypatch):
+    """max_loras=1 with two adapters: no step ever mixes them, yet every request finishes
+    with its own adapter's tokens, and base-model requests run beside either."""
+    from loom.lora.manager import LoRAManager
+    path, hf, made = adapters("llama")
+    seen, prepare = [], LoRAManager.prepare
+    monkeypatch.setattr(LoRAManager, "prepare", lambda self, loras, *a: (
+        seen.append({lo.lora_int_id for lo in loras if lo is not None}),
+        prepare(self, loras, *a))[1])
+    batch = _mixed(made)
+    outs = _llm(path, max_loras=1).generate([p for p, _, _ in batch], _greedy(),
+                                            lora_request=[lo for _, lo, _ in batch],
+                                            use_tqdm=False)
+    for (prompt, _, model), out in zip(batch, outs):
+        assert out.outputs[0].token_ids == hf_greedy(model or hf, prompt, 12)
+    assert max(len(ids) for ids in seen) == 1 and set().union(*seen) == {1, 2}
+
+
+def test_level3_compiled(adapters):
+    path, hf, made = adapters("llama")
+    batch = _mixed(made)
+    llm = _llm(path, max_loras=2, max_num_batched_tokens=64,
+               compilation_config={"level": 3, "compile_sizes": [3]})
+    outs = llm.generate([p for p, _, _ in batch], _greedy(6),
+                        lora_request=[lo for _, lo, _ in batch], use_tqdm=False)
+    for (prompt, _, model), out in zip(batch, outs):
+        assert out.outputs[0].token_ids == hf_greedy(model or hf, prompt, 6)
+
+
+@pytest.mark.slow
+def test_tensor_parallel(adapters):
+    """Two ranks: column-parallel layers shard B's rows, row-parallel ones A's columns."""
+    path, hf, made = adapters("llama")
+    batch = _mixed(made)
+    llm = _llm(path, max_loras=2, tensor_parallel_size=2)
+    try:
+        outs = llm.generate([p for p, _, _ in batch], _greedy(),
+                            lora_request=[lo for _, lo, _ in batch], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for (prompt, _, model), out in zip(batch, outs):
+        assert out.outputs[0].token_ids == hf_greedy(model or hf, prompt, 12)
+
+
+def test_moe_model_attention_adapter(tiny_model_factory, tmp_path):
+    """Qwen3-MoE: attention adapters apply; its expert layers take none."""
+    path, hf = tiny_model_factory("qwen3_moe")
+    model = make_adapter(path, str(tmp_path), targets=ATTENTION, r=4, alpha=8)
+    lora = LoRARequest("attn", 1, str(tmp_path))
+    prompt = _prompts()[0]
+    out = _llm(path).generate([prompt], _greedy(), lora_request=lora, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(model, prompt, 12)
+    assert out.outputs[0].token_ids != hf_greedy(hf, prompt, 12)
