@@ -164,3 +164,26 @@ def test_moe_model_attention_adapter(tiny_model_factory, tmp_path):
     out = _llm(path).generate([prompt], _greedy(), lora_request=lora, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == hf_greedy(model, prompt, 12)
     assert out.outputs[0].token_ids != hf_greedy(hf, prompt, 12)
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                             "prompt_lookup_max": 2, "prompt_lookup_min": 1}),
+    dict(kv_cache_memory_bytes=10 * 16 * 2 * 2 * 16 * 4 * 2, kv_headroom_tokens=0),
+], ids=["spec-decode", "preemption"])
+def test_mixed_batch_with_drafts_or_preemption(engine_kwargs, adapters, monkeypatch):
+    """Draft rows take their request's adapter; a preempted request resumes with it."""
+    from loom.core.scheduler import Scheduler
+    preempted, preempt = [], Scheduler._preempt
+    monkeypatch.setattr(Scheduler, "_preempt",
+                        lambda self, req: (preempted.append(req.lora_request), preempt(self, req)))
+    path, hf, made = adapters("llama")
+    batch = _mixed(made) + [([7, 8, 9] * 6, lo, m) for _, lo, m in _mixed(made)[:3]]
+    outs = _llm(path, max_loras=2, **engine_kwargs).generate(
+        [p for p, _, _ in batch], _greedy(), lora_request=[lo for _, lo, _ in batch],
+        use_tqdm=False)
+    for (prompt, _, model), out in zip(batch, outs):
+        assert out.outputs[0].token_ids == hf_greedy(model or hf, prompt, 12)
+    assert bool(preempted) == ("kv_cache_memory_bytes" in engine_kwargs)
+    if preempted:
+        assert any(lo is not None for lo in preempted)
