@@ -1,7 +1,8 @@
 """The API server: a FastAPI app on uvicorn (uvloop), over an `AsyncLLM`.
 
 Routes: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models, /health, /version,
-/tokenize, /detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1).
+/tokenize, /detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1;
+/v1/load_lora_adapter and /v1/unload_lora_adapter with LOOM_ALLOW_RUNTIME_LORA_UPDATING).
 This module, like everything the API process imports, stays torch-free.
 """
 
@@ -19,13 +20,14 @@ import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from loom import __version__, envs
 from loom.entrypoints.openai.errors import error_response, install_exception_handlers
 from loom.entrypoints.openai.metrics import ServerMetrics
 from loom.entrypoints.openai.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
-from loom.entrypoints.openai.protocol import ModelCard, ModelList
+from loom.entrypoints.openai.protocol import (LoadLoRAAdapterRequest, ModelList,
+                                              UnloadLoRAAdapterRequest)
 from loom.entrypoints.openai.protocol_completions import CompletionRequest
 from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, DetokenizeRequest,
                                                    DetokenizeResponse, TokenizeRequest,
@@ -35,6 +37,7 @@ from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from loom.entrypoints.openai.serving_models import LoRAModule, ServingModels
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
 from loom.frontend.request_logger import RequestLogger
@@ -88,6 +91,11 @@ class ServerOptions(msgspec.Struct, frozen=True):
     ssl_cert_reqs: int = 0
     enable_prompt_tokens_details: bool = False
     """usage.prompt_tokens_details.cached_tokens in responses, as vLLM's flag."""
+    lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
+    """--lora-modules: adapters a request's `model` may name, ids 1, 2, ... in this order."""
+    runtime_lora_updating: bool = False
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter (LOOM_ALLOW_RUNTIME_LORA_UPDATING;
+    one API server only, as each keeps its own list)."""
 
 
 @dataclass
@@ -95,6 +103,7 @@ class ServerState:
     options: ServerOptions
     engine: AsyncLLM
     metrics: ServerMetrics
+    models: ServingModels
     completions: OpenAIServingCompletion
     chat: OpenAIServingChat
     embeddings: OpenAIServingEmbedding
@@ -127,6 +136,8 @@ def build_app(state: ServerState) -> FastAPI:
     install_exception_handlers(app)
     _add_openai_routes(app, state)
     _add_server_routes(app, state)
+    if state.options.runtime_lora_updating:
+        _add_lora_routes(app, state)
     if envs.test_introspection():
         _add_introspection(app, state)
     if state.options.api_key:
@@ -164,9 +175,7 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=name, root=state.options.model,
-                                         max_model_len=state.engine.max_model_len)
-                               for name in state.options.served_model_names])
+        return ModelList(data=state.models.cards(state.engine.max_model_len))
 
 
 def _add_server_routes(app: FastAPI, state: ServerState) -> None:
@@ -217,6 +226,24 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
         return Response(body, media_type=content_type)
 
 
+def _add_lora_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's runtime adapter endpoints; success is plain text, as vLLM answers."""
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
+        request = state.models.new_adapter(body.lora_name, body.lora_path)
+        await off_loop(state.engine.processor.check_lora, request)  # reads its files
+        state.models.register(request)
+        logger.info("loaded LoRA adapter %s from %s", body.lora_name, body.lora_path)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
+        state.models.remove(body.lora_name)
+        logger.info("unloaded LoRA adapter %s", body.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed "
+                                 "successfully.")
+
+
 def _need_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer:
     if tokenizer is None:
         raise ValueError("tokenizer: this server has none")
@@ -264,18 +291,19 @@ async def serve(options: ServerOptions, sock: socket.socket,
                       else None)
     engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer, request_logger)
     names = options.served_model_names
+    models = ServingModels(names, options.model, options.lora_modules)
     defaults = generation_defaults(options.model, options.generation_config)
     if defaults:
         logger.info("sampling defaults from generation_config.json: %s", defaults)
     details = options.enable_prompt_tokens_details
-    state = ServerState(options, engine, metrics,
-                        OpenAIServingCompletion(engine, names, defaults, details),
-                        OpenAIServingChat(engine, names, defaults, details,
+    state = ServerState(options, engine, metrics, models,
+                        OpenAIServingCompletion(engine, models, defaults, details),
+                        OpenAIServingChat(engine, models, defaults, details,
                                           tool_call_parser=options.tool_call_parser,
                                           reasoning_parser=options.reasoning_parser,
                                           trust_request_chat_template=(
                                               options.trust_request_chat_template)),
-                        OpenAIServingEmbedding(engine, names))
+                        OpenAIServingEmbedding(engine, models))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         log_level=options.uvicorn_log_level, access_log=options.access_log,
@@ -284,7 +312,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
         ssl_cert_reqs=options.ssl_cert_reqs))
     engine.start()
     scheme = "https" if options.ssl_certfile else "http"
-    logger.info("API server %d serving %s at %s://%s:%d", os.getpid(), ", ".join(names), scheme,
+    logger.info("API server %d serving %s at %s://%s:%d", os.getpid(),
+                ", ".join([*names, *models.adapters]), scheme,
                 options.host, options.port)
     try:
         await server.serve(sockets=[sock])

@@ -9,16 +9,20 @@ import os
 
 from loom import envs
 from loom.engine.arg_utils import EngineArgs
-from loom.config import ModelConfig
+from loom.config import EngineConfig, ModelConfig
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
+from loom.entrypoints.openai.serving_models import LoRAModule, lora_requests, parse_lora_modules
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
-from loom.models.loader import generation_defaults, shipped_config, tokenizer_path
+from loom.lora.adapter import model_targets, read_adapter
+from loom.models.arch import ModelArch
+from loom.models.loader import generation_defaults, resolve, shipped_config, tokenizer_path
 
 logger = logging.getLogger(__name__)
 
 DEMO_SERVED_NAME = "SmolLM2-135M-Instruct"
 UVICORN_LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "trace")
 OTEL_TRACES_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+RUNTIME_LORA_ENV = "LOOM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
 def register(subparsers) -> None:
@@ -74,6 +78,10 @@ def register(subparsers) -> None:
     g.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS,
                    help="the level of uvicorn's own log lines")
     g.add_argument("--max-request-body-bytes", type=int, default=10 * 1024 * 1024)
+    g.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters to serve (with --enable-lora), each a name=path or vLLM's "
+                        "JSON '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; "
+                        "a request's `model` names one to run with it")
     g.add_argument("--otlp-traces-endpoint", default=None,
                    help="OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) that "
                         "gets one `llm_request` span per request (default: "
@@ -122,8 +130,11 @@ def run_serve(args: argparse.Namespace) -> int:
     generation_defaults(config.model.model, config.model.generation_config)
     tokenizer = served_tokenizer(config.model)
     _check_tokenizer(tokenizer, args.chat_template, config.model.model)
+    served_names = _served_names(args, config.model.model)
     options = ServerOptions(
-        model=config.model.model, served_model_names=_served_names(args, config.model.model),
+        model=config.model.model, served_model_names=served_names,
+        lora_modules=_lora_modules(args.lora_modules, served_names, config),
+        runtime_lora_updating=_runtime_lora_updating(args),
         tokenizer=tokenizer, host=args.host, port=args.port, chat_template=args.chat_template,
         api_key=args.api_key or envs.api_key(),
         log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
@@ -159,6 +170,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
                          f"({', '.join(sorted(TOOL_PARSERS))})")
+    if args.lora_modules and not args.enable_lora:
+        raise ValueError("lora_modules: --lora-modules needs --enable-lora")
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
 
@@ -189,6 +202,40 @@ def _check_tokenizer(tokenizer: str | None, chat_template: str | None, model: st
                              "--tokenizer")
         return
     load_tokenizer(tokenizer, chat_template=chat_template)
+
+
+def _lora_modules(items: list[str] | None, served_names: list[str],
+                  config: EngineConfig) -> list[LoRAModule]:
+    """--lora-modules, each adapter checked here as the engine checks it (torch-free), so
+    that a bad one is one line naming it, not a failure once the model has loaded."""
+    modules = parse_lora_modules(items or (), served_names)
+    if not modules:
+        return modules
+    targets = model_targets(ModelArch.from_hf_config(resolve(config.model).hf_config))
+    for request in lora_requests(modules):
+        try:
+            read_adapter(request, targets, config.lora.max_lora_rank)
+        except ValueError as e:
+            # read_adapter names the adapter ("lora_request 'sql' (/path): ...").
+            raise ValueError(f"lora_modules: {str(e).removeprefix('lora_request ')}") from None
+    return modules
+
+
+def _runtime_lora_updating(args: argparse.Namespace) -> bool:
+    """LOOM_ALLOW_RUNTIME_LORA_UPDATING (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): serve
+    POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+    allowed = os.environ.get(RUNTIME_LORA_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    if allowed and not args.enable_lora:
+        logger.warning("%s is set, but without --enable-lora no adapter can be loaded",
+                       RUNTIME_LORA_ENV)
+        return False
+    if allowed and args.api_server_count > 1:
+        raise ValueError(f"api_server_count: {RUNTIME_LORA_ENV} needs one API server (each "
+                         "keeps its own list of adapters); drop --api-server-count")
+    if allowed:
+        logger.warning("%s: clients may load LoRA adapters from this machine's disk at run "
+                       "time; meant for development", RUNTIME_LORA_ENV)
+    return allowed
 
 
 def _traces_endpoint(args: argparse.Namespace) -> str | None:

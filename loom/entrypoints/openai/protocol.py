@@ -356,9 +356,23 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "loom"
     root: str | None = None
+    parent: str | None = None
+    """A LoRA adapter's base model (vLLM's field); None for a base model."""
     max_model_len: int | None = None
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class LoadLoRAAdapterRequest(RequestBody):
+    """POST /v1/load_lora_adapter (vLLM's, with LOOM_ALLOW_RUNTIME_LORA_UPDATING)."""
+    lora_name: Annotated[str, Field(min_length=1)]
+    lora_path: Annotated[str, Field(min_length=1)]
+
+
+class UnloadLoRAAdapterRequest(RequestBody):
+    """POST /v1/unload_lora_adapter; vLLM's lora_int_id is accepted and not needed."""
+    lora_name: Annotated[str, Field(min_length=1)]
+    lora_int_id: int | None = None

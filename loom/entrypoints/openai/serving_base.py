@@ -18,7 +18,9 @@ from loom.beam_search import (BeamSearchParams, BeamSearchSequence, beam_search_
                                check_width)
 from loom.entrypoints.openai.errors import APIError, error_info, exception_status
 from loom.entrypoints.openai.protocol import ErrorResponse, PromptLogprob, PromptLogprobs
+from loom.entrypoints.openai.serving_models import ServingModels
 from loom.frontend.async_llm import AsyncLLM
+from loom.lora.request import LoRARequest
 from loom.outputs import PositionLogprobs, RequestOutput
 
 
@@ -35,32 +37,38 @@ async def off_loop(fn: Callable[..., _T], *args) -> _T:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str],
+    def __init__(self, engine: AsyncLLM, models: ServingModels | list[str],
                  sampling_defaults: dict | None = None,
                  prompt_tokens_details: bool = False) -> None:
         self.engine = engine
         self.prompt_tokens_details = prompt_tokens_details
         """--enable-prompt-tokens-details: usage says how many prompt tokens were cached."""
-        self.served_model_names = served_model_names
+        self.models = models if isinstance(models, ServingModels) else ServingModels(models)
+        """The base model's names and the LoRA adapters', shared by all endpoints."""
         self.tokenizer = engine.tokenizer
         self.sampling_defaults = sampling_defaults or {}
         """The model's generation_config recommendations for unset sampling fields."""
 
     async def beam_search(self, prompt_ids: list[int], params: BeamSearchParams,
-                          request_id: str) -> list[BeamSearchSequence]:
+                          request_id: str, lora_request: LoRARequest | None = None
+                          ) -> list[BeamSearchSequence]:
         """vLLM's use_beam_search: the n best beams of one prompt."""
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
         check_width(params, self.engine.processor.max_logprobs, "use_beam_search")
-        return await beam_search_async(self.engine.generate, prompt_ids, params,
+        generate = functools.partial(self.engine.generate, lora_request=lora_request)
+        return await beam_search_async(generate, prompt_ids, params,
                                        self.engine.processor.eos_token_id, request_id, decode)
 
+    def resolve_model(self, model: str | None) -> tuple[str, LoRARequest | None]:
+        """(the name to answer with, the LoRA adapter to run with): the first served name
+        for any of the base model's (as vLLM), an adapter's own; 404 for anything else."""
+        return self.models.resolve(model)
+
     def check_model(self, model: str | None) -> str:
-        """The name to answer with: the first served name, whichever alias was asked for (as
-        vLLM); a 404 for a model this server does not serve."""
-        if model is not None and model not in self.served_model_names:
-            raise APIError(404, f"The model `{model}` does not exist.", "model")
-        return self.served_model_names[0]
+        """The name to answer with, for endpoints where an adapter changes nothing (they
+        share the base model's tokenizer)."""
+        return self.resolve_model(model)[0]
 
     @staticmethod
     def new_id(prefix: str) -> str:

@@ -113,7 +113,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create(self, body: ChatCompletionRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
-        model = self.check_model(body.model)
+        model, lora = self.resolve_model(body.model)
         # Before the Processor's own check, which would name SamplingParams' "logprobs".
         check_num_logprobs("top_logprobs", body.top_logprobs, self.engine.processor.max_logprobs)
         tools = ToolCalls.for_request(body.tools, body.tool_choice, body.parallel_tool_calls,
@@ -139,7 +139,7 @@ class OpenAIServingChat(OpenAIServing):
             params.skip_special_tokens = False  # the parser reads the call markers
         if body.use_beam_search:
             beams = await self.beam_search(prompt_ids, body.beam_search_params(params.max_tokens),
-                                           chat.id)
+                                           chat.id, lora)
             choices = [ChatChoice(index=k, message=ChatMessageOut(content=beam.text),
                                   finish_reason=beam.finish_reason)
                        for k, beam in enumerate(beams)]
@@ -148,7 +148,7 @@ class OpenAIServingChat(OpenAIServing):
                 id=chat.id, created=chat.created, model=chat.model, choices=choices,
                 usage=UsageInfo.of(len(prompt_ids), generated)).model_dump(mode="json"))
         outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers,
-                                              body.cache_salt)])
+                                              body.cache_salt, lora_request=lora)])
         if body.stream:
             return await self._stream(chat, outputs)
         return await self._whole(chat, outputs)

@@ -17,6 +17,7 @@ from loom.entrypoints.openai.protocol_completions import (CompletionChoice, Comp
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, gather_or_cancel,
                                                   merge, off_loop, sse, sse_error)
 from loom.frontend.processor import truncate_prompt
+from loom.lora.request import LoRARequest
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
@@ -56,13 +57,15 @@ class _Request:
     created: int
     body: CompletionRequest
     prompts: list[_Prompt]
+    lora: LoRARequest | None = None
+    """The LoRA adapter `model` named; None: the base model."""
 
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, body: CompletionRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
-        request = _Request(self.new_id("cmpl"), self.check_model(body.model), int(time.time()),
-                           body, [])
+        model, lora = self.resolve_model(body.model)
+        request = _Request(self.new_id("cmpl"), model, int(time.time()), body, [], lora)
         generators = []
         tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.prompts])
         for i, (text, token_ids) in enumerate(tokenized):
@@ -72,13 +75,14 @@ class OpenAIServingCompletion(OpenAIServing):
             params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens),
                                              self.sampling_defaults)
             # All valid, or none runs.
-            self.engine.processor.process(request.id, token_ids, params, body.cache_salt)
+            self.engine.processor.process(request.id, token_ids, params, body.cache_salt,
+                                          lora_request=lora)
             request.prompts.append(_Prompt(text, token_ids))
             generators.append((token_ids, params, f"{request.id}-{i}"))
         if body.use_beam_search:
             return await self._beam_search(request, [g[0] for g in generators])
-        outputs = merge([self.engine.generate(*g, trace_headers, body.cache_salt)
-                         for g in generators])
+        outputs = merge([self.engine.generate(*g, trace_headers, body.cache_salt,
+                                              lora_request=lora) for g in generators])
         if body.stream:
             return await self._stream(request, outputs)
         return await self._whole(request, outputs)
@@ -121,7 +125,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def _beam_search(self, request: _Request, prompts: list[list[int]]) -> Response:
         body = request.body
         searches = [self.beam_search(ids, body.beam_search_params(
-            self.max_tokens_for(len(ids), body.max_tokens)), f"{request.id}-{i}")
+            self.max_tokens_for(len(ids), body.max_tokens)), f"{request.id}-{i}", request.lora)
             for i, ids in enumerate(prompts)]
         results = await gather_or_cancel(searches)
         choices, generated = [], 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import struct
 
+from loom.entrypoints.openai.errors import APIError
 from loom.entrypoints.openai.protocol_embeddings import (EmbeddingData, EmbeddingRequest,
                                                          EmbeddingResponse, EmbeddingUsage)
 from loom.entrypoints.openai.serving_base import OpenAIServing, gather_or_cancel, off_loop
@@ -19,7 +20,10 @@ def encode_base64(vector: list[float]) -> str:
 
 class OpenAIServingEmbedding(OpenAIServing):
     async def create(self, body: EmbeddingRequest) -> EmbeddingResponse:
-        model = self.check_model(body.model)
+        model, lora = self.resolve_model(body.model)
+        if lora is not None:
+            raise APIError(400, f"LoRA adapters are not supported for embeddings: `{model}` is "
+                                "one; use the base model's name", "model")
         params = body.to_pooling_params()
         request_id = self.new_id("embd")
         prompts = []
