@@ -171,7 +171,8 @@ def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,
     def once() -> float:
         prompts = bench.random_prompts(rng, args.batch_size, args.input_len)
         start = time.perf_counter()
-        outputs = bench.llm.generate(prompts, params, use_tqdm=False)
+        outputs = bench.llm.generate(prompts, params, use_tqdm=False,
+                                     lora_request=bench.lora_requests(len(prompts)))
         elapsed = time.perf_counter() - start
         _check_lengths(outputs, output_len)
         return elapsed
@@ -194,7 +195,8 @@ def profile_iteration(bench: OfflineBench, args: argparse.Namespace,
     suffix = "-host" if host else ""
     engine.collective_rpc("profile", "start" + suffix)
     try:
-        bench.llm.generate(prompts, params, use_tqdm=False)
+        bench.llm.generate(prompts, params, use_tqdm=False,
+                           lora_request=bench.lora_requests(len(prompts)))
     finally:
         tables = engine.collective_rpc("profile", "stop" + suffix, args.profile_result_dir)
     what = "host functions" if host else "trace and table"

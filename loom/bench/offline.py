@@ -19,10 +19,15 @@ from loom.models.arch import ModelArch
 if TYPE_CHECKING:  # torch is imported when a benchmark runs, not when the CLI is built
     from loom.bench.ceilings import Ceilings
     from loom.entrypoints.llm import LLM
+    from loom.lora.request import LoRARequest
 
 def add_offline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", "--output_json", default=None,
                         help="write the results, device, commit and command as JSON here")
+    parser.add_argument("--lora-path", "--lora_path", default=None,
+                        help="with --enable-lora: a PEFT adapter every request runs with, "
+                        "under each of --max-loras ids in turn (as vLLM's benchmark), or "
+                        "'dummy': a random one of rank --max-lora-rank on every projection")
     EngineArgs.add_cli_args(parser)
 
 
@@ -40,6 +45,14 @@ class OfflineBench:
     """Random prompt ids are drawn from [0, vocab_size)."""
     compilation_level: int
     """The level the model runs at: -O's, else the device's default; 0 under --enforce-eager."""
+    loras: list[LoRARequest] | None = None
+    """--lora-path's adapter under each of --max-loras ids; None: the base model."""
+
+    def lora_requests(self, count: int) -> list[LoRARequest] | None:
+        """The adapters of `count` requests: the ids in turn."""
+        if self.loras is None:
+            return None
+        return [self.loras[i % len(self.loras)] for i in range(count)]
 
     @property
     def tp(self) -> int:
@@ -84,6 +97,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     arch = ModelArch.from_hf_config(resolve(config.model).hf_config)
     _check_fits(args, resolve_max_model_len(config.model.max_model_len,
                                             arch.max_position_embeddings))
+    loras = _lora_requests(args, config, arch)
     if getattr(args, "reference_json", None) and not os.path.isfile(args.reference_json):
         raise ValueError(f"reference_json: no such file: {args.reference_json}")
     device = resolve_device(engine_args.device)
@@ -100,7 +114,24 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
         vocab = min(vocab, llm.tokenizer.vocab_size)
     level = 0 if config.enforce_eager else config.compilation.resolved(device.type).level
     return OfflineBench(llm, engine_args, arch, dtype_bytes, kv_dtype_bytes, device_name(device),
-                        ceilings, vocab, level)
+                        ceilings, vocab, level, loras)
+
+
+def _lora_requests(args: argparse.Namespace, config, arch: ModelArch) -> list[LoRARequest] | None:
+    from loom.lora.request import LoRARequest
+    path = getattr(args, "lora_path", None)
+    if path is None:
+        return None
+    if config.lora is None:
+        raise ValueError("lora_path: needs --enable-lora")
+    if path == "dummy":
+        import tempfile
+
+        from loom.lora.adapter import model_targets
+        from loom.lora.dummy import write_dummy_adapter
+        path = write_dummy_adapter(model_targets(arch), tempfile.mkdtemp(prefix="loom-lora-"),
+                                   config.lora.max_lora_rank)
+    return [LoRARequest(f"lora{i}", i, path) for i in range(1, config.lora.max_loras + 1)]
 
 def _jsonable(value: Any) -> Any:
     """Engine args as JSON: a CompilationConfig object becomes its fields."""

@@ -72,7 +72,8 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         log = bench.llm.engine.step_observer = StepLog()
         log.start()
     start = time.perf_counter()
-    outputs = bench.llm.generate(prompts, params, use_tqdm=True)
+    outputs = bench.llm.generate(prompts, params, use_tqdm=True,
+                                 lora_request=bench.lora_requests(len(prompts)))
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)

@@ -361,3 +361,21 @@ def test_throughput_profile_past_the_last_step_says_so(tiny, tmp_path, capsys, m
     assert "the run had fewer than 1000 steps; nothing was profiled" in capsys.readouterr().out
     assert main(["bench", "throughput", "--model", tiny, "--profile-steps", "0", "1"]) == 2
     assert "profile_steps: must be at least 1" in capsys.readouterr().err
+
+
+def test_throughput_with_dummy_lora_adapters(tiny, tmp_path, capsys, monkeypatch):
+    """--lora-path dummy: a random adapter for the model, under each of --max-loras ids."""
+    from loom.lora.manager import LoRAManager
+    seen, prepare = set(), LoRAManager.prepare
+    monkeypatch.setattr(LoRAManager, "prepare", lambda self, loras, *a: (
+        seen.update(lo.lora_int_id for lo in loras if lo is not None),
+        prepare(self, loras, *a))[1])
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
+            "--enable-lora", "--max-loras", "2", "--max-lora-rank", "4", "--lora-path", "dummy",
+            "--output-json", str(tmp_path / "t.json")]
+    assert main(argv) == 0
+    assert seen == {1, 2} and THROUGHPUT.search(capsys.readouterr().out)
+    assert main(argv[:12] + ["--lora-path", "dummy"]) == 2
+    assert "lora_path: needs --enable-lora" in capsys.readouterr().err

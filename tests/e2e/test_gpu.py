@@ -124,3 +124,31 @@ def test_gpu_spec_decode_equals_cpu(compilation, tiny_model_factory):
         llm.shutdown()
     assert out[1] == out[0]
     assert accepted[1] > 0
+
+
+@pytest.mark.parametrize("compilation", [{}, {"cudagraph_mode": "FULL"}], ids=["default", "full"])
+def test_gpu_lora_equals_cpu(compilation, tiny_model_factory, tmp_path):
+    """A batch mixing the base model and two adapters (compiled pieces, decode graphs and,
+    under FULL, mixed graphs all reading the per-token slot mask) gives the CPU's tokens."""
+    from loom.lora.adapter import model_targets
+    from loom.lora.dummy import write_dummy_adapter
+    from loom.lora.request import LoRARequest
+    from loom.models.arch import ModelArch
+    from loom.models.loader import resolve
+    from loom.config import ModelConfig
+    path, _ = tiny_model_factory("llama")
+    targets = model_targets(ModelArch.from_hf_config(resolve(ModelConfig(path)).hf_config))
+    loras = [LoRARequest(f"a{i}", i, write_dummy_adapter(targets, str(tmp_path / f"a{i}"), 8,
+                                                         seed=i)) for i in (1, 2)]
+    prompts = _prompts(5, (5, 40, 17, 90, 3, 33))
+    per_prompt = [[None, *loras][i % 3] for i in range(len(prompts))]
+    out = []
+    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": compilation})):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
+                  dtype="float32", enable_lora=True, max_loras=2, **extra)
+        out.append([o.outputs[0].token_ids for o in llm.generate(
+            prompts, PARAMS, lora_request=per_prompt, use_tqdm=False)])
+        llm.shutdown()
+    assert out[1] == out[0]
+    base = _tokens(path, device="cpu", dtype="float32")
+    assert all((a != b) == (lo is not None) for a, b, lo in zip(out[0], base, per_prompt))
