@@ -141,11 +141,16 @@ def test_level3_compiled(adapters):
 
 
 @pytest.mark.slow
-def test_tensor_parallel(adapters):
-    """Two ranks: column-parallel layers shard B's rows, row-parallel ones A's columns."""
+@pytest.mark.parametrize("compilation", [None, {"level": 3, "pass_config": {
+    "enable_sequence_parallelism": True}}], ids=["eager", "sequence-parallel"])
+def test_tensor_parallel(compilation, adapters):
+    """Two ranks: column-parallel layers shard B's rows, row-parallel ones A's columns (their
+    term joins the partial sums before the reduction, which sequence parallelism still
+    rewrites into a reduce-scatter)."""
     path, hf, made = adapters("llama")
     batch = _mixed(made)
-    llm = _llm(path, max_loras=2, tensor_parallel_size=2)
+    llm = _llm(path, max_loras=2, tensor_parallel_size=2, compilation_config=compilation,
+               max_num_batched_tokens=128)
     try:
         outs = llm.generate([p for p, _, _ in batch], _greedy(),
                             lora_request=[lo for _, lo, _ in batch], use_tqdm=False)
