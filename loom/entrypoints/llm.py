@@ -96,20 +96,24 @@ class LLM:
         return sorted(outputs, key=lambda o: order[o.request_id])
 
     def beam_search(self, prompts, params: BeamSearchParams,
+                    lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's beam search (`loom.beam_search`): each round one batched generate call of
-        one token for every live beam of every prompt."""
+        one token for every live beam of every prompt; lora_request as generate's."""
         self._check_open()
         check_width(params, self.processor.max_logprobs, "beam_width")
         eos = self.processor.eos_token_id
-        searches = [BeamSearch(self.processor.tokenize(p)[1], params, eos)
-                    for p in _prompt_list(prompts)]
+        prompts = _prompt_list(prompts)
+        loras = _loras_per_prompt(lora_request, len(prompts))
+        searches = [BeamSearch(self.processor.tokenize(p)[1], params, eos) for p in prompts]
         with tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm) as bar:
-            while live := [s for s in searches if not s.done]:
-                batch = [ids for s in live for ids in s.prompts()]
-                outs = iter(self.generate(batch, live[0].round_params(), use_tqdm=False))
-                for s in live:
-                    s.advance([next(outs).outputs[0] for _ in s.beams])
+            while live := [i for i, s in enumerate(searches) if not s.done]:
+                batch = [ids for i in live for ids in searches[i].prompts()]
+                batch_loras = [loras[i] for i in live for _ in searches[i].beams]
+                outs = iter(self.generate(batch, searches[live[0]].round_params(),
+                                          use_tqdm=False, lora_request=batch_loras))
+                for i in live:
+                    searches[i].advance([next(outs).outputs[0] for _ in searches[i].beams])
                 bar.update(1)
 
         def decode(ids: list[int]) -> str:

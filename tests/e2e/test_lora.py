@@ -192,3 +192,21 @@ def test_mixed_batch_with_drafts_or_preemption(engine_kwargs, adapters, monkeypa
     assert bool(preempted) == ("kv_cache_memory_bytes" in engine_kwargs)
     if preempted:
         assert any(lo is not None for lo in preempted)
+
+
+def test_beam_search_with_an_adapter_equals_the_merged_model(adapters, tmp_path):
+    """peft's merge_and_unload folds the adapter into the weights: beam search over the
+    merged model (no LoRA) is what beam search with the adapter must give."""
+    from loom.beam_search import BeamSearchParams
+    path, _, made = adapters("llama")
+    lora, model = made[1]
+    import copy
+    copy.deepcopy(model).merge_and_unload().save_pretrained(str(tmp_path))
+    params = BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True)
+    prompts = _prompts()[:2]
+    with_lora = _llm(path).beam_search(prompts, params, lora_request=[lora, None])
+    merged = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu",
+                 max_model_len=128).beam_search(prompts[:1], params)
+    base = _llm(path).beam_search(prompts[1:], params)
+    assert [s.tokens for s in with_lora[0].sequences] == [s.tokens for s in merged[0].sequences]
+    assert [s.tokens for s in with_lora[1].sequences] == [s.tokens for s in base[0].sequences]
