@@ -24,6 +24,13 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def allow_runtime_lora_updating() -> bool:
+    """LOOM_ALLOW_RUNTIME_LORA_UPDATING=1 (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): `loom
+    serve --enable-lora` adds POST /v1/load_lora_adapter and /v1/unload_lora_adapter (one
+    API server)."""
+    return _flag("LOOM_ALLOW_RUNTIME_LORA_UPDATING")
+
+
 def api_key() -> str | None:
     """LOOM_API_KEY: the server's API key when --api-key is not given."""
     return os.environ.get("LOOM_API_KEY") or None

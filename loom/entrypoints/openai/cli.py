@@ -224,7 +224,7 @@ def _lora_modules(items: list[str] | None, served_names: list[str],
 def _runtime_lora_updating(args: argparse.Namespace) -> bool:
     """LOOM_ALLOW_RUNTIME_LORA_UPDATING (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): serve
     POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
-    allowed = os.environ.get(RUNTIME_LORA_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    allowed = envs.allow_runtime_lora_updating()
     if allowed and not args.enable_lora:
         logger.warning("%s is set, but without --enable-lora no adapter can be loaded",
                        RUNTIME_LORA_ENV)
