@@ -29,6 +29,16 @@ class LoRAAdmission:
         return (lora is None or self.max_loras is None or lora.lora_int_id in self.active
                 or len(self.active) < self.max_loras)
 
+    def stats(self, running: Iterable[Request], waiting: Iterable[Request]) -> dict:
+        """SchedulerStats' LoRA fields ({} when LoRA is off)."""
+        if self.max_loras is None:
+            return {}
+
+        def names(requests: Iterable[Request]) -> list[str]:
+            return sorted({r.lora_request.lora_name for r in requests if r.lora_request})
+        return {"max_loras": self.max_loras, "running_lora_adapters": names(running),
+                "waiting_lora_adapters": names(waiting)}
+
     def admitted(self, request: Request) -> None:
         if request.lora_request is not None and self.max_loras is not None:
             self.active.add(request.lora_request.lora_int_id)

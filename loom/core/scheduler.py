@@ -389,7 +389,8 @@ class Scheduler:
             prefix_cache_queries=queries, prefix_cache_hits=hits,
             num_preemptions=self._num_preemptions, num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
-            **(self.spec.take_stats() if self.spec is not None else {}))
+            **(self.spec.take_stats() if self.spec is not None else {}),
+            **self.loras.stats(self.running, self.waiting))
         self._num_preemptions = self._num_prompt_tokens = self._num_generation_tokens = 0
         return stats
 

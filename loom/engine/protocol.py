@@ -107,6 +107,11 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []
     """Accepted drafts by position in the draft ([] when none were verified)."""
+    max_loras: int = 0
+    """LoRA: the adapters a step may use (0: LoRA off); then the names of the adapters of
+    running and of waiting requests (vLLM's lora_requests_info)."""
+    running_lora_adapters: list[str] = []
+    waiting_lora_adapters: list[str] = []
 
 
 class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):

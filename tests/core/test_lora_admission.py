@@ -53,3 +53,17 @@ def test_enough_slots_admit_in_arrival_order():
 def test_lora_off_admits_everything():
     steps, order = _run(None, [1, 2, 3])
     assert order == ["r0", "r1", "r2"] and steps[0] == {1, 2, 3}
+
+
+def test_stats_name_the_adapters_running_and_waiting():
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
+                      CacheConfig(block_size=4), 256, 128, max_loras=1)
+    for i, lora in enumerate([1, 2, None]):
+        sched.add_request(Request(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=3),
+                                  lora_request=None if lora is None else _lora(lora)))
+    sched.schedule()
+    stats = sched.make_stats()
+    assert (stats.max_loras, stats.running_lora_adapters, stats.waiting_lora_adapters) == (
+        1, ["a1"], ["a2"])
+    off = Scheduler(SchedulerConfig(), CacheConfig(block_size=4), 16, 128).make_stats()
+    assert (off.max_loras, off.running_lora_adapters) == (0, [])

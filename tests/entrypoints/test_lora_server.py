@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import pytest
@@ -94,6 +95,14 @@ def test_each_model_answers_as_offline(lora_server, expected):
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks) == expected["chat"][0]
     assert {c.model for c in chunks} == {"chat"}
+    # vLLM's lora_requests_info: a sample per (max_lora, waiting, running) seen, the value
+    # when last seen; the batches above ran each adapter.
+    info = [dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in httpx.get(
+        f"{lora_server.url}/metrics", timeout=30).text.splitlines()
+        if line.startswith("loom:lora_requests_info{")]
+    assert {i["max_lora"] for i in info} == {MAX_LORAS[lora_server.mode]}, info
+    running = {name for i in info for name in i["running_lora_adapters"].split(",") if name}
+    assert running == {"sql", "chat"}, info
 
 
 def test_models_lists_the_adapters(lora_server, adapters):

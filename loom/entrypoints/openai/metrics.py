@@ -77,6 +77,11 @@ class ServerMetrics:
                                      registry=self.registry)
         self._success = Counter("loom:request_success", "Finished requests by finish reason.",
                                 ["model_name", "finished_reason"], registry=self.registry)
+        self._lora_info = Gauge("loom:lora_requests_info", "LoRA: the adapters of running and "
+                                "of waiting requests (comma-separated names); the value is "
+                                "when they were last reported.",
+                                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                                registry=self.registry, multiprocess_mode="mostrecent")
         self._label = model_name
 
     # -- StatsSink --------------------------------------------------------------------------
@@ -96,6 +101,11 @@ class ServerMetrics:
             self.spec_accepted.inc(stats.spec_num_accepted_tokens)
             for position, n in enumerate(stats.spec_accepted_per_pos):
                 self._spec_per_pos.labels(model_name=self._label, position=str(position)).inc(n)
+        if stats.max_loras:
+            self._lora_info.labels(max_lora=str(stats.max_loras),
+                                   waiting_lora_adapters=",".join(stats.waiting_lora_adapters),
+                                   running_lora_adapters=",".join(stats.running_lora_adapters)
+                                   ).set_to_current_time()
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
