@@ -127,7 +127,7 @@ class AsyncLLM:
         # Logged once accepted, so that a request the Processor refuses is in the log from
         # neither endpoint (completions checks its prompts before it gets here).
         if self._request_logger is not None:
-            self._request_logger.log(request_id, text, prompt_ids, params)
+            self._request_logger.log(request_id, text, prompt_ids, params, lora_request)
         prompt_ids = request.prompt_token_ids
         stream = self.streams[request_id] = _Stream(arrival=time.monotonic())
         if self._tracer is not None:

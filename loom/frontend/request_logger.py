@@ -21,7 +21,7 @@ class RequestLogger:
         """How much of the prompt to log: characters of its text and token ids; None: all."""
 
     def log(self, request_id: str, text: str | None, token_ids: list[int],
-            params: msgspec.Struct) -> None:
+            params: msgspec.Struct, lora_request: msgspec.Struct | None = None) -> None:
         if not logger.isEnabledFor(logging.INFO):
             return
         ids = token_ids if self.max_log_len is None else token_ids[:self.max_log_len]
@@ -31,5 +31,6 @@ class RequestLogger:
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if text is not None and self.max_log_len is not None:
             text = text[:self.max_log_len]
-        logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s",
-                    request_id, text, params, ids)
+        logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s%s",
+                    request_id, text, params, ids,
+                    "" if lora_request is None else f", lora_request: {lora_request}")

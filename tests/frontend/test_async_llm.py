@@ -192,3 +192,14 @@ def test_requests_are_logged_only_when_asked_and_accepted_and_cut_to_max_log_len
     assert [r.getMessage() for r in caplog.records if "r-1" in r.getMessage()] == [
         f"Received request r-1: prompt: None, params: {SamplingParams(max_tokens=1)}, "
         "prompt_token_ids: [1, 2]"]
+
+
+def test_logged_requests_name_their_lora_adapter(caplog):
+    from loom.lora.request import LoRARequest
+    lora = LoRARequest("sql", 3, "/adapters/sql")
+    with caplog.at_level("INFO"):
+        RequestLogger(None).log("r-2", "hi", [1], SamplingParams(max_tokens=1), lora)
+        RequestLogger(None).log("r-3", "hi", [1], SamplingParams(max_tokens=1))
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].endswith(f"prompt_token_ids: [1], lora_request: {lora}")
+    assert messages[1].endswith("prompt_token_ids: [1]")
