@@ -37,6 +37,12 @@ def test_auto_reads_the_models_calls(parsing_server):
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris"})]
     assert calls[0]["id"].startswith("chatcmpl-tool-")
+    # As the model writes it: the call opens with its name, its arguments follow in pieces.
+    pieces = [d for chunk in client.chat.completions.create(stream=True, **kw)
+              for choice in chunk.choices for d in choice.delta.tool_calls or []]
+    assert pieces[0].function.name == "get_weather" and pieces[0].id.startswith("chatcmpl-tool-")
+    assert len(pieces) > 2 and all(p.id is None and p.function.name is None
+                                   for p in pieces[1:])
 
 
 def test_auto_without_a_call_is_plain_content(parsing_server):

@@ -52,23 +52,71 @@ def test_extract(name, text, content, calls):
     assert PARSERS[name]().extract(text) == (content, calls)
 
 
+def _assemble(deltas) -> list[dict]:
+    """Calls as a client puts them together: a ToolCall opens one, (index, text) extends
+    its arguments."""
+    calls: list[dict] = []
+    for d in deltas:
+        if isinstance(d, tuple):
+            calls[d[0]]["arguments"] += d[1]
+        else:
+            assert d.index == len(calls)
+            calls.append({"id": d.id, "name": d.function.name, "arguments": d.function.arguments})
+    return calls
+
+
 @pytest.mark.parametrize("name, text, content, calls", CASES)
 @pytest.mark.parametrize("size", [1, 2, 5, 1000])
 def test_stream_sends_what_the_whole_output_holds(name, text, content, calls, size):
     tools = ToolCalls("auto", PARSERS[name]())
     stream = tools.stream()
-    sent = ""
+    sent, early = "", []
     for i in range(0, len(text), size):
         piece, deltas = stream.feed(text[i:i + size])
-        assert deltas == []  # calls go out once the output is complete
+        early += deltas
         sent += piece
         assert "<tool_call" not in sent and "<|python_" not in sent
     rest, deltas, reason = stream.end("stop")
     assert sent + rest == (content or "") if calls else sent + rest == text
-    assert [d.function for d in deltas] == calls
-    assert [d.index for d in deltas] == list(range(len(calls)))
-    assert len({d.id for d in deltas}) == len(calls)
+    assembled = _assemble(early + deltas)
+    assert [FunctionCall(c["name"], c["arguments"]) for c in assembled] == calls
+    assert len({c["id"] for c in assembled}) == len(calls)
     assert reason == ("tool_calls" if calls else "stop")
+    # hermes calls go out as they are written (each opened before the output ends, its
+    # arguments in several pieces when the text comes in small ones); the others at the end.
+    assert len(_assemble(early)) == (len(calls) if name == "hermes" else 0)
+
+
+def test_hermes_streams_names_then_arguments_as_written():
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris", '
+            '"x": [1, {"y": "}"}]}}\n</tool_call>')
+    stream = ToolCalls("auto", HermesParser()).stream()
+    seen = []
+    for i in range(len(text)):
+        seen.append(stream.feed(text[i])[1])
+    opened = next(k for k, d in enumerate(seen) if d)
+    assert text[:opened + 1].endswith('"get_weather"')  # the name, once whole
+    assert seen[opened][0].function == FunctionCall("get_weather", "")
+    args = "".join(d[0][1] for d in seen[opened + 1:] if d)
+    assert args == '{"city": "Pa\\"ris", "x": [1, {"y": "}"}]}'
+    assert json.loads(args) == {"city": 'Pa"ris', "x": [1, {"y": "}"}]}
+    assert stream.end("stop")[1:] == ([], "tool_calls")
+
+
+def test_hermes_stream_cut_off_in_a_call_sends_no_markup():
+    stream = ToolCalls("auto", HermesParser()).stream()
+    content, deltas = stream.feed('Sure. <tool_call>{"name": "now", "arguments": {"a": [1, ')
+    assert content == "Sure. " and _assemble(deltas) == [
+        {"id": deltas[0].id, "name": "now", "arguments": '{"a": [1, '}]
+    assert stream.end("length") == ("", [], "length")
+
+
+def test_parallel_false_streams_the_first_call_only():
+    text = CASES[1][1]
+    stream = ToolCalls("auto", HermesParser(), parallel=False).stream()
+    deltas = [d for i in range(len(text)) for d in stream.feed(text[i])[1]]
+    rest, more, reason = stream.end("stop")
+    assert [c["name"] for c in _assemble(deltas + more)] == ["get_weather"]
 
 
 def test_whole_keeps_length_and_parallel_false_keeps_the_first_call():

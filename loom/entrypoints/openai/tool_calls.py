@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, FunctionCall
@@ -105,8 +105,12 @@ class ToolCall:
     function: FunctionCall
 
 
+def _new_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
 def _numbered(calls: list[FunctionCall]) -> list[ToolCall]:
-    return [ToolCall(f"chatcmpl-tool-{uuid.uuid4().hex}", i, c) for i, c in enumerate(calls)]
+    return [ToolCall(_new_id(), i, c) for i, c in enumerate(calls)]
 
 
 def _required_calls(text: str) -> list[FunctionCall]:
@@ -173,12 +177,18 @@ class ToolCalls:
 @dataclass
 class ToolStream:
     """One choice's stream: what of each new piece of text may go out, and at the end the
-    rest of the content and the calls."""
+    rest of the content and the calls. With a parser that reads calls as they are written
+    (`partial_calls`), each call opens once its name is whole and its arguments follow as
+    the model writes them; otherwise the calls go out at the end."""
     calls: ToolCalls
     text: str = ""
     sent: int = 0
     """How much of text went out as content."""
     named_id: str | None = None
+    opened: list[str] = field(default_factory=list)
+    """The ids of the calls sent so far, by index."""
+    args_sent: list[str] = field(default_factory=list)
+    """The arguments text sent so far of each opened call."""
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall | tuple[int, str]]]:
         """(content to send, tool-call deltas to send): a ToolCall opens a call, (index,
@@ -195,7 +205,24 @@ class ToolStream:
         safe = 0 if mode == "required" else self.calls.parser.content_prefix(self.text)
         out = self.text[self.sent:safe] if safe > self.sent else ""
         self.sent = max(self.sent, safe)
-        return out, []
+        return out, self._call_deltas() if mode == "auto" else []
+
+    def _call_deltas(self) -> list[ToolCall | tuple[int, str]]:
+        partial = getattr(self.calls.parser, "partial_calls", None)
+        if partial is None:
+            return []
+        out: list[ToolCall | tuple[int, str]] = []
+        for i, (name, args) in enumerate(partial(self.text)):
+            if i == len(self.opened):
+                if name is None or (i and not self.calls.parallel):
+                    break
+                self.opened.append(_new_id())
+                self.args_sent.append(args)
+                out.append(ToolCall(self.opened[i], i, FunctionCall(name, args)))
+            elif len(args) > len(self.args_sent[i]):
+                out.append((i, args[len(self.args_sent[i]):]))
+                self.args_sent[i] = args
+        return out
 
     def end(self, finish_reason: str | None
             ) -> tuple[str, list[ToolCall | tuple[int, str]], str | None]:
@@ -204,7 +231,21 @@ class ToolStream:
             return "", [], finish_reason
         content, calls, finish_reason = self.calls.whole(self.text, finish_reason)
         if not calls:
-            return self.text[self.sent:], [], finish_reason
+            # Calls already opened stay as far as they were read (the output broke off in
+            # one, or was not well-formed after all); their text is not content.
+            return ("" if self.opened else self.text[self.sent:]), [], finish_reason
         # What went out is the start of the content (a parser's content_prefix never passes
         # the first call).
-        return (content or "")[self.sent:], list(calls), finish_reason
+        return (content or "")[self.sent:], self._rest_of(calls), finish_reason
+
+    def _rest_of(self, calls: list[ToolCall]) -> list[ToolCall | tuple[int, str]]:
+        """What is left to send of the finished output's calls."""
+        out: list[ToolCall | tuple[int, str]] = []
+        for call in calls:
+            if call.index >= len(self.opened):
+                out.append(call)
+                continue
+            sent, args = self.args_sent[call.index], call.function.arguments
+            if args.startswith(sent) and len(args) > len(sent):
+                out.append((call.index, args[len(sent):]))
+        return out

@@ -12,7 +12,9 @@
 A parser answers two questions: which calls a finished text holds (`extract`), and how much
 of a text still being generated is content whatever follows (`content_prefix`), which is what
 a stream may send before the calls are known. Text that is not a well-formed call is content,
-whole: nothing the model wrote is dropped.
+whole: nothing the model wrote is dropped. `hermes` answers a third, for streams: each call's
+name and the arguments written so far (`partial_calls`), so that a call goes out as the model
+writes it; its arguments are then the model's own JSON text, whole or streamed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import ast
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from loom.entrypoints.openai.partial_json import object_members
 
 
 @dataclass(frozen=True)
@@ -76,12 +80,13 @@ class HermesParser:
             end = text.find(self.END, start)
             body = text[start + len(self.START):end if end >= 0 else len(text)]
             try:
-                call = call_from_json(json.loads(body), ("arguments", "parameters"))
+                call = call_from_json(json.loads(body), self.ARGUMENTS)
             except ValueError:
                 call = None
             if call is None:
                 return text, []
-            calls.append(call)
+            raw = self._call_text(body)[1]  # the model's JSON text, as a stream sends it
+            calls.append(FunctionCall(call.name, raw) if raw else call)
             pos = end + len(self.END) if end >= 0 else len(text)
         if not calls:
             return text, []
@@ -93,6 +98,40 @@ class HermesParser:
     def content_prefix(self, text: str) -> int:
         start = text.find(self.START)
         return start if start >= 0 else len(text) - tail_overlap(text, self.START)
+
+    def partial_calls(self, text: str) -> list[tuple[str | None, str]]:
+        """(name, arguments so far) of each call opened in a text still being written; the
+        name None until written whole, the arguments "" unless they are an object."""
+        calls, pos = [], 0
+        while (start := text.find(self.START, pos)) >= 0:
+            end = text.find(self.END, start)
+            call = self._call_text(text[start + len(self.START):end if end >= 0 else len(text)])
+            if call is None:
+                break
+            calls.append(call)
+            if end < 0:
+                break
+            pos = end + len(self.END)
+        return calls
+
+    ARGUMENTS = ("arguments", "parameters")
+
+    def _call_text(self, body: str) -> tuple[str | None, str] | None:
+        """(name, the arguments object's text so far) of one block's JSON; None if the body
+        is not (the start of) an object."""
+        head = len(body) - len(body.lstrip())
+        members = object_members(body, head) if head < len(body) else {}
+        if members is None:
+            return None
+        name = None
+        if "name" in members and members["name"][1] is not None:
+            value = json.loads(body[slice(*members["name"])])
+            name = value if isinstance(value, str) else None
+        key = next((k for k in self.ARGUMENTS if k in members), None)
+        if key is None or body[members[key][0]] != "{":
+            return name, ""
+        start, end = members[key]
+        return name, body[start:end]
 
 
 class Llama3JsonParser:
