@@ -73,6 +73,8 @@ class LoRAManager:
         self._slot_used = [0] * slots
         self._step = 0
         self._host: OrderedDict[int, Loaded] = OrderedDict()
+        self._zero_rows = len(self.mask)
+        """Leading mask rows known to be all zero: a base-model step within them writes none."""
         logger.info("LoRA: %d slot(s) of rank %d on %d layers", slots, rank, len(self.layers))
 
     def prepare(self, loras: list[LoRARequest | None], counts: list[int],
@@ -80,6 +82,8 @@ class LoRAManager:
         """Put each adapter of the step in a slot, then point every token row at its own
         (counts: each request's tokens; rows past them, padding, at none)."""
         self._step += 1
+        if num_rows <= self._zero_rows and all(lora is None for lora in loras):
+            return  # no adapter this step, and no row would point at one
         slot_of: dict[int, int] = {}
         for lora in loras:
             if lora is not None and lora.lora_int_id not in slot_of:
@@ -90,6 +94,7 @@ class LoRAManager:
         rows[:sum(counts)] = np.repeat(per_req, counts)
         (rows_d,) = upload([rows], self.mask.device)
         torch.index_select(self._rows, 0, rows_d, out=self.mask[:num_rows])
+        self._zero_rows = num_rows if not slot_of else 0
 
     def _slot_for(self, lora: LoRARequest, taken: dict[int, int]) -> int:
         if lora.lora_int_id in self.slots:
