@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +53,9 @@ def register(subparsers) -> None:
     g.add_argument("--model", default=None, help="model name sent in requests (default: the "
                    "server's first from /v1/models); a shipped config name also picks the tokenizer")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory or .gguf for the prompts")
+    g.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME",
+                   help="LoRA adapter names the server was started with (--lora-modules): "
+                   "each request names one of them at random, as vLLM's benchmark")
     g.add_argument("--num-prompts", type=int, default=1000)
     g.add_argument("--request-rate", type=float, default=math.inf,
                    help="requests per second (Poisson arrivals); inf sends all at once")
@@ -104,6 +108,8 @@ class ServeBenchConfig:
     api_key: str | None = None
     compute_floor: bool = False
     tensor_parallel_size: int = 1
+    lora_modules: tuple[str, ...] = ()
+    """Adapter names; each request's `model` is one of them, drawn with the dataset's seed."""
     extra_info: dict[str, Any] = field(default_factory=dict)
     """Recorded as is in the result JSON (the sweep puts its mode and rate here)."""
     after_probe: Callable[[], None] | None = None
@@ -132,7 +138,8 @@ class ServeBenchConfig:
             metric_percentiles=_floats(ns.metric_percentiles), save_result=ns.save_result,
             result_dir=ns.result_dir, result_filename=ns.result_filename, plot=ns.plot,
             api_key=ns.api_key or os.environ.get("OPENAI_API_KEY"),
-            compute_floor=ns.compute_floor, tensor_parallel_size=ns.tensor_parallel_size)
+            compute_floor=ns.compute_floor, tensor_parallel_size=ns.tensor_parallel_size,
+            lora_modules=tuple(ns.lora_modules or ()))
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -188,9 +195,10 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
         model = cfg.model or await _served_model(session, cfg)
         tokenizer = cfg.tokenizer or _model_tokenizer(model)
         samples = sample_requests(cfg.dataset, load_tokenizer(tokenizer))
-        inputs = [RequestInput(cfg.base_url + cfg.endpoint, model, s.prompt, s.prompt_len,
+        names = _request_models(model, cfg.lora_modules, len(samples), cfg.dataset.seed)
+        inputs = [RequestInput(cfg.base_url + cfg.endpoint, name, s.prompt, s.prompt_len,
                                s.expected_output_len, cfg.endpoint == CHAT_ENDPOINT,
-                               cfg.ignore_eos, cfg.api_key) for s in samples]
+                               cfg.ignore_eos, cfg.api_key) for s, name in zip(samples, names)]
         await _probe(session, replace(inputs[0], prompt="Hello", output_len=4))
         if cfg.after_probe is not None:
             cfg.after_probe()
@@ -200,6 +208,15 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
         outcomes, duration = await drive(session, inputs, offsets, cfg.max_concurrency)
     metrics = compute_metrics(outcomes, duration, cfg.metric_percentiles)
     return ServeRun(cfg, model, tokenizer, metrics, outcomes, info)
+
+
+def _request_models(model: str, lora_modules: tuple[str, ...], count: int,
+                    seed: int) -> list[str]:
+    """The `model` of each request: the base model's, or a random adapter's."""
+    if not lora_modules:
+        return [model] * count
+    rng = random.Random(seed)
+    return [rng.choice(lora_modules) for _ in range(count)]
 
 
 def _model_tokenizer(model: str) -> str:

@@ -146,3 +146,12 @@ def test_a_refused_model_list_reports_the_http_status(fake_server, llama3_tokeni
     err = capsys.readouterr().err
     assert f"{server.base_url}/v1/models answered HTTP 401: " in err and "API key" in err
     assert "lists none" not in err and err.count("\n") == 1
+
+
+def test_lora_modules_spread_requests_over_the_adapters(fake_server, llama3_tokenizer_dir,
+                                                       tmp_path, capsys):
+    server = fake_server(tokens_per_chunk=2)
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--ignore-eos",
+                  "--lora-modules", "sql", "chat") == 0
+    models = [body["model"] for body in server.state.payloads[1:]]  # after the probe
+    assert len(models) == 12 and set(models) == {"sql", "chat"}
