@@ -1,6 +1,7 @@
 """The API server: a FastAPI app on uvicorn (uvloop), over an `AsyncLLM`.
 
-Routes: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models, /health, /version,
+Routes: /v1/completions, /v1/chat/completions, /v1/responses (and GET /v1/responses/{id},
+POST /v1/responses/{id}/cancel), /v1/embeddings, /v1/models, /health, /version,
 /tokenize, /detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1;
 /v1/load_lora_adapter and /v1/unload_lora_adapter with LOOM_ALLOW_RUNTIME_LORA_UPDATING).
 This module, like everything the API process imports, stays torch-free.
@@ -35,6 +36,9 @@ from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, Detoke
 from loom.entrypoints.openai.serving_base import off_loop
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
+from loom.entrypoints.openai.protocol_responses import ResponsesRequest
+from loom.entrypoints.openai.responses_store import store_from_env
+from loom.entrypoints.openai.serving_responses import OpenAIServingResponses
 from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.entrypoints.openai.serving_models import LoRAModule, ServingModels
@@ -107,6 +111,7 @@ class ServerState:
     completions: OpenAIServingCompletion
     chat: OpenAIServingChat
     embeddings: OpenAIServingEmbedding
+    responses: OpenAIServingResponses
 
 
 async def run_unless_disconnected(request: Request, work: Coroutine) -> Response:
@@ -168,6 +173,19 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         return await run_unless_disconnected(
             request, state.chat.create(body, trace_headers(request)))
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await run_unless_disconnected(
+            request, state.responses.create(body, trace_headers(request)))
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str, stream: bool = False) -> Response:
+        return await state.responses.retrieve(response_id, stream)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        return await state.responses.cancel(response_id)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
@@ -296,14 +314,14 @@ async def serve(options: ServerOptions, sock: socket.socket,
     if defaults:
         logger.info("sampling defaults from generation_config.json: %s", defaults)
     details = options.enable_prompt_tokens_details
+    chat = OpenAIServingChat(engine, models, defaults, details,
+                             tool_call_parser=options.tool_call_parser,
+                             reasoning_parser=options.reasoning_parser,
+                             trust_request_chat_template=options.trust_request_chat_template)
     state = ServerState(options, engine, metrics, models,
-                        OpenAIServingCompletion(engine, models, defaults, details),
-                        OpenAIServingChat(engine, models, defaults, details,
-                                          tool_call_parser=options.tool_call_parser,
-                                          reasoning_parser=options.reasoning_parser,
-                                          trust_request_chat_template=(
-                                              options.trust_request_chat_template)),
-                        OpenAIServingEmbedding(engine, models))
+                        OpenAIServingCompletion(engine, models, defaults, details), chat,
+                        OpenAIServingEmbedding(engine, models),
+                        OpenAIServingResponses(chat, store_from_env()))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         log_level=options.uvicorn_log_level, access_log=options.access_log,
