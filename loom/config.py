@@ -123,8 +123,9 @@ class SchedulerConfig:
     async_scheduling: bool = True
     """Schedule and launch step N+1 while the device still runs step N: a decode's input
     token is the one step N samples, written on the device. Requests whose next step
-    depends on host-side token values (guided decoding, penalties, seeds, pending
-    min_tokens) wait for their result instead."""
+    depends on host-side token values (guided decoding, penalties, bad words, pending
+    min_tokens) wait for their result instead; a seeded request's draw needs only its
+    output count, which the worker knows, so it runs ahead too."""
     usage_context: str = "llm"
     """Who drives the engine, "llm" (offline, benchmarks) or "api_server": picks the
     defaults above."""

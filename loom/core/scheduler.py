@@ -200,7 +200,9 @@ class Scheduler:
         # min_tokens masks stop tokens until enough are out: only then does it need counts.
         masks_stops = bool(p.stop_token_ids) or (request.eos_token_id is not None
                                                  and not p.ignore_eos)
-        if (p.uses_penalties or p.bad_words_token_ids or (p.seed is not None and not p.greedy)
+        # Drafts made running ahead guess at tokens in flight; seeded draws follow drafts.
+        seeded_drafts = p.seed is not None and not p.greedy and self.spec is not None
+        if (p.uses_penalties or p.bad_words_token_ids or seeded_drafts
                 or (request.num_output_tokens < p.min_tokens and masks_stops)):
             return False
         num_outputs = request.num_output_tokens + request.num_output_placeholders
@@ -342,8 +344,7 @@ class Scheduler:
 
     @staticmethod
     def _check_grammar(request: Request, token_id: int) -> bool:
-        """A guided request ends (stop) when its grammar is complete, or with an error when
-        the grammar fails."""
+        """A guided request ends when its grammar is complete (stop) or fails (error)."""
         if request.grammar is None or not request.grammar.accept(token_id):
             return False
         request.status = (RequestStatus.FINISHED_ERROR if request.grammar.error

@@ -296,7 +296,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             num = len(batch.sample_rows)  # then the drafts' rows
             tokens, handle.logprobs = (self._sample(reqs, batch.sample_rows, logits[:num],
-                                                    so.grammar_bitmask)
+                                                    so.grammar_bitmask, seq_lens)
                                        if self.is_driver else (None, None))
             if batch.spec is not None and self.is_driver:  # [R, K + 1]: accepted drafts,
                 tokens, handle.draft_logprobs = verify_step(  # then one more
@@ -352,9 +352,10 @@ class ModelRunner:
                 out[req.req_id] = vector.tolist()
         return out
 
-    def _sample(self, reqs, rows, logits, grammar_bitmask):
+    def _sample(self, reqs, rows, logits, grammar_bitmask, seq_lens):
         """The sampled tokens (on the device) and, for the handle, a function making the
-        requested logprobs structs once the step is read back."""
+        requested logprobs structs once the step is read back. A row samples output number
+        seq_len - prompt (after any drafts, and any tokens still in flight): its seed's."""
         chosen = [reqs[i] for i in rows]
         if not grammar_bitmask and all(r.plain_greedy for r in chosen):
             # The common decode case needs no sampling metadata: one argmax.
@@ -363,14 +364,12 @@ class ModelRunner:
         # these copies the largest host cost of a step).
         history = any(r.params.uses_penalties for r in chosen)
         meta = SamplingMetadata.build(
-            # A drafting row's last token is output number outputs + drafts (its seed's).
-            [r.params for r in chosen],
-            [r.output_token_ids + r.spec_token_ids if r.spec_token_ids else r.output_token_ids
-             for r in chosen],
+            [r.params for r in chosen], [r.output_token_ids for r in chosen],
             [r.token_ids[:r.num_prompt_tokens] if history else [] for r in chosen],
             [r.stop_ids for r in chosen], [r.params.seed for r in chosen],
             self.device, self.arch.vocab_size,
-            [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None)
+            [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None,
+            seed_index=[seq_lens[i] - reqs[i].num_prompt_tokens for i in rows])
         out = self.sampler(logits, meta)
         if out.logprobs is None:
             return out.sampled_token_ids.long(), None

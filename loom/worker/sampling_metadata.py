@@ -108,7 +108,10 @@ class SamplingMetadata:
         device: torch.device | str,
         vocab_size: int,
         grammar_bitmasks: list[bytes | None] | None = None,
+        seed_index: list[int] | None = None,
     ) -> SamplingMetadata:
+        """seed_index: the output number each row samples, which seeds a seeded row's draw
+        (`derive_seed`); None: the length of its output_token_ids."""
         greedy = [p.greedy for p in params]
         stop_rows, stop_cols = _masked_pairs(params, output_token_ids, stop_ids,
                                                  device, vocab_size, grammar_bitmasks)
@@ -118,7 +121,8 @@ class SamplingMetadata:
             **_penalty_fields(params, output_token_ids, prompt_token_ids, device, vocab_size),
             stop_rows=stop_rows,
             stop_cols=stop_cols,
-            generators=_generators(greedy, seeds, output_token_ids, device),
+            generators=_generators(greedy, seeds, seed_index or [len(o) for o in output_token_ids],
+                                   device),
             needs_global_rng=any(not g and s is None for g, s in zip(greedy, seeds)),
             max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None),
                                  default=None),
@@ -290,15 +294,15 @@ def _grammar_only_ends(bitmask: bytes | None, stops: set[int]) -> bool:
 def _generators(
     greedy: list[bool],
     seeds: list[int | None],
-    output_token_ids: list[list[int]],
+    seed_index: list[int],
     device: torch.device | str,
 ) -> dict[int, torch.Generator]:
     gens: dict[int, torch.Generator] = {}
-    for row, (g, seed, out) in enumerate(zip(greedy, seeds, output_token_ids)):
+    for row, (g, seed, index) in enumerate(zip(greedy, seeds, seed_index)):
         if g or seed is None:
             continue
         gen = torch.Generator(device=device)
-        gen.manual_seed(derive_seed(seed, len(out)))
+        gen.manual_seed(derive_seed(seed, index))
         gens[row] = gen
     return gens
 

@@ -130,7 +130,8 @@ def verify_step(reqs: list, batch, logits: torch.Tensor, bonus: torch.Tensor,
     spec = batch.spec
     drafting = [reqs[batch.sample_rows[r]] for r in spec.sample_row]
     params = [r.params for r in drafting]
-    draws = [len(r.token_ids) - r.num_prompt_tokens + j
+    # Draft j stands for output number computed + 1 + j - prompt (tokens in flight counted).
+    draws = [r.num_computed_tokens + 1 + j - r.num_prompt_tokens
              for r, j in zip(drafting, spec.position.tolist())]
     num_top = [p.logprobs for p in params]
     asked = [n for n in num_top if n is not None]

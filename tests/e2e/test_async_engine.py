@@ -31,17 +31,21 @@ def _mixed_params() -> list[SamplingParams]:
 def _run(path: str, device: str, async_scheduling: bool, **kw):
     llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device=device, max_model_len=256,
               async_scheduling=async_scheduling, **kw)
-    engine, depths = llm.engine, []
+    engine, depths, seeded_ahead = llm.engine, [], []
     launch = engine._launch
 
     def spy(scheduler_output):
         launch(scheduler_output)
         depths.append(len(engine._in_flight))
+        seeded_ahead.extend(  # a seeded request scheduled while its last step is in flight
+            c for c in scheduler_output.cached_reqs if c.req_id == "2"
+            and engine.scheduler.requests["2"].num_output_placeholders > 1)
 
     engine._launch = spy
     outs = llm.generate(_prompts(3, (9, 21, 4, 30, 15, 6)), _mixed_params(), use_tqdm=False)
     llm.shutdown()
     assert max(depths) == (2 if async_scheduling else 1)  # a step launched before a read-back
+    assert bool(seeded_ahead) == async_scheduling  # its draws need only its output count
     return [(o.outputs[0].token_ids, o.outputs[0].finish_reason,
              [sorted(d) for d in (o.outputs[0].logprobs or [])]) for o in outs]
 

@@ -141,9 +141,17 @@ def test_requests_that_cannot_be_verified_decode_as_before(tiny_model_factory, v
                 [lp.keys() for lp in b.outputs[0].logprobs]
 
 
-def test_seeded_requests_draft_and_do_not_depend_on_the_batch(tiny_model_factory, verified):
+def test_seeded_requests_draft_and_do_not_depend_on_the_batch(tiny_model_factory, verified,
+                                                              monkeypatch):
     """A seeded request's tokens, drafted or not, come from generators seeded by their
-    output index: the same alone, beside other requests, and in another engine."""
+    output index: the same alone, beside other requests, in another engine, and under sync
+    scheduling. It never runs ahead: drafts made then would guess at the tokens in flight,
+    and which tokens rejection sampling keeps depends on the drafts."""
+    from loom.core.scheduler import Scheduler
+    ran_ahead, may = [], Scheduler._may_run_ahead
+    monkeypatch.setattr(Scheduler, "_may_run_ahead", lambda self, r: (
+        ran_ahead.append(r.sampling_params.seed) if may(self, r) else None) is None and
+        may(self, r))
     path, _ = tiny_model_factory("llama")
     prompts = _prompts()[4:]
     seeded = [SamplingParams(temperature=0.5, seed=s, max_tokens=30, ignore_eos=True)
@@ -155,6 +163,9 @@ def test_seeded_requests_draft_and_do_not_depend_on_the_batch(tiny_model_factory
     mixed = _llm(path).generate(prompts + prompts, seeded + [noise] * 3, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in mixed[:3]] == alone
     assert len({tuple(t) for t in alone}) == 3
+    assert not {1, 2, 3} & set(ran_ahead)
+    sync = _llm(path, async_scheduling=False).generate(prompts, seeded, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in sync] == alone
 
 
 def test_random_sampling_with_drafts_runs_to_length(tiny_model_factory, verified):
