@@ -103,12 +103,16 @@ def test_hermes_streams_names_then_arguments_as_written():
     assert stream.end("stop")[1:] == ([], "tool_calls")
 
 
-def test_hermes_stream_cut_off_in_a_call_sends_no_markup():
+def test_hermes_stream_cut_off_in_a_call_ends_with_the_rest_as_content():
+    """As a whole response has it (no calls, all text content), nothing the model wrote is
+    dropped; the call opened on the way stays as far as it was read."""
+    text = 'Sure. <tool_call>{"name": "now", "arguments": {"a": [1, '
     stream = ToolCalls("auto", HermesParser()).stream()
-    content, deltas = stream.feed('Sure. <tool_call>{"name": "now", "arguments": {"a": [1, ')
+    content, deltas = stream.feed(text)
     assert content == "Sure. " and _assemble(deltas) == [
         {"id": deltas[0].id, "name": "now", "arguments": '{"a": [1, '}]
-    assert stream.end("length") == ("", [], "length")
+    assert stream.end("length") == (text[len("Sure. "):], [], "length")
+    assert ToolCalls("auto", HermesParser()).whole(text, "length") == (text, [], "length")
 
 
 def test_parallel_false_streams_the_first_call_only():

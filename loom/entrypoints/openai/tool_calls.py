@@ -231,9 +231,10 @@ class ToolStream:
             return "", [], finish_reason
         content, calls, finish_reason = self.calls.whole(self.text, finish_reason)
         if not calls:
-            # Calls already opened stay as far as they were read (the output broke off in
-            # one, or was not well-formed after all); their text is not content.
-            return ("" if self.opened else self.text[self.sent:]), [], finish_reason
+            # Not calls after all (the output broke off in one, or was not well-formed): the
+            # rest is content, as a whole response would have it; calls already opened stay
+            # as far as they were read.
+            return self.text[self.sent:], [], finish_reason
         # What went out is the start of the content (a parser's content_prefix never passes
         # the first call).
         return (content or "")[self.sent:], self._rest_of(calls), finish_reason
