@@ -31,6 +31,13 @@ def allow_runtime_lora_updating() -> bool:
     return _flag("LOOM_ALLOW_RUNTIME_LORA_UPDATING")
 
 
+def enable_responses_api_store() -> bool:
+    """LOOM_ENABLE_RESPONSES_API_STORE=1 (vLLM's VLLM_ENABLE_RESPONSES_API_STORE):
+    /v1/responses keeps responses in each API server's memory (bounded, least recently used
+    out) for previous_response_id and GET /v1/responses/{id}; without it `store` is off."""
+    return _flag("LOOM_ENABLE_RESPONSES_API_STORE")
+
+
 def api_key() -> str | None:
     """LOOM_API_KEY: the server's API key when --api-key is not given."""
     return os.environ.get("LOOM_API_KEY") or None

@@ -12,10 +12,10 @@ passes `max_bytes`. Each API server process has its own store.
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from loom import envs
 from loom.entrypoints.openai.protocol_chat import ChatMessage
 from loom.entrypoints.openai.protocol_responses_output import ResponseObject
 
@@ -24,14 +24,9 @@ logger = logging.getLogger(__name__)
 ENV = "LOOM_ENABLE_RESPONSES_API_STORE"
 
 
-def store_enabled() -> bool:
-    """LOOM_ENABLE_RESPONSES_API_STORE=1 (vLLM's VLLM_ENABLE_RESPONSES_API_STORE)."""
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def store_from_env() -> ResponseStore | None:
     """The API server's store: None unless LOOM_ENABLE_RESPONSES_API_STORE is set."""
-    if not store_enabled():
+    if not envs.enable_responses_api_store():
         return None
     store = ResponseStore()
     logger.info("/v1/responses keeps stored responses in memory (%s): at most %d, %d MiB, "

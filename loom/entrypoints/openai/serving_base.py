@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import TypeVar
 
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from loom.beam_search import (BeamSearchParams, BeamSearchSequence, beam_search_async,
@@ -120,6 +121,19 @@ class OpenAIServing:
 
 
 # -- server-sent events ---------------------------------------------------------------------
+
+async def stream_from_first(outputs: AsyncIterator[RequestOutput],
+                            events: Callable[[RequestOutput], AsyncIterator[str]]
+                            ) -> StreamingResponse:
+    """An SSE response of events(first output), once the first output is in: errors before
+    it (a refused request) still get their HTTP status code."""
+    try:
+        first = await anext(outputs)
+    except BaseException:
+        await outputs.aclose()
+        raise
+    return StreamingResponse(events(first), media_type="text/event-stream")
+
 
 def sse(model: BaseModel) -> str:
     return f"data: {model.model_dump_json(exclude_none=True)}\n\n"

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from loom.entrypoints.openai.errors import APIError
 from loom.entrypoints.openai.protocol import UsageInfo
@@ -20,7 +20,7 @@ from loom.entrypoints.openai.protocol_chat import (ChatChoice, ChatCompletionChu
                                                    TokenLogprob, ToolCallOut, TopLogprob,
                                                    render_chat)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
-                                                  sse_error)
+                                                  sse_error, stream_from_first)
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls, ToolStream
 from loom.frontend.processor import check_num_logprobs, truncate_prompt
@@ -166,7 +166,7 @@ class OpenAIServingChat(OpenAIServing):
                 for delta in output.outputs:
                     texts[delta.index] += delta.text
                     tokens[delta.index] += len(delta.token_ids)
-                    logprobs[delta.index] += self._logprobs(delta, chat.body)
+                    logprobs[delta.index] += self.token_logprobs(delta, chat.body)
                     finish[delta.index] = delta
         choices = []
         for i in range(n):
@@ -185,12 +185,7 @@ class OpenAIServingChat(OpenAIServing):
         return JSONResponse(response.model_dump(mode="json"))
 
     async def _stream(self, chat: _Chat, outputs: AsyncIterator) -> Response:
-        try:
-            first = await anext(outputs)  # errors before the first token get a status code
-        except BaseException:
-            await outputs.aclose()
-            raise
-        return StreamingResponse(self._events(chat, first, outputs), media_type="text/event-stream")
+        return await stream_from_first(outputs, lambda first: self._events(chat, first, outputs))
 
     async def _events(self, chat: _Chat, first, outputs: AsyncIterator) -> AsyncIterator[str]:
         completion_tokens = 0
@@ -220,7 +215,7 @@ class OpenAIServingChat(OpenAIServing):
 
     def _stream_choice(self, chat: _Chat, delta: CompletionOutput,
                        stream: _ChoiceStream) -> ChatStreamChoice:
-        logprobs = (ChoiceLogprobs(content=self._logprobs(delta, chat.body))
+        logprobs = (ChoiceLogprobs(content=self.token_logprobs(delta, chat.body))
                     if chat.body.logprobs else None)
         thinking, content, calls, reason = stream.feed(delta.text, delta.finish_reason)
         message = DeltaMessage(reasoning=thinking or None,
@@ -235,8 +230,9 @@ class OpenAIServingChat(OpenAIServing):
         return sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
                                        choices=[choice], usage=usage))
 
-    def _logprobs(self, delta: CompletionOutput, body: ChatCompletionRequest
-                  ) -> list[TokenLogprob]:
+    def token_logprobs(self, delta: CompletionOutput, body: ChatCompletionRequest
+                       ) -> list[TokenLogprob]:
+        """A delta's tokens' logprobs as chat reports them (the Responses API's too)."""
         if not delta.logprobs:
             return []
         return [self._token_logprob(t, p, body.top_logprobs or 0, body.return_tokens_as_token_ids)

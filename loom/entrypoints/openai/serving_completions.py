@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from loom.entrypoints.openai.protocol import UsageInfo
 from loom.entrypoints.openai.protocol_completions import (CompletionChoice, CompletionLogprobs,
                                                           CompletionRequest, CompletionResponse)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, gather_or_cancel,
-                                                  merge, off_loop, sse, sse_error)
+                                                  merge, off_loop, sse, sse_error,
+                                                  stream_from_first)
 from loom.frontend.processor import truncate_prompt
 from loom.lora.request import LoRARequest
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
@@ -143,13 +144,8 @@ class OpenAIServingCompletion(OpenAIServing):
     # -- stream -------------------------------------------------------------------------------
 
     async def _stream(self, request: _Request, outputs: AsyncIterator) -> Response:
-        try:
-            first = await anext(outputs)  # errors before the first token get a status code
-        except BaseException:
-            await outputs.aclose()
-            raise
-        return StreamingResponse(self._events(request, first, outputs),
-                                 media_type="text/event-stream")
+        return await stream_from_first(outputs,
+                                       lambda first: self._events(request, first, outputs))
 
     async def _events(self, request: _Request, first, outputs: AsyncIterator) -> AsyncIterator[str]:
         n = request.body.n

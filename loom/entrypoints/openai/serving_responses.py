@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from loom.entrypoints.openai.errors import APIError, error_info, exception_status
 from loom.entrypoints.openai.protocol_chat import ChatMessage, TokenLogprob
@@ -29,7 +29,7 @@ from loom.entrypoints.openai.responses_input import to_messages
 from loom.entrypoints.openai.responses_store import ENV, ResponseStore, StoredResponse
 from loom.entrypoints.openai.responses_stream import (OutputSplit, ResponseEvents, SplitStream,
                                                       output_items)
-from loom.entrypoints.openai.serving_base import OpenAIServing, off_loop
+from loom.entrypoints.openai.serving_base import OpenAIServing, off_loop, stream_from_first
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.tool_calls import ToolCalls
 from loom.frontend.processor import check_num_logprobs, truncate_prompt
@@ -158,7 +158,7 @@ class OpenAIServingResponses(OpenAIServing):
         """Record an engine output; its (text, finished, logprobs) pieces."""
         pieces = []
         for delta in output.outputs:
-            logprobs = self.chat._logprobs(delta, run.body)  # chat's, on fields both bodies have
+            logprobs = self.chat.token_logprobs(delta, run.body)  # chat's, on fields both bodies have
             run.out.add(output, delta.text, len(delta.token_ids), logprobs)
             run.out.finish_reason = delta.finish_reason or run.out.finish_reason
             pieces.append((delta.text, delta.finish_reason is not None, logprobs))
@@ -173,13 +173,7 @@ class OpenAIServingResponses(OpenAIServing):
         return JSONResponse(self._finish(run, items).model_dump(mode="json"))
 
     async def _stream(self, run: _Run, outputs: AsyncIterator[RequestOutput]) -> Response:
-        try:
-            first = await anext(outputs)  # errors before the first token get a status code
-        except BaseException:
-            await outputs.aclose()
-            raise
-        return StreamingResponse(self._events(run, first, outputs),
-                                 media_type="text/event-stream")
+        return await stream_from_first(outputs, lambda first: self._events(run, first, outputs))
 
     async def _events(self, run: _Run, first: RequestOutput,
                       outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
