@@ -1,76 +1,23 @@
 """A response's output items, whole and streamed.
 
-`OutputSplit` composes the chat path's pieces, as a chat choice does: the server's
---reasoning-parser splits off the thinking, then the request's `ToolCalls` reads the
-calls out of the answer. `output_items` turns a finished split into items (a reasoning
-item, a message, then one function_call item per call); `ResponseEvents` turns a streamed
-split into OpenAI's item events, one item open at a time, and keeps the items it sent,
-which are the final response's output.
+A response's text is split as a chat choice's (`output_split`). `output_items` turns a
+finished split into items (a reasoning item, a message, then one function_call item per
+call); `ResponseEvents` turns a streamed split into OpenAI's item events, one item open at
+a time, and keeps the items it sent, which are the final response's output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loom.entrypoints.openai.output_split import CallDelta
 from loom.entrypoints.openai.protocol_chat import TokenLogprob
 from loom.entrypoints.openai.protocol_responses_output import (
     ArgumentsDeltaEvent, ArgumentsDoneEvent, ContentPartEvent, FunctionCallItem, ItemStatus,
     OutputItem, OutputMessage, OutputItemEvent, OutputText, ReasoningDeltaEvent,
     ReasoningDoneEvent, ReasoningItem, ReasoningText, StreamEvent, TextDeltaEvent,
     TextDoneEvent, new_item_id)
-from loom.entrypoints.openai.reasoning import END, START, ReasoningParser, ReasoningStream
-from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls, ToolStream
-
-CallDelta = ToolCall | tuple[int, str]
-"""A call opening (its id, name and arguments so far) or more of call index's arguments."""
-
-
-@dataclass(frozen=True)
-class OutputSplit:
-    tools: ToolCalls
-    reasoning: ReasoningParser | None
-
-    def whole(self, text: str, finish_reason: str | None
-              ) -> tuple[str | None, str | None, list[ToolCall]]:
-        """A finished output's (reasoning, content, tool calls)."""
-        thinking, answer = self.reasoning.split(text) if self.reasoning else (None, text)
-        content, calls, _ = self.tools.whole(answer or "", finish_reason)
-        return thinking, (None if answer is None and not calls else content), calls
-
-    def reasoning_end(self, text: str) -> int:
-        """Where the thinking ends in the raw output (after `</think>`); 0: no thinking."""
-        if self.reasoning is None:
-            return 0
-        if not (text.lstrip().startswith(START) or self.reasoning.opened_by_template):
-            return 0
-        end = text.find(END)
-        return len(text) if end < 0 else end + len(END)
-
-    def stream(self) -> SplitStream:
-        return SplitStream(self.tools.stream(),
-                           ReasoningStream(self.reasoning) if self.reasoning else None)
-
-
-@dataclass
-class SplitStream:
-    """One streamed output on its way out: thinking split off, then tool calls."""
-    tools: ToolStream
-    reasoning: ReasoningStream | None
-
-    def feed(self, text: str, finished: bool) -> tuple[str, str, list[CallDelta]]:
-        """(reasoning, content, call deltas) that may go out for a new piece of text."""
-        thinking, answer = self.reasoning.feed(text) if self.reasoning else ("", text)
-        content, calls = self.tools.feed(answer)
-        if not finished:
-            return thinking, content, calls
-        if self.reasoning is not None:
-            more_thinking, more_answer = self.reasoning.end()
-            more_content, more_calls = self.tools.feed(more_answer)
-            thinking, content = thinking + more_thinking, content + more_content
-            calls = calls + more_calls
-        rest, more_calls, _ = self.tools.end("stop")
-        return thinking, content + rest, calls + more_calls
-
+from loom.entrypoints.openai.tool_calls import ToolCall
 
 def output_items(thinking: str | None, content: str | None, calls: list[ToolCall],
                  logprobs: list[TokenLogprob], incomplete: bool) -> list[OutputItem]:

@@ -21,8 +21,9 @@ from loom.entrypoints.openai.protocol_chat import (ChatChoice, ChatCompletionChu
                                                    render_chat)
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge, off_loop, sse,
                                                   sse_error, stream_from_first)
-from loom.entrypoints.openai.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
-from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls, ToolStream
+from loom.entrypoints.openai.output_split import OutputSplit, SplitStream
+from loom.entrypoints.openai.reasoning import REASONING_PARSERS
+from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls
 from loom.frontend.processor import check_num_logprobs, truncate_prompt
 from loom.outputs import CompletionOutput, PositionLogprobs
 
@@ -34,9 +35,8 @@ class _Chat:
     created: int
     body: ChatCompletionRequest
     prompt_ids: list[int]
-    tools: ToolCalls
-    reasoning: ReasoningParser | None
-    """--reasoning-parser's split of thinking from the answer; None: all is content."""
+    split: OutputSplit
+    """Thinking (--reasoning-parser), content and the request's tool calls."""
     cached_tokens: int | None = None
     """Prompt tokens from the prefix cache, counted with --enable-prompt-tokens-details."""
 
@@ -44,37 +44,11 @@ class _Chat:
         if self.cached_tokens is not None:
             self.cached_tokens = max(self.cached_tokens, output.num_cached_tokens)
 
-    def split(self, text: str, finish_reason: str | None
-              ) -> tuple[str | None, str | None, list[ToolCall], str | None]:
+    def split_whole(self, text: str, finish_reason: str | None
+                    ) -> tuple[str | None, str | None, list[ToolCall], str | None]:
         """A finished choice's (reasoning, content, tool calls, finish reason)."""
-        thinking, answer = self.reasoning.split(text) if self.reasoning else (None, text)
-        content, calls, finish_reason = self.tools.whole(answer or "", finish_reason)
-        if answer is None and not calls:
-            content = None
+        thinking, content, calls, finish_reason = self.split.whole(text, finish_reason)
         return (thinking if self.body.include_reasoning else None), content, calls, finish_reason
-
-
-@dataclass
-class _ChoiceStream:
-    """One streamed choice's text on its way out: thinking split off, then tool calls."""
-    chat: _Chat
-    tools: ToolStream
-    reasoning: ReasoningStream | None
-
-    def feed(self, text: str, finish_reason: str | None
-             ) -> tuple[str, str, list[ToolCall | tuple[int, str]], str | None]:
-        """(reasoning, content, tool-call deltas, finish reason) to send for a new piece."""
-        thinking, answer = self.reasoning.feed(text) if self.reasoning else ("", text)
-        content, calls = self.tools.feed(answer)
-        if finish_reason is not None:
-            if self.reasoning is not None:
-                more_thinking, more_answer = self.reasoning.end()
-                more_content, more_calls = self.tools.feed(more_answer)
-                thinking, content = thinking + more_thinking, content + more_content
-                calls = calls + more_calls
-            rest, more_calls, finish_reason = self.tools.end(finish_reason)
-            content, calls = content + rest, calls + more_calls
-        return (thinking if self.chat.body.include_reasoning else ""), content, calls, finish_reason
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -133,8 +107,8 @@ class OpenAIServingChat(OpenAIServing):
         reasoning = self.reasoning_parser
         if params.guided_decoding is not None and reasoning and reasoning.opened_by_template:
             reasoning = None
-        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids, tools,
-                     reasoning, 0 if self.prompt_tokens_details else None)
+        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids,
+                     OutputSplit(tools, reasoning), 0 if self.prompt_tokens_details else None)
         if tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the parser reads the call markers
         if body.use_beam_search:
@@ -170,7 +144,7 @@ class OpenAIServingChat(OpenAIServing):
                     finish[delta.index] = delta
         choices = []
         for i in range(n):
-            thinking, content, calls, reason = chat.split(
+            thinking, content, calls, reason = chat.split_whole(
                 texts[i], finish[i].finish_reason if finish[i] else None)
             message = ChatMessageOut(content=content, reasoning=thinking,
                                      tool_calls=[ToolCallOut.of(c) for c in calls] or None)
@@ -189,9 +163,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _events(self, chat: _Chat, first, outputs: AsyncIterator) -> AsyncIterator[str]:
         completion_tokens = 0
-        streams = [_ChoiceStream(chat, chat.tools.stream(),
-                                 ReasoningStream(chat.reasoning) if chat.reasoning else None)
-                   for _ in range(chat.body.n)]
+        streams = [chat.split.stream() for _ in range(chat.body.n)]
         try:
             for i in range(chat.body.n):  # the role first, as OpenAI streams it
                 yield self._chunk(chat, ChatStreamChoice(
@@ -214,10 +186,11 @@ class OpenAIServingChat(OpenAIServing):
         yield SSE_DONE
 
     def _stream_choice(self, chat: _Chat, delta: CompletionOutput,
-                       stream: _ChoiceStream) -> ChatStreamChoice:
+                       stream: SplitStream) -> ChatStreamChoice:
         logprobs = (ChoiceLogprobs(content=self.token_logprobs(delta, chat.body))
                     if chat.body.logprobs else None)
         thinking, content, calls, reason = stream.feed(delta.text, delta.finish_reason)
+        thinking = thinking if chat.body.include_reasoning else ""
         message = DeltaMessage(reasoning=thinking or None,
                                content=None if thinking and not content else content,
                                tool_calls=[DeltaToolCall.of(c) for c in calls] or None)

@@ -27,8 +27,8 @@ from loom.entrypoints.openai.protocol_responses_output import (
     ResponseUsage, StreamEvent, new_item_id, sse_event)
 from loom.entrypoints.openai.responses_input import to_messages
 from loom.entrypoints.openai.responses_store import ENV, ResponseStore, StoredResponse
-from loom.entrypoints.openai.responses_stream import (OutputSplit, ResponseEvents, SplitStream,
-                                                      output_items)
+from loom.entrypoints.openai.output_split import OutputSplit, SplitStream
+from loom.entrypoints.openai.responses_stream import ResponseEvents, output_items
 from loom.entrypoints.openai.serving_base import OpenAIServing, off_loop, stream_from_first
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.tool_calls import ToolCalls
@@ -168,7 +168,7 @@ class OpenAIServingResponses(OpenAIServing):
         async with aclosing(outputs):
             async for output in outputs:
                 self._add(run, output)
-        thinking, content, calls = run.split.whole(run.out.text, run.out.finish_reason)
+        thinking, content, calls, _ = run.split.whole(run.out.text, run.out.finish_reason)
         items = output_items(thinking, content, calls, run.out.logprobs, run.out.incomplete)
         return JSONResponse(self._finish(run, items).model_dump(mode="json"))
 
@@ -207,7 +207,7 @@ class OpenAIServingResponses(OpenAIServing):
         sent: list[StreamEvent] = []
         for text, finished, logprobs in self._add(run, output):
             pending += logprobs
-            thinking, content, calls = stream.feed(text, finished)
+            thinking, content, calls, _ = stream.feed(text, "stop" if finished else None)
             if thinking:
                 sent += events.reasoning(thinking)
             if content:
