@@ -1,87 +1,128 @@
 """Where the members of a JSON object are in text that may still be growing: enough of a
-JSON scanner to stream a tool call's name and arguments while the model writes them."""
+JSON scanner to stream a tool call's name and arguments while the model writes them.
+
+A stream asks again at each new piece of text. A `GrowingScan` remembers how far each
+value was read and goes on from there, so a call of n characters costs O(n) in all rather
+than O(n) a piece; regular expressions jump over string contents and everything but
+brackets."""
 
 from __future__ import annotations
 
 import json
+import re
 
 _CLOSE = {"{": "}", "[": "]"}
+_STRING_REST = re.compile(r'(?:[^"\\]+|\\.)*(?:(")|(\\?)\Z)', re.S)
+"""A string's text after its opening quote: to its closing quote (group 1), or to the end of
+the text (group 2: a lone backslash there, whose escape is not written yet)."""
+_SIGNIFICANT = re.compile(r'["{}\[\]]')
 
 
-def object_members(text: str, start: int) -> dict[str, tuple[int, int | None]] | None:
+class GrowingScan:
+    """The ends of values in one text that only grows, each read from where it was left."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, _Value] = {}
+        self._length = 0
+
+    def value_end(self, text: str, i: int) -> int | None:
+        """The index after the value starting at text[i]; None if not finished yet."""
+        if len(text) < self._length:  # not the text this scan read: start over
+            self._values.clear()
+        self._length = len(text)
+        value = self._values.get(i)
+        if value is None:
+            value = self._values[i] = _Value(i)
+        return value.end(text)
+
+
+class _Value:
+    def __init__(self, start: int) -> None:
+        self.start, self.pos = start, start + 1
+        self.stack: list[str] = []
+        self.in_string = False
+        self.done: int | None = None
+
+    def end(self, text: str) -> int | None:
+        if self.done is not None:
+            return self.done
+        first = text[self.start]
+        if first not in _CLOSE and first != '"':  # a number, true, false or null
+            return _scalar_end(text, self.start)
+        if self.pos == self.start + 1:
+            self.in_string = first == '"'
+            self.stack = [_CLOSE[first]] if first in _CLOSE else []
+        while True:
+            if self.in_string:
+                match = _STRING_REST.match(text, self.pos)
+                if not match.group(1):
+                    self.pos = match.end() - len(match.group(2))
+                    return None
+                self.pos, self.in_string = match.end(), False
+                if not self.stack:
+                    self.done = self.pos
+                    return self.done
+                continue
+            match = _SIGNIFICANT.search(text, self.pos)
+            if match is None:
+                self.pos = len(text)
+                return None
+            c, self.pos = match.group(), match.end()
+            if c == '"':
+                self.in_string = True
+            elif c in _CLOSE:
+                self.stack.append(_CLOSE[c])
+            elif c == self.stack[-1]:
+                self.stack.pop()
+                if not self.stack:
+                    self.done = self.pos
+                    return self.done
+
+
+def object_members(text: str, start: int, scan: GrowingScan | None = None
+                   ) -> dict[str, tuple[int, int | None]] | None:
     """key -> (start, end) of each value of the object at text[start] ('{'), end None for a
-    value the text has not finished; None where the text is not such an object (so far)."""
+    value the text has not finished; None where the text is not such an object (so far).
+    scan: the stream's, to go on from the last call's reading."""
     if text[start:start + 1] != "{":
         return None
+    scan = scan or GrowingScan()
     members: dict[str, tuple[int, int | None]] = {}
-    i = _skip_space(text, start + 1)
+    i = skip_space(text, start + 1)
     while i < len(text) and text[i] != "}":
         if text[i] == "," and members:
-            i = _skip_space(text, i + 1)
-        key_end = _string_end(text, i)
+            i = skip_space(text, i + 1)
+            if i >= len(text):
+                return members
+        if text[i] != '"':
+            return None
+        key_end = scan.value_end(text, i)
         if key_end is None:
-            return members if i >= len(text) or text[i] == '"' else None
-        colon = _skip_space(text, key_end)
+            return members
+        colon = skip_space(text, key_end)
         if colon >= len(text):
             return members
         if text[colon] != ":":
             return None
-        value = _skip_space(text, colon + 1)
+        value = skip_space(text, colon + 1)
         if value >= len(text):
             return members
-        end = _value_end(text, value)
+        end = scan.value_end(text, value)
         members[json.loads(text[i:key_end])] = (value, end)
         if end is None:
             return members
-        i = _skip_space(text, end)
+        i = skip_space(text, end)
     return members
 
 
-def _skip_space(text: str, i: int) -> int:
+def skip_space(text: str, i: int) -> int:
     while i < len(text) and text[i] in " \t\r\n":
         i += 1
     return i
 
 
-def _string_end(text: str, i: int) -> int | None:
-    """The index after the string starting at text[i] ('"'); None if unfinished or none."""
-    if text[i:i + 1] != '"':
-        return None
-    i += 1
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-        elif text[i] == '"':
-            return i + 1
-        else:
-            i += 1
-    return None
-
-
-def _value_end(text: str, i: int) -> int | None:
-    """The index after the value starting at text[i]; None if the text has not finished it."""
-    if text[i] == '"':
-        return _string_end(text, i)
-    if text[i] not in _CLOSE:  # a number, true, false or null: ends at a delimiter
-        j = i
-        while j < len(text) and text[j] not in ",}] \t\r\n":
-            j += 1
-        return j if j < len(text) else None
-    stack = [_CLOSE[text[i]]]
-    i += 1
-    while i < len(text):
-        c = text[i]
-        if c == '"':
-            end = _string_end(text, i)
-            if end is None:
-                return None
-            i = end
-            continue
-        if c in _CLOSE:
-            stack.append(_CLOSE[c])
-        elif c == stack[-1]:
-            stack.pop()
-            if not stack:
-                return i + 1
-        i += 1
-    return None
+def _scalar_end(text: str, i: int) -> int | None:
+    j = i
+    while j < len(text) and text[j] not in ",}] \t\r\n":
+        j += 1
+    return j if j < len(text) else None

@@ -189,6 +189,8 @@ class ToolStream:
     """The ids of the calls sent so far, by index."""
     args_sent: list[str] = field(default_factory=list)
     """The arguments text sent so far of each opened call."""
+    partial: dict = field(default_factory=dict)
+    """The parser's reading of the calls so far (`partial_calls`' cache)."""
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall | tuple[int, str]]]:
         """(content to send, tool-call deltas to send): a ToolCall opens a call, (index,
@@ -212,7 +214,7 @@ class ToolStream:
         if partial is None:
             return []
         out: list[ToolCall | tuple[int, str]] = []
-        for i, (name, args) in enumerate(partial(self.text)):
+        for i, (name, args) in enumerate(partial(self.text, self.partial)):
             if i == len(self.opened):
                 if name is None or (i and not self.calls.parallel):
                     break

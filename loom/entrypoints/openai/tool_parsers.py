@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from loom.entrypoints.openai.partial_json import object_members
+from loom.entrypoints.openai.partial_json import GrowingScan, object_members, skip_space
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class HermesParser:
                 call = None
             if call is None:
                 return text, []
-            raw = self._call_text(body)[1]  # the model's JSON text, as a stream sends it
+            raw = self._call_text(body, 0)[1]  # the model's JSON text, as a stream sends it
             calls.append(FunctionCall(call.name, raw) if raw else call)
             pos = end + len(self.END) if end >= 0 else len(text)
         if not calls:
@@ -99,13 +99,23 @@ class HermesParser:
         start = text.find(self.START)
         return start if start >= 0 else len(text) - tail_overlap(text, self.START)
 
-    def partial_calls(self, text: str) -> list[tuple[str | None, str]]:
+    def partial_calls(self, text: str, cache: dict | None = None
+                      ) -> list[tuple[str | None, str]]:
         """(name, arguments so far) of each call opened in a text still being written; the
-        name None until written whole, the arguments "" unless they are an object."""
+        name None until written whole, the arguments "" unless they are an object. cache:
+        the stream's own, given each time: finished blocks are read once, and the open one
+        from where the last call left it."""
+        cache = {} if cache is None else cache
         calls, pos = [], 0
         while (start := text.find(self.START, pos)) >= 0:
             end = text.find(self.END, start)
-            call = self._call_text(text[start + len(self.START):end if end >= 0 else len(text)])
+            if end < 0:
+                call = self._call_text(text, start + len(self.START),
+                                       cache.setdefault("open", GrowingScan()))
+            elif start in cache:
+                call = cache[start]
+            else:
+                call = cache[start] = self._call_text(text[:end], start + len(self.START))
             if call is None:
                 break
             calls.append(call)
@@ -116,22 +126,23 @@ class HermesParser:
 
     ARGUMENTS = ("arguments", "parameters")
 
-    def _call_text(self, body: str) -> tuple[str | None, str] | None:
-        """(name, the arguments object's text so far) of one block's JSON; None if the body
-        is not (the start of) an object."""
-        head = len(body) - len(body.lstrip())
-        members = object_members(body, head) if head < len(body) else {}
+    def _call_text(self, text: str, i: int, scan: GrowingScan | None = None
+                   ) -> tuple[str | None, str] | None:
+        """(name, the arguments object's text so far) of the call JSON at text[i:] (after
+        any space); None if it is not (the start of) an object."""
+        head = skip_space(text, i)
+        members = object_members(text, head, scan) if head < len(text) else {}
         if members is None:
             return None
         name = None
         if "name" in members and members["name"][1] is not None:
-            value = json.loads(body[slice(*members["name"])])
+            value = json.loads(text[slice(*members["name"])])
             name = value if isinstance(value, str) else None
         key = next((k for k in self.ARGUMENTS if k in members), None)
-        if key is None or body[members[key][0]] != "{":
+        if key is None or text[members[key][0]] != "{":
             return name, ""
         start, end = members[key]
-        return name, body[start:end]
+        return name, text[start:end]
 
 
 class Llama3JsonParser:
