@@ -40,6 +40,25 @@ def test_stream_sends_the_same_split(name, text, reasoning, content, size):
     assert (got_reasoning + r, got_content + c) == (reasoning or "", content or "")
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_random_streams_send_the_whole_split(seed):
+    """Texts of tags, parts of tags, whitespace and words, cut at random: a stream sends
+    what the whole output's split holds."""
+    import random
+    rng = random.Random(seed)
+    name = rng.choice(list(REASONING_PARSERS))
+    words = ["<think>", "</think>", "</th", "<", "</", " ", "\n", "ok", "a<b", "think>"]
+    text = "".join(rng.choice(words) for _ in range(rng.randrange(1, 25)))
+    reasoning, content = REASONING_PARSERS[name].split(text)
+    stream, got, cut = ReasoningStream(REASONING_PARSERS[name]), ["", ""], 0
+    while cut < len(text):
+        piece = text[cut:cut + rng.randrange(1, 6)]
+        cut += len(piece)
+        got = [a + b for a, b in zip(got, stream.feed(piece))]
+    got = [a + b for a, b in zip(got, stream.end())]
+    assert got == [reasoning or "", content or ""], (name, text)
+
+
 # -- over HTTP: a server started with --reasoning-parser qwen3 --------------------------------
 
 THOUGHT = "<think>\nIt is in France.\n</think>\n\nParis."

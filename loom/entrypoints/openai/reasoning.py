@@ -43,30 +43,79 @@ REASONING_PARSERS = {"qwen3": ReasoningParser(opened_by_template=False),
 
 @dataclass
 class ReasoningStream:
+    """A stream split as `ReasoningParser.split` splits the whole, read as it grows: each
+    piece is looked at once (the search for `</think>` goes on from where it stopped), not
+    the whole text again."""
     parser: ReasoningParser
     text: str = ""
     sent_reasoning: int = 0
     """How much of the thinking went out."""
     sent_content: int = 0
     """How much of the answer went out."""
+    think_from: int | None = None
+    """Where the thinking starts in text (None: not known yet, or no thinking)."""
+    all_answer: bool = False
+    """The output turned out not to open with thinking: all of it is the answer."""
+    searched: int = 0
+    """No </think> starts before this."""
+    think_end: int | None = None
+    """Where </think> starts, once written."""
+    answer_from: int = 0
+    """Where the answer starts, past </think> and the whitespace after it."""
 
     def feed(self, piece: str) -> tuple[str, str]:
         """(reasoning, content) that may go out now."""
         self.text += piece
-        if START.startswith(self.text.lstrip()):
+        if not self._decided():
             return "", ""  # may still open with <think>
-        reasoning, content = self.parser.split(self.text)
-        if reasoning is not None and content is None:  # still thinking: hold a partial </think>
-            reasoning = reasoning[:len(reasoning) - tail_overlap(reasoning, END)]
-        return self._new(reasoning, content)
+        if self.all_answer:
+            return "", self._content(0)
+        text = self.text
+        if self.think_end is None:
+            end = text.find(END, self.searched)
+            if end < 0:  # still thinking: hold back what may be the start of </think>
+                self.searched = max(self.think_from, len(text) - len(END) + 1)
+                return self._reasoning(max(self.think_from,
+                                           len(text) - tail_overlap(text, END))), ""
+            self.think_end, self.answer_from = end, end + len(END)
+        reasoning = self._reasoning(self.think_end)
+        while self.answer_from < len(text) and text[self.answer_from].isspace():
+            self.answer_from += 1
+        return reasoning, self._content(self.answer_from)
 
     def end(self) -> tuple[str, str]:
         """What is left once the output is complete."""
-        return self._new(*self.parser.split(self.text))
-
-    def _new(self, reasoning: str | None, content: str | None) -> tuple[str, str]:
+        reasoning, content = self.parser.split(self.text)
         r, c = reasoning or "", content or ""
-        out = r[self.sent_reasoning:], c[self.sent_content:]
-        self.sent_reasoning, self.sent_content = max(self.sent_reasoning, len(r)), max(
-            self.sent_content, len(c))
-        return out
+        return r[self.sent_reasoning:], c[self.sent_content:]
+
+    def _decided(self) -> bool:
+        if self.think_from is not None or self.all_answer:
+            return True
+        body = self.text.lstrip()
+        if START.startswith(body):
+            return False
+        if body.startswith(START):
+            self.think_from = len(self.text) - len(body) + len(START)
+        elif self.parser.opened_by_template:
+            self.think_from = 0
+        else:
+            self.all_answer = True
+        self.searched = self.think_from or 0
+        return True
+
+    def _reasoning(self, end: int) -> str:
+        """The thinking up to text[end] not sent yet."""
+        start = self.think_from + self.sent_reasoning
+        if end <= start:
+            return ""
+        self.sent_reasoning = end - self.think_from
+        return self.text[start:end]
+
+    def _content(self, start: int) -> str:
+        """The answer (from text[start]) not sent yet."""
+        begin = start + self.sent_content
+        if begin >= len(self.text):
+            return ""
+        self.sent_content = len(self.text) - start
+        return self.text[begin:]
