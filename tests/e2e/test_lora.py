@@ -141,12 +141,17 @@ def test_level3_compiled(adapters):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("compilation", [None, {"level": 3, "pass_config": {
-    "enable_sequence_parallelism": True}}], ids=["eager", "sequence-parallel"])
-def test_tensor_parallel(compilation, adapters):
+@pytest.mark.parametrize("compilation", [
+    None, {"level": 3, "pass_config": {"enable_sequence_parallelism": True}},
+    {"level": 3, "pass_config": {"enable_async_tp": True}}],
+    ids=["eager", "sequence-parallel", "async-tp"])
+def test_tensor_parallel(compilation, adapters, monkeypatch):
     """Two ranks: column-parallel layers shard B's rows, row-parallel ones A's columns (their
     term joins the partial sums before the reduction, which sequence parallelism still
-    rewrites into a reduce-scatter)."""
+    rewrites into a reduce-scatter; async TP then overlaps the all-gathers, loom's overlap
+    ops standing in on the CPU)."""
+    monkeypatch.setenv("LOOM_ASYNC_TP_IMPL", "overlap")
+    monkeypatch.setenv("LOOM_ASYNC_TP_MIN_TOKENS", "16")
     path, hf, made = adapters("llama")
     batch = _mixed(made)
     llm = _llm(path, max_loras=2, tensor_parallel_size=2, compilation_config=compilation,
