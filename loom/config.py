@@ -15,8 +15,9 @@ from loom.config_checks import check as _check
 from loom.speculative_config import SpeculativeConfig
 
 __all__ = ["DTYPES", "LOAD_FORMATS", "DEVICES", "KV_CACHE_DTYPES", "DTYPE_ALIASES",
-           "USAGE_CONTEXTS", "LARGE_GPU_BYTES", "ModelConfig", "CacheConfig", "SchedulerConfig",
-           "ParallelConfig", "DeviceConfig", "LoRAConfig", "EngineConfig",
+           "USAGE_CONTEXTS", "SCHEDULING_POLICIES", "LARGE_GPU_BYTES", "ModelConfig",
+           "CacheConfig", "SchedulerConfig", "ParallelConfig", "DeviceConfig", "LoRAConfig",
+           "EngineConfig",
            # the compilation config lives in loom.compilation_config; vLLM users find it here
            "CompilationConfig", "PassConfig", "compilation_dict"]
 
@@ -104,6 +105,7 @@ class CacheConfig:
 
 
 USAGE_CONTEXTS = ("llm", "api_server")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 LARGE_GPU_BYTES = 70 * 2**30
 """GPUs with at least this much memory (other than A100s) get vLLM's larger batch defaults."""
@@ -135,6 +137,10 @@ class SchedulerConfig:
     may yet generate (its max_tokens less what it has), counting at most this many each.
     Without it (0, vLLM's policy) a full batch admitted while prompts fit runs out of blocks
     as it decodes and preempts requests, which are then recomputed from the start."""
+    scheduling_policy: str = "fcfs"
+    """vLLM's: "fcfs" serves requests in arrival order; "priority" by each request's
+    priority (lower first), then arrival, and preempts the lowest-ranked running one
+    (`loom.core.request_queue`)."""
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs is None or self.max_num_seqs > 0,
@@ -149,6 +155,9 @@ class SchedulerConfig:
                f"kv_headroom_tokens: must not be negative, got {self.kv_headroom_tokens}")
         _check(self.usage_context in USAGE_CONTEXTS,
                f"usage_context: {self.usage_context!r} is not one of {USAGE_CONTEXTS}")
+        _check(self.scheduling_policy in SCHEDULING_POLICIES,
+               f"scheduling_policy: {self.scheduling_policy!r} is not one of "
+               f"{SCHEDULING_POLICIES}")
 
     def resolved(self, device_name: str | None, device_memory: int) -> SchedulerConfig:
         """The defaults filled in for a device (name None: the CPU). Every rank and the

@@ -45,8 +45,11 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None = None, arrival_time: float = 0.0,
                  pooling_params: PoolingParams | None = None,
-                 cache_salt: str | None = None, lora_request: LoRARequest | None = None) -> None:
+                 cache_salt: str | None = None, lora_request: LoRARequest | None = None,
+                 priority: int = 0) -> None:
         self.request_id = request_id
+        self.priority = priority
+        """vLLM's: under the priority scheduling policy, lower values are served first."""
         self.cache_salt = cache_salt
         """Mixed into the first block's hash: only the same salt shares cached prefixes."""
         self.lora_request = lora_request
@@ -85,7 +88,7 @@ class Request:
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
                    req.eos_token_id, req.arrival_time, req.pooling_params, req.cache_salt,
-                   req.lora_request)
+                   req.lora_request, req.priority)
 
     def take_queue_time(self) -> float | None:
         """The queue time, the first time it is asked for after scheduling; then None."""

@@ -1,9 +1,9 @@
 """Continuous batching with chunked prefill under a per-step token budget.
 
 Each step, running requests are served first (a decode token, or the next chunk of a
-prompt), then waiting requests are admitted first-come first-served while tokens, sequence
-slots and KV blocks last. When blocks run out, the most recently admitted running request
-is preempted: its blocks are freed and it is recomputed later from its tokens.
+prompt), then waiting requests are admitted in queue order (request_queue.py: fcfs or by
+priority) while tokens, sequence slots and KV blocks last. When blocks run out, the last
+running request in that order is preempted: its blocks are freed and it is recomputed later.
 
 Async scheduling: the engine may call schedule() again while the last step is still in
 flight. A request that samples in that step holds an output placeholder; its next decode
@@ -15,7 +15,6 @@ update_from_output. A request with a placeholder is never preempted.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from loom.config import CacheConfig, SchedulerConfig
 from loom.core.kv_cache_manager import KVCacheManager, cdiv
 from loom.core.lora_admission import LoRAAdmission
 from loom.core.request import Request, RequestStatus
+from loom.core.request_queue import make_request_queue
 from loom.core.spec_decode import SpecDecoder
 from loom.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
@@ -55,7 +55,7 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_request_queue(scheduler_config.scheduling_policy)
         self.running: list[Request] = []
         self.finished_req_ids: list[str] = []
         """Finished, aborted or preempted since the last schedule(): workers drop them."""
@@ -72,7 +72,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         self._validate(request)
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         outputs = []
@@ -173,8 +173,8 @@ class Scheduler:
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              step: _Step) -> list[int] | None:
-        """Preempt from the back of the running list until the request's blocks fit.
-        Requests before it were already scheduled this step, so they are never the victim."""
+        """Preempt from the back of the running list (its lowest rank) until the request's
+        blocks fit. Requests before it were scheduled this step and rank above: never victims."""
         while True:
             new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
             if new_block_ids is not None:
@@ -214,9 +214,8 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        # In front of the queue, so it resumes before anything newer; several preempted in
-        # one step (last first) keep their arrival order.
-        self.waiting.appendleft(request)
+        # fcfs: in front, so it resumes before anything newer; priority: in its rank's place.
+        self.waiting.prepend(request)
         self.finished_req_ids.append(request.request_id)
         self._num_preemptions += 1
 
@@ -226,9 +225,9 @@ class Scheduler:
         reserved = None  # blocks the running requests may still need to decode (lazily)
         while (self.waiting and step.budget > 0
                and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
+            request = self.waiting.peek()
             if not self.loras.admits(request):
-                passed_over.append(self.waiting.popleft())
+                passed_over.append(self.waiting.pop())
                 continue
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             if self.config.kv_headroom_tokens and self.running:  # alone: always admitted
@@ -239,13 +238,13 @@ class Scheduler:
                     break  # it waits for decodes to finish rather than preempt them later
             num_new = min(request.num_tokens - num_hit, step.budget)
             if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
-                break  # FCFS: nothing behind it jumps the queue
-            self.waiting.popleft()
+                break  # nothing behind it jumps the queue
+            self.waiting.pop()
             self._admit(request, num_hit, num_new, step)
             self.loras.admitted(request)
             if reserved is not None:
                 reserved += self._growth_blocks(request)
-        self.waiting.extendleft(reversed(passed_over))
+        self.waiting.put_back(passed_over)
 
     def _target_tokens(self, request: Request) -> int:
         """The KV a request may come to hold: its tokens and those it may yet generate but
@@ -271,7 +270,7 @@ class Scheduler:
             self._num_prompt_tokens += request.num_prompt_tokens
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_hit
-        self.running.append(request)
+        self.waiting.add_running(self.running, request)  # kept in the queue's order
         step.new_reqs.append(NewRequestData(
             req_id=rid, token_ids=list(request.all_token_ids),
             num_prompt_tokens=request.num_prompt_tokens,

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS,
+                         SCHEDULING_POLICIES,
                          CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
                          LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from loom.speculative_config import SpeculativeConfig
@@ -48,6 +49,8 @@ class EngineArgs:
     async_scheduling: bool = True
     kv_headroom_tokens: int = 512
     """SchedulerConfig.kv_headroom_tokens; 0 admits as vLLM does."""
+    scheduling_policy: str = "fcfs"
+    """SchedulerConfig.scheduling_policy: "fcfs" or "priority"."""
     block_size: int = 16
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
@@ -99,6 +102,10 @@ class EngineArgs:
                        "many more tokens for each running one (its max_tokens permitting), so "
                        "that decodes are not preempted and recomputed; 0: admit while the "
                        "prompt fits, as vLLM")
+        g.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES,
+                       help="fcfs: requests are served in arrival order; priority: by each "
+                       "request's priority (lower first), then arrival, and a lower-priority "
+                       "running request is preempted when KV blocks run out")
         g.add_argument("--block-size", type=int, default=16)
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
         g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
@@ -202,7 +209,8 @@ class EngineArgs:
                               self.kv_cache_dtype),
             scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                                       self.async_scheduling, usage_context,
-                                      self.kv_headroom_tokens),
+                                      self.kv_headroom_tokens,
+                                      self.scheduling_policy),
             parallel=ParallelConfig(self.tensor_parallel_size),
             device=DeviceConfig(self.device),
             compilation=compilation,

@@ -193,7 +193,8 @@ class EngineCore:
     def get_model_info(self) -> dict:
         return {"vocab_size": self.vocab_size, "max_model_len": self.max_model_len,
                 "eos_token_id": self.eos_token_id, "max_logprobs": self.max_logprobs,
-                "lora": self.lora_info}
+                "lora": self.lora_info,
+                "scheduling_policy": self.config.scheduler.scheduling_policy}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -108,7 +108,8 @@ def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connect
         ready.send_bytes(encoder.encode(EngineReady(info["vocab_size"], info["max_model_len"],
                                                     info["eos_token_id"], kv["num_blocks"],
                                                     kv["block_size"], info["max_logprobs"],
-                                                    info["lora"])))
+                                                    info["lora"],
+                                                    info["scheduling_policy"])))
         ready.close()
     except OSError:
         # The launcher died while this engine started: nobody will connect. Stop in order.

@@ -38,6 +38,9 @@ class EngineCoreRequest(msgspec.Struct, tag="add", array_like=True, omit_default
     """vLLM's: only requests with the same salt share prefix-cache blocks."""
     lora_request: LoRARequest | None = None
     """The LoRA adapter it runs with (checked by the Processor); None: the base model."""
+    priority: int = 0
+    """vLLM's: under --scheduling-policy priority, lower values are served first (the
+    Processor refuses any other value under fcfs)."""
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
@@ -160,6 +163,8 @@ class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     to the vocabulary's size): the frontend refuses more, naming the field."""
     lora: LoRAInfo | None = None
     """What the frontend checks adapters against; None: LoRA is off."""
+    scheduling_policy: str = "fcfs"
+    """SchedulerConfig.scheduling_policy: the frontend refuses priorities under fcfs."""
 
 
 EngineStartup = EngineReady | EngineDead

@@ -45,7 +45,8 @@ class LLM:
         self._shut_down = False
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
-                                   info["eos_token_id"], info["max_logprobs"], info["lora"])
+                                   info["eos_token_id"], info["max_logprobs"], info["lora"],
+                                   info["scheduling_policy"])
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
@@ -73,24 +74,27 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True,
-                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
-                 ) -> list[RequestOutput]:
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Generate for each prompt (a string or a list of token ids); outputs in input order.
         lora_request: the LoRA adapter of every prompt, or one per prompt (None: the base
-        model's)."""
+        model's). priority: vLLM's, one per prompt (lower first; scheduling_policy
+        "priority" only); None: all 0."""
         self._check_open()
         salts = _cache_salts(prompts)
         prompts = _prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
         loras = _loras_per_prompt(lora_request, len(prompts))
+        priorities = self._priorities(priority, len(prompts))
         # validates all before adding any
         requests = self._prepare(prompts, params, salts, loras)
         with self._abort_on_error():
-            for (request_id, prompt, prompt_ids, p), salt, lora in zip(requests, salts, loras):
+            for (request_id, prompt, prompt_ids, p), salt, lora, rank in zip(
+                    requests, salts, loras, priorities):
                 for child_id, child_params in self.output_processor.add_request(
                         request_id, prompt, prompt_ids, p, OutputKind.FINAL_ONLY):
-                    self.engine.add_request(
-                        self.processor.process(child_id, prompt_ids, child_params, salt, lora))
+                    self.engine.add_request(self.processor.process(
+                        child_id, prompt_ids, child_params, salt, lora, rank))
             outputs = self._run(len(requests), use_tqdm)
         order = {r[0]: i for i, r in enumerate(requests)}
         return sorted(outputs, key=lambda o: order[o.request_id])
@@ -157,12 +161,12 @@ class LLM:
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict[str, Any]] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
-             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
-             ) -> list[RequestOutput]:
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Apply the chat template to each conversation, then generate. As vLLM's: tools and
         chat_template_kwargs reach the template (no tool calls are parsed offline);
-        continue_final_message continues the last (assistant) message; lora_request as
-        generate's."""
+        continue_final_message continues the last (assistant) message; lora_request and
+        priority (one per conversation) as generate's."""
         self._check_open()
         if self.tokenizer is None:
             raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
@@ -171,7 +175,7 @@ class LLM:
                  for c in _conversations(messages)]
         # The template writes the special tokens (BOS) itself.
         prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        outputs = self.generate(prompts, sampling_params, use_tqdm, lora_request)
+        outputs = self.generate(prompts, sampling_params, use_tqdm, lora_request, priority)
         for output, text in zip(outputs, texts):
             output.prompt = text  # as vLLM: the rendered conversation
         return outputs
@@ -199,6 +203,17 @@ class LLM:
                         add_generation_prompt: bool = True) -> list[int]:
         text = self.chat_prompt(conversation, chat_template, add_generation_prompt)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _priorities(self, priority: Sequence[int] | None, count: int) -> list[int]:
+        """One priority per prompt, each checked before any request is added."""
+        if priority is None:
+            return [0] * count
+        if not isinstance(priority, list | tuple) or len(priority) != count:
+            raise ValueError(f"priority: must be a list of one integer per prompt ({count}), "
+                             f"got {priority!r}")
+        for value in priority:
+            self.processor.check_priority(value)
+        return list(priority)
 
     def _check_open(self) -> None:
         if self._shut_down:

@@ -81,7 +81,8 @@ class AsyncLLM:
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
-                                   info.eos_token_id, info.max_logprobs, info.lora)
+                                   info.eos_token_id, info.max_logprobs, info.lora,
+                                   info.scheduling_policy)
         self.output_processor = OutputProcessor(tokenizer)
         self.streams: dict[str, _Stream] = {}
         self._pooling: dict[str, asyncio.Future] = {}
@@ -112,18 +113,20 @@ class AsyncLLM:
     async def generate(self, prompt: PromptType, params: SamplingParams, request_id: str,
                        trace_headers: Mapping[str, str] | None = None,
                        cache_salt: str | None = None,
-                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+                       lora_request: LoRARequest | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Yield what is new for the request at each engine step (text, tokens, logprobs),
         until it finishes. Closing the generator early aborts the request in the engine.
         With tracing on, its span is parented to trace_headers' W3C trace context.
-        lora_request: the LoRA adapter it runs with (None: the base model)."""
+        lora_request: the LoRA adapter it runs with (None: the base model).
+        priority: vLLM's; lower values are served first (--scheduling-policy priority)."""
         self._check_alive()
         if request_id in self.streams:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         text, prompt_ids = self.tokenize(prompt)
         # Validated before any state; its ids are the prompt's after truncate_prompt_tokens.
         request = self.processor.process(request_id, prompt_ids, params, cache_salt,
-                                         lora_request)
+                                         lora_request, priority)
         # Logged once accepted, so that a request the Processor refuses is in the log from
         # neither endpoint (completions checks its prompts before it gets here).
         if self._request_logger is not None:
@@ -137,7 +140,7 @@ class AsyncLLM:
                                                          OutputKind.DELTA)
             for child_id, child_params in children:
                 self.client.send(self.processor.process(child_id, prompt_ids, child_params,
-                                                        cache_salt, lora_request))
+                                                        cache_salt, lora_request, priority))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):

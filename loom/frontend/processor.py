@@ -42,10 +42,12 @@ def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) 
 class Processor:
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int,
                  eos_token_id: int | None, max_logprobs: int | None = None,
-                 lora: LoRAInfo | None = None) -> None:
+                 lora: LoRAInfo | None = None, scheduling_policy: str = "fcfs") -> None:
         """max_logprobs: resolved (never -1); None: as many as the vocabulary holds.
-        lora: the engine's LoRA limits; None: requests may not name an adapter."""
+        lora: the engine's LoRA limits; None: requests may not name an adapter.
+        scheduling_policy: the engine's; under "fcfs" every request's priority is 0."""
         self.lora = lora
+        self.scheduling_policy = scheduling_policy
         self._lora_paths: dict[int, str] = {}
         """Adapters checked so far: lora_int_id -> its path (an id names one adapter)."""
         self.tokenizer = tokenizer
@@ -110,9 +112,11 @@ class Processor:
 
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams, cache_salt: str | None = None,
-                lora_request: LoRARequest | None = None) -> EngineCoreRequest:
+                lora_request: LoRARequest | None = None, priority: int = 0) -> EngineCoreRequest:
         """cache_salt: vLLM's; only requests with the same salt share cached prefixes.
-        lora_request: the adapter it runs with (None: the base model)."""
+        lora_request: the adapter it runs with (None: the base model).
+        priority: vLLM's; lower values are served first (priority scheduling only)."""
+        self.check_priority(priority)
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError("cache_salt: must be a non-empty string")
         if lora_request is not None:
@@ -143,7 +147,18 @@ class Processor:
             params = params.clone(stop_token_ids=params.stop_token_ids + extra)
         return EngineCoreRequest(request_id, list(prompt_token_ids), params, time.time(),
                                  self.eos_token_id, cache_salt=cache_salt,
-                                 lora_request=lora_request)
+                                 lora_request=lora_request, priority=priority)
+
+    def check_priority(self, priority: int) -> None:
+        """vLLM's rule: only the priority policy takes a priority other than 0."""
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority: must be an integer, got {priority!r}")
+        if not -(2**63) <= priority < 2**63:  # what msgspec carries to the engine
+            raise ValueError(f"priority: must fit in 64 bits, got {priority}")
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(f"priority: Got priority {priority} but Priority scheduling is not "
+                             "enabled; start the engine with --scheduling-policy priority "
+                             "(LLM(scheduling_policy=\"priority\"))")
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
         """Each word as it starts the text and as it follows a space (vLLM's rule: the

@@ -203,3 +203,24 @@ def test_logged_requests_name_their_lora_adapter(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0].endswith(f"prompt_token_ids: [1], lora_request: {lora}")
     assert messages[1].endswith("prompt_token_ids: [1]")
+
+
+def test_priority_reaches_the_engine_and_fcfs_refuses_it():
+    async def main():
+        engine, client = _engine()
+        with pytest.raises(ValueError, match="^priority: .*--scheduling-policy priority"):
+            await anext(engine.generate([1, 2], SamplingParams(max_tokens=1), "a", priority=2))
+        client.info = EngineReady(100, 64, None, 10, 16, scheduling_policy="priority")
+        engine = AsyncLLM(client, tokenizer=None)
+        engine.start()
+        gen = engine.generate([1, 2], SamplingParams(max_tokens=1, n=2), "b", priority=-1)
+        task = asyncio.ensure_future(anext(gen))
+        await asyncio.sleep(0)
+        requests = [m for m in client.sent if isinstance(m, EngineCoreRequest)]
+        assert len(requests) == 2 and {r.priority for r in requests} == {-1}
+        task.cancel()  # as a client that goes away: the requests are aborted
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await gen.aclose()
+        assert sorted(client.aborted()) == sorted(r.request_id for r in requests)
+    asyncio.run(main())
