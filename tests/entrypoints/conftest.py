@@ -165,13 +165,14 @@ def llm(tiny_chat_model):
 @pytest.fixture(scope="session")
 def parsing_server(tiny_chat_model, tmp_path_factory):
     """A server that reads tool calls (hermes) and thinking (qwen3) out of its outputs,
-    takes a request's own chat template, counts cached prompt tokens in usage and keeps
-    /v1/responses' stored responses."""
+    takes a request's own chat template, counts cached prompt tokens in usage, keeps
+    /v1/responses' stored responses and schedules by request priority."""
     s = start_server(tiny_chat_model, "mp", tmp_path_factory.mktemp("parsing-logs"),
                      extra_env={"LOOM_ENABLE_RESPONSES_API_STORE": "1"},
                      extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                                  "--reasoning-parser", "qwen3", "--trust-request-chat-template",
-                                 "--enable-prompt-tokens-details"))
+                                 "--enable-prompt-tokens-details",
+                                 "--scheduling-policy", "priority"))
     yield s
     assert s.stop() == 0, s.log_tail()
 

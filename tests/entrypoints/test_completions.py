@@ -324,3 +324,29 @@ def test_use_beam_search_as_offline(server, llm):
             headers={"Authorization": f"Bearer {API_KEY}"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search", r.text
     assert server.introspect()["engine_unfinished"] == 0
+
+
+def test_priority_needs_the_priority_policy(parsing_server, server):
+    """vLLM's priority field: taken by a server with --scheduling-policy priority (as
+    parsing_server runs), a 400 naming it from one without (fcfs), for both endpoints."""
+    import openai
+    messages = [{"role": "user", "content": "hi"}]
+    prio = parsing_server.client()
+    out = prio.completions.create(model=server_model(parsing_server), prompt="x", max_tokens=2,
+                                  extra_body={"priority": -5})
+    assert out.choices[0].finish_reason == "length"
+    chat = prio.chat.completions.create(model=server_model(parsing_server), messages=messages,
+                                        max_tokens=2, extra_body={"priority": 3})
+    assert chat.choices[0].finish_reason == "length"
+    fcfs, model = server.client(), server_model(server)
+    with pytest.raises(openai.BadRequestError, match="Priority scheduling is not enabled") as e:
+        fcfs.completions.create(model=model, prompt="x", max_tokens=2, extra_body={"priority": 1})
+    assert e.value.body["param"] == "priority"
+    with pytest.raises(openai.BadRequestError, match="Priority scheduling is not enabled"):
+        fcfs.chat.completions.create(model=model, messages=messages, max_tokens=2,
+                                     extra_body={"priority": 1})
+    with pytest.raises(openai.BadRequestError, match="priority"):
+        prio.completions.create(model=server_model(parsing_server), prompt="x", max_tokens=2,
+                                extra_body={"priority": "high"})
+    assert fcfs.completions.create(model=model, prompt="x", max_tokens=2,
+                                   extra_body={"priority": 0}).choices

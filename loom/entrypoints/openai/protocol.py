@@ -233,6 +233,8 @@ class SamplingFields(RequestBody, GuidedFields):
     """vLLM's: words never generated (at the start of the text or after a space)."""
     cache_salt: str | None = None
     """vLLM's: only requests with the same salt share cached prompt prefixes."""
+    priority: Int64 = 0
+    """vLLM's: lower is served first (--scheduling-policy priority; else only 0)."""
     use_beam_search: bool = False
     """vLLM's: beam search over n beams (`loom.beam_search`); whole responses only."""
     length_penalty: Float = 1.0

@@ -122,7 +122,8 @@ class OpenAIServingChat(OpenAIServing):
                 id=chat.id, created=chat.created, model=chat.model, choices=choices,
                 usage=UsageInfo.of(len(prompt_ids), generated)).model_dump(mode="json"))
         outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers,
-                                              body.cache_salt, lora_request=lora)])
+                                              body.cache_salt, lora_request=lora,
+                                              priority=body.priority)])
         if body.stream:
             return await self._stream(chat, outputs)
         return await self._whole(chat, outputs)

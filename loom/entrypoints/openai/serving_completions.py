@@ -77,13 +77,14 @@ class OpenAIServingCompletion(OpenAIServing):
                                              self.sampling_defaults)
             # All valid, or none runs.
             self.engine.processor.process(request.id, token_ids, params, body.cache_salt,
-                                          lora_request=lora)
+                                          lora_request=lora, priority=body.priority)
             request.prompts.append(_Prompt(text, token_ids))
             generators.append((token_ids, params, f"{request.id}-{i}"))
         if body.use_beam_search:
             return await self._beam_search(request, [g[0] for g in generators])
         outputs = merge([self.engine.generate(*g, trace_headers, body.cache_salt,
-                                              lora_request=lora) for g in generators])
+                                              lora_request=lora, priority=body.priority)
+                         for g in generators])
         if body.stream:
             return await self._stream(request, outputs)
         return await self._whole(request, outputs)
