@@ -348,5 +348,14 @@ def test_priority_needs_the_priority_policy(parsing_server, server):
     with pytest.raises(openai.BadRequestError, match="priority"):
         prio.completions.create(model=server_model(parsing_server), prompt="x", max_tokens=2,
                                 extra_body={"priority": "high"})
+    # /v1/responses takes it too (it reached nothing before: silently dropped).
+    assert prio.responses.create(model=server_model(parsing_server), input="hi",
+                                 max_output_tokens=2, extra_body={"priority": 2}).status
+    with pytest.raises(openai.BadRequestError, match="Priority scheduling is not enabled"):
+        fcfs.responses.create(model=model, input="hi", max_output_tokens=2,
+                              extra_body={"priority": 1})
+    with pytest.raises(openai.BadRequestError, match="Priority scheduling is not enabled"):
+        fcfs.chat.completions.create(model=model, messages=messages, max_tokens=2, n=2,
+                                     extra_body={"priority": 1, "use_beam_search": True})
     assert fcfs.completions.create(model=model, prompt="x", max_tokens=2,
                                    extra_body={"priority": 0}).choices

@@ -51,13 +51,16 @@ class OpenAIServing:
         """The model's generation_config recommendations for unset sampling fields."""
 
     async def beam_search(self, prompt_ids: list[int], params: BeamSearchParams,
-                          request_id: str, lora_request: LoRARequest | None = None
+                          request_id: str, lora_request: LoRARequest | None = None,
+                          cache_salt: str | None = None, priority: int = 0
                           ) -> list[BeamSearchSequence]:
-        """vLLM's use_beam_search: the n best beams of one prompt."""
+        """vLLM's use_beam_search: the n best beams of one prompt (each round's requests
+        with the request's adapter, cache salt and priority)."""
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
         check_width(params, self.engine.processor.max_logprobs, "use_beam_search")
-        generate = functools.partial(self.engine.generate, lora_request=lora_request)
+        generate = functools.partial(self.engine.generate, cache_salt=cache_salt,
+                                     lora_request=lora_request, priority=priority)
         return await beam_search_async(generate, prompt_ids, params,
                                        self.engine.processor.eos_token_id, request_id, decode)
 

@@ -113,7 +113,7 @@ class OpenAIServingChat(OpenAIServing):
             params.skip_special_tokens = False  # the parser reads the call markers
         if body.use_beam_search:
             beams = await self.beam_search(prompt_ids, body.beam_search_params(params.max_tokens),
-                                           chat.id, lora)
+                                           chat.id, lora, body.cache_salt, body.priority)
             choices = [ChatChoice(index=k, message=ChatMessageOut(content=beam.text),
                                   finish_reason=beam.finish_reason)
                        for k, beam in enumerate(beams)]

@@ -127,8 +127,8 @@ class OpenAIServingCompletion(OpenAIServing):
     async def _beam_search(self, request: _Request, prompts: list[list[int]]) -> Response:
         body = request.body
         searches = [self.beam_search(ids, body.beam_search_params(
-            self.max_tokens_for(len(ids), body.max_tokens)), f"{request.id}-{i}", request.lora)
-            for i, ids in enumerate(prompts)]
+            self.max_tokens_for(len(ids), body.max_tokens)), f"{request.id}-{i}", request.lora,
+            body.cache_salt, body.priority) for i, ids in enumerate(prompts)]
         results = await gather_or_cancel(searches)
         choices, generated = [], 0
         for i, (prompt, beams) in enumerate(zip(request.prompts, results)):

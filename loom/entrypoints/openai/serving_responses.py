@@ -116,7 +116,7 @@ class OpenAIServingResponses(OpenAIServing):
                    OutputSplit(tools, reasoning), conversation,
                    body.store and self.store is not None)
         outputs = self.engine.generate(prompt_ids, params, run.id, trace_headers,
-                                       body.cache_salt, lora_request=lora)
+                                       body.cache_salt, lora_request=lora, priority=body.priority)
         if body.stream:
             return await self._stream(run, outputs)
         return await self._whole(run, outputs)
