@@ -215,3 +215,20 @@ def test_beam_search_with_an_adapter_equals_the_merged_model(adapters, tmp_path)
     base = _llm(path).beam_search(prompts[1:], params)
     assert [s.tokens for s in with_lora[0].sequences] == [s.tokens for s in merged[0].sequences]
     assert [s.tokens for s in with_lora[1].sequences] == [s.tokens for s in base[0].sequences]
+
+
+def test_host_cache_evicts_and_reloads(adapters, monkeypatch):
+    """max_cpu_loras=1 with two adapters: each load evicts the other from host memory, so
+    taking turns reloads them, and every request still gets its own adapter's tokens."""
+    from loom.lora.manager import LoRAManager
+    path, hf, made = adapters("llama")
+    loads, load = [], LoRAManager._load
+    monkeypatch.setattr(LoRAManager, "_load", lambda self, lora: (
+        loads.append(lora.lora_int_id), load(self, lora))[1])
+    llm = _llm(path, max_loras=1, max_cpu_loras=1)
+    for _ in range(2):
+        for lora, model in made:
+            prompt = _prompts()[0]
+            out = llm.generate([prompt], _greedy(4), lora_request=lora, use_tqdm=False)[0]
+            assert out.outputs[0].token_ids == hf_greedy(model, prompt, 4)
+    assert loads == [1, 2, 1, 2]
