@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, PromptLogprobs,
                                               RequestBody, SamplingFields, TokenId, UsageInfo,
                                               refuse_extensions)
-from loom.entrypoints.openai.tool_calls import ToolCall, check_tools, tool_schema
+from loom.entrypoints.openai.tool_calls import ToolCall, check_tools, with_tool_constraint
 from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 
@@ -137,15 +137,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
 
     def guided_decoding(self) -> GuidedDecodingParams | None:
         """The request's structured output; a required or named tool call is one too."""
-        constraint = super().guided_decoding()
-        schema = tool_schema(self.tools, self.tool_choice, self.parallel_tool_calls)
-        if schema is None:
-            return constraint
-        if constraint is not None:
-            raise ValueError("tool_choice: a required or named tool call constrains the output "
-                             "itself; it cannot be combined with response_format or "
-                             "structured_outputs")
-        return GuidedDecodingParams(json=schema)
+        return with_tool_constraint(super().guided_decoding(), self.tools, self.tool_choice,
+                                    self.parallel_tool_calls, "response_format")
 
     def to_sampling_params(self, max_tokens: int,
                            defaults: dict[str, Any] | None = None) -> SamplingParams:

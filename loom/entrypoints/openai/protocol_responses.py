@@ -19,7 +19,7 @@ from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, Samplin
                                               refuse_extensions)
 from loom.entrypoints.openai.protocol_chat import ChatMessage
 from loom.entrypoints.openai.responses_input import to_messages
-from loom.entrypoints.openai.tool_calls import tool_schema
+from loom.entrypoints.openai.tool_calls import with_tool_constraint
 from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -186,15 +186,9 @@ class ResponsesRequest(SamplingFields):
 
     def guided_decoding(self) -> GuidedDecodingParams | None:
         """text.format or vLLM's structured output; a required or named tool call is one."""
-        constraint = super().guided_decoding()
-        schema = tool_schema(self.chat_tools, self.chat_tool_choice, self.parallel_tool_calls)
-        if schema is None:
-            return constraint
-        if constraint is not None:
-            raise ValueError("tool_choice: a required or named tool call constrains the output "
-                             "itself; it cannot be combined with text.format or "
-                             "structured_outputs")
-        return GuidedDecodingParams(json=schema)
+        return with_tool_constraint(super().guided_decoding(), self.chat_tools,
+                                    self.chat_tool_choice, self.parallel_tool_calls,
+                                    "text.format")
 
     def to_sampling_params(self, max_tokens: int,
                            defaults: dict[str, Any] | None = None) -> SamplingParams:

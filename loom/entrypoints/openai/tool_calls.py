@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, FunctionCall
+from loom.sampling_params import GuidedDecodingParams
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
 """OpenAI: a function without `parameters` takes none."""
@@ -95,6 +96,22 @@ def tool_schema(tools: list[dict], tool_choice: Any, parallel: bool | None) -> d
     if parallel is False:
         schema["maxItems"] = 1
     return schema
+
+
+def with_tool_constraint(constraint: GuidedDecodingParams | None, tools: list[dict],
+                         tool_choice: Any, parallel: bool | None,
+                         format_field: str) -> GuidedDecodingParams | None:
+    """A request's structured output, or the schema a required or named tool choice
+    constrains the output to; both at once is a ValueError (format_field: what the request
+    calls its own output format)."""
+    schema = tool_schema(tools, tool_choice, parallel)
+    if schema is None:
+        return constraint
+    if constraint is not None:
+        raise ValueError("tool_choice: a required or named tool call constrains the output "
+                         f"itself; it cannot be combined with {format_field} or "
+                         "structured_outputs")
+    return GuidedDecodingParams(json=schema)
 
 
 @dataclass(frozen=True)
