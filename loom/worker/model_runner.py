@@ -369,7 +369,8 @@ class ModelRunner:
             [r.stop_ids for r in chosen], [r.params.seed for r in chosen],
             self.device, self.arch.vocab_size,
             [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None,
-            seed_index=[seq_lens[i] - reqs[i].num_prompt_tokens for i in rows])
+            seed_index=[seq_lens[i] - reqs[i].num_prompt_tokens for i in rows]
+            if any(r.params.seed is not None for r in chosen) else None)
         out = self.sampler(logits, meta)
         if out.logprobs is None:
             return out.sampled_token_ids.long(), None
