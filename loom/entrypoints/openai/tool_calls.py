@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, FunctionCall
+from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, CallReading, FunctionCall
 from loom.sampling_params import GuidedDecodingParams
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -206,8 +206,8 @@ class ToolStream:
     """The ids of the calls sent so far, by index."""
     args_sent: list[str] = field(default_factory=list)
     """The arguments text sent so far of each opened call."""
-    partial: dict = field(default_factory=dict)
-    """The parser's reading of the calls so far (`partial_calls`' cache)."""
+    reading: CallReading = field(default_factory=CallReading)
+    """The parser's reading of the calls so far (`partial_calls`)."""
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall | tuple[int, str]]]:
         """(content to send, tool-call deltas to send): a ToolCall opens a call, (index,
@@ -231,7 +231,7 @@ class ToolStream:
         if partial is None:
             return []
         out: list[ToolCall | tuple[int, str]] = []
-        for i, (name, args) in enumerate(partial(self.text, self.partial)):
+        for i, (name, args) in enumerate(partial(self.text, self.reading)):
             if i == len(self.opened):
                 if name is None or (i and not self.calls.parallel):
                     break

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loom.entrypoints.openai.partial_json import GrowingScan, object_members, skip_space
@@ -66,6 +66,19 @@ def tail_overlap(text: str, marker: str) -> int:
     return 0
 
 
+PartialCall = tuple[str | None, str]
+"""A call being written: its name (None until whole) and its arguments' text so far."""
+
+
+@dataclass
+class CallReading:
+    """One stream's reading of its calls, kept between pieces (`partial_calls`)."""
+    finished: dict[int, PartialCall | None] = field(default_factory=dict)
+    """Blocks already closed, by where they start: read once."""
+    open: GrowingScan = field(default_factory=GrowingScan)
+    """The scan of the block still being written, resumed at each piece."""
+
+
 class HermesParser:
     START, END = "<tool_call>", "</tool_call>"
     keeps_special_tokens = True
@@ -99,23 +112,22 @@ class HermesParser:
         start = text.find(self.START)
         return start if start >= 0 else len(text) - tail_overlap(text, self.START)
 
-    def partial_calls(self, text: str, cache: dict | None = None
-                      ) -> list[tuple[str | None, str]]:
+    def partial_calls(self, text: str, reading: CallReading | None = None
+                      ) -> list[PartialCall]:
         """(name, arguments so far) of each call opened in a text still being written; the
-        name None until written whole, the arguments "" unless they are an object. cache:
-        the stream's own, given each time: finished blocks are read once, and the open one
-        from where the last call left it."""
-        cache = {} if cache is None else cache
+        arguments "" unless they are an object. reading: the stream's own, given each time,
+        so that each piece is read once."""
+        reading = reading or CallReading()
         calls, pos = [], 0
         while (start := text.find(self.START, pos)) >= 0:
             end = text.find(self.END, start)
             if end < 0:
-                call = self._call_text(text, start + len(self.START),
-                                       cache.setdefault("open", GrowingScan()))
-            elif start in cache:
-                call = cache[start]
+                call = self._call_text(text, start + len(self.START), reading.open)
+            elif start in reading.finished:
+                call = reading.finished[start]
             else:
-                call = cache[start] = self._call_text(text[:end], start + len(self.START))
+                call = reading.finished[start] = self._call_text(text[:end],
+                                                                 start + len(self.START))
             if call is None:
                 break
             calls.append(call)
@@ -127,7 +139,7 @@ class HermesParser:
     ARGUMENTS = ("arguments", "parameters")
 
     def _call_text(self, text: str, i: int, scan: GrowingScan | None = None
-                   ) -> tuple[str | None, str] | None:
+                   ) -> PartialCall | None:
         """(name, the arguments object's text so far) of the call JSON at text[i:] (after
         any space); None if it is not (the start of) an object."""
         head = skip_space(text, i)
