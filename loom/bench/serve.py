@@ -139,7 +139,7 @@ class ServeBenchConfig:
             result_dir=ns.result_dir, result_filename=ns.result_filename, plot=ns.plot,
             api_key=ns.api_key or os.environ.get("OPENAI_API_KEY"),
             compute_floor=ns.compute_floor, tensor_parallel_size=ns.tensor_parallel_size,
-            lora_modules=tuple(getattr(ns, "lora_modules", None) or ()))
+            lora_modules=tuple(ns.lora_modules or ()))
 
 
 def _names(text: str) -> tuple[str, ...]:

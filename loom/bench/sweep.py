@@ -114,7 +114,7 @@ def _plan(args: argparse.Namespace) -> SweepPlan:
                                "tokenizer": tokenizer, "num_prompts": 1, "request_rate": 1.0,
                                "save_result": True, "result_dir": str(result_dir),
                                "result_filename": None, "compute_floor": False,
-                               "tensor_parallel_size": 1})
+                               "tensor_parallel_size": 1, "lora_modules": None})
     return SweepPlan(rates, modes, args.duration, result_dir, spec, ServeBenchConfig.from_args(ns),
                      args.restart_per_rate, args.inf_num_prompts, args.compute_floor)
 
