@@ -25,7 +25,7 @@ from loom.models.arch import ModelArch
 class ParamCounts:
     dense: int
     """Weights every step reads whatever the routing: embeddings, attention, norms, dense
-    MLPs, routers, LM head."""
+    MLPs, routers, shared experts, LM head."""
     experts: int
     """All routed-expert weights (0 for a dense model)."""
     active: int
@@ -49,6 +49,8 @@ def param_counts(arch: ModelArch) -> ParamCounts:
         dense += attn + norms
         if arch.is_moe_layer(layer):
             dense += h * arch.num_experts  # router
+            if arch.shared_expert_intermediate_size:  # Qwen2-MoE's, read for every token
+                dense += 3 * h * arch.shared_expert_intermediate_size + h  # + its gate
             experts += arch.num_experts * 3 * h * arch.moe_intermediate_size
         else:
             dense += 3 * h * arch.intermediate_size

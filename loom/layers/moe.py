@@ -52,11 +52,14 @@ def _(x, w13, w2, weights, ids):
 
 class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool) -> None:
+                 renormalize: bool, reduce_results: bool = True) -> None:
+        """reduce_results=False: forward returns this rank's partial sum, for a caller that
+        adds more to it before one all-reduce (Qwen2-MoE's shared expert)."""
         super().__init__()
         tp = get_tp_group()
         self.tp_rank, self.tp_size = tp.rank, tp.world_size
         self.top_k, self.renormalize = top_k, renormalize
+        self.reduce_results = reduce_results
         self.shard = divide(intermediate_size, tp.world_size, "MoE intermediate size")
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.shard, hidden_size),
                                 requires_grad=False)
@@ -86,7 +89,7 @@ class FusedMoE(nn.Module):
         else:
             weights, ids = route(router_logits, self.top_k, self.renormalize)
         out = self.experts(x, weights, ids)
-        return tp_all_reduce(out)
+        return tp_all_reduce(out) if self.reduce_results else out
 
     def experts(self, x, weights, ids):
         if x.is_cuda:

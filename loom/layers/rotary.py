@@ -1,8 +1,10 @@
-"""Rotary position embeddings (rotate-half layout), with Llama 3 frequency scaling."""
+"""Rotary position embeddings (rotate-half layout), with Llama 3 frequency scaling and
+per-frequency divisors (LongRoPE's factors)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -21,9 +23,19 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(mid, smoothed, out)
 
 
-def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
+def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None,
+                     divisors: Sequence[float] | None) -> torch.Tensor:
     # float32 throughout, as the reference implementation computes it, so positions agree bitwise-close.
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if divisors is not None:
+        if scaling is not None:
+            raise ValueError("rotary embedding: per-frequency divisors replace rope_scaling, "
+                             "not combine with it")
+        if len(divisors) != head_dim // 2:
+            raise ValueError(f"rope_scaling: {len(divisors)} LongRoPE factors for "
+                             f"{head_dim // 2} rotary frequencies (head_dim {head_dim})")
+        return 1.0 / (torch.tensor(divisors, dtype=torch.float32) * base ** exponents)
+    inv_freq = 1.0 / base ** exponents
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind in (None, "default"):
         return inv_freq
@@ -36,12 +48,18 @@ def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float,
-                 scaling: dict | None = None) -> None:
+                 scaling: dict | None = None, divisors: Sequence[float] | None = None,
+                 magnitude: float = 1.0) -> None:
+        """divisors: one per frequency, dividing it (LongRoPE's factors), instead of
+        scaling; magnitude: a factor on cos and sin (LongRoPE's attention factor), kept in
+        the table so that every backend, fused rotary kernels included, applies it."""
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = _scaled_inv_freq(head_dim, base, scaling)
+        inv_freq = _scaled_inv_freq(head_dim, base, scaling, divisors)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq.float())
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        if magnitude != 1.0:
+            cache = cache * magnitude
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):

@@ -1,12 +1,15 @@
 """`ModelArch`: the fields of a Hugging Face config.json that loom's models read, typed.
 
 Config files differ across transformers versions (rope_theta vs rope_parameters,
-num_experts vs num_local_experts, torch_dtype vs dtype); this is the one place that
-knows, so model files never touch a raw dict.
+num_experts vs num_local_experts, torch_dtype vs dtype, rope_scaling's "su" vs "longrope")
+and across architectures (Mixtral's experts are intermediate_size wide, Qwen's
+moe_intermediate_size); this is the one place that knows, so model files never touch a
+raw dict.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,70 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict | None]:
     if scaling is None and params.get("rope_type", "default") != "default":
         scaling = params
     return float(theta), scaling
+
+
+def _rope_kind(scaling: dict | None) -> str:
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+@dataclass(frozen=True)
+class LongRope:
+    """Phi-3's LongRoPE (rope_scaling type "longrope", once "su"): each rotary frequency is
+    divided by its own factor, from one list for sequences within the pretraining length
+    and another beyond it, and cos and sin are scaled by attention_factor."""
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    attention_factor: float
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], scaling: dict) -> LongRope:
+        try:
+            short, long = tuple(scaling["short_factor"]), tuple(scaling["long_factor"])
+        except KeyError as e:
+            raise ValueError(f"rope_scaling: LongRoPE needs short_factor and long_factor; "
+                             f"{e.args[0]} is missing") from None
+        max_pos = _first(cfg, "max_position_embeddings", default=2048)
+        # Phi-3 keeps it beside max_position_embeddings; newer configs in rope_parameters.
+        original = _first(cfg, "original_max_position_embeddings", default=None) \
+            or _first(scaling, "original_max_position_embeddings", default=max_pos)
+        # transformers' default: the context's stretch over pretraining sets the scale
+        factor = _first(scaling, "factor", default=max_pos / original)
+        attention = _first(scaling, "attention_factor", default=None)
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(
+                1 + math.log(factor) / math.log(original))
+        return cls(short, long, int(original), float(attention))
+
+
+def _long_rope(cfg: dict[str, Any], scaling: dict | None) -> LongRope | None:
+    if _rope_kind(scaling) not in ("longrope", "su"):
+        return None
+    return LongRope.from_hf_config(cfg, scaling)
+
+
+def _sliding_window(cfg: dict[str, Any]) -> int | None:
+    """The attention window a config's model was trained with, if it uses one: Mistral's
+    and Phi-3's sliding_window, Qwen's only under use_sliding_window (their configs carry a
+    window they do not use)."""
+    window = cfg.get("sliding_window")
+    if not window or not cfg.get("use_sliding_window", True):
+        return None
+    return int(window)
+
+
+def _norm_topk_prob(cfg: dict[str, Any], architecture: str) -> bool:
+    # Mixtral's router always renormalises its top k (its config has no switch); Qwen's
+    # MoE configs default to not (transformers' Qwen2MoeConfig and Qwen3MoeConfig).
+    if architecture == "MixtralForCausalLM":
+        return True
+    return bool(cfg.get("norm_topk_prob", False))
+
+
+def _partial_rotary_factor(cfg: dict[str, Any]) -> float:
+    params = cfg.get("rope_parameters") or {}
+    return float(_first(params, "partial_rotary_factor", default=None)
+                 or _first(cfg, "partial_rotary_factor", default=1.0))
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -58,6 +125,13 @@ class ModelArch:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+    """Qwen2-MoE's shared expert, an MLP beside the routed ones in every MoE layer (0: none)."""
+    sliding_window: int | None = None
+    """The attention window, where the model was trained with one (None: full attention)."""
+    long_rope: LongRope | None = None
+    partial_rotary_factor: float = 1.0
+    """The share of each head's dimensions that rotary embedding turns (Phi-4-mini: 0.75)."""
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
@@ -66,6 +140,7 @@ class ModelArch:
             raise ValueError("config.json has no 'architectures' entry: cannot pick a model class")
         heads = cfg["num_attention_heads"]
         theta, scaling = _rope(cfg)
+        experts = _first(cfg, "num_experts", "num_local_experts", default=0)
         return cls(
             architecture=archs[0], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"],
@@ -78,12 +153,17 @@ class ModelArch:
             attention_bias=bool(cfg.get("attention_bias", False)),
             dtype=_first(cfg, "torch_dtype", "dtype"), bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
-            num_experts=_first(cfg, "num_experts", "num_local_experts", default=0),
-            num_experts_per_tok=_first(cfg, "num_experts_per_tok", default=0),
-            moe_intermediate_size=_first(cfg, "moe_intermediate_size", default=0),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            num_experts=experts, num_experts_per_tok=_first(cfg, "num_experts_per_tok", default=0),
+            # Mixtral's experts are intermediate_size wide; Qwen's have their own size.
+            moe_intermediate_size=_first(cfg, "moe_intermediate_size", default=cfg.get(
+                "intermediate_size", 0) if experts else 0),
+            norm_topk_prob=_norm_topk_prob(cfg, archs[0]),
             decoder_sparse_step=_first(cfg, "decoder_sparse_step", default=1),
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=_first(cfg, "shared_expert_intermediate_size",
+                                                   default=0),
+            sliding_window=_sliding_window(cfg), long_rope=_long_rope(cfg, scaling),
+            partial_rotary_factor=_partial_rotary_factor(cfg),
         )
 
     def check_tensor_parallel(self, tp: int) -> None:
@@ -101,6 +181,9 @@ class ModelArch:
             problems.append(f"MLP intermediate size ({self.intermediate_size})")
         if self.num_experts and self.moe_intermediate_size % tp:
             problems.append(f"expert intermediate size ({self.moe_intermediate_size})")
+        if self.num_experts and self.shared_expert_intermediate_size % tp:
+            problems.append(f"shared expert intermediate size "
+                            f"({self.shared_expert_intermediate_size})")
         if problems:
             raise ValueError(f"tensor_parallel_size: {self.architecture}'s "
                              f"{', '.join(problems)} must be divisible by the tensor-parallel "
@@ -111,11 +194,26 @@ class ModelArch:
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
     @property
+    def context_len(self) -> int:
+        """The longest sequence loom runs as the checkpoint's attention defines it: loom's
+        attention has no sliding window, and up to the window's length none is needed."""
+        if self.sliding_window is not None:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+    @property
+    def fused_checkpoint(self) -> bool:
+        """The checkpoint (and LoRA adapters trained on it) holds q/k/v and gate/up as one
+        qkv_proj and one gate_up_proj each (Phi-3), not as separate projections."""
+        return self.architecture == "Phi3ForCausalLM"
+
+    @property
     def num_params(self) -> int:
         """Parameters of the decoder layers one token's matmuls touch (no embedding, no LM
         head), for FLOP floors."""
         attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         dense = 3 * self.hidden_size * self.intermediate_size
-        moe = 3 * self.hidden_size * self.moe_intermediate_size * self.num_experts_per_tok
+        moe = 3 * self.hidden_size * (self.moe_intermediate_size * self.num_experts_per_tok
+                                      + self.shared_expert_intermediate_size)
         mlp = sum(moe if self.is_moe_layer(i) else dense for i in range(self.num_layers))
         return self.num_layers * attn + mlp

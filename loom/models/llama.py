@@ -1,10 +1,12 @@
-"""Llama-family decoders: Llama 2/3/3.1 (and SmolLM2), Qwen2 (QKV bias), Qwen3 (q/k norm).
+"""Llama-family decoders: Llama 2/3/3.1 (and SmolLM2), Mistral, Qwen2 (QKV bias), Qwen3
+(q/k norm); the MoE and Phi-3 models build on them.
 
 Reads like single-device code: the parallel layers shard themselves.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -19,12 +21,18 @@ from loom.layers.rotary import RotaryEmbedding
 from loom.models.arch import ModelArch
 from loom.models.weights import load_named_weights
 
+logger = logging.getLogger(__name__)
+
 
 class MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int,
+                 reduce_results: bool = True) -> None:
+        """reduce_results=False: this rank's partial sum, for a caller that adds it to
+        another before one all-reduce (Qwen2-MoE's shared expert)."""
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size,
+                                           reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -105,16 +113,44 @@ class DecoderModel(nn.Module):
         return hidden
 
 
+def make_rotary(arch: ModelArch, max_model_len: int) -> RotaryEmbedding:
+    """One table of cos/sin shared by every layer (it is large at 128k positions).
+
+    LongRoPE's two factor lists are for sequences within the pretraining length and beyond
+    it; transformers switches a sequence to the long ones (recomputing its cache) once it
+    grows past that length. A KV cache keeps keys rotated once, so loom takes one list for
+    every sequence: the short one when max_model_len fits in the pretraining length (what
+    transformers computes for all of them), else the long one (what it computes for the
+    sequences beyond it)."""
+    if arch.partial_rotary_factor != 1.0:
+        raise ValueError(f"partial_rotary_factor {arch.partial_rotary_factor}: rotary "
+                         "embedding over part of each head is not supported")
+    rope = arch.long_rope
+    if rope is None:
+        return RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
+                               arch.rope_scaling)
+    long = max_model_len > rope.original_max_position_embeddings
+    if long:
+        logger.info("rope_scaling: LongRoPE's long factors for every sequence, since "
+                    "max_model_len (%d) exceeds original_max_position_embeddings (%d); "
+                    "transformers uses the short ones for sequences within that length "
+                    "(--max-model-len %d matches it there)", max_model_len,
+                    rope.original_max_position_embeddings, rope.original_max_position_embeddings)
+    return RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
+                           divisors=rope.long_factor if long else rope.short_factor,
+                           magnitude=rope.attention_factor)
+
+
 class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
 
-    def __init__(self, arch: ModelArch) -> None:
+    def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
+        """max_model_len: the longest sequence the engine will run (None: the model's own
+        context length); LongRoPE picks its factors by it."""
         super().__init__()
         self.arch = arch
-        # One table of cos/sin shared by every layer (it is large at 128k positions).
-        self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings,
-                                          arch.rope_theta, arch.rope_scaling)
+        self.rotary_emb = make_rotary(arch, max_model_len or arch.context_len)
         layers = [self.make_layer(arch, i) for i in range(arch.num_layers)]
         self.model = DecoderModel(arch, layers)
         self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size)
