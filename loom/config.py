@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from loom.compilation_config import CompilationConfig, PassConfig, compilation_dict
 from loom.config_checks import check as _check
+from loom.quantization.config import QUANTIZATIONS
 from loom.speculative_config import SpeculativeConfig
 
 __all__ = ["DTYPES", "LOAD_FORMATS", "DEVICES", "KV_CACHE_DTYPES", "DTYPE_ALIASES",
@@ -54,6 +55,10 @@ class ModelConfig:
     """Where requests' sampling defaults come from (vLLM's --generation-config): "auto", the
     model directory's generation_config.json; "vllm", none (SamplingParams' own); else a
     directory whose generation_config.json is read instead, its EOS ids included."""
+    quantization: str | None = None
+    """vLLM's --quantization: None (the checkpoint's own quantization_config, if any),
+    "fp8" (weights quantized to fp8 at load, or an fp8 checkpoint) or "compressed-tensors"
+    (an fp8 checkpoint in that format); `loom.quantization.config`."""
     max_logprobs: int = 20
     """The most top logprobs a request may ask for at each position (logprobs, prompt
     logprobs, chat's top_logprobs); -1: the whole vocabulary. vLLM's default (OpenAI's)."""
@@ -75,6 +80,9 @@ class ModelConfig:
                f"load_format: {self.load_format!r} is not one of {LOAD_FORMATS}")
         _check(self.max_model_len is None or self.max_model_len > 0,
                f"max_model_len: must be positive, got {self.max_model_len}")
+        _check(self.quantization is None or self.quantization in QUANTIZATIONS,
+               f"quantization: {self.quantization!r} is not supported; loom runs "
+               f"{', '.join(QUANTIZATIONS)} (fp8 weights and activations)")
 
 
 @dataclass(frozen=True)

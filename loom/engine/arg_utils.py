@@ -69,6 +69,8 @@ class EngineArgs:
     """ModelConfig.generation_config: "auto", "vllm" or a directory."""
     max_logprobs: int = 20
     """ModelConfig.max_logprobs; -1: the whole vocabulary."""
+    quantization: str | None = None
+    """ModelConfig.quantization: None, "fp8" or "compressed-tensors"."""
     speculative_config: SpeculativeConfig | dict | str | None = None
     """EngineConfig.speculative: an object, a dict or a JSON string."""
     enable_lora: bool = False
@@ -134,6 +136,10 @@ class EngineArgs:
         g.add_argument("--max-logprobs", type=int, default=20,
                        help="the most top logprobs a request may ask for at each position "
                        "(logprobs, top_logprobs, prompt logprobs); -1: the whole vocabulary")
+        g.add_argument("-q", "--quantization", default=None,
+                       help="fp8: quantize the weights to fp8 at load (W8A8, a scale per output "
+                       "channel, activations per token); fp8 or compressed-tensors: the "
+                       "checkpoint's own fp8 quantization_config (read without this flag too)")
         g.add_argument("--speculative-config", default=None,
                        help="JSON object for speculative decoding, as vLLM's: "
                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
@@ -201,7 +207,7 @@ class EngineArgs:
                             dtype=self.dtype, max_model_len=self.max_model_len,
                             load_format=self.load_format, seed=self.seed,
                             generation_config=self.generation_config,
-                            max_logprobs=self.max_logprobs)
+                            max_logprobs=self.max_logprobs, quantization=self.quantization)
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,

@@ -24,6 +24,7 @@ from loom.executor.base import make_executor
 from loom.lora.adapter import model_targets
 from loom.models.arch import ModelArch
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
+from loom.quantization.config import quant_scheme
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +41,21 @@ def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
     return requested
 
 
+def _check_model(config: EngineConfig) -> None:
+    """Before any worker starts, so that a bad split or quantization fails here once, not
+    in every rank."""
+    tp = config.parallel.tensor_parallel_size
+    if tp == 1 and config.model.quantization is None and config.model.model.endswith(".gguf"):
+        return  # nothing to check, and reading a GGUF's metadata takes seconds
+    hf_config = resolve(config.model).hf_config
+    ModelArch.from_hf_config(hf_config).check_tensor_parallel(tp)
+    quant_scheme(hf_config, config.model.quantization)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        tp = config.parallel.tensor_parallel_size
-        if tp > 1:  # before any worker starts: a bad split fails here, not in every rank
-            ModelArch.from_hf_config(resolve(config.model).hf_config).check_tensor_parallel(tp)
+        _check_model(config)
         self.executor = make_executor(config)
         info = self.executor.model_info
         # The workers filled in the device's batch defaults; the scheduler takes the same.

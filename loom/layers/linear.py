@@ -4,7 +4,8 @@ Column-parallel layers split the output features, row-parallel ones the input fe
 all-reduce the partial sums. Each parameter carries a `weight_loader` that takes the full
 checkpoint tensor (or one stacked shard of it) and copies in this rank's slice, so model
 files read like single-GPU code. With LoRA on, a layer's `lora` adds its adapters' term
-(`loom.lora.layers`) to this rank's output, before any reduction.
+(`loom.lora.layers`) to this rank's output, before any reduction; with fp8 on, a layer's
+`quant` computes its matmul (`loom.quantization.fp8`).
 """
 
 from __future__ import annotations
@@ -51,12 +52,24 @@ class LinearBase(nn.Module):
         self.weight = _param((out_features, in_features), self.weight_loader)
         self.bias = _param((out_features,), self.weight_loader) if bias else None
         self.lora: nn.Module | None = None
+        self.quant = None
+        """An fp8 method (`loom.quantization.fp8.Fp8Linear`) when the weight is fp8."""
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param.data.copy_(loaded)
 
+    def output_rows(self, shard_id=None) -> tuple[int, int, int, int]:
+        """Where checkpoint shard `shard_id` lands in this rank's output rows, and which of
+        its equal slices this rank holds: (offset, rows, slice index, slices)."""
+        return 0, self.out_features, 0, 1
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.quant is None:
+            return F.linear(x, self.weight, bias)
+        return self.quant.apply(self, x, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.with_lora(x, F.linear(x, self.weight, self.bias))
+        return self.with_lora(x, self.matmul(x, self.bias))
 
     def with_lora(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return y if self.lora is None else y + self.lora(x)
@@ -75,13 +88,16 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(in_features, divide(out_features, tp_size, "output features"), bias)
         self.gather_output = gather_output
 
+    def output_rows(self, shard_id=None):
+        return 0, self.out_features, self.tp_rank, self.tp_size
+
     def weight_loader(self, param, loaded, shard_id=None):
-        size = param.shape[0]
-        param.data.copy_(shard_of(loaded, 0, self.tp_rank, size, self.tp_size,
-                                  type(self).__name__))
+        offset, size, rank, shards = self.output_rows(shard_id)
+        what = type(self).__name__ + ("" if shard_id is None else f" shard {shard_id}")
+        param.data.narrow(0, offset, size).copy_(shard_of(loaded, 0, rank, size, shards, what))
 
     def forward(self, x):
-        y = self.with_lora(x, F.linear(x, self.weight, self.bias))
+        y = self.with_lora(x, self.matmul(x, self.bias))
         return tp_all_gather(y) if self.gather_output else y
 
 
@@ -93,14 +109,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = list(output_sizes)
         super().__init__(in_features, sum(output_sizes), bias)
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def output_rows(self, shard_id=None):
         if shard_id is None:
             raise ValueError("MergedColumnParallelLinear needs a shard index to load a weight")
         sizes = [s // self.tp_size for s in self.output_sizes]
-        offset, size = sum(sizes[:shard_id]), sizes[shard_id]
-        param.data.narrow(0, offset, size).copy_(
-            shard_of(loaded, 0, self.tp_rank, size, self.tp_size,
-                     f"{type(self).__name__} shard {shard_id}"))
+        return sum(sizes[:shard_id]), sizes[shard_id], self.tp_rank, self.tp_size
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -127,17 +140,14 @@ class QKVParallelLinear(ColumnParallelLinear):
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def output_rows(self, shard_id=None):
         if shard_id not in ("q", "k", "v"):
             raise ValueError(f"QKVParallelLinear shard must be q, k or v, got {shard_id!r}")
         if shard_id == "q":
-            offset, size, rank, shards = 0, self.q_size, self.tp_rank, self.tp_size
-        else:
-            offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
-            size, rank = self.kv_size, self.tp_rank // self.kv_replicas
-            shards = self.tp_size // self.kv_replicas
-        param.data.narrow(0, offset, size).copy_(
-            shard_of(loaded, 0, rank, size, shards, f"{type(self).__name__} {shard_id}"))
+            return 0, self.q_size, self.tp_rank, self.tp_size
+        offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
+        return (offset, self.kv_size, self.tp_rank // self.kv_replicas,
+                self.tp_size // self.kv_replicas)
 
 
 class RowParallelLinear(LinearBase):
@@ -159,7 +169,7 @@ class RowParallelLinear(LinearBase):
                                   type(self).__name__))
 
     def forward(self, x):
-        y = self.with_lora(x, F.linear(x, self.weight))
+        y = self.with_lora(x, self.matmul(x))
         if self.reduce_results:
             y = tp_all_reduce(y)
         return y + self.bias if self.bias is not None else y

@@ -38,6 +38,16 @@ def _target(name: str) -> tuple[str, object]:
     return name, None
 
 
+def checkpoint_modules(module: str) -> list[str]:
+    """The checkpoint's names for a loom module (qkv_proj -> q_proj, k_proj, v_proj)."""
+    names = [(module + ".").replace(ours, ckpt)[:-1] for ckpt, ours, _ in _STACKED
+             if ours in module + "."]
+    return names or [module]
+
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
     """Load every tensor; return the names of the parameters that were filled. Raises
     ValueError for a tensor with no parameter, or a parameter left unfilled."""
@@ -52,6 +62,10 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
             raise ValueError(f"checkpoint tensor {name!r} matches no parameter of "
                              f"{type(model).__name__}")
         param = params[target]
+        if tensor.dtype in _FP8 and param.dtype != tensor.dtype:
+            raise ValueError(f"checkpoint tensor {name!r} is {tensor.dtype}, and loom keeps "
+                             f"{target} in {param.dtype}: fp8 is read for linear layers only "
+                             "(not MoE experts, embeddings or the LM head)")
         loader = getattr(param, "weight_loader", default_weight_loader)
         loader(param, tensor.to(param.dtype), shard)
         loaded.add(target)

@@ -13,6 +13,7 @@ from loom.models.arch import ModelArch
 from loom.models.loader import resolve
 from loom.models.loader.dummy import init_dummy_weights
 from loom.models.registry import model_class
+from loom.quantization.config import quant_scheme
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -53,10 +54,22 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
     with _default_dtype(dtype), torch.device(device):
         model = cls(arch)
+    scheme = quant_scheme(source.hf_config, config.model.quantization)
+    fp8_layers = []
+    if scheme is not None:
+        from loom.quantization.fp8 import quantize_model
+        # Dummy weights are drawn in the model's dtype and quantized like any other.
+        fp8_layers = quantize_model(model, scheme, from_checkpoint=scheme.weights_in_checkpoint
+                                    and source.weights is not None)
     if source.weights is None:
         init_dummy_weights(model, config.model.seed)
     else:
         weights = tqdm(source.weights(), desc="Loading weights", unit=" tensors", leave=False,
                        disable=None)
         model.load_weights(weights)
+    if fp8_layers:
+        from loom.quantization.fp8 import finish_quantization
+        finish_quantization(fp8_layers)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the weights' model-dtype copies
     return model.eval(), arch, dtype

@@ -1,0 +1,2 @@
+"""Quantized linear layers: which scheme a model runs (`config`, torch-free) and the fp8
+matmul (`fp8`)."""

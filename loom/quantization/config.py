@@ -1,0 +1,147 @@
+"""Which fp8 scheme a model's linear layers run, from `--quantization` and the checkpoint's
+`quantization_config`. Torch-free: the engine checks it before any worker starts.
+
+loom computes W8A8 fp8: weights in float8_e4m3fn with a scale per output channel (a
+checkpoint's per-tensor scales are spread over their rows), activations quantized as they
+arrive, per token unless the checkpoint gives a static scale. A checkpoint's dynamic
+per-tensor activation scale is computed per token too: more exact, at no cost in a
+row-scaled GEMM, and a request's output then never depends on what it is batched with. Two checkpoint formats are
+read: compressed-tensors' float-quantized FP8 (llm-compressor's FP8_DYNAMIC and FP8
+schemes) and the `fp8` method (per-tensor scales, as vLLM writes and reads it). Anything
+else a checkpoint asks for is refused by name rather than run differently.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+QUANTIZATIONS = ("fp8", "compressed-tensors")
+"""`--quantization` values: fp8 quantizes a model's weights at load (or reads an fp8
+checkpoint); compressed-tensors names what the checkpoint's own config says."""
+
+ACTIVATIONS = ("token", "static")
+"""token: a scale computed per token as the activations arrive; static: the checkpoint's
+`input_scale`."""
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    method: str
+    """fp8 or compressed-tensors: what the logs and errors call it."""
+    weights_in_checkpoint: bool
+    """The checkpoint holds fp8 weights with their scales; False: weights are quantized
+    at load, one scale per output channel."""
+    activations: str
+    """One of ACTIVATIONS."""
+    ignore: tuple[str, ...] = ()
+    """Checkpoint module names (or "re:" patterns) that stay in the model's dtype."""
+
+    def ignores(self, checkpoint_name: str) -> bool:
+        return any(re.match(p[3:], checkpoint_name) if p.startswith("re:")
+                   else p == checkpoint_name for p in self.ignore)
+
+    def describe(self) -> str:
+        source = "from the checkpoint" if self.weights_in_checkpoint else "quantized at load"
+        acts = {"token": "dynamic per token",
+                "static": "static (the checkpoint's input scales)"}[self.activations]
+        return f"fp8 weights ({source}), activations {acts}"
+
+
+def quant_scheme(hf_config: dict[str, Any], requested: str | None) -> Fp8Scheme | None:
+    """The scheme for `--quantization requested` and the checkpoint's config; None for an
+    unquantized model. ValueError naming the field for anything loom does not run."""
+    if requested is not None and requested not in QUANTIZATIONS:
+        raise ValueError(f"quantization: {requested!r} is not supported; loom runs "
+                         f"{', '.join(QUANTIZATIONS)} (fp8 weights and activations)")
+    qc = hf_config.get("quantization_config")
+    if qc is None:
+        if requested == "compressed-tensors":
+            raise ValueError("quantization: 'compressed-tensors' names a checkpoint format, "
+                             "and the model's config.json has no quantization_config")
+        return None if requested is None else Fp8Scheme("fp8", False, "token")
+    if not isinstance(qc, dict):
+        raise ValueError("quantization_config: must be a JSON object")
+    method = qc.get("quant_method")
+    if requested is not None and requested != method:
+        raise ValueError(f"quantization: {requested!r} differs from the checkpoint's "
+                         f"quantization_config.quant_method ({method!r})")
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc)
+    if method == "fp8":
+        return _fp8_checkpoint(qc)
+    raise ValueError(f"quantization_config.quant_method: {method!r} checkpoints are not "
+                     f"supported; loom reads {', '.join(QUANTIZATIONS)} (fp8) checkpoints")
+
+
+def _fp8_checkpoint(qc: dict[str, Any]) -> Fp8Scheme:
+    if qc.get("weight_block_size") is not None:
+        raise ValueError("quantization_config.weight_block_size: block-wise fp8 checkpoints "
+                         "are not supported (per-tensor and per-channel scales are)")
+    scheme = qc.get("activation_scheme", "dynamic")
+    if scheme not in ("dynamic", "static"):
+        raise ValueError(f"quantization_config.activation_scheme: {scheme!r} is neither "
+                         "'dynamic' nor 'static'")
+    ignore = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ()
+    return Fp8Scheme("fp8", True, "token" if scheme == "dynamic" else "static", tuple(ignore))
+
+
+def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
+    for key in ("kv_cache_scheme", "transform_config"):
+        if qc.get(key):
+            raise ValueError(f"quantization_config.{key}: not supported (loom's fp8 KV cache "
+                             "is --kv-cache-dtype fp8, unscaled)")
+    sparsity = qc.get("sparsity_config") or {}
+    if sparsity.get("format", "dense") != "dense":
+        raise ValueError("quantization_config.sparsity_config: sparse checkpoints are not "
+                         "supported")
+    groups = qc.get("config_groups") or {}
+    if not groups:
+        raise ValueError("quantization_config.config_groups: none given")
+    schemes = {_group_activations(name, g, qc.get("format")) for name, g in groups.items()}
+    if len(schemes) > 1:
+        raise ValueError("quantization_config.config_groups: groups with different activation "
+                         "schemes are not supported")
+    return Fp8Scheme("compressed-tensors", True, schemes.pop(), tuple(qc.get("ignore") or ()))
+
+
+def _group_activations(name: str, group: dict[str, Any], top_format: str | None) -> str:
+    where = f"quantization_config.config_groups.{name}"
+    fmt = group.get("format") or top_format
+    if fmt not in ("float-quantized", "naive-quantized"):
+        raise ValueError(f"{where}.format: {fmt!r} is not supported; loom reads fp8 "
+                         "checkpoints (float-quantized)")
+    if group.get("targets") != ["Linear"]:
+        raise ValueError(f"{where}.targets: {group.get('targets')!r}; loom reads groups that "
+                         "target every Linear (with `ignore` for the exceptions)")
+    if group.get("output_activations"):
+        raise ValueError(f"{where}.output_activations: not supported")
+    _check_fp8(f"{where}.weights", group.get("weights"), ("channel", "tensor"), dynamic=False)
+    acts = group.get("input_activations")
+    if acts is None:
+        raise ValueError(f"{where}.input_activations: weight-only fp8 (W8A16) is not "
+                         "supported; loom runs fp8 weights with fp8 activations")
+    _check_fp8(f"{where}.input_activations", acts, ("token", "tensor"), dynamic=None)
+    if not acts.get("dynamic"):
+        if acts["strategy"] != "tensor":
+            raise ValueError(f"{where}.input_activations: static scales must be per tensor")
+        return "static"
+    return "token"
+
+
+def _check_fp8(where: str, args: Any, strategies: tuple[str, ...], dynamic: bool | None) -> None:
+    if not isinstance(args, dict):
+        raise ValueError(f"{where}: missing")
+    wanted = {"num_bits": 8, "type": "float", "symmetric": True}
+    for key, value in wanted.items():
+        if args.get(key, value) != value:
+            raise ValueError(f"{where}.{key}: {args.get(key)!r}; loom runs fp8 (8-bit float, "
+                             "symmetric)")
+    if args.get("strategy") not in strategies:
+        raise ValueError(f"{where}.strategy: {args.get('strategy')!r} is not one of "
+                         f"{', '.join(strategies)}")
+    if args.get("group_size") is not None or args.get("block_structure") is not None:
+        raise ValueError(f"{where}: grouped and block-wise scales are not supported")
+    if dynamic is not None and bool(args.get("dynamic")) != dynamic:
+        raise ValueError(f"{where}.dynamic: must be {str(dynamic).lower()}")

@@ -1,0 +1,125 @@
+"""Tiny fp8 checkpoints written by compressed-tensors (the library llm-compressor saves
+with) from the random test models, and transformers' reading of them: the reference loom's
+fp8 layers are held to. Scales come from compressed-tensors' own `calculate_qparams`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CALIBRATION = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17]]
+
+
+def _args(strategy: str, dynamic: bool):
+    from compressed_tensors.quantization import QuantizationArgs
+    return QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True,
+                            dynamic=dynamic)
+
+
+SCHEMES = {  # name -> (weight strategy, activation strategy, dynamic activations)
+    "fp8-dynamic": ("channel", "token", True),    # llm-compressor's FP8_DYNAMIC
+    "fp8-static": ("tensor", "tensor", False),    # llm-compressor's FP8
+    "fp8-tensor-dynamic": ("channel", "tensor", True),
+}
+
+
+def _group(targets: list[str], scheme: str, group_size: int | None = None):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    weights, acts, dynamic = SCHEMES[scheme]
+    if group_size is not None:
+        acts = "group"
+    return QuantizationScheme(
+        targets=targets, weights=_args(weights, False),
+        input_activations=QuantizationArgs(num_bits=8, type="float", strategy=acts,
+                                           symmetric=True, dynamic=dynamic,
+                                           group_size=group_size))
+
+
+def fp8_quantize(model, groups: dict, ignore: list[str]) -> None:
+    """Apply compressed-tensors' quantization `groups` to `model` (in place: its forward
+    fake-quantizes from then on), with weight and static input scales from its
+    `calculate_qparams`."""
+    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus,
+                                                 apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+    static = any(not g.input_activations.dynamic for g in groups.values())
+    input_amax = _input_amax(model) if static else {}
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups=groups, ignore=ignore, quantization_status=QuantizationStatus.INITIALIZED))
+    for name, module in model.named_modules():
+        if not hasattr(module, "weight_scale"):
+            continue
+        args, w = module.quantization_scheme.weights, module.weight.data
+        lo, hi = ((w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True))
+                  if args.strategy == "channel" else (w.amin().reshape(1), w.amax().reshape(1)))
+        module.weight_scale.data.copy_(calculate_qparams(lo, hi, args)[0]
+                                       .reshape(module.weight_scale.shape))
+        if name in input_amax and hasattr(module, "input_scale"):
+            amax = input_amax[name].reshape(1)
+            scale, _ = calculate_qparams(-amax, amax, module.quantization_scheme.input_activations)
+            module.input_scale.data.copy_(scale.reshape(module.input_scale.shape))
+
+
+def write_fp8_checkpoint(model, path: str, scheme: str, ignore: list[str]) -> None:
+    """Quantize `model` (a transformers model, changed in place) as `scheme` and save it
+    compressed to `path`, as llm-compressor saves one."""
+    from compressed_tensors.compressors import ModelCompressor
+    fp8_quantize(model, {"group_0": _group(["Linear"], scheme)}, ignore)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(path)
+    compressor.update_config(path)
+
+
+def tp_reference(model, tp: int, ignore: list[str]):
+    """`model` quantized as fp8-dynamic runs at tensor-parallel size tp: a row-parallel
+    layer's ranks each scale their own slice of a token's features, which is dynamic
+    per-group activation quantization with groups of in_features / tp."""
+    cfg = model.config
+    attn_in = cfg.num_attention_heads * cfg.head_dim
+    fp8_quantize(model, {
+        "columns": _group(["re:.*(q|k|v|gate|up)_proj$"], "fp8-dynamic"),
+        "o_proj": _group(["re:.*o_proj$"], "fp8-dynamic", attn_in // tp),
+        "down_proj": _group(["re:.*down_proj$"], "fp8-dynamic", cfg.intermediate_size // tp),
+    }, ignore)
+    return model.eval()
+
+
+def load_reference(path: str):
+    """transformers' reading of an fp8 checkpoint (compressed-tensors decompresses it and
+    fake-quantizes activations)."""
+    import transformers as tf
+    return tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _input_amax(model) -> dict[str, torch.Tensor]:
+    """Static activation scales' calibration: each Linear's largest input over a few
+    prompts (the stacked q/k/v and gate/up see one input, so their scales agree, as
+    llm-compressor's do)."""
+    amax, hooks = {}, []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            def hook(mod, args, name=name):
+                seen = args[0].detach().abs().amax()
+                amax[name] = torch.maximum(amax.get(name, seen), seen)
+            hooks.append(module.register_forward_pre_hook(hook))
+    with torch.no_grad():
+        for prompt in CALIBRATION:
+            model(torch.tensor([prompt]))
+    for h in hooks:
+        h.remove()
+    return amax
+
+
+def as_per_token(path: str, dest: str) -> str:
+    """A copy of the checkpoint at `path` whose dynamic activation scales are per token
+    (the weights unchanged): how loom runs a dynamic per-tensor checkpoint."""
+    import json
+    import shutil
+    shutil.copytree(path, dest, dirs_exist_ok=True)
+    config = json.loads((Path(dest) / "config.json").read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        group["input_activations"]["strategy"] = "token"
+    (Path(dest) / "config.json").write_text(json.dumps(config))
+    return dest

@@ -1,0 +1,116 @@
+"""fp8 linear layers against compressed-tensors' fake quantization, as transformers runs an
+fp8 checkpoint: greedy tokens equal, logprobs within float32 rounding, on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+from tests.conftest import hf_greedy, hf_last_logprobs, make_tiny_model
+
+pytest.importorskip("compressed_tensors")
+
+from tests.quantization.fp8_checkpoints import (as_per_token, load_reference,  # noqa: E402
+                                                tp_reference, write_fp8_checkpoint)
+
+PROMPTS = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17, 9, 9, 30, 31, 2, 77], [8, 8]]
+NEW_TOKENS = 10
+ROUTER = "re:.*mlp.gate$"
+
+CASES = {  # id -> (model kind, scheme, ignored modules)
+    "llama-dynamic": ("llama", "fp8-dynamic", ["lm_head", "re:.*layers.1.mlp.down_proj"]),
+    "qwen2-static": ("qwen2", "fp8-static", ["lm_head"]),
+    "qwen3-tensor-dynamic": ("qwen3", "fp8-tensor-dynamic", ["lm_head"]),
+    "qwen3_moe-dynamic": ("qwen3_moe", "fp8-dynamic", ["lm_head", ROUTER]),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """case id -> (fp8 checkpoint path, transformers' fp8 model, unquantized path and model)."""
+    cache = {}
+
+    def get(case: str):
+        if case not in cache:
+            kind, scheme, ignore = CASES[case]
+            base = str(tmp_path_factory.mktemp(f"{kind}-base"))
+            path = str(tmp_path_factory.mktemp(case))
+            write_fp8_checkpoint(make_tiny_model(kind, base), path, scheme, ignore)
+            # loom computes dynamic per-tensor scales per token (batch-invariant).
+            ref = (as_per_token(path, str(tmp_path_factory.mktemp(f"{case}-ref")))
+                   if scheme == "fp8-tensor-dynamic" else path)
+            cache[case] = (path, load_reference(ref), base, make_tiny_model(kind, base))
+        return cache[case]
+    return get
+
+
+def _llm(path: str, **kwargs) -> LLM:
+    return LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+               max_logprobs=-1, **kwargs)
+
+
+def _check_against(llm: LLM, reference, unquantized) -> None:
+    try:
+        _compare(llm, reference, unquantized)
+    finally:
+        llm.shutdown()
+
+
+def _compare(llm: LLM, reference, unquantized) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
+                            logprobs=256)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, NEW_TOKENS)
+        ours = torch.tensor([out.outputs[0].logprobs[0][t].logprob for t in range(256)])
+        ref = hf_last_logprobs(reference, prompt)
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+        # The check can fail: fp8 moves the logprobs far more than the tolerance.
+        assert (ref - hf_last_logprobs(unquantized, prompt)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fp8_checkpoint_matches_compressed_tensors(case, checkpoints):
+    path, reference, _, unquantized = checkpoints(case)
+    _check_against(_llm(path), reference, unquantized)
+
+
+def test_quantizing_at_load_equals_the_fp8_dynamic_checkpoint(checkpoints, tmp_path):
+    """--quantization fp8 on an unquantized checkpoint quantizes as llm-compressor's
+    FP8_DYNAMIC (a scale per output channel, activations per token); compiled at level 3."""
+    path, reference, base, unquantized = checkpoints("qwen3-tensor-dynamic")
+    fp8 = str(tmp_path / "fp8-dynamic")
+    write_fp8_checkpoint(make_tiny_model("qwen3", str(tmp_path / "b")), fp8, "fp8-dynamic",
+                         ["lm_head"])
+    _check_against(_llm(base, quantization="fp8", compilation_config=3), load_reference(fp8),
+                   unquantized)
+
+
+def test_an_fp8_tensor_for_an_unquantized_parameter_is_refused(checkpoints, tmp_path):
+    """MoE experts and routers stay in the model's dtype: an fp8 router in the checkpoint is
+    an error naming it, never a silent cast without its scale."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    path, *_ = checkpoints("qwen3_moe-dynamic")
+    changed = tmp_path / "fp8-router"
+    shutil.copytree(path, changed)
+    tensors = load_file(changed / "model.safetensors")
+    name = "model.layers.0.mlp.gate.weight"
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    save_file(tensors, changed / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"{name}.*fp8 is read for linear layers only"):
+        _llm(str(changed))
+
+
+@pytest.mark.parametrize("case", ["llama-dynamic", "qwen2-static"])
+def test_tensor_parallel(case, checkpoints):
+    """TP=2 on gloo. Static input scales are global, so TP=2 computes what TP=1 does; with
+    dynamic scales each row-parallel rank scales its own half of a token's features, which
+    compressed-tensors runs as per-group activation scales (groups of half the width)."""
+    path, reference, base, unquantized = checkpoints(case)
+    if case == "llama-dynamic":
+        kind, _, ignore = CASES[case]
+        reference = tp_reference(make_tiny_model(kind, base), 2, ignore)
+    _check_against(_llm(path, tensor_parallel_size=2), reference, unquantized)
