@@ -89,7 +89,7 @@ class ModelRunner:
         self.backend = select_backend(device)
         self.sampler = Sampler()
         self.requests = RequestStates(config.scheduler.max_num_seqs,
-                                      config.model.max_model_len or self.arch.max_position_embeddings,
+                                      config.model.max_model_len or self.arch.context_len,
                                       self.block_size)
         self.pooler = Pooler()
         self.kv_caches: list[torch.Tensor] = []
@@ -184,7 +184,7 @@ class ModelRunner:
             logger.info(line)
         if not sizes:
             return
-        max_len = cfg.model.max_model_len or self.arch.max_position_embeddings
+        max_len = cfg.model.max_model_len or self.arch.context_len
         self.graph_runner = CUDAGraphRunner(
             self.forward, self.backend, self.kv_caches, list(sizes),
             -(-max_len // self.block_size), max_len, self.device, mixed,

@@ -1,0 +1,116 @@
+"""What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral and Phi-3, and
+what loom does with the parts it cannot run as written (a sliding window, partial rotary
+embedding); no engine runs here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from loom.engine.core import resolve_max_model_len
+from loom.models.arch import ModelArch
+
+BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+        "max_position_embeddings": 4096}
+
+
+def _arch(architecture: str, **cfg) -> ModelArch:
+    return ModelArch.from_hf_config({**BASE, "architectures": [architecture], **cfg})
+
+
+def test_mixtral_experts_are_intermediate_size_wide_and_renormalised():
+    arch = _arch("MixtralForCausalLM", num_local_experts=8, num_experts_per_tok=2)
+    assert (arch.num_experts, arch.moe_intermediate_size, arch.norm_topk_prob) == (8, 128, True)
+    assert all(arch.is_moe_layer(i) for i in range(4))
+    attn = 64 * 16 * (2 * 4 + 2 * 2)
+    assert arch.num_params == 4 * (attn + 3 * 64 * 128 * 2)
+
+
+QWEN2_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                 mlp_only_layers=[0], decoder_sparse_step=1)
+
+
+def test_qwen2_moe_shared_expert_and_its_defaults():
+    from loom.bench.floors import param_counts
+    arch = _arch("Qwen2MoeForCausalLM", **QWEN2_MOE, shared_expert_intermediate_size=96)
+    assert not arch.norm_topk_prob  # transformers' default for Qwen2-MoE
+    assert [arch.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
+    attn = 64 * 16 * (2 * 4 + 2 * 2)
+    moe = 3 * 64 * (32 * 2 + 96)  # the shared expert runs for every token
+    assert arch.num_params == 4 * attn + 3 * 64 * 128 + 3 * moe
+    with pytest.raises(ValueError, match=r"shared expert intermediate size \(96\)"):
+        arch.check_tensor_parallel(64)
+    # Benchmarks' weight reads: the shared experts and their gates are dense weights.
+    unshared = param_counts(_arch("Qwen2MoeForCausalLM", **QWEN2_MOE))
+    assert param_counts(arch).experts == unshared.experts == 3 * 8 * 3 * 64 * 32
+    assert param_counts(arch).dense - unshared.dense == 3 * (3 * 64 * 96 + 64)
+
+
+@pytest.mark.parametrize("cfg, window", [
+    ({"sliding_window": 1024}, 1024),                          # Mistral 7B v0.1
+    ({"sliding_window": None}, None),                          # Mixtral, Mistral v0.2
+    ({"sliding_window": 1024, "use_sliding_window": False}, None),  # Qwen2: carried, unused
+    ({"sliding_window": 1024, "use_sliding_window": True}, 1024),
+    ({"sliding_window": 8192}, 8192),                          # wider than the context
+])
+def test_sliding_window(cfg, window):
+    arch = _arch("MistralForCausalLM", **cfg)
+    assert arch.sliding_window == window
+    assert arch.context_len == min(4096, window or 4096)
+
+
+def test_a_sliding_window_caps_max_model_len_and_refuses_more():
+    assert resolve_max_model_len(None, 4096, 1024) == 1024
+    assert resolve_max_model_len(512, 4096, 1024) == 512
+    assert resolve_max_model_len(None, 4096, 8192) == 4096
+    with pytest.raises(ValueError, match=r"max_model_len: 2048 is longer than the model's "
+                                         r"sliding_window \(1024\)"):
+        resolve_max_model_len(2048, 4096, 1024)
+
+
+# Phi-3-mini-128k's config.json as written in 2024: "su", the original length beside the
+# context; and as transformers 5 saves it: rope_parameters holds everything.
+SU = {"rope_scaling": {"type": "su", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8},
+      "original_max_position_embeddings": 256, "max_position_embeddings": 4096}
+ROPE_PARAMETERS = {"rope_parameters": {
+    "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+    "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+    "original_max_position_embeddings": 256}, "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("cfg", [SU, ROPE_PARAMETERS], ids=["su", "rope_parameters"])
+def test_long_rope_from_either_config_form(cfg):
+    rope = _arch("Phi3ForCausalLM", **cfg).long_rope
+    assert rope.original_max_position_embeddings == 256
+    assert rope.short_factor == (1.0,) * 8 and rope.long_factor == (4.0,) * 8
+    assert rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(16) / math.log(256)))
+
+
+def test_long_rope_table_equals_transformers():
+    """Short factors when max_model_len fits in the pretraining length, long ones beyond,
+    cos and sin scaled, as transformers' Phi-3 rotary computes them for such sequences."""
+    import transformers as tf
+
+    from loom.models.llama import make_rotary
+    short, long = [1.0 + i / 8 for i in range(8)], [2.0 + i for i in range(8)]
+    hf_config = tf.Phi3Config(hidden_size=64, num_attention_heads=4, vocab_size=256,
+                              pad_token_id=0, max_position_embeddings=4096,
+                              original_max_position_embeddings=256, rope_scaling={
+                                  "rope_type": "longrope", "short_factor": short,
+                                  "long_factor": long})
+    arch = ModelArch.from_hf_config(hf_config.to_dict() | {"architectures": ["Phi3ForCausalLM"]})
+    hf = tf.models.phi3.modeling_phi3.Phi3RotaryEmbedding(hf_config)
+    for max_model_len, positions in ((256, torch.arange(256)), (4096, torch.arange(1000))):
+        cos, sin = hf(torch.zeros(1, dtype=torch.float32), positions[None])
+        ours = make_rotary(arch, max_model_len).cos_sin_cache[positions]
+        torch.testing.assert_close(ours, torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1))
+
+
+def test_partial_rotary_embedding_is_refused():
+    from loom.models.llama import make_rotary
+    arch = _arch("Phi3ForCausalLM", partial_rotary_factor=0.75)
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
+        make_rotary(arch, 4096)
