@@ -152,3 +152,24 @@ def test_gpu_lora_equals_cpu(compilation, tiny_model_factory, tmp_path):
     assert out[1] == out[0]
     base = _tokens(path, device="cpu", dtype="float32")
     assert all((a != b) == (lo is not None) for a, b, lo in zip(out[0], base, per_prompt))
+
+
+@pytest.mark.parametrize("compilation", [{}, {"level": 0}], ids=["default", "eager"])
+def test_gpu_fp8_equals_cpu(compilation, tiny_model_factory):
+    """--quantization fp8 through torch._scaled_mm (row-wise scales, bf16 out) against the
+    CPU's float32 multiply of the same fp8 values: the first position's logprobs within the
+    GEMM's bf16 rounding, far inside fp8's own effect, and the first greedy tokens equal."""
+    path, _ = tiny_model_factory("llama")
+    prompts = _prompts(5, (5, 40, 17, 90, 3, 33))
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=20)
+    out = []
+    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": compilation})):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
+                  dtype="float32", quantization="fp8", **extra)
+        out.append(llm.generate(prompts, params, use_tqdm=False))
+        llm.shutdown()
+    for cpu, gpu in zip(*out):
+        assert gpu.outputs[0].token_ids[:2] == cpu.outputs[0].token_ids[:2]
+        first_cpu, first_gpu = cpu.outputs[0].logprobs[0], gpu.outputs[0].logprobs[0]
+        top = cpu.outputs[0].token_ids[0]
+        assert abs(first_gpu[top].logprob - first_cpu[top].logprob) < 0.05
