@@ -4,12 +4,15 @@ JSON scanner to stream a tool call's name and arguments while the model writes t
 A stream asks again at each new piece of text. A `GrowingScan` remembers how far each
 value was read and goes on from there, so a call of n characters costs O(n) in all rather
 than O(n) a piece; regular expressions jump over string contents and everything but
-brackets."""
+brackets. Other syntaxes (`partial_python`) keep their values in the same scan."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 _CLOSE = {"{": "}", "[": "]"}
 _STRING_REST = re.compile(r'(?:[^"\\]+|\\.)*(?:(")|(\\?)\Z)', re.S)
@@ -18,21 +21,32 @@ the text (group 2: a lone backslash there, whose escape is not written yet)."""
 _SIGNIFICANT = re.compile(r'["{}\[\]]')
 
 
+class GrowingValue(Protocol):
+    """A value being read from its start; `end` goes on from where the last call stopped."""
+
+    def end(self, text: str) -> int | None: ...
+
+
 class GrowingScan:
     """The ends of values in one text that only grows, each read from where it was left."""
 
     def __init__(self) -> None:
-        self._values: dict[int, _Value] = {}
+        self._values: dict[int, GrowingValue] = {}
         self._length = 0
 
     def value_end(self, text: str, i: int) -> int | None:
-        """The index after the value starting at text[i]; None if not finished yet."""
+        """The index after the JSON value starting at text[i]; None if not finished yet."""
+        return self.end_of(text, i, _Value)
+
+    def end_of(self, text: str, i: int, kind: Callable[[int], GrowingValue]) -> int | None:
+        """The index after the value of syntax kind starting at text[i]; None if not
+        finished yet. A position is read as one kind only."""
         if len(text) < self._length:  # not the text this scan read: start over
             self._values.clear()
         self._length = len(text)
         value = self._values.get(i)
         if value is None:
-            value = self._values[i] = _Value(i)
+            value = self._values[i] = kind(i)
         return value.end(text)
 
 
@@ -79,40 +93,57 @@ class _Value:
                     return self.done
 
 
-def object_members(text: str, start: int, scan: GrowingScan | None = None
-                   ) -> dict[str, tuple[int, int | None]] | None:
-    """key -> (start, end) of each value of the object at text[start] ('{'), end None for a
-    value the text has not finished; None where the text is not such an object (so far).
-    scan: the stream's, to go on from the last call's reading."""
+Members = dict[str, tuple[int, int | None]]
+"""key -> (start, end) of each value of an object, end None for a value not finished."""
+
+
+@dataclass(frozen=True)
+class ObjectReading:
+    members: Members
+    end: int | None
+    """The index after the object's closing brace; None while it is open."""
+
+
+def object_members(text: str, start: int, scan: GrowingScan | None = None) -> Members | None:
+    """The members of the object at text[start] ('{') so far; None where the text is not
+    such an object (so far). scan: the stream's, to go on from the last call's reading."""
+    reading = read_object(text, start, scan)
+    return None if reading is None else reading.members
+
+
+def read_object(text: str, start: int, scan: GrowingScan | None = None
+                ) -> ObjectReading | None:
+    """object_members, and where the object ends once it has."""
     if text[start:start + 1] != "{":
         return None
     scan = scan or GrowingScan()
-    members: dict[str, tuple[int, int | None]] = {}
+    members: Members = {}
+    still_open = ObjectReading(members, None)
     i = skip_space(text, start + 1)
     while i < len(text) and text[i] != "}":
         if text[i] == "," and members:
             i = skip_space(text, i + 1)
             if i >= len(text):
-                return members
+                return still_open
         if text[i] != '"':
             return None
         key_end = scan.value_end(text, i)
         if key_end is None:
-            return members
+            return still_open
         colon = skip_space(text, key_end)
         if colon >= len(text):
-            return members
+            return still_open
         if text[colon] != ":":
             return None
         value = skip_space(text, colon + 1)
         if value >= len(text):
-            return members
+            return still_open
         end = scan.value_end(text, value)
         members[json.loads(text[i:key_end])] = (value, end)
         if end is None:
-            return members
+            return still_open
         i = skip_space(text, end)
-    return members
+    return ObjectReading(members, i + 1 if i < len(text) else None)
 
 
 def skip_space(text: str, i: int) -> int:
