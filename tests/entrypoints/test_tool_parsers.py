@@ -65,6 +65,12 @@ def _assemble(deltas) -> list[dict]:
     return calls
 
 
+# Outputs that a stream reads as calls until they prove not to be (the whole output has
+# none): the calls it opened on the way stay, and all the text goes out as content.
+STRAY = {'{"name": "now", "parameters": {}} and then text': ["now"],
+         "[get_weather('Paris')]": ["get_weather"], "[f(a=open('x'))]": ["f"]}
+
+
 @pytest.mark.parametrize("name, text, content, calls", CASES)
 @pytest.mark.parametrize("size", [1, 2, 5, 1000])
 def test_stream_sends_what_the_whole_output_holds(name, text, content, calls, size):
@@ -79,12 +85,15 @@ def test_stream_sends_what_the_whole_output_holds(name, text, content, calls, si
     rest, deltas, reason = stream.end("stop")
     assert sent + rest == (content or "") if calls else sent + rest == text
     assembled = _assemble(early + deltas)
-    assert [FunctionCall(c["name"], c["arguments"]) for c in assembled] == calls
-    assert len({c["id"] for c in assembled}) == len(calls)
+    if text in STRAY:  # a call opened piece by piece stays; one read whole is never opened
+        names = [c["name"] for c in assembled]
+        assert names == STRAY[text] if size == 1 else names in ([], STRAY[text])
+    else:
+        assert [FunctionCall(c["name"], c["arguments"]) for c in assembled] == calls
+        assert len({c["id"] for c in assembled}) == len(calls)
+        # Each call goes out as it is written: opened before the output ends.
+        assert len(_assemble(early)) == len(calls)
     assert reason == ("tool_calls" if calls else "stop")
-    # hermes calls go out as they are written (each opened before the output ends, its
-    # arguments in several pieces when the text comes in small ones); the others at the end.
-    assert len(_assemble(early)) == (len(calls) if name == "hermes" else 0)
 
 
 def test_hermes_streams_names_then_arguments_as_written():

@@ -8,7 +8,8 @@
   parses.
 
 Streamed, a named call's arguments go out as they are generated; "auto" sends content until
-the text may begin a call and the calls once the output is complete; "required" sends its
+the text may begin a call, then each call as the parser reads it (its name once whole, its
+arguments as they are written, or for pythonic as each call closes); "required" sends its
 calls at the end.
 """
 
@@ -20,7 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, CallReading, FunctionCall
+from loom.entrypoints.openai.tool_parsers import (TOOL_PARSERS, CallReading, FunctionCall,
+                                                  ToolParser)
 from loom.sampling_params import GuidedDecodingParams
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -147,7 +149,7 @@ def _required_calls(text: str) -> list[FunctionCall]:
 class ToolCalls:
     """How one chat request's output becomes content and tool calls."""
     mode: str
-    parser: Any = None
+    parser: ToolParser | None = None
     name: str | None = None
     """The named function's name."""
     parallel: bool = True
@@ -194,9 +196,10 @@ class ToolCalls:
 @dataclass
 class ToolStream:
     """One choice's stream: what of each new piece of text may go out, and at the end the
-    rest of the content and the calls. With a parser that reads calls as they are written
-    (`partial_calls`), each call opens once its name is whole and its arguments follow as
-    the model writes them; otherwise the calls go out at the end."""
+    rest of the content and the calls. Each call opens once the parser has its name whole
+    (`partial_calls`) and its arguments follow as the parser reads them; what the parser
+    could not read before the end (a hermes call whose arguments are a JSON string, the calls
+    after one it could not read alone) goes out at the end, from the whole output's reading."""
     calls: ToolCalls
     text: str = ""
     sent: int = 0
@@ -208,6 +211,8 @@ class ToolStream:
     """The arguments text sent so far of each opened call."""
     reading: CallReading = field(default_factory=CallReading)
     """The parser's reading of the calls so far (`partial_calls`)."""
+    done: int = 0
+    """How many calls are settled and sent whole: not looked at again."""
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall | tuple[int, str]]]:
         """(content to send, tool-call deltas to send): a ToolCall opens a call, (index,
@@ -227,11 +232,10 @@ class ToolStream:
         return out, self._call_deltas() if mode == "auto" else []
 
     def _call_deltas(self) -> list[ToolCall | tuple[int, str]]:
-        partial = getattr(self.calls.parser, "partial_calls", None)
-        if partial is None:
-            return []
         out: list[ToolCall | tuple[int, str]] = []
-        for i, (name, args) in enumerate(partial(self.text, self.reading)):
+        calls = self.calls.parser.partial_calls(self.text, self.reading)
+        for i in range(self.done, len(calls)):
+            name, args = calls[i]
             if i == len(self.opened):
                 if name is None or (i and not self.calls.parallel):
                     break
@@ -241,6 +245,7 @@ class ToolStream:
             elif len(args) > len(self.args_sent[i]):
                 out.append((i, args[len(self.args_sent[i]):]))
                 self.args_sent[i] = args
+        self.done = min(len(self.reading.settled), len(self.opened))
         return out
 
     def end(self, finish_reason: str | None
