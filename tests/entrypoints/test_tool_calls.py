@@ -1,14 +1,16 @@
 """Tool calls through the official openai client, whole and streamed, on a server started
 with --enable-auto-tool-choice --tool-call-parser hermes (and --reasoning-parser qwen3,
-which leaves outputs without <think> alone). The random model's text is steered with a
-regex (structured_outputs) or by the tool choice's own schema, so that what it writes, and
-so what the calls must be, is known here."""
+which leaves outputs without <think> alone), and on one each for llama3_json and pythonic.
+The random model's text is steered with a regex (structured_outputs) or by the tool
+choice's own schema, so that what it writes, and so what the calls must be, is known here."""
 
 from __future__ import annotations
 
 import json
 
-from tests.entrypoints.conftest import forced, streamed
+import pytest
+
+from tests.entrypoints.conftest import forced, start_server, streamed
 
 TOOLS = [{"type": "function", "function": {
              "name": "get_weather", "description": "The weather in a city",
@@ -99,3 +101,53 @@ def test_auto_tool_choice_flags_are_checked_at_start(capsys):
     assert err.count("\n") == 1
     assert "invalid choice: 'mistral'" in _main_error(capsys, "serve", "--tool-call-parser",
                                                       "mistral")
+
+
+# Each parser's syntax for the same two calls, as Llama models write them.
+WHOLE_OUTPUT_CALLS = {
+    "llama3_json": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                   '{"name": "now", "parameters": {}}',
+    "pythonic": '[get_weather(city="Paris"), now()]'}
+
+
+@pytest.fixture(scope="module", params=list(WHOLE_OUTPUT_CALLS))
+def whole_output_server(request, tiny_chat_model, tmp_path_factory):
+    s = start_server(tiny_chat_model, "inproc", tmp_path_factory.mktemp(request.param),
+                     extra_args=("--enable-auto-tool-choice", "--tool-call-parser",
+                                 request.param))
+    yield request.param, s
+    assert s.stop() == 0, s.log_tail()
+
+
+def test_llama3_json_and_pythonic_calls_stream_as_written(whole_output_server):
+    parser, server = whole_output_server
+    client = server.client()
+    kw = dict(model=client.models.list().data[0].id, messages=MESSAGES, tools=TOOLS,
+              max_tokens=80, temperature=0, extra_body=forced(WHOLE_OUTPUT_CALLS[parser]))
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert (whole.finish_reason, whole.message.content) == ("tool_calls", None)
+    expected = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert [(name, json.loads(args)) for name, args in expected] == [
+        ("get_weather", {"city": "Paris"}), ("now", {})]
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    content, calls, finish, _ = streamed(iter(chunks))
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == expected
+    # As the model writes them: the first call opens (by name) before the output ends.
+    opening = next(k for k, chunk in enumerate(chunks) if chunk.choices[0].delta.tool_calls)
+    assert chunks[opening].choices[0].delta.tool_calls[0].function.name == "get_weather"
+    assert chunks[opening].choices[0].finish_reason is None
+
+    # /v1/responses: the same calls as function_call items, whole and through the client's
+    # stream helper (which checks the events against each other).
+    rkw = dict(model=kw["model"], input="Weather in Paris?", temperature=0,
+               max_output_tokens=80, extra_body=kw["extra_body"],
+               tools=[{"type": "function", **t["function"]} for t in TOOLS])
+    response = client.responses.create(**rkw)
+    assert [(i.type, i.name, i.arguments) for i in response.output] == [
+        ("function_call", name, args) for name, args in expected]
+    with client.responses.stream(**rkw) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert [(i.name, i.arguments) for i in final.output] == expected
+    assert kinds.count("response.function_call_arguments.done") == 2
