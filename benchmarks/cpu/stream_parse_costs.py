@@ -1,6 +1,7 @@
-"""Host time the API server spends splitting a streamed output, per whole stream: a hermes
-tool call with large arguments (a file write) and a long thinking block, each fed in
-4-character pieces as tokens arrive. Prints JSON (device, commit, command, figures).
+"""Host time the API server spends splitting a streamed output, per whole stream: a tool
+call with large arguments (a file write) in each parser's syntax (hermes, llama3_json,
+pythonic), fifty small calls in each, and a long thinking block, each fed in 4-character
+pieces as tokens arrive. Prints JSON (device, commit, command, figures).
 
 Run at two commits to compare: python benchmarks/cpu/stream_parse_costs.py
 """
@@ -24,20 +25,40 @@ def _best(fn, repeats: int = 5) -> float:
     return min(times)
 
 
-def tool_call_stream(kb_target: int) -> tuple[int, float]:
+def _call_text(parser: str, calls: list[tuple[str, dict]]) -> str:
+    """The calls as the parser's models write them."""
+    if parser == "hermes":
+        return "\n".join('<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
+                         % (name, json.dumps(args)) for name, args in calls)
+    if parser == "llama3_json":
+        return "<|python_tag|>" + "; ".join('{"name": "%s", "parameters": %s}'
+                                            % (name, json.dumps(args)) for name, args in calls)
+    return "[" + ", ".join(name + "(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")"
+                           for name, args in calls) + "]"
+
+
+def tool_call_stream(parser: str, calls: list[tuple[str, dict]]) -> tuple[int, float]:
     from loom.entrypoints.openai.tool_calls import ToolCalls
-    from loom.entrypoints.openai.tool_parsers import HermesParser
-    line = "def f(x):\n    return {'a': [x, \"q\\\\n\"]}\n"
-    code = line * (kb_target * 1024 // len(line))
-    text = ('<tool_call>\n{"name": "write_file", "arguments": '
-            + json.dumps({"path": "a.py", "content": code}) + "}\n</tool_call>")
+    from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
+    text = _call_text(parser, calls)
 
     def run():
-        stream = ToolCalls("auto", HermesParser()).stream()
+        stream = ToolCalls("auto", TOOL_PARSERS[parser]()).stream()
         for i in range(0, len(text), 4):
             stream.feed(text[i:i + 4])
         stream.end("stop")
     return len(text), _best(run)
+
+
+def file_write(kb_target: int) -> list[tuple[str, dict]]:
+    line = "def f(x):\n    return {'a': [x, \"q\\\\n\"]}\n"
+    code = line * (kb_target * 1024 // len(line))
+    return [("write_file", {"path": "a.py", "content": code})]
+
+
+def small_calls(n: int) -> list[tuple[str, dict]]:
+    return [("get_weather", {"city": f"City {i}", "days": i % 7, "units": "metric"})
+            for i in range(n)]
 
 
 def thinking_stream(kb_target: int) -> tuple[int, float]:
@@ -68,9 +89,12 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     figures = {}
-    for kb in (9, 36):
-        n, s = tool_call_stream(kb)
-        figures[f"hermes_call_{kb}kb"] = {"chars": n, "pieces": -(-n // 4), "ms": round(s * 1e3, 1)}
+    for parser in ("hermes", "llama3_json", "pythonic"):
+        for name, calls in (("call_9kb", file_write(9)), ("call_36kb", file_write(36)),
+                            ("50_calls", small_calls(50))):
+            n, s = tool_call_stream(parser, calls)
+            figures[f"{parser}_{name}"] = {"chars": n, "pieces": -(-n // 4),
+                                           "ms": round(s * 1e3, 1)}
     for kb in (40, 160):
         n, s = thinking_stream(kb)
         figures[f"thinking_{kb}kb"] = {"chars": n, "pieces": -(-n // 4), "ms": round(s * 1e3, 1)}
