@@ -114,3 +114,22 @@ def test_tensor_parallel(case, checkpoints):
         kind, _, ignore = CASES[case]
         reference = tp_reference(make_tiny_model(kind, base), 2, ignore)
     _check_against(_llm(path, tensor_parallel_size=2), reference, unquantized)
+
+
+def test_lora_over_fp8_layers_matches_peft(checkpoints, tmp_path):
+    """An adapter's term is added to the fp8 matmul's output, as peft adds it over
+    compressed-tensors' quantized Linear."""
+    from loom.lora.request import LoRARequest
+    from tests.lora_util import make_adapter
+    path, reference, _, _ = checkpoints("llama-dynamic")
+    peft_model = make_adapter(path, str(tmp_path / "adapter"))
+    llm = _llm(path, enable_lora=True)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False,
+                            lora_request=LoRARequest("a", 1, str(tmp_path / "adapter")))
+    finally:
+        llm.shutdown()
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.outputs[0].token_ids == hf_greedy(peft_model, prompt, NEW_TOKENS)
+        assert out.outputs[0].token_ids != hf_greedy(reference, prompt, NEW_TOKENS)
