@@ -59,7 +59,26 @@ def _configs():
         "qwen3_moe": lambda: tf.Qwen3MoeConfig(**TINY, num_experts=8, num_experts_per_tok=2,
                                                moe_intermediate_size=32, norm_topk_prob=True,
                                                mlp_only_layers=[1]),
+        # Experts intermediate_size wide, as in Mixtral; 4 of them, top 2, renormalised.
+        "mixtral": lambda: tf.MixtralConfig(**dict(TINY, intermediate_size=32),
+                                            num_local_experts=4, num_experts_per_tok=2),
+        # Layer 0 dense (mlp_only_layers), layer 1 routed + shared expert; top-k weights
+        # not renormalised (the arch's default).
+        "qwen2_moe": lambda: tf.Qwen2MoeConfig(
+            **TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, mlp_only_layers=[0]),
+        # LongRoPE: the short factors within 256 tokens, the long ones beyond.
+        "phi3": lambda: tf.Phi3Config(**_phi3_tiny(), rope_scaling={
+            "rope_type": "longrope", "short_factor": [1.0 + i / 16 for i in range(8)],
+            "long_factor": [1.0 + i for i in range(8)]}),
     }
+
+
+def _phi3_tiny() -> dict:
+    # Phi-3 derives head_dim from hidden_size and heads; its pad token must be in the
+    # vocabulary.
+    cfg = {k: v for k, v in TINY.items() if k != "head_dim"}
+    return dict(cfg, pad_token_id=0, original_max_position_embeddings=256)
 
 
 def make_tiny_model(kind: str, path: str, seed: int = 0):

@@ -6,12 +6,18 @@ from torch import nn
 
 from loom.models.arch import ModelArch
 from loom.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from loom.models.mixtral import MixtralForCausalLM
+from loom.models.phi3 import Phi3ForCausalLM
+from loom.models.qwen2_moe import Qwen2MoeForCausalLM
 from loom.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }

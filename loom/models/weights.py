@@ -20,17 +20,22 @@ _STACKED = [  # (checkpoint fragment, loom fragment, shard id)
     (".gate_proj.", ".gate_up_proj.", 0),
     (".up_proj.", ".gate_up_proj.", 1),
 ]
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT_SHARDS = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": None, "w2": None}
+"""An expert's projection (Qwen's names, Mixtral's) -> its shard of the stacked weights:
+0 gate, 1 up (w13), None down (w2)."""
+_RENAMED = [(".block_sparse_moe.", ".mlp.")]  # Mixtral's expert block is loom's mlp
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
 def _target(name: str) -> tuple[str, object]:
     """(loom parameter name, shard id or None) for one checkpoint tensor."""
+    for ckpt, ours in _RENAMED:
+        name = name.replace(ckpt, ours)
     m = _EXPERT.search(name)
     if m:
-        expert, proj = int(m.group(1)), m.group(2)
-        param = "w2" if proj == "down_proj" else "w13"
-        shard = None if proj == "down_proj" else (0 if proj == "gate_proj" else 1)
+        expert, shard = int(m.group(1)), _EXPERT_SHARDS[m.group(2)]
+        param = "w2" if shard is None else "w13"
         return f"{name[:m.start()]}.experts.{param}", (expert, shard)
     for ckpt, ours, shard in _STACKED:
         if ckpt in name:

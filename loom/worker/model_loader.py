@@ -53,7 +53,7 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     cls = model_class(arch)
     dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
     with _default_dtype(dtype), torch.device(device):
-        model = cls(arch)
+        model = cls(arch, max_model_len=config.model.max_model_len or arch.context_len)
     scheme = quant_scheme(source.hf_config, config.model.quantization)
     fp8_layers = []
     if scheme is not None:

@@ -10,7 +10,7 @@ import torch
 from loom import LLM, SamplingParams
 from tests.conftest import hf_greedy, hf_last_logprobs
 
-KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe"]
+KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3"]
 NEW_TOKENS = 12
 
 
@@ -28,11 +28,7 @@ def _greedy(max_tokens=NEW_TOKENS, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_greedy_tokens_and_logprobs_match_transformers(kind, tiny_model_factory):
-    path, hf = tiny_model_factory(kind)
-    prompts = _prompts()
-    llm = _llm(path, max_logprobs=-1)  # the whole vocabulary's logprobs
+def _check_against_transformers(llm: LLM, hf, prompts: list[list[int]]) -> None:
     outs = llm.generate(prompts, _greedy(logprobs=256), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, NEW_TOKENS)
@@ -40,6 +36,38 @@ def test_greedy_tokens_and_logprobs_match_transformers(kind, tiny_model_factory)
         first = out.outputs[0].logprobs[0]
         ours = torch.tensor([first[t].logprob for t in range(256)])
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_tokens_and_logprobs_match_transformers(kind, tiny_model_factory):
+    path, hf = tiny_model_factory(kind)
+    # the whole vocabulary's logprobs; Phi-3 within its pretraining length (LongRoPE's
+    # short factors)
+    _check_against_transformers(_llm(path, max_logprobs=-1), hf, _prompts())
+
+
+def test_phi3_long_rope_beyond_the_pretraining_length(tiny_model_factory):
+    """max_model_len past original_max_position_embeddings (256): LongRoPE's long factors,
+    which transformers takes too for sequences that long."""
+    path, hf = tiny_model_factory("phi3")
+    llm = _llm(path, max_model_len=512, max_logprobs=-1)
+    _check_against_transformers(llm, hf, _prompts(seed=4, lengths=(270, 300)))
+
+
+def test_a_sliding_window_caps_max_model_len(tiny_model_factory, tmp_path):
+    """loom's attention has no window: a config's sliding_window shorter than its context
+    (Mistral 7B v0.1's) caps max_model_len, and asking for more is refused by name."""
+    import json
+    import shutil
+    path, _ = tiny_model_factory("mixtral")
+    windowed = tmp_path / "windowed"
+    shutil.copytree(path, windowed)
+    config = json.loads((windowed / "config.json").read_text())
+    (windowed / "config.json").write_text(json.dumps(config | {"sliding_window": 64}))
+    assert _llm(str(windowed), max_model_len=None).processor.max_model_len == 64
+    with pytest.raises(ValueError, match=r"max_model_len: 128 is longer than the model's "
+                                         r"sliding_window \(64\)"):
+        _llm(str(windowed), max_model_len=128)
 
 
 @pytest.mark.parametrize("engine_kwargs", [
