@@ -62,8 +62,10 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q | None]],
-               arch: str = "llama") -> Path:
+               arch: str = "llama", expert_count: int = 0) -> Path:
     writer = gguf.GGUFWriter(str(path), arch)
+    if expert_count:
+        writer.add_expert_count(expert_count)
     writer.add_block_count(1)
     writer.add_context_length(4096)
     writer.add_embedding_length(HIDDEN)
@@ -197,6 +199,15 @@ def test_other_architecture_is_refused(tmp_path: Path) -> None:
     embed = {"token_embd.weight": (_random((VOCAB, HIDDEN), 0), None)}
     path = write_gguf(tmp_path / "qwen.gguf", embed, arch="qwen2")
     with pytest.raises(ValueError, match="'qwen2'"):
+        load_gguf(str(path))
+
+
+def test_mixture_of_experts_is_refused(tmp_path: Path) -> None:
+    """llama.cpp writes Mixtral as 'llama' with an expert count and stacked expert tensors:
+    refused by name, not as an unknown tensor."""
+    embed = {"token_embd.weight": (_random((VOCAB, HIDDEN), 0), None)}
+    path = write_gguf(tmp_path / "mixtral.gguf", embed, expert_count=8)
+    with pytest.raises(ValueError, match=r"mixture-of-experts GGUF \(llama\.expert_count = 8"):
         load_gguf(str(path))
 
 

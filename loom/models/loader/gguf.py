@@ -81,11 +81,17 @@ def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
 def _hf_config(reader: GGUFReader, path: str) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama')")
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama'; "
+                         "load other models from their Hugging Face safetensors checkpoint)")
 
     def meta(key: str, default: Any = None) -> Any:
         return _field(reader, f"llama.{key}", default)
 
+    if meta("expert_count"):
+        # llama.cpp writes Mixtral as 'llama' with stacked expert tensors (ffn_*_exps).
+        raise ValueError(f"{path}: a mixture-of-experts GGUF (llama.expert_count = "
+                         f"{meta('expert_count')}, Mixtral's layout) is not supported; load "
+                         "the model's Hugging Face safetensors checkpoint instead")
     heads = int(meta("attention.head_count"))
     hidden = int(meta("embedding_length"))
     head_dim = meta("attention.key_length", meta("rope.dimension_count", hidden // heads))
