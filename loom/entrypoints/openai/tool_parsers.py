@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loom.entrypoints.openai.partial_json import (GrowingScan, Members, ObjectReading,
-                                                  object_members, read_object, skip_space)
+                                                  object_members, read_object, skip_space,
+                                                  string_value)
 from loom.entrypoints.openai.partial_python import Brackets
 
 
@@ -138,9 +139,9 @@ def _call_parts(text: str, members: Members, argument_keys: tuple[str, ...]) -> 
     """(name, the arguments object's text so far) of a call object's members read so far;
     the arguments "" unless they are an object."""
     name = None
-    if "name" in members and members["name"][1] is not None:
-        value = json.loads(text[slice(*members["name"])])
-        name = value if isinstance(value, str) else None
+    start, end = members.get("name", (0, None))
+    if end is not None and text[start] == '"':
+        name = string_value(text, start, end)
     key = next((k for k in argument_keys if k in members), None)
     if key is None or text[members[key][0]] != "{":
         return name, ""
