@@ -26,6 +26,11 @@ CASES = [
     ("hermes", '<tool_call>{"name": "now", "arguments": {}}', None, [FunctionCall("now", "{}")]),
     ("hermes", "<tool_call> no json </tool_call>", "<tool_call> no json </tool_call>", []),
     ("hermes", "A plain answer, with < and <tool", "A plain answer, with < and <tool", []),
+    # Keys json refuses (a raw control character, a bad escape) are content, never an error.
+    ("hermes", '<tool_call>{"na\nme": "now", "a\\q": {}}</tool_call>',
+     '<tool_call>{"na\nme": "now", "a\\q": {}}</tool_call>', []),
+    ("llama3_json", '{"name": "now", "a\\q": 1, "parameters": {"\t": 1}}',
+     '{"name": "now", "a\\q": 1, "parameters": {"\t": 1}}', []),
     ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", '
                     '"days": 2}}; {"name": "now", "parameters": {}}',
      None, [WEATHER, FunctionCall("now", "{}")]),
@@ -68,6 +73,7 @@ def _assemble(deltas) -> list[dict]:
 # Outputs that a stream reads as calls until they prove not to be (the whole output has
 # none): the calls it opened on the way stay, and all the text goes out as content.
 STRAY = {'{"name": "now", "parameters": {}} and then text': ["now"],
+         '{"name": "now", "a\\q": 1, "parameters": {"\t": 1}}': ["now"],
          "[get_weather('Paris')]": ["get_weather"], "[f(a=open('x'))]": ["f"]}
 
 
