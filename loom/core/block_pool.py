@@ -55,7 +55,7 @@ class BlockPool:
         out = []
         for _ in range(n):
             _, block = self._free.popitem(last=False)
-            self._uncache(block)
+            self.uncache(block)
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -103,7 +103,8 @@ class BlockPool:
         self._cached.clear()
         return True
 
-    def _uncache(self, block: KVBlock) -> None:
+    def uncache(self, block: KVBlock) -> None:
+        """Take a block out of the prefix cache (its holders, if any, keep it)."""
         if block.block_hash is not None:
             del self._cached[block.block_hash]
             block.block_hash = None

@@ -113,6 +113,16 @@ class KVCacheManager:
         self._req_hashes.pop(rid, None)
         self._pending_lookup.pop(rid, None)
 
+    def forget_prefix(self, request: Request) -> None:
+        """Take the blocks of the request's prefix out of the prefix cache, wherever they
+        are (held, or freed by a preemption): their KV may not be what their hashes say."""
+        if not self.enable_prefix_caching:
+            return
+        for block_hash in self._block_hashes(request):
+            block = self.pool.get_cached_block(block_hash)
+            if block is not None:
+                self.pool.uncache(block)
+
     def make_prefix_cache_stats(self) -> tuple[int, int]:
         """(queries, hits) in tokens since the last call."""
         stats = (self._queries, self._hits)

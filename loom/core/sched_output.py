@@ -71,6 +71,9 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_logprobs: dict[str, list[Logprobs]] = {}
     """Speculative decoding: the logprobs of each token a drafting request output this step
     (for it, in place of its `logprobs` entry)."""
+    lora_errors: dict[int, str] = {}
+    """LoRA adapters of this step that could not be loaded (id -> why): their rows ran
+    without them (`lora.manager`), so the scheduler ends their requests with the error."""
 
     def logprobs_of(self, i: int, req_id: str) -> list[Logprobs] | None:
         """The logprobs of each token request i output (a drafting request's may be

@@ -74,7 +74,8 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
-    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
+    def abort_requests(self, request_ids: Iterable[str],
+                       error: str | None = None) -> list[EngineCoreOutput]:
         outputs = []
         for rid in request_ids:
             request = self.requests.pop(rid, None)
@@ -85,10 +86,14 @@ class Scheduler:
             else:
                 self.waiting.remove(request)
             request.status = RequestStatus.FINISHED_ABORTED
+            if error:  # what it computed may not be what its prefix-cache hashes say
+                request.status = RequestStatus.FINISHED_ERROR
+                self.kv_cache_manager.forget_prefix(request)
             self._free(request)
             self.finished_req_ids.append(rid)
-            outputs.append(EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT,
-                                            num_cached_tokens=max(0, request.num_cached_tokens)))
+            outputs.append(EngineCoreOutput(rid, [], finish_reason=request.status.finish_reason,
+                                            num_cached_tokens=max(0, request.num_cached_tokens),
+                                            error=error))
         return outputs
 
     def has_request(self, request_id: str) -> bool:
@@ -286,6 +291,8 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs = []
+        for rid, error in self.loras.failed(runner_output, self.requests).items():
+            outputs += self.abort_requests([rid], error)  # rows run without their adapter
         drafted = ({c.req_id: len(c.spec_token_ids) for c in scheduler_output.cached_reqs
                     if c.spec_token_ids} if self.spec is not None else {})
         for i, rid in enumerate(runner_output.req_ids):

@@ -67,3 +67,32 @@ def test_stats_name_the_adapters_running_and_waiting():
         1, ["a1"], ["a2"])
     off = Scheduler(SchedulerConfig(), CacheConfig(block_size=4), 16, 128).make_stats()
     assert (off.max_loras, off.running_lora_adapters) == (0, [])
+
+
+def test_an_adapter_that_failed_to_load_ends_its_requests_once():
+    """A step's load failure ends every request of that adapter, running or waiting, and
+    takes their prompt blocks out of the prefix cache (they hold KV computed without the
+    adapter); the base model's request goes on. The same failure reported again by a step
+    that was in flight ends nothing: a request of the adapter added since stays."""
+    from loom.engine.protocol import FinishReason
+    sched = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=256),
+                      CacheConfig(block_size=4, enable_prefix_caching=True), 64, 128,
+                      max_loras=2)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    for rid, lora in (("r0", 1), ("r1", 1), ("base", None)):
+        sched.add_request(Request(rid, list(range(10, 19)), params,
+                                  lora_request=None if lora is None else _lora(lora)))
+    step = sched.schedule()
+    assert list(step.num_scheduled_tokens) == ["r0"]
+    cached = sched.kv_cache_manager.get_computed_blocks(sched.requests["r1"])[1]
+    assert cached == 8  # r1 would reuse r0's two full blocks
+    outs = sched.update_from_output(step, ModelRunnerOutput(
+        req_ids=["r0"], sampled_token_ids=[[9]], lora_errors={1: "a1: unreadable"}))
+    assert {(o.request_id, o.finish_reason, o.error) for o in outs} == {
+        ("r0", FinishReason.ERROR, "a1: unreadable"), ("r1", FinishReason.ERROR, "a1: unreadable")}
+    assert list(sched.requests) == ["base"] and sched.finished_req_ids == ["r0", "r1"]
+    sched.add_request(Request("r2", list(range(10, 19)), params, lora_request=_lora(1)))
+    assert sched.kv_cache_manager.get_computed_blocks(sched.requests["r2"])[1] == 0
+    assert sched.update_from_output(step, ModelRunnerOutput(
+        req_ids=["r0"], sampled_token_ids=[[9]], lora_errors={1: "a1: unreadable"})) == []
+    assert set(sched.requests) == {"base", "r2"}
