@@ -24,9 +24,12 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None
-    """stop, length or abort; None while running."""
+    """stop, length, abort or error; None while running."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended the request."""
+    error: str | None = None
+    """Why it ended with finish_reason error (a LoRA adapter that could not be loaded, a
+    guided-decoding grammar that failed); the server answers such a request with an error."""
 
     @property
     def finished(self) -> bool:

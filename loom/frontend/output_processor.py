@@ -74,7 +74,7 @@ class ChildState:
             self.output.finish_reason, self.output.stop_reason = "stop", stop_str
         elif out.finish_reason is not None:
             self.output.finish_reason = str(out.finish_reason)
-            self.output.stop_reason = out.stop_reason
+            self.output.stop_reason, self.output.error = out.stop_reason, out.error
         return stop_str is not None and out.finish_reason is None
 
     def _text_token_ids(self, out: EngineCoreOutput) -> list[int]:
