@@ -3,6 +3,9 @@ reference outputs (the peft model's) come from code nobody here wrote."""
 
 from __future__ import annotations
 
+import os
+import struct
+
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -25,3 +28,13 @@ def make_adapter(base_path: str, out_dir: str, targets=ALL_TARGETS, r: int = 8,
                 p.normal_(0.0, 0.25 if "lora_A" in name else 0.5)
     model.save_pretrained(out_dir)
     return model.eval()
+
+
+def cut_short(adapter_dir: str) -> str:
+    """Cut an adapter's safetensors file just past its header: the frontend's check (config
+    and header) still passes, the workers' read of the tensors fails. Returns adapter_dir."""
+    file = os.path.join(adapter_dir, "adapter_model.safetensors")
+    with open(file, "rb") as f:
+        (header,) = struct.unpack("<Q", f.read(8))
+    os.truncate(file, 8 + header + 16)
+    return adapter_dir

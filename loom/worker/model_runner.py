@@ -269,8 +269,8 @@ class ModelRunner:
         counts = list(so.num_scheduled_tokens.values())
         batch = build_batch(self.requests, reqs, counts, self.block_size, self.device,
                             self.token_multiple, self._pending, self._padded_rows(counts))
-        if self.lora is not None:
-            self.lora.prepare([r.lora_request for r in reqs], counts, len(batch.input_ids))
+        lora_errors = (self.lora.prepare([r.lora_request for r in reqs], counts,
+                                         len(batch.input_ids)) if self.lora is not None else {})
         graphs, clock = self.graph_runner, None
         size = graphs.padded_size(batch) if graphs else None
         mixed = graphs.mixed_size(batch) if graphs and size is None else None
@@ -291,7 +291,7 @@ class ModelRunner:
         handle = StepHandle(self, reqs, seq_lens if batch.spec is None else
                             [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)],
                             batch.sample_rows)
-        handle.layer_clock = clock
+        handle.layer_clock, handle.lora_errors = clock, lora_errors
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             num = len(batch.sample_rows)  # then the drafts' rows

@@ -39,6 +39,7 @@ class StepHandle:
         self.prompt_logprobs: dict[str, list[Logprobs]] = {}
         self.layer_clock = None
         """LOOM_LAYER_TIMES: the step's per-layer clock, reported once it has run."""
+        self.lora_errors: dict[int, str] = {}
 
     @classmethod
     def done(cls, output: ModelRunnerOutput) -> StepHandle:
@@ -87,7 +88,8 @@ class StepHandle:
                 self.draft_logprobs(), self.draft_counts, self._rows, sampled, logprobs).items()}
         return ModelRunnerOutput(req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled,
                                  logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
-                                 pooled=self.pooled, spec_logprobs=per_token)
+                                 pooled=self.pooled, spec_logprobs=per_token,
+                                 lora_errors=self.lora_errors)
 
 
 _READBACK = PinnedRing(4, torch.int64)

@@ -4,14 +4,17 @@ and the base model, under each scheduling mode, compiled, and over two TP ranks.
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 
 import pytest
 
 from loom import LLM, SamplingParams
+from loom.lora.adapter import WEIGHTS_FILE
 from loom.lora.request import LoRARequest
 from tests.conftest import hf_greedy
-from tests.lora_util import make_adapter
+from tests.lora_util import cut_short, make_adapter
 
 pytest.importorskip("peft")
 
@@ -232,3 +235,56 @@ def test_host_cache_evicts_and_reloads(adapters, monkeypatch):
             out = llm.generate([prompt], _greedy(4), lora_request=lora, use_tqdm=False)[0]
             assert out.outputs[0].token_ids == hf_greedy(model, prompt, 4)
     assert loads == [1, 2, 1, 2]
+
+
+def _broken_copy(lora: LoRARequest, out_dir: str) -> LoRARequest:
+    return LoRARequest("broken", 3, cut_short(shutil.copytree(lora.lora_path, out_dir)))
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    dict(), pytest.param(dict(tensor_parallel_size=2), marks=pytest.mark.slow)],
+    ids=["one-rank", "tp2"])
+def test_an_adapter_that_fails_to_load_ends_only_its_requests(engine_kwargs, adapters,
+                                                              tmp_path):
+    """A batch of the base model, a good adapter and one whose weights are cut short: the
+    broken adapter's requests end with an error naming it, the others as peft computes
+    them. Repaired, it loads at its next request, and the prefix-cache blocks its failed
+    requests wrote (without the adapter) serve nothing."""
+    path, hf, ((good, good_model), (source, model)) = adapters("llama")
+    broken = _broken_copy(source, str(tmp_path / "broken"))
+    batch = [(p, lora) for p in _prompts()[::2] for lora in (None, good, broken)]
+    llm = _llm(path, max_loras=2, **engine_kwargs)
+    try:
+        outs = llm.generate([p for p, _ in batch], _greedy(8),
+                            lora_request=[lora for _, lora in batch], use_tqdm=False)
+        shutil.copy(os.path.join(source.lora_path, WEIGHTS_FILE), broken.lora_path)
+        prompt = _prompts()[2]  # two full blocks, cached by the failed request too
+        again = llm.generate([prompt], _greedy(), lora_request=broken, use_tqdm=False)[0]
+    finally:
+        llm.shutdown()
+    for (prompt_ids, lora), out in zip(batch, outs):
+        completion = out.outputs[0]
+        if lora is broken:
+            assert (completion.finish_reason, completion.token_ids) == ("error", [])
+            assert completion.error.startswith(f"lora_request 'broken' ({broken.lora_path}): "
+                                               "the adapter could not be loaded: "), completion
+        else:
+            assert completion.error is None
+            assert completion.token_ids == hf_greedy(good_model if lora else hf, prompt_ids, 8)
+    assert again.outputs[0].token_ids == hf_greedy(model, prompt, 12)
+
+
+def test_a_failure_reported_again_by_a_step_run_ahead_ends_nothing_new(adapters, tmp_path):
+    """A request alone with a broken adapter ends with the error, and generate returns with
+    its next decode, which ran ahead, still in flight: that step's report of the same
+    failure does not end the next request, which finds the adapter repaired."""
+    path, _, (_, (source, model)) = adapters("llama")
+    broken = _broken_copy(source, str(tmp_path / "broken"))
+    prompt = _prompts()[0]
+    llm = _llm(path)
+    failed = llm.generate([prompt], _greedy(), lora_request=broken, use_tqdm=False)[0]
+    assert llm.engine._in_flight  # (else this tests nothing)
+    shutil.copy(os.path.join(source.lora_path, WEIGHTS_FILE), broken.lora_path)
+    again = llm.generate([prompt], _greedy(), lora_request=broken, use_tqdm=False)[0]
+    assert failed.outputs[0].finish_reason == "error"
+    assert again.outputs[0].token_ids == hf_greedy(model, prompt, 12)

@@ -8,14 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 
 import httpx
+import openai
 import pytest
 
 from loom import SamplingParams
 from loom.lora.request import LoRARequest
 from tests.entrypoints.conftest import API_KEY, start_server
-from tests.lora_util import make_adapter
+from tests.lora_util import cut_short, make_adapter
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BASE = "tiny"
@@ -226,6 +228,33 @@ def test_load_and_unload_at_run_time(lora_server, adapters, expected, tmp_path):
     assert texts == expected["sql"] and listed == [BASE, "sql", "chat", "sql2"]
     assert unloaded.status_code == 200 and gone.status_code == 404
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "NotFoundError"
+
+
+def test_an_adapter_that_fails_to_load_fails_only_its_requests(lora_server, adapters,
+                                                              expected, tmp_path):
+    """An adapter cut short after the server checked it: the workers cannot read it, so its
+    request is a 400 naming it (streamed too: it fails before any output), and the engine
+    goes on serving."""
+    if lora_server.mode != "mp":
+        pytest.skip("one mode is enough (and the one that loads adapters at run time)")
+    path = shutil.copytree(adapters["chat"], tmp_path / "broken")
+    client = lora_server.client()
+    with httpx.Client(base_url=lora_server.url, headers=AUTH, timeout=60) as http:
+        loaded = http.post("/v1/load_lora_adapter",
+                           json={"lora_name": "broken", "lora_path": str(path)})
+        assert loaded.status_code == 200, loaded.text
+        try:
+            cut_short(str(path))
+            with pytest.raises(openai.BadRequestError) as whole:
+                _complete(client, "broken")
+            with pytest.raises(openai.BadRequestError) as streamed:
+                _complete(client, "broken", stream=True)
+        finally:
+            http.post("/v1/unload_lora_adapter", json={"lora_name": "broken"})
+    for error in (whole.value, streamed.value):
+        assert f"lora_request 'broken' ({path}): the adapter could not be loaded" in \
+            error.body["message"], error.body
+    assert [c.text for c in _complete(client, BASE).choices] == expected[BASE]
 
 
 def test_runtime_updating_needs_one_api_server(capsys, tiny_llama_with_tokenizer, monkeypatch):
