@@ -39,6 +39,14 @@ class Ceilings:
     matmul_held_tflop_per_s: float | None = None
     """The same matmul back to back for matmul_held_s: its rate over the last third."""
     matmul_held_s: float | None = None
+    fp8_matmul_tflop_per_s: float | None = None
+    """With fp8 layers: the same shape as loom's fp8 layers run it (`torch._scaled_mm`,
+    float8_e4m3fn in, row-wise scales, bf16 out)."""
+
+    def matmul_rate(self, fp8: bool) -> float:
+        """The rate compute floors are held to: fp8's for fp8 layers, else bf16's."""
+        return self.fp8_matmul_tflop_per_s if fp8 and self.fp8_matmul_tflop_per_s else \
+            self.matmul_tflop_per_s
 
 
 TRIALS = 5
@@ -88,6 +96,17 @@ def matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 20) -> f
     return 2 * n ** 3 / seconds / 1e12
 
 
+def fp8_matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 20) -> float:
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major
+    scale_a = torch.ones(n, 1, device=device)
+    scale_b = torch.ones(1, n, device=device)
+    seconds = _best_seconds(lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b,
+                                                     out_dtype=torch.bfloat16),
+                            device, warmup=10, iters=iters)
+    return 2 * n ** 3 / seconds / 1e12
+
+
 def held_matmul_tflops(device: torch.device, seconds: float, n: int = MATMUL_N) -> float:
     """The matmul back to back for `seconds`; its rate over the last third (the clocks
     settle within the first second)."""
@@ -97,21 +116,25 @@ def held_matmul_tflops(device: torch.device, seconds: float, n: int = MATMUL_N) 
     return 2 * n ** 3 / _time_cuda(mm, device, warmup=0, iters=calls) / 1e12
 
 
-def measure_ceilings(device: torch.device, held_s: float = 0.0) -> Ceilings | None:
-    """Both ceilings on a CUDA device (and, with held_s, the matmul's held rate); None (and
-    a log line saying so) on CPU."""
+def measure_ceilings(device: torch.device, held_s: float = 0.0,
+                     fp8: bool = False) -> Ceilings | None:
+    """Both ceilings on a CUDA device (and, with held_s, the matmul's held rate; with fp8,
+    the fp8 matmul's rate); None (and a log line saying so) on CPU."""
     if device.type != "cuda":
         logger.info("ceilings: skipped on %s (measured on CUDA devices only)", device)
         return None
     copy = copy_bandwidth_tbps(device)
     rate = matmul_tflops(device)
     held = held_matmul_tflops(device, held_s) if held_s > 0 else None
+    fp8_rate = fp8_matmul_tflops(device) if fp8 else None
     torch.cuda.empty_cache()
     ceilings = Ceilings(torch.cuda.get_device_name(device), copy, rate,
-                        matmul_held_tflop_per_s=held, matmul_held_s=held_s or None)
-    logger.info("ceilings on %s: copy %.2f TB/s (read+write), bf16 matmul %.0f TFLOP/s%s",
+                        matmul_held_tflop_per_s=held, matmul_held_s=held_s or None,
+                        fp8_matmul_tflop_per_s=fp8_rate)
+    logger.info("ceilings on %s: copy %.2f TB/s (read+write), bf16 matmul %.0f TFLOP/s%s%s",
                 ceilings.device, copy, rate,
-                f" (held {held_s:.0f} s: {held:.0f})" if held is not None else "")
+                f" (held {held_s:.0f} s: {held:.0f})" if held is not None else "",
+                f", fp8 matmul {fp8_rate:.0f} TFLOP/s" if fp8_rate is not None else "")
     return ceilings
 
 

@@ -6,12 +6,15 @@ Conventions, chosen to match the targets in the issues:
   touch; no embedding, no LM head, since only the last position reaches the LM head) x tokens,
   plus causal attention: QK^T and PV are 2 matmuls of 2 x head_dim FLOPs per (query, key)
   pair, half the pairs masked: 2 x 2 x layers x heads x head_dim x L^2 / 2 per sequence.
-- Decode bytes per step = every weight, embedding and LM head included, x dtype size. For a
+- Decode bytes per step = every weight, embedding and LM head included, x dtype size (x 1
+  byte for the projections fp8 quantizes: attention, dense MLPs, shared experts). For a
   MoE model only the experts the batch routes to are read; with uniform top-k routing a batch
   of B tokens touches a fraction 1 - (1 - k/E)^B of each layer's experts. KV-cache reads are
   left out (small beside the weights at the short contexts the targets use).
 - Throughput FLOPs = 2 x num_params x every token (prompt and output), no attention term.
 - Tensor parallelism divides every floor by tp (perfect scaling, the optimistic floor).
+- Under fp8 the compute floors take the measured fp8 matmul rate, for MoE experts too,
+  though they stay in bf16 (an optimistic floor for a quantized MoE model).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class ParamCounts:
     """All routed-expert weights (0 for a dense model)."""
     active: int
     """ModelArch.num_params: decoder-layer weights one token's matmuls touch."""
+    linear: int = 0
+    """The dense weights fp8 quantizes (attention, dense MLPs, shared experts)."""
 
     @property
     def total(self) -> int:
@@ -44,17 +49,20 @@ def param_counts(arch: ModelArch) -> ParamCounts:
     if arch.attention_bias:
         attn += hd * (arch.num_heads + 2 * arch.num_kv_heads)
     norms = 2 * h + (2 * hd if arch.architecture.startswith("Qwen3") else 0)
-    dense, experts = embed + lm_head + h, 0  # + h: the final norm
+    dense, experts, linear = embed + lm_head + h, 0, 0  # + h: the final norm
     for layer in range(arch.num_layers):
         dense += attn + norms
+        linear += attn
         if arch.is_moe_layer(layer):
             dense += h * arch.num_experts  # router
             if arch.shared_expert_intermediate_size:  # Qwen2-MoE's, read for every token
                 dense += 3 * h * arch.shared_expert_intermediate_size + h  # + its gate
+                linear += 3 * h * arch.shared_expert_intermediate_size
             experts += arch.num_experts * 3 * h * arch.moe_intermediate_size
         else:
             dense += 3 * h * arch.intermediate_size
-    return ParamCounts(dense=dense, experts=experts, active=arch.num_params)
+            linear += 3 * h * arch.intermediate_size
+    return ParamCounts(dense=dense, experts=experts, active=arch.num_params, linear=linear)
 
 
 def expert_fraction(arch: ModelArch, batch_size: int) -> float:
@@ -64,10 +72,15 @@ def expert_fraction(arch: ModelArch, batch_size: int) -> float:
     return 1.0 - (1.0 - arch.num_experts_per_tok / arch.num_experts) ** batch_size
 
 
-def decode_bytes(arch: ModelArch, dtype_bytes: int, batch_size: int) -> int:
+def decode_bytes(arch: ModelArch, dtype_bytes: int, batch_size: int,
+                 linear_bytes: int | None = None) -> int:
+    """linear_bytes: the element size of the projections fp8 quantizes (1), if not dtype's."""
     counts = param_counts(arch)
     experts = counts.experts * expert_fraction(arch, batch_size)
-    return int((counts.dense + experts) * dtype_bytes)
+    total = (counts.dense + experts) * dtype_bytes
+    if linear_bytes is not None:
+        total -= counts.linear * (dtype_bytes - linear_bytes)
+    return int(total)
 
 
 def prefill_flops(arch: ModelArch, input_len: int, batch_size: int) -> float:
@@ -82,9 +95,9 @@ def prefill_floor_s(arch: ModelArch, input_len: int, batch_size: int,
 
 
 def decode_floor_s(arch: ModelArch, dtype_bytes: int, batch_size: int,
-                   copy_tbps: float, tp: int) -> float:
+                   copy_tbps: float, tp: int, linear_bytes: int | None = None) -> float:
     """Seconds per decode step (one token for each of `batch_size` sequences)."""
-    return decode_bytes(arch, dtype_bytes, batch_size) / (copy_tbps * 1e12) / tp
+    return decode_bytes(arch, dtype_bytes, batch_size, linear_bytes) / (copy_tbps * 1e12) / tp
 
 
 def throughput_floor_s(arch: ModelArch, total_tokens: int, matmul_tflops: float, tp: int) -> float:

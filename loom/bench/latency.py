@@ -226,7 +226,9 @@ def latency_floors(bench: OfflineBench, args: argparse.Namespace, main: Series,
     out: dict[str, Any] = {
         "tensor_parallel_size": bench.tp, "dtype_bytes": bench.dtype_bytes,
         "num_params": counts.active, "total_params": counts.total,
-        "decode_weight_bytes": floors.decode_bytes(bench.arch, bench.dtype_bytes, args.batch_size),
+        "fp8": bench.fp8,
+        "decode_weight_bytes": floors.decode_bytes(bench.arch, bench.dtype_bytes, args.batch_size,
+                                                   bench.linear_bytes),
         "prefill_flops": floors.prefill_flops(bench.arch, args.input_len, args.batch_size)}
     prefill_s = main.avg if main.output_len == 1 else (prefill.avg if prefill else None)
     out.update(_prefill_ratio(bench, args, prefill_s))
@@ -240,7 +242,7 @@ def _prefill_ratio(bench: OfflineBench, args: argparse.Namespace,
     floor = None
     if bench.ceilings is not None:
         floor = floors.prefill_floor_s(bench.arch, args.input_len, args.batch_size,
-                                       bench.ceilings.matmul_tflop_per_s, bench.tp)
+                                       bench.matmul_tflops, bench.tp)
     fraction = floor / measured_s if floor is not None and measured_s else None
     ratio = held_ratio(bench.ceilings)
     return {"prefill_floor_s": floor, "prefill_latency_s": measured_s,
@@ -259,7 +261,8 @@ def _decode_ratio(bench: OfflineBench, args: argparse.Namespace, main: Series,
     floor_ms = None
     if bench.ceilings is not None:
         floor_ms = 1e3 * floors.decode_floor_s(bench.arch, bench.dtype_bytes, args.batch_size,
-                                               bench.ceilings.copy_tb_per_s, bench.tp)
+                                               bench.ceilings.copy_tb_per_s, bench.tp,
+                                               bench.linear_bytes)
     return {"decode_ms_per_token": ms, "decode_ms_per_token_method": method,
             "decode_floor_ms_per_token": floor_ms,
             "decode_ratio_to_floor": ms / floor_ms if floor_ms else None}

@@ -47,6 +47,18 @@ class OfflineBench:
     """The level the model runs at: -O's, else the device's default; 0 under --enforce-eager."""
     loras: list[LoRARequest] | None = None
     """--lora-path's adapter under each of --max-loras ids; None: the base model."""
+    fp8: bool = False
+    """The linear layers run in fp8 (--quantization, or an fp8 checkpoint)."""
+
+    @property
+    def linear_bytes(self) -> int:
+        """The element size of the weights fp8 quantizes."""
+        return 1 if self.fp8 else self.dtype_bytes
+
+    @property
+    def matmul_tflops(self) -> float | None:
+        """The matmul rate compute floors are held to (fp8's under fp8)."""
+        return None if self.ceilings is None else self.ceilings.matmul_rate(self.fp8)
 
     def lora_requests(self, count: int) -> list[LoRARequest] | None:
         """The adapters of `count` requests: the ids in turn."""
@@ -89,6 +101,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     from loom.engine.core import resolve_max_model_len
     from loom.entrypoints.llm import LLM
     from loom.models.loader import resolve
+    from loom.quantization.config import quant_scheme
     from loom.worker.model_loader import resolve_dtype, resolve_kv_cache_dtype
     from loom.worker.worker import resolve_device
 
@@ -101,7 +114,8 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     if getattr(args, "reference_json", None) and not os.path.isfile(args.reference_json):
         raise ValueError(f"reference_json: no such file: {args.reference_json}")
     device = resolve_device(engine_args.device)
-    ceilings = measure_ceilings(device, held_s=HELD_MATMUL_S)
+    fp8 = quant_scheme(resolve(config.model).hf_config, config.model.quantization) is not None
+    ceilings = measure_ceilings(device, held_s=HELD_MATMUL_S, fp8=fp8)
     dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
     dtype_bytes = dtype.itemsize
     kv_dtype_bytes = resolve_kv_cache_dtype(config.cache.cache_dtype, dtype).itemsize
@@ -114,7 +128,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
         vocab = min(vocab, llm.tokenizer.vocab_size)
     level = 0 if config.enforce_eager else config.compilation.resolved(device.type).level
     return OfflineBench(llm, engine_args, arch, dtype_bytes, kv_dtype_bytes, device_name(device),
-                        ceilings, vocab, level, loras)
+                        ceilings, vocab, level, loras, fp8)
 
 
 def _lora_requests(args: argparse.Namespace, config, arch: ModelArch) -> list[LoRARequest] | None:

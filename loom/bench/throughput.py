@@ -118,7 +118,7 @@ def throughput_figures(bench: OfflineBench, num_requests: int, prompt_tokens: in
     total = prompt_tokens + output_tokens
     floor = None
     if bench.ceilings is not None:
-        floor = floors.throughput_floor_s(bench.arch, total, bench.ceilings.matmul_tflop_per_s,
+        floor = floors.throughput_floor_s(bench.arch, total, bench.matmul_tflops,
                                           bench.tp)
     ratio = held_ratio(bench.ceilings)
     held = floor / ratio if floor is not None and ratio else None

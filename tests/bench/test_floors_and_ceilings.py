@@ -38,12 +38,25 @@ def test_the_issue_floors_for_llama_8b(llama3_tokenizer_dir):
     assert offline_tokenizer("llama-3.1-8b", None) == (llama3_tokenizer_dir, False)
 
 
+def test_fp8_decode_bytes_for_llama_8b():
+    """fp8 halves the projections: Meta's 8,030,261,248 parameters less the embedding and LM
+    head (2 x 128256 x 4096) and the 65 norms of 4096 are the fp8 ones, one byte each."""
+    arch = ModelArch.from_hf_config(shipped_hf_config("llama-3.1-8b"))
+    rest = 2 * 128256 * 4096 + 65 * 4096
+    assert floors.decode_bytes(arch, 2, 1, linear_bytes=1) == (8_030_261_248 - rest) + 2 * rest
+    assert floors.decode_bytes(arch, 2, 1, linear_bytes=2) == floors.decode_bytes(arch, 2, 1)
+    ceilings = Ceilings("x", 4.0, 800.0, fp8_matmul_tflop_per_s=1600.0)
+    assert (ceilings.matmul_rate(True), ceilings.matmul_rate(False)) == (1600.0, 800.0)
+    assert Ceilings("x", 4.0, 800.0).matmul_rate(True) == 800.0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_ceilings_measure_on_cuda():
     import torch
-    c = ceilings_module.measure_ceilings(torch.device("cuda", 0), held_s=1.0)
+    c = ceilings_module.measure_ceilings(torch.device("cuda", 0), held_s=1.0, fp8=True)
     assert c is not None and c.copy_tb_per_s > 0.1 and c.matmul_tflop_per_s > 1
+    assert c.fp8_matmul_tflop_per_s > c.matmul_tflop_per_s  # Hopper: twice bf16's rate
     # best of short bursts against a held rate; a little timing noise allowed
     assert 0.3 * c.matmul_tflop_per_s < c.matmul_held_tflop_per_s < 1.05 * c.matmul_tflop_per_s
 
