@@ -20,8 +20,10 @@ from loom.lora.request import LoRARequest
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PREFIX = "base_model.model."
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The base model's linear layers an adapter may target (attention and dense MLPs)."""
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+               "qkv_proj", "gate_up_proj")
+"""The base model's linear layers an adapter may target (attention and dense MLPs; the
+fused two where the base model has them, as Phi-3 does)."""
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,17 @@ class AdapterSpec:
 
 def model_targets(arch) -> dict[str, list[int]]:
     """Every module name an adapter may target in a model (its `ModelArch`) -> the
-    [out, in] of its full (unsharded) weight: attention, and the MLPs of dense layers."""
+    [out, in] of its full (unsharded) weight: attention, and the MLPs of dense layers
+    (not experts, routed or shared), named as the base model names them (Phi-3's fused
+    qkv_proj and gate_up_proj)."""
     q, kv, h = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.hidden_size
-    attn = {"q_proj": [q, h], "k_proj": [kv, h], "v_proj": [kv, h], "o_proj": [h, q]}
-    mlp = {"gate_proj": [arch.intermediate_size, h], "up_proj": [arch.intermediate_size, h],
-           "down_proj": [h, arch.intermediate_size]}
+    i = arch.intermediate_size
+    if arch.fused_checkpoint:
+        attn = {"qkv_proj": [q + 2 * kv, h], "o_proj": [h, q]}
+        mlp = {"gate_up_proj": [2 * i, h], "down_proj": [h, i]}
+    else:
+        attn = {"q_proj": [q, h], "k_proj": [kv, h], "v_proj": [kv, h], "o_proj": [h, q]}
+        mlp = {"gate_proj": [i, h], "up_proj": [i, h], "down_proj": [h, i]}
     out = {}
     for i in range(arch.num_layers):
         out.update({f"model.layers.{i}.self_attn.{p}": s for p, s in attn.items()})
@@ -114,8 +122,8 @@ def _read_tensors(path: str, where: str, targets: dict[str, list[int]],
         kind = kind.split(".")[0]
         if module not in targets or kind not in ("A", "B") or not name.endswith(".weight"):
             raise ValueError(f"{where}: tensor {name!r} targets what loom cannot adapt "
-                             f"(only {', '.join(PROJECTIONS)} of decoder layers with a "
-                             "dense MLP)")
+                             f"(only {', '.join(_projections(targets))} of decoder layers, "
+                             "the MLP ones where the layer's MLP is dense)")
         found.setdefault(module, {})[kind] = (name, info["shape"])
     if not found:
         raise ValueError(f"{where}: {WEIGHTS_FILE} holds no LoRA tensors")
@@ -130,6 +138,11 @@ def _read_tensors(path: str, where: str, targets: dict[str, list[int]],
                              f"model and rank {rank} make them {[rank, in_]} and {[out, rank]}")
         modules[module] = (a_name, b_name)
     return modules
+
+
+def _projections(targets: dict[str, list[int]]) -> list[str]:
+    names = {module.rpartition(".")[2] for module in targets}
+    return [p for p in PROJECTIONS if p in names]
 
 
 def _safetensors_header(path: str, where: str) -> dict:

@@ -5,11 +5,6 @@ The scheduler keeps a step's adapters within max_loras (`core.lora_admission`), 
 always finds a slot for each: one already holding it, else the least recently used slot
 that this step does not need. Adapters are read from disk once and kept in host memory
 (the max_cpu_loras most recently used), already sliced for this rank and scaled.
-
-An adapter whose files cannot be read (changed or damaged since the frontend checked them)
-fails alone: `prepare` reports it and points its rows at no slot, so the step keeps the
-shape it was scheduled with (every rank's collectives included) and the engine ends that
-adapter's requests with the error, discarding what their rows computed.
 """
 
 from __future__ import annotations
@@ -24,10 +19,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from loom.config import EngineConfig, LoRAConfig
-from loom.distributed.parallel_state import get_tp_group
 from loom.layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
                                 RowParallelLinear)
-from loom.lora.adapter import WEIGHTS_FILE, model_targets, read_adapter
+from loom.lora.adapter import WEIGHTS_FILE, AdapterSpec, model_targets, read_adapter
 from loom.lora.layers import LoRASlots
 from loom.lora.request import LoRARequest
 from loom.pinned import upload
@@ -70,7 +64,7 @@ class LoRAManager:
             self._rows[s, s * rank:(s + 1) * rank] = 1
         self.layers: dict[str, LinearBase] = {}
         for name, module in model.named_modules():
-            if isinstance(module, LinearBase) and name.rpartition(".")[2] in _SLICES:
+            if isinstance(module, LinearBase) and _adaptable(name, self.targets):
                 module.lora = LoRASlots(module.in_features, _out_sizes(module), slots, rank,
                                         self.mask)
                 self.layers[name] = module
@@ -84,99 +78,63 @@ class LoRAManager:
         logger.info("LoRA: %d slot(s) of rank %d on %d layers", slots, rank, len(self.layers))
 
     def prepare(self, loras: list[LoRARequest | None], counts: list[int],
-                num_rows: int) -> dict[int, str]:
+                num_rows: int) -> None:
         """Put each adapter of the step in a slot, then point every token row at its own
-        (counts: each request's tokens; rows past them, padding, at none). Returns the
-        adapters that could not be loaded (id -> why); their rows point at none."""
+        (counts: each request's tokens; rows past them, padding, at none)."""
         self._step += 1
         if num_rows <= self._zero_rows and all(lora is None for lora in loras):
-            return {}  # no adapter this step, and no row would point at one
+            return  # no adapter this step, and no row would point at one
         slot_of: dict[int, int] = {}
-        failed: dict[int, str] = {}
         for lora in loras:
-            if lora is None or lora.lora_int_id in slot_of or lora.lora_int_id in failed:
-                continue
-            try:
+            if lora is not None and lora.lora_int_id not in slot_of:
                 slot_of[lora.lora_int_id] = self._slot_for(lora, slot_of)
-            except AdapterLoadError as e:
-                failed[lora.lora_int_id] = str(e)
         base = len(self.slots)
-        per_req = [base if lora is None else slot_of.get(lora.lora_int_id, base)
-                   for lora in loras]
+        per_req = [base if lora is None else slot_of[lora.lora_int_id] for lora in loras]
         rows = np.full(num_rows, base, dtype=np.int64)
         rows[:sum(counts)] = np.repeat(per_req, counts)
         (rows_d,) = upload([rows], self.mask.device)
         torch.index_select(self._rows, 0, rows_d, out=self.mask[:num_rows])
         self._zero_rows = num_rows if not slot_of else 0
-        return failed
 
     def _slot_for(self, lora: LoRARequest, taken: dict[int, int]) -> int:
         if lora.lora_int_id in self.slots:
             slot = self.slots.index(lora.lora_int_id)
         else:
-            loaded = self._host_copy(lora)  # first: an adapter that fails evicts nothing
             free = [s for s in range(len(self.slots)) if s not in taken.values()]
             if not free:
                 raise RuntimeError(f"a step uses more than max_loras ({len(self.slots)}) "
                                    "adapters")
             slot = min(free, key=lambda s: (self.slots[s] is not None, self._slot_used[s]))
-            self._fill(slot, lora.lora_int_id, loaded)
+            self._fill(slot, lora)
         self._slot_used[slot] = self._step
         return slot
 
-    def _host_copy(self, lora: LoRARequest) -> Loaded:
+    def _fill(self, slot: int, lora: LoRARequest) -> None:
         loaded = self._host.get(lora.lora_int_id)
         if loaded is None:
-            loaded = self._read(lora)
+            loaded = self._load(lora)
             self._host[lora.lora_int_id] = loaded
             while len(self._host) > self.config.cpu_loras:
                 self._host.popitem(last=False)
         self._host.move_to_end(lora.lora_int_id)
-        return loaded
-
-    def _fill(self, slot: int, lora_id: int, loaded: Loaded) -> None:
         for name, layer in self.layers.items():
             if name in loaded:
                 layer.lora.set_slot(slot, *loaded[name])
             else:
                 layer.lora.clear_slot(slot)
-        self.slots[slot] = lora_id
-
-    def _read(self, lora: LoRARequest) -> Loaded:
-        """_load, with any failure the adapter's alone (AdapterLoadError): whatever its
-        files hold, no step dies of them. Every rank reads its own shard, so the ranks
-        agree first: a rank that ran the adapter beside one that runs none would compute
-        garbage. Each rank's slots and host cache follow the same steps, so all read the
-        same adapters in the same order and meet in this all-reduce, which only steps that
-        read an adapter from disk pay for."""
-        where = f"lora_request {lora.lora_name!r} ({lora.lora_path})"
-        try:
-            loaded, error = self._load(lora), None
-        except Exception as e:  # noqa: BLE001 - damaged files raise anything (safetensors')
-            loaded, error = None, str(e).removeprefix(f"{where}: ") or type(e).__name__
-        if _any_rank(error is not None, self.mask.device) and error is None:
-            error = "another tensor-parallel rank could not read it (that rank's log says why)"
-        if error is not None:
-            logger.warning("LoRA adapter %r (id %d) could not be loaded from %s: %s; its "
-                           "requests end with this error", lora.lora_name, lora.lora_int_id,
-                           lora.lora_path, error)
-            raise AdapterLoadError(f"{where}: the adapter could not be loaded: {error}")
-        return loaded
+        self.slots[slot] = lora.lora_int_id
 
     def _load(self, lora: LoRARequest) -> Loaded:
         spec = read_adapter(lora, self.targets, self.config.max_lora_rank)
         tensors = load_file(os.path.join(spec.path, WEIGHTS_FILE))
         out: Loaded = {}
         for name, layer in self.layers.items():
-            prefix, _, proj = name.rpartition(".")
             a_list, b = [], torch.zeros(layer.out_features, spec.rank, dtype=self.dtype)
-            for ckpt_proj, shard in _SLICES[proj]:
-                names = spec.modules.get(f"{prefix}.{ckpt_proj}")
-                if names is None:
+            for piece in _slices(name, layer, spec, tensors, self.dtype):
+                if piece is None:
                     a_list.append(None)
                     continue
-                a = tensors[names[0]].to(self.dtype)
-                b_full = (tensors[names[1]].float() * spec.scaling).to(self.dtype)
+                shard, a, b_full = piece
                 if isinstance(layer, RowParallelLinear):  # A takes this rank's inputs
                     a_local = torch.empty(spec.rank, layer.in_features, dtype=self.dtype)
                     layer.weight_loader(a_local, a)
@@ -191,18 +149,46 @@ class LoRAManager:
         return out
 
 
-class AdapterLoadError(Exception):
-    """An adapter the workers could not load: its requests end with this message."""
+def _adaptable(name: str, targets: dict[str, list[int]]) -> bool:
+    """Whether an adapter may target the layer (or a slice of it): not, for instance,
+    Qwen2-MoE's shared expert, whose projections are named as a dense MLP's."""
+    prefix, _, proj = name.rpartition(".")
+    names = [proj] + [ckpt for ckpt, _ in _SLICES.get(proj, [])]
+    return any(f"{prefix}.{n}" in targets for n in names)
 
 
-def _any_rank(flag: bool, device: torch.device) -> bool:
-    """Whether flag is set on any tensor-parallel rank (every rank must call it)."""
-    group = get_tp_group()
-    if group.world_size == 1:
-        return flag
-    flags = torch.tensor([int(flag)], device=device)
-    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=group.group)
-    return bool(flags.item())
+def _slices(name: str, layer: LinearBase, spec: AdapterSpec, tensors: dict[str, torch.Tensor],
+            dtype: torch.dtype) -> list[tuple[object, torch.Tensor, torch.Tensor] | None]:
+    """(shard id, A, B scaled) for each slice of the layer, None where the adapter leaves
+    it be. An adapter of a fused module (Phi-3's qkv_proj) has one A for all its slices
+    and a B holding theirs one after the other: each slice gets the A (computed once a
+    slice: LoRASlots keeps an A per slice) and its own rows of B."""
+    prefix, _, proj = name.rpartition(".")
+    fused = spec.modules.get(name) if len(_SLICES[proj]) > 1 else None
+    if fused is not None:
+        a, b = _pair(tensors, fused, spec.scaling, dtype)
+        return [(shard, a, rows) for (_, shard), rows in
+                zip(_SLICES[proj], b.split(_full_sizes(layer)))]
+    pieces = []
+    for ckpt_proj, shard in _SLICES[proj]:
+        names = spec.modules.get(f"{prefix}.{ckpt_proj}")
+        pieces.append(None if names is None else
+                      (shard, *_pair(tensors, names, spec.scaling, dtype)))
+    return pieces
+
+
+def _pair(tensors: dict[str, torch.Tensor], names: tuple[str, str], scaling: float,
+          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One module's A, and its B with the adapter's scaling applied."""
+    return tensors[names[0]].to(dtype), (tensors[names[1]].float() * scaling).to(dtype)
+
+
+def _full_sizes(layer: LinearBase) -> list[int]:
+    """Each slice's rows in the full (unsharded) weight of a stacked layer."""
+    if isinstance(layer, QKVParallelLinear):
+        kv = layer.kv_size * layer.tp_size // layer.kv_replicas
+        return [layer.q_size * layer.tp_size, kv, kv]
+    return list(layer.output_sizes)
 
 
 def _out_sizes(layer: LinearBase) -> list[int]:

@@ -19,7 +19,8 @@ from loom.lora.request import LoRARequest
 from tests.lora_util import make_adapter
 
 ARCH = SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=8, hidden_size=32,
-                       intermediate_size=48, num_layers=2, is_moe_layer=lambda i: i == 1)
+                       intermediate_size=48, num_layers=2, is_moe_layer=lambda i: i == 1,
+                       fused_checkpoint=False)
 TARGETS = model_targets(ARCH)
 
 
@@ -43,6 +44,16 @@ def test_targets_cover_attention_and_dense_mlps_only():
     assert TARGETS["model.layers.0.mlp.down_proj"] == [32, 48]
     assert "model.layers.1.mlp.gate_proj" not in TARGETS  # a MoE layer
     assert "model.layers.1.self_attn.o_proj" in TARGETS
+
+
+def test_phi3_targets_are_its_fused_projections():
+    """Phi-3's checkpoint, and so PEFT's adapters for it, has qkv_proj and gate_up_proj."""
+    targets = model_targets(SimpleNamespace(**{**vars(ARCH), "fused_checkpoint": True,
+                                               "is_moe_layer": lambda i: False}))
+    assert targets["model.layers.0.self_attn.qkv_proj"] == [32 + 2 * 16, 32]
+    assert targets["model.layers.1.mlp.gate_up_proj"] == [2 * 48, 32]
+    assert targets["model.layers.1.mlp.down_proj"] == [32, 48]
+    assert not any(t.endswith(("q_proj", "gate_proj")) for t in targets)
 
 
 def test_reads_a_valid_adapter(tmp_path):
