@@ -5,6 +5,11 @@ The scheduler keeps a step's adapters within max_loras (`core.lora_admission`), 
 always finds a slot for each: one already holding it, else the least recently used slot
 that this step does not need. Adapters are read from disk once and kept in host memory
 (the max_cpu_loras most recently used), already sliced for this rank and scaled.
+
+An adapter whose files cannot be read (changed or damaged since the frontend checked them)
+fails alone: `prepare` reports it and points its rows at no slot, so the step keeps the
+shape it was scheduled with (every rank's collectives included) and the engine ends that
+adapter's requests with the error, discarding what their rows computed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from loom.config import EngineConfig, LoRAConfig
+from loom.distributed.parallel_state import get_tp_group
 from loom.layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
                                 RowParallelLinear)
 from loom.lora.adapter import WEIGHTS_FILE, AdapterSpec, model_targets, read_adapter
@@ -78,51 +84,84 @@ class LoRAManager:
         logger.info("LoRA: %d slot(s) of rank %d on %d layers", slots, rank, len(self.layers))
 
     def prepare(self, loras: list[LoRARequest | None], counts: list[int],
-                num_rows: int) -> None:
+                num_rows: int) -> dict[int, str]:
         """Put each adapter of the step in a slot, then point every token row at its own
-        (counts: each request's tokens; rows past them, padding, at none)."""
+        (counts: each request's tokens; rows past them, padding, at none). Returns the
+        adapters that could not be loaded (id -> why); their rows point at none."""
         self._step += 1
         if num_rows <= self._zero_rows and all(lora is None for lora in loras):
-            return  # no adapter this step, and no row would point at one
+            return {}  # no adapter this step, and no row would point at one
         slot_of: dict[int, int] = {}
+        failed: dict[int, str] = {}
         for lora in loras:
-            if lora is not None and lora.lora_int_id not in slot_of:
+            if lora is None or lora.lora_int_id in slot_of or lora.lora_int_id in failed:
+                continue
+            try:
                 slot_of[lora.lora_int_id] = self._slot_for(lora, slot_of)
+            except AdapterLoadError as e:
+                failed[lora.lora_int_id] = str(e)
         base = len(self.slots)
-        per_req = [base if lora is None else slot_of[lora.lora_int_id] for lora in loras]
+        per_req = [base if lora is None else slot_of.get(lora.lora_int_id, base)
+                   for lora in loras]
         rows = np.full(num_rows, base, dtype=np.int64)
         rows[:sum(counts)] = np.repeat(per_req, counts)
         (rows_d,) = upload([rows], self.mask.device)
         torch.index_select(self._rows, 0, rows_d, out=self.mask[:num_rows])
         self._zero_rows = num_rows if not slot_of else 0
+        return failed
 
     def _slot_for(self, lora: LoRARequest, taken: dict[int, int]) -> int:
         if lora.lora_int_id in self.slots:
             slot = self.slots.index(lora.lora_int_id)
         else:
+            loaded = self._host_copy(lora)  # first: an adapter that fails evicts nothing
             free = [s for s in range(len(self.slots)) if s not in taken.values()]
             if not free:
                 raise RuntimeError(f"a step uses more than max_loras ({len(self.slots)}) "
                                    "adapters")
             slot = min(free, key=lambda s: (self.slots[s] is not None, self._slot_used[s]))
-            self._fill(slot, lora)
+            self._fill(slot, lora.lora_int_id, loaded)
         self._slot_used[slot] = self._step
         return slot
 
-    def _fill(self, slot: int, lora: LoRARequest) -> None:
+    def _host_copy(self, lora: LoRARequest) -> Loaded:
         loaded = self._host.get(lora.lora_int_id)
         if loaded is None:
-            loaded = self._load(lora)
+            loaded = self._read(lora)
             self._host[lora.lora_int_id] = loaded
             while len(self._host) > self.config.cpu_loras:
                 self._host.popitem(last=False)
         self._host.move_to_end(lora.lora_int_id)
+        return loaded
+
+    def _fill(self, slot: int, lora_id: int, loaded: Loaded) -> None:
         for name, layer in self.layers.items():
             if name in loaded:
                 layer.lora.set_slot(slot, *loaded[name])
             else:
                 layer.lora.clear_slot(slot)
-        self.slots[slot] = lora.lora_int_id
+        self.slots[slot] = lora_id
+
+    def _read(self, lora: LoRARequest) -> Loaded:
+        """_load, with any failure the adapter's alone (AdapterLoadError): whatever its
+        files hold, no step dies of them. Every rank reads its own shard, so the ranks
+        agree first: a rank that ran the adapter beside one that runs none would compute
+        garbage. Each rank's slots and host cache follow the same steps, so all read the
+        same adapters in the same order and meet in this all-reduce, which only steps that
+        read an adapter from disk pay for."""
+        where = f"lora_request {lora.lora_name!r} ({lora.lora_path})"
+        try:
+            loaded, error = self._load(lora), None
+        except Exception as e:  # noqa: BLE001 - damaged files raise anything (safetensors')
+            loaded, error = None, str(e).removeprefix(f"{where}: ") or type(e).__name__
+        if _any_rank(error is not None, self.mask.device) and error is None:
+            error = "another tensor-parallel rank could not read it (that rank's log says why)"
+        if error is not None:
+            logger.warning("LoRA adapter %r (id %d) could not be loaded from %s: %s; its "
+                           "requests end with this error", lora.lora_name, lora.lora_int_id,
+                           lora.lora_path, error)
+            raise AdapterLoadError(f"{where}: the adapter could not be loaded: {error}")
+        return loaded
 
     def _load(self, lora: LoRARequest) -> Loaded:
         spec = read_adapter(lora, self.targets, self.config.max_lora_rank)
@@ -147,6 +186,20 @@ class LoRAManager:
         logger.info("LoRA adapter %r (id %d, rank %d) loaded from %s", lora.lora_name,
                     lora.lora_int_id, spec.rank, spec.path)
         return out
+
+
+class AdapterLoadError(Exception):
+    """An adapter the workers could not load: its requests end with this message."""
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether flag is set on any tensor-parallel rank (every rank must call it)."""
+    group = get_tp_group()
+    if group.world_size == 1:
+        return flag
+    flags = torch.tensor([int(flag)], device=device)
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=group.group)
+    return bool(flags.item())
 
 
 def _adaptable(name: str, targets: dict[str, list[int]]) -> bool:
