@@ -29,6 +29,9 @@ def split_fused(weights: Iterable[tuple[str, torch.Tensor]],
             yield name, tensor
             continue
         names, sizes = zip(*parts[fused])
+        if tensor.numel() == 1:  # an fp8 checkpoint's per-tensor scale: each part's too
+            yield from ((name.replace(fused, part), tensor) for part in names)
+            continue
         if tensor.shape[0] != sum(sizes):
             raise ValueError(f"checkpoint tensor {name!r} has {tensor.shape[0]} rows; the "
                              f"model's config makes {' + '.join(map(str, sizes))}")

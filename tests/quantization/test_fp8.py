@@ -23,6 +23,8 @@ CASES = {  # id -> (model kind, scheme, ignored modules)
     "qwen2-static": ("qwen2", "fp8-static", ["lm_head"]),
     "qwen3-tensor-dynamic": ("qwen3", "fp8-tensor-dynamic", ["lm_head"]),
     "qwen3_moe-dynamic": ("qwen3_moe", "fp8-dynamic", ["lm_head", ROUTER]),
+    # Fused qkv_proj / gate_up_proj: per-tensor weight and input scales for all the rows
+    "phi3-static": ("phi3", "fp8-static", ["lm_head"]),
 }
 
 
