@@ -24,6 +24,7 @@ from loom.core.lora_admission import LoRAAdmission
 from loom.core.request import Request, RequestStatus
 from loom.core.request_queue import make_request_queue
 from loom.core.spec_decode import SpecDecoder
+from loom.core.stop_checks import check_grammar, check_stop
 from loom.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
 from loom.core.structured_output import grammar_bitmasks
@@ -328,34 +329,10 @@ class Scheduler:
             request.append_output_token(token_id)
             appended.append(token_id)
             self._num_generation_tokens += 1
-            if self._check_stop(request, token_id) or self._check_grammar(request, token_id):
+            if (check_stop(request, token_id, self.max_model_len)
+                    or check_grammar(request, token_id)):
                 break
         return appended
-
-    def _check_stop(self, request: Request, token_id: int) -> bool:
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            if token_id in params.stop_token_ids:
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = token_id
-                return True
-            if not params.ignore_eos and token_id == request.eos_token_id:
-                request.status = RequestStatus.FINISHED_STOPPED
-                return True
-        if ((request.max_tokens is not None and request.num_output_tokens >= request.max_tokens)
-                or request.num_tokens >= self.max_model_len):
-            request.status = RequestStatus.FINISHED_LENGTH
-            return True
-        return False
-
-    @staticmethod
-    def _check_grammar(request: Request, token_id: int) -> bool:
-        """A guided request ends when its grammar is complete (stop) or fails (error)."""
-        if request.grammar is None or not request.grammar.accept(token_id):
-            return False
-        request.status = (RequestStatus.FINISHED_ERROR if request.grammar.error
-                          else RequestStatus.FINISHED_STOPPED)
-        return True
 
     def _make_output(self, request: Request, new_token_ids: list[int],
                      prompt_logprobs: list[Logprobs] | None,
