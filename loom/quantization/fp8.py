@@ -96,6 +96,8 @@ def finish_quantization(layers: list[LinearBase]) -> None:
 
 
 def _ignored(name: str, scheme: Fp8Scheme) -> bool:
+    if scheme.ignores(name):  # the checkpoint's module is loom's (Phi-3's fused qkv_proj)
+        return True
     names = checkpoint_modules(name)
     ignored = [scheme.ignores(n) for n in names]
     if any(ignored) and not all(ignored):
