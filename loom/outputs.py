@@ -65,3 +65,20 @@ class EmbeddingRequestOutput:
     outputs: EmbeddingOutput
     prompt_token_ids: list[int]
     finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+    """The cosine similarity of the pair's two embeddings, in [-1, 1]."""
+
+
+@dataclass
+class ScoringRequestOutput:
+    """What `LLM.score` returns per pair (vLLM's names): request_id joins the two embedding
+    requests' ids; prompt_token_ids are the first text's, the pad token (where the tokenizer
+    has one) and the second's, as vLLM reports them."""
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

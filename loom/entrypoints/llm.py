@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from tqdm import tqdm
 
 from loom.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, check_width
@@ -20,9 +21,11 @@ from loom.frontend.tokenizer import Tokenizer, load_tokenizer
 from loom.models.loader import generation_config_dir, generation_defaults, tokenizer_path
 from loom.engine.protocol import EngineCoreRequest
 from loom.lora.request import LoRARequest
-from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from loom.outputs import (EmbeddingOutput, EmbeddingRequestOutput, RequestOutput,
+                          ScoringRequestOutput)
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+from loom.scoring import check_pairing, score_pairs
 
 Message = dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -140,6 +143,27 @@ class LLM:
             for request in requests:
                 self.engine.add_request(request)
             return self._run_pooling(requests, use_tqdm)
+
+    def score(self, data_1: PromptType | Sequence[PromptType],
+              data_2: PromptType | Sequence[PromptType], /, *,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
+              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+        """vLLM's score for embedding (bi-encoder) models: the cosine similarity of each
+        pair's embeddings. data_1 one text (against each of data_2) or as many as data_2
+        (pairwise); each text is embedded once, as `embed` embeds it (truncate_prompt_tokens
+        as embed's). Outputs in data_2's order."""
+        self._check_open()
+        first, second = _score_texts(data_1, "data_1"), _score_texts(data_2, "data_2")
+        check_pairing(len(first), len(second), ("data_1", "data_2"))
+        params = pooling_params or PoolingParams()
+        if not isinstance(params, PoolingParams):
+            raise ValueError(f"pooling_params: expected PoolingParams, got "
+                             f"{type(params).__name__}")
+        if truncate_prompt_tokens is not None:
+            params = msgspec.structs.replace(params, truncate_prompt_tokens=truncate_prompt_tokens)
+        embeds = self.embed(first + second, params, use_tqdm)
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        return score_pairs(embeds[:len(first)], embeds[len(first):], pad)
 
     def _run_pooling(self, requests: list[EngineCoreRequest],
                      use_tqdm: bool) -> list[EmbeddingRequestOutput]:
@@ -306,6 +330,14 @@ def _per_prompt(params, count: int, kind: type, field: str) -> list:
     if wrong:
         raise ValueError(f"{field}: expected {kind.__name__} for every prompt, got {wrong[0]}")
     return list(params)
+
+
+def _score_texts(data, field: str) -> list:
+    """One side of a score call as a list of prompts (text or token ids)."""
+    if not isinstance(data, str | dict | list | tuple):
+        raise ValueError(f"{field}: expected a string, a list of token ids, or a list of "
+                         f"them; got {type(data).__name__}")
+    return _prompt_list(data)
 
 
 def _conversations(messages) -> list[list[Message]]:

@@ -80,6 +80,10 @@ class Tokenizer:
         return self._special_id("eos_token")
 
     @property
+    def pad_token_id(self) -> int | None:
+        return self._special_id("pad_token")
+
+    @property
     def eos_token_ids(self) -> set[int]:
         """Every id that ends generation: the tokenizer's EOS and generation_config's."""
         ids = set(self._generation_eos_ids)

@@ -61,6 +61,7 @@ def test_special_ids_and_sizes_match_transformers(tokenizer_pair: tuple[Tokenize
     ours, hf = tokenizer_pair
     assert ours.bos_token_id == hf.bos_token_id
     assert ours.eos_token_id == hf.eos_token_id
+    assert ours.pad_token_id == hf.pad_token_id
     assert ours.eos_token_ids == {hf.eos_token_id}
     assert sorted(ours.all_special_ids) == sorted(hf.all_special_ids)
     assert len(ours) == ours.vocab_size == len(hf)
