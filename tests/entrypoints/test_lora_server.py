@@ -1,7 +1,8 @@
 """`loom serve --enable-lora --lora-modules`: a request's `model` names an adapter (or the
 base model), answered as `LLM.generate(..., lora_request=...)` answers offline; /v1/models
 lists the adapters under their base model; vLLM's errors for an unknown model, an adapter
-sent to /v1/embeddings, and bad --lora-modules; vLLM's runtime load/unload endpoints."""
+sent to /v1/embeddings, /score or /rerank, and bad --lora-modules; vLLM's runtime
+load/unload endpoints."""
 
 from __future__ import annotations
 
@@ -166,6 +167,13 @@ def test_unknown_model_and_embeddings(lora_server):
         assert "LoRA adapters are not supported for embeddings" in embedded.json()["error"][
             "message"]
         assert http.post("/v1/embeddings", json={"model": BASE, "input": "x"}).status_code == 200
+        for path, body in (("/score", {"text_1": "x", "text_2": ["y", "z"]}),
+                           ("/rerank", {"query": "x", "documents": ["y", "z"]})):
+            scored = http.post(path, json={**body, "model": "sql"})
+            assert scored.status_code == 400 and scored.json()["error"]["param"] == "model"
+            assert "LoRA adapters are not supported for scoring" in scored.json()["error"][
+                "message"]
+            assert http.post(path, json={**body, "model": BASE}).status_code == 200
 
 
 # -- start-up errors ---------------------------------------------------------------------------

@@ -1,17 +1,24 @@
 """Scoring with an embedding model, as vLLM scores bi-encoders: `LLM.score` equals the
-cosine similarity of transformers' pooled hidden states."""
+cosine similarity of transformers' pooled hidden states; POST /score and /rerank (httpx: the
+openai client has neither) equal it over HTTP, with vLLM's shapes, usage and errors."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN
 from tests.worker.test_pooling import hf_pooled
 
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 QUERY = "Where do foxes sleep?"
 DOCS = ["The quick brown fox jumps over the lazy dog.", "Foxes sleep in dens.",
         "Paris is the capital of France, on the Seine.", "Sleep"]
+
+ON_ONE_SERVER = pytest.mark.parametrize("server", ["mp"], indirect=True)
+"""The routes are the same code in every frontend mode: one server checks them."""
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +79,88 @@ def test_llm_score_truncates_as_embed(llm, hf):
 def test_llm_score_errors_name_the_argument(llm, data_1, data_2, field):
     with pytest.raises(ValueError, match=f"^{field}: "):
         llm.score(data_1, data_2, use_tqdm=False)
+
+
+# -- server -----------------------------------------------------------------------------------
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", headers=AUTH, json=body, timeout=60)
+
+
+@ON_ONE_SERVER
+def test_score_matches_offline(server, llm, offline):
+    model = server.client().models.list().data[0].id
+    resp = _post(server, "/score", {"model": model, "text_1": QUERY, "text_2": DOCS})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["id"].startswith("score-") and body["object"] == "list"
+    assert body["model"] == model and isinstance(body["created"], int)
+    assert [(d["index"], d["object"]) for d in body["data"]] == [(i, "score")
+                                                                 for i in range(len(DOCS))]
+    assert [d["score"] for d in body["data"]] == pytest.approx(offline, abs=1e-5)
+    tokens = sum(len(_tokens(llm, QUERY, doc)) for doc in DOCS)
+    assert body["usage"] == {"prompt_tokens": tokens, "completion_tokens": 0,
+                             "total_tokens": tokens}
+    # vLLM's other names for the two sides, and /v1/score, pair the same texts.
+    for path, names in (("/v1/score", ("text_1", "text_2")), ("/score", ("queries", "documents")),
+                        ("/score", ("data_1", "data_2")), ("/score", ("queries", "items"))):
+        pairwise = _post(server, path, {names[0]: [QUERY, QUERY], names[1]: DOCS[:2]}).json()
+        assert [d["score"] for d in pairwise["data"]] == pytest.approx(offline[:2], abs=1e-5)
+
+
+@ON_ONE_SERVER
+def test_rerank_sorts_cuts_and_counts(server, llm, offline):
+    best_first = sorted(range(len(DOCS)), key=lambda i: -offline[i])
+    tokens = sum(len(_tokens(llm, QUERY, doc)) for doc in DOCS)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        resp = _post(server, path, {"query": QUERY, "documents": DOCS, "top_n": 2})
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["id"].startswith("rerank-") and body["model"]
+        assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+        assert [r["index"] for r in body["results"]] == best_first[:2]
+        for r in body["results"]:
+            assert r["document"] == {"text": DOCS[r["index"]]}
+            assert r["relevance_score"] == pytest.approx(offline[r["index"]], abs=1e-5)
+    every = _post(server, "/rerank", {"query": QUERY, "documents": DOCS,
+                                      "return_documents": False}).json()["results"]
+    assert [r["index"] for r in every] == best_first
+    assert all(set(r) == {"index", "relevance_score"} for r in every)
+
+
+@ON_ONE_SERVER
+@pytest.mark.parametrize("path, body, param", [
+    ("/score", {}, "text_1"),
+    ("/score", {"text_1": QUERY}, "text_2"),
+    ("/score", {"queries": QUERY}, "documents"),
+    ("/score", {"text_1": QUERY, "documents": DOCS}, "documents"),
+    ("/score", {"text_1": [QUERY, QUERY], "text_2": DOCS}, "text_1"),
+    ("/score", {"text_1": [], "text_2": DOCS}, "text_1"),
+    ("/score", {"text_1": QUERY, "text_2": ["a", ""]}, "text_2"),
+    ("/score", {"text_1": 5, "text_2": DOCS}, "text_1"),
+    ("/score", {"text_1": "x " * (MAX_MODEL_LEN + 10), "text_2": "y"}, "text_1"),
+    ("/v1/score", {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": -5},
+     "truncate_prompt_tokens"),
+    ("/rerank", {"documents": DOCS}, "query"),
+    ("/rerank", {"query": QUERY}, "documents"),
+    ("/rerank", {"query": QUERY, "documents": []}, "documents"),
+    ("/rerank", {"query": QUERY, "documents": ["a", ""]}, "documents"),
+    ("/rerank", {"query": "", "documents": DOCS}, "query"),
+    ("/v2/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
+], ids=["nothing", "one-side", "queries-alone", "mixed-names", "mismatched", "empty-list",
+        "empty-text", "number", "too-long", "bad-truncation", "no-query", "no-documents",
+        "empty-documents", "empty-document", "empty-query", "negative-top-n"])
+def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
+    resp = _post(server, path, body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert error["param"] == param and error["message"].startswith(param), error
+
+
+@ON_ONE_SERVER
+def test_unknown_model_is_a_404(server):
+    for path, body in (("/score", {"text_1": QUERY, "text_2": DOCS}),
+                       ("/rerank", {"query": QUERY, "documents": DOCS})):
+        resp = _post(server, path, {**body, "model": "no-such-model"})
+        assert resp.status_code == 404 and resp.json()["error"]["param"] == "model"

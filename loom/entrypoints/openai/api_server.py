@@ -1,7 +1,8 @@
 """The API server: a FastAPI app on uvicorn (uvloop), over an `AsyncLLM`.
 
 Routes: /v1/completions, /v1/chat/completions, /v1/responses (and GET /v1/responses/{id},
-POST /v1/responses/{id}/cancel), /v1/embeddings, /v1/models, /health, /version,
+POST /v1/responses/{id}/cancel), /v1/embeddings, /score and /rerank (vLLM's, also under /v1/
+and /v2/rerank), /v1/models, /health, /version,
 /tokenize, /detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1;
 /v1/load_lora_adapter and /v1/unload_lora_adapter with LOOM_ALLOW_RUNTIME_LORA_UPDATING).
 This module, like everything the API process imports, stays torch-free.
@@ -37,11 +38,14 @@ from loom.entrypoints.openai.serving_base import off_loop
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from loom.entrypoints.openai.protocol_responses import ResponsesRequest
+from loom.entrypoints.openai.protocol_score import (RerankRequest, RerankResponse,
+                                                    ScoreRequest, ScoreResponse)
 from loom.entrypoints.openai.responses_store import store_from_env
 from loom.entrypoints.openai.serving_responses import OpenAIServingResponses
 from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.entrypoints.openai.serving_models import LoRAModule, ServingModels
+from loom.entrypoints.openai.serving_score import OpenAIServingScore
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
 from loom.frontend.request_logger import RequestLogger
@@ -112,6 +116,7 @@ class ServerState:
     chat: OpenAIServingChat
     embeddings: OpenAIServingEmbedding
     responses: OpenAIServingResponses
+    scores: OpenAIServingScore
 
 
 async def run_unless_disconnected(request: Request, work: Coroutine) -> Response:
@@ -191,9 +196,26 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
         return await run_unless_disconnected(request, state.embeddings.create(body))
 
+    _add_score_routes(app, state)
+
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=state.models.cards(state.engine.max_model_len))
+
+
+def _add_score_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's paths: /score and /rerank, and where vLLM also serves them."""
+    async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
+        return await run_unless_disconnected(request, state.scores.score(body))
+
+    async def rerank(body: RerankRequest, request: Request) -> RerankResponse:
+        return await run_unless_disconnected(request, state.scores.rerank(body))
+
+    for path in ("/score", "/v1/score"):
+        app.post(path, response_model_exclude_none=True)(score)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        # exclude_none: a result without its document (return_documents false) has no key
+        app.post(path, response_model_exclude_none=True)(rerank)
 
 
 def _add_server_routes(app: FastAPI, state: ServerState) -> None:
@@ -321,7 +343,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
     state = ServerState(options, engine, metrics, models,
                         OpenAIServingCompletion(engine, models, defaults, details), chat,
                         OpenAIServingEmbedding(engine, models),
-                        OpenAIServingResponses(chat, store_from_env()))
+                        OpenAIServingResponses(chat, store_from_env()),
+                        OpenAIServingScore(engine, models))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         log_level=options.uvicorn_log_level, access_log=options.access_log,

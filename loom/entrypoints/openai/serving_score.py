@@ -1,0 +1,87 @@
+"""POST /score and /rerank: vLLM's scoring for embedding (bi-encoder) models. Each text is
+one embedding request, as /v1/embeddings sends it; a pair's score is the cosine similarity
+of its two vectors (`loom.scoring`, plain Python)."""
+
+from __future__ import annotations
+
+from loom.entrypoints.openai.errors import APIError
+from loom.entrypoints.openai.protocol import UsageInfo
+from loom.entrypoints.openai.protocol_score import (RerankDocument, RerankRequest,
+                                                    RerankResponse, RerankResult, RerankUsage,
+                                                    ScoreRequest, ScoreResponse,
+                                                    ScoreResponseData)
+from loom.entrypoints.openai.serving_base import OpenAIServing, gather_or_cancel, off_loop
+from loom.outputs import ScoringRequestOutput
+from loom.pooling_params import PoolingParams
+from loom.scoring import check_pairing, score_pairs
+
+
+class OpenAIServingScore(OpenAIServing):
+    async def score(self, body: ScoreRequest) -> ScoreResponse:
+        model = self._model(body.model)
+        request_id = self.new_id("score")
+        first, second = body.texts()
+        outputs = await self._score(request_id, first, second, body.side_names,
+                                    body.to_pooling_params())
+        data = [ScoreResponseData(index=i, score=out.outputs.score)
+                for i, out in enumerate(outputs)]
+        num_tokens = _num_tokens(outputs)
+        return ScoreResponse(id=request_id, model=model, data=data,
+                             usage=UsageInfo(prompt_tokens=num_tokens, total_tokens=num_tokens))
+
+    async def rerank(self, body: RerankRequest) -> RerankResponse:
+        """Jina's rerank API, as vLLM serves it: results by relevance, best first."""
+        model = self._model(body.model)
+        request_id = self.new_id("rerank")
+        outputs = await self._score(request_id, [body.query], body.documents,
+                                    ("query", "documents"), body.to_pooling_params())
+        results = [RerankResult(index=i, relevance_score=out.outputs.score,
+                                document=RerankDocument(text=body.documents[i])
+                                if body.return_documents else None)
+                   for i, out in enumerate(outputs)]
+        results.sort(key=lambda r: r.relevance_score, reverse=True)
+        if body.top_n:
+            results = results[:body.top_n]
+        num_tokens = _num_tokens(outputs)
+        return RerankResponse(id=request_id, model=model, results=results,
+                              usage=RerankUsage(prompt_tokens=num_tokens,
+                                                total_tokens=num_tokens))
+
+    def _model(self, name: str | None) -> str:
+        model, lora = self.resolve_model(name)
+        if lora is not None:  # as /v1/embeddings refuses them
+            raise APIError(400, f"LoRA adapters are not supported for scoring: `{model}` is "
+                                "one; use the base model's name", "model")
+        return model
+
+    async def _score(self, request_id: str, first: list[str], second: list[str],
+                     names: tuple[str, str], params: PoolingParams) -> list[ScoringRequestOutput]:
+        """Embed every text once (all checked before any runs), then score the pairs."""
+        check_pairing(len(first), len(second), names)
+        if self.tokenizer is None:
+            raise APIError(400, "scoring takes text, and this server has no tokenizer",
+                           names[0])
+        texts = first + second
+        fields = [_field(names[0], i, len(first)) for i in range(len(first))]
+        fields += [_field(names[1], i, len(second)) for i in range(len(second))]
+        prompts = await off_loop(lambda: [self.engine.tokenize(t)[1] for t in texts])
+        for i, (ids, field) in enumerate(zip(prompts, fields)):
+            try:
+                self.engine.processor.process_pooling(f"{request_id}-{i}", ids, params)
+            except ValueError as e:  # the processor names its field "input"
+                raise APIError(400, f"{field}: {str(e).partition(': ')[2]}",
+                               field.partition("[")[0]) from None
+        embeds = await gather_or_cancel([self.engine.encode(ids, params, f"{request_id}-{i}")
+                                         for i, ids in enumerate(prompts)])
+        return score_pairs(embeds[:len(first)], embeds[len(first):],
+                           self.tokenizer.pad_token_id)
+
+
+def _field(name: str, index: int, count: int) -> str:
+    """How an error names one text: the field, with its index where the field is a list."""
+    return name if count == 1 else f"{name}[{index}]"
+
+
+def _num_tokens(outputs: list[ScoringRequestOutput]) -> int:
+    """vLLM's usage: each pair's tokens (its first text's, a pad, its second's)."""
+    return sum(len(out.prompt_token_ids) for out in outputs)
