@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from loom.compilation_config import CompilationConfig, PassConfig, compilation_dict
 from loom.config_checks import check as _check
+from loom.config_checks import json_object
 from loom.quantization.config import QUANTIZATIONS
 from loom.speculative_config import SpeculativeConfig
 
 __all__ = ["DTYPES", "LOAD_FORMATS", "DEVICES", "KV_CACHE_DTYPES", "DTYPE_ALIASES",
-           "USAGE_CONTEXTS", "SCHEDULING_POLICIES", "LARGE_GPU_BYTES", "ModelConfig",
+           "TOKENIZER_MODES", "EXECUTOR_BACKENDS", "USAGE_CONTEXTS", "SCHEDULING_POLICIES",
+           "LARGE_GPU_BYTES", "ModelConfig",
            "CacheConfig", "SchedulerConfig", "ParallelConfig", "DeviceConfig", "LoRAConfig",
            "EngineConfig",
            # the compilation config lives in loom.compilation_config; vLLM users find it here
@@ -28,6 +31,12 @@ DEVICES = ("auto", "cuda", "cpu")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 """auto: the model's dtype. fp8 (= fp8_e4m3) and fp8_e5m2 store keys and values in 8 bits,
 unscaled (vLLM's k_scale = v_scale = 1.0), saturated at the format's largest finite value."""
+
+
+TOKENIZER_MODES = ("auto", "hf")
+"""vLLM's --tokenizer-mode values loom runs: both mean the tokenizer.json that the
+`tokenizers` library reads (vLLM's "hf": the Hugging Face fast tokenizer, which "auto" picks
+for every model loom serves)."""
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
@@ -62,10 +71,26 @@ class ModelConfig:
     max_logprobs: int = 20
     """The most top logprobs a request may ask for at each position (logprobs, prompt
     logprobs, chat's top_logprobs); -1: the whole vocabulary. vLLM's default (OpenAI's)."""
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+    """vLLM's --hf-overrides: keys set over the model's config.json (a GGUF file's config
+    too) before anything reads it, each replacing the file's value whole; a nested config
+    (a dict holding its own model_type, such as text_config) is updated key by key."""
+    override_generation_config: dict[str, Any] = field(default_factory=dict)
+    """vLLM's --override-generation-config: generation_config.json keys (temperature,
+    top_p, top_k, min_p, repetition_penalty, max_new_tokens) set over the file's sampling
+    defaults, or alone under generation_config "vllm"; null unsets one."""
+    tokenizer_mode: str = "auto"
+    """vLLM's --tokenizer-mode, one of TOKENIZER_MODES."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model),
                "model: must name a model path or a shipped config")
+        for name in ("hf_overrides", "override_generation_config"):
+            object.__setattr__(self, name, json_object(getattr(self, name), name))
+        _check(self.tokenizer_mode in TOKENIZER_MODES,
+               f"tokenizer_mode: {self.tokenizer_mode!r} is not supported; loom reads "
+               "tokenizer.json with the `tokenizers` library (the fast tokenizer): use "
+               f"{' or '.join(TOKENIZER_MODES)}")
         _check(isinstance(self.generation_config, str) and bool(self.generation_config),
                "generation_config: must be 'auto', 'vllm' or a directory, got "
                f"{self.generation_config!r}")
@@ -182,14 +207,50 @@ class SchedulerConfig:
                                    max_num_batched_tokens=tokens)
 
 
+EXECUTOR_BACKENDS = ("mp", "uni")
+"""vLLM's --distributed-executor-backend values loom has: mp, a worker process per rank
+(`loom.executor.multiproc`); uni, the one worker in the engine core's process."""
+
+_NO_EXECUTOR = {"ray": "loom has no Ray executor: its workers are processes on this machine "
+                       "(mp)",
+                "external_launcher": "loom starts its own worker processes (mp); it does not "
+                                     "run under torchrun"}
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
     """Number of devices (or CPU processes) a model is sharded over."""
+    pipeline_parallel_size: int = 1
+    """vLLM's -pp; loom shards by tensor parallelism only, so 1 (as scripts pass it)."""
+    data_parallel_size: int = 1
+    """vLLM's -dp; loom runs one engine, so 1."""
+    distributed_executor_backend: str | None = None
+    """One of EXECUTOR_BACKENDS; None: uni for one rank, mp for more (as vLLM picks)."""
 
     def __post_init__(self) -> None:
         _check(self.tensor_parallel_size > 0,
                f"tensor_parallel_size: must be positive, got {self.tensor_parallel_size}")
+        for name, what, instead in (
+                ("pipeline_parallel_size", "pipeline", "shard the model with -tp"),
+                ("data_parallel_size", "data", "run a server per replica, or shard with -tp")):
+            value = getattr(self, name)
+            _check(value == 1, f"{name}: loom has no {what} parallelism (only 1 is accepted, "
+                               f"got {value!r}); {instead}")
+        backend = self.distributed_executor_backend
+        _check(backend is None or backend in EXECUTOR_BACKENDS,
+               f"distributed_executor_backend: {backend!r} is not supported: "
+               f"{_NO_EXECUTOR.get(backend, 'loom runs mp or uni')}")
+        _check(backend != "uni" or self.tensor_parallel_size == 1,
+               "distributed_executor_backend: uni runs one worker in the engine core's "
+               f"process; tensor_parallel_size {self.tensor_parallel_size} needs mp")
+
+    @property
+    def worker_processes(self) -> bool:
+        """Whether each rank runs in a worker process of its own (else in the engine core)."""
+        if self.distributed_executor_backend is None:
+            return self.tensor_parallel_size > 1
+        return self.distributed_executor_backend == "mp"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 
@@ -18,3 +19,22 @@ def from_dict(cls, data: dict[str, Any], where: str):
     unknown = sorted(set(data) - names)
     check(not unknown, f"{where}: unknown field(s) {unknown}; known: {sorted(names)}")
     return cls(**data)
+
+
+def json_object(value: Any, where: str) -> dict[str, Any]:
+    """A dict, or a JSON object's text (as a flag gives it), as a fresh dict of plain JSON
+    values: it crosses to the engine and worker processes as JSON, so a value that JSON
+    cannot carry (a function, a set) is refused here, naming the field."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"{where}: not valid JSON ({e}): {value!r}") from None
+    check(not callable(value), f"{where}: a function is not taken (vLLM's Python-only form): "
+                               "the config crosses to the engine process as JSON; pass a dict")
+    check(isinstance(value, dict), f"{where}: expected a JSON object (a dict), got "
+                                   f"{type(value).__name__}")
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: must hold only JSON values ({e})") from None

@@ -78,6 +78,18 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    hf_overrides: dict | str | None = None
+    """ModelConfig.hf_overrides: a dict or a JSON object's text."""
+    override_generation_config: dict | str | None = None
+    """ModelConfig.override_generation_config: a dict or a JSON object's text."""
+    tokenizer_mode: str = "auto"
+    """ModelConfig.tokenizer_mode: "auto" or "hf"."""
+    pipeline_parallel_size: int = 1
+    """ParallelConfig's: 1 only."""
+    data_parallel_size: int = 1
+    """ParallelConfig's: 1 only."""
+    distributed_executor_backend: str | None = None
+    """ParallelConfig's: None, "mp" or "uni"."""
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -152,6 +164,7 @@ class EngineArgs:
                        help="the largest adapter rank accepted")
         g.add_argument("--max-cpu-loras", type=int, default=None,
                        help="adapters kept loaded in host memory (default: --max-loras)")
+        _add_vllm_model_flags(g)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -163,7 +176,7 @@ class EngineArgs:
         def is_int(v) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
         for name in ("block_size", "tensor_parallel_size", "kv_headroom_tokens",
-                     "max_logprobs"):
+                     "max_logprobs", "pipeline_parallel_size", "data_parallel_size"):
             if not is_int(getattr(self, name)):
                 raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
@@ -207,7 +220,10 @@ class EngineArgs:
                             dtype=self.dtype, max_model_len=self.max_model_len,
                             load_format=self.load_format, seed=self.seed,
                             generation_config=self.generation_config,
-                            max_logprobs=self.max_logprobs, quantization=self.quantization)
+                            max_logprobs=self.max_logprobs, quantization=self.quantization,
+                            hf_overrides=self.hf_overrides or {},
+                            override_generation_config=self.override_generation_config or {},
+                            tokenizer_mode=self.tokenizer_mode)
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
@@ -217,10 +233,31 @@ class EngineArgs:
                                       self.async_scheduling, usage_context,
                                       self.kv_headroom_tokens,
                                       self.scheduling_policy),
-            parallel=ParallelConfig(self.tensor_parallel_size),
+            parallel=ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
+                                    self.data_parallel_size, self.distributed_executor_backend),
             device=DeviceConfig(self.device),
             compilation=compilation,
             enforce_eager=self.enforce_eager,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora else None)
+
+
+def _add_vllm_model_flags(g) -> None:
+    """vLLM's flags for the model's config and tokenizer, and for parallelism loom has not."""
+    g.add_argument("--hf-overrides", default=None, metavar="JSON",
+                   help="JSON object set over the model's config.json before loom reads it, "
+                   "as vLLM's (e.g. '{\"rope_theta\": 1000000}')")
+    g.add_argument("--override-generation-config", default=None, metavar="JSON",
+                   help="JSON object of generation_config.json keys set over its sampling "
+                   "defaults (e.g. '{\"temperature\": 0.5}'), as vLLM's")
+    g.add_argument("--tokenizer-mode", default="auto",
+                   help="auto or hf (same here: tokenizer.json, read with the `tokenizers` "
+                   "library); slow, mistral and custom are refused")
+    g.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
+                   help="1 only: loom has no pipeline parallelism (use -tp)")
+    g.add_argument("-dp", "--data-parallel-size", type=int, default=1,
+                   help="1 only: loom runs one engine (use -tp, or a server per replica)")
+    g.add_argument("--distributed-executor-backend", default=None,
+                   help="mp (a worker process per rank) or uni (one rank, in the engine core); "
+                   "default: uni for one rank, mp for more; ray is refused")

@@ -296,11 +296,14 @@ class LLM:
 
 
 def _default_params(model: ModelConfig) -> SamplingParams:
-    defaults = generation_defaults(model.model, model.generation_config)
+    defaults = generation_defaults(model.model, model.generation_config,
+                                   model.override_generation_config)
     if not defaults:
         return SamplingParams()
     source = generation_config_dir(model.generation_config) or model.model
-    logger.info("sampling defaults from %s's generation_config.json: %s", source, defaults)
+    overridden = " and override_generation_config" if model.override_generation_config else ""
+    logger.info("sampling defaults from %s's generation_config.json%s: %s", source, overridden,
+                defaults)
     return SamplingParams(**defaults)  # each value checked by generation_defaults
 
 

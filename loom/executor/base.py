@@ -44,7 +44,7 @@ class Executor(abc.ABC):
 
 
 def make_executor(config: EngineConfig) -> Executor:
-    if config.parallel.tensor_parallel_size > 1:
+    if config.parallel.worker_processes:
         from loom.executor.multiproc import MultiprocExecutor
         return MultiprocExecutor(config)
     from loom.executor.uniproc import UniprocExecutor

@@ -104,6 +104,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     runtime_lora_updating: bool = False
     """POST /v1/load_lora_adapter and /v1/unload_lora_adapter (LOOM_ALLOW_RUNTIME_LORA_UPDATING;
     one API server only, as each keeps its own list)."""
+    override_generation_config: dict = msgspec.field(default_factory=dict)
+    """ModelConfig.override_generation_config: set over generation_config's defaults."""
 
 
 @dataclass
@@ -332,7 +334,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
     engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer, request_logger)
     names = options.served_model_names
     models = ServingModels(names, options.model, options.lora_modules)
-    defaults = generation_defaults(options.model, options.generation_config)
+    defaults = generation_defaults(options.model, options.generation_config,
+                                   options.override_generation_config)
     if defaults:
         logger.info("sampling defaults from generation_config.json: %s", defaults)
     details = options.enable_prompt_tokens_details

@@ -127,7 +127,8 @@ def run_serve(args: argparse.Namespace) -> int:
         args.model = args.model_tag
     config = EngineArgs.from_cli_args(args).create_engine_config("api_server")
     # Read once here, so that a bad --generation-config is one line before the model loads.
-    generation_defaults(config.model.model, config.model.generation_config)
+    generation_defaults(config.model.model, config.model.generation_config,
+                        config.model.override_generation_config)
     tokenizer = served_tokenizer(config.model)
     _check_tokenizer(tokenizer, args.chat_template, config.model.model)
     served_names = _served_names(args, config.model.model)
@@ -140,6 +141,7 @@ def run_serve(args: argparse.Namespace) -> int:
         log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
         uvicorn_log_level=args.uvicorn_log_level, log_requests=args.enable_log_requests,
         max_log_len=args.max_log_len, generation_config=config.model.generation_config,
+        override_generation_config=config.model.override_generation_config,
         max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
         otlp_traces_endpoint=traces_endpoint,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,

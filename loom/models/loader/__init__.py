@@ -40,6 +40,34 @@ def shipped_config(name: str) -> Path | None:
 
 
 def resolve(cfg: ModelConfig) -> ModelSource:
+    """The model's config, weights and tokenizer; every reader of the config (engine core,
+    workers, API process, benchmarks) comes here, so all see --hf-overrides alike."""
+    source = _resolve(cfg)
+    if cfg.hf_overrides:
+        source.hf_config = with_overrides(source.hf_config, cfg.hf_overrides)
+    return source
+
+
+def with_overrides(hf_config: dict, overrides: dict) -> dict:
+    """vLLM's --hf-overrides over a config.json dict: each key replaces the file's value
+    whole (rope_scaling included), except a nested config (a dict with its own model_type,
+    such as text_config), which is updated key by key, its own dicts merged likewise. A new
+    dict: the GGUF reader's is cached."""
+    merged = dict(hf_config)
+    for key, value in overrides.items():
+        nested = merged.get(key)
+        is_config = isinstance(nested, dict) and "model_type" in nested
+        merged[key] = _merged(nested, value) if is_config else value
+    return merged
+
+
+def _merged(base: object, update: object) -> object:
+    if not (isinstance(base, dict) and isinstance(update, dict)):
+        return update
+    return {**base, **{k: _merged(base.get(k), v) for k, v in update.items()}}
+
+
+def _resolve(cfg: ModelConfig) -> ModelSource:
     path = Path(cfg.model)
     fmt = cfg.load_format
     if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):
@@ -65,18 +93,34 @@ GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": 
 (`--generation-config auto`): key there -> SamplingParams field."""
 
 
-def generation_defaults(model: str, generation_config: str = "auto") -> dict:
+def generation_defaults(model: str, generation_config: str = "auto",
+                        overrides: dict | None = None) -> dict:
     """The sampling defaults that generation_config.json recommends (Llama 3.1 Instruct:
     temperature 0.6, top_p 0.9), for requests that leave them unset. generation_config is
     vLLM's: "auto" reads the model directory's ({} for a GGUF file, a shipped config, or a
     directory without one), "vllm" none, anything else is a directory to read it from.
-    A value SamplingParams would refuse is a ValueError naming the file and its key."""
-    if generation_config == "vllm":
-        return {}
+    overrides: vLLM's --override-generation-config, the same keys set over the file's (a
+    null unsets one). A value SamplingParams would refuse is a ValueError naming the file
+    and its key, or the flag."""
+    config, source = ({}, "") if generation_config == "vllm" else \
+        _read_generation_config(model, generation_config)
+    overrides = _known_overrides(overrides or {})
+    defaults = {}
+    for key, field in GENERATION_DEFAULTS.items():
+        value, where = ((overrides[key], "override_generation_config") if key in overrides
+                        else (config.get(key), source))
+        if value is not None:
+            defaults[field] = _checked(value, key, field, where)
+    return defaults
+
+
+def _read_generation_config(model: str, generation_config: str) -> tuple[dict, str]:
+    """The generation_config.json that applies ({} when there is none), and how an error in
+    it is named."""
     named = generation_config_dir(generation_config)
     file = Path(named) / "generation_config.json" if named else _own_generation_config(model)
     if file is None:
-        return {}
+        return {}, ""
     where = "model" if named is None else "generation_config"
     try:
         config = json.loads(file.read_text())
@@ -84,11 +128,19 @@ def generation_defaults(model: str, generation_config: str = "auto") -> dict:
         raise ValueError(f"{where}: cannot read {file} ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{where}: {file} does not hold a JSON object")
-    defaults = {}
-    for key, field in GENERATION_DEFAULTS.items():
-        if config.get(key) is not None:
-            defaults[field] = _checked(config[key], key, field, f"{where}: {file}")
-    return defaults
+    return config, f"{where}: {file}"
+
+
+def _known_overrides(overrides: dict) -> dict:
+    """vLLM reads only these keys of --override-generation-config and drops the rest; a key
+    dropped would be a default the user asked for and never got, so it is an error here."""
+    unknown = sorted(set(overrides) - set(GENERATION_DEFAULTS))
+    if unknown:
+        hint = " (generation_config.json calls max_tokens max_new_tokens)" \
+            if "max_tokens" in unknown else ""
+        raise ValueError(f"override_generation_config: unknown key(s) {unknown}{hint}; it takes "
+                         f"{', '.join(GENERATION_DEFAULTS)}")
+    return overrides
 
 
 def _checked(value: object, key: str, field: str, source: str) -> object:

@@ -1,0 +1,181 @@
+"""vLLM's engine flags that `vllm serve` command lines carry: --hf-overrides,
+--override-generation-config, --tokenizer-mode, -pp/-dp and --distributed-executor-backend,
+each honoured where loom can and refused by name where it cannot."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from loom.config import ModelConfig, ParallelConfig
+from loom.engine.arg_utils import EngineArgs
+from loom.models.arch import ModelArch
+from loom.models.loader import generation_defaults, resolve, with_overrides
+from tests.conftest import hf_greedy, hf_last_logprobs
+from tests.test_cli import _main_error
+
+SHIPPED = dict(model="llama-3.1-8b", load_format="dummy")
+
+
+def _config(**kwargs):
+    return EngineArgs(**SHIPPED, **kwargs).create_engine_config()
+
+
+def _parsed(*flags: str) -> EngineArgs:
+    from loom.cli import build_parser
+    return EngineArgs.from_cli_args(build_parser().parse_args(
+        ["serve", "--model", "llama-3.1-8b", "--load-format", "dummy", *flags]))
+
+
+# -- --hf-overrides ---------------------------------------------------------------------------
+def test_hf_overrides_reach_every_reader_of_the_config():
+    """One place (resolve) applies them: the engine core, workers, LoRA targets and
+    benchmarks all read the config through it."""
+    flag = _parsed("--hf-overrides", '{"rope_theta": 1000.0, "max_position_embeddings": 2048}')
+    config = flag.create_engine_config()
+    assert config.model.hf_overrides == {"rope_theta": 1000.0, "max_position_embeddings": 2048}
+    arch = ModelArch.from_hf_config(resolve(config.model).hf_config)
+    plain = ModelArch.from_hf_config(resolve(_config().model).hf_config)
+    assert (arch.rope_theta, arch.max_position_embeddings) == (1000.0, 2048)
+    assert (plain.rope_theta, plain.max_position_embeddings) == (500000.0, 131072)
+    assert _config(hf_overrides={"rope_theta": 1000.0, "max_position_embeddings": 2048}) == config
+
+
+def test_hf_overrides_replace_a_value_whole_but_update_a_nested_config():
+    """As vLLM (transformers' config.update): rope_scaling given is the whole of it; a
+    sub-config (text_config, with its own model_type) is updated key by key."""
+    base = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "hidden_size": 64,
+            "text_config": {"model_type": "llama", "hidden_size": 64,
+                            "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}}
+    merged = with_overrides(base, {"rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+                                   "text_config": {"rope_scaling": {"factor": 3.0}}})
+    assert merged["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
+    assert merged["text_config"] == {"model_type": "llama", "hidden_size": 64,
+                                     "rope_scaling": {"rope_type": "yarn", "factor": 3.0}}
+    assert base["rope_scaling"]["factor"] == 8.0  # the reader's dict is untouched
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{not json", "hf_overrides: not valid JSON"),
+    ("[1, 2]", "hf_overrides: expected a JSON object (a dict), got list"),
+    (lambda config: config, "hf_overrides: a function is not taken"),
+    ({"x": {1, 2}}, "hf_overrides: must hold only JSON values"),
+])
+def test_hf_overrides_that_cannot_reach_the_engine_are_refused(value, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        _config(hf_overrides=value)
+
+
+def test_hf_overrides_compute_what_transformers_computes_with_them(tiny_model_factory):
+    """A new rope base and context length, offline: loom's tokens and logprobs are those of
+    a transformers model built from the same overridden config, and not the file's. The
+    model runs in a worker process (--distributed-executor-backend mp, at TP 1 as in vLLM),
+    which reads the overrides too; --override-generation-config's defaults (greedy, 6
+    tokens) apply to a bare generate."""
+    import transformers as tf
+
+    from loom import LLM, SamplingParams
+    path, plain = tiny_model_factory("llama")
+    overrides = {"rope_parameters": {"rope_type": "default", "rope_theta": 40.0},
+                 "max_position_embeddings": 96}
+    config = json.loads((Path(path) / "config.json").read_text()) | overrides
+    hf = tf.LlamaForCausalLM.from_pretrained(path, config=tf.LlamaConfig.from_dict(config)).eval()
+    prompt = [(7 * i) % 250 + 3 for i in range(48)]
+    llm = LLM(path, hf_overrides=overrides, skip_tokenizer_init=True, device="cpu",
+              dtype="float32", enforce_eager=True, distributed_executor_backend="mp",
+              override_generation_config={"temperature": 0.0, "max_new_tokens": 6})
+    try:
+        assert type(llm.engine.executor).__name__ == "MultiprocExecutor"
+        assert llm.engine.max_model_len == 96
+        out = llm.generate([prompt], use_tqdm=False)[0].outputs[0]
+        first = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=0),
+                             use_tqdm=False)[0].outputs[0]
+    finally:
+        llm.shutdown()
+    assert out.token_ids == hf_greedy(hf, prompt, 6)
+    token = first.token_ids[0]
+    ours = first.logprobs[0][token].logprob
+    assert ours == pytest.approx(hf_last_logprobs(hf, prompt)[token].item(), abs=1e-4)
+    assert abs(ours - hf_last_logprobs(plain, prompt)[token].item()) > 1e-3
+
+
+# -- --override-generation-config -------------------------------------------------------------
+def test_override_generation_config_merges_over_the_file(tmp_path):
+    """vLLM's: over the file's keys under auto, alone under vllm; null unsets a key."""
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 50}))
+    model = str(tmp_path)
+    overrides = {"temperature": 0.5, "top_p": None, "top_k": 4}
+    assert generation_defaults(model, "auto", overrides) == {
+        "temperature": 0.5, "top_k": 4, "max_tokens": 50}
+    assert generation_defaults(model, "vllm", overrides) == {"temperature": 0.5, "top_k": 4}
+    config = _parsed("--override-generation-config", '{"temperature": 0.5}')
+    assert config.create_engine_config().model.override_generation_config == {"temperature": 0.5}
+
+
+@pytest.mark.parametrize("flag, message", [
+    ('{"max_tokens": 5}', "override_generation_config: unknown key(s) ['max_tokens'] "
+                          "(generation_config.json calls max_tokens max_new_tokens); it takes"),
+    ('{"temperature": "hot"}', "override_generation_config: temperature: must be a number"),
+    ('{"top_p": 7}', "override_generation_config: top_p: must be in (0, 1], got 7"),
+    ('"warm"', "override_generation_config: expected a JSON object (a dict), got str"),
+])
+def test_a_bad_override_generation_config_fails_at_start_up(capsys, monkeypatch, flag, message):
+    from loom.entrypoints.openai import launcher
+    monkeypatch.setattr(launcher, "run_server", _no_server)
+    err = _main_error(capsys, "serve", "llama-3.1-8b", "--load-format", "dummy", "--device",
+                      "cpu", "--override-generation-config", flag)
+    assert err.startswith(f"loom serve: error: {message}") and err.count("\n") == 1, err
+
+
+def _no_server(*args, **kwargs):
+    raise AssertionError("the server started despite a bad flag")
+
+
+# -- --tokenizer-mode, -pp, -dp, --distributed-executor-backend -------------------------------
+def test_tokenizer_mode_auto_and_hf_are_the_same_tokenizer():
+    assert _parsed().create_engine_config() == _parsed("--tokenizer-mode", "auto") \
+        .create_engine_config()
+    assert _parsed("--tokenizer-mode", "hf").create_engine_config().model.tokenizer_mode == "hf"
+
+
+@pytest.mark.parametrize("mode", ["slow", "mistral", "custom"])
+def test_other_tokenizer_modes_are_refused(mode):
+    with pytest.raises(ValueError, match=f"^tokenizer_mode: '{mode}' is not supported; loom "
+                                         "reads tokenizer.json with the `tokenizers` library"):
+        _config(tokenizer_mode=mode)
+
+
+def test_one_pipeline_or_data_parallel_rank_is_accepted():
+    config = _parsed("-pp", "1", "--data-parallel-size", "1", "--distributed-executor-backend",
+                     "mp").create_engine_config()
+    assert config.parallel == ParallelConfig(1, 1, 1, "mp")
+    assert config.parallel.worker_processes  # as vLLM: mp is a worker process, TP 1 too
+    assert not _config().parallel.worker_processes
+    assert _config(tensor_parallel_size=2).parallel.worker_processes
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["-pp", "2"], "pipeline_parallel_size: loom has no pipeline parallelism (only 1 is "
+                   "accepted, got 2); shard the model with -tp"),
+    (["-dp", "4"], "data_parallel_size: loom has no data parallelism (only 1 is accepted, got "
+                   "4); run a server per replica, or shard with -tp"),
+    (["--distributed-executor-backend", "ray"], "distributed_executor_backend: 'ray' is not "
+     "supported: loom has no Ray executor"),
+    (["--distributed-executor-backend", "external_launcher"], "it does not run under torchrun"),
+    (["--distributed-executor-backend", "uni", "-tp", "2"], "distributed_executor_backend: uni "
+     "runs one worker in the engine core's process; tensor_parallel_size 2 needs mp"),
+])
+def test_parallelism_loom_has_not_is_refused_by_name(capsys, flags, message):
+    err = _main_error(capsys, "generate", "--model", "llama-3.1-8b", "--load-format", "dummy",
+                      "--prompt", "x", *flags)
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_model_config_checks_its_new_fields():
+    with pytest.raises(ValueError, match="^tokenizer_mode: "):
+        ModelConfig("m", tokenizer_mode="slow")
+    assert ModelConfig("m", hf_overrides='{"a": 1}').hf_overrides == {"a": 1}
