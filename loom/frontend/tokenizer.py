@@ -204,6 +204,11 @@ def render_chat_template(template: str, **variables: Any) -> str:
     return _compile(template).render(**variables)
 
 
+def parse_chat_template(template: str) -> jinja2.nodes.Template:
+    """The template's syntax tree, parsed as it is rendered ({% generation %} and all)."""
+    return _ENV.parse(template)
+
+
 # -- loading --------------------------------------------------------------------------------
 _LONG_TEXT_CHARS = 16384
 

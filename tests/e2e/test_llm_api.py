@@ -188,11 +188,13 @@ def test_chat_refuses_what_is_not_a_conversation(text_llm, messages):
 
 
 def test_chat_joins_text_parts_as_the_server_does(text_llm):
+    """By newlines, as vLLM hands a string-content template its text parts."""
     parts = [{"role": "user", "content": [{"type": "text", "text": "hel"},
                                           {"type": "text", "text": "lo"}]}]
-    plain = [{"role": "user", "content": "hello"}]
+    plain = [{"role": "user", "content": "hel\nlo"}]
     assert (text_llm.chat_prompt_ids(parts, TEMPLATE) == text_llm.chat_prompt_ids(plain, TEMPLATE)
-            == text_llm.tokenizer.encode("<user>hello</user><assistant>", add_special_tokens=False))
+            == text_llm.tokenizer.encode("<user>hel\nlo</user><assistant>",
+                                         add_special_tokens=False))
 
 
 def test_an_llm_after_shutdown_says_so(tiny_model_factory):

@@ -106,6 +106,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     one API server only, as each keeps its own list)."""
     override_generation_config: dict = msgspec.field(default_factory=dict)
     """ModelConfig.override_generation_config: set over generation_config's defaults."""
+    chat_template_content_format: str = "auto"
+    """vLLM's --chat-template-content-format (`OpenAIServingChat`)."""
 
 
 @dataclass
@@ -342,7 +344,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
     chat = OpenAIServingChat(engine, models, defaults, details,
                              tool_call_parser=options.tool_call_parser,
                              reasoning_parser=options.reasoning_parser,
-                             trust_request_chat_template=options.trust_request_chat_template)
+                             trust_request_chat_template=options.trust_request_chat_template,
+                             content_format=options.chat_template_content_format)
     state = ServerState(options, engine, metrics, models,
                         OpenAIServingCompletion(engine, models, defaults, details), chat,
                         OpenAIServingEmbedding(engine, models),

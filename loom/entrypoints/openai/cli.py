@@ -13,6 +13,7 @@ from loom.config import EngineConfig, ModelConfig
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.serving_models import LoRAModule, lora_requests, parse_lora_modules
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from loom.frontend.chat_content import CONTENT_FORMATS
 from loom.lora.adapter import model_targets, read_adapter
 from loom.models.arch import ModelArch
 from loom.models.loader import generation_defaults, resolve, shipped_config, tokenizer_path
@@ -82,12 +83,20 @@ def register(subparsers) -> None:
                    help="LoRA adapters to serve (with --enable-lora), each a name=path or vLLM's "
                         "JSON '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; "
                         "a request's `model` names one to run with it")
+    _add_vllm_server_flags(g)
     g.add_argument("--otlp-traces-endpoint", default=None,
                    help="OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) that "
                         "gets one `llm_request` span per request (default: "
                         f"${OTEL_TRACES_ENV}); needs pip install 'loom[tracing]'")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run_serve)
+
+
+def _add_vllm_server_flags(g) -> None:
+    g.add_argument("--chat-template-content-format", default="auto", choices=CONTENT_FORMATS,
+                   help="a message's content in the chat template: string (text parts joined "
+                   "by newlines), openai (a list of parts); auto: openai if the template "
+                   "loops over a message's content, else string (vLLM's detection)")
 
 
 def _check_ssl(args: argparse.Namespace) -> None:
@@ -142,6 +151,7 @@ def run_serve(args: argparse.Namespace) -> int:
         uvicorn_log_level=args.uvicorn_log_level, log_requests=args.enable_log_requests,
         max_log_len=args.max_log_len, generation_config=config.model.generation_config,
         override_generation_config=config.model.override_generation_config,
+        chat_template_content_format=args.chat_template_content_format,
         max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
         otlp_traces_endpoint=traces_endpoint,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,

@@ -12,6 +12,7 @@ from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, PromptL
                                               RequestBody, SamplingFields, TokenId, UsageInfo,
                                               refuse_extensions)
 from loom.entrypoints.openai.tool_calls import ToolCall, check_tools, with_tool_constraint
+from loom.frontend.chat_content import resolve_content_format, template_content
 from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 
@@ -28,18 +29,26 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
-    def for_template(self) -> dict[str, Any]:
+    def texts(self) -> list[str]:
+        """The content's text: none, the string, or each text part's (a part without text
+        is skipped, as vLLM skips it)."""
+        if self.content is None or isinstance(self.content, str):
+            return [] if self.content is None else [self.content]
+        kinds = {p.type for p in self.content} - {"text"}
+        if kinds:
+            raise ValueError(f"messages: content parts of type {sorted(kinds)} are not supported")
+        return [p.text for p in self.content if p.text is not None]
+
+    def for_template(self, content_format: str = "string") -> dict[str, Any]:
+        """The message as the chat template reads it; content_format "string" or "openai"
+        (`loom.frontend.chat_content`). An assistant turn that only calls tools has content
+        null: the key is there all the same (empty), as vLLM renders it."""
         message = self.model_dump(exclude_none=True)
-        # An assistant turn that only calls tools has content null; templates read the
-        # key, so it is there, empty (as vLLM renders it).
-        message.setdefault("content", "")
         if "reasoning" in message:  # an earlier turn's thinking, under the templates' name
             message.setdefault("reasoning_content", message["reasoning"])
-        if isinstance(self.content, list):
-            kinds = {p.type for p in self.content} - {"text"}
-            if kinds:
-                raise ValueError(f"messages: content parts of type {sorted(kinds)} are not supported")
-            message["content"] = "".join(p.text or "" for p in self.content)
+        # Tool results stay strings in either format, as vLLM hands them over.
+        message["content"] = template_content(
+            self.texts(), "string" if self.role == "tool" else content_format)
         return message
 
 
@@ -55,15 +64,19 @@ def check_chat_options(add_generation_prompt: bool, continue_final_message: bool
 
 def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template: str | None = None,
-                template_variables: dict[str, Any] | None = None) -> str:
+                template_variables: dict[str, Any] | None = None,
+                content_format: str = "auto") -> str:
     """The conversation as the chat template renders it, for the server and `LLM.chat`
-    alike; template_variables: more variables for the template (tools, chat_template_kwargs).
-    A ValueError when there is no template or it refuses the messages."""
-    conversation = [m.for_template() for m in messages]
+    alike; template_variables: more variables for the template (tools, chat_template_kwargs);
+    content_format: vLLM's --chat-template-content-format. A ValueError when there is no
+    template or it refuses the messages."""
+    content_format = resolve_content_format(content_format,
+                                            chat_template or tokenizer.chat_template)
+    conversation = [m.for_template(content_format) for m in messages]
     text = tokenizer.apply_chat_template(conversation, add_generation_prompt, chat_template,
                                          **(template_variables or {}))
     if continue_final_message:
-        text = cut_after_final_message(text, conversation[-1].get("content") or "")
+        text = cut_after_final_message(text, "\n".join(messages[-1].texts()))
     return text
 
 

@@ -54,9 +54,11 @@ class _Chat:
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None, trust_request_chat_template: bool = False,
-                 **kwargs) -> None:
+                 content_format: str = "auto", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.trust_request_chat_template = trust_request_chat_template
+        self.content_format = content_format
+        """--chat-template-content-format: "auto", "string" or "openai"."""
         self.tool_call_parser = tool_call_parser
         """--tool-call-parser, set with --enable-auto-tool-choice: what tool_choice "auto"
         reads calls with; None refuses "auto"."""
@@ -79,7 +81,8 @@ class OpenAIServingChat(OpenAIServing):
             raise APIError(400, "chat needs a tokenizer; this server has none", "messages")
         try:
             text = render_chat(self.tokenizer, messages, add_generation_prompt,
-                               continue_final_message, chat_template, template_variables)
+                               continue_final_message, chat_template, template_variables,
+                               self.content_format)
         except ValueError as e:  # no template, the template refused the messages, or the
             raise APIError(400, str(e), "messages") from e  # final message is not in it
         # The template writes the special tokens (BOS) itself.
