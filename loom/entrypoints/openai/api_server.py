@@ -3,7 +3,8 @@
 Routes: /v1/completions, /v1/chat/completions, /v1/responses (and GET /v1/responses/{id},
 POST /v1/responses/{id}/cancel), /v1/embeddings, /score and /rerank (vLLM's, also under /v1/
 and /v2/rerank), /v1/models, /health, /version,
-/tokenize, /detokenize, /metrics (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1;
+/tokenize, /detokenize, /metrics, /load (and /_loom/introspect for tests, with
+LOOM_TEST_INTROSPECTION=1;
 /v1/load_lora_adapter and /v1/unload_lora_adapter with LOOM_ALLOW_RUNTIME_LORA_UPDATING).
 This module, like everything the API process imports, stays torch-free.
 """
@@ -34,6 +35,7 @@ from loom.entrypoints.openai.protocol_completions import CompletionRequest
 from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, DetokenizeRequest,
                                                    DetokenizeResponse, TokenizeRequest,
                                                    TokenizeResponse)
+from loom.entrypoints.openai.server_load import add_server_load
 from loom.entrypoints.openai.serving_base import off_loop
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
@@ -106,8 +108,15 @@ class ServerOptions(msgspec.Struct, frozen=True):
     one API server only, as each keeps its own list)."""
     override_generation_config: dict = msgspec.field(default_factory=dict)
     """ModelConfig.override_generation_config: set over generation_config's defaults."""
+    response_role: str = "assistant"
     chat_template_content_format: str = "auto"
-    """vLLM's --chat-template-content-format (`OpenAIServingChat`)."""
+    """vLLM's --response-role and --chat-template-content-format (`OpenAIServingChat`)."""
+    root_path: str = ""
+    """FastAPI's root_path: the path prefix a proxy serves the API under."""
+    fastapi_docs: bool = True
+    """/docs, /redoc and /openapi.json (off with --disable-fastapi-docs)."""
+    server_load_tracking: bool = False
+    """Count requests in flight for GET /load (--enable-server-load-tracking)."""
 
 
 @dataclass
@@ -146,7 +155,10 @@ async def _disconnected(request: Request) -> None:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="loom", version=__version__)
+    options = state.options
+    no_docs = dict(openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(title="loom", version=__version__, **({} if options.fastapi_docs else no_docs))
+    app.root_path = options.root_path  # as vLLM sets it: a path with or without it routes
     install_exception_handlers(app)
     _add_openai_routes(app, state)
     _add_server_routes(app, state)
@@ -154,10 +166,10 @@ def build_app(state: ServerState) -> FastAPI:
         _add_lora_routes(app, state)
     if envs.test_introspection():
         _add_introspection(app, state)
-    if state.options.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=state.options.api_key)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.options.max_body_bytes)
-    options = state.options
+    add_server_load(app, options.server_load_tracking)
+    if options.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=options.api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=options.max_body_bytes)
     # Outermost: a browser's preflight carries no API key.
     app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins,
                        allow_methods=options.allowed_methods,
@@ -345,6 +357,7 @@ async def serve(options: ServerOptions, sock: socket.socket,
                              tool_call_parser=options.tool_call_parser,
                              reasoning_parser=options.reasoning_parser,
                              trust_request_chat_template=options.trust_request_chat_template,
+                             response_role=options.response_role,
                              content_format=options.chat_template_content_format)
     state = ServerState(options, engine, metrics, models,
                         OpenAIServingCompletion(engine, models, defaults, details), chat,

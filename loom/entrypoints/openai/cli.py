@@ -68,10 +68,10 @@ def register(subparsers) -> None:
     g.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic engine stats line")
     g.add_argument("--disable-uvicorn-access-log", action="store_true")
-    g.add_argument("--disable-log-requests", action="store_true",
-                   help="accepted for vLLM compatibility: requests' contents are logged only "
-                        "with --enable-log-requests")
-    g.add_argument("--enable-log-requests", action="store_true",
+    g.add_argument("--disable-log-requests", action=argparse.BooleanOptionalAction,
+                   default=None, help="vLLM's older flag: no request logging, the default "
+                   "(--no-disable-log-requests: --enable-log-requests)")
+    g.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=None,
                    help="log one INFO line per request: its id, sampling params and prompt")
     g.add_argument("--max-log-len", type=int, default=None,
                    help="with --enable-log-requests, log at most this many characters and "
@@ -93,10 +93,18 @@ def register(subparsers) -> None:
 
 
 def _add_vllm_server_flags(g) -> None:
+    g.add_argument("--response-role", default="assistant",
+                   help="the role of the reply to a chat request with add_generation_prompt")
     g.add_argument("--chat-template-content-format", default="auto", choices=CONTENT_FORMATS,
                    help="a message's content in the chat template: string (text parts joined "
                    "by newlines), openai (a list of parts); auto: openai if the template "
                    "loops over a message's content, else string (vLLM's detection)")
+    g.add_argument("--root-path", default="",
+                   help="the path prefix a proxy serves the API under (FastAPI's root_path)")
+    g.add_argument("--disable-fastapi-docs", action="store_true",
+                   help="serve no /docs, /redoc or /openapi.json")
+    g.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="count the generation requests in flight here, for GET /load")
 
 
 def _check_ssl(args: argparse.Namespace) -> None:
@@ -148,10 +156,13 @@ def run_serve(args: argparse.Namespace) -> int:
         tokenizer=tokenizer, host=args.host, port=args.port, chat_template=args.chat_template,
         api_key=args.api_key or envs.api_key(),
         log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
-        uvicorn_log_level=args.uvicorn_log_level, log_requests=args.enable_log_requests,
+        uvicorn_log_level=args.uvicorn_log_level, log_requests=_log_requests(args),
         max_log_len=args.max_log_len, generation_config=config.model.generation_config,
         override_generation_config=config.model.override_generation_config,
+        response_role=args.response_role, root_path=_root_path(args.root_path),
         chat_template_content_format=args.chat_template_content_format,
+        fastapi_docs=not args.disable_fastapi_docs,
+        server_load_tracking=args.enable_server_load_tracking,
         max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
         otlp_traces_endpoint=traces_endpoint,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
@@ -175,9 +186,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("max_request_body_bytes: must be positive")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"max_log_len: must be non-negative, got {args.max_log_len}")
-    if args.enable_log_requests and args.disable_log_requests:
-        raise ValueError("enable_log_requests: give --enable-log-requests or "
-                         "--disable-log-requests, not both")
+    _log_requests(args)
+    _root_path(args.root_path)
     _check_ssl(args)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
@@ -186,6 +196,26 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("lora_modules: --lora-modules needs --enable-lora")
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
+
+
+def _log_requests(args: argparse.Namespace) -> bool:
+    """--enable-log-requests and vLLM's older --disable-log-requests (each with its --no-
+    form): off unless asked for; the two may both be given only when they agree."""
+    said = {args.enable_log_requests,
+            None if args.disable_log_requests is None else not args.disable_log_requests}
+    said.discard(None)
+    if len(said) > 1:
+        raise ValueError("enable_log_requests: give --enable-log-requests or "
+                         "--disable-log-requests, not both: they disagree")
+    return said.pop() if said else False
+
+
+def _root_path(root_path: str) -> str:
+    """A prefix with a trailing slash would route nothing: the router strips it and wants
+    the path's own slash after it."""
+    if root_path and not root_path.startswith("/"):
+        raise ValueError(f"root_path: must start with '/', got {root_path!r}")
+    return root_path.rstrip("/")
 
 
 def served_tokenizer(model: ModelConfig) -> str | None:

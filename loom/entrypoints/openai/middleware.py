@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 
+from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,7 +28,9 @@ class APIKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        # The path as the router sees it (its own function, so the two never disagree):
+        # under --root-path, /prefix/v1/... reaches the /v1 routes too.
+        if scope["type"] != "http" or not get_route_path(scope).startswith("/v1"):
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")

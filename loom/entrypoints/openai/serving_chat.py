@@ -54,9 +54,12 @@ class _Chat:
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None, trust_request_chat_template: bool = False,
-                 content_format: str = "auto", **kwargs) -> None:
+                 response_role: str = "assistant", content_format: str = "auto",
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.trust_request_chat_template = trust_request_chat_template
+        self.response_role = response_role
+        """--response-role: the reply's role when the prompt ends with the generation prompt."""
         self.content_format = content_format
         """--chat-template-content-format: "auto", "string" or "openai"."""
         self.tool_call_parser = tool_call_parser
@@ -88,6 +91,11 @@ class OpenAIServingChat(OpenAIServing):
         # The template writes the special tokens (BOS) itself.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _role(self, body: ChatCompletionRequest) -> str:
+        """vLLM's: --response-role after a generation prompt; else the model continues the
+        last message, whose role the reply keeps."""
+        return self.response_role if body.add_generation_prompt else body.messages[-1].role
+
     async def create(self, body: ChatCompletionRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
         model, lora = self.resolve_model(body.model)
@@ -117,7 +125,8 @@ class OpenAIServingChat(OpenAIServing):
         if body.use_beam_search:
             beams = await self.beam_search(prompt_ids, body.beam_search_params(params.max_tokens),
                                            chat.id, lora, body.cache_salt, body.priority)
-            choices = [ChatChoice(index=k, message=ChatMessageOut(content=beam.text),
+            choices = [ChatChoice(index=k, message=ChatMessageOut(role=self._role(body),
+                                                                  content=beam.text),
                                   finish_reason=beam.finish_reason)
                        for k, beam in enumerate(beams)]
             generated = sum(len(b.tokens) - len(prompt_ids) for b in beams)
@@ -150,7 +159,8 @@ class OpenAIServingChat(OpenAIServing):
         for i in range(n):
             thinking, content, calls, reason = chat.split_whole(
                 texts[i], finish[i].finish_reason if finish[i] else None)
-            message = ChatMessageOut(content=content, reasoning=thinking,
+            message = ChatMessageOut(role=self._role(chat.body), content=content,
+                                     reasoning=thinking,
                                      tool_calls=[ToolCallOut.of(c) for c in calls] or None)
             choices.append(ChatChoice(
                 index=i, message=message, finish_reason=reason,
@@ -171,7 +181,7 @@ class OpenAIServingChat(OpenAIServing):
         try:
             for i in range(chat.body.n):  # the role first, as OpenAI streams it
                 yield self._chunk(chat, ChatStreamChoice(
-                    index=i, delta=DeltaMessage(role="assistant", content="")), 0)
+                    index=i, delta=DeltaMessage(role=self._role(chat.body), content="")), 0)
             async with aclosing(outputs):
                 item = first
                 while item is not None:

@@ -1,0 +1,129 @@
+"""vLLM's server flags that `vllm serve` command lines carry: --response-role, --root-path,
+--disable-fastapi-docs, --enable-server-load-tracking with GET /load,
+--chat-template-content-format, and --disable-log-requests beside --enable-log-requests.
+Flags are checked in this process; one in-process server shows them served."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from loom.frontend.chat_content import detect_content_format
+from tests.entrypoints.conftest import API_KEY, start_server
+from tests.test_cli import _main_error
+
+BASE = ["serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu"]
+
+
+def _options(monkeypatch, *flags: str):
+    from loom.cli import main
+    from loom.entrypoints.openai import launcher
+    seen = {}
+    monkeypatch.setattr(launcher, "run_server",
+                        lambda options, config, inproc: seen.update(options=options))
+    main([*BASE, *flags])
+    return seen["options"]
+
+
+def test_server_flags_reach_the_api_server_options(monkeypatch):
+    options = _options(monkeypatch)
+    assert (options.response_role, options.root_path, options.fastapi_docs,
+            options.server_load_tracking, options.chat_template_content_format,
+            options.log_requests) == ("assistant", "", True, False, "auto", False)
+    options = _options(monkeypatch, "--response-role", "bot", "--root-path", "/llm/",
+                       "--disable-fastapi-docs", "--enable-server-load-tracking",
+                       "--chat-template-content-format", "openai", "--disable-log-requests")
+    assert (options.response_role, options.root_path, options.fastapi_docs,
+            options.server_load_tracking, options.chat_template_content_format,
+            options.log_requests) == ("bot", "/llm", False, True, "openai", False)
+
+
+@pytest.mark.parametrize("flags, logged", [
+    (["--enable-log-requests"], True), (["--no-disable-log-requests"], True),
+    (["--disable-log-requests"], False), (["--no-enable-log-requests"], False),
+    (["--no-enable-log-requests", "--disable-log-requests"], False),
+    (["--enable-log-requests", "--no-disable-log-requests"], True),
+])
+def test_log_requests_flags_agree(monkeypatch, flags, logged):
+    """vLLM's --disable-log-requests is its older spelling of the default; the two flags
+    (and their --no- forms) may be given together when they say the same."""
+    assert _options(monkeypatch, *flags).log_requests is logged
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--enable-log-requests", "--disable-log-requests"],
+     "enable_log_requests: give --enable-log-requests or --disable-log-requests, not both"),
+    (["--no-enable-log-requests", "--no-disable-log-requests"], "enable_log_requests: give "),
+    (["--root-path", "llm"], "root_path: must start with '/', got 'llm'"),
+    (["--chat-template-content-format", "xml"],
+     "argument --chat-template-content-format: invalid choice: 'xml'"),
+])
+def test_bad_server_flags_are_one_line_errors(capsys, flags, message):
+    err = _main_error(capsys, *BASE, *flags)
+    assert message in err.splitlines()[-1], err
+
+
+# -- served ----------------------------------------------------------------------------------
+EITHER_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{% if m.content is string %}"
+                   "S:{{ m.content }}{% else %}{% for p in m.content %}P:{{ p.text }}"
+                   "{% endfor %}{% endif %}\n{% endfor %}"
+                   "{% if add_generation_prompt %}<assistant>{% endif %}")
+"""Takes content either way, and says which it got; auto would give it parts."""
+SERVED = ("--response-role", "narrator", "--root-path", "/llm", "--disable-fastapi-docs",
+          "--enable-server-load-tracking", "--chat-template", EITHER_TEMPLATE,
+          "--chat-template-content-format", "string", "--disable-log-requests",
+          "--override-generation-config", json.dumps({"temperature": 0, "max_new_tokens": 3}))
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_served(tiny_chat_model, tmp_path):
+    server = start_server(tiny_chat_model, "inproc", tmp_path, extra_args=SERVED)
+    try:
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            _check_root_path_and_docs(http, auth)
+            _check_load_and_role(http, auth)
+            rendered = http.post("/detokenize", json={"tokens": http.post(
+                "/tokenize", json=CHAT).json()["tokens"]}).json()["prompt"]
+            completion = http.post("/v1/completions", headers=auth, json={
+                "prompt": "Once upon", "max_tokens": None, "ignore_eos": True}).json()
+    finally:
+        assert server.stop() == 0
+    assert detect_content_format(EITHER_TEMPLATE) == "openai"
+    assert "<user>S:hi" in rendered, rendered  # the flag's string, not what auto detects
+    assert completion["usage"]["completion_tokens"] == 3  # the overridden max_new_tokens
+    assert "Received request" not in server.log_path.read_text()
+
+
+def _check_root_path_and_docs(http: httpx.Client, auth: dict) -> None:
+    # Behind a proxy that keeps the prefix or strips it, the same routes answer, and the
+    # prefixed /v1 routes need the API key as the plain ones do.
+    for prefix in ("", "/llm"):
+        assert http.get(f"{prefix}/v1/models", headers=auth).status_code == 200
+        assert http.get(f"{prefix}/v1/models").status_code == 401
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert http.get(prefix + path).status_code == 404, path
+
+
+def _check_load_and_role(http: httpx.Client, auth: dict) -> None:
+    assert http.get("/load").json() == {"server_load": 0}
+    # Long enough to be still streaming when /load is asked; then left, which aborts it.
+    body = {**CHAT, "stream": True, "max_tokens": 4000, "ignore_eos": True}
+    with http.stream("POST", "/llm/v1/chat/completions", headers=auth, json=body) as stream:
+        lines = stream.iter_lines()
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        assert http.get("/llm/load").json() == {"server_load": 1}  # this stream
+    assert first["choices"][0]["delta"]["role"] == "narrator"
+    deadline = time.monotonic() + 30
+    while http.get("/load").json() != {"server_load": 0}:  # once the server sees it gone
+        assert time.monotonic() < deadline, "the abandoned stream is still counted"
+        time.sleep(0.05)
+    reply = http.post("/v1/chat/completions", headers=auth, json=CHAT).json()
+    assert reply["choices"][0]["message"]["role"] == "narrator"
+    # Without the generation prompt the model continues the last message, and keeps its role.
+    reply = http.post("/v1/chat/completions", headers=auth,
+                      json={**CHAT, "add_generation_prompt": False}).json()
+    assert reply["choices"][0]["message"]["role"] == "user"
