@@ -6,9 +6,12 @@ checkpoint's per-tensor scales are spread over their rows), activations quantize
 arrive, per token unless the checkpoint gives a static scale. A checkpoint's dynamic
 per-tensor activation scale is computed per token too: more exact, at no cost in a
 row-scaled GEMM, and a request's output then never depends on what it is batched with. Two checkpoint formats are
-read: compressed-tensors' float-quantized FP8 (llm-compressor's FP8_DYNAMIC and FP8
-schemes) and the `fp8` method (per-tensor scales, as vLLM writes and reads it). Anything
-else a checkpoint asks for is refused by name rather than run differently.
+read: compressed-tensors' float-quantized FP8 (llm-compressor's FP8_DYNAMIC, FP8 and
+FP8_BLOCK schemes) and the `fp8` method (per-tensor scales, or block-wise ones as Qwen3's
+and DeepSeek's FP8 releases have them). Block-wise checkpoints scale each weight block (128
+x 128 in every release so far; the size comes from the config) and activations per token
+per group of a block's input features, computed as they arrive. Anything else a checkpoint
+asks for is refused by name rather than run differently.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ QUANTIZATIONS = ("fp8", "compressed-tensors")
 """`--quantization` values: fp8 quantizes a model's weights at load (or reads an fp8
 checkpoint); compressed-tensors names what the checkpoint's own config says."""
 
-ACTIVATIONS = ("token", "static")
+ACTIVATIONS = ("token", "static", "group")
 """token: a scale computed per token as the activations arrive; static: the checkpoint's
-`input_scale`."""
+`input_scale`; group: a scale per token per group of input features as wide as a weight
+block (block-wise checkpoints only)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,17 @@ class Fp8Scheme:
     """One of ACTIVATIONS."""
     ignore: tuple[str, ...] = ()
     """Checkpoint module names (or "re:" patterns) that stay in the model's dtype."""
+    weight_block: tuple[int, int] | None = None
+    """(output rows, input columns) of a block sharing one weight scale, for block-wise
+    checkpoints (activations "group", in groups of the columns); None: a scale per output
+    channel."""
+
+    def __post_init__(self) -> None:
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations: {self.activations!r} is not one of {ACTIVATIONS}")
+        if (self.activations == "group") != (self.weight_block is not None):
+            raise ValueError("weight_block: block-wise weights go with activations 'group', "
+                             f"and only they (got {self.weight_block!r}, {self.activations!r})")
 
     def ignores(self, checkpoint_name: str) -> bool:
         return any(re.match(p[3:], checkpoint_name) if p.startswith("re:")
@@ -44,6 +59,10 @@ class Fp8Scheme:
 
     def describe(self) -> str:
         source = "from the checkpoint" if self.weights_in_checkpoint else "quantized at load"
+        if self.weight_block is not None:
+            rows, cols = self.weight_block
+            return (f"fp8 weights ({source}) scaled per {rows}x{cols} block, activations "
+                    f"dynamic per token per {cols} features")
         acts = {"token": "dynamic per token",
                 "static": "static (the checkpoint's input scales)"}[self.activations]
         return f"fp8 weights ({source}), activations {acts}"
@@ -76,15 +95,27 @@ def quant_scheme(hf_config: dict[str, Any], requested: str | None) -> Fp8Scheme 
 
 
 def _fp8_checkpoint(qc: dict[str, Any]) -> Fp8Scheme:
-    if qc.get("weight_block_size") is not None:
-        raise ValueError("quantization_config.weight_block_size: block-wise fp8 checkpoints "
-                         "are not supported (per-tensor and per-channel scales are)")
     scheme = qc.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
         raise ValueError(f"quantization_config.activation_scheme: {scheme!r} is neither "
                          "'dynamic' nor 'static'")
-    ignore = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ()
-    return Fp8Scheme("fp8", True, "token" if scheme == "dynamic" else "static", tuple(ignore))
+    ignore = tuple(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ())
+    if qc.get("weight_block_size") is None:
+        return Fp8Scheme("fp8", True, "token" if scheme == "dynamic" else "static", ignore)
+    block = _block("quantization_config.weight_block_size", qc["weight_block_size"])
+    if scheme != "dynamic":
+        # Static per-tensor input scales beside block-wise weights: no release has them.
+        raise ValueError("quantization_config.activation_scheme: block-wise fp8 "
+                         "(weight_block_size) runs dynamic activations only, got 'static'")
+    return Fp8Scheme("fp8", True, "group", ignore, block)
+
+
+def _block(where: str, value: Any) -> tuple[int, int]:
+    if not (isinstance(value, list | tuple) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise ValueError(f"{where}: {value!r} is not two positive integers "
+                         "([output rows, input columns] of a weight block)")
+    return value[0], value[1]
 
 
 def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
@@ -99,14 +130,18 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
     groups = qc.get("config_groups") or {}
     if not groups:
         raise ValueError("quantization_config.config_groups: none given")
-    schemes = {_group_activations(name, g, qc.get("format")) for name, g in groups.items()}
+    schemes = {_group_scheme(name, g, qc.get("format")) for name, g in groups.items()}
     if len(schemes) > 1:
         raise ValueError("quantization_config.config_groups: groups with different activation "
-                         "schemes are not supported")
-    return Fp8Scheme("compressed-tensors", True, schemes.pop(), tuple(qc.get("ignore") or ()))
+                         "schemes or weight blocks are not supported")
+    activations, block = schemes.pop()
+    return Fp8Scheme("compressed-tensors", True, activations, tuple(qc.get("ignore") or ()),
+                     block)
 
 
-def _group_activations(name: str, group: dict[str, Any], top_format: str | None) -> str:
+def _group_scheme(name: str, group: dict[str, Any],
+                  top_format: str | None) -> tuple[str, tuple[int, int] | None]:
+    """(activations, weight block) of one config group."""
     where = f"quantization_config.config_groups.{name}"
     fmt = group.get("format") or top_format
     if fmt not in ("float-quantized", "naive-quantized"):
@@ -117,17 +152,38 @@ def _group_activations(name: str, group: dict[str, Any], top_format: str | None)
                          "target every Linear (with `ignore` for the exceptions)")
     if group.get("output_activations"):
         raise ValueError(f"{where}.output_activations: not supported")
-    _check_fp8(f"{where}.weights", group.get("weights"), ("channel", "tensor"), dynamic=False)
+    weights = group.get("weights")
+    _check_fp8(f"{where}.weights", weights, ("channel", "tensor", "block"), dynamic=False)
     acts = group.get("input_activations")
     if acts is None:
         raise ValueError(f"{where}.input_activations: weight-only fp8 (W8A16) is not "
                          "supported; loom runs fp8 weights with fp8 activations")
-    _check_fp8(f"{where}.input_activations", acts, ("token", "tensor"), dynamic=None)
+    _check_fp8(f"{where}.input_activations", acts, ("token", "tensor", "group"), dynamic=None)
+    if weights["strategy"] == "block":
+        return "group", _block_activations(where, weights, acts)
+    if acts["strategy"] == "group":
+        raise ValueError(f"{where}.input_activations.strategy: 'group' scales go with "
+                         "block-wise weights (strategy 'block') only")
     if not acts.get("dynamic"):
         if acts["strategy"] != "tensor":
             raise ValueError(f"{where}.input_activations: static scales must be per tensor")
-        return "static"
-    return "token"
+        return "static", None
+    return "token", None
+
+
+def _block_activations(where: str, weights: dict, acts: dict) -> tuple[int, int]:
+    """The weight block of FP8_BLOCK's scheme, whose activations must be dynamic per group
+    of one block's columns: the matmul scales each block's partial sum by one activation
+    scale and one weight scale."""
+    block = _block(f"{where}.weights.block_structure", weights.get("block_structure"))
+    if acts["strategy"] != "group" or not acts.get("dynamic") \
+            or acts.get("group_size") != block[1]:
+        raise ValueError(f"{where}.input_activations: block-wise weights ({block[0]}x"
+                         f"{block[1]}) run with dynamic activation scales per group of "
+                         f"{block[1]} features (strategy 'group', group_size {block[1]}, as "
+                         f"FP8_BLOCK writes them), got strategy {acts['strategy']!r}, group_size "
+                         f"{acts.get('group_size')!r}, dynamic {bool(acts.get('dynamic'))}")
+    return block
 
 
 def _check_fp8(where: str, args: Any, strategies: tuple[str, ...], dynamic: bool | None) -> None:
@@ -138,10 +194,13 @@ def _check_fp8(where: str, args: Any, strategies: tuple[str, ...], dynamic: bool
         if args.get(key, value) != value:
             raise ValueError(f"{where}.{key}: {args.get(key)!r}; loom runs fp8 (8-bit float, "
                              "symmetric)")
-    if args.get("strategy") not in strategies:
-        raise ValueError(f"{where}.strategy: {args.get('strategy')!r} is not one of "
+    strategy = args.get("strategy")
+    if strategy not in strategies:
+        raise ValueError(f"{where}.strategy: {strategy!r} is not one of "
                          f"{', '.join(strategies)}")
-    if args.get("group_size") is not None or args.get("block_structure") is not None:
-        raise ValueError(f"{where}: grouped and block-wise scales are not supported")
+    own = {"group": "group_size", "block": "block_structure"}.get(strategy)
+    for key in ("group_size", "block_structure"):
+        if key != own and args.get(key) is not None:
+            raise ValueError(f"{where}.{key}: given with strategy {strategy!r}, which has none")
     if dynamic is not None and bool(args.get("dynamic")) != dynamic:
         raise ValueError(f"{where}.dynamic: must be {str(dynamic).lower()}")

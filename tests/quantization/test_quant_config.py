@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from loom.engine.arg_utils import EngineArgs
-from loom.quantization.config import quant_scheme
+from loom.quantization.config import Fp8Scheme, quant_scheme
 
 FP8_DYNAMIC = {  # as llm-compressor writes an FP8_DYNAMIC checkpoint's config
     "quant_method": "compressed-tensors", "format": "float-quantized",
@@ -22,10 +22,17 @@ FP8_DYNAMIC = {  # as llm-compressor writes an FP8_DYNAMIC checkpoint's config
 }
 
 
-def _with(change) -> dict:
-    qc = copy.deepcopy(FP8_DYNAMIC)
+def _with(change, base=FP8_DYNAMIC) -> dict:
+    qc = copy.deepcopy(base)
     change(qc, qc["config_groups"]["group_0"])
     return {"quantization_config": qc}
+
+
+FP8_BLOCK = _with(lambda qc, g: (  # as llm-compressor writes an FP8_BLOCK checkpoint's config
+    g["weights"].update(strategy="block", block_structure=[128, 128]),
+    g["input_activations"].update(strategy="group", group_size=128)))["quantization_config"]
+QWEN3_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+             "weight_block_size": [128, 128]}  # Qwen3-8B-FP8's config.json
 
 
 def test_schemes_read():
@@ -40,6 +47,46 @@ def test_schemes_read():
     assert (s.activations, s.ignores("model.layers.3.mlp.gate")) == ("static", True)
     static = _with(lambda qc, g: g["input_activations"].update(strategy="tensor", dynamic=False))
     assert quant_scheme(static, "compressed-tensors").activations == "static"
+
+
+def test_block_wise_schemes_read():
+    for qc, method in ((FP8_BLOCK, "compressed-tensors"), (QWEN3_FP8, "fp8")):
+        s = quant_scheme({"quantization_config": qc}, None)
+        assert (s.method, s.activations, s.weight_block) == (method, "group", (128, 128))
+        assert "per 128x128 block" in s.describe()
+    s = quant_scheme({"quantization_config": dict(QWEN3_FP8, weight_block_size=[64, 32])}, "fp8")
+    assert s.weight_block == (64, 32)
+    assert quant_scheme({}, "fp8").weight_block is None  # quantizing at load: per channel
+
+
+@pytest.mark.parametrize("config, field", [
+    (dict(QWEN3_FP8, weight_block_size=[128]), r"weight_block_size: \[128\] is not two"),
+    (dict(QWEN3_FP8, weight_block_size=[0, 128]), r"weight_block_size: \[0, 128\]"),
+    (dict(QWEN3_FP8, activation_scheme="static"), r"activation_scheme: block-wise fp8"),
+    (_with(lambda qc, g: g["input_activations"].update(strategy="token", group_size=None),
+           FP8_BLOCK)["quantization_config"],
+     r"group_0\.input_activations: block-wise weights \(128x128\) run with dynamic"),
+    (_with(lambda qc, g: g["input_activations"].update(group_size=64), FP8_BLOCK)
+     ["quantization_config"], r"per group of 128 features .* group_size 64"),
+    (_with(lambda qc, g: g["weights"].update(block_structure=None), FP8_BLOCK)
+     ["quantization_config"], r"weights\.block_structure: None is not two"),
+    (_with(lambda qc, g: g["input_activations"].update(strategy="group", group_size=128))
+     ["quantization_config"], r"input_activations\.strategy: 'group' scales go with block"),
+    (_with(lambda qc, g: g["weights"].update(block_structure=[128, 128]))
+     ["quantization_config"], r"weights\.block_structure: given with strategy 'channel'"),
+])
+def test_block_wise_refusals_name_the_field(config, field):
+    with pytest.raises(ValueError, match=field):
+        quant_scheme({"quantization_config": config}, None)
+
+
+def test_scheme_checks_its_fields():
+    with pytest.raises(ValueError, match=r"weight_block: block-wise weights go with"):
+        Fp8Scheme("fp8", True, "token", weight_block=(128, 128))
+    with pytest.raises(ValueError, match=r"weight_block: block-wise weights go with"):
+        Fp8Scheme("fp8", True, "group")
+    with pytest.raises(ValueError, match=r"activations: 'tensor' is not one of"):
+        Fp8Scheme("fp8", True, "tensor")
 
 
 @pytest.mark.parametrize("change, field", [
@@ -66,9 +113,6 @@ def test_other_methods_and_mismatches_are_refused():
         quant_scheme({"quantization_config": {"quant_method": "awq"}}, None)
     with pytest.raises(ValueError, match=r"quantization: 'fp8' differs from the checkpoint"):
         quant_scheme({"quantization_config": FP8_DYNAMIC}, "fp8")
-    with pytest.raises(ValueError, match=r"weight_block_size: block-wise"):
-        quant_scheme({"quantization_config": {"quant_method": "fp8",
-                                              "weight_block_size": [128, 128]}}, None)
     with pytest.raises(ValueError, match=r"no quantization_config"):
         quant_scheme({}, "compressed-tensors")
 
