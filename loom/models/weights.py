@@ -25,6 +25,9 @@ _EXPERT_SHARDS = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": N
 """An expert's projection (Qwen's names, Mixtral's) -> its shard of the stacked weights:
 0 gate, 1 up (w13), None down (w2)."""
 _RENAMED = [(".block_sparse_moe.", ".mlp.")]  # Mixtral's expert block is loom's mlp
+_SCALE_INV = ".weight_scale_inv"
+"""Block-wise `fp8` checkpoints' weight scale (Qwen3's, DeepSeek's FP8 releases): despite
+its name it multiplies the fp8 values, as loom's weight_scale does."""
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
@@ -32,6 +35,8 @@ def _target(name: str) -> tuple[str, object]:
     """(loom parameter name, shard id or None) for one checkpoint tensor."""
     for ckpt, ours in _RENAMED:
         name = name.replace(ckpt, ours)
+    if name.endswith(_SCALE_INV):
+        name = name[:-len("_inv")]
     m = _EXPERT.search(name)
     if m:
         expert, shard = int(m.group(1)), _EXPERT_SHARDS[m.group(2)]

@@ -1,10 +1,13 @@
 """fp8 linear layers (W8A8): float8_e4m3fn weights with a scale per output channel, and
-activations quantized as they arrive (per token, or by the checkpoint's static scale).
+activations quantized as they arrive (per token, or by the checkpoint's static scale);
+or, for block-wise checkpoints, a scale per weight block and activations per token per
+group (`fp8_block`).
 
 On CUDA the matmul is `torch._scaled_mm` with row-wise scales (one fp8 GEMM at twice
-bf16's tensor-core rate, reading half the weight bytes). On the CPU the same quantized
-values are multiplied in float32: the correctness reference, checked against
-compressed-tensors' own fake quantization.
+bf16's tensor-core rate, reading half the weight bytes), block-wise loom's Triton GEMM
+(`loom.kernels.fp8_block_gemm`). On the CPU the same quantized values are multiplied in
+float32: the correctness reference, checked against compressed-tensors' own fake
+quantization.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from torch import nn
 
 from loom.layers.linear import ColumnParallelLinear, LinearBase, RowParallelLinear, shard_of
 from loom.models.weights import checkpoint_modules
+from loom.quantization import fp8_block
 from loom.quantization.config import Fp8Scheme
 
 logger = logging.getLogger(__name__)
@@ -38,8 +42,13 @@ def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 class Fp8Linear:
     """The matmul of one fp8 layer: quantize the input, multiply, rescale."""
 
-    def __init__(self, activations: str) -> None:
+    def __init__(self, activations: str, block: tuple[int, int] | None = None,
+                 block_kernel: bool = True) -> None:
         self.activations = activations
+        self.block = block
+        """(rows, cols) of a weight scale block; None: a scale per output channel."""
+        self.block_kernel = block_kernel
+        """Block-wise on CUDA: the Triton GEMM (False: the float32 reference, logged)."""
 
     def quantize_input(self, layer: LinearBase, x: torch.Tensor):
         if self.activations == "token":
@@ -50,15 +59,24 @@ class Fp8Linear:
     def apply(self, layer: LinearBase, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        xq, x_scale = self.quantize_input(layer, x2)
-        if x.is_cuda:
+        if self.block is not None:
+            y = self._block_matmul(layer, x2)
+        elif x.is_cuda:
+            xq, x_scale = self.quantize_input(layer, x2)
             # Row-wise scaled fp8 GEMMs write bf16 only.
             y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale,
                                  scale_b=layer.weight_scale.t(), out_dtype=torch.bfloat16)
         else:
+            xq, x_scale = self.quantize_input(layer, x2)
             y = (xq.float() @ layer.weight.float().t()) * x_scale * layer.weight_scale.t()
         y = y.to(x.dtype).reshape(*x.shape[:-1], -1)
         return y if bias is None else y + bias
+
+    def _block_matmul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self.block_kernel:
+            return torch.ops.loom.fp8_block_linear(x, layer.weight, layer.weight_scale,
+                                                   *self.block)
+        return fp8_block.block_matmul(x, layer.weight, layer.weight_scale, self.block)
 
 
 def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool) -> list[LinearBase]:
@@ -66,7 +84,7 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool) -
     from_checkpoint: the weights arrive in fp8 with their scales; else they load in the
     model's dtype and `finish_quantization` quantizes them. Replicated layers (MoE
     routers) and MoE experts stay in the model's dtype. Returns the fp8 layers."""
-    method = Fp8Linear(scheme.activations)
+    method = Fp8Linear(scheme.activations, scheme.weight_block, _block_kernel(model, scheme))
     layers, kept = [], []
     for name, layer in model.named_modules():
         if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
@@ -77,7 +95,7 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool) -
         layer.quant = method
         layers.append(layer)
         if from_checkpoint:
-            _fp8_parameters(layer, scheme)
+            _fp8_parameters(name, layer, scheme)
     logger.info("quantization (%s): %s in %d linear layers; %d kept in the model's dtype as "
                 "the checkpoint asks%s", scheme.method, scheme.describe(), len(layers),
                 len(kept), "; MoE experts and routers stay unquantized"
@@ -86,11 +104,14 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool) -
 
 
 def finish_quantization(layers: list[LinearBase]) -> None:
-    """Quantize weights that loaded in the model's dtype: one scale per output channel."""
+    """Quantize weights that loaded in the model's dtype: one scale per output channel, or
+    per block for a block-wise scheme (dummy weights for a block-wise checkpoint)."""
     for layer in layers:
         if layer.weight.dtype == FP8:
             continue
-        q, scale = quantize_rows(layer.weight.data)
+        block = layer.quant.block
+        q, scale = (quantize_rows(layer.weight.data) if block is None
+                    else fp8_block.quantize_blocks(layer.weight.data, block))
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale, requires_grad=False)
 
@@ -106,12 +127,30 @@ def _ignored(name: str, scheme: Fp8Scheme) -> bool:
     return all(ignored)
 
 
-def _fp8_parameters(layer: LinearBase, scheme: Fp8Scheme) -> None:
+def _block_kernel(model: nn.Module, scheme: Fp8Scheme) -> bool:
+    """Whether block-wise layers take the Triton GEMM on CUDA (importing it registers its op
+    before any graph is traced)."""
+    param = next(model.parameters(), None)
+    if scheme.weight_block is None or param is None or param.device.type != "cuda":
+        return True
+    from loom.kernels.fp8_block_gemm import MIN_BLOCK_K, kernel_applies
+    if kernel_applies(scheme.weight_block):
+        return True
+    logger.warning("block-wise fp8: the checkpoint's %d-column blocks are not a power-of-two "
+                   "multiple of %d, which the Triton fp8 GEMM needs; the layers dequantize "
+                   "and multiply in float32 (slow)", scheme.weight_block[1], MIN_BLOCK_K)
+    return False
+
+
+def _fp8_parameters(name: str, layer: LinearBase, scheme: Fp8Scheme) -> None:
     device = layer.weight.device
     weight = nn.Parameter(torch.empty(layer.weight.shape, dtype=FP8, device=device),
                           requires_grad=False)
     weight.weight_loader = layer.weight_loader
     layer.weight = weight
+    if scheme.weight_block is not None:
+        _block_scale(name, layer, scheme.weight_block)
+        return
     layer.weight_scale = nn.Parameter(
         torch.empty(layer.out_features, 1, dtype=torch.float32, device=device),
         requires_grad=False)
@@ -133,3 +172,14 @@ def _load_scale(layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor, sh
     else:
         rows.copy_(shard_of(loaded.reshape(-1, 1), 0, rank, size, shards,
                             f"{type(layer).__name__} weight_scale"))
+
+
+def _block_scale(name: str, layer: LinearBase, block: tuple[int, int]) -> None:
+    if isinstance(layer, RowParallelLinear):
+        fp8_block.check_row_parallel(name, layer, block)
+    shape = (fp8_block.cdiv(layer.out_features, block[0]),
+             fp8_block.cdiv(layer.in_features, block[1]))
+    layer.weight_scale = nn.Parameter(
+        torch.empty(shape, dtype=torch.float32, device=layer.weight.device), requires_grad=False)
+    layer.weight_scale.weight_loader = lambda p, t, shard=None: fp8_block.load_block_scale(
+        name, layer, block, p, t, shard)

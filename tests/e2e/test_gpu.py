@@ -173,3 +173,28 @@ def test_gpu_fp8_equals_cpu(compilation, tiny_model_factory):
         first_cpu, first_gpu = cpu.outputs[0].logprobs[0], gpu.outputs[0].logprobs[0]
         top = cpu.outputs[0].token_ids[0]
         assert abs(first_gpu[top].logprob - first_cpu[top].logprob) < 0.05
+
+
+@pytest.mark.parametrize("compilation", [{}, {"level": 0}, {"cudagraph_mode": "FULL"}],
+                         ids=["default", "eager", "full"])
+def test_gpu_block_fp8_equals_cpu(compilation, tiny_model_factory, tmp_path):
+    """A block-wise fp8 checkpoint (Qwen3-8B-FP8's layout, 32 x 32 blocks) through the
+    Triton block GEMM (activations quantized per token group on the device, float32 out)
+    against the CPU's float32 multiply of the same values: the same first tokens, the first
+    position's logprobs within float32 summation order and the odd activation rounded to
+    the neighbouring fp8 value."""
+    from tests.quantization.fp8_checkpoints import write_block_fp8
+    path = write_block_fp8(tiny_model_factory("qwen3")[0], str(tmp_path / "fp8"), [32, 32])
+    prompts = _prompts(5, (5, 40, 17, 90, 3, 33))
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=20)
+    out = []
+    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": compilation})):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
+                  dtype="float32", **extra)
+        out.append(llm.generate(prompts, params, use_tqdm=False))
+        llm.shutdown()
+    for cpu, gpu in zip(*out):
+        assert gpu.outputs[0].token_ids[:2] == cpu.outputs[0].token_ids[:2]
+        first_cpu, first_gpu = cpu.outputs[0].logprobs[0], gpu.outputs[0].logprobs[0]
+        top = cpu.outputs[0].token_ids[0]
+        assert abs(first_gpu[top].logprob - first_cpu[top].logprob) < 0.02

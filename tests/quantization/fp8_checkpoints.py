@@ -4,6 +4,7 @@ fp8 layers are held to. Scales come from compressed-tensors' own `calculate_qpar
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -11,26 +12,32 @@ import torch
 CALIBRATION = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17]]
 
 
-def _args(strategy: str, dynamic: bool):
+def _args(strategy: str, dynamic: bool, block: list[int] | None = None):
     from compressed_tensors.quantization import QuantizationArgs
     return QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True,
-                            dynamic=dynamic)
+                            dynamic=dynamic, block_structure=block)
 
 
 SCHEMES = {  # name -> (weight strategy, activation strategy, dynamic activations)
     "fp8-dynamic": ("channel", "token", True),    # llm-compressor's FP8_DYNAMIC
     "fp8-static": ("tensor", "tensor", False),    # llm-compressor's FP8
     "fp8-tensor-dynamic": ("channel", "tensor", True),
+    "fp8-block": ("block", "group", True),        # llm-compressor's FP8_BLOCK
 }
 
 
-def _group(targets: list[str], scheme: str, group_size: int | None = None):
+def _group(targets: list[str], scheme: str, group_size: int | None = None,
+           block: list[int] | None = None):
+    """block: (rows, cols) of "fp8-block"'s weight blocks (FP8_BLOCK's are 128 x 128), whose
+    activations are scaled per group of `cols` features."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     weights, acts, dynamic = SCHEMES[scheme]
+    if block is not None:
+        group_size = block[1]
     if group_size is not None:
         acts = "group"
     return QuantizationScheme(
-        targets=targets, weights=_args(weights, False),
+        targets=targets, weights=_args(weights, False, block),
         input_activations=QuantizationArgs(num_bits=8, type="float", strategy=acts,
                                            symmetric=True, dynamic=dynamic,
                                            group_size=group_size))
@@ -51,8 +58,7 @@ def fp8_quantize(model, groups: dict, ignore: list[str]) -> None:
         if not hasattr(module, "weight_scale"):
             continue
         args, w = module.quantization_scheme.weights, module.weight.data
-        lo, hi = ((w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True))
-                  if args.strategy == "channel" else (w.amin().reshape(1), w.amax().reshape(1)))
+        lo, hi = _weight_range(w, args)
         module.weight_scale.data.copy_(calculate_qparams(lo, hi, args)[0]
                                        .reshape(module.weight_scale.shape))
         if name in input_amax and hasattr(module, "input_scale"):
@@ -61,11 +67,26 @@ def fp8_quantize(model, groups: dict, ignore: list[str]) -> None:
             module.input_scale.data.copy_(scale.reshape(module.input_scale.shape))
 
 
-def write_fp8_checkpoint(model, path: str, scheme: str, ignore: list[str]) -> None:
+def _weight_range(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight's min and max per scale: per row, per block (zero padding to whole
+    blocks, as compressed-tensors pads them) or over the tensor."""
+    if args.strategy == "channel":
+        return w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+    if args.strategy == "block":
+        rows, cols = args.block_structure
+        pad = (-w.shape[1] % cols, -w.shape[0] % rows)
+        blocks = torch.nn.functional.pad(w, (0, pad[0], 0, pad[1]))
+        blocks = blocks.view(blocks.shape[0] // rows, rows, blocks.shape[1] // cols, cols)
+        return blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
+    return w.amin().reshape(1), w.amax().reshape(1)
+
+
+def write_fp8_checkpoint(model, path: str, scheme: str, ignore: list[str],
+                         block: list[int] | None = None) -> None:
     """Quantize `model` (a transformers model, changed in place) as `scheme` and save it
     compressed to `path`, as llm-compressor saves one."""
     from compressed_tensors.compressors import ModelCompressor
-    fp8_quantize(model, {"group_0": _group(["Linear"], scheme)}, ignore)
+    fp8_quantize(model, {"group_0": _group(["Linear"], scheme, block=block)}, ignore)
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
     compressor.compress_model(model)
     model.save_pretrained(path)
@@ -121,5 +142,54 @@ def as_per_token(path: str, dest: str) -> str:
     config = json.loads((Path(dest) / "config.json").read_text())
     for group in config["quantization_config"]["config_groups"].values():
         group["input_activations"]["strategy"] = "token"
+    (Path(dest) / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def as_fp8_method(path: str, dest: str) -> str:
+    """The compressed-tensors block-wise checkpoint at `path` as the `fp8` method writes one
+    (Qwen3-8B-FP8's layout): the same fp8 weights, each block scale as float32
+    `weight_scale_inv`, and a config naming `weight_block_size`. transformers' own reader
+    of that format (FineGrainedFP8) dequantizes to bf16 without a GPU, so the reference
+    stays compressed-tensors' reading of `path`."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(path, dest, dirs_exist_ok=True)
+    config = json.loads((Path(dest) / "config.json").read_text())
+    group = config["quantization_config"]["config_groups"]["group_0"]
+    config["quantization_config"] = {
+        "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+        "weight_block_size": group["weights"]["block_structure"]}
+    (Path(dest) / "config.json").write_text(json.dumps(config))
+    tensors = {(name + "_inv" if name.endswith(".weight_scale") else name):
+               (t.float() if name.endswith(".weight_scale") else t)
+               for name, t in load_file(Path(dest) / "model.safetensors").items()}
+    save_file(tensors, Path(dest) / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
+_LINEAR = re.compile(r"\.(q|k|v|o|gate|up|down)_proj\.weight$")
+
+
+def write_block_fp8(base: str, dest: str, block: list[int]) -> str:
+    """The unquantized checkpoint at `base` as a block-wise `fp8` one, quantized by loom's
+    own `quantize_blocks` (no compressed-tensors): for checks of loom against itself (the
+    GPU against the CPU) and of what it refuses."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from loom.quantization.fp8_block import quantize_blocks
+    shutil.copytree(base, dest, dirs_exist_ok=True)
+    tensors = load_file(Path(dest) / "model.safetensors")
+    for name in [n for n in tensors if _LINEAR.search(n) and ".experts." not in n]:
+        tensors[name], tensors[name + "_scale_inv"] = quantize_blocks(tensors[name], block)
+    save_file(tensors, Path(dest) / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((Path(dest) / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                     "fmt": "e4m3", "weight_block_size": block}
     (Path(dest) / "config.json").write_text(json.dumps(config))
     return dest
