@@ -175,10 +175,12 @@ def block_gemm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
         raise ValueError(f"block_gemm: block_k {cfg.block_k} must divide the scale group "
                          f"{block[1]}")
     groups = cdiv(k, block[1])
-    if x_scale.shape != (m, groups) or weight_scale.shape != (cdiv(n, block[0]), groups):
+    if x_scale.shape != (m, groups) or weight_scale.shape != (cdiv(n, block[0]), groups) \
+            or not (x_scale.is_contiguous() and weight_scale.is_contiguous()):
         raise ValueError(f"block_gemm: scales {tuple(x_scale.shape)} and "
                          f"{tuple(weight_scale.shape)} do not fit x {tuple(xq.shape)}, the "
-                         f"weight {tuple(weight.shape)} and {block[0]}x{block[1]} blocks")
+                         f"weight {tuple(weight.shape)} and {block[0]}x{block[1]} blocks, or "
+                         "are not contiguous")
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     if m:
@@ -264,7 +266,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
             and _use_cublas(n, k, block, x.dtype, x.device):
         return _cublas_block_mm(x, weight, weight_scale)
     xq, x_scale = quantize_groups(x, block_k)
-    return block_gemm(xq, x_scale, weight, weight_scale, block, x.dtype)
+    return block_gemm(xq, x_scale, weight, weight_scale.contiguous(), block, x.dtype)
 
 
 @fp8_block_linear.register_fake

@@ -40,7 +40,7 @@ def _quantize(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torc
     scale = (blocks.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX).clamp(min=_EPS)
     q = (blocks / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     r, c = x.shape
-    return q.view(q.shape[0] * rows, -1)[:r, :c], scale[:, 0, :, 0]
+    return q.view(q.shape[0] * rows, -1)[:r, :c].contiguous(), scale[:, 0, :, 0].contiguous()
 
 
 def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
