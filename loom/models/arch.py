@@ -94,6 +94,19 @@ def _partial_rotary_factor(cfg: dict[str, Any]) -> float:
                  or _first(cfg, "partial_rotary_factor", default=1.0))
 
 
+def num_labels(cfg: dict[str, Any]) -> int:
+    """A classifier's outputs as transformers counts them: num_labels where the config says,
+    else one per id2label entry, else its default of 2."""
+    if cfg.get("num_labels") is not None:
+        return int(cfg["num_labels"])
+    return len(cfg["id2label"]) if cfg.get("id2label") else 2
+
+
+def is_classifier(architecture: str) -> bool:
+    """A decoder with a classification head on its last token (vLLM's *ForSequenceClassification)."""
+    return architecture.endswith("ForSequenceClassification")
+
+
 def _eos_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -132,6 +145,10 @@ class ModelArch:
     long_rope: LongRope | None = None
     partial_rotary_factor: float = 1.0
     """The share of each head's dimensions that rotary embedding turns (Phi-4-mini: 0.75)."""
+    num_labels: int = 0
+    """A *ForSequenceClassification model's classes, its score head's rows (0: no head)."""
+    pad_token_id: int | None = None
+    """config.json's: a classifier reads the last token that is not this one."""
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
@@ -164,6 +181,8 @@ class ModelArch:
                                                    default=0),
             sliding_window=_sliding_window(cfg), long_rope=_long_rope(cfg, scaling),
             partial_rotary_factor=_partial_rotary_factor(cfg),
+            num_labels=num_labels(cfg) if is_classifier(archs[0]) else 0,
+            pad_token_id=cfg.get("pad_token_id"),
         )
 
     def check_tensor_parallel(self, tp: int) -> None:

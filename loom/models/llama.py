@@ -153,6 +153,9 @@ class LlamaForCausalLM(nn.Module):
         self.rotary_emb = make_rotary(arch, max_model_len or arch.context_len)
         layers = [self.make_layer(arch, i) for i in range(arch.num_layers)]
         self.model = DecoderModel(arch, layers)
+        self.make_head(arch)
+
+    def make_head(self, arch: ModelArch) -> None:
         self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size)
         if arch.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)

@@ -10,6 +10,8 @@ from loom.models.mixtral import MixtralForCausalLM
 from loom.models.phi3 import Phi3ForCausalLM
 from loom.models.qwen2_moe import Qwen2MoeForCausalLM
 from loom.models.qwen3_moe import Qwen3MoeForCausalLM
+from loom.models.seq_cls import (LlamaForSequenceClassification, Qwen2ForSequenceClassification,
+                                 Qwen3ForSequenceClassification)
 
 MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -20,6 +22,11 @@ MODELS: dict[str, type[nn.Module]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    # The decoder plus a classification head (pooling only: `loom.tasks`).
+    "LlamaForSequenceClassification": LlamaForSequenceClassification,
+    "MistralForSequenceClassification": LlamaForSequenceClassification,
+    "Qwen2ForSequenceClassification": Qwen2ForSequenceClassification,
+    "Qwen3ForSequenceClassification": Qwen3ForSequenceClassification,
 }
 
 

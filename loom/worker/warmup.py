@@ -148,7 +148,7 @@ def warm_up(runner) -> None:
     phases.done("mixed decodes")
     sdpa_lengths = warm_up_sdpa(runner) if runner.device.type == "cuda" else []
     phases.done("SDPA")
-    if hidden is not None:
+    if hidden is not None and hasattr(runner.model, "lm_head"):  # a classifier samples nothing
         # The LM head runs eagerly, after the forward and its CUDA graphs: on the GEMV its
         # row count is a constexpr, and each count of requests in a step (up to the GEMV's
         # limit) compiled a variant of its own at its first step (run_zzs). Compiled side

@@ -1,0 +1,45 @@
+"""Decoders with a classification head (transformers' *ForSequenceClassification): the same
+layers as the causal LM, and instead of the LM head a `score` linear [num_labels, hidden]
+without bias, read at one token of the prompt (the pooler picks which). Classifiers and
+cross-encoder rerankers (num_labels 1) are built this way."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loom.layers.linear import ReplicatedLinear
+from loom.models.arch import ModelArch
+from loom.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+
+class SequenceClassifier:
+    """Mixed in before a causal LM class: its head becomes the classifier's."""
+
+    def make_head(self, arch: ModelArch) -> None:
+        if arch.num_labels < 1:
+            raise ValueError(f"num_labels: {arch.architecture} needs at least one label, "
+                             f"got {arch.num_labels}")
+        # Every rank holds the whole (small) head; only the driver applies it.
+        self.score = ReplicatedLinear(arch.hidden_size, arch.num_labels, bias=False)
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., num_labels] logits, in float32 whatever the model's dtype
+        (a handful of rows: their precision costs nothing)."""
+        return F.linear(hidden.float(), self.score.weight.float())
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the runner's memory profile and warm-up run where an LM head would be."""
+        return self.classify(hidden)
+
+
+class LlamaForSequenceClassification(SequenceClassifier, LlamaForCausalLM):
+    pass
+
+
+class Qwen2ForSequenceClassification(SequenceClassifier, Qwen2ForCausalLM):
+    pass
+
+
+class Qwen3ForSequenceClassification(SequenceClassifier, Qwen3ForCausalLM):
+    pass
