@@ -38,6 +38,11 @@ TOKENIZER_MODES = ("auto", "hf")
 `tokenizers` library reads (vLLM's "hf": the Hugging Face fast tokenizer, which "auto" picks
 for every model loom serves)."""
 
+RUNNERS = ("auto", "generate", "pooling")
+"""vLLM's --runner values loom runs (`loom.tasks`): auto picks by architecture."""
+CONVERTS = ("auto", "none", "embed", "classify")
+"""vLLM's --convert values loom takes (classify only for classifier checkpoints)."""
+
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
                  "fp32": "float32"}
@@ -81,6 +86,11 @@ class ModelConfig:
     defaults, or alone under generation_config "vllm"; null unsets one."""
     tokenizer_mode: str = "auto"
     """vLLM's --tokenizer-mode, one of TOKENIZER_MODES."""
+    runner: str = "auto"
+    """vLLM's --runner: generate, pooling (embeddings, classification, scoring: nothing is
+    generated), or auto (pooling for *ForSequenceClassification, else generate)."""
+    convert: str = "auto"
+    """vLLM's --convert: embed serves a causal LM as an embedding model (pooling only)."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model),
@@ -91,6 +101,10 @@ class ModelConfig:
                f"tokenizer_mode: {self.tokenizer_mode!r} is not supported; loom reads "
                "tokenizer.json with the `tokenizers` library (the fast tokenizer): use "
                f"{' or '.join(TOKENIZER_MODES)}")
+        _check(self.runner in RUNNERS, f"runner: {self.runner!r} is not one of {RUNNERS} "
+               "(loom's speculative decoding is n-gram lookup: it runs no draft model)")
+        _check(self.convert in CONVERTS, f"convert: {self.convert!r} is not one of {CONVERTS} "
+               "(loom serves no reward models)")
         _check(isinstance(self.generation_config, str) and bool(self.generation_config),
                "generation_config: must be 'auto', 'vllm' or a directory, got "
                f"{self.generation_config!r}")

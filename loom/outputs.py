@@ -68,16 +68,40 @@ class EmbeddingRequestOutput:
 
 
 @dataclass
+class ClassificationOutput:
+    probs: list[float]
+    """The class probabilities (vLLM's name): the logits through the model's activation
+    (softmax, or sigmoid for one label), or the logits themselves with use_activation
+    False."""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """What `LLM.classify` returns per prompt (vLLM's names)."""
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
 class ScoringOutput:
     score: float
-    """The cosine similarity of the pair's two embeddings, in [-1, 1]."""
+    """Embedding models (bi-encoders): the cosine similarity of the pair's two embeddings,
+    in [-1, 1]. Cross-encoders: the classifier's logit for the pair run as one sequence,
+    through its activation (sigmoid: in (0, 1))."""
 
 
 @dataclass
 class ScoringRequestOutput:
-    """What `LLM.score` returns per pair (vLLM's names): request_id joins the two embedding
-    requests' ids; prompt_token_ids are the first text's, the pad token (where the tokenizer
-    has one) and the second's, as vLLM reports them."""
+    """What `LLM.score` returns per pair (vLLM's names). Bi-encoders: request_id joins the
+    two embedding requests' ids; prompt_token_ids are the first text's, the pad token (where
+    the tokenizer has one) and the second's, as vLLM reports them. Cross-encoders: the
+    pair's one request, and the tokens it ran."""
     request_id: str
     outputs: ScoringOutput
     prompt_token_ids: list[int]

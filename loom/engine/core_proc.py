@@ -109,7 +109,7 @@ def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connect
                                                     info["eos_token_id"], kv["num_blocks"],
                                                     kv["block_size"], info["max_logprobs"],
                                                     info["lora"],
-                                                    info["scheduling_policy"])))
+                                                    info["scheduling_policy"], core.tasks)))
         ready.close()
     except OSError:
         # The launcher died while this engine started: nobody will connect. Stop in order.

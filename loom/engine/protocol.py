@@ -7,6 +7,7 @@ with typed decoders: an unknown or malformed frame fails to decode, it never run
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 import msgspec
 
@@ -151,6 +152,45 @@ class LoRAInfo(msgspec.Struct, array_like=True):
     """Module name -> [out, in] of its full weight."""
 
 
+Task = Literal["generate", "embed", "classify", "score"]
+"""vLLM's supported tasks: what a served model answers (generation, or a pooling task)."""
+Activation = Literal["softmax", "sigmoid", "identity", "tanh"]
+"""What turns a classifier's logits into its probabilities or score (`loom.tasks.activate`)."""
+
+
+class ModelTasks(msgspec.Struct, array_like=True, frozen=True):
+    """What the served model does, decided from its config and --runner/--convert
+    (`loom.tasks.model_tasks`), and what the frontend needs to finish a classifier's
+    outputs."""
+    architecture: str
+    tasks: list[Task]
+    labels: list[str] = []
+    """A classifier's class names (config.json's id2label), by index."""
+    classify_activation: Activation = "softmax"
+    """For classify: from config.json's problem_type, else sigmoid for one label, softmax
+    for more (vLLM's rule)."""
+    score_activation: Activation = "sigmoid"
+    """For score (cross-encoders): the sentence-transformers activation the config names,
+    else as classify's default."""
+    use_sep_token: bool = True
+    """Score a pair as the tokenizer's pair encoding; False (config.json's use_sep_token):
+    as the two texts joined, tokenized as one (vLLM's "LLM as reranker")."""
+    pad_token_id: int | None = None
+    """A classifier's: it reads the last prompt token that is not this one."""
+
+    def supports(self, task: str) -> bool:
+        return task in self.tasks
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """Scored by running each pair as one sequence, not by embedding cosines."""
+        return "classify" in self.tasks
+
+
+GENERATIVE = ModelTasks("", ["generate", "embed"])
+"""A causal LM's tasks under --runner auto (loom also pools its hidden states)."""
+
+
 class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     """The engine core process's answer to its launcher once the model and KV cache are up."""
     vocab_size: int
@@ -165,6 +205,8 @@ class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     """What the frontend checks adapters against; None: LoRA is off."""
     scheduling_policy: str = "fcfs"
     """SchedulerConfig.scheduling_policy: the frontend refuses priorities under fcfs."""
+    tasks: ModelTasks = GENERATIVE
+    """What the model serves; the API server routes and refuses by it."""
 
 
 EngineStartup = EngineReady | EngineDead

@@ -1,4 +1,5 @@
-"""`LLM`: offline batched generation, driving an in-process `EngineCore`."""
+"""`LLM`: offline batched generation (and pooling: `llm_pooling`), driving an in-process
+`EngineCore`."""
 
 from __future__ import annotations
 
@@ -8,30 +9,27 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 from tqdm import tqdm
 
 from loom.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, check_width
 from loom.config import CompilationConfig, ModelConfig
 from loom.engine.arg_utils import EngineArgs
+from loom.entrypoints.llm_pooling import PoolingMethods
+from loom.entrypoints.prompt_args import as_list, per_prompt, prompt_list
 from loom.engine.core import EngineCore
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
 from loom.models.loader import generation_config_dir, generation_defaults, tokenizer_path
-from loom.engine.protocol import EngineCoreRequest
 from loom.lora.request import LoRARequest
-from loom.outputs import (EmbeddingOutput, EmbeddingRequestOutput, RequestOutput,
-                          ScoringRequestOutput)
-from loom.pooling_params import PoolingParams
+from loom.outputs import RequestOutput
 from loom.sampling_params import SamplingParams
-from loom.scoring import check_pairing, score_pairs
 
 Message = dict[str, Any]
 logger = logging.getLogger(__name__)
 
 
-class LLM:
+class LLM(PoolingMethods):
     def __init__(self, model: str | None = None, *, tokenizer: str | None = None,
                  dtype: str = "auto", seed: int = 0, tensor_parallel_size: int = 1,
                  compilation_config: CompilationConfig | dict | int | None = None,
@@ -45,6 +43,8 @@ class LLM:
         self.default_sampling_params = _default_params(config.model)
         self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)
         self.engine = EngineCore(config)
+        self.tasks = self.engine.tasks
+        """What the model serves (`loom.tasks`): generate, or embed, classify, score."""
         self._shut_down = False
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
@@ -84,8 +84,9 @@ class LLM:
         model's). priority: vLLM's, one per prompt (lower first; scheduling_policy
         "priority" only); None: all 0."""
         self._check_open()
+        self.require("generate", "LLM.generate()")
         salts = _cache_salts(prompts)
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
         loras = _loras_per_prompt(lora_request, len(prompts))
         priorities = self._priorities(priority, len(prompts))
@@ -108,9 +109,10 @@ class LLM:
         """vLLM's beam search (`loom.beam_search`): each round one batched generate call of
         one token for every live beam of every prompt; lora_request as generate's."""
         self._check_open()
+        self.require("generate", "LLM.beam_search()")
         check_width(params, self.processor.max_logprobs, "beam_width")
         eos = self.processor.eos_token_id
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         loras = _loras_per_prompt(lora_request, len(prompts))
         searches = [BeamSearch(self.processor.tokenize(p)[1], params, eos) for p in prompts]
         with tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm) as bar:
@@ -127,58 +129,6 @@ class LLM:
             return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
         return [BeamSearchOutput(s.best(decode)) for s in searches]
 
-    def embed(self, prompts: PromptType | Sequence[PromptType],
-              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
-        """One pooled hidden state per prompt (text or token ids), in input order;
-        pooling_params: one for all prompts, or one per prompt."""
-        self._check_open()
-        prompts = _prompt_list(prompts)
-        params = _per_prompt(pooling_params, len(prompts), PoolingParams, "pooling_params")
-        requests = []  # all validated before any is added
-        for prompt, p in zip(prompts, params):
-            _, ids = self.processor.tokenize(prompt)
-            requests.append(self.processor.process_pooling(str(next(self._ids)), ids, p))
-        with self._abort_on_error():
-            for request in requests:
-                self.engine.add_request(request)
-            return self._run_pooling(requests, use_tqdm)
-
-    def score(self, data_1: PromptType | Sequence[PromptType],
-              data_2: PromptType | Sequence[PromptType], /, *,
-              truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
-              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
-        """vLLM's score for embedding (bi-encoder) models: the cosine similarity of each
-        pair's embeddings. data_1 one text (against each of data_2) or as many as data_2
-        (pairwise); each text is embedded once, as `embed` embeds it (truncate_prompt_tokens
-        as embed's). Outputs in data_2's order."""
-        self._check_open()
-        first, second = _score_texts(data_1, "data_1"), _score_texts(data_2, "data_2")
-        check_pairing(len(first), len(second), ("data_1", "data_2"))
-        params = pooling_params or PoolingParams()
-        if not isinstance(params, PoolingParams):
-            raise ValueError(f"pooling_params: expected PoolingParams, got "
-                             f"{type(params).__name__}")
-        if truncate_prompt_tokens is not None:
-            params = msgspec.structs.replace(params, truncate_prompt_tokens=truncate_prompt_tokens)
-        embeds = self.embed(first + second, params, use_tqdm)
-        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
-        return score_pairs(embeds[:len(first)], embeds[len(first):], pad)
-
-    def _run_pooling(self, requests: list[EngineCoreRequest],
-                     use_tqdm: bool) -> list[EmbeddingRequestOutput]:
-        pooled: dict[str, list[float]] = {}
-        with tqdm(total=len(requests), desc="Embedded prompts", disable=not use_tqdm) as bar:
-            while len(pooled) < len(requests):
-                for out in self.engine.step().outputs:
-                    if out.pooled is None:
-                        raise RuntimeError(f"request {out.request_id} ended "
-                                           f"({out.finish_reason}) without a pooled vector")
-                    pooled[out.request_id] = out.pooled
-                    bar.update(1)
-        return [EmbeddingRequestOutput(r.request_id, EmbeddingOutput(pooled[r.request_id]),
-                                       r.prompt_token_ids) for r in requests]
-
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
@@ -192,6 +142,7 @@ class LLM:
         continue_final_message continues the last (assistant) message; lora_request and
         priority (one per conversation) as generate's."""
         self._check_open()
+        self.require("generate", "LLM.chat()")
         if self.tokenizer is None:
             raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
         texts = [self.chat_prompt(c, chat_template, add_generation_prompt,
@@ -262,7 +213,7 @@ class LLM:
     def _params_per_prompt(self, params, count: int) -> list[SamplingParams]:
         if params is None:
             return [self.default_sampling_params] * count
-        return _per_prompt(params, count, SamplingParams, "sampling_params")
+        return per_prompt(params, count, SamplingParams, "sampling_params")
 
     def _prepare(self, prompts, params, salts, loras):
         requests = []
@@ -317,32 +268,6 @@ def _loras_per_prompt(loras, count: int) -> list[LoRARequest | None]:
     return list(loras)
 
 
-def _per_prompt(params, count: int, kind: type, field: str) -> list:
-    """`params` for each of `count` prompts: None (kind's defaults), one for all, or a
-    sequence of one per prompt."""
-    if params is None:
-        return [kind()] * count
-    if isinstance(params, kind):
-        return [params] * count
-    if not isinstance(params, list | tuple):
-        raise ValueError(f"{field}: expected {kind.__name__} or a list of them, got "
-                         f"{type(params).__name__}")
-    if len(params) != count:
-        raise ValueError(f"{field}: {len(params)} given for {count} prompts")
-    wrong = [type(p).__name__ for p in params if not isinstance(p, kind)]
-    if wrong:
-        raise ValueError(f"{field}: expected {kind.__name__} for every prompt, got {wrong[0]}")
-    return list(params)
-
-
-def _score_texts(data, field: str) -> list:
-    """One side of a score call as a list of prompts (text or token ids)."""
-    if not isinstance(data, str | dict | list | tuple):
-        raise ValueError(f"{field}: expected a string, a list of token ids, or a list of "
-                         f"them; got {type(data).__name__}")
-    return _prompt_list(data)
-
-
 def _conversations(messages) -> list[list[Message]]:
     """One conversation (a list of message dicts) or several (a list of such lists)."""
     def is_conversation(c) -> bool:
@@ -357,30 +282,4 @@ def _conversations(messages) -> list[list[Message]]:
 
 def _cache_salts(prompts) -> list[str | None]:
     """vLLM's prompt dicts may carry a cache_salt; one entry (None or the salt) per prompt."""
-    return [p.get("cache_salt") if isinstance(p, dict) else None for p in _as_list(prompts)]
-
-
-def _as_list(prompts) -> list | tuple:
-    if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts
-                                          and isinstance(prompts[0], int)):
-        return [prompts]
-    if not isinstance(prompts, list | tuple):
-        raise ValueError(f"prompts: expected a string, a list of token ids, or a list of "
-                         f"them; got {type(prompts).__name__}")
-    return prompts
-
-
-def _prompt_list(prompts) -> list:
-    """A list of prompts, each a string or a list of token ids. Also takes one prompt alone,
-    and vLLM's prompt dicts ({"prompt": text} or {"prompt_token_ids": ids}, with an
-    optional "cache_salt")."""
-    out = []
-    for p in _as_list(prompts):
-        if isinstance(p, dict):
-            keys = set(p) & {"prompt", "prompt_token_ids"}
-            if len(keys) != 1:
-                raise ValueError('prompts: a prompt dict needs exactly one of "prompt" and '
-                                 f'"prompt_token_ids"; got keys {sorted(p)}')
-            p = p[keys.pop()]
-        out.append(p)
-    return out
+    return [p.get("cache_salt") if isinstance(p, dict) else None for p in as_list(prompts)]

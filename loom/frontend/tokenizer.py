@@ -114,6 +114,14 @@ class Tokenizer:
             return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, text: str, pair: str, add_special_tokens: bool = True) -> list[int]:
+        """transformers' `tokenizer(text, text_pair=pair)`: the post-processor's pair template
+        (a cross-encoder's query and document as one sequence)."""
+        if len(text) + len(pair) > _LONG_TEXT_CHARS:  # as encode: without the GIL
+            return self._backend.encode_batch([(text, pair)],
+                                              add_special_tokens=add_special_tokens)[0].ids
+        return self._backend.encode(text, pair, add_special_tokens=add_special_tokens).ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

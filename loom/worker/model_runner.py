@@ -91,7 +91,7 @@ class ModelRunner:
         self.requests = RequestStates(config.scheduler.max_num_seqs,
                                       config.model.max_model_len or self.arch.context_len,
                                       self.block_size)
-        self.pooler = Pooler()
+        self.pooler = Pooler(getattr(self.model, "classify", None))
         self.kv_caches: list[torch.Tensor] = []
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None

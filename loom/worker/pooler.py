@@ -3,10 +3,13 @@
 The final-norm hidden states of a pooling request's rows are folded into a per-request
 partial kept on the device (the first row for cls, a running sum for mean); when the
 request's prompt is complete the partial becomes the pooled vector, which is the only thing
-copied to the host.
+copied to the host. A classify or score request's vector is the classifier head's logits
+at its last row (the engine core has cut the prompt after its last non-pad token).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +18,9 @@ from loom.pooling_params import PoolingParams
 
 
 class Pooler:
-    def __init__(self) -> None:
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """head: a classifier's (hidden -> logits); None for models without one."""
+        self._head = head
         self._partial: dict[str, torch.Tensor] = {}
 
     def drop(self, req_ids: list[str]) -> None:
@@ -28,6 +33,8 @@ class Pooler:
         """Fold one chunk of the request's rows (starting at prompt position first_position);
         returns the pooled vector once the chunk reaches the end of the prompt."""
         complete = first_position + rows.shape[0] >= num_prompt_tokens
+        if params.task != "embed":  # the engine core refuses it where there is no head
+            return self._head(rows[-1]) if complete else None
         kind = params.pooling_type
         if kind == "cls" and first_position == 0:
             self._partial[req_id] = rows[0].to(torch.float32, copy=True)
