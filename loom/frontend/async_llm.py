@@ -18,17 +18,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from loom.engine.protocol import (AbortRequests, EngineCoreMessage, EngineCoreOutput,
-                                  EngineCoreOutputs, EngineDead, SchedulerStats, UtilityCall,
-                                  UtilityResult)
+                                  EngineCoreOutputs, EngineCoreRequest, EngineDead,
+                                  SchedulerStats, UtilityCall, UtilityResult)
 from loom.frontend.core_client import EngineCoreClient
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.request_logger import RequestLogger
 from loom.frontend.tokenizer import Tokenizer
 from loom.lora.request import LoRARequest
-from loom.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from loom.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput,
+                          EmbeddingRequestOutput, RequestOutput)
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+from loom.scoring import finish_logits
 
 if TYPE_CHECKING:  # OpenTelemetry is optional: loom.tracing is imported only with the flag
     from loom.tracing import RequestTrace, RequestTracer
@@ -80,6 +82,8 @@ class AsyncLLM:
         info = client.info
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
+        self.tasks = info.tasks
+        """What the model serves (`loom.tasks`); the server routes by it."""
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
                                    info.eos_token_id, info.max_logprobs, info.lora,
                                    info.scheduling_policy)
@@ -156,6 +160,23 @@ class AsyncLLM:
     async def encode(self, prompt: PromptType, params: PoolingParams,
                      request_id: str) -> EmbeddingRequestOutput:
         """Pool the prompt's hidden states; cancelling the call aborts it in the engine."""
+        request, pooled = await self.pool(prompt, params, request_id)
+        return EmbeddingRequestOutput(request_id, EmbeddingOutput(pooled),
+                                      request.prompt_token_ids)
+
+    async def classify(self, prompt: PromptType, params: PoolingParams,
+                       request_id: str) -> ClassificationRequestOutput:
+        """A classifier's probabilities for the prompt (params.task classify or score: the
+        activation of that task, `loom.scoring.finish_logits`)."""
+        request, logits = await self.pool(prompt, params, request_id)
+        probs = finish_logits(logits, self.tasks, request.pooling_params)
+        return ClassificationRequestOutput(request_id, ClassificationOutput(probs),
+                                           request.prompt_token_ids)
+
+    async def pool(self, prompt: PromptType, params: PoolingParams,
+                   request_id: str) -> tuple[EngineCoreRequest, list[float]]:
+        """Run a pooling request: (the request as sent, what the engine pooled). Cancelling
+        the call aborts it in the engine."""
         self._check_alive()
         if request_id in self.streams or request_id in self._pooling:
             raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -173,8 +194,7 @@ class AsyncLLM:
                 self.client.send(AbortRequests([request_id]))
         if self._stats is not None:  # a pooling request ends with its one output
             self._stats.on_finished(time.monotonic() - arrival, "stop")
-        return EmbeddingRequestOutput(request_id, EmbeddingOutput(pooled),
-                                      request.prompt_token_ids)
+        return request, pooled
 
     def _pooling_done(self, out: EngineCoreOutput) -> None:
         future = self._pooling.pop(out.request_id)

@@ -1,8 +1,8 @@
 """The API server: a FastAPI app on uvicorn (uvloop), over an `AsyncLLM`.
 
 Routes: /v1/completions, /v1/chat/completions, /v1/responses (and GET /v1/responses/{id},
-POST /v1/responses/{id}/cancel), /v1/embeddings, /score and /rerank (vLLM's, also under /v1/
-and /v2/rerank), /v1/models, /health, /version,
+POST /v1/responses/{id}/cancel), /v1/embeddings, /classify, /score and /rerank (vLLM's, also
+under /v1/ and /v2/rerank; `routes_pooling`), /v1/models, /health, /version,
 /tokenize, /detokenize, /metrics, /load (and /_loom/introspect for tests, with
 LOOM_TEST_INTROSPECTION=1;
 /v1/load_lora_adapter and /v1/unload_lora_adapter with LOOM_ALLOW_RUNTIME_LORA_UPDATING).
@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -36,17 +36,16 @@ from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, Detoke
                                                    DetokenizeResponse, TokenizeRequest,
                                                    TokenizeResponse)
 from loom.entrypoints.openai.server_load import add_server_load
-from loom.entrypoints.openai.serving_base import off_loop
+from loom.entrypoints.openai.routes_pooling import add_pooling_routes, require
+from loom.entrypoints.openai.serving_base import off_loop, run_unless_disconnected
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
-from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
 from loom.entrypoints.openai.protocol_responses import ResponsesRequest
-from loom.entrypoints.openai.protocol_score import (RerankRequest, RerankResponse,
-                                                    ScoreRequest, ScoreResponse)
 from loom.entrypoints.openai.responses_store import store_from_env
 from loom.entrypoints.openai.serving_responses import OpenAIServingResponses
 from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.entrypoints.openai.serving_models import LoRAModule, ServingModels
+from loom.entrypoints.openai.serving_classify import OpenAIServingClassification
 from loom.entrypoints.openai.serving_score import OpenAIServingScore
 from loom.frontend.async_llm import AsyncLLM, EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
@@ -130,28 +129,7 @@ class ServerState:
     embeddings: OpenAIServingEmbedding
     responses: OpenAIServingResponses
     scores: OpenAIServingScore
-
-
-async def run_unless_disconnected(request: Request, work: Coroutine) -> Response:
-    """Run a handler, cancelling it if the client disconnects first (which aborts its
-    requests in the engine). Starlette only watches for that while it streams."""
-    handler = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((handler, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        handler.cancel()
-        await asyncio.gather(handler, watcher, return_exceptions=True)
-    if handler.cancelled():
-        return Response(status_code=499)  # nobody is listening
-    return handler.result()
-
-
-async def _disconnected(request: Request) -> None:
-    # The body is already read, so the next message is the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    classify: OpenAIServingClassification
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -185,18 +163,23 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
         from loom.tracing import extract_trace_headers
         return extract_trace_headers(request.headers)
 
+    tasks = state.engine.tasks
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        require(tasks, "generate", "Completions API")
         return await run_unless_disconnected(
             request, state.completions.create(body, trace_headers(request)))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        require(tasks, "generate", "Chat Completions API")
         return await run_unless_disconnected(
             request, state.chat.create(body, trace_headers(request)))
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
+        require(tasks, "generate", "Responses API")
         return await run_unless_disconnected(
             request, state.responses.create(body, trace_headers(request)))
 
@@ -208,30 +191,11 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def cancel_response(response_id: str) -> Response:
         return await state.responses.cancel(response_id)
 
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
-        return await run_unless_disconnected(request, state.embeddings.create(body))
-
-    _add_score_routes(app, state)
+    add_pooling_routes(app, state)
 
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=state.models.cards(state.engine.max_model_len))
-
-
-def _add_score_routes(app: FastAPI, state: ServerState) -> None:
-    """vLLM's paths: /score and /rerank, and where vLLM also serves them."""
-    async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
-        return await run_unless_disconnected(request, state.scores.score(body))
-
-    async def rerank(body: RerankRequest, request: Request) -> RerankResponse:
-        return await run_unless_disconnected(request, state.scores.rerank(body))
-
-    for path in ("/score", "/v1/score"):
-        app.post(path, response_model_exclude_none=True)(score)
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        # exclude_none: a result without its document (return_documents false) has no key
-        app.post(path, response_model_exclude_none=True)(rerank)
 
 
 def _add_server_routes(app: FastAPI, state: ServerState) -> None:
@@ -363,7 +327,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
                         OpenAIServingCompletion(engine, models, defaults, details), chat,
                         OpenAIServingEmbedding(engine, models),
                         OpenAIServingResponses(chat, store_from_env()),
-                        OpenAIServingScore(engine, models))
+                        OpenAIServingScore(engine, models),
+                        OpenAIServingClassification(engine, models))
     server = make_server(uvicorn.Config(
         build_app(state), loop="none", lifespan="off", log_config=None,
         log_level=options.uvicorn_log_level, access_log=options.access_log,

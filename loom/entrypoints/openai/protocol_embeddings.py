@@ -11,17 +11,14 @@ from loom.entrypoints.openai.protocol import RequestBody
 from loom.pooling_params import PoolingParams
 
 
-class EmbeddingRequest(RequestBody):  # unknown fields ignored: the SDKs send some
+class PoolingInputRequest(RequestBody):  # unknown fields ignored: the SDKs send some
+    """What /v1/embeddings and /classify share: inputs as text or token ids."""
 
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
     user: str | None = None
-    normalize: bool = True
-    """vLLM's extension: L2-normalise each vector."""
     truncate_prompt_tokens: int | None = None
-    """vLLM's extension: embed only each input's last k tokens (-1: max_model_len of them)."""
+    """vLLM's extension: pool only each input's last k tokens (-1: max_model_len of them)."""
 
     @field_validator("input", mode="before")
     @classmethod
@@ -46,6 +43,13 @@ class EmbeddingRequest(RequestBody):  # unknown fields ignored: the SDKs send so
         if isinstance(value, str) or isinstance(value[0], int):
             return [value]
         return list(value)
+
+
+class EmbeddingRequest(PoolingInputRequest):
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    normalize: bool = True
+    """vLLM's extension: L2-normalise each vector."""
 
     def to_pooling_params(self) -> PoolingParams:
         if self.dimensions is not None:

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from loom.entrypoints.openai.protocol import RequestBody, UsageInfo
+from loom.entrypoints.openai.protocol_classify import ActivationFields
 from loom.pooling_params import PoolingParams
 
 Texts = str | list[str]
@@ -19,7 +20,7 @@ SCORE_PAIRS: tuple[tuple[str, str], ...] = (
 """The names vLLM's ScoreRequest takes its two sides under, one pair per request."""
 
 
-class ScoreRequest(RequestBody):  # unknown fields ignored, as the other endpoints'
+class ScoreRequest(RequestBody, ActivationFields):  # unknown fields ignored, as the others'
     model: str | None = None
     text_1: Texts | None = None
     text_2: Texts | None = None
@@ -30,7 +31,8 @@ class ScoreRequest(RequestBody):  # unknown fields ignored, as the other endpoin
     data_2: Texts | None = None
     user: str | None = None
     truncate_prompt_tokens: int | None = None
-    """vLLM's: embed only each text's last k tokens (-1: max_model_len of them)."""
+    """vLLM's: embed only each text's last k tokens (-1: max_model_len of them); a
+    cross-encoder keeps each pair's last k."""
 
     @model_validator(mode="after")
     def _one_pair(self) -> ScoreRequest:
@@ -47,10 +49,10 @@ class ScoreRequest(RequestBody):  # unknown fields ignored, as the other endpoin
         return _sides(self)
 
     def to_pooling_params(self) -> PoolingParams:
-        return PoolingParams(truncate_prompt_tokens=self.truncate_prompt_tokens)
+        return _pooling_params(self)
 
 
-class RerankRequest(RequestBody):
+class RerankRequest(RequestBody, ActivationFields):
     model: str | None = None
     query: str
     documents: list[str] = Field(min_length=1)
@@ -62,7 +64,13 @@ class RerankRequest(RequestBody):
     truncate_prompt_tokens: int | None = None
 
     def to_pooling_params(self) -> PoolingParams:
-        return PoolingParams(truncate_prompt_tokens=self.truncate_prompt_tokens)
+        return _pooling_params(self)
+
+
+def _pooling_params(body: ScoreRequest | RerankRequest) -> PoolingParams:
+    """use_activation applies to cross-encoders' scores (a cosine has no activation)."""
+    return PoolingParams(truncate_prompt_tokens=body.truncate_prompt_tokens,
+                         use_activation=body.wants_activation)
 
 
 def _sides(body: ScoreRequest) -> tuple[str, str]:

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import TypeVar
 
-from fastapi.responses import StreamingResponse
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from loom.beam_search import (BeamSearchParams, BeamSearchSequence, beam_search_async,
@@ -121,6 +122,31 @@ class OpenAIServing:
                 {t: PromptLogprob(logprob=lp.logprob, rank=lp.rank,
                                   decoded_token=self.token_text(t, p)) for t, lp in p.items()}
                 for p in positions]
+
+
+# -- the client going away -------------------------------------------------------------------
+
+async def run_unless_disconnected(request: Request, work: Coroutine) -> Response:
+    """Run a handler, cancelling it if the client disconnects first (which aborts its
+    requests in the engine). Starlette only watches for that while it streams."""
+    handler = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((handler, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        handler.cancel()
+        await asyncio.gather(handler, watcher, return_exceptions=True)
+    if handler.cancelled():
+        return Response(status_code=499)  # nobody is listening
+    return handler.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body is already read, so the next message is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
 
 
 # -- server-sent events ---------------------------------------------------------------------
