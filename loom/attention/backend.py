@@ -14,11 +14,33 @@ from __future__ import annotations
 import abc
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from loom.layers.norm import QKNorm
 from loom.layers.rotary import rotate_at
+
+
+class ScoreOpts(NamedTuple):
+    """What one layer does to its attention scores beyond the causal mask and the scale.
+    Constant per layer: the attention op takes them as arguments, so compiled graphs and
+    CUDA graphs bake them in."""
+
+    sliding_window: int | None = None
+    """A query at position p sees the keys at (p - sliding_window, p], as transformers'
+    sliding_window_overlay masks them (Mistral v0.1, Phi-3, Gemma's local layers); None:
+    every key up to p."""
+    softcap: float | None = None
+    """Scores s (scale applied) become tanh(s / softcap) * softcap before the softmax
+    (Gemma 2's attn_logit_softcapping); None: as they are."""
+
+    @property
+    def plain(self) -> bool:
+        return self.sliding_window is None and self.softcap is None
+
+
+PLAIN = ScoreOpts()
 
 
 @dataclass
@@ -105,7 +127,8 @@ class AttentionBackend(abc.ABC):
     def decode_rope(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                     kv_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, qk_norm: QKNorm | None = None) -> torch.Tensor | None:
+                    scale: float, qk_norm: QKNorm | None = None,
+                    opts: ScoreOpts = PLAIN) -> torch.Tensor | None:
         """A pure decode step whole, from unrotated (and, with qk_norm, unnormalised) query
         and key: normalise, rotate, write the cache and attend, in fewer launches than
         rope_write_kv then forward. None (this default): the backend has no such path, and
@@ -118,16 +141,18 @@ class AttentionBackend(abc.ABC):
         return True
 
     def attends_batch_kv(self, meta: AttentionMetadata, kv_cache: torch.Tensor,
-                         key: torch.Tensor) -> bool:
+                         key: torch.Tensor, opts: ScoreOpts = PLAIN) -> bool:
         """Whether `forward` would attend over this batch's own keys and values (passed as
         batch_kv) rather than read them back from the cache: none by default."""
         return False
 
     @abc.abstractmethod
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float, batch_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> torch.Tensor:
+                scale: float, batch_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                opts: ScoreOpts = PLAIN) -> torch.Tensor:
         """Causal attention of query [T, num_heads, head_dim] over each request's cached
         keys/values (already including this step's); returns [T, num_heads, head_dim].
         GQA: num_heads is a multiple of num_kv_heads. batch_kv: this step's rotated keys and
-        values [T, num_kv_heads, head_dim], passed where `attends_batch_kv` said so."""
+        values [T, num_kv_heads, head_dim], passed where `attends_batch_kv` said so. opts:
+        the layer's sliding window and score softcap. Every cached key stays in the cache,
+        those a window has left behind too (no block is freed early)."""

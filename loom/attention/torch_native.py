@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from loom.attention.backend import AttentionBackend, AttentionMetadata
+from loom.attention.backend import PLAIN, AttentionBackend, AttentionMetadata, ScoreOpts
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -27,7 +27,8 @@ class TorchNativeBackend(AttentionBackend):
         flat[0].index_copy_(0, slots, key)
         flat[1].index_copy_(0, slots, value)
 
-    def forward(self, query, kv_cache, meta: AttentionMetadata, scale, batch_kv=None):
+    def forward(self, query, kv_cache, meta: AttentionMetadata, scale, batch_kv=None,
+                opts: ScoreOpts = PLAIN):
         block_size = kv_cache.shape[2]
         out = torch.zeros_like(query)
         if meta.fixed_shape:  # a graph's bounds host-side: the batch is on the device
@@ -39,7 +40,7 @@ class TorchNativeBackend(AttentionBackend):
             if q.shape[0] == 0:
                 continue
             k, v = gather_kv(kv_cache, meta.block_table[i], seq_lens[i], block_size)
-            out[starts[i]:starts[i + 1]] = attend(q, k, v, scale)
+            out[starts[i]:starts[i + 1]] = attend(q, k, v, scale, opts)
         return out
 
 
@@ -62,9 +63,15 @@ def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int,
     return kv[0], kv[1]
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [Q, H, D] are the last Q positions of k/v [S, Hkv, D]; causal."""
-    q_len, seq_len = q.shape[0], k.shape[0]
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+           opts: ScoreOpts = PLAIN) -> torch.Tensor:
+    """q [Q, H, D] are the last Q positions of k/v [S, Hkv, D]; causal, within opts'
+    sliding window, scores softcapped where opts say so."""
+    q_len, seq_len, dtype = q.shape[0], k.shape[0], q.dtype
+    first = 0
+    if opts.sliding_window is not None:  # keys before every query's window: not read
+        first = max(0, seq_len - q_len + 1 - opts.sliding_window)
+        k, v = k[first:], v[first:]
     if k.element_size() == 1:  # an 8-bit cache: attend in the query's dtype
         k, v = k.to(q.dtype), v.to(q.dtype)
     group = q.shape[1] // k.shape[1]
@@ -72,8 +79,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-    mask = q_pos >= torch.arange(seq_len, device=q.device)[None, :]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).to(v.dtype), k.transpose(0, 1), v.transpose(0, 1),
-        attn_mask=mask, scale=scale)
-    return out.transpose(0, 1).to(q.dtype)
+    k_pos = torch.arange(first, seq_len, device=q.device)[None, :]
+    mask = q_pos >= k_pos
+    if opts.sliding_window is not None:
+        mask &= k_pos > q_pos - opts.sliding_window
+    q, k, v = q.transpose(0, 1).to(v.dtype), k.transpose(0, 1), v.transpose(0, 1)
+    if opts.softcap is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    else:  # SDPA has no softcap: the scores by hand, in float32
+        out = capped_attention(q, k, v, mask, scale, opts.softcap)
+    return out.transpose(0, 1).to(dtype)
+
+
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float, softcap: float) -> torch.Tensor:
+    """Softmax attention of q [H, Q, D] over k/v [H, S, D] where mask [Q, S] allows, each
+    score s (scaled) taken as tanh(s / softcap) * softcap first."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.matmul(probs, v.float()).to(v.dtype)

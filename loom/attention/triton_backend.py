@@ -9,7 +9,8 @@ with one real, and the grid was sized by the longest prompt chunk for every requ
 A pure prefill of few requests with no cached context and enough tokens takes PyTorch's SDPA
 instead (cuDNN's flash attention beats a generic Triton tile on long prompts), reading each
 request's keys where the rotary kernel left them (gathered from the cache where it holds 8-bit
-keys).
+keys); not in layers with a sliding window or a score softcap, which SDPA's causal kernels do
+not apply: those take the varlen kernel, which skips the key tiles before a window.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from loom import envs
-from loom.attention.backend import AttentionBackend, AttentionMetadata
+from loom.attention.backend import PLAIN, AttentionBackend, AttentionMetadata, ScoreOpts
 from loom.attention.mixed_split import MixedSplit, by_kind, split_by_query_len, splits_mixed
 from loom.attention.torch_native import gather_kv
 from loom.kernels.compile_pool import compile_pool
@@ -107,6 +108,8 @@ class TritonBackend(AttentionBackend):
         its metadata afresh for each run, so its capture records their computation)."""
         self._compile_decodes: list[tuple[int, int, int, int]] = []
         """`compiling_decodes`' variants, until the next pure decode compiles them."""
+        self._told_no_sdpa = False
+        """Whether the log has said that a layer's ScoreOpts kept a prefill from SDPA."""
         self._fused_rope_off = envs.decode_rope_unfused()
         if self._fused_rope_off:
             logger.info("LOOM_DECODE_ROPE_UNFUSED: decode steps rotate and write the KV cache "
@@ -122,15 +125,15 @@ class TritonBackend(AttentionBackend):
         return rope_write_kv_cache(query, key, value, positions, cos_sin_cache, kv_cache,
                                    slot_mapping, kv_out=kv_out, qk_norm=qk_norm)
 
-    def attends_batch_kv(self, meta, kv_cache, key) -> bool:
+    def attends_batch_kv(self, meta, kv_cache, key, opts: ScoreOpts = PLAIN) -> bool:
         # A fresh prefill's keys are all this batch's: SDPA reads them where the rotary
         # kernel left them, not gathered back from the cache's blocks. Same dtype only, so
         # that they are exactly what the cache holds.
         return (kv_cache.dtype == key.dtype and not meta.is_pure_decode
-                and not meta.fixed_shape and self._use_sdpa(meta))
+                and not meta.fixed_shape and self._use_sdpa(meta, opts))
 
     def decode_rope(self, query, key, value, positions, cos_sin_cache, kv_cache, meta,
-                    scale, qk_norm=None):
+                    scale, qk_norm=None, opts: ScoreOpts = PLAIN):
         # The decode kernel rotates q and k and stores k and v itself: one launch a layer
         # fewer than rope_write_kv_cache first (a few microseconds each at decode).
         if self._fused_rope_off:
@@ -138,7 +141,7 @@ class TritonBackend(AttentionBackend):
         out = self._new_out(query, meta)
         if meta.num_reqs and meta.num_actual_tokens:
             self._decode(query, kv_cache, meta, scale, out, new_tokens=NewTokens(
-                key, value, positions, cos_sin_cache, meta.slot_mapping, qk_norm))
+                key, value, positions, cos_sin_cache, meta.slot_mapping, qk_norm), opts=opts)
         return out
 
     @staticmethod
@@ -154,7 +157,7 @@ class TritonBackend(AttentionBackend):
         return out
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float, batch_kv=None) -> torch.Tensor:
+                scale: float, batch_kv=None, opts: ScoreOpts = PLAIN) -> torch.Tensor:
         out = self._new_out(query, meta)
         if meta.num_reqs == 0 or meta.num_actual_tokens == 0:
             return out
@@ -162,21 +165,21 @@ class TritonBackend(AttentionBackend):
             # A CUDA graph of any batch up to its bounds: one packed launch serves every
             # request, decodes included.
             self._prefill(query, kv_cache, meta, scale, out, meta.num_reqs,
-                          meta.max_query_len, packed=True)
+                          meta.max_query_len, packed=True, opts=opts)
         elif meta.is_pure_decode:
-            self._decode(query, kv_cache, meta, scale, out)
-        elif self._use_sdpa(meta):
+            self._decode(query, kv_cache, meta, scale, out, opts=opts)
+        elif self._use_sdpa(meta, opts):
             self._sdpa_prefill(query, kv_cache, meta, scale, out, batch_kv)
         else:
             split = self._split(meta, query.device)
             if split is None:  # one kind only (prompt chunks): one launch, as before
                 self._prefill(query, kv_cache, meta, scale, out, meta.num_reqs,
-                              meta.max_query_len)
+                              meta.max_query_len, opts=opts)
             else:
                 self._decode(query, kv_cache, meta, scale, out, len(split.decode_index),
-                             split.decode_max_seq_len, split.decode_index)
+                             split.decode_max_seq_len, split.decode_index, opts=opts)
                 self._prefill(query, kv_cache, meta, scale, out, len(split.prefill_index),
-                              split.prefill_max_query_len, split.prefill_index)
+                              split.prefill_max_query_len, split.prefill_index, opts=opts)
         return out
 
     def fits_one_launch(self, meta: AttentionMetadata) -> bool:
@@ -209,7 +212,7 @@ class TritonBackend(AttentionBackend):
         return self._tile_starts_of[1]
 
     def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
-                 req_index=None, packed=False) -> None:
+                 req_index=None, packed=False, opts: ScoreOpts = PLAIN) -> None:
         block_m, block_n, warps, stages = self.prefill_tiles(query.shape[2], query.dtype)
         tile_starts = (self._tile_starts(meta, prefill_block_q(
             block_m, query.shape[1] // kv_cache.shape[3])) if packed else None)
@@ -217,14 +220,17 @@ class TritonBackend(AttentionBackend):
                       meta.seq_lens, num_reqs, max_query_len, scale, block_m=block_m,
                       block_n=block_n, num_warps=warps, num_stages=stages,
                       req_index=req_index, packed_tokens=meta.num_actual_tokens if packed
-                      else None, tile_starts=tile_starts)
+                      else None, tile_starts=tile_starts, window=opts.sliding_window,
+                      softcap=opts.softcap)
 
     def _decode(self, query, kv_cache, meta, scale, out, num_reqs=None, max_seq_len=None,
-                req_index=None, new_tokens=None) -> None:
+                req_index=None, new_tokens=None, opts: ScoreOpts = PLAIN) -> None:
         """All the batch's requests (a pure decode), or those req_index names; new_tokens:
         see paged_decode."""
         num_reqs = meta.num_reqs if num_reqs is None else num_reqs
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
+        if opts.sliding_window is not None:  # the splits divide the window's keys only
+            max_seq_len = min(max_seq_len, opts.sliding_window)
         tiles = self.decode_tiles(num_reqs, kv_cache.shape[3], query.shape[2], query.dtype,
                                   kv_cache.dtype)
         splits = self.decode_splits(num_reqs, kv_cache.shape[3], max_seq_len, tiles,
@@ -234,7 +240,8 @@ class TritonBackend(AttentionBackend):
             paged_decode(query, kv_cache, out, meta.block_table, meta.query_start_loc,
                          meta.seq_lens, num_reqs, scale, num_splits, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, req_index=req_index,
-                         new_tokens=new_tokens, compile_only=compile_only)
+                         new_tokens=new_tokens, compile_only=compile_only,
+                         window=opts.sliding_window, softcap=opts.softcap)
         if self._compile_decodes and req_index is None:
             variants, self._compile_decodes = self._compile_decodes, []
             with compile_pool(len(variants)):  # side by side, nothing run
@@ -328,12 +335,19 @@ class TritonBackend(AttentionBackend):
             warps, stages = (8 if block_m >= 128 else 4), 2
         return block_m, block_n, warps, stages
 
-    def _use_sdpa(self, meta: AttentionMetadata) -> bool:
-        """A fresh prefill: every request's query is its whole sequence (host-side check)."""
+    def _use_sdpa(self, meta: AttentionMetadata, opts: ScoreOpts = PLAIN) -> bool:
+        """A fresh prefill: every request's query is its whole sequence (host-side check),
+        in a layer with neither window nor softcap (SDPA's causal kernels apply neither)."""
         if meta.num_reqs > self.tiles.sdpa_max_reqs or \
-                meta.num_actual_tokens < self.sdpa_min_tokens:
+                meta.num_actual_tokens < self.sdpa_min_tokens or not meta.is_fresh_prefill:
             return False
-        return meta.is_fresh_prefill
+        if not opts.plain:
+            if not self._told_no_sdpa:
+                self._told_no_sdpa = True
+                logger.info("fresh prefills in layers with a sliding window or attention "
+                            "softcap take the paged kernel, not SDPA (%s)", opts)
+            return False
+        return True
 
     def _sdpa_prefill(self, query, kv_cache, meta, scale, out, batch_kv=None) -> None:
         starts, seq_lens = meta.host_bounds

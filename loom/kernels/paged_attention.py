@@ -32,12 +32,39 @@ MIN_DOT_ROWS = 16
 
 
 @triton.jit
+def tanh(x):
+    """tanh through exp2 (libdevice's is not in Triton's interpreter); from |x|, so that
+    exp2 never overflows."""
+    t = tl.exp2(-2.8853900817779268 * tl.abs(x))  # exp(-2|x|)
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def softmax_step(s, m_i, l_i, EMPTY_ROWS: tl.constexpr):
+    """Online softmax over one tile's scores s (log2 units, -inf where masked): the
+    probabilities, the old rows' rescale factor, the new running max and sum. EMPTY_ROWS:
+    a row may have seen no key yet (a window), and its -inf scores must give 0, not NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_ref = m_new
+    if EMPTY_ROWS:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
 def attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v_base,
-                 stride_cblk, stride_cslot, scale_log2,
+                 stride_cblk, stride_cslot, scale_log2, window, cap_log2,
                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FULL: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FULL: tl.constexpr = False,
+                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False):
     """One step of online softmax over keys [start, start + BLOCK_N). FULL: every key of
-    the tile exists and every row sees it (no masks; CAUSAL is then ignored)."""
+    the tile exists and every row sees it (no masks; CAUSAL and WINDOW are then ignored).
+    WINDOW (with CAUSAL): row r sees only keys after q_pos[r] - window, so a row may see
+    none of a tile, or of all tiles so far. SOFTCAP: scores are softcapped, scale_log2
+    then being scale / softcap and cap_log2 softcap * log2(e) (`score_args`)."""
     k_pos = start + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     # Block-table indirection per key: BLOCK_N may span several cache blocks.
@@ -53,17 +80,19 @@ def attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v
     else:
         k = tl.load(k_ptrs, mask=k_ok[None, :], other=0.0)
     s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * scale_log2
+    if SOFTCAP:
+        s = tanh(s) * cap_log2
     if not FULL:
         visible = k_ok[None, :]
         if CAUSAL:
             visible = visible & (k_pos[None, :] <= q_pos[:, None])
-        # Every row sees key 0 (prefill) or the split's first key (decode) in its first
-        # tile, so m_new is finite from then on and exp2(-inf - m_new) is a clean 0.
+            if WINDOW:
+                visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+        # Without a window every row sees key 0 (prefill) or the split's first key (decode)
+        # in its first tile, so m_new is finite from then on and exp2(-inf - m_new) is a
+        # clean 0.
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, WINDOW)
     v_ptrs = v_base + off[:, None] + dims[None, :]
     if FULL:
         v = tl.load(v_ptrs)
@@ -100,18 +129,41 @@ def packed_tile(tile_start_ptr, num_reqs, SEARCH_STEPS: tl.constexpr):
     return lo, slot - tl.load(tile_start_ptr + lo)
 
 
+@triton.jit
+def tile_bounds(first_q, last_q, window, BLOCK_N: tl.constexpr, MASK_ALL: tl.constexpr,
+                WINDOW: tl.constexpr):
+    """(kv_start, full_start, full_end): a query tile of positions first_q..last_q reads
+    key tiles from kv_start, masked up to full_start, whole (every row sees every key)
+    up to full_end, masked again from there. Without WINDOW the first masked run is
+    empty: every row sees keys 0..first_q. With it, keys before first_q - window + 1 are
+    seen by no row (skipped), and only keys from last_q - window + 1 by every row."""
+    kv_start = first_q * 0
+    full_end = kv_start
+    if not MASK_ALL:
+        full_end = first_q // BLOCK_N * BLOCK_N
+    full_start = kv_start
+    if WINDOW:
+        kv_start = tl.maximum(first_q - window + 1, 0) // BLOCK_N * BLOCK_N
+        full_end = tl.maximum(full_end, kv_start)
+        full_start = tl.minimum(
+            tl.cdiv(tl.maximum(last_q - window + 1, 0), BLOCK_N) * BLOCK_N, full_end)
+        full_start = tl.maximum(full_start, kv_start)
+    return kv_start, full_start, full_end
+
+
 # Integers that change from step to step are not specialised on (Triton would compile a
 # variant per divisibility by 16 and per value 1, each costing a serving request a stall).
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt", "window"])
 def _prefill_kernel(
     q_ptr, cache_ptr, out_ptr, block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr,
-    scale_log2, stride_qt, stride_qh, stride_ot, stride_oh,
+    scale_log2, window, cap_log2, stride_qt, stride_qh, stride_ot, stride_oh,
     stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, MASK_ALL: tl.constexpr = False,
     F16_DOT: tl.constexpr = False, tile_start_ptr=None, num_reqs=0,
-    SEARCH_STEPS: tl.constexpr = 0,
+    SEARCH_STEPS: tl.constexpr = 0, WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
 ):
     # grid: (request, query tile, kv head). Rows are BLOCK_Q tokens x GROUP_PAD heads.
     kv_head = tl.program_id(2)
@@ -151,20 +203,26 @@ def _prefill_kernel(
     k_base = cache_ptr + kv_head * stride_chead
     # Keys before the tile's first query are seen by every row: whole tiles of them take
     # no masks. The rest (the diagonal, and a partial last tile) are masked. MASK_ALL: mask
-    # every tile (the kernel as it was before the split; kept to compare).
-    full_end = 0
-    if not MASK_ALL:
-        full_end = (ctx_len + q_tile * BLOCK_Q) // BLOCK_N * BLOCK_N
-    for start in range(0, full_end, BLOCK_N):
+    # every tile (the kernel as it was before the split; kept to compare). WINDOW: tiles
+    # wholly before the first row's window are skipped, and the keys that the last row's
+    # window leaves out are masked too (`tile_bounds`).
+    kv_start, full_start, full_end = tile_bounds(ctx_len + q_tile * BLOCK_Q, kv_end - 1,
+                                                 window, BLOCK_N, MASK_ALL, WINDOW)
+    for start in range(kv_start, full_start, BLOCK_N):
         acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base,
-            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
-            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, True)
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2, window, cap_log2,
+            True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, False, WINDOW, SOFTCAP)
+    for start in range(full_start, full_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base,
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2, window, cap_log2,
+            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, True, False, SOFTCAP)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base,
-            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
-            True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2, window, cap_log2,
+            True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, False, WINDOW, SOFTCAP)
     out = acc / l_i[:, None]
     o_off = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(out_ptr + o_off + dims[None, :], out.to(out_ptr.dtype.element_ty),
@@ -195,6 +253,21 @@ def precision(dtype: torch.dtype) -> str:
 
 def cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int, int]:
     return kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)
+
+
+def score_args(scale: float, window: int | None,
+               softcap: float | None) -> tuple[tuple[float, int, float], dict]:
+    """The kernels' score arguments: (scale_log2, window, cap_log2), softmax running in the
+    log2 domain, and their constexpr switches {WINDOW, SOFTCAP}. Softcapped, s * scale becomes
+    tanh(s * scale / cap) * cap, in log2 units tanh(s * scale_log2) * cap_log2 with
+    scale_log2 = scale / cap and cap_log2 = cap * log2(e)."""
+    if window is not None and window < 1:
+        raise ValueError(f"sliding window {window}: must be a positive number of keys")
+    if softcap is not None and softcap <= 0:
+        raise ValueError(f"softcap {softcap}: must be positive")
+    runtime = (scale / softcap if softcap else scale * LOG2E, window or 0,
+               softcap * LOG2E if softcap else 0.0)
+    return runtime, dict(WINDOW=window is not None, SOFTCAP=softcap is not None)
 
 
 def check_req_index(req_index: torch.Tensor | None, num_reqs: int) -> None:
@@ -229,7 +302,8 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                   block_m: int = 64, block_n: int = 64, num_warps: int = 4,
                   num_stages: int = 2, req_index: torch.Tensor | None = None,
                   mask_all: bool = False, packed_tokens: int | None = None,
-                  tile_starts: torch.Tensor | None = None) -> torch.Tensor:
+                  tile_starts: torch.Tensor | None = None, window: int | None = None,
+                  softcap: float | None = None) -> torch.Tensor:
     """Causal varlen attention of query [T, H, D] over the paged cache into out [T, H, D].
 
     block_m is the tile's row count (query tokens x padded GQA group); block_n its keys.
@@ -243,7 +317,8 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     it replays (requests past the batch's have empty queries). max_query_len is then unused;
     a grid sized by it would be num_reqs x packed_tokens / block_q programs. tile_starts:
     `packed_tile_starts` of this launch's block_q (`prefill_block_q`), made once for a step's
-    layers; computed here where not given.
+    layers; computed here where not given. window, softcap: `ScoreOpts`' (a query tile
+    reads no key tile wholly before its first query's window).
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
@@ -261,14 +336,15 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                       SEARCH_STEPS=max(1, num_reqs.bit_length()))
     else:
         grid, packed = (num_reqs, cdiv(max_query_len, block_q), num_kv_heads), {}
+    scores, switches = score_args(scale, window, softcap)
     fast_launch(_prefill_kernel, grid)(
         query, kv_cache, out, block_table, query_start_loc, seq_lens, req_index,
-        scale * LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        *scores, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *cache_strides(kv_cache), block_table.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=query.shape[2],
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_N=block_n,
         PRECISION=precision(query.dtype), HAS_REQ_INDEX=req_index is not None,
         MASK_ALL=mask_all, F16_DOT=f16_dot(query, kv_cache), num_warps=num_warps,
-        num_stages=num_stages, **packed,
+        num_stages=num_stages, **packed, **switches,
     )
     return out

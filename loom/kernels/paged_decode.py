@@ -33,9 +33,9 @@ from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
 from loom.kernels.host import cdiv, next_power_of_2
 from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
-from loom.kernels.paged_attention import (LOG2E, MIN_DOT_ROWS, attend_tile, cache_strides,
+from loom.kernels.paged_attention import (MIN_DOT_ROWS, attend_tile, cache_strides,
                                           check_heads, check_req_index, dot_dtype, f16_dot,
-                                          precision)
+                                          precision, score_args)
 from loom.kernels.rope_kv_write import check_qk_norm, rms_scale
 
 
@@ -122,12 +122,12 @@ def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, o_row, first_pa
              (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
+@triton.jit(do_not_specialize=["num_splits", "stride_bt", "window"])
 def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, count_ptr,
     block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr,
     k_ptr, v_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
-    norm_eps, scale_log2, num_heads,
+    norm_eps, scale_log2, window, cap_log2, num_heads,
     num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt,
     stride_vh, stride_pos, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -135,11 +135,12 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, F16_DOT: tl.constexpr = False,
     PDL: tl.constexpr = False, QK_NORM: tl.constexpr = False, SPLITS_PAD: tl.constexpr = 1,
+    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
-    # grid: (request, kv head, split). Each split covers a BLOCK_N-aligned slice of this
-    # request's own length, so the grid does not depend on sequence lengths (graph-safe);
-    # the request's n_active = cdiv(seq_len, split_len) first splits hold keys, the rest
-    # exit at once. The partials and arrival counters are indexed by the program (`slot`),
+    # grid: (request, kv head, split). Each split covers a slice (a multiple of BLOCK_N
+    # keys) of this request's own keys, so the grid does not depend on sequence lengths
+    # (graph-safe); the request's n_active = cdiv(its keys, split_len) first splits hold
+    # keys, the rest exit at once. The partials and arrival counters are indexed by the program (`slot`),
     # the batch's tensors by the request.
     # DIRECT (one split), or one active split: the program holds the whole softmax and
     # writes the output itself. Otherwise each active split stores its partials and bumps
@@ -148,7 +149,9 @@ def _decode_split_kernel(
     # ROPE: q, k and v come unrotated and unwritten (no rope_kv_write launch before): every
     # program rotates its q heads, and the one whose split holds the new token rotates its
     # key and stores key and value into the cache before attending. QK_NORM (with ROPE):
-    # q and k are RMS-normalised per head first (Qwen3's q_norm / k_norm).
+    # q and k are RMS-normalised per head first (Qwen3's q_norm / k_norm). WINDOW: the
+    # query sees only the last `window` keys; the splits divide those alone, so every key
+    # a split reads is seen (no mask) and no program reads the keys before them.
     if PDL:  # launched early (loom/kernels/pdl.py): every input is a predecessor's output
         pdl.wait_then_release()
     slot = tl.program_id(0)
@@ -161,8 +164,11 @@ def _decode_split_kernel(
     if tl.load(query_start_ptr + req + 1) == q_start:
         return
     seq_len = tl.load(seq_lens_ptr + req)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * split_len
+    first_key = seq_len * 0
+    if WINDOW:
+        first_key = tl.maximum(seq_len - window, 0)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
+    lo = first_key + split * split_len
     hi = tl.minimum(seq_len, lo + split_len)
     if lo >= hi:  # past the request's keys: no partials, no arrival (not one of n_active)
         return
@@ -201,14 +207,15 @@ def _decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
-            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2,
-            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION)
+            k_base + stride_plane, stride_cblk, stride_cslot, scale_log2, window, cap_log2,
+            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, False, False, SOFTCAP)
     o_row = q_start.to(tl.int64) * stride_ot
     o_off = o_row + head[:, None] * stride_oh + dims[None, :]
     if DIRECT:
         _store_normalised(out_ptr, o_off, acc, l_i, g_ok[:, None])
     else:
-        n_active = tl.cdiv(seq_len, split_len)  # the same in every program of the request
+        # the same in every program of the request
+        n_active = tl.cdiv(seq_len - first_key, split_len)
         if n_active == 1:
             _store_normalised(out_ptr, o_off, acc, l_i, g_ok[:, None])
         else:
@@ -291,8 +298,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  seq_lens: torch.Tensor, num_reqs: int, scale: float, num_splits: int,
                  block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                  req_index: torch.Tensor | None = None,
-                 new_tokens: NewTokens | None = None,
-                 compile_only: bool = False) -> torch.Tensor:
+                 new_tokens: NewTokens | None = None, compile_only: bool = False,
+                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request, attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
@@ -312,7 +319,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     launch. Not with req_index.
 
     compile_only: compile the kernel these arguments need and run nothing (inside
-    compile_pool, on its threads).
+    compile_pool, on its threads). window, softcap: `ScoreOpts`' (the splits then divide
+    the window's keys, not the whole context).
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
@@ -329,10 +337,11 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     # One split needs no counters: an int32 placeholder keeps the argument's type.
     counters = seq_lens if direct else arrival.counters(query.device, num_reqs * num_kv_heads,
                                                         "paged_decode")
+    scores, switches = score_args(scale, window, softcap)
     launch_or_compile(_decode_split_kernel, (num_reqs, num_kv_heads, num_splits), compile_only)(
         query, kv_cache, part_m, part_l, part_acc, out, counters, block_table, query_start_loc,
         seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping, q_norm, k_norm,
-        norm_eps, scale * LOG2E, num_heads, num_splits, query.stride(0), query.stride(1),
+        norm_eps, *scores, num_heads, num_splits, query.stride(0), query.stride(1),
         out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *cache_strides(kv_cache),
         block_table.stride(0), GROUP=group,
@@ -342,6 +351,6 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         SAT=saturation(kv_cache) if rope else 0.0, F16_DOT=f16_dot(query, kv_cache),
         PDL=use_pdl, QK_NORM=qk_norm is not None,
         SPLITS_PAD=1 if direct else next_power_of_2(num_splits),
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl, **switches,
     )
     return out

@@ -11,14 +11,14 @@ from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.paged_attention import _prefill_kernel
 from loom.kernels.paged_decode import _decode_split_kernel
 
-FLOATS = {"scale_log2", "norm_eps"}
+FLOATS = {"scale_log2", "norm_eps", "cap_log2"}
 POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_ptr": "*fp32",
             "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "block_table_ptr": "*i32",
             "query_start_ptr": "*i32", "seq_lens_ptr": "*i32", "k_ptr": "*bf16",
             "v_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32",
             "slot_mapping_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16",
             "count_ptr": "*i32", "tile_start_ptr": "*i32"}
-UNALIGNED = {"stride_bt", "num_splits", "num_heads"}  # not specialised (or not x16)
+UNALIGNED = {"stride_bt", "num_splits", "num_heads", "window"}  # not specialised (or not x16)
 # Compile-time flags the launchers always pass; a test variant may override them.
 DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False, "QK_NORM": False, "SEARCH_STEPS": 0}
 
@@ -60,7 +60,8 @@ def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
                                                    if "BLOCK_N" in cons else "") \
         + (f"_p{cons['SPLITS_PAD']}" if cons.get("SPLITS_PAD", 1) > 1 else "") \
         + ("_fp8" if cache != "*bf16" else "") \
-        + ("_packed" if cons.get("SEARCH_STEPS") else "")
+        + ("_packed" if cons.get("SEARCH_STEPS") else "") \
+        + ("_window" if cons.get("WINDOW") else "") + ("_softcap" if cons.get("SOFTCAP") else "")
     print("ok", name, cons["HEAD_DIM"], indexed, loads)
 
 
@@ -109,6 +110,15 @@ for direct, pad in ((True, 1), (False, 8)):
 build(_decode_split_kernel, dict(GROUP=8, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16,
                                  BLOCK_N=64, PRECISION="tf32", DIRECT=False, ROPE=True,
                                  QK_NORM=True, SPLITS_PAD=32), 4, False, 2)
+# Gemma 2 9B's local layers (16 query heads over 8 KV heads of 256 dims): a sliding window
+# and softcapped scores, in a CUDA graph's packed prefill and a decode that rotates and
+# caches its new token (the backend's tiles for head dim 256)
+build(_prefill_kernel, dict(GROUP=2, GROUP_PAD=2, HEAD_DIM=256, BLOCK_SIZE=16, BLOCK_Q=32,
+                            BLOCK_N=32, PRECISION="tf32", MASK_ALL=False, SEARCH_STEPS=9,
+                            WINDOW=True, SOFTCAP=True), 4, False, 2)
+build(_decode_split_kernel, dict(GROUP=2, GROUP_PAD=16, HEAD_DIM=256, BLOCK_SIZE=16,
+                                 BLOCK_N=32, PRECISION="tf32", DIRECT=False, ROPE=True,
+                                 SPLITS_PAD=8, WINDOW=True, SOFTCAP=True), 4, False, 2)
 # the widest merge: 32 splits of a group of 8 heads of 256 dims (the backend's 32-key tile)
 build(_decode_split_kernel, dict(GROUP=8, GROUP_PAD=16, HEAD_DIM=256, BLOCK_SIZE=16,
                                  BLOCK_N=32, PRECISION="tf32", DIRECT=False, ROPE=False,
@@ -123,7 +133,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 23
+    assert len(lines) == 25
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:
