@@ -71,6 +71,8 @@ def _configs():
         "phi3": lambda: tf.Phi3Config(**_phi3_tiny(), rope_scaling={
             "rope_type": "longrope", "short_factor": [1.0 + i / 16 for i in range(8)],
             "long_factor": [1.0 + i for i in range(8)]}),
+        # Mistral v0.1's window in every layer, 16 keys: shorter than most test prompts.
+        "mistral_window": lambda: tf.MistralConfig(**TINY, sliding_window=16),
     }
 
 

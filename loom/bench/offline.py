@@ -109,7 +109,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     config = engine_args.create_engine_config()
     arch = ModelArch.from_hf_config(resolve(config.model).hf_config)
     _check_fits(args, resolve_max_model_len(config.model.max_model_len,
-                                            arch.max_position_embeddings, arch.sliding_window))
+                                            arch.max_position_embeddings))
     loras = _lora_requests(args, config, arch)
     if getattr(args, "reference_json", None) and not os.path.isfile(args.reference_json):
         raise ValueError(f"reference_json: no such file: {args.reference_json}")

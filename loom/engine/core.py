@@ -35,20 +35,9 @@ UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_num_unfinished_requests"
                              "get_model_info"})
 
 
-def resolve_max_model_len(requested: int | None, model_limit: int,
-                          sliding_window: int | None = None) -> int:
-    """requested, or the model's limit (`ModelArch.context_len`): a sliding window shorter
-    than the context caps it, since loom's attention has none (up to the window's length
-    none is needed)."""
-    if sliding_window is not None and sliding_window < model_limit:
-        if requested is not None and requested > sliding_window:
-            raise ValueError(f"max_model_len: {requested} is longer than the model's "
-                             f"sliding_window ({sliding_window}); loom's attention has no "
-                             "window, and matches the model's only up to that length")
-        if requested is None:
-            logger.info("max_model_len: %d, the model's sliding_window (its context is %d, "
-                        "and loom's attention has no window)", sliding_window, model_limit)
-        model_limit = sliding_window
+def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
+    """requested, or the model's limit (`ModelArch.context_len`). A sliding window does not
+    cap it: loom's attention honours windows."""
     if requested is None:
         return model_limit
     if requested > model_limit:
@@ -87,8 +76,7 @@ class EngineCore:
         self.vocab_size = info["vocab_size"]
         self.eos_token_id = info["eos_token_id"]
         self.max_model_len = resolve_max_model_len(config.model.max_model_len,
-                                                   info["max_position_embeddings"],
-                                                   info["sliding_window"])
+                                                   info["max_position_embeddings"])
         self.max_logprobs = (self.vocab_size if config.model.max_logprobs == -1
                              else config.model.max_logprobs)
         lora = config.lora

@@ -1,10 +1,10 @@
 """`ModelArch`: the fields of a Hugging Face config.json that loom's models read, typed.
 
 Config files differ across transformers versions (rope_theta vs rope_parameters,
-num_experts vs num_local_experts, torch_dtype vs dtype, rope_scaling's "su" vs "longrope")
-and across architectures (Mixtral's experts are intermediate_size wide, Qwen's
-moe_intermediate_size); this is the one place that knows, so model files never touch a
-raw dict.
+num_experts vs num_local_experts, torch_dtype vs dtype, rope_scaling's "su" vs "longrope",
+Gemma's sliding_window_pattern vs layer_types) and across architectures (Mixtral's experts
+are intermediate_size wide, Qwen's moe_intermediate_size); this is the one place that knows,
+so model files never touch a raw dict.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict | None]:
     params = dict(cfg.get("rope_parameters") or {})
+    if "full_attention" in params:  # Gemma 3 in transformers 5: one set per layer type
+        params = dict(params["full_attention"] or {})
     scaling = dict(cfg.get("rope_scaling") or {}) or None
     theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
     if scaling is None and params.get("rope_type", "default") != "default":
@@ -70,14 +72,68 @@ def _long_rope(cfg: dict[str, Any], scaling: dict | None) -> LongRope | None:
     return LongRope.from_hf_config(cfg, scaling)
 
 
+def _local_rope_theta(cfg: dict[str, Any]) -> float | None:
+    """Gemma 3's rotary base for its sliding-window layers (rope_local_base_freq; in
+    transformers 5 rope_parameters' sliding_attention set), never scaled; None where every
+    layer rotates alike."""
+    local = (cfg.get("rope_parameters") or {}).get("sliding_attention")
+    if local:
+        if _rope_kind(local) != "default":
+            raise ValueError(f"rope_parameters: the sliding layers' rope_type "
+                             f"{_rope_kind(local)!r} is not supported (default)")
+        return float(local.get("rope_theta") or 10000.0)
+    base = cfg.get("rope_local_base_freq")
+    return None if base is None else float(base)
+
+
 def _sliding_window(cfg: dict[str, Any]) -> int | None:
-    """The attention window a config's model was trained with, if it uses one: Mistral's
-    and Phi-3's sliding_window, Qwen's only under use_sliding_window (their configs carry a
-    window they do not use)."""
+    """The attention window a config's model was trained with, if it uses one: Mistral's,
+    Phi-3's and Gemma's sliding_window, Qwen's only under use_sliding_window (their configs
+    carry a window they do not use)."""
     window = cfg.get("sliding_window")
     if not window or not cfg.get("use_sliding_window", True):
         return None
     return int(window)
+
+
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+_WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
+"""Every n-th layer attends globally, the others within the window, where a config names
+no layer_types (transformers' defaults; Gemma 3 configs may say sliding_window_pattern)."""
+
+
+def _sliding_layers(cfg: dict[str, Any], architecture: str, num_layers: int) -> tuple[int, ...]:
+    """The layers that attend within the sliding window: those the config's layer_types
+    call sliding_attention, else as transformers derives them for the architecture (Qwen's
+    from max_window_layers), else every layer (Mistral, Phi-3)."""
+    types = cfg.get("layer_types")
+    if types:
+        unknown = sorted(set(types) - set(_LAYER_TYPES))
+        if unknown or len(types) != num_layers:
+            raise ValueError(f"layer_types: {num_layers} entries of {', '.join(_LAYER_TYPES)} "
+                             f"expected, got {len(types)}" + (f" with {unknown}" if unknown else ""))
+        return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+    layers = range(num_layers)
+    if architecture in _WINDOW_PATTERN:
+        every = cfg.get("sliding_window_pattern") or _WINDOW_PATTERN[architecture]
+        return tuple(i for i in layers if (i + 1) % every)
+    window_layers = cfg.get("max_window_layers", 28)
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        return tuple(i for i in layers if i >= window_layers)
+    if architecture == "Qwen2MoeForCausalLM":
+        return tuple(i for i in layers if i < window_layers and (i + 1) % 2)
+    return tuple(layers)
+
+
+def _refuse_unsupported(cfg: dict[str, Any], architecture: str) -> None:
+    if "hidden_size" not in cfg and "text_config" in cfg:
+        raise ValueError(f"{architecture}: a multimodal model (its language model's config "
+                         "is nested in text_config) is not supported; loom runs text-only "
+                         "models (for Gemma 3: Gemma3ForCausalLM checkpoints, such as "
+                         "gemma-3-1b)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError(f"{architecture}: use_bidirectional_attention (an embedding "
+                         "model's) is not supported; loom's attention is causal")
 
 
 def _norm_topk_prob(cfg: dict[str, Any], architecture: str) -> bool:
@@ -141,7 +197,21 @@ class ModelArch:
     shared_expert_intermediate_size: int = 0
     """Qwen2-MoE's shared expert, an MLP beside the routed ones in every MoE layer (0: none)."""
     sliding_window: int | None = None
-    """The attention window, where the model was trained with one (None: full attention)."""
+    """The attention window, where the model was trained with one (None: full attention);
+    `window` says which layers use it."""
+    sliding_layers: tuple[int, ...] = ()
+    """The layers that attend within sliding_window (Gemma's local layers; every layer of
+    Mistral v0.1 and Phi-3)."""
+    local_rope_theta: float | None = None
+    """The sliding layers' own rotary base, unscaled (Gemma 3); None: rope_theta's."""
+    query_pre_attn_scalar: float | None = None
+    """Gemma's softmax scale is this ** -0.5 (None: head_dim ** -0.5)."""
+    attn_logit_softcapping: float | None = None
+    """Gemma 2: attention scores s become tanh(s / cap) * cap before the softmax."""
+    final_logit_softcapping: float | None = None
+    """Gemma 2: the logits likewise."""
+    hidden_act: str = "silu"
+    """The gated MLP's activation (Gemma's gelu_pytorch_tanh)."""
     long_rope: LongRope | None = None
     partial_rotary_factor: float = 1.0
     """The share of each head's dimensions that rotary embedding turns (Phi-4-mini: 0.75)."""
@@ -155,7 +225,9 @@ class ModelArch:
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry: cannot pick a model class")
+        _refuse_unsupported(cfg, archs[0])
         heads = cfg["num_attention_heads"]
+        window = _sliding_window(cfg)
         theta, scaling = _rope(cfg)
         experts = _first(cfg, "num_experts", "num_local_experts", default=0)
         return cls(
@@ -179,8 +251,15 @@ class ModelArch:
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=_first(cfg, "shared_expert_intermediate_size",
                                                    default=0),
-            sliding_window=_sliding_window(cfg), long_rope=_long_rope(cfg, scaling),
+            sliding_window=window, long_rope=_long_rope(cfg, scaling),
+            sliding_layers=_sliding_layers(cfg, archs[0], cfg["num_hidden_layers"])
+            if window else (),
             partial_rotary_factor=_partial_rotary_factor(cfg),
+            local_rope_theta=_local_rope_theta(cfg),
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
+            attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+            hidden_act=_first(cfg, "hidden_activation", "hidden_act", default="silu"),
             num_labels=num_labels(cfg) if is_classifier(archs[0]) else 0,
             pad_token_id=cfg.get("pad_token_id"),
         )
@@ -212,12 +291,18 @@ class ModelArch:
         return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
+    def window(self, layer_idx: int) -> int | None:
+        """The layer's sliding window (`ScoreOpts.sliding_window`), or None."""
+        return self.sliding_window if layer_idx in self.sliding_layers else None
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
     @property
     def context_len(self) -> int:
-        """The longest sequence loom runs as the checkpoint's attention defines it: loom's
-        attention has no sliding window, and up to the window's length none is needed."""
-        if self.sliding_window is not None:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """The longest sequence loom runs: the model's context (sliding windows are
+        honoured, so they no longer cap it)."""
         return self.max_position_embeddings
 
     @property

@@ -50,7 +50,9 @@ class SelfAttention(nn.Module):
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         self.head_dim = d
         self.rotary_emb = rotary_emb
-        self.attn = Attention(self.qkv_proj.num_heads, d, self.qkv_proj.num_kv_heads, layer_idx)
+        self.attn = Attention(self.qkv_proj.num_heads, d, self.qkv_proj.num_kv_heads, layer_idx,
+                              arch.attn_scale, arch.window(layer_idx),
+                              arch.attn_logit_softcapping)
         self.q_norm = RMSNorm(d, arch.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, arch.rms_norm_eps) if qk_norm else None
 

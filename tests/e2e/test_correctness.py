@@ -10,7 +10,8 @@ import torch
 from loom import LLM, SamplingParams
 from tests.conftest import hf_greedy, hf_last_logprobs
 
-KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3"]
+KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
+         "mistral_window"]
 NEW_TOKENS = 12
 
 
@@ -54,20 +55,22 @@ def test_phi3_long_rope_beyond_the_pretraining_length(tiny_model_factory):
     _check_against_transformers(llm, hf, _prompts(seed=4, lengths=(270, 300)))
 
 
-def test_a_sliding_window_caps_max_model_len(tiny_model_factory, tmp_path):
-    """loom's attention has no window: a config's sliding_window shorter than its context
-    (Mistral 7B v0.1's) caps max_model_len, and asking for more is refused by name."""
-    import json
-    import shutil
-    path, _ = tiny_model_factory("mixtral")
-    windowed = tmp_path / "windowed"
-    shutil.copytree(path, windowed)
-    config = json.loads((windowed / "config.json").read_text())
-    (windowed / "config.json").write_text(json.dumps(config | {"sliding_window": 64}))
-    assert _llm(str(windowed), max_model_len=None).processor.max_model_len == 64
-    with pytest.raises(ValueError, match=r"max_model_len: 128 is longer than the model's "
-                                         r"sliding_window \(64\)"):
-        _llm(str(windowed), max_model_len=128)
+@pytest.mark.parametrize("kind", ["mistral_window"])
+def test_windows_across_chunks_and_cached_prefixes(kind, tiny_model_factory):
+    """Windows of 16 keys no longer cap max_model_len (the model's 512). Prompts of up to
+    four windows in chunks of 11 tokens (chunk and window boundaries apart), and a second
+    prompt under a cached 48-token prefix: each query sees its window's keys where earlier
+    chunks or the cache left them, as transformers does."""
+    path, hf = tiny_model_factory(kind)
+    llm = _llm(path, max_model_len=None, max_num_batched_tokens=11)
+    assert llm.processor.max_model_len == 512
+    base = _prompts(seed=5, lengths=(48,))[0]
+    prompts = [base + [5, 6], _prompts(seed=6, lengths=(61,))[0]]
+    outs = llm.generate(prompts, _greedy(max_tokens=20), use_tqdm=False)
+    second = llm.generate([base + [7]], _greedy(max_tokens=20), use_tqdm=False)[0]
+    assert second.num_cached_tokens == 48
+    for prompt, out in zip(prompts + [base + [7]], outs + [second]):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20)
 
 
 @pytest.mark.parametrize("engine_kwargs", [

@@ -1,6 +1,6 @@
-"""What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral and Phi-3, and
-what loom does with the parts it cannot run as written (a sliding window, partial rotary
-embedding); no engine runs here."""
+"""What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral, Phi-3 and Gemma
+(which layers attend within a sliding window, Gemma 3's two rotary bases), and what loom
+refuses (partial rotary embedding, multimodal configs); no engine runs here."""
 
 from __future__ import annotations
 
@@ -59,16 +59,55 @@ def test_qwen2_moe_shared_expert_and_its_defaults():
 def test_sliding_window(cfg, window):
     arch = _arch("MistralForCausalLM", **cfg)
     assert arch.sliding_window == window
-    assert arch.context_len == min(4096, window or 4096)
+    assert [arch.window(i) for i in range(4)] == [window] * 4  # every layer, or none
+    assert arch.context_len == 4096  # honoured, not a cap
+    assert resolve_max_model_len(None, arch.context_len) == 4096
 
 
-def test_a_sliding_window_caps_max_model_len_and_refuses_more():
-    assert resolve_max_model_len(None, 4096, 1024) == 1024
-    assert resolve_max_model_len(512, 4096, 1024) == 512
-    assert resolve_max_model_len(None, 4096, 8192) == 4096
-    with pytest.raises(ValueError, match=r"max_model_len: 2048 is longer than the model's "
-                                         r"sliding_window \(1024\)"):
-        resolve_max_model_len(2048, 4096, 1024)
+@pytest.mark.parametrize("architecture, cfg, sliding", [
+    ("Gemma2ForCausalLM", {}, [0, 2]),                              # every other layer
+    ("Gemma3ForCausalLM", {}, [0, 1, 2, 3]),                        # 5 local to 1 global
+    ("Gemma3ForCausalLM", {"sliding_window_pattern": 2}, [0, 2]),
+    ("Gemma3ForCausalLM", {"layer_types": ["full_attention", "sliding_attention"] * 2},
+     [1, 3]),                                                       # transformers 5's form
+    ("Qwen2ForCausalLM", {"use_sliding_window": True, "max_window_layers": 2}, [2, 3]),
+    ("Qwen2MoeForCausalLM", {"use_sliding_window": True, "max_window_layers": 3}, [0, 2]),
+    ("Phi3ForCausalLM", {}, [0, 1, 2, 3]),
+])
+def test_which_layers_slide(architecture, cfg, sliding):
+    arch = _arch(architecture, sliding_window=512, **cfg)
+    assert [i for i in range(4) if arch.window(i) == 512] == sliding
+    assert all(arch.window(i) is None for i in range(4) if i not in sliding)
+
+
+def test_layer_types_of_other_kinds_are_refused():
+    with pytest.raises(ValueError, match=r"layer_types: .*\['chunked_attention'\]"):
+        _arch("Gemma3ForCausalLM", sliding_window=512,
+              layer_types=["chunked_attention", "full_attention"] * 2)
+
+
+@pytest.mark.parametrize("cfg", [
+    {"rope_theta": 1e6, "rope_local_base_freq": 1e4,
+     "rope_scaling": {"rope_type": "linear", "factor": 8.0}},        # gemma-3-4b's config
+    {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+], ids=["rope_local_base_freq", "rope_parameters"])
+def test_gemma3_rotary_bases(cfg):
+    """Global layers at rope_theta with rope_scaling, local ones at their own base."""
+    arch = _arch("Gemma3ForCausalLM", sliding_window=512, query_pre_attn_scalar=256, **cfg)
+    assert (arch.rope_theta, arch.local_rope_theta) == (1e6, 1e4)
+    assert arch.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert arch.attn_scale == 256 ** -0.5
+
+
+def test_multimodal_and_bidirectional_configs_are_refused():
+    text = {**BASE, "model_type": "gemma3_text"}
+    with pytest.raises(ValueError, match="Gemma3ForConditionalGeneration: a multimodal model"):
+        ModelArch.from_hf_config({"architectures": ["Gemma3ForConditionalGeneration"],
+                                  "text_config": text, "vision_config": {}})
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        _arch("Gemma3ForCausalLM", use_bidirectional_attention=True)
 
 
 # Phi-3-mini-128k's config.json as written in 2024: "su", the original length beside the
