@@ -73,6 +73,17 @@ def _configs():
             "long_factor": [1.0 + i for i in range(8)]}),
         # Mistral v0.1's window in every layer, 16 keys: shorter than most test prompts.
         "mistral_window": lambda: tf.MistralConfig(**TINY, sliding_window=16),
+        # Gemma's window in layer 0, layer 1 global; query_pre_attn_scalar and softcaps
+        # small enough to change the outputs.
+        "gemma2": lambda: tf.Gemma2Config(**TINY, pad_token_id=0, sliding_window=16,
+                                          query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                                          final_logit_softcapping=3.0),
+        # Two rotary bases: linear scaling on the global layer only.
+        "gemma3": lambda: tf.Gemma3TextConfig(
+            **TINY, pad_token_id=0, sliding_window=16, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention"], rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
     }
 
 
@@ -89,6 +100,11 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     torch.manual_seed(seed)
     config = _configs()[kind]()
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if kind.startswith("gemma"):
+        # Gemma's norm weights start at zero (offsets from one): random ones test the form.
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.data.normal_(0.0, 0.3)
     model.save_pretrained(path)
     return model.eval()
 

@@ -27,6 +27,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: its weights are offsets from one, and it multiplies in float32
+    before casting back (`rms_norm` casts, then multiplies), as transformers' Gemma does."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + weight.float())).to(x.dtype)
+
+
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual): the normalised input and the new residual."""
@@ -89,3 +97,19 @@ class RMSNorm(nn.Module):
             from loom.kernels.all_reduce_norm import add_rms_norm
             return add_rms_norm(x, residual, self.weight, self.eps)
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """`gemma_rms_norm` (weights start at zero: the identity), as plain torch ops, which
+    Inductor fuses: loom's norm ops, their compile passes (sequence parallelism, all-reduce
+    + norm fusion) and the CUDA add + norm kernel round as Llama's norm does."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__(hidden_size, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return gemma_rms_norm(x, self.weight, self.eps)
+        x = x + residual
+        return gemma_rms_norm(x, self.weight, self.eps), x

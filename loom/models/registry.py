@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from loom.models.arch import ModelArch
+from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from loom.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from loom.models.mixtral import MixtralForCausalLM
 from loom.models.phi3 import Phi3ForCausalLM
@@ -14,6 +15,8 @@ from loom.models.seq_cls import (LlamaForSequenceClassification, Qwen2ForSequenc
                                  Qwen3ForSequenceClassification)
 
 MODELS: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,

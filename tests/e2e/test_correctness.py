@@ -11,7 +11,7 @@ from loom import LLM, SamplingParams
 from tests.conftest import hf_greedy, hf_last_logprobs
 
 KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
-         "mistral_window"]
+         "mistral_window", "gemma2", "gemma3"]
 NEW_TOKENS = 12
 
 
@@ -55,7 +55,7 @@ def test_phi3_long_rope_beyond_the_pretraining_length(tiny_model_factory):
     _check_against_transformers(llm, hf, _prompts(seed=4, lengths=(270, 300)))
 
 
-@pytest.mark.parametrize("kind", ["mistral_window"])
+@pytest.mark.parametrize("kind", ["gemma3", "mistral_window"])
 def test_windows_across_chunks_and_cached_prefixes(kind, tiny_model_factory):
     """Windows of 16 keys no longer cap max_model_len (the model's 512). Prompts of up to
     four windows in chunks of 11 tokens (chunk and window boundaries apart), and a second
@@ -80,7 +80,7 @@ def test_windows_across_chunks_and_cached_prefixes(kind, tiny_model_factory):
     dict(kv_cache_memory_bytes=2 * 2 * 16 * 2 * 16 * 4 * 20, max_model_len=160,
          kv_headroom_tokens=0),
 ], ids=["no-prefix-cache", "chunked-prefill", "preemption"])
-@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "gemma2"])
 def test_greedy_identity_under_scheduling_pressure(kind, engine_kwargs, tiny_model_factory,
                                                   monkeypatch):
     path, hf = tiny_model_factory(kind)

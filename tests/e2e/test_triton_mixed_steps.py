@@ -1,7 +1,9 @@
 """Mixed steps through the Triton backend, end to end: with chunked prefill, decodes run
 beside prompt chunks, and the backend splits each such step (decodes to the split-K
 kernels, chunks to the varlen kernel, each over a request index). A tiny model must still
-generate what transformers does. The kernels run interpreted on the CPU."""
+generate what transformers does; so must Gemma 3 (sliding-window layers beside a global one,
+q/k norms before the kernels' rotation, a rotary table per kind of layer). The kernels run
+interpreted on the CPU."""
 
 from collections import Counter
 
@@ -26,8 +28,10 @@ if not torch.cuda.is_available():
 NEW_TOKENS = 5
 
 
-def test_split_mixed_steps_generate_what_transformers_does(tiny_model_factory, monkeypatch):
-    path, hf = tiny_model_factory("llama")  # GQA group 2
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])  # GQA group 2
+def test_split_mixed_steps_generate_what_transformers_does(kind, tiny_model_factory,
+                                                           monkeypatch):
+    path, hf = tiny_model_factory(kind)
     monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", "1")  # a few decodes split too
     monkeypatch.setattr(model_runner_module, "select_backend", lambda device: TritonBackend())
     monkeypatch.setattr(model_runner_module, "warm_up", lambda runner: None)  # not under test

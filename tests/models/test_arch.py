@@ -108,6 +108,9 @@ def test_multimodal_and_bidirectional_configs_are_refused():
                                   "text_config": text, "vision_config": {}})
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
         _arch("Gemma3ForCausalLM", use_bidirectional_attention=True)
+    from loom.models.gemma import Gemma2ForCausalLM
+    with pytest.raises(ValueError, match="hidden_activation 'gelu' is not supported"):
+        Gemma2ForCausalLM(_arch("Gemma2ForCausalLM", hidden_activation="gelu"))
 
 
 # Phi-3-mini-128k's config.json as written in 2024: "su", the original length beside the

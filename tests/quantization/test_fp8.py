@@ -26,6 +26,8 @@ CASES = {  # id -> (model kind, scheme, ignored modules)
     # Fused qkv_proj / gate_up_proj: per-tensor weight and input scales for all the rows;
     # the ignore list names a fused module as the checkpoint has it
     "phi3-static": ("phi3", "fp8-static", ["lm_head", "model.layers.1.self_attn.qkv_proj"]),
+    # Llama's projections under Gemma's decoder, its LM head tied to the embeddings
+    "gemma2-dynamic": ("gemma2", "fp8-dynamic", ["lm_head"]),
 }
 
 
