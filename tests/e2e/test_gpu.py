@@ -155,51 +155,41 @@ def test_gpu_lora_equals_cpu(compilation, tiny_model_factory, tmp_path):
     assert all((a != b) == (lo is not None) for a, b, lo in zip(out[0], base, per_prompt))
 
 
-@pytest.mark.parametrize("compilation", [{}, {"level": 0}], ids=["default", "eager"])
-def test_gpu_fp8_equals_cpu(compilation, tiny_model_factory):
-    """--quantization fp8 through torch._scaled_mm (row-wise scales, bf16 out) against the
-    CPU's float32 multiply of the same fp8 values: the first position's logprobs within the
-    GEMM's bf16 rounding, far inside fp8's own effect, and the first greedy tokens equal."""
-    path, _ = tiny_model_factory("llama")
+def _fp8_first_tokens_close(path: str, compilation: dict, tolerance: float, **kwargs) -> None:
+    """An fp8 model on the GPU against the CPU's float32 multiply of the same fp8 values:
+    the first two greedy tokens equal, and the first position's logprob of the CPU's token
+    within `tolerance`. Not float32-close: Hopper's fp8 tensor cores sum a dot's products
+    below float32 precision (~1e-4 of a layer's range), per-channel's _scaled_mm writes
+    bf16, and the tiny model amplifies both through the next layers' fp8 rounding (measured
+    on the H200 in session 39: up to 0.16 block-wise, 0.18-0.32 per channel; 0.0 with the
+    CPU's torch ops run on the GPU). A wrong scale or tile moves them by whole units."""
     prompts = _prompts(5, (5, 40, 17, 90, 3, 33))
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=20)
     out = []
     for device, extra in (("cpu", {}), ("cuda", {"compilation_config": compilation})):
         llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
-                  dtype="float32", quantization="fp8", **extra)
+                  dtype="float32", **kwargs, **extra)
         out.append(llm.generate(prompts, params, use_tqdm=False))
         llm.shutdown()
     for cpu, gpu in zip(*out):
         assert gpu.outputs[0].token_ids[:2] == cpu.outputs[0].token_ids[:2]
         first_cpu, first_gpu = cpu.outputs[0].logprobs[0], gpu.outputs[0].logprobs[0]
         top = cpu.outputs[0].token_ids[0]
-        assert abs(first_gpu[top].logprob - first_cpu[top].logprob) < 0.05
+        assert abs(first_gpu[top].logprob - first_cpu[top].logprob) < tolerance
+
+
+@pytest.mark.parametrize("compilation", [{}, {"level": 0}], ids=["default", "eager"])
+def test_gpu_fp8_equals_cpu(compilation, tiny_model_factory):
+    """--quantization fp8: torch._scaled_mm, row-wise scales, bf16 out."""
+    _fp8_first_tokens_close(tiny_model_factory("llama")[0], compilation, 0.5,
+                            quantization="fp8")
 
 
 @pytest.mark.parametrize("compilation", [{}, {"level": 0}, {"cudagraph_mode": "FULL"}],
                          ids=["default", "eager", "full"])
 def test_gpu_block_fp8_equals_cpu(compilation, tiny_model_factory, tmp_path):
     """A block-wise fp8 checkpoint (Qwen3-8B-FP8's layout, 32 x 32 blocks) through the
-    Triton block GEMM (activations quantized per token group on the device, float32 out)
-    against the CPU's float32 multiply of the same values: the same first tokens, and the
-    first position's logprobs close. Not float32-close: Hopper's fp8 tensor cores sum a
-    dot's products below float32 precision (~1e-4 of a layer's range), and the tiny model
-    amplifies that through the next layers' fp8 rounding. Measured on the H200: up to 0.16
-    here, 0.0 with the reference's torch ops on the GPU (so the rest of the GPU path adds
-    nothing), 0.18-0.32 for per-channel layers, whose _scaled_mm writes bf16. A wrong scale
-    or tile would move them by whole units."""
+    Triton block GEMM (activations quantized per token group on the device, float32 out)."""
     from tests.quantization.fp8_checkpoints import write_block_fp8
     path = write_block_fp8(tiny_model_factory("qwen3")[0], str(tmp_path / "fp8"), [32, 32])
-    prompts = _prompts(5, (5, 40, 17, 90, 3, 33))
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=20)
-    out = []
-    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": compilation})):
-        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
-                  dtype="float32", **extra)
-        out.append(llm.generate(prompts, params, use_tqdm=False))
-        llm.shutdown()
-    for cpu, gpu in zip(*out):
-        assert gpu.outputs[0].token_ids[:2] == cpu.outputs[0].token_ids[:2]
-        first_cpu, first_gpu = cpu.outputs[0].logprobs[0], gpu.outputs[0].logprobs[0]
-        top = cpu.outputs[0].token_ids[0]
-        assert abs(first_gpu[top].logprob - first_cpu[top].logprob) < 0.25
+    _fp8_first_tokens_close(path, compilation, 0.25)
