@@ -33,9 +33,12 @@ class LoRASlots(nn.Module):
         self.out_sizes = out_sizes
         self.num_slots, self.rank = num_slots, rank
         width = num_slots * rank
-        self.register_buffer("a", torch.zeros(len(out_sizes) * width, in_features),
+        # Where the mask lives, in its dtype (the model's): the layers are built before
+        # the manager, outside any device or dtype context.
+        like = dict(dtype=mask.dtype, device=mask.device)
+        self.register_buffer("a", torch.zeros(len(out_sizes) * width, in_features, **like),
                              persistent=False)
-        self.register_buffer("b", torch.zeros(sum(out_sizes), len(out_sizes) * width),
+        self.register_buffer("b", torch.zeros(sum(out_sizes), len(out_sizes) * width, **like),
                              persistent=False)
         self.register_buffer("mask", mask, persistent=False)
 

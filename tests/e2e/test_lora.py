@@ -99,6 +99,25 @@ def test_logprobs_equal_peft(adapters):
         assert set(position) == {token, *row.topk(4).indices.tolist()}
 
 
+def test_bfloat16_model(adapters):
+    """The slots take the model's dtype and device (they were float32 on the CPU: a bf16
+    GPU model failed its first LoRA step): in bf16 the adapter's first logprobs stay
+    within bf16 rounding of peft's float32 ones."""
+    import torch
+    path, _, made = adapters("llama")
+    lora, model = made[0]
+    prompt = _prompts()[1]
+    llm = LLM(path, skip_tokenizer_init=True, dtype="bfloat16", device="cpu",
+              enable_lora=True, max_lora_rank=8, max_model_len=128)
+    out = llm.generate([prompt], _greedy(1, logprobs=4), lora_request=lora,
+                       use_tqdm=False)[0].outputs[0]
+    llm.shutdown()
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt])).logits[0, -1].float().log_softmax(-1)
+    for token, lp in out.logprobs[0].items():
+        assert lp.logprob == pytest.approx(ref[token].item(), abs=0.15)
+
+
 def test_prefix_cache_is_kept_apart_per_adapter(adapters):
     """The base model's cached prompt blocks are not reused for an adapter's request (its
     KV differs), while a second request of the same adapter hits its own."""
