@@ -73,9 +73,11 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
                              f"{type(model).__name__}")
         param = params[target]
         if tensor.dtype in _FP8 and param.dtype != tensor.dtype:
+            where = ("loom's fp8 layers hold float8_e4m3fn" if param.dtype in _FP8 else
+                     "fp8 is read for linear layers only (not MoE experts, embeddings or the "
+                     "LM head)")
             raise ValueError(f"checkpoint tensor {name!r} is {tensor.dtype}, and loom keeps "
-                             f"{target} in {param.dtype}: fp8 is read for linear layers only "
-                             "(not MoE experts, embeddings or the LM head)")
+                             f"{target} in {param.dtype}: {where}")
         loader = getattr(param, "weight_loader", default_weight_loader)
         loader(param, tensor.to(param.dtype), shard)
         loaded.add(target)

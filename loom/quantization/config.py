@@ -95,6 +95,9 @@ def quant_scheme(hf_config: dict[str, Any], requested: str | None) -> Fp8Scheme 
 
 
 def _fp8_checkpoint(qc: dict[str, Any]) -> Fp8Scheme:
+    if qc.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"quantization_config.fmt: {qc['fmt']!r}; loom's fp8 layers hold "
+                         "e4m3 (float8_e4m3fn) weights")
     scheme = qc.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
         raise ValueError(f"quantization_config.activation_scheme: {scheme!r} is neither "

@@ -113,6 +113,8 @@ def test_other_methods_and_mismatches_are_refused():
         quant_scheme({"quantization_config": {"quant_method": "awq"}}, None)
     with pytest.raises(ValueError, match=r"quantization: 'fp8' differs from the checkpoint"):
         quant_scheme({"quantization_config": FP8_DYNAMIC}, "fp8")
+    with pytest.raises(ValueError, match=r"quantization_config.fmt: 'e5m2'"):
+        quant_scheme({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}}, None)
     with pytest.raises(ValueError, match=r"no quantization_config"):
         quant_scheme({}, "compressed-tensors")
 
