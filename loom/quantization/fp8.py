@@ -3,9 +3,11 @@ activations quantized as they arrive (per token, or by the checkpoint's static s
 or, for block-wise checkpoints, a scale per weight block and activations per token per
 group (`fp8_block`).
 
-On CUDA the matmul is `torch._scaled_mm` with row-wise scales (one fp8 GEMM at twice
-bf16's tensor-core rate, reading half the weight bytes), block-wise loom's Triton GEMM
-(`loom.kernels.fp8_block_gemm`). On the CPU the same quantized values are multiplied in
+On CUDA the matmul is `torch._scaled_mm` with row-wise scales: half the weight bytes, and
+1.6-1.8x bf16's rate at 8192 rows on the H200, but at one row cuBLASLt reads the fp8
+weights at ~37% of the memory rate (run_zzz91), so batch-1 decode is not yet faster than
+bf16's GEMV. Block-wise, `loom::fp8_block_linear` (`loom.kernels.fp8_block_gemm`):
+cuBLASLt's block-scaled GEMM where it applies, else loom's Triton GEMM. On the CPU the same quantized values are multiplied in
 float32: the correctness reference, checked against compressed-tensors' own fake
 quantization.
 """
