@@ -4,13 +4,10 @@
 
 from __future__ import annotations
 
-import time
-from typing import Literal
-
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from loom.entrypoints.openai.protocol import UsageInfo
-from loom.entrypoints.openai.protocol_embeddings import PoolingInputRequest
+from loom.entrypoints.openai.protocol_embeddings import PoolingInputRequest, PoolingListResponse
 from loom.pooling_params import PoolingParams
 
 
@@ -44,10 +41,6 @@ class ClassificationData(BaseModel):
     num_classes: int
 
 
-class ClassificationResponse(BaseModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class ClassificationResponse(PoolingListResponse):
     data: list[ClassificationData]
     usage: UsageInfo

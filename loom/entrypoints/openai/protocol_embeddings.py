@@ -71,10 +71,15 @@ class EmbeddingUsage(BaseModel):
     total_tokens: int
 
 
-class EmbeddingResponse(BaseModel):
+class PoolingListResponse(BaseModel):
+    """The head every pooling API's response shares (embeddings, score, classify): then
+    its `data` and `usage`."""
     id: str
     object: Literal["list"] = "list"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
+
+
+class EmbeddingResponse(PoolingListResponse):
     data: list[EmbeddingData]
     usage: EmbeddingUsage

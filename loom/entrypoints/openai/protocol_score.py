@@ -4,13 +4,13 @@ items, or data_1/data_2); /rerank is Jina's and Cohere's query and documents."""
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from loom.entrypoints.openai.protocol import RequestBody, UsageInfo
 from loom.entrypoints.openai.protocol_classify import ActivationFields
+from loom.entrypoints.openai.protocol_embeddings import PoolingListResponse
 from loom.pooling_params import PoolingParams
 
 Texts = str | list[str]
@@ -99,11 +99,7 @@ class ScoreResponseData(BaseModel):
     score: float
 
 
-class ScoreResponse(BaseModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class ScoreResponse(PoolingListResponse):
     data: list[ScoreResponseData]
     usage: UsageInfo
 
