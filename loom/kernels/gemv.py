@@ -46,31 +46,13 @@ import triton.language as tl
 from loom import envs
 from loom.kernels import arrival, pdl
 from loom.kernels.compile_pool import launch_or_compile
+from loom.kernels.gemv_config import (MAX_M, SPLIT_MODES, GemvConfig, _check_inputs,
+                                      _resolve_config, default_config, prefetch_bytes)
 from loom.kernels.host import cdiv, next_power_of_2
 from loom.kernels.silu_mul import silu_mul_values
 
-MAX_M = 16
-"""Most rows per call: one tensor-core tile's worth (`use_dot` pads the rows to 16), so
-that up to here the GEMV costs what one row's tile does; beyond, a GEMM's tiles are the
-right tool."""
-
-SPLIT_MODES = ("fixup", "reduce", "atomic")
-
-
-@dataclasses.dataclass(frozen=True)
-class GemvConfig:
-    block_n: int = 16
-    block_k: int = 256
-    num_warps: int = 4
-    num_stages: int = 3
-    split_k: int = 1
-    split_mode: str = "fixup"
-    use_dot: bool = False
-
-    def describe(self) -> str:
-        split = f" split{self.split_k}-{self.split_mode}" if self.split_k > 1 else ""
-        return (f"bn{self.block_n} bk{self.block_k} w{self.num_warps} s{self.num_stages}"
-                f"{' dot' if self.use_dot else ''}{split}")
+__all__ = ["MAX_M", "GemvConfig", "add_rms_norm_gemv", "default_config", "gemv",
+           "prefetch_bytes"]
 
 
 @triton.jit
@@ -84,12 +66,12 @@ def _add_norm_input(x, res, nw_ptr, cols, ok, elem: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
+    x_ptr, w_ptr, ws_ptr, y_ptr, part_ptr, count_ptr, res_ptr, nw_ptr, res_out_ptr, eps, N,
     M: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, SPLIT_MODE: tl.constexpr, USE_DOT: tl.constexpr,
     SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
-    ADD_NORM: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False, W_SCALE: tl.constexpr = False,
 ):
     # SPLIT_MODE: 0 no split (y directly), 1 "fixup", 2 "reduce", 3 "atomic".
     # ADD_NORM (SPLIT_K 1): the input is RMSNorm(x + residual) * norm weight. Each
@@ -99,6 +81,7 @@ def _gemv_kernel(
     # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
     # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
     # into L2 before waiting for the previous kernel; x and everything else after.
+    # W_SCALE: W is fp8 with a float32 scale per row (ws_ptr), applied to the sums.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # Rows padded to a power of two; a dot's operand to 16.
@@ -149,6 +132,8 @@ def _gemv_kernel(
                 tl.store(res_out_ptr + h_off, h.to(elem), mask=x_ok & (pid_n == 0))
                 squares += tl.sum(h * h, axis=1)
                 xt = xt.to(elem)
+            if W_SCALE:  # fp8 -> x's dtype is exact
+                w = w.to(elem)
             acc += tl.dot(w, tl.trans(xt), input_precision=DOT_PRECISION)
         else:
             wf = w.to(tl.float32)
@@ -172,6 +157,8 @@ def _gemv_kernel(
                 part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)
                 acc += tl.where(mcols[None, :] == m, part[:, None], 0.0)
         w_ptrs += BLOCK_K
+    if W_SCALE:
+        acc *= tl.load(ws_ptr + rows_ld)[:, None]
     if ADD_NORM:
         acc *= tl.math.rsqrt(squares / K + eps)[None, :]
 
@@ -211,112 +198,33 @@ def _split_k_reduce_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl
     tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def _pow2(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
-def default_config(m: int, n: int, k: int) -> GemvConfig:
-    """A starting point, not a measured table: 16-row blocks, 256-wide chunks, and a split
-    of K when the row blocks alone would give fewer than two programs per H200 SM."""
-    block_n, block_k = 16, 256
-    blocks = cdiv(n, block_n)
-    split_k = 1
-    while blocks * split_k < 264 and split_k < 4 and k % (2 * split_k * block_k) == 0:
-        split_k *= 2
-    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=3,
-                      split_k=split_k, split_mode="fixup", use_dot=m > 4)
-
-
-def _check_config(cfg: GemvConfig, k: int) -> None:
-    # A slice of K past its end (split_k * block_k not dividing K) is masked: correct,
-    # only a wasted program; the benchmark keeps to dividing splits.
-    if not (_pow2(cfg.block_n) and _pow2(cfg.block_k)):
-        raise ValueError(f"gemv: block_n and block_k must be powers of two, got {cfg}")
-    if cfg.use_dot and (cfg.block_n < 16 or cfg.block_k < 16):
-        raise ValueError(f"gemv: use_dot needs block_n >= 16 and block_k >= 16, got {cfg}")
-    if cfg.num_warps not in (1, 2, 4, 8, 16) or cfg.num_stages < 1:
-        raise ValueError(f"gemv: bad num_warps / num_stages in {cfg}")
-    if cfg.split_k < 1:
-        raise ValueError(f"gemv: split_k must be >= 1, got {cfg.split_k}")
-    if cfg.split_mode not in SPLIT_MODES:
-        raise ValueError(f"gemv: split_mode must be one of {SPLIT_MODES}, got "
-                         f"{cfg.split_mode!r}")
-    if cfg.split_k > k:
-        raise ValueError(f"gemv: split_k={cfg.split_k} exceeds K={k}")
-
-
-def prefetch_bytes(cfg: GemvConfig, block_k: int, n: int, k: int, itemsize: int,
-                   budget: int) -> int:
-    """What each row of a program's slab asks into L2 before a PDL wait: whole BLOCK_K
-    chunks, so that the programs together ask for about `budget` bytes of the weight (all of
-    it if smaller). 0 where a slice of K would run past its row (an uneven split) or a row
-    does not start 16-byte aligned, as the bulk prefetch needs."""
-    k_split = -(-k // (cfg.split_k * block_k)) * block_k
-    if budget <= 0 or k_split * cfg.split_k != k or (k * itemsize) % 16:
-        return 0
-    k_iters = k_split // block_k
-    chunks = min(k_iters, -(-k_iters * budget // (n * k * itemsize)))
-    return chunks * block_k * itemsize
-
-
-def _check_inputs(x: torch.Tensor, weight: torch.Tensor,
-                  silu_mul_input: bool) -> tuple[int, int, int]:
-    """gemv's argument checks; returns (M, K, N)."""
-    if x.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"gemv: expected x [M, K] and weight [N, K], got {tuple(x.shape)} "
-                         f"and {tuple(weight.shape)}")
-    m, kx = x.shape
-    n, k = weight.shape
-    if not 1 <= m <= MAX_M:
-        raise ValueError(f"gemv: x must have 1 to {MAX_M} rows, got {m}")
-    if kx != (2 * k if silu_mul_input else k):
-        want = f"2 * {k} ([gate | up])" if silu_mul_input else f"{k}"
-        raise ValueError(f"gemv: x has {kx} columns, expected {want} for weight "
-                         f"{tuple(weight.shape)}")
-    if n == 0 or k == 0:
-        raise ValueError(f"gemv: empty weight {tuple(weight.shape)}")
-    if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16,
-                                                  torch.float32):
-        raise ValueError(f"gemv: x and weight must share a dtype among bfloat16, float16 "
-                         f"and float32, got {x.dtype} and {weight.dtype}")
-    if not (x.is_contiguous() and weight.is_contiguous()):
-        raise ValueError("gemv: x and weight must be contiguous")
-    if x.device != weight.device:
-        raise ValueError(f"gemv: x on {x.device}, weight on {weight.device}")
-    return m, k, n
-
-
-def _resolve_config(config: GemvConfig | dict | None, m: int, n: int, k: int) -> GemvConfig:
-    """config as gemv takes it (None: `default_config`), checked against K."""
-    if config is None:
-        config = default_config(m, n, k)
-    elif isinstance(config, dict):
-        config = GemvConfig(**config)
-    _check_config(config, k)
-    return config
-
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
-         config: GemvConfig | dict | None = None, compile_only: bool = False) -> torch.Tensor:
+         weight_scale: torch.Tensor | None = None, config: GemvConfig | dict | None = None,
+         compile_only: bool = False) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul_input) times weight [N, K]^T, for
-    1 <= M <= 8; returns a new [M, N] tensor of x's dtype. Both contiguous, same dtype
-    (bfloat16, float16 or float32) and device. config: a GemvConfig, a dict of its fields,
-    or None for `default_config`. compile_only: compile the kernels this call needs and
-    run nothing (inside compile_pool, on its threads); the tensor returned is unwritten."""
-    m, k, n = _check_inputs(x, weight, silu_mul_input)
+    1 <= M <= MAX_M; returns a new [M, N] tensor of x's dtype. Both contiguous, on one
+    device, of one dtype (bfloat16, float16 or float32); or weight float8_e4m3fn with
+    weight_scale, float32 [N] or [N, 1]: each row's sums times its scale, x unquantized
+    (W8A16). config: a GemvConfig, a dict of its fields, or None for `default_config`.
+    compile_only: compile the kernels this call needs and run nothing (inside
+    compile_pool, on its threads); the tensor returned is unwritten."""
+    m, k, n = _check_inputs(x, weight, silu_mul_input, weight_scale)
     return _launch(x, weight, _resolve_config(config, m, n, k), compile_only,
-                   silu_mul_input=silu_mul_input)
+                   silu_mul_input=silu_mul_input, weight_scale=weight_scale)
 
 
 def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                       eps: float, weight: torch.Tensor, *,
+                      weight_scale: torch.Tensor | None = None,
                       config: GemvConfig | dict | None = None,
                       compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and
     RMSNorm (`loom.layers.norm.fused_add_rms_norm`) applied by the GEMV as it reads its
     input, so that no norm kernel runs before it. x and residual [M, K] alike; norm_weight
-    [K]; otherwise as `gemv`, but the config must not split K (None: `default_config`
-    without its split), since each program needs whole rows for their sums of squares.
+    [K]; otherwise (weight_scale too) as `gemv`, but the config must not split K (None:
+    `default_config` without its split), since each program needs whole rows for their
+    sums of squares.
 
     x + residual rounds as the reference's add does (the residual out is the same bits).
     The product sums W (norm weight * h) and scales each row's sums by 1 / RMS(h) at the
@@ -324,7 +232,7 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
     float32 the two agree to float32 rounding, in 16-bit dtypes to about one rounding of
     the dtype. (A pass over the rows for their RMS before the weight streamed cost 1-13 us
     a call on an H200: run_zzz24.)"""
-    m, k, n = _check_inputs(x, weight, False)
+    m, k, n = _check_inputs(x, weight, False, weight_scale)
     cfg = dataclasses.replace(default_config(m, n, k), split_k=1) if config is None \
         else _resolve_config(config, m, n, k)
     if cfg.split_k != 1:
@@ -340,13 +248,14 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torc
         raise ValueError(f"add_rms_norm_gemv: norm_weight must be a contiguous [{k}] tensor "
                          f"on {x.device}, got {tuple(norm_weight.shape)}")
     residual_out = torch.empty_like(x)
-    y = _launch(x, weight, cfg, compile_only,
+    y = _launch(x, weight, cfg, compile_only, weight_scale=weight_scale,
                 norm=(residual, norm_weight, residual_out, float(eps)))
     return y, residual_out
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only: bool,
-            silu_mul_input: bool = False, norm: tuple | None = None) -> torch.Tensor:
+            silu_mul_input: bool = False, norm: tuple | None = None,
+            weight_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The GEMV's kernels for checked arguments; norm: (residual, norm_weight,
     residual_out, eps) of add_rms_norm_gemv."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
@@ -371,12 +280,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig, compile_only
         ahead = prefetch_bytes(cfg, block_k, n, k, weight.element_size(),
                                envs.pdl_prefetch_bytes())
     launch_or_compile(_gemv_kernel, (n_blocks, split_k), compile_only)(
-        x, weight, y, part, counters, residual, norm_weight, residual_out, eps, n,
+        x, weight, y if weight_scale is None else weight_scale, y, part, counters, residual,
+        norm_weight, residual_out, eps, n,
         M=m, K=k, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split_k, SPLIT_MODE=mode,
         USE_DOT=cfg.use_dot, SILU_MUL=silu_mul_input, EVEN_N=n % cfg.block_n == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         NUM_STAGES=cfg.num_stages, PDL=use_pdl, PREFETCH_BYTES=ahead,
-        ADD_NORM=norm is not None,
+        ADD_NORM=norm is not None, W_SCALE=weight_scale is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=use_pdl)
     if mode == 2:
         block = 1024

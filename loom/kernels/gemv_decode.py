@@ -21,6 +21,11 @@ from loom.library import loom_op
 logger = logging.getLogger(__name__)
 
 
+def table_path(dtype: torch.dtype, gpu: str, kind: str = "gemv"):
+    """Where the measured table of `kind` for weights of `dtype` on `gpu` is kept."""
+    return config_dir() / f"{kind},dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
+
+
 @functools.cache
 def _table(dtype: torch.dtype, gpu: str,
            kind: str = "gemv") -> dict[tuple[int, int], dict[int, GemvConfig]]:
@@ -30,10 +35,9 @@ def _table(dtype: torch.dtype, gpu: str,
     the GEMV that applies the residual add + RMSNorm itself beat the two kernels. A null
     config: cuBLAS (the two kernels, for "gemv_norm") at that row count, measured faster
     or not shown to gain end to end."""
-    name = f"{kind},dtype={str(dtype).removeprefix('torch.')},device_name={gpu}.json"
-    path = config_dir() / name
+    path = table_path(dtype, gpu, kind)
     if not path.is_file():
-        if gpu != "cpu" and kind == "gemv":
+        if gpu != "cpu" and kind == "gemv" and dtype != torch.float8_e4m3fn:
             logger.info("decode GEMV: no measured table for %s (%s), so decode matmuls take "
                         "cuBLAS; benchmarks/gpu/gemv_bench.py --write-table measures one",
                         gpu, path)

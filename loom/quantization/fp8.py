@@ -3,17 +3,19 @@ activations quantized as they arrive (per token, or by the checkpoint's static s
 or, for block-wise checkpoints, a scale per weight block and activations per token per
 group (`fp8_block`).
 
-On CUDA the matmul is `torch._scaled_mm` with row-wise scales: half the weight bytes, and
-1.6-1.8x bf16's rate at 8192 rows on the H200, but at one row cuBLASLt reads the fp8
-weights at ~37% of the memory rate (run_zzz91), so batch-1 decode is not yet faster than
-bf16's GEMV. Block-wise, `loom::fp8_block_linear` (`loom.kernels.fp8_block_gemm`):
-cuBLASLt's block-scaled GEMM where it applies, else loom's Triton GEMM. On the CPU the same quantized values are multiplied in
-float32: the correctness reference, checked against compressed-tensors' own fake
-quantization.
+On CUDA, `loom::fp8_linear` (`loom.kernels.fp8_linear`): at decode row counts loom's GEMV
+on the fp8 weight, the rows unquantized (at one row cuBLASLt's fp8 GEMMs read the weight at
+~37% of the memory rate, run_zzz91); otherwise a Triton per-token quantization and
+`torch._scaled_mm` with row-wise scales (1.6-1.8x bf16's rate at 8192 rows). Block-wise,
+`loom::fp8_block_linear` (`loom.kernels.fp8_block_gemm`): cuBLASLt's block-scaled GEMM
+where it applies, else loom's Triton GEMM. On the CPU the same quantized values are
+multiplied in float32: the correctness reference, checked against compressed-tensors' own
+fake quantization.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import torch
@@ -64,10 +66,9 @@ class Fp8Linear:
         if self.block is not None:
             y = self._block_matmul(layer, x2)
         elif x.is_cuda:
-            xq, x_scale = self.quantize_input(layer, x2)
-            # Row-wise scaled fp8 GEMMs write bf16 only.
-            y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale,
-                                 scale_b=layer.weight_scale.t(), out_dtype=torch.bfloat16)
+            y = torch.ops.loom.fp8_linear(x2, layer.weight, layer.weight_scale,
+                                          layer.input_scale if self.activations == "static"
+                                          else None)
         else:
             xq, x_scale = self.quantize_input(layer, x2)
             y = (xq.float() @ layer.weight.float().t()) * x_scale * layer.weight_scale.t()
@@ -86,6 +87,9 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool) -
     from_checkpoint: the weights arrive in fp8 with their scales; else they load in the
     model's dtype and `finish_quantization` quantizes them. Replicated layers (MoE
     routers) and MoE experts stay in the model's dtype. Returns the fp8 layers."""
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type == "cuda" and scheme.weight_block is None:
+        importlib.import_module("loom.kernels.fp8_linear")  # registers loom::fp8_linear
     method = Fp8Linear(scheme.activations, scheme.weight_block, _block_kernel(model, scheme))
     layers, kept = [], []
     for name, layer in model.named_modules():

@@ -130,6 +130,35 @@ def test_silu_mul_input(cfg, m, dtype):
         assert rel_err(y, F.linear(act, w).float())[0] < 1.5e-2
 
 
+def _fp8(w):
+    """w -> float8_e4m3fn with a float32 scale per row, and what the two make in float64."""
+    scale = w.abs().amax(dim=1, keepdim=True).float() / 448
+    q = (w.float() / scale).to(torch.float8_e4m3fn)
+    return q, scale, q.double() * scale.double()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.describe().replace(" ", "_"))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("silu", [False, True], ids=["plain", "silu"])
+def test_fp8_weight_scaled_per_row(cfg, dtype, silu):
+    """An fp8 weight with a float32 scale per row (W8A16): the sums of x times the fp8
+    values, times each row's scale; against the dequantized weight in float64. N and K
+    uneven (masked tails), M 1 and 5; the scale given as [N, 1] (the layers' shape) and
+    as [N]."""
+    for m, shape in ((1, (40, 1)), (5, (40,))):
+        x, w = make(m, 40, 80, torch.float32, silu=silu, seed=30 + m)
+        q, scale, w_ref = _fp8(w)
+        x = x.to(dtype)
+        act = F.silu(x[:, :80]) * x[:, 80:] if silu else x
+        y = gemv(x, q, weight_scale=scale.reshape(shape), silu_mul_input=silu, config=cfg)
+        assert y.shape == (m, 40) and y.dtype == dtype
+        norm, worst = rel_err(y, act.double() @ w_ref.T)
+        tol = 1e-5 if dtype == torch.float32 else 3e-2
+        assert norm < tol and worst < tol, (m, norm, worst)
+        # and the scale matters: without it the sums are of the raw fp8 values
+        assert rel_err(y, act.double() @ q.double().T)[0] > 0.5
+
+
 def test_fixup_counters_reset_between_calls():
     """The last program of each row block resets its counter: a second call (and one with
     another split) must see zeros and still be right."""
@@ -158,6 +187,8 @@ def test_default_config_and_dict_config():
     ("silu_not_doubled", r"expected 2 \* 64"),
     ("dtype_mismatch", "share a dtype"),
     ("int_dtype", "share a dtype"),
+    ("fp8_without_scale", "share a dtype"),
+    ("scale_per_tensor", "one per row"),
     ("x_strided", "contiguous"),
     ("w_strided", "contiguous"),
     ("block_not_pow2", "powers of two"),
@@ -183,6 +214,11 @@ def test_value_errors(case, match):
         w = w.to(torch.bfloat16)
     elif case == "int_dtype":
         x, w = x.to(torch.int32), w.to(torch.int32)
+    elif case == "fp8_without_scale":
+        w = w.to(torch.float8_e4m3fn)
+    elif case == "scale_per_tensor":
+        w = w.to(torch.float8_e4m3fn)
+        kwargs["weight_scale"] = torch.ones(1, device=DEVICE)
     elif case == "x_strided":
         x = torch.randn(64, 2, device=DEVICE).t()
     elif case == "w_strided":

@@ -56,6 +56,22 @@ def test_add_rms_norm_input_bfloat16(cfg):
     assert norm < 1.5e-2 and worst < 3e-2, (norm, worst)
 
 
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2]],
+                         ids=lambda c: c.describe().replace(" ", "_"))
+def test_add_rms_norm_input_fp8_weight(cfg):
+    """With an fp8 weight and its scale per row, the sums are scaled by both the rows'
+    1 / RMS and the weight rows' scales: the reference norm times the dequantized weight."""
+    from loom.kernels.gemv import add_rms_norm_gemv
+    from loom.layers.norm import fused_add_rms_norm
+    from tests.kernels.test_gemv_kernel import _fp8
+    x, residual, norm_w, w = _add_norm_case(3, 80, torch.float32, seed=50)
+    q, scale, w_ref = _fp8(w)
+    normed, _ = fused_add_rms_norm(x.cpu(), residual.cpu(), norm_w.cpu(), 1e-5)
+    y, _ = add_rms_norm_gemv(x, residual, norm_w, 1e-5, q, weight_scale=scale, config=cfg)
+    norm, worst = rel_err(y, normed.double() @ w_ref.cpu().T)
+    assert norm < 1e-5 and worst < 1e-5, (norm, worst)
+
+
 def _shipped_norm_configs():
     """(N, K, M, config) of the gemv_norm table shipped for this GPU; none on the CPU."""
     if INTERPRET:

@@ -26,7 +26,8 @@ from loom.kernels.all_reduce_norm import _all_reduce_add_rms_norm_kernel
 from loom.kernels.gemv import _gemv_kernel, _split_k_reduce_kernel
 from loom.kernels.paged_decode import _decode_split_kernel
 
-POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32",
+POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "y_ptr": "*bf16",
+            "part_ptr": "*fp32",
             "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16", "out_ptr": "*bf16",
             "res_out_ptr": "*bf16", "data_ptrs": "*i64", "flag_ptrs": "*i64",
             "q_ptr": "*bf16", "cache_ptr": "*bf16", "part_m_ptr": "*fp32",

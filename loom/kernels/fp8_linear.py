@@ -1,0 +1,130 @@
+"""Per-channel fp8 linear layers on CUDA (`loom.quantization.fp8` has the layers and the
+CPU reference), behind one opaque op, `loom::fp8_linear`, that picks per call from the
+real row count:
+
+* 1..MAX_M rows (decode), where the GEMV has a config for the shape: loom's GEMV reads the
+  fp8 weight and scales each output row's sums by its weight scale
+  (`gemv(weight_scale=)`). At one row cuBLASLt's fp8 GEMMs read the weight at ~37% of
+  the copy rate (run_zzz91), which made fp8 decode slower than bf16's. The rows are not
+  quantized there (W8A16): one rounding fewer than the W8A8 path, so a request's logits
+  at decode differ from what the same rows would get in a larger batch by about the
+  activations' fp8 rounding (the bf16 GEMV and cuBLAS differ by summation order only).
+* otherwise: the rows quantized per token (or by the checkpoint's static scale) by
+  `quantize_rows`, then `torch._scaled_mm` with row-wise scales (bf16 out). The
+  quantization is one Triton kernel, one program a row holding the whole row: one read
+  and one write of the activations. Inductor's fused reduction for the down projection
+  (K = 14336) took 1340 us at 8192 rows on the H200, 20x its bytes' time (run_zzz91).
+
+Configs: the "gemv" table measured for fp8 weights (`benchmarks/gpu/gemv_bench.py
+--weight-dtype fp8 --write-table`); where the GPU has none, the bf16 table's tile for the
+shape with twice its chunk width (the same bytes a chunk), logged once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from loom.kernels.gemv import MAX_M, GemvConfig, gemv
+from loom.kernels.gemv_decode import table_path, tuned_config
+from loom.kernels.host import next_power_of_2
+from loom.kernels.launch import fast_launch
+from loom.kernels.tuned import device_name
+from loom.library import loom_op
+
+logger = logging.getLogger(__name__)
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+EPS = torch.finfo(torch.float32).eps
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, stride_x, K: tl.constexpr,
+                          BLOCK: tl.constexpr, STATIC: tl.constexpr, FMAX: tl.constexpr,
+                          EPS_: tl.constexpr):
+    # program r: row r whole. scale = amax / 448 (at least float32's eps), or the static
+    # scale; q = x / scale, divided and rounded as torch's ops do (the CPU's very bytes).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < K
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    if STATIC:
+        scale = tl.load(in_scale_ptr)
+    else:
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FMAX), EPS_)
+    q = tl.clamp(tl.math.div_rn(x, scale), -FMAX, FMAX)
+    tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + row, scale)
+
+
+def quantize_rows(x: torch.Tensor,
+                  input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K), rows with unit column stride -> fp8 (M, K) and float32 scales (M, 1): per
+    row (amax / 448), or input_scale's one value for every row."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=FP8, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m:
+        block = next_power_of_2(k)
+        fast_launch(_quantize_rows_kernel, (m,))(
+            x, q, scale, scale if input_scale is None else input_scale, x.stride(0), K=k,
+            BLOCK=block, STATIC=input_scale is not None, FMAX=FP8_MAX, EPS_=EPS,
+            num_warps=min(16, max(1, block // 1024)))
+    return q, scale
+
+
+def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                     input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ the fp8 weight (N, K)^T by `quantize_rows` then cuBLASLt's row-wise scaled
+    GEMM; x's dtype out (the GEMM writes bf16 only)."""
+    xq, x_scale = quantize_rows(x, input_scale)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.reshape(1, -1),
+                         out_dtype=torch.bfloat16)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def decode_config(m: int, weight: torch.Tensor) -> GemvConfig | None:
+    """The GEMV's config for m rows of this fp8 weight, or None (the scaled GEMM)."""
+    if not 1 <= m <= MAX_M or not weight.is_contiguous():
+        return None
+    (n, k), device = weight.shape, weight.device
+    if _has_fp8_table(device):
+        return tuned_config(m, n, k, FP8, device)
+    cfg = tuned_config(m, n, k, torch.bfloat16, device)
+    return None if cfg is None else dataclasses.replace(cfg, block_k=2 * cfg.block_k)
+
+
+@functools.cache
+def _has_fp8_table(device: torch.device) -> bool:
+    if table_path(FP8, device_name(device)).is_file():
+        return True
+    logger.info("fp8 decode GEMV: no table measured for fp8 weights on this GPU; decode rows "
+                "take the bf16 table's tiles at twice their chunk width "
+                "(benchmarks/gpu/gemv_bench.py --weight-dtype fp8 --write-table measures one)")
+    return False
+
+
+@loom_op("fp8_linear",
+         "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? input_scale) -> Tensor")
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               input_scale: torch.Tensor | None) -> torch.Tensor:
+    """x (M, K) @ the fp8 weight (N, K)^T with weight_scale (N, 1), x's dtype out: the GEMV
+    at decode row counts it has a config for, else the scaled GEMM (the module's
+    docstring). One opaque op, so that compiled graphs hold it as a node and the choice is
+    made from each call's real row count (each CUDA graph size captures its own)."""
+    x = x.contiguous()
+    cfg = decode_config(x.shape[0], weight)
+    if cfg is not None:
+        return gemv(x, weight, weight_scale=weight_scale, config=cfg)
+    return scaled_mm_linear(x, weight, weight_scale, input_scale)
+
+
+@fp8_linear.register_fake
+def _(x, weight, weight_scale, input_scale):
+    return x.new_empty(x.shape[0], weight.shape[0])

@@ -1,0 +1,174 @@
+"""The per-channel fp8 op (loom.kernels.fp8_linear) against loom's CPU reference
+(loom.quantization.fp8, itself checked against compressed-tensors): the Triton per-token
+quantization to the reference's very bytes, the op's two paths (the GEMV at decode rows,
+W8A16; the scaled GEMM, W8A8) and which rows take which.
+
+On the CPU the kernels run in Triton's interpreter and torch._scaled_mm is torch's CPU
+kernel; with CUDA the same checks run on the GPU. Outputs are poisoned before each call
+where the kernel writes into a tensor it was given, and every check draws fresh inputs.
+"""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+pytest.importorskip("triton")
+
+from loom.kernels import fp8_linear as mod  # noqa: E402
+from loom.kernels.gemv import GemvConfig  # noqa: E402
+from loom.kernels.interpreter import interpreted, patch_interpreter  # noqa: E402
+from loom.quantization import fp8 as ref  # noqa: E402
+
+INTERPRET = interpreted(mod._quantize_rows_kernel)
+DEVICE = "cpu" if INTERPRET else "cuda"
+if INTERPRET:
+    patch_interpreter()  # fp8 conversion rounded as the GPU's
+_seed = iter(range(1000))
+
+
+def _x(m, k, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(next(_seed))
+    x = torch.randn(m, k, generator=gen) * 3
+    x[0, 1] = 40.0  # one row with a far larger range than the others
+    return x.to(dtype)
+
+
+def _weight(n, k):
+    gen = torch.Generator().manual_seed(next(_seed))
+    return ref.quantize_rows(torch.randn(n, k, generator=gen) / k ** 0.5)
+
+
+@pytest.mark.parametrize("m, k", [(1, 64), (3, 80), (5, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_quantize_to_the_references_bytes(m, k, dtype):
+    """Per token: amax / 448 and x / scale, the bytes and scales the CPU reference makes
+    (K not a power of two: the masked tail of the row's tile)."""
+    for _ in range(2):
+        x = _x(m, k, dtype)
+        q, scale = mod.quantize_rows(x.to(DEVICE))
+        want_q, want_scale = ref.quantize_rows(x)
+        assert q.shape == (m, k) and scale.shape == (m, 1)
+        assert torch.equal(scale.cpu(), want_scale)
+        assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
+
+
+def test_static_scale_quantizes_every_row_by_it():
+    """A checkpoint's static input scale: every row divided by it, clamped to +-448 (the
+    large value saturates), the scale repeated per row for the row-wise GEMM."""
+    x = _x(4, 96)
+    static = torch.tensor([0.05])
+    q, scale = mod.quantize_rows(x.to(DEVICE), static.to(DEVICE))
+    assert torch.equal(scale.cpu(), torch.full((4, 1), 0.05))
+    want = ref._to_fp8(x, static.reshape(1, 1))
+    assert torch.equal(q.cpu().view(torch.uint8), want.view(torch.uint8))
+    assert q.cpu()[0, 1].float() == 448
+
+
+def test_no_rows_is_no_launch():
+    q, scale = mod.quantize_rows(torch.empty(0, 64, device=DEVICE))
+    assert q.shape == (0, 64) and scale.shape == (0, 1)
+
+
+def _dequantized(wq, ws):
+    return wq.double() * ws.double()
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_decode_rows_take_the_gemv_unquantized(m, monkeypatch):
+    """Where the GEMV has a config, the op is x @ (fp8 weight * scale)^T with x as it is
+    (no activation rounding): float32 within float32 rounding of float64, and away from
+    the W8A8 reference by about the activations' fp8 rounding."""
+    x = _x(m, 64)
+    wq, ws = _weight(40, 64)
+    cfg = GemvConfig(block_n=16, block_k=32)
+    monkeypatch.setattr(mod, "decode_config", lambda rows, weight: cfg if rows <= 4 else None)
+    y = torch.ops.loom.fp8_linear(x.to(DEVICE), wq.to(DEVICE), ws.to(DEVICE), None)
+    want = x.double() @ _dequantized(wq, ws).T
+    torch.testing.assert_close(y.cpu().double(), want, rtol=1e-5, atol=1e-5)
+    xq, xs = ref.quantize_rows(x)
+    w8a8 = (xq.double() * xs.double()) @ _dequantized(wq, ws).T
+    assert (y.cpu().double() - w8a8).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_more_rows_take_the_scaled_gemm(static, monkeypatch):
+    """Past the GEMV's rows: quantized as the reference quantizes, multiplied by the scaled
+    GEMM (bf16 out, back to x's dtype): the reference's float32 product within bf16
+    rounding. The GEMV is never asked."""
+    asked = []
+    monkeypatch.setattr(mod, "gemv", lambda *a, **k: asked.append(a))
+    x = _x(20, 64)
+    wq, ws = _weight(48, 64)
+    layer = torch.nn.Module()
+    layer.weight, layer.weight_scale = wq, ws
+    layer.input_scale = torch.tensor([0.04]) if static else None
+    y = torch.ops.loom.fp8_linear(
+        x.to(DEVICE), wq.to(DEVICE), ws.to(DEVICE),
+        None if layer.input_scale is None else layer.input_scale.to(DEVICE))
+    method = ref.Fp8Linear("static" if static else "token")
+    want = method.apply(layer, x, None)  # the CPU reference
+    assert y.dtype == torch.float32 and not asked
+    torch.testing.assert_close(y.cpu(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
+
+def test_decode_config_without_an_fp8_table(monkeypatch):
+    """No fp8 table for the GPU: the bf16 table's tile with twice the chunk width (the same
+    bytes a chunk); none where bf16 has none, and never past MAX_M rows."""
+    bf16 = GemvConfig(block_n=16, block_k=256, split_k=2)
+    monkeypatch.setattr(mod, "_has_fp8_table", lambda device: False)
+    monkeypatch.setattr(mod, "tuned_config", lambda m, n, k, dtype, device: (
+        bf16 if dtype == torch.bfloat16 and n == 48 else None))
+    w = torch.empty(48, 64, dtype=mod.FP8)
+    assert mod.decode_config(1, w) == GemvConfig(block_n=16, block_k=512, split_k=2)
+    assert mod.decode_config(17, w) is None
+    assert mod.decode_config(1, torch.empty(32, 64, dtype=mod.FP8)) is None
+    monkeypatch.setattr(mod, "_has_fp8_table", lambda device: True)
+    assert mod.decode_config(1, w) is None  # the fp8 table decides: it has no entry
+
+
+_OFFLINE_COMPILE = r"""
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as tcompile
+from loom.kernels.fp8_linear import _quantize_rows_kernel
+from loom.kernels.gemv import _gemv_kernel
+
+def build(fn, types, cons, warps):
+    names = list(fn.arg_names)
+    sig = {n: "constexpr" if n in cons else types.get(n, "i32") for n in names}
+    # pointers and strides 16-byte aligned, as Triton specializes them at a launch
+    aligned = [i for i, n in enumerate(names) if sig[n].startswith("*") or n == "stride_x"]
+    src = ASTSource(fn=fn, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in cons.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
+                      options=dict(num_warps=warps, num_stages=3))
+    assert kernel.asm["cubin"]
+    ptx = kernel.asm["ptx"]
+    # fp8 conversions in hardware, and 16-byte loads (or asynchronous copies) of the rows
+    print(fn.__name__, "e4m3x2" in ptx,
+          "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx)
+
+build(_quantize_rows_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32",
+                              "in_scale_ptr": "*fp32"},
+      dict(K=14336, BLOCK=16384, STATIC=False, FMAX=448.0, EPS_=1.2e-7), 16)
+types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf16",
+         "part_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16",
+         "res_out_ptr": "*bf16", "eps": "fp32"}
+gemv = dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, SPLIT_MODE=0, USE_DOT=False,
+            SILU_MUL=False, EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=3, PDL=False,
+            PREFETCH_BYTES=0, ADD_NORM=False, W_SCALE=True)
+build(_gemv_kernel, types, gemv, 4)
+build(_gemv_kernel, types, dict(gemv, M=8, USE_DOT=True, SPLIT_K=2, SPLIT_MODE=1), 4)
+build(_gemv_kernel, types, dict(gemv, SILU_MUL=True, K=14336), 4)
+"""
+
+
+def test_fp8_kernels_compile_for_sm90_offline():
+    """The fp8 paths compile for the H200 with Triton's own ptxas (no GPU here): the
+    conversions to and from fp8 are the hardware's, and the rows and weights are read 16
+    bytes at a time (asynchronous copies in the GEMV's pipelined loop)."""
+    from tests.triton_interpreter import compile_for_sm90_offline
+    assert compile_for_sm90_offline(_OFFLINE_COMPILE).splitlines() == [
+        "_quantize_rows_kernel True True"] + ["_gemv_kernel True True"] * 3
