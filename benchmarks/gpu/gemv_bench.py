@@ -31,6 +31,16 @@ eff = floor / time; then the best of each kernel family. The JSON holds every ca
 
     python3 benchmarks/gpu/gemv_bench.py --output-json /tmp/gemv.json
 
+--weight-dtype fp8 measures the table for fp8 weights (gemv,dtype=float8_e4m3fn,...): each
+copy quantized per row (loom.quantization.fp8.quantize_rows) from the same normal(0, 0.02)
+bf16 weights, with its float32 scale per row, and x bf16 as in loom (W8A16: the GEMV's
+weight_scale). The baseline is what loom runs where the table has no config,
+`scaled_mm_linear` (x quantized per token, then torch._scaled_mm; down+silu: `silu_mul`
+first); candidates are checked against the float32 product act @ (w * scale)^T, not the
+baseline, which quantizes x. The floor counts a byte a weight plus the 4-byte scales; the
+pool holds twice the copies; the row-reduction tiles go to 2048-wide chunks and the dot
+tiles to twice bf16's (the same bytes a chunk).
+
 This file holds the command line and the staged run; gemv_search.py beside it the
 candidates of each stage and the compile pool; gemv_timing.py the timing of one candidate,
 the summary lines and the decode table (--write-table).
@@ -61,6 +71,9 @@ from gemv_timing import (CALLS_PER_GRAPH, POOL_BYTES, REPLAYS, Shape,  # noqa: E
                          graph_us, log, log_summary, time_candidate, write_table)
 
 from loom.kernels.gemv import MAX_M  # noqa: E402
+
+WEIGHT_DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn"}
+"""--weight-dtype: the torch dtype's name (in the table's file name)."""
 
 SHAPES = {  # name: (N, K, silu_mul_input)
     "qkv": (3072, 4096, False),
@@ -104,7 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output-json", required=True)
     ap.add_argument("--write-table", default=None, metavar="PATH",
                     help="merge the winners into this decode table (loom/kernels/configs/"
-                    "gemv,dtype=bfloat16,device_name=<GPU>.json)")
+                    "gemv,dtype=bfloat16,device_name=<GPU>.json; with --weight-dtype fp8 "
+                    "gemv,dtype=float8_e4m3fn,device_name=<GPU>.json)")
+    ap.add_argument("--weight-dtype", choices=tuple(WEIGHT_DTYPES), default="bf16",
+                    help="the weights' dtype: bf16 (against F.linear), or fp8 e4m3 with a "
+                    "float32 scale per row (against scaled_mm_linear; W8A16 GEMV)")
     ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated subset")
     ap.add_argument("--ms", default="1,2,4", help=f"batch sizes (1..{MAX_M})")
     ap.add_argument("--jobs", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)),
@@ -123,6 +140,11 @@ def checked_shapes_and_ms(ap: argparse.ArgumentParser, args) -> tuple[list[str],
     ms = [int(v) for v in args.ms.split(",")]
     if not all(1 <= m <= MAX_M for m in ms):
         ap.error(f"--ms takes batch sizes 1..{MAX_M}, got {ms}")
+    table = os.path.basename(args.write_table or "")
+    want = f"dtype={WEIGHT_DTYPES[args.weight_dtype]},"
+    if "dtype=" in table and want not in table:
+        ap.error(f"--write-table {table} is not the table of --weight-dtype "
+                 f"{args.weight_dtype} ({want[:-1]})")
     return names, ms
 
 
@@ -148,17 +170,26 @@ def measure_rates(torch, dev) -> tuple[float, float]:
     return copy_tbps, read_tbps
 
 
-def build_shapes(torch, dev, names: list[str]) -> dict[str, Shape]:
-    """Each shape with its pool of weight copies (> POOL_BYTES, shared by equal N x K)."""
+def build_shapes(torch, dev, names: list[str], fp8: bool = False) -> dict[str, Shape]:
+    """Each shape with its pool of weight copies (> POOL_BYTES, shared by equal N x K); fp8:
+    each copy quantized per row, with its float32 scales [N, 1] (twice the copies)."""
     shapes: dict[str, Shape] = {}
-    pools: dict[tuple[int, int], list] = {}
+    pools: dict[tuple[int, int], tuple[list, list | None]] = {}
     for name in names:
         n, k, silu = SHAPES[name]
         if (n, k) not in pools:
-            count = max(2, math.ceil(POOL_BYTES / (n * k * 2)))
+            count = max(2, math.ceil(POOL_BYTES / (n * k * (1 if fp8 else 2))))
             flat = torch.empty(count, n, k, device=dev, dtype=torch.bfloat16).normal_(0, 0.02)
-            pools[(n, k)] = [flat[i] for i in range(count)]
-        shapes[name] = Shape(name, n, k, silu, pools[(n, k)])
+            scales = None
+            if fp8:
+                from loom.quantization.fp8 import quantize_rows
+                q = torch.empty(count, n, k, device=dev, dtype=torch.float8_e4m3fn)
+                sc = torch.empty(count, n, 1, device=dev, dtype=torch.float32)
+                for i in range(count):
+                    q[i], sc[i] = quantize_rows(flat[i])
+                flat, scales = q, [sc[i] for i in range(count)]
+            pools[(n, k)] = ([flat[i] for i in range(count)], scales)
+        shapes[name] = Shape(name, n, k, silu, *pools[(n, k)])
     return shapes
 
 
@@ -180,7 +211,15 @@ class Run:
     budget_s: float
     compiler: Compiler
     t_start: float
+    weight_dtype: str = "bf16"
     results: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    @property
+    def w_bytes(self) -> int:
+        return 1 if self.weight_dtype == "fp8" else 2
+
+    def job(self, s: Shape, m: int, c) -> tuple:
+        return job_key(m, s.k, s.silu, c, self.weight_dtype)
 
     def entry(self, name: str, m: int) -> dict:
         key = f"{name}/M{m}"
@@ -193,22 +232,21 @@ class Run:
         return self.results[key]
 
     def torch_baselines(self) -> None:
-        """cuBLAS (and for down+silu the unfused silu * up + F.linear), every (shape, M)."""
+        """cuBLAS (and for down+silu the unfused silu * up + F.linear), every (shape, M); for
+        fp8 weights scaled_mm_linear (after silu_mul)."""
         torch, F = self.torch, self.F
         for name in self.names:
             s = self.shapes[name]
             for m in self.ms:
                 e = self.entry(name, m)
                 x = s.inputs(torch, m)
-                pool = s.weights
                 e["torch_us"], e["torch_min_us"] = graph_us(
-                    torch, lambda i: s.torch_call(torch, F, x, pool[i % len(pool)]))
+                    torch, lambda i: s.torch_call(torch, F, x, i))
 
     def run_stage(self, label: str, plan: list, before_timing=None) -> None:
         """plan: list of (shape name, m, [configs])."""
         t0 = time.perf_counter()
-        jobs = [job_key(m, self.shapes[name].k, self.shapes[name].silu, c)
-                for name, m, cfgs in plan for c in cfgs]
+        jobs = [self.job(self.shapes[name], m, c) for name, m, cfgs in plan for c in cfgs]
         log(f"{label}: {len(plan)} (shape, M) pairs, {len(jobs)} timings, "
             f"{len(set(jobs))} distinct kernels")
         self.compiler.run(jobs)
@@ -223,7 +261,7 @@ class Run:
 
     def try_candidate(self, s: Shape, m: int, c, e: dict) -> None:
         """Time c, unless its compile failed or the run is past 110 % of its budget."""
-        fail = self.compiler.failed.get(job_key(m, s.k, s.silu, c))
+        fail = self.compiler.failed.get(self.job(s, m, c))
         if fail:
             e["candidates"].setdefault(c.describe(), {
                 "config": dataclasses.asdict(c), "error": f"compile: {fail}"})
@@ -237,24 +275,24 @@ class Run:
 def run_stages(run: Run) -> None:
     """Stage 1 (M = 1, with the cuBLAS baselines), stage 2 (M > 1), then stage 3 as the
     budget allows."""
-    cfg, names, ms = run.gemv_config, run.names, run.ms
+    cfg, names, ms, wb = run.gemv_config, run.names, run.ms, run.w_bytes
     k_of = {name: run.shapes[name].k for name in names}
     if 1 in ms:  # the baselines are timed once the compile workers are idle
         run.run_stage("stage 1 (M=1, all tiles)",
-                      [(name, 1, stage1(cfg, k_of[name])) for name in names],
+                      [(name, 1, stage1(cfg, k_of[name], wb)) for name in names],
                       before_timing=run.torch_baselines)
     else:
         run.torch_baselines()
     rest = [m for m in ms if m != 1]
     if rest:
-        plan = [(name, m, stage2(cfg, k_of[name], m, run.entry(name, 1)) if 1 in ms
-                 else stage2_without_m1(cfg, k_of[name], m))
+        plan = [(name, m, stage2(cfg, k_of[name], m, run.entry(name, 1), wb) if 1 in ms
+                 else stage2_without_m1(cfg, k_of[name], m, wb))
                 for name in names for m in rest]
         run.run_stage("stage 2 (M>1: best M=1 tiles, dot tiles)", plan)
     elapsed = time.perf_counter() - run.t_start
     if elapsed < run.budget_s * 0.85:
         trim = elapsed > run.budget_s * 0.55
-        plan = [(name, m, stage3(cfg, k_of[name], run.entry(name, m), trim))
+        plan = [(name, m, stage3(cfg, k_of[name], run.entry(name, m), trim, wb))
                 for name in names for m in ms]
         run.run_stage(f"stage 3 (stages, split-K{'; trimmed for time' if trim else ''})", plan)
     else:
@@ -265,10 +303,13 @@ def run_stages(run: Run) -> None:
 # ----------------------------------------------------------------------------------------
 # The JSON
 
-def run_record(run: Run, props, triton_version: str, read_tbps: float) -> dict:
+def run_record(run: Run, props, triton_version: str, read_tbps: float, table: str) -> dict:
     torch = run.torch
+    fp8 = run.weight_dtype == "fp8"
     return {
         "device": torch.cuda.get_device_name(torch.device("cuda")),
+        "weight_dtype": WEIGHT_DTYPES[run.weight_dtype],
+        "decode_table": table,
         "sm_count": props.multi_processor_count,
         "git_commit": os.environ.get("LOOM_GIT_COMMIT"),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
@@ -277,8 +318,13 @@ def run_record(run: Run, props, triton_version: str, read_tbps: float) -> dict:
         "method": {"calls_per_graph": CALLS_PER_GRAPH, "replays": REPLAYS,
                    "statistic": "median over replays / calls_per_graph",
                    "weight_pool_bytes_min": POOL_BYTES,
-                   "eff": "floor_us / us; floor_us = weight bytes / copy rate"},
-        "profiled_cublas_us_m1": PROFILED_CUBLAS_US,
+                   "eff": "floor_us / us; floor_us = weight bytes / copy rate" + (
+                       " (fp8: N*K + the 4*N scale bytes)" if fp8 else ""),
+                   "baseline": "scaled_mm_linear (silu_mul first for +silu)" if fp8
+                   else "F.linear (F.silu(gate) * up first for +silu)",
+                   "check": "against act.float() @ (w.float() * scale).T" if fp8
+                   else "against the baseline"},
+        "profiled_cublas_us_m1": None if fp8 else PROFILED_CUBLAS_US,
         "compile_seconds_in_pool": run.compiler.seconds,
         "compile_failures": [{"job": str(k), "error": v}
                              for k, v in run.compiler.failed.items()],
@@ -309,22 +355,27 @@ def main() -> int:
     import triton
 
     from loom.kernels.gemv import GemvConfig, gemv
+    from loom.kernels.gemv_decode import table_path
+    from loom.kernels.tuned import device_name
 
     t_start = time.perf_counter()
     names, ms = checked_shapes_and_ms(ap, args)
     torch.manual_seed(0)
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
+    fp8 = args.weight_dtype == "fp8"
+    table = str(table_path(getattr(torch, WEIGHT_DTYPES[args.weight_dtype]), device_name(dev)))
     log(f"{props.name}: {props.multi_processor_count} SMs, L2 "
         f"{getattr(props, 'L2_cache_size', 0) / 2**20:.0f} MiB; torch {torch.__version__}, "
-        f"triton {triton.__version__}")
+        f"triton {triton.__version__}; {args.weight_dtype} weights (loom's table for them "
+        f"here: {table})")
     copy_tbps, read_tbps = measure_rates(torch, dev)
     compiler = Compiler(args.jobs)
-    run = Run(torch, F, gemv, GemvConfig, names, ms, build_shapes(torch, dev, names),
-              copy_tbps, args.budget_s, compiler, t_start)
+    run = Run(torch, F, gemv, GemvConfig, names, ms, build_shapes(torch, dev, names, fp8),
+              copy_tbps, args.budget_s, compiler, t_start, args.weight_dtype)
     run_stages(run)
-    log_summary(run.results, GemvConfig, copy_tbps, names)
-    write_json(args.output_json, run_record(run, props, triton.__version__, read_tbps))
+    log_summary(run.results, GemvConfig, copy_tbps, names, fp8)
+    write_json(args.output_json, run_record(run, props, triton.__version__, read_tbps, table))
     if args.write_table:
         log(f"wrote {write_table(run.results, args.write_table)}")
     return 0

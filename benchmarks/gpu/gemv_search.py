@@ -21,61 +21,71 @@ DOT_TILES = [(16, 128), (16, 256), (32, 128), (32, 256), (64, 128), (64, 256), (
 # ----------------------------------------------------------------------------------------
 # Candidates
 
-def fma_tiles(m: int) -> list[tuple[int, int, int]]:
+def fma_tiles(m: int, w_bytes: int = 2) -> list[tuple[int, int, int]]:
     """(block_n, block_k, num_warps) of the row-reduction path within a register budget:
-    8 to 64 weight elements per thread (32 at M = 4, whose products keep more live). None
-    past 4 rows: there each chunk's M unrolled row reductions would cost more than the
-    tensor-core tiles, which take 16 rows for the price of one."""
+    16 to 128 bytes of weight per thread (64 at M = 4, whose products keep more live), that
+    is 8 to 64 bf16 elements, 16 to 128 fp8 ones (w_bytes 1: one 16-byte load holds 16, so
+    the chunks go to 2048 wide). None past 4 rows: there each chunk's M unrolled row
+    reductions would cost more than the tensor-core tiles, which take 16 rows for the price
+    of one."""
     if m > 4:
         return []
-    emax = 64 if m <= 2 else 32
+    bmax = 128 if m <= 2 else 64
+    widths = (128, 256, 512, 1024) + ((2048,) if w_bytes == 1 else ())
     out = []
     for warps in (4, 8):
         for bn in (8, 16, 32, 64):
-            for bk in (128, 256, 512, 1024):
-                if 8 <= bn * bk // (32 * warps) <= emax:
+            for bk in widths:
+                if 16 <= bn * bk * w_bytes // (32 * warps) <= bmax:
                     out.append((bn, bk, warps))
     return out
 
 
-def fits(cfg, k: int) -> bool:
-    """Even slices of whole chunks (no masked tail), and shared memory for the pipeline."""
+def dot_tiles(w_bytes: int = 2) -> list[tuple[int, int]]:
+    """The tensor-core tiles: fp8's (w_bytes 1) at twice the chunk width, the same weight
+    bytes a chunk (as gemv_decode.weight_config widens the bf16 table's tiles for fp8)."""
+    return DOT_TILES if w_bytes == 2 else [(bn, 2 * bk) for bn, bk in DOT_TILES]
+
+
+def fits(cfg, k: int, w_bytes: int = 2) -> bool:
+    """Even slices of whole chunks (no masked tail), and shared memory for the pipeline: the
+    weight's rows, and with use_dot the 16 bf16 rows of x."""
     if k % (cfg.split_k * cfg.block_k):
         return False
-    rows = cfg.block_n + (16 if cfg.use_dot else 0)
-    return max(cfg.num_stages - 1, 1) * rows * cfg.block_k * 2 <= 160 * 1024
+    row_bytes = cfg.block_n * w_bytes + (16 * 2 if cfg.use_dot else 0)
+    return max(cfg.num_stages - 1, 1) * row_bytes * cfg.block_k <= 160 * 1024
 
 
-def stage1(gemv_config, k: int) -> list:
+def stage1(gemv_config, k: int, w_bytes: int = 2) -> list:
     cands = [gemv_config(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-             for bn, bk, w in fma_tiles(1) for s in (1, 3)]
+             for bn, bk, w in fma_tiles(1, w_bytes) for s in (1, 3)]
     cands += [gemv_config(block_n=bn, block_k=bk, num_warps=4, num_stages=s, use_dot=True)
-              for bn, bk in DOT_TILES for s in (3, 4)]
-    return [c for c in cands if fits(c, k)]
+              for bn, bk in dot_tiles(w_bytes) for s in (3, 4)]
+    return [c for c in cands if fits(c, k, w_bytes)]
 
 
-def stage2(gemv_config, k: int, m: int, m1_entry: dict) -> list:
+def stage2(gemv_config, k: int, m: int, m1_entry: dict, w_bytes: int = 2) -> list:
     best = ranked(m1_entry)
     fma = [c for _, c in best if not c["use_dot"]][:4]
-    emax_ok = {(bn, bk, w) for bn, bk, w in fma_tiles(m)}
+    emax_ok = {(bn, bk, w) for bn, bk, w in fma_tiles(m, w_bytes)}
     cands = [gemv_config(**c) for c in fma if (c["block_n"], c["block_k"], c["num_warps"])
              in emax_ok]
     if len(cands) < 2:  # the M = 1 winners are too large for M's registers: next best
         cands += [gemv_config(**c) for _, c in best if not c["use_dot"]
                   and (c["block_n"], c["block_k"], c["num_warps"]) in emax_ok][:3]
     cands += [gemv_config(block_n=bn, block_k=bk, num_warps=4, num_stages=s, use_dot=True)
-              for bn, bk in DOT_TILES for s in (3, 4)]
-    return [c for c in dict.fromkeys(cands) if fits(c, k)]
+              for bn, bk in dot_tiles(w_bytes) for s in (3, 4)]
+    return [c for c in dict.fromkeys(cands) if fits(c, k, w_bytes)]
 
 
-def stage2_without_m1(gemv_config, k: int, m: int) -> list:
+def stage2_without_m1(gemv_config, k: int, m: int, w_bytes: int = 2) -> list:
     """Stage 2 when M = 1 was not run: stage 1's dot tiles, and its row-reduction tiles
     that fit M's registers."""
-    return [c for c in stage1(gemv_config, k)
-            if c.use_dot or (c.block_n, c.block_k, c.num_warps) in set(fma_tiles(m))]
+    return [c for c in stage1(gemv_config, k, w_bytes)
+            if c.use_dot or (c.block_n, c.block_k, c.num_warps) in set(fma_tiles(m, w_bytes))]
 
 
-def stage3(gemv_config, k: int, entry: dict, trim: bool) -> list:
+def stage3(gemv_config, k: int, entry: dict, trim: bool, w_bytes: int = 2) -> list:
     best = [c for _, c in ranked(entry) if c["split_k"] == 1][:2]
     if not best:
         return []
@@ -100,7 +110,7 @@ def stage3(gemv_config, k: int, entry: dict, trim: bool) -> list:
         if len(best) > 1:
             second = gemv_config(**best[1])
             cands += [split(second, s, "fixup") for s in (2, 4)]
-    return [c for c in dict.fromkeys(cands) if fits(c, k)]
+    return [c for c in dict.fromkeys(cands) if fits(c, k, w_bytes)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -115,15 +125,20 @@ def _worker_init() -> None:
 
 def _worker_compile(job):
     """Run the config once on a tiny weight of the same K (N = 64: the same divisibility
-    specializations as every benchmarked N), which compiles it into the disk cache."""
+    specializations as every benchmarked N) and dtype (fp8: with its float32 scale per row,
+    as the timing passes it), which compiles it into the disk cache."""
     import torch
     from loom.kernels.gemv import GemvConfig, gemv
-    m, k, silu, fields = job
+    m, k, silu, w_dtype, fields = job
     t0 = time.perf_counter()
     try:
         x = torch.randn(m, 2 * k if silu else k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(64, k, device="cuda", dtype=torch.bfloat16)
-        gemv(x, w, silu_mul_input=silu, config=GemvConfig(**dict(fields)))
+        ws = None
+        if w_dtype == "fp8":
+            w = w.to(torch.float8_e4m3fn)
+            ws = torch.rand(64, 1, device="cuda", dtype=torch.float32)
+        gemv(x, w, silu_mul_input=silu, weight_scale=ws, config=GemvConfig(**dict(fields)))
         torch.cuda.synchronize()
         return job, None, time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - reported, the config skipped
@@ -177,6 +192,7 @@ class Compiler:
             self.pool.shutdown()
 
 
-def job_key(m: int, k: int, silu: bool, cfg) -> tuple:
-    """A compile job, hashable and picklable: (M, K, silu, the config's fields)."""
-    return (m, k, silu, tuple(sorted(dataclasses.asdict(cfg).items())))
+def job_key(m: int, k: int, silu: bool, cfg, w_dtype: str = "bf16") -> tuple:
+    """A compile job, hashable and picklable: (M, K, silu, the weight's dtype ("bf16" or
+    "fp8"), the config's fields)."""
+    return (m, k, silu, w_dtype, tuple(sorted(dataclasses.asdict(cfg).items())))

@@ -1,5 +1,6 @@
 """gemv_bench.py's timing and what is read from it: one candidate checked against F.linear
-and timed in a CUDA graph; the summary lines; the winners merged into loom's decode table.
+(fp8 weights: the exact product in float32) and timed in a CUDA graph; the summary lines;
+the winners merged into loom's decode table.
 
 torch is passed in (it is imported once CUDA is known to be there), not imported here.
 """
@@ -50,31 +51,72 @@ def graph_us(torch, call) -> tuple[float, float]:
     return statistics.median(per_call), min(per_call)
 
 
-def close_enough(torch, y, ref) -> tuple[bool, float, float]:
-    """bf16 tolerance: both sides round y to bf16 from float32 sums (~3e-3 of the norm)."""
+def close_enough(torch, y, ref, norm_tol: float = 1e-2,
+                 max_tol: float = 5e-2) -> tuple[bool, float, float]:
+    """bf16 tolerance: both sides round y to bf16 from float32 sums (~3e-3 of the norm).
+    Against an exact float32 reference (fp8 weights) only y's rounding is left: ~1e-3 of
+    the norm, each element within 2^-9 of itself, so FP8_TOL's tighter bounds."""
     y32, r32 = y.float(), ref.float()
     if not bool(torch.isfinite(y32).all()):
         return False, float("nan"), float("nan")
     diff = y32 - r32
     norm = (diff.norm() / r32.norm()).item()
     worst = (diff.abs().max() / r32.abs().max()).item()
-    return norm < 1e-2 and worst < 5e-2, norm, worst
+    return norm < norm_tol and worst < max_tol, norm, worst
+
+
+FP8_TOL = {"norm_tol": 5e-3, "max_tol": 2e-2}
 
 
 class Shape:
-    def __init__(self, name: str, n: int, k: int, silu: bool, pool_w):
+    """One weight shape and its pool of copies; fp8 when scales (float32 [N, 1] per copy)
+    are given. The baseline is F.linear (down+silu: F.silu(gate) * up first) for bf16, and
+    for fp8 what loom runs without a GEMV config, `scaled_mm_linear` (after `silu_mul`)."""
+
+    def __init__(self, name: str, n: int, k: int, silu: bool, pool_w, scales=None):
         self.name, self.n, self.k, self.silu = name, n, k, silu
         self.weights = pool_w
-        self.bytes = n * k * 2
+        self.scales = scales
+        self.fp8 = scales is not None
+        # fp8: a byte a weight, and the scales the kernel reads too
+        self.bytes = n * k + n * 4 if self.fp8 else n * k * 2
 
     def inputs(self, torch, m):
         cols = 2 * self.k if self.silu else self.k
         return torch.randn(m, cols, device="cuda", dtype=torch.bfloat16)
 
-    def torch_call(self, torch, F, x, w):
+    def copy(self, i: int):
+        """(weight, its scale or None) of copy i (mod the pool)."""
+        i %= len(self.weights)
+        return self.weights[i], self.scales[i] if self.fp8 else None
+
+    def torch_call(self, torch, F, x, i: int = 0):
+        """The baseline on copy i."""
+        w, ws = self.copy(i)
+        if self.fp8:
+            from loom.kernels.fp8_linear import scaled_mm_linear
+            from loom.kernels.silu_mul import silu_mul
+            return scaled_mm_linear(silu_mul(x) if self.silu else x, w, ws)
         if self.silu:
             return F.linear(F.silu(x[:, :self.k]) * x[:, self.k:], w)
         return F.linear(x, w)
+
+    def reference(self, torch, F, x):
+        """What a candidate on copy 0 is checked against: the baseline for bf16; for fp8
+        act.float() @ (w.float() * ws).T, the scale applied after the sums (the same
+        product; each factor exact even in TF32), act = x or `silu_mul(x)` (the kernel's
+        rounding of silu(gate) * up, torch eager's), not the baseline, which quantizes x
+        (~4e-2 off)."""
+        if not self.fp8:
+            return self.torch_call(torch, F, x)
+        from loom.kernels.silu_mul import silu_mul
+        w, ws = self.copy(0)
+        act = silu_mul(x) if self.silu else x
+        return (act.float() @ w.float().T) * ws.reshape(1, -1)
+
+    def gemv_call(self, gemv, x, i: int, cfg):
+        w, ws = self.copy(i)
+        return gemv(x, w, silu_mul_input=self.silu, weight_scale=ws, config=cfg)
 
 
 def time_candidate(torch, F, gemv, shape: Shape, m: int, cfg, entry: dict) -> None:
@@ -85,21 +127,20 @@ def time_candidate(torch, F, gemv, shape: Shape, m: int, cfg, entry: dict) -> No
     entry["candidates"][desc] = rec
     try:
         x = shape.inputs(torch, m)
-        w = shape.weights[0]
         poison = torch.full((m, shape.n), float("nan"), device="cuda", dtype=torch.bfloat16)
         del poison  # y below most likely reuses its block: an unwritten element shows
-        y = gemv(x, w, silu_mul_input=shape.silu, config=cfg)
-        ok, norm, worst = close_enough(torch, y, shape.torch_call(torch, F, x, w))
+        y = shape.gemv_call(gemv, x, 0, cfg)
+        ok, norm, worst = close_enough(torch, y, shape.reference(torch, F, x),
+                                       **(FP8_TOL if shape.fp8 else {}))
         rec.update(err_norm=norm, err_max=worst)
         if not ok:
-            rec["error"] = f"mismatch against F.linear: rel norm {norm:.2e}, max {worst:.2e}"
+            against = "the float32 product" if shape.fp8 else "F.linear"
+            rec["error"] = (f"mismatch against {against}: rel norm {norm:.2e}, max "
+                            f"{worst:.2e}")
             log(f"  note: {shape.name} M={m} {desc}: {rec['error']}; skipped")
             return
-        pool = shape.weights
         x = shape.inputs(torch, m)
-        rec["us"], rec["min_us"] = graph_us(
-            torch, lambda i: gemv(x, pool[i % len(pool)], silu_mul_input=shape.silu,
-                                  config=cfg))
+        rec["us"], rec["min_us"] = graph_us(torch, lambda i: shape.gemv_call(gemv, x, i, cfg))
     except Exception as e:  # noqa: BLE001 - a config that fails is reported and skipped
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         log(f"  note: {shape.name} M={m} {desc}: {rec['error']}; skipped")
@@ -114,11 +155,16 @@ def ranked(entry: dict) -> list[tuple[float, dict]]:
 # ----------------------------------------------------------------------------------------
 # Summary (it also records each entry's "best", "torch_eff" and "best_by_family_us")
 
-def log_summary(results: dict, gemv_config, copy_tbps: float, names: list[str]) -> None:
+def log_summary(results: dict, gemv_config, copy_tbps: float, names: list[str],
+                fp8: bool = False) -> None:
     log("")
     log(f"copy rate {copy_tbps:.2f} TB/s; eff = floor / time (floor = weight bytes / copy "
         f"rate); {CALLS_PER_GRAPH} calls a graph, median of {REPLAYS} replays")
-    log(f"{'shape':10} {'M':>2} {'MB':>6} {'floor':>7} | {'cuBLAS':>8} {'eff':>5} | "
+    if fp8:
+        log("fp8 weights (+ their float32 scales in the bytes); the baseline column is "
+            "scaled_mm_linear (per-token quantization + torch._scaled_mm)")
+    base = "scaledmm" if fp8 else "cuBLAS"
+    log(f"{'shape':10} {'M':>2} {'MB':>6} {'floor':>7} | {base:>8} {'eff':>5} | "
         f"{'Triton':>8} {'eff':>5} {'speedup':>7} | best config")
     for e in results.values():
         log(best_line(e, gemv_config))
@@ -129,8 +175,9 @@ def log_summary(results: dict, gemv_config, copy_tbps: float, names: list[str]) 
     for e in results.values():
         log(family_line(e))
     if "down+silu" in names:
-        log("down+silu: the torch column is F.silu(gate) * up then F.linear (3 kernels); "
-            "the Triton one is the fused kernel")
+        first = "silu_mul then scaled_mm_linear" if fp8 \
+            else "F.silu(gate) * up then F.linear (3 kernels)"
+        log(f"down+silu: the torch column is {first}; the Triton one is the fused kernel")
 
 
 def best_line(e: dict, gemv_config) -> str:
@@ -172,10 +219,11 @@ def family_line(e: dict) -> str:
 
 def write_table(results: dict, path: str, margin: float = 0.98) -> str:
     """Merge the winners into loom's decode table (loom.kernels.gemv_decode.tuned_config reads
-    it): per (N, K) and M, the fastest unsplit config that checked out where it beat
-    F.linear by more than the margin, else null (cuBLAS, so that the row counts below
-    do not take a larger M's config). Fused-SwiGLU rows are not written: the model's
-    SiLU-fused down projection takes the plain row's config, where it reduces rows
+    it): per (N, K) and M, the fastest unsplit config that checked out where it beat the
+    baseline (F.linear; in a run on fp8 weights, whose table is the fp8 one,
+    scaled_mm_linear) by more than the margin, else null (the baseline, so that the row
+    counts below do not take a larger M's config). Fused-SwiGLU rows are not written: the
+    model's SiLU-fused down projection takes the plain row's config, where it reduces rows
     (`loom.kernels.gemv_decode.decode_silu_mul_linear`)."""
     table = json.load(open(path)) if os.path.exists(path) else {}
     for r in results.values():
