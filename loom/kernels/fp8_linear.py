@@ -15,29 +15,22 @@ real row count:
   and one write of the activations. Inductor's fused reduction for the down projection
   (K = 14336) took 1340 us at 8192 rows on the H200, 20x its bytes' time (run_zzz91).
 
-Configs: the "gemv" table measured for fp8 weights (`benchmarks/gpu/gemv_bench.py
---weight-dtype fp8 --write-table`); where the GPU has none, the bf16 table's tile for the
-shape with twice its chunk width (the same bytes a chunk), logged once.
+Configs: `gemv_decode.weight_config`, from the table measured for fp8 weights
+(`benchmarks/gpu/gemv_bench.py --weight-dtype fp8 --write-table`) or, where the GPU has
+none, the bf16 table's.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import functools
-import logging
 
 import torch
 import triton
 import triton.language as tl
 
-from loom.kernels.gemv import MAX_M, GemvConfig, gemv
-from loom.kernels.gemv_decode import table_path, tuned_config
+from loom.kernels.gemv import gemv
+from loom.kernels.gemv_decode import weight_config
 from loom.kernels.host import next_power_of_2
 from loom.kernels.launch import fast_launch
-from loom.kernels.tuned import device_name
 from loom.library import loom_op
-
-logger = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -89,27 +82,6 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-def decode_config(m: int, weight: torch.Tensor) -> GemvConfig | None:
-    """The GEMV's config for m rows of this fp8 weight, or None (the scaled GEMM)."""
-    if not 1 <= m <= MAX_M or not weight.is_contiguous():
-        return None
-    (n, k), device = weight.shape, weight.device
-    if _has_fp8_table(device):
-        return tuned_config(m, n, k, FP8, device)
-    cfg = tuned_config(m, n, k, torch.bfloat16, device)
-    return None if cfg is None else dataclasses.replace(cfg, block_k=2 * cfg.block_k)
-
-
-@functools.cache
-def _has_fp8_table(device: torch.device) -> bool:
-    if table_path(FP8, device_name(device)).is_file():
-        return True
-    logger.info("fp8 decode GEMV: no table measured for fp8 weights on this GPU; decode rows "
-                "take the bf16 table's tiles at twice their chunk width "
-                "(benchmarks/gpu/gemv_bench.py --weight-dtype fp8 --write-table measures one)")
-    return False
-
-
 @loom_op("fp8_linear",
          "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? input_scale) -> Tensor")
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -119,7 +91,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     docstring). One opaque op, so that compiled graphs hold it as a node and the choice is
     made from each call's real row count (each CUDA graph size captures its own)."""
     x = x.contiguous()
-    cfg = decode_config(x.shape[0], weight)
+    cfg = weight_config(x.shape[0], weight, x.dtype)
     if cfg is not None:
         return gemv(x, weight, weight_scale=weight_scale, config=cfg)
     return scaled_mm_linear(x, weight, weight_scale, input_scale)

@@ -5,6 +5,7 @@ compile pass puts in graphs (`compilation/passes/decode_gemv.py`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -19,6 +20,8 @@ from loom.layers.norm import fused_add_rms_norm
 from loom.library import loom_op
 
 logger = logging.getLogger(__name__)
+
+FP8 = torch.float8_e4m3fn
 
 
 def table_path(dtype: torch.dtype, gpu: str, kind: str = "gemv"):
@@ -66,17 +69,43 @@ def tuned_config(m: int, n: int, k: int, dtype: torch.dtype,
     return _at_or_above(per_m, m) if per_m else None
 
 
-def norm_config(m: int, n: int, k: int, dtype: torch.dtype,
-                device: torch.device) -> GemvConfig | None:
-    """The config with which `add_rms_norm_gemv` applies the add and norm itself at this
-    shape and row count, or None where the two kernels (add + norm, then `linear`) run.
-    A shape of the "gemv_norm" table is decided by it (the smallest measured row count
-    >= m; none: the two kernels). Elsewhere the plain table's config where it reduces rows
+def weight_config(m: int, weight: torch.Tensor, x_dtype: torch.dtype) -> GemvConfig | None:
+    """The GEMV's config for m rows of x_dtype times this weight (of x's dtype, or fp8 with
+    its scale per row), or None (cuBLAS). fp8 weights take the fp8 table; where the GPU
+    has none, the bf16 table's tile for the shape at twice its chunk width (the same bytes
+    a chunk), logged once."""
+    if not 1 <= m <= MAX_M or not weight.is_contiguous() or weight.dtype not in (x_dtype, FP8):
+        return None
+    (n, k), device = weight.shape, weight.device
+    if weight.dtype != FP8 or _has_fp8_table(device_name(device)):
+        return tuned_config(m, n, k, weight.dtype, device)
+    cfg = tuned_config(m, n, k, torch.bfloat16, device)
+    return None if cfg is None else dataclasses.replace(cfg, block_k=2 * cfg.block_k)
+
+
+@functools.cache
+def _has_fp8_table(gpu: str) -> bool:
+    if table_path(FP8, gpu).is_file():
+        return True
+    logger.info("fp8 decode GEMV: no table measured for fp8 weights on %s; decode rows take "
+                "the bf16 table's tiles at twice their chunk width (benchmarks/gpu/"
+                "gemv_bench.py --weight-dtype fp8 --write-table measures one)", gpu)
+    return False
+
+
+def norm_config(m: int, weight: torch.Tensor, x_dtype: torch.dtype) -> GemvConfig | None:
+    """The config with which `add_rms_norm_gemv` applies the add and norm itself for m rows
+    of this weight, or None where the two kernels (add + norm, then the product) run. A
+    shape of the "gemv_norm" table is decided by it (the smallest measured row count >= m;
+    none: the two kernels). Elsewhere `weight_config`'s config where it reduces rows
     unsplit (with the tensor-core tiles the fused call lost 7-18 us on an H200: run_zzz25)."""
-    per_m = _table(dtype, device_name(device), "gemv_norm").get((n, k))
+    if weight.dtype not in (x_dtype, FP8):
+        return None
+    per_m = _table(weight.dtype, device_name(weight.device), "gemv_norm").get(
+        tuple(weight.shape))
     if per_m is not None:
         return _at_or_above(per_m, m)
-    cfg = tuned_config(m, n, k, dtype, device)
+    cfg = weight_config(m, weight, x_dtype)
     return cfg if cfg is not None and cfg.split_k == 1 and not cfg.use_dot else None
 
 
@@ -99,10 +128,16 @@ def compile_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _gemv_config(x: torch.Tensor, weight: torch.Tensor) -> GemvConfig | None:
-    m = x.shape[0]
-    if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
-        return tuned_config(m, weight.shape[0], weight.shape[1], x.dtype, x.device)
-    return None
+    return weight_config(x.shape[0], weight, x.dtype) if x.dtype == weight.dtype else None
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+             input_scale: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight^T as the layer computes it: `linear`, or for an fp8 weight (with its
+    scale) `loom::fp8_linear`."""
+    if weight_scale is None:
+        return linear(x, weight)
+    return torch.ops.loom.fp8_linear(x, weight, weight_scale, input_scale)
 
 
 @loom_op("decode_linear", "(Tensor x, Tensor weight) -> Tensor")
@@ -118,8 +153,11 @@ def _(x, weight):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-@loom_op("decode_silu_mul_linear", "(Tensor x, Tensor weight) -> Tensor")
-def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+@loom_op("decode_silu_mul_linear", "(Tensor x, Tensor weight, Tensor? weight_scale=None, "
+         "Tensor? input_scale=None) -> Tensor")
+def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
+                           weight_scale: torch.Tensor | None = None,
+                           input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """(silu(gate) * up) @ weight^T for x [M, 2K] = [gate | up]: an MLP's down projection
     with its activation. Where the down weight's measured config reduces rows (no tensor
     cores), the GEMV applies the activation as it reads x, so no SiLU·mul kernel runs
@@ -127,49 +165,53 @@ def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
     fused it; torch's two eager ops on the CPU), then `linear`: with tensor-core tiles
     every program recomputes the activation for 16 padded rows, and 8B's down took ~45 us
     more a layer at batch 4 (run_zzz58; gemv_bench's SiLU rows at TP=2: 36.7 against
-    17.8 us without the SiLU, 3485478)."""
-    m, k = x.shape[0], weight.shape[1]
-    if 1 <= m <= MAX_M and x.dtype == weight.dtype and weight.is_contiguous():
-        cfg = tuned_config(m, weight.shape[0], k, x.dtype, x.device)
-        if cfg is not None and not cfg.use_dot:
-            return gemv(x.contiguous(), weight, silu_mul_input=True, config=cfg)
+    17.8 us without the SiLU, 3485478). An fp8 weight comes with its scales, as
+    `loom::fp8_linear` takes them."""
+    cfg = weight_config(x.shape[0], weight, x.dtype)
+    if cfg is not None and not cfg.use_dot:
+        return gemv(x.contiguous(), weight, silu_mul_input=True, weight_scale=weight_scale,
+                    config=cfg)
     if x.is_cuda:
-        return linear(silu_mul(x.contiguous()), weight)
-    gate, up = x.split(k, dim=-1)
-    return linear(torch.nn.functional.silu(gate) * up, weight)
+        act = silu_mul(x.contiguous())
+    else:
+        gate, up = x.split(weight.shape[1], dim=-1)
+        act = torch.nn.functional.silu(gate) * up
+    return _product(act, weight, weight_scale, input_scale)
 
 
 @decode_silu_mul_linear.register_fake
-def _(x, weight):
+def _(x, weight, weight_scale=None, input_scale=None):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
 @loom_op("decode_add_rms_norm_linear",
-         "(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) "
-         "-> (Tensor, Tensor)")
-def decode_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor,
-                               norm_weight: torch.Tensor, eps: float,
-                               weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+         "(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, "
+         "Tensor? weight_scale=None, Tensor? input_scale=None) -> (Tensor, Tensor)")
+def decode_add_rms_norm_linear(
+        x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+        weight: torch.Tensor, weight_scale: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight^T, x + residual): a decoder's residual add and norm
     with the projection that reads them (qkv, gate_up). Where `norm_config` has a config,
     the GEMV applies the add and the norm as it reads x (`add_rms_norm_gemv`): one kernel
     where Inductor's norm and the GEMV were two. Otherwise the add and norm in one kernel
     (torch's eager ops on the CPU), then `linear`. The decode GEMV pass puts this op in
-    graphs at TP=1 unless LOOM_DECODE_NORM_GEMV=0 (`envs.py`)."""
-    m, (n, k) = x.shape[0], weight.shape
-    if 1 <= m <= MAX_M and x.dtype == weight.dtype == residual.dtype == norm_weight.dtype \
+    graphs at TP=1 unless LOOM_DECODE_NORM_GEMV=0 (`envs.py`). An fp8 weight comes with
+    its scales, as `loom::fp8_linear` takes them."""
+    m = x.shape[0]
+    if 1 <= m <= MAX_M and x.dtype == residual.dtype == norm_weight.dtype \
             and weight.is_contiguous() and norm_weight.is_contiguous():
-        cfg = norm_config(m, n, k, x.dtype, x.device)
+        cfg = norm_config(m, weight, x.dtype)
         if cfg is not None:
             return add_rms_norm_gemv(x.contiguous(), residual.contiguous(), norm_weight, eps,
-                                     weight, config=cfg)
+                                     weight, weight_scale=weight_scale, config=cfg)
     if x.is_cuda:
         normed, residual_out = add_rms_norm(x, residual, norm_weight, eps)
     else:
         normed, residual_out = fused_add_rms_norm(x, residual, norm_weight, eps)
-    return linear(normed, weight), residual_out.contiguous()
+    return _product(normed, weight, weight_scale, input_scale), residual_out.contiguous()
 
 
 @decode_add_rms_norm_linear.register_fake
-def _(x, residual, norm_weight, eps, weight):
+def _(x, residual, norm_weight, eps, weight, weight_scale=None, input_scale=None):
     return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape)

@@ -62,18 +62,29 @@ class Fp8Linear:
 
     def apply(self, layer: LinearBase, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
+        # 2-D inputs (every model's) go in as they are, so that the decode GEMV pass sees
+        # the op's input as the norm or SiLU·mul that made it
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         if self.block is not None:
             y = self._block_matmul(layer, x2)
-        elif x.is_cuda:
+        elif self.use_op(x):
             y = torch.ops.loom.fp8_linear(x2, layer.weight, layer.weight_scale,
                                           layer.input_scale if self.activations == "static"
                                           else None)
         else:
             xq, x_scale = self.quantize_input(layer, x2)
             y = (xq.float() @ layer.weight.float().t()) * x_scale * layer.weight_scale.t()
-        y = y.to(x.dtype).reshape(*x.shape[:-1], -1)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        if x.dim() != 2:
+            y = y.reshape(*x.shape[:-1], -1)
         return y if bias is None else y + bias
+
+    @staticmethod
+    def use_op(x: torch.Tensor) -> bool:
+        """Per-channel layers take `loom::fp8_linear` on CUDA; the float32 reference on the
+        CPU."""
+        return x.is_cuda
 
     def _block_matmul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and self.block_kernel:

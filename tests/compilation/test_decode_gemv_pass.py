@@ -63,6 +63,50 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
     assert with_norm and max(with_norm) <= gemv_module.MAX_M and 3 in with_norm
 
 
+@pytest.mark.slow
+def test_fp8_decode_fuses_the_norm_and_silu_and_tokens_stay(tiny_model_factory, monkeypatch,
+                                                             caplog):
+    """--quantization fp8 through loom::fp8_linear (as on CUDA; here the interpreted GEMV
+    and torch's CPU _scaled_mm): at level 3 the pass hands each fp8 projection's norm or
+    SiLU·mul to the GEMV with the weight's scales, and the tokens equal the eager run's,
+    where the same op runs with the norm and SiLU·mul as kernels of their own."""
+    from loom.kernels import fp8_linear
+    from loom.quantization.fp8 import Fp8Linear
+    path, _ = tiny_model_factory("llama")
+    scaled, silu, norm = [], [], []
+    real_gemv, real_norm_gemv = gemv_module.gemv, gemv_module.add_rms_norm_gemv
+
+    def spy(x, weight, **kwargs):
+        scaled.append(kwargs.get("weight_scale") is not None)
+        silu.append(kwargs.get("silu_mul_input", False))
+        return real_gemv(x, weight, **kwargs)
+
+    def norm_spy(x, *args, **kwargs):
+        norm.append(kwargs.get("weight_scale") is not None)
+        return real_norm_gemv(x, *args, **kwargs)
+
+    monkeypatch.setattr(Fp8Linear, "use_op", staticmethod(lambda x: True))
+    monkeypatch.setenv("LOOM_DECODE_GEMV", "1")
+    monkeypatch.setenv("LOOM_DECODE_NORM_GEMV", "1")
+    monkeypatch.setattr(gemv_module, "tuned_config",
+                        lambda m, n, k, dtype, device: GemvConfig(block_n=64, block_k=64))
+    monkeypatch.setattr(gemv_module, "gemv", spy)
+    monkeypatch.setattr(fp8_linear, "gemv", spy)
+    monkeypatch.setattr(gemv_module, "add_rms_norm_gemv", norm_spy)
+    eager = _tokens(path, quantization="fp8", compilation_config={"level": 0})
+    # the op's own GEMVs at decode (the lm_head's bf16 ones beside them): no neighbours
+    assert any(scaled) and not any(silu) and not norm
+    scaled.clear()
+    caplog.set_level(logging.INFO, logger="loom.compilation.passes.decode_gemv")
+    with fresh_cache():
+        assert _tokens(path, quantization="fp8", compilation_config={"level": 3}) == eager
+    fused = re.findall(r"(\d+) of them with the SiLU·mul before them", caplog.text)
+    assert sum(map(int, fused)) == 2, fused
+    fused = re.findall(r"(\d+) with the residual add \+ RMSNorm", caplog.text)
+    assert sum(map(int, fused)) == 3, fused
+    assert any(silu) and any(scaled) and norm and all(norm)
+
+
 def test_decode_silu_mul_linear_is_the_mlps_down_projection(monkeypatch):
     """With a row-reduction config: the GEMV applying the activation itself; with a
     tensor-core one, the activation first, then the GEMV; without one (or past 16 rows):
@@ -179,13 +223,15 @@ def test_the_norm_table_decides_where_the_gemv_applies_the_norm(tmp_path, monkey
     monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
     gemv_module._table.cache_clear()
     try:
-        cpu, f32 = torch.device("cpu"), torch.float32
-        assert gemv_module.norm_config(1, 16, 32, f32, cpu) == GemvConfig(**row)
-        assert gemv_module.norm_config(2, 16, 32, f32, cpu) == GemvConfig(**row)
-        assert gemv_module.norm_config(3, 16, 32, f32, cpu) is None  # the dot tile's rows
-        assert gemv_module.norm_config(1, 24, 32, f32, cpu) is None  # the table said no
-        assert gemv_module.norm_config(5, 12, 32, f32, cpu).block_n == 16  # plain's rows
-        assert gemv_module.norm_config(9, 12, 32, f32, cpu) is None  # past its rows
+        def config(m, n):
+            return gemv_module.norm_config(m, torch.empty(n, 32), torch.float32)
+
+        assert config(1, 16) == GemvConfig(**row)
+        assert config(2, 16) == GemvConfig(**row)
+        assert config(3, 16) is None  # the dot tile's rows
+        assert config(1, 24) is None  # the table said no
+        assert config(5, 12).block_n == 16  # plain's rows
+        assert config(9, 12) is None  # past its rows
         used = []
         real = gemv_module.add_rms_norm_gemv
 

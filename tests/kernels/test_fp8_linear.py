@@ -83,7 +83,7 @@ def test_decode_rows_take_the_gemv_unquantized(m, monkeypatch):
     x = _x(m, 64)
     wq, ws = _weight(40, 64)
     cfg = GemvConfig(block_n=16, block_k=32)
-    monkeypatch.setattr(mod, "decode_config", lambda rows, weight: cfg if rows <= 4 else None)
+    monkeypatch.setattr(mod, "weight_config", lambda rows, w, dtype: cfg if rows <= 4 else None)
     y = torch.ops.loom.fp8_linear(x.to(DEVICE), wq.to(DEVICE), ws.to(DEVICE), None)
     want = x.double() @ _dequantized(wq, ws).T
     torch.testing.assert_close(y.cpu().double(), want, rtol=1e-5, atol=1e-5)
@@ -113,19 +113,22 @@ def test_more_rows_take_the_scaled_gemm(static, monkeypatch):
     torch.testing.assert_close(y.cpu(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
 
 
-def test_decode_config_without_an_fp8_table(monkeypatch):
-    """No fp8 table for the GPU: the bf16 table's tile with twice the chunk width (the same
-    bytes a chunk); none where bf16 has none, and never past MAX_M rows."""
+def test_weight_config_of_fp8_weights(monkeypatch):
+    """fp8 weights take the fp8 table; with none for the GPU, the bf16 table's tile with
+    twice the chunk width (the same bytes a chunk); none where bf16 has none, and never
+    past MAX_M rows."""
+    from loom.kernels import gemv_decode
     bf16 = GemvConfig(block_n=16, block_k=256, split_k=2)
-    monkeypatch.setattr(mod, "_has_fp8_table", lambda device: False)
-    monkeypatch.setattr(mod, "tuned_config", lambda m, n, k, dtype, device: (
+    monkeypatch.setattr(gemv_decode, "_has_fp8_table", lambda gpu: False)
+    monkeypatch.setattr(gemv_decode, "tuned_config", lambda m, n, k, dtype, device: (
         bf16 if dtype == torch.bfloat16 and n == 48 else None))
     w = torch.empty(48, 64, dtype=mod.FP8)
-    assert mod.decode_config(1, w) == GemvConfig(block_n=16, block_k=512, split_k=2)
-    assert mod.decode_config(17, w) is None
-    assert mod.decode_config(1, torch.empty(32, 64, dtype=mod.FP8)) is None
-    monkeypatch.setattr(mod, "_has_fp8_table", lambda device: True)
-    assert mod.decode_config(1, w) is None  # the fp8 table decides: it has no entry
+    config = gemv_decode.weight_config
+    assert config(1, w, torch.bfloat16) == GemvConfig(block_n=16, block_k=512, split_k=2)
+    assert config(17, w, torch.bfloat16) is None
+    assert config(1, torch.empty(32, 64, dtype=mod.FP8), torch.bfloat16) is None
+    monkeypatch.setattr(gemv_decode, "_has_fp8_table", lambda gpu: True)
+    assert config(1, w, torch.bfloat16) is None  # the fp8 table decides: it has no entry
 
 
 _OFFLINE_COMPILE = r"""

@@ -32,6 +32,7 @@ from loom.compilation.passes.graph_utils import (MM, emit, emit_getitems, fake_m
 logger = logging.getLogger(__name__)
 
 _TRANSPOSES = ("aten.permute.default", "aten.t.default")
+_FP8_LINEAR = "loom.fp8_linear.default"
 
 
 def _weight_of(node: fx.Node) -> fx.Node | None:
@@ -135,22 +136,28 @@ class DecodeGemvPass:
         from loom.kernels.gemv import MAX_M
         rewritten = with_silu = with_norm = 0
         mode = None
-        for node in nodes_of(graph, MM):
+        for node in nodes_of(graph, MM) + nodes_of(graph, _FP8_LINEAR):
             rows = token_dim(node)
             if isinstance(rows, int) and rows > MAX_M:
                 continue  # a static graph of more rows than the GEMV takes
-            x, wt = node.args
-            w = _weight_of(wt)
-            if w is None:
-                continue
+            if is_op(node, _FP8_LINEAR):  # picks the GEMV itself: only neighbours to fuse
+                (x, w, *scales), wt = node.args, None
+            else:
+                (x, wt), scales = node.args, []
+                w = _weight_of(wt)
+                if w is None:
+                    continue
             mode = mode or fake_mode(graph)
             norm = _norm_source(x) if self.fuse_norm else None
             if norm is not None:
-                self._with_norm(graph, mode, node, norm, w)
+                self._with_norm(graph, mode, node, norm, w, scales)
                 with_norm += 1
+            elif scales and _silu_mul_source(x) is None:
+                continue
             else:
-                with_silu += self._plain(graph, mode, node, x, w)
-            _erase_unused(graph, wt)
+                with_silu += self._plain(graph, mode, node, x, w, scales)
+            if wt is not None:
+                _erase_unused(graph, wt)
             rewritten += 1
         if rewritten:
             logger.info("%s: %d matmuls take the Triton GEMV at 1..%d rows where a measured "
@@ -160,14 +167,15 @@ class DecodeGemvPass:
         return rewritten
 
     @staticmethod
-    def _plain(graph: fx.Graph, mode, node: fx.Node, x: fx.Node, w: fx.Node) -> int:
+    def _plain(graph: fx.Graph, mode, node: fx.Node, x: fx.Node, w: fx.Node,
+               scales: list) -> int:
         """mm -> decode_linear, or decode_silu_mul_linear for an MLP's down projection
-        (returns 1 then)."""
+        (returns 1 then; an fp8 one's scales go with it)."""
         gate_up = _silu_mul_source(x)
         with graph.inserting_before(node):
             if gate_up is not None:  # the down projection: its activation goes in too
                 new = emit(graph, mode, torch.ops.loom.decode_silu_mul_linear.default,
-                           gate_up, w)
+                           gate_up, w, *scales)
             else:
                 new = emit(graph, mode, torch.ops.loom.decode_linear.default, x, w)
         node.replace_all_uses_with(new)
@@ -176,13 +184,15 @@ class DecodeGemvPass:
         return int(gate_up is not None)
 
     @staticmethod
-    def _with_norm(graph: fx.Graph, mode, node: fx.Node, norm: fx.Node, w: fx.Node) -> None:
-        """norm's two outputs and the mm reading the first -> one decode_add_rms_norm_linear,
-        placed where the norm was (its residual output may have readers before the mm)."""
+    def _with_norm(graph: fx.Graph, mode, node: fx.Node, norm: fx.Node, w: fx.Node,
+                   scales: list) -> None:
+        """norm's two outputs and the mm (or fp8 linear) reading the first -> one
+        decode_add_rms_norm_linear, placed where the norm was (its residual output may
+        have readers before the mm)."""
         x, residual, norm_weight, eps = norm.args
         with graph.inserting_before(norm):
             fused = emit(graph, mode, torch.ops.loom.decode_add_rms_norm_linear.default,
-                         x, residual, norm_weight, eps, w)
+                         x, residual, norm_weight, eps, w, *scales)
             y, residual_out = emit_getitems(graph, mode, fused, 2)
         node.replace_all_uses_with(y)
         graph.erase_node(node)
