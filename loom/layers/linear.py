@@ -5,12 +5,14 @@ all-reduce the partial sums. Each parameter carries a `weight_loader` that takes
 checkpoint tensor (or one stacked shard of it) and copies in this rank's slice, so model
 files read like single-GPU code. With LoRA on, a layer's `lora` adds its adapters' term
 (`loom.lora.layers`) to this rank's output, before any reduction; with fp8 on, a layer's
-`quant` computes its matmul (`loom.quantization.fp8`).
+`quant` computes its matmul (`loom.quantization.fp8`), and a model about to be quantized is
+built under `weights_on_meta`, so that no model-dtype copy of its fp8 weights is allocated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,19 +39,42 @@ def shard_of(loaded: torch.Tensor, dim: int, index: int, size: int, shards: int,
     return loaded.narrow(dim, index * size, size)
 
 
-def _param(shape: Sequence[int], loader) -> nn.Parameter:
-    p = nn.Parameter(torch.empty(*shape), requires_grad=False)
+_meta_weights = False
+
+
+@contextlib.contextmanager
+def weights_on_meta() -> Iterator[None]:
+    """Column- and row-parallel layers built inside hold their weight on the meta device:
+    its shape, dtype and weight_loader, no storage. For a model about to be quantized:
+    `loom.quantization.fp8.quantize_model` then gives each layer its real weight (fp8, or
+    the model's dtype for a layer the checkpoint leaves unquantized). Biases, replicated
+    layers (MoE routers) and everything else are built as always."""
+    global _meta_weights
+    previous, _meta_weights = _meta_weights, True
+    try:
+        yield
+    finally:
+        _meta_weights = previous
+
+
+def _param(shape: Sequence[int], loader, meta: bool = False) -> nn.Parameter:
+    p = nn.Parameter(torch.empty(*shape, device="meta" if meta else None), requires_grad=False)
     p.weight_loader = loader
     return p
 
 
 class LinearBase(nn.Module):
+    quantizable = False
+    """Column- and row-parallel layers: those fp8 quantizes, built under `weights_on_meta`
+    with their weight on the meta device."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
         tp = get_tp_group()
         self.tp_rank, self.tp_size = tp.rank, tp.world_size
         self.in_features, self.out_features = in_features, out_features
-        self.weight = _param((out_features, in_features), self.weight_loader)
+        self.weight = _param((out_features, in_features), self.weight_loader,
+                             meta=_meta_weights and self.quantizable)
         self.bias = _param((out_features,), self.weight_loader) if bias else None
         self.lora: nn.Module | None = None
         self.quant = None
@@ -81,6 +106,8 @@ class ReplicatedLinear(LinearBase):
 
 class ColumnParallelLinear(LinearBase):
     """Y = X A with A split by columns: each rank produces out/tp features."""
+
+    quantizable = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  gather_output: bool = False) -> None:
@@ -153,6 +180,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Y = X A with A split by rows: each rank multiplies its slice of the input features,
     then the partial outputs are summed over ranks."""
+
+    quantizable = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  reduce_results: bool = True) -> None:
