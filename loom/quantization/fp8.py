@@ -25,6 +25,7 @@ from loom.layers.linear import ColumnParallelLinear, LinearBase, RowParallelLine
 from loom.models.weights import checkpoint_modules
 from loom.quantization import fp8_block
 from loom.quantization.config import Fp8Scheme
+from loom.quantization.staging import materialize, stage
 
 logger = logging.getLogger(__name__)
 
@@ -93,26 +94,34 @@ class Fp8Linear:
         return fp8_block.block_matmul(x, layer.weight, layer.weight_scale, self.block)
 
 
-def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool) -> list[LinearBase]:
+def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
+                   device: torch.device | None = None) -> list[LinearBase]:
     """Make the model's column- and row-parallel layers fp8, before its weights load.
-    from_checkpoint: the weights arrive in fp8 with their scales; else they load in the
-    model's dtype and `finish_quantization` quantizes them. Replicated layers (MoE
-    routers) and MoE experts stay in the model's dtype. Returns the fp8 layers."""
-    param = next(model.parameters(), None)
-    if param is not None and param.device.type == "cuda" and scheme.weight_block is None:
+    from_checkpoint: the weights arrive in fp8 with their scales; else they arrive in the
+    model's dtype and each layer is quantized as soon as all its rows have
+    (`loom.quantization.staging`), so no model-dtype copy of the model is ever whole. A
+    layer built with its weight on the meta device (`weights_on_meta`) that the checkpoint
+    leaves unquantized gets a real one on `device` (default: the model's). Replicated layers
+    (MoE routers) and MoE experts stay in the model's dtype. Returns the fp8 layers."""
+    device = device or _device(model)
+    if device.type == "cuda" and scheme.weight_block is None:
         importlib.import_module("loom.kernels.fp8_linear")  # registers loom::fp8_linear
-    method = Fp8Linear(scheme.activations, scheme.weight_block, _block_kernel(model, scheme))
+    method = Fp8Linear(scheme.activations, scheme.weight_block,
+                       _block_kernel(device, scheme))
     layers, kept = [], []
     for name, layer in model.named_modules():
         if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
             continue
         if _ignored(name, scheme):
             kept.append(name)
+            materialize(layer, device)
             continue
         layer.quant = method
         layers.append(layer)
         if from_checkpoint:
-            _fp8_parameters(name, layer, scheme)
+            _fp8_parameters(name, layer, scheme, device)
+        else:
+            stage(name, layer, device, _quantize_staged)
     logger.info("quantization (%s): %s in %d linear layers; %d kept in the model's dtype as "
                 "the checkpoint asks%s", scheme.method, scheme.describe(), len(layers),
                 len(kept), "; MoE experts and routers stay unquantized"
@@ -120,17 +129,20 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool) -
     return layers
 
 
-def finish_quantization(layers: list[LinearBase]) -> None:
-    """Quantize weights that loaded in the model's dtype: one scale per output channel, or
-    per block for a block-wise scheme (dummy weights for a block-wise checkpoint)."""
-    for layer in layers:
-        if layer.weight.dtype == FP8:
-            continue
-        block = layer.quant.block
-        q, scale = (quantize_rows(layer.weight.data) if block is None
-                    else fp8_block.quantize_blocks(layer.weight.data, block))
-        layer.weight = nn.Parameter(q, requires_grad=False)
-        layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:
+    """A layer's weight, whole in the model's dtype, as fp8: one scale per output channel,
+    or per block for a block-wise scheme (dummy weights for a block-wise checkpoint)."""
+    block = layer.quant.block
+    q, scale = (quantize_rows(weight) if block is None
+                else fp8_block.quantize_blocks(weight, block))
+    layer.weight = nn.Parameter(q, requires_grad=False)
+    layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+
+
+def _device(model: nn.Module) -> torch.device:
+    """Where the model's parameters with storage are."""
+    param = next((p for p in model.parameters() if not p.is_meta), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def _ignored(name: str, scheme: Fp8Scheme) -> bool:
@@ -144,11 +156,10 @@ def _ignored(name: str, scheme: Fp8Scheme) -> bool:
     return all(ignored)
 
 
-def _block_kernel(model: nn.Module, scheme: Fp8Scheme) -> bool:
+def _block_kernel(device: torch.device, scheme: Fp8Scheme) -> bool:
     """Whether block-wise layers take the Triton GEMM on CUDA (importing it registers its op
     before any graph is traced)."""
-    param = next(model.parameters(), None)
-    if scheme.weight_block is None or param is None or param.device.type != "cuda":
+    if scheme.weight_block is None or device.type != "cuda":
         return True
     from loom.kernels.fp8_block_gemm import MIN_BLOCK_K, kernel_applies
     if kernel_applies(scheme.weight_block):
@@ -159,8 +170,8 @@ def _block_kernel(model: nn.Module, scheme: Fp8Scheme) -> bool:
     return False
 
 
-def _fp8_parameters(name: str, layer: LinearBase, scheme: Fp8Scheme) -> None:
-    device = layer.weight.device
+def _fp8_parameters(name: str, layer: LinearBase, scheme: Fp8Scheme,
+                    device: torch.device) -> None:
     weight = nn.Parameter(torch.empty(layer.weight.shape, dtype=FP8, device=device),
                           requires_grad=False)
     weight.weight_loader = layer.weight_loader

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from loom.config import EngineConfig
+from loom.layers.linear import weights_on_meta
 from loom.models.arch import ModelArch
 from loom.models.loader import resolve
 from loom.models.loader.dummy import init_dummy_weights
 from loom.models.registry import model_class
 from loom.quantization.config import quant_scheme
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -52,24 +56,31 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     arch = ModelArch.from_hf_config(source.hf_config)
     cls = model_class(arch)
     dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
-    with _default_dtype(dtype), torch.device(device):
-        model = cls(arch, max_model_len=config.model.max_model_len or arch.context_len)
     scheme = quant_scheme(source.hf_config, config.model.quantization)
-    fp8_layers = []
+    # A model to be quantized is built without its linear weights (`weights_on_meta`):
+    # quantize_model gives them storage in fp8, or in the model's dtype where the
+    # checkpoint leaves a layer unquantized.
+    deferred = weights_on_meta() if scheme is not None else contextlib.nullcontext()
+    with _default_dtype(dtype), torch.device(device), deferred:
+        model = cls(arch, max_model_len=config.model.max_model_len or arch.context_len)
     if scheme is not None:
         from loom.quantization.fp8 import quantize_model
         # Dummy weights are drawn in the model's dtype and quantized like any other.
-        fp8_layers = quantize_model(model, scheme, from_checkpoint=scheme.weights_in_checkpoint
-                                    and source.weights is not None)
+        from_checkpoint = scheme.weights_in_checkpoint and source.weights is not None
+        quantize_model(model, scheme, from_checkpoint, device)
+        name = str(dtype).removeprefix("torch.")
+        logger.info("fp8: linear weights built and loaded a layer at a time, %s (no %s "
+                    "copy of the model)", "in fp8 as the checkpoint has them" if from_checkpoint
+                    else f"each quantized once its rows have arrived in {name}", name)
     if source.weights is None:
         init_dummy_weights(model, config.model.seed)
     else:
         weights = tqdm(source.weights(), desc="Loading weights", unit=" tensors", leave=False,
                        disable=None)
         model.load_weights(weights)
-    if fp8_layers:
-        from loom.quantization.fp8 import finish_quantization
-        finish_quantization(fp8_layers)
+    if scheme is not None:
+        from loom.quantization.staging import check_materialized
+        check_materialized(model)
         if device.type == "cuda":
-            torch.cuda.empty_cache()  # the weights' model-dtype copies
+            torch.cuda.empty_cache()  # the staging tensors' cached blocks
     return model.eval(), arch, dtype
