@@ -91,6 +91,12 @@ SHAPES = {  # name: (N, K, silu_mul_input)
     # what the model runs for down where its config reduces rows: time it beside down1
     # (with tensor-core tiles the model runs SiLU·mul first, then down1's GEMV)
     "down1+silu": (4096, 14336, True),
+    # Llama-3.1-70B on one GPU, as -q fp8 fits it (--weight-dtype fp8 --shapes
+    # qkv70,o70,gate_up70,down70)
+    "qkv70": (10240, 8192, False),
+    "o70": (8192, 8192, False),
+    "gate_up70": (57344, 8192, False),
+    "down70": (8192, 28672, False),
     # Qwen3-30B-A3B on one GPU (--shapes q3_qkv,q3_o,q3_router,q3_lm_head): its attention
     # and router run on cuBLAS at batch-1 decode until the table has them
     "q3_qkv": (5120, 2048, False),
