@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from loom.quantization.dequant import Fp8Dequantizer
+
 _STACKED = [  # (checkpoint fragment, loom fragment, shard id)
     (".q_proj.", ".qkv_proj.", "q"),
     (".k_proj.", ".qkv_proj.", "k"),
@@ -63,24 +65,34 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     ValueError for a tensor with no parameter, or a parameter left unfilled."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = getattr(model, "arch", None) is not None and model.arch.tie_word_embeddings
+    dequantizer = Fp8Dequantizer(getattr(model, "fp8_weight_block", None))
     loaded: set[str] = set()
     for name, tensor in weights:
         if name.endswith(_IGNORED) or (tied and name == "lm_head.weight"):
             continue
         target, shard = _target(name)
+        if target not in params and dequantizer.is_scale(name):
+            # the scale of an fp8 weight loom dequantizes (an MoE expert's)
+            ready = dequantizer.add_scale(name, tensor)
+            if ready is None:
+                continue
+            name, tensor = ready
+            target, shard = _target(name)
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} matches no parameter of "
                              f"{type(model).__name__}")
         param = params[target]
         if tensor.dtype in _FP8 and param.dtype != tensor.dtype:
-            where = ("loom's fp8 layers hold float8_e4m3fn" if param.dtype in _FP8 else
-                     "fp8 is read for linear layers only (not MoE experts, embeddings or the "
-                     "LM head)")
-            raise ValueError(f"checkpoint tensor {name!r} is {tensor.dtype}, and loom keeps "
-                             f"{target} in {param.dtype}: {where}")
+            if param.dtype in _FP8:
+                raise ValueError(f"checkpoint tensor {name!r} is {tensor.dtype}, and loom's "
+                                 f"fp8 layers hold {param.dtype}")
+            tensor = dequantizer.weight(name, tensor)
+            if tensor is None:
+                continue  # until its scale arrives
         loader = getattr(param, "weight_loader", default_weight_loader)
         loader(param, tensor.to(param.dtype), shard)
         loaded.add(target)
+    dequantizer.check_done()
     _check_complete(params, loaded, tied)
     return loaded
 

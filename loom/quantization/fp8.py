@@ -108,6 +108,7 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
         importlib.import_module("loom.kernels.fp8_linear")  # registers loom::fp8_linear
     method = Fp8Linear(scheme.activations, scheme.weight_block,
                        _block_kernel(device, scheme))
+    model.fp8_weight_block = scheme.weight_block  # for fp8 experts' scales (models.weights)
     layers, kept = [], []
     for name, layer in model.named_modules():
         if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
@@ -122,10 +123,11 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
             _fp8_parameters(name, layer, scheme, device)
         else:
             stage(name, layer, device, _quantize_staged)
+    moe = any(n.endswith(".experts") for n, _ in model.named_modules())
     logger.info("quantization (%s): %s in %d linear layers; %d kept in the model's dtype as "
                 "the checkpoint asks%s", scheme.method, scheme.describe(), len(layers),
-                len(kept), "; MoE experts and routers stay unquantized"
-                if any(n.endswith(".experts") for n, _ in model.named_modules()) else "")
+                len(kept), "; MoE experts and routers stay in it (dequantized where the "
+                "checkpoint has them in fp8)" if moe else "")
     return layers
 
 
