@@ -13,7 +13,10 @@ real row count:
   `quantize_rows`, then `torch._scaled_mm` with row-wise scales (bf16 out). The
   quantization is one Triton kernel, one program a row holding the whole row: one read
   and one write of the activations. Inductor's fused reduction for the down projection
-  (K = 14336) took 1340 us at 8192 rows on the H200, 20x its bytes' time (run_zzz91).
+  (K = 14336) took 1340 us at 8192 rows on the H200, 20x its bytes' time (run_zzz91);
+  this one 69 us on average over 8B's projections (run_zzz94). Before a down projection
+  it applies the SiLU·mul itself (`decode_silu_mul_linear`), so the activation is never
+  written in bf16 and read back.
 
 Configs: `gemv_decode.weight_config`, from the table measured for fp8 weights
 (`benchmarks/gpu/gemv_bench.py --weight-dtype fp8 --write-table`) or, where the GPU has
@@ -30,6 +33,7 @@ from loom.kernels.gemv import gemv
 from loom.kernels.gemv_decode import weight_config
 from loom.kernels.host import next_power_of_2
 from loom.kernels.launch import fast_launch
+from loom.kernels.silu_mul import silu_mul_values
 from loom.library import loom_op
 
 FP8 = torch.float8_e4m3fn
@@ -40,13 +44,19 @@ EPS = torch.finfo(torch.float32).eps
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, stride_x, K: tl.constexpr,
                           BLOCK: tl.constexpr, STATIC: tl.constexpr, FMAX: tl.constexpr,
-                          EPS_: tl.constexpr):
+                          EPS_: tl.constexpr, SILU_MUL: tl.constexpr = False):
     # program r: row r whole. scale = amax / 448 (at least float32's eps), or the static
     # scale; q = x / scale, divided and rounded as torch's ops do (the CPU's very bytes).
+    # SILU_MUL: the row is [gate | up] (2K wide) and x = silu(gate) * up, rounded as
+    # torch's eager ops round it (`silu_mul_values`).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < K
-    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
+    if SILU_MUL:
+        up = tl.load(x_ptr + row * stride_x + K + cols, mask=ok, other=0.0)
+        x = silu_mul_values(x, up, x_ptr.dtype.element_ty)
+    x = x.to(tl.float32)
     if STATIC:
         scale = tl.load(in_scale_ptr)
     else:
@@ -56,11 +66,13 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, stride_x, K: tl.con
     tl.store(s_ptr + row, scale)
 
 
-def quantize_rows(x: torch.Tensor,
-                  input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None,
+                  silu_mul_input: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K), rows with unit column stride -> fp8 (M, K) and float32 scales (M, 1): per
-    row (amax / 448), or input_scale's one value for every row."""
-    m, k = x.shape
+    row (amax / 448), or input_scale's one value for every row. silu_mul_input: x is
+    (M, 2K) = [gate | up], and silu(gate) * up is quantized (an MLP's down projection:
+    the activation is never written in the model's dtype)."""
+    m, k = x.shape[0], x.shape[1] // 2 if silu_mul_input else x.shape[1]
     q = torch.empty(m, k, dtype=FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
@@ -68,15 +80,16 @@ def quantize_rows(x: torch.Tensor,
         fast_launch(_quantize_rows_kernel, (m,))(
             x, q, scale, scale if input_scale is None else input_scale, x.stride(0), K=k,
             BLOCK=block, STATIC=input_scale is not None, FMAX=FP8_MAX, EPS_=EPS,
-            num_warps=min(16, max(1, block // 1024)))
+            SILU_MUL=silu_mul_input, num_warps=min(16, max(1, block // 1024)))
     return q, scale
 
 
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                     input_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     input_scale: torch.Tensor | None = None,
+                     silu_mul_input: bool = False) -> torch.Tensor:
     """x (M, K) @ the fp8 weight (N, K)^T by `quantize_rows` then cuBLASLt's row-wise scaled
-    GEMM; x's dtype out (the GEMM writes bf16 only)."""
-    xq, x_scale = quantize_rows(x, input_scale)
+    GEMM; x's dtype out (the GEMM writes bf16 only). silu_mul_input: as quantize_rows."""
+    xq, x_scale = quantize_rows(x, input_scale, silu_mul_input)
     y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.reshape(1, -1),
                          out_dtype=torch.bfloat16)
     return y if y.dtype == x.dtype else y.to(x.dtype)

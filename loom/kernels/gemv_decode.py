@@ -166,11 +166,16 @@ def decode_silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
     every program recomputes the activation for 16 padded rows, and 8B's down took ~45 us
     more a layer at batch 4 (run_zzz58; gemv_bench's SiLU rows at TP=2: 36.7 against
     17.8 us without the SiLU, 3485478). An fp8 weight comes with its scales, as
-    `loom::fp8_linear` takes them."""
+    `loom::fp8_linear` takes them; where no GEMV takes it, the rows are quantized as the
+    activation is made (`fp8_linear.scaled_mm_linear(silu_mul_input=True)`)."""
     cfg = weight_config(x.shape[0], weight, x.dtype)
     if cfg is not None and not cfg.use_dot:
         return gemv(x.contiguous(), weight, silu_mul_input=True, weight_scale=weight_scale,
                     config=cfg)
+    if x.is_cuda and weight_scale is not None and cfg is None:  # quantized as it is made
+        from loom.kernels.fp8_linear import scaled_mm_linear
+        return scaled_mm_linear(x.contiguous(), weight, weight_scale, input_scale,
+                                silu_mul_input=True)
     if x.is_cuda:
         act = silu_mul(x.contiguous())
     else:

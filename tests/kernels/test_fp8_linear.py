@@ -54,6 +54,33 @@ def test_rows_quantize_to_the_references_bytes(m, k, dtype):
         assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_rows_quantize_as_the_activation_would(dtype):
+    """[gate | up] rows: silu(gate) * up as torch's eager ops round it, then quantized per
+    token: the very bytes of the reference quantizing torch's activation; and through the
+    scaled GEMM, the reference's product."""
+    import torch.nn.functional as F
+    x = _x(3, 160, dtype)
+    act = F.silu(x[:, :80]) * x[:, 80:]
+    q, scale = mod.quantize_rows(x.to(DEVICE), silu_mul_input=True)
+    want_q, want_scale = ref.quantize_rows(act)
+    assert q.shape == (3, 80)
+    torch.testing.assert_close(scale.cpu(), want_scale, rtol=0 if dtype == torch.float32
+                               else 1e-2, atol=0)
+    if dtype == torch.float32:
+        assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
+    else:  # the interpreter truncates to bf16 where torch rounds: within fp8's own step
+        error = (q.cpu().float() * scale.cpu() - act.float()).abs()
+        assert (error <= 0.07 * act.float().abs() + scale.cpu() * 2 ** -8).all()
+    wq, ws = _weight(24, 80)
+    y = mod.scaled_mm_linear(x.to(DEVICE), wq.to(DEVICE), ws.to(DEVICE), silu_mul_input=True)
+    layer = torch.nn.Module()
+    layer.weight, layer.weight_scale = wq, ws
+    want = ref.Fp8Linear("token").apply(layer, act, None)
+    torch.testing.assert_close(y.cpu().float(), want.float(), rtol=2e-2,
+                               atol=2e-2 * want.float().abs().max().item())
+
+
 def test_static_scale_quantizes_every_row_by_it():
     """A checkpoint's static input scale: every row divided by it, clamped to +-448 (the
     large value saturates), the scale repeated per row for the row-wise GEMM."""
@@ -153,9 +180,11 @@ def build(fn, types, cons, warps):
     print(fn.__name__, "e4m3x2" in ptx,
           "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx)
 
-build(_quantize_rows_kernel, {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32",
-                              "in_scale_ptr": "*fp32"},
+quant = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32"}
+build(_quantize_rows_kernel, quant,
       dict(K=14336, BLOCK=16384, STATIC=False, FMAX=448.0, EPS_=1.2e-7), 16)
+build(_quantize_rows_kernel, quant,
+      dict(K=14336, BLOCK=16384, STATIC=False, FMAX=448.0, EPS_=1.2e-7, SILU_MUL=True), 16)
 types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf16",
          "part_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16",
          "res_out_ptr": "*bf16", "eps": "fp32"}
@@ -174,4 +203,4 @@ def test_fp8_kernels_compile_for_sm90_offline():
     bytes at a time (asynchronous copies in the GEMV's pipelined loop)."""
     from tests.triton_interpreter import compile_for_sm90_offline
     assert compile_for_sm90_offline(_OFFLINE_COMPILE).splitlines() == [
-        "_quantize_rows_kernel True True"] + ["_gemv_kernel True True"] * 3
+        "_quantize_rows_kernel True True"] * 2 + ["_gemv_kernel True True"] * 3
