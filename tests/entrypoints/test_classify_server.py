@@ -59,6 +59,15 @@ def test_classify(cls_server, tiny_cross_encoder):
         pytest.approx(prob, abs=1e-5)
     bad = _post(cls_server, "/classify", {"input": []})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    # /pooling: a classifier's pooled output is its class probabilities
+    pooled = _post(cls_server, "/pooling", {"input": [QUERY, "Paris"]}).json()
+    assert pooled["id"].startswith("pool-")
+    assert pooled["data"][0] == {"object": "pooling", "index": 0,
+                                 "data": pytest.approx([prob], abs=1e-5)}
+    assert pooled["usage"]["prompt_tokens"] == tokens
+    raw_pooled = _post(cls_server, "/pooling", {"input": QUERY, "use_activation": False})
+    assert raw_pooled.json()["data"][0]["data"] == raw["data"][0]["probs"]
+    assert _post(cls_server, "/pooling", {"input": QUERY, "task": "embed"}).status_code == 404
 
 
 def test_score_and_rerank_cross_encode(cls_server, tiny_cross_encoder):

@@ -108,3 +108,26 @@ def test_truncate_prompt_tokens_embeds_the_last_tokens(server, llm):
     assert resp["usage"]["prompt_tokens"] == 4
     expected = llm.embed([ids[-4:]], use_tqdm=False)[0].outputs.embedding
     np.testing.assert_allclose(resp["data"][0]["embedding"], expected, atol=1e-5)
+
+
+def test_pooling_returns_the_embeddings(server, offline_vectors):
+    """POST /pooling (vLLM's raw pooling API) on an embedding model: each input's vector as
+    the offline LLM.embed makes it, in floats or base64; a classify task is a 404 naming
+    what the model serves; bad input a 400."""
+    def post(body):
+        return httpx.post(f"{server.url}/pooling", headers=AUTH, timeout=60, json=body)
+    resp = post({"input": TEXTS})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["id"].startswith("pool-") and body["object"] == "list"
+    assert [(d["index"], d["object"]) for d in body["data"]] == [(0, "pooling"), (1, "pooling")]
+    for data, expected in zip(body["data"], offline_vectors):
+        np.testing.assert_allclose(data["data"], expected, atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > len(TEXTS)
+    raw = post({"input": TEXTS[1], "task": "embed", "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["data"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, offline_vectors[1], atol=1e-5)
+    wrong = post({"input": TEXTS[0], "task": "classify"})
+    assert wrong.status_code == 404 and "embed" in wrong.json()["error"]["message"]
+    bad = post({"input": []})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"

@@ -1,4 +1,4 @@
-"""The pooling routes: /v1/embeddings, /classify, /score and /rerank (and the paths where vLLM
+"""The pooling routes: /v1/embeddings, /classify, /pooling, /score and /rerank (and the paths where vLLM
 also serves them). vLLM registers each only where the model serves its task, so that a
 request for another task finds no route (404); loom answers the same 404 with an OpenAI
 error body saying what the model serves (`require`), for the generation routes too."""
@@ -13,10 +13,14 @@ from loom.engine.protocol import ModelTasks
 from loom.entrypoints.openai.errors import APIError
 from loom.entrypoints.openai.protocol_classify import (ClassificationRequest,
                                                        ClassificationResponse)
+from loom.entrypoints.openai.protocol import UsageInfo
 from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
+from loom.entrypoints.openai.protocol_pooling import (PoolingData, PoolingRequest,
+                                                      PoolingResponse)
 from loom.entrypoints.openai.protocol_score import (RerankRequest, RerankResponse,
                                                     ScoreRequest, ScoreResponse)
 from loom.entrypoints.openai.serving_base import run_unless_disconnected
+from loom.entrypoints.openai.serving_embedding import encode_base64
 from loom.tasks import unsupported
 
 if TYPE_CHECKING:
@@ -47,7 +51,28 @@ def add_pooling_routes(app: FastAPI, state: ServerState) -> None:
         require(tasks, "classify", "Classification API")
         return await run_unless_disconnected(request, state.classify.create(body))
 
+    @app.post("/pooling")
+    async def pooling(body: PoolingRequest, request: Request) -> PoolingResponse:
+        task = body.task or ("classify" if tasks.supports("classify") else "embed")
+        require(tasks, task, "Pooling API")
+        return await run_unless_disconnected(request, _pool(state, body, task))
+
     _add_score_routes(app, state)
+
+
+async def _pool(state: ServerState, body: PoolingRequest, task: str) -> PoolingResponse:
+    """/pooling through the embedding or classification serving, in vLLM's shape."""
+    if task == "embed":
+        out = await state.embeddings.create(body.as_embedding())
+        data = [PoolingData(index=d.index, data=d.embedding) for d in out.data]
+    else:
+        out = await state.classify.create(body.as_classification())
+        data = [PoolingData(index=d.index, data=encode_base64(d.probs)
+                            if body.encoding_format == "base64" else d.probs)
+                for d in out.data]
+    tokens = out.usage.prompt_tokens
+    return PoolingResponse(id="pool-" + out.id.split("-", 1)[1], model=out.model, data=data,
+                           usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens))
 
 
 def _add_score_routes(app: FastAPI, state: ServerState) -> None:
