@@ -182,3 +182,21 @@ def test_causal_lm_under_runner_pooling_only_embeds(tiny_model_factory):
             llm.classify(PROMPTS[0])
     finally:
         llm.shutdown()
+
+
+def test_tensor_parallel_classifier_matches_transformers(tmp_path):
+    """TP=2 on gloo: the decoder split across two ranks, the head over the gathered hidden
+    state, gives transformers' logits."""
+    path = str(tmp_path / "cls")
+    hf = make_tiny_classifier("llama", path, 3)
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+              tensor_parallel_size=2)
+    try:
+        raw = llm.classify(PROMPTS, pooling_params=PoolingParams(use_activation=False),
+                           use_tqdm=False)
+    finally:
+        llm.shutdown()
+    expected = hf_logits(hf, PROMPTS)
+    for i in range(len(PROMPTS)):
+        torch.testing.assert_close(torch.tensor(raw[i].outputs.probs), expected[i], rtol=1e-4,
+                                   atol=1e-5)
