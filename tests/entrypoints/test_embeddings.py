@@ -131,3 +131,34 @@ def test_pooling_returns_the_embeddings(server, offline_vectors):
     assert wrong.status_code == 404 and "embed" in wrong.json()["error"]["message"]
     bad = post({"input": []})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
+def test_chat_messages_embed_as_the_template_renders_them(server, tiny_chat_model):
+    """vLLM's chat form (`messages` instead of `input`) on /v1/embeddings and /pooling: the
+    vector of the conversation as transformers' chat template renders it, without a
+    generation prompt unless asked; both fields, or neither, is a 400."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_chat_model)
+    messages = [{"role": "system", "content": "Embed this."},
+                {"role": "user", "content": TEXTS[1]}]
+
+    def post(path, body):
+        return httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json=body)
+
+    def vector(body, path="/v1/embeddings", key="embedding"):
+        resp = post(path, body)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["data"][0][key]
+    for prompt in (False, True):
+        ids = tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        want = vector({"input": ids})
+        args = {"messages": messages} | ({"add_generation_prompt": True} if prompt else {})
+        np.testing.assert_allclose(vector(args), want, atol=1e-6)
+        np.testing.assert_allclose(vector(args, "/pooling", "data"), want, atol=1e-6)
+    assert vector({"messages": messages}) != vector({"messages": messages,
+                                                     "add_generation_prompt": True})
+    both = post("/v1/embeddings", {"input": TEXTS[0], "messages": messages})
+    assert both.status_code == 400 and "exactly one" in both.json()["error"]["message"]
+    assert post("/pooling", {"model": "x"}).status_code in (400, 404)
+    assert post("/v1/embeddings", {}).status_code == 400

@@ -5,20 +5,35 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from loom.entrypoints.openai.protocol import RequestBody
+from loom.entrypoints.openai.protocol_chat import ChatMessage, ChatTemplateFields
 from loom.pooling_params import PoolingParams
 
 
-class PoolingInputRequest(RequestBody):  # unknown fields ignored: the SDKs send some
-    """What /v1/embeddings and /classify share: inputs as text or token ids."""
+class PoolingInputRequest(RequestBody, ChatTemplateFields):  # unknown fields ignored
+    """What /v1/embeddings, /classify and /pooling share: inputs as text or token ids, or
+    (vLLM's chat form) one conversation in `messages`, rendered by the chat template
+    without a generation prompt unless asked."""
 
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = False
     model: str | None = None
     user: str | None = None
     truncate_prompt_tokens: int | None = None
     """vLLM's extension: pool only each input's last k tokens (-1: max_model_len of them)."""
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("input: give exactly one of input and messages")
+        if self.messages is not None:
+            if not self.messages:
+                raise ValueError("messages: must hold at least one message")
+            self.check_template_fields()
+        return self
 
     @field_validator("input", mode="before")
     @classmethod

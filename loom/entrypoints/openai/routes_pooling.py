@@ -14,12 +14,13 @@ from loom.entrypoints.openai.errors import APIError
 from loom.entrypoints.openai.protocol_classify import (ClassificationRequest,
                                                        ClassificationResponse)
 from loom.entrypoints.openai.protocol import UsageInfo
-from loom.entrypoints.openai.protocol_embeddings import EmbeddingRequest, EmbeddingResponse
+from loom.entrypoints.openai.protocol_embeddings import (EmbeddingRequest, EmbeddingResponse,
+                                                         PoolingInputRequest)
 from loom.entrypoints.openai.protocol_pooling import (PoolingData, PoolingRequest,
                                                       PoolingResponse)
 from loom.entrypoints.openai.protocol_score import (RerankRequest, RerankResponse,
                                                     ScoreRequest, ScoreResponse)
-from loom.entrypoints.openai.serving_base import run_unless_disconnected
+from loom.entrypoints.openai.serving_base import off_loop, run_unless_disconnected
 from loom.entrypoints.openai.serving_embedding import encode_base64
 from loom.tasks import unsupported
 
@@ -44,20 +45,35 @@ def add_pooling_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
         require(tasks, "embed", "Embeddings API")
+        await _render_messages(state, body)
         return await run_unless_disconnected(request, state.embeddings.create(body))
 
     @app.post("/classify")
     async def classify(body: ClassificationRequest, request: Request) -> ClassificationResponse:
         require(tasks, "classify", "Classification API")
+        await _render_messages(state, body)
         return await run_unless_disconnected(request, state.classify.create(body))
 
     @app.post("/pooling")
     async def pooling(body: PoolingRequest, request: Request) -> PoolingResponse:
         task = body.task or ("classify" if tasks.supports("classify") else "embed")
         require(tasks, task, "Pooling API")
+        await _render_messages(state, body)
         return await run_unless_disconnected(request, _pool(state, body, task))
 
     _add_score_routes(app, state)
+
+
+async def _render_messages(state: ServerState, body: PoolingInputRequest) -> None:
+    """vLLM's chat form of a pooling request: its conversation, as the chat template
+    renders it, becomes the one input (token ids)."""
+    if body.messages is None:
+        return
+    state.chat.check_request_template(body.chat_template)
+    body.input = await off_loop(state.chat.render, body.messages, body.add_generation_prompt,
+                                body.continue_final_message, body.template_variables,
+                                body.chat_template)
+    body.messages = None
 
 
 async def _pool(state: ServerState, body: PoolingRequest, task: str) -> PoolingResponse:
