@@ -136,17 +136,21 @@ class LLM(PoolingMethods):
              tools: list[dict[str, Any]] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
-             priority: Sequence[int] | None = None) -> list[RequestOutput]:
+             priority: Sequence[int] | None = None,
+             chat_template_content_format: str = "auto") -> list[RequestOutput]:
         """Apply the chat template to each conversation, then generate. As vLLM's: tools and
         chat_template_kwargs reach the template (no tool calls are parsed offline);
         continue_final_message continues the last (assistant) message; lora_request and
-        priority (one per conversation) as generate's."""
+        priority (one per conversation) as generate's; chat_template_content_format
+        ("auto", "string", "openai") how message content reaches the template, as the
+        server's --chat-template-content-format."""
         self._check_open()
         self.require("generate", "LLM.chat()")
         if self.tokenizer is None:
             raise ValueError("chat: needs a tokenizer (skip_tokenizer_init was set)")
         texts = [self.chat_prompt(c, chat_template, add_generation_prompt,
-                                  continue_final_message, tools, chat_template_kwargs)
+                                  continue_final_message, tools, chat_template_kwargs,
+                                  chat_template_content_format)
                  for c in _conversations(messages)]
         # The template writes the special tokens (BOS) itself.
         prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
@@ -158,7 +162,8 @@ class LLM(PoolingMethods):
     def chat_prompt(self, conversation: list[Message], chat_template: str | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
                     tools: list[dict[str, Any]] | None = None,
-                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
+                    chat_template_kwargs: dict[str, Any] | None = None,
+                    content_format: str = "auto") -> str:
         """The conversation rendered by the chat template, as the server renders it."""
         from loom.entrypoints.openai.protocol_chat import (ChatMessage, check_chat_options,
                                                            render_chat)
@@ -172,7 +177,7 @@ class LLM(PoolingMethods):
             raise ValueError(f"messages: {e}") from None
         variables = {**(chat_template_kwargs or {}), "tools": tools or None}
         return render_chat(self.tokenizer, messages, add_generation_prompt,
-                           continue_final_message, chat_template, variables)
+                           continue_final_message, chat_template, variables, content_format)
 
     def chat_prompt_ids(self, conversation: list[Message], chat_template: str | None = None,
                         add_generation_prompt: bool = True) -> list[int]:

@@ -197,6 +197,25 @@ def test_chat_joins_text_parts_as_the_server_does(text_llm):
                                          add_special_tokens=False))
 
 
+def test_chat_template_content_format(text_llm):
+    """vLLM's LLM.chat(chat_template_content_format=): "openai" hands the template the
+    content as a list of text parts, "string" as one string, "auto" what the template
+    reads (this one iterates the parts); anything else is a ValueError naming the field."""
+    template = ("{% for m in messages %}{% if m['content'] is string %}S:{{ m['content'] }}"
+                "{% else %}P:{% for p in m['content'] %}{{ p['text'] }}|{% endfor %}{% endif %}"
+                "{% endfor %}")
+    conversation = [{"role": "user", "content": "hello"}]
+    rendered = {fmt: text_llm.chat_prompt(conversation, template, content_format=fmt)
+                for fmt in ("openai", "string", "auto")}
+    assert rendered == {"openai": "P:hello|", "string": "S:hello", "auto": "P:hello|"}
+    out = text_llm.chat(conversation, SamplingParams(max_tokens=1), use_tqdm=False,
+                        chat_template=template, chat_template_content_format="string")
+    assert out[0].prompt == "S:hello"
+    with pytest.raises(ValueError, match="chat_template_content_format"):
+        text_llm.chat(conversation, SamplingParams(max_tokens=1), use_tqdm=False,
+                      chat_template=template, chat_template_content_format="json")
+
+
 def test_an_llm_after_shutdown_says_so(tiny_model_factory):
     path, _ = tiny_model_factory("llama")
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=64)
