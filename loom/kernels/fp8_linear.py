@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loom.kernels.fp8_block_gemm import EPS, FP8, FP8_MAX
 from loom.kernels.gemv import gemv
 from loom.kernels.gemv_decode import weight_config
 from loom.kernels.host import next_power_of_2
@@ -36,9 +37,6 @@ from loom.kernels.launch import fast_launch
 from loom.kernels.silu_mul import silu_mul_values
 from loom.library import loom_op
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
-EPS = torch.finfo(torch.float32).eps
 
 
 @triton.jit
