@@ -12,7 +12,7 @@ def interpreted(kernel) -> bool:
 
 
 def patch_interpreter() -> None:
-    """Two fixes to Triton 3.6's interpreter, for the tests and the CPU benchmarks; the GPU
+    """Three fixes to Triton 3.6's interpreter, for the tests and the CPU benchmarks; the GPU
     path never runs it, and the kernels stay as the GPU compiler wants them.
 
     - A tensor loop bound becomes an int through int(array) on a shape-(1,) array, which
@@ -22,6 +22,8 @@ def patch_interpreter() -> None:
     - Its float-to-fp8 conversion rounds the mantissa without carrying into the exponent
       (1.95 becomes 1.0, not 2.0): fp8 results are taken from torch's conversion, round to
       nearest even as the GPU's cvt.rn is.
+    - It multiplies bfloat16 dot operands as their raw uint16 storage: they are widened to
+      float32 first (exact), as the tensor cores take them.
     """
     from triton.runtime import interpreter
     if getattr(interpreter._patch_lang_tensor, "loom_fixed", False):
@@ -35,6 +37,24 @@ def patch_interpreter() -> None:
     patched.loom_fixed = True
     interpreter._patch_lang_tensor = patched
     interpreter._convert_float = _fp8_by_torch(interpreter._convert_float)
+    interpreter.InterpreterBuilder.create_dot = _bf16_dot_widened(
+        interpreter.InterpreterBuilder.create_dot)
+
+
+def _bf16_dot_widened(original):
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def widen(t):
+        if t.dtype.scalar != tl.bfloat16:
+            return t
+        data = interpreter._convert_float(t.data, tl.bfloat16, tl.float32, None)
+        return interpreter.TensorHandle(data.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+    return create_dot
 
 
 def _fp8_by_torch(original):

@@ -9,7 +9,6 @@ looser bfloat16 tolerances. With CUDA the same checks run on the compiled kernel
 
 import os
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,9 +20,12 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from loom.kernels import arrival  # noqa: E402
 from loom.kernels import gemv as gemv_mod  # noqa: E402
 from loom.kernels.gemv import GemvConfig, gemv  # noqa: E402
+from loom.kernels.interpreter import patch_interpreter  # noqa: E402
 
 INTERPRET = isinstance(gemv_mod._gemv_kernel, InterpretedFunction)
 DEVICE = "cpu" if INTERPRET else "cuda"
+if INTERPRET:
+    patch_interpreter()  # bfloat16 dot operands multiplied as values
 
 # One of each code path: row reductions (one chunk, several, a partial one), the dot, and
 # every split mode with each product.
@@ -36,31 +38,6 @@ CONFIGS = [
     GemvConfig(block_n=16, block_k=16, split_k=4, split_mode="reduce"),
     GemvConfig(block_n=16, block_k=32, split_k=2, split_mode="atomic", use_dot=True),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_bf16_dot():
-    """Triton 3.6's interpreter multiplies bfloat16 dot operands as their raw uint16
-    storage; widen them to float32 first (tests only, like tests/triton_interpreter.py)."""
-    if not INTERPRET:
-        yield
-        return
-    from triton.runtime import interpreter
-    import triton.language as tl
-    builder = interpreter.InterpreterBuilder
-    original = builder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def widen(t):
-            if t.dtype.scalar != tl.bfloat16:
-                return t
-            data = interpreter._convert_float(t.data, tl.bfloat16, tl.float32, None)
-            return interpreter.TensorHandle(data.view(np.float32), tl.float32)
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    builder.create_dot = create_dot
-    yield
-    builder.create_dot = original
 
 
 def make(m, n, k, dtype, silu=False, seed=0):

@@ -6,9 +6,9 @@ gemv_norm config's real shape."""
 import pytest
 import torch
 
-# First: it picks the interpreter (TRITON_INTERPRET) before anything imports Triton.
-from tests.kernels.test_gemv_kernel import (  # noqa: F401  (the autouse bf16-dot fixture)
-    CONFIGS, DEVICE, INTERPRET, _interpreter_bf16_dot, make, rel_err)
+# First: it picks the interpreter (TRITON_INTERPRET) before anything imports Triton, and
+# patches it (bfloat16 dots).
+from tests.kernels.test_gemv_kernel import CONFIGS, DEVICE, INTERPRET, make, rel_err
 
 from loom.kernels.gemv import GemvConfig  # noqa: E402
 
