@@ -159,31 +159,19 @@ def test_weight_config_of_fp8_weights(monkeypatch):
 
 
 _OFFLINE_COMPILE = r"""
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.fp8_linear import _quantize_rows_kernel
 from loom.kernels.gemv import _gemv_kernel
 
-def build(fn, types, cons, warps):
-    names = list(fn.arg_names)
-    sig = {n: "constexpr" if n in cons else types.get(n, "i32") for n in names}
-    # pointers and strides 16-byte aligned, as Triton specializes them at a launch
-    aligned = [i for i, n in enumerate(names) if sig[n].startswith("*") or n == "stride_x"]
-    src = ASTSource(fn=fn, signature=sig,
-                    constexprs={(names.index(k),): v for k, v in cons.items()},
-                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    kernel = tcompile(src, target=GPUTarget("cuda", 90, 32),
-                      options=dict(num_warps=warps, num_stages=3))
-    assert kernel.asm["cubin"]
-    ptx = kernel.asm["ptx"]
+def check(fn, types, cons, warps):
+    ptx = build(fn, types, cons, warps)
     # fp8 conversions in hardware, and 16-byte loads (or asynchronous copies) of the rows
     print(fn.__name__, "e4m3x2" in ptx,
           "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx)
 
 quant = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32"}
-build(_quantize_rows_kernel, quant,
+check(_quantize_rows_kernel, quant,
       dict(K=14336, BLOCK=16384, STATIC=False, FMAX=448.0, EPS_=1.2e-7), 16)
-build(_quantize_rows_kernel, quant,
+check(_quantize_rows_kernel, quant,
       dict(K=14336, BLOCK=16384, STATIC=False, FMAX=448.0, EPS_=1.2e-7, SILU_MUL=True), 16)
 types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf16",
          "part_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16",
@@ -191,9 +179,9 @@ types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf
 gemv = dict(M=1, K=4096, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, SPLIT_MODE=0, USE_DOT=False,
             SILU_MUL=False, EVEN_N=True, DOT_PRECISION="tf32", NUM_STAGES=3, PDL=False,
             PREFETCH_BYTES=0, ADD_NORM=False, W_SCALE=True)
-build(_gemv_kernel, types, gemv, 4)
-build(_gemv_kernel, types, dict(gemv, M=8, USE_DOT=True, SPLIT_K=2, SPLIT_MODE=1), 4)
-build(_gemv_kernel, types, dict(gemv, SILU_MUL=True, K=14336), 4)
+check(_gemv_kernel, types, gemv, 4)
+check(_gemv_kernel, types, dict(gemv, M=8, USE_DOT=True, SPLIT_K=2, SPLIT_MODE=1), 4)
+check(_gemv_kernel, types, dict(gemv, SILU_MUL=True, K=14336), 4)
 """
 
 
@@ -201,6 +189,6 @@ def test_fp8_kernels_compile_for_sm90_offline():
     """The fp8 paths compile for the H200 with Triton's own ptxas (no GPU here): the
     conversions to and from fp8 are the hardware's, and the rows and weights are read 16
     bytes at a time (asynchronous copies in the GEMV's pipelined loop)."""
-    from tests.triton_interpreter import compile_for_sm90_offline
-    assert compile_for_sm90_offline(_OFFLINE_COMPILE).splitlines() == [
+    from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
+    assert compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines() == [
         "_quantize_rows_kernel True True"] * 2 + ["_gemv_kernel True True"] * 3
