@@ -97,7 +97,7 @@ class LinearBase(nn.Module):
         return self.with_lora(x, self.matmul(x, self.bias))
 
     def with_lora(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return y if self.lora is None else y + self.lora(x)
+        return y if self.lora is None else self.lora.add(y, x)
 
 
 class ReplicatedLinear(LinearBase):

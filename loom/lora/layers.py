@@ -16,6 +16,12 @@ Merged projections (q/k/v, gate/up) keep an A per slice, since PEFT trains them 
 one block-diagonal B (each slice's rows read only its own columns): one matmul for all
 slices rather than one launch each, for a B slices times larger than the nonzero blocks
 (1.8 MB a layer for an 8B gate/up at 1 slot of rank 16).
+
+The term is one opaque op, `loom::lora_add(y, x, ...)` = y + the term: on CUDA at decode
+rows (1..16) two Triton kernels (`loom.kernels.lora`), four torch kernels otherwise. The
+decode GEMV pass can hand it its input's producer (the residual add + RMSNorm before
+q/k/v and gate/up, the SiLU·mul before down), so that the GEMV that fuses them into the
+base projection keeps doing so with an adapter on.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from loom.layers.norm import rms_norm
+from loom.library import loom_op
 
 
 class LoRASlots(nn.Module):
@@ -42,10 +51,12 @@ class LoRASlots(nn.Module):
                              persistent=False)
         self.register_buffer("mask", mask, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t, n = x.shape[0], len(self.out_sizes)
-        h = F.linear(x, self.a).view(t, n, -1) * self.mask[:t].unsqueeze(1)
-        return F.linear(h.view(t, -1), self.b)
+    def add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y + this layer's term for input x (y: the base projection of x)."""
+        args = (y, x, self.a, self.b, self.mask, len(self.out_sizes))
+        if torch.compiler.is_compiling():  # one node for the passes to see
+            return torch.ops.loom.lora_add(*args)
+        return lora_add(*args)
 
     def set_slot(self, slot: int, a: list[torch.Tensor | None], b: torch.Tensor) -> None:
         """Write one adapter into a slot: a, each slice's A ([r, in], None: not adapted);
@@ -69,3 +80,37 @@ class LoRASlots(nn.Module):
         n = len(self.out_sizes)
         return (self.a.view(n, self.num_slots, self.rank, -1),
                 self.b.view(-1, n, self.num_slots, self.rank))
+
+
+def _use_kernels(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels may run for x (a seam: the CPU tests run them through
+    Triton's interpreter)."""
+    return x.is_cuda
+
+
+@loom_op("lora_add", "(Tensor y, Tensor x, Tensor a, Tensor b, Tensor mask, int slices, "
+         "Tensor? norm_weight=None, float eps=0.0, bool silu_mul=False) -> Tensor")
+def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             mask: torch.Tensor, slices: int, norm_weight: torch.Tensor | None = None,
+             eps: float = 0.0, silu_mul: bool = False) -> torch.Tensor:
+    """y + ((input A^T) * mask) B^T, each of the `slices` blocks of h masked alike. The
+    input is x, or silu(gate) * up for x = [gate | up] (silu_mul), or rms_norm(x) *
+    norm_weight (x the residual sum). 1..16 rows on CUDA: two kernels; else torch's."""
+    if _use_kernels(x):
+        from loom.kernels import lora as kernels
+        if kernels.supports(y, x, a, b, mask):
+            return kernels.lora_add(y, x, a, b, mask, norm_weight=norm_weight, eps=eps,
+                                    silu_mul=silu_mul)
+    if silu_mul:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)
+    t = x.shape[0]
+    h = F.linear(x, a).view(t, slices, -1) * mask[:t].unsqueeze(1)
+    return y + F.linear(h.view(t, -1), b)
+
+
+@lora_add.register_fake
+def _(y, x, a, b, mask, slices, norm_weight=None, eps=0.0, silu_mul=False):
+    return torch.empty_like(y, memory_format=torch.contiguous_format)
