@@ -14,7 +14,9 @@ projection, and at TP=1 (unless LOOM_DECODE_NORM_GEMV=0) the residual add + RMSN
 before qkv and gate_up, which otherwise runs as a kernel of its own (2.1-2.4 us at batch 1
 on an H200, plus the idle between two kernels, twice a layer: run_zzz21). Past 16 rows (a
 prompt through the general graph) the norm op runs loom's add + norm kernel where Inductor
-would have run its own.
+would have run its own. A projection with LoRA (`loom.lora_add` reading the same input)
+keeps both fusions: the LoRA op is handed the norm's residual sum or the SiLU·mul's
+[gate | up] and makes its input itself (`loom.lora.layers`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _TRANSPOSES = ("aten.permute.default", "aten.t.default")
 _FP8_LINEAR = "loom.fp8_linear.default"
+_LORA = "loom.lora_add.default"
 
 
 def _weight_of(node: fx.Node) -> fx.Node | None:
@@ -110,13 +113,40 @@ def _erase_unused(graph: fx.Graph, node: Any) -> None:
         pending.extend(inputs)
 
 
-def _norm_source(node: Any) -> fx.Node | None:
-    """The loom.fused_add_rms_norm node whose normalised output node is, where that output
-    has no other user; else None."""
-    if not (_is_getitem(node) and node.args[1] == 0 and len(node.users) == 1):
+def _lora_readers(x: fx.Node, mm: fx.Node) -> list[fx.Node] | None:
+    """x's readers other than the matmul mm, where each is a LoRA term of x as given (no
+    producer handed to it yet); None if anything else reads x."""
+    others = [u for u in x.users if u is not mm]
+    if all(is_op(u, _LORA) and len(u.args) == 6 and not u.kwargs and u.args[1] is x
+           and x not in u.args[2:] for u in others):
+        return others
+    return None
+
+
+def _hand_over(graph: fx.Graph, mode, lora_readers: list[fx.Node], source: fx.Node,
+               **producer: Any) -> None:
+    """Replace each LoRA term by one reading its input's producer: source, with the op's
+    arguments that say how to make the input from it (norm_weight and eps, or silu_mul;
+    as keywords, which Inductor's lowering expects of arguments past the defaults). A new
+    node, not new arguments: Inductor lays a custom op's inputs out as the node's traced
+    inputs (meta "eager_input_vals") were."""
+    for lora in lora_readers:
+        y, _, a, b, mask, slices = lora.args
+        with graph.inserting_before(lora):
+            new = emit(graph, mode, torch.ops.loom.lora_add.default, y, source, a, b, mask,
+                       slices, **producer)
+        lora.replace_all_uses_with(new)
+        graph.erase_node(lora)
+
+
+def _norm_source(node: Any, mm: fx.Node) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(The loom.fused_add_rms_norm node whose normalised output node is, the LoRA terms
+    reading that output), where nothing else but mm reads it; else None."""
+    if not (_is_getitem(node) and node.args[1] == 0):
         return None
-    norm = node.args[0]
-    return norm if is_op(norm, "loom.fused_add_rms_norm.default") else None
+    norm, loras = node.args[0], _lora_readers(node, mm)
+    return (norm, loras) if is_op(norm, "loom.fused_add_rms_norm.default") \
+        and loras is not None else None
 
 
 class DecodeGemvPass:
@@ -148,9 +178,9 @@ class DecodeGemvPass:
                 if w is None:
                     continue
             mode = mode or fake_mode(graph)
-            norm = _norm_source(x) if self.fuse_norm else None
+            norm = _norm_source(x, node) if self.fuse_norm else None
             if norm is not None:
-                self._with_norm(graph, mode, node, norm, w, scales)
+                self._with_norm(graph, mode, node, *norm, w, scales)
                 with_norm += 1
             elif scales and _silu_mul_source(x) is None:
                 continue
@@ -172,6 +202,9 @@ class DecodeGemvPass:
         """mm -> decode_linear, or decode_silu_mul_linear for an MLP's down projection
         (returns 1 then; an fp8 one's scales go with it)."""
         gate_up = _silu_mul_source(x)
+        loras = _lora_readers(x, node) if gate_up is not None else None
+        if loras:
+            _hand_over(graph, mode, loras, gate_up, silu_mul=True)
         with graph.inserting_before(node):
             if gate_up is not None:  # the down projection: its activation goes in too
                 new = emit(graph, mode, torch.ops.loom.decode_silu_mul_linear.default,
@@ -184,16 +217,18 @@ class DecodeGemvPass:
         return int(gate_up is not None)
 
     @staticmethod
-    def _with_norm(graph: fx.Graph, mode, node: fx.Node, norm: fx.Node, w: fx.Node,
-                   scales: list) -> None:
+    def _with_norm(graph: fx.Graph, mode, node: fx.Node, norm: fx.Node,
+                   loras: list[fx.Node], w: fx.Node, scales: list) -> None:
         """norm's two outputs and the mm (or fp8 linear) reading the first -> one
         decode_add_rms_norm_linear, placed where the norm was (its residual output may
-        have readers before the mm)."""
+        have readers before the mm). LoRA terms of the normalised rows take the residual
+        sum and the norm's weight instead."""
         x, residual, norm_weight, eps = norm.args
         with graph.inserting_before(norm):
             fused = emit(graph, mode, torch.ops.loom.decode_add_rms_norm_linear.default,
                          x, residual, norm_weight, eps, w, *scales)
             y, residual_out = emit_getitems(graph, mode, fused, 2)
+        _hand_over(graph, mode, loras, residual_out, norm_weight=norm_weight, eps=eps)
         node.replace_all_uses_with(y)
         graph.erase_node(node)
         items = getitem_users(norm)
