@@ -56,6 +56,14 @@ def make_lora_manager(model: nn.Module, arch, config: EngineConfig, device: torc
     return LoRAManager(model, arch, config.lora, rows, device, dtype)
 
 
+def _log_wide_terms(layers: dict[str, LinearBase]) -> None:
+    from loom.kernels.lora import MAX_WIDTH
+    widest = max((m.lora.a.shape[0] for m in layers.values()), default=0)
+    if widest > MAX_WIDTH:
+        logger.info("LoRA: slots x rank x slices make h up to %d wide (> %d): those layers' "
+                    "decode rows take torch's four kernels, not loom's two", widest, MAX_WIDTH)
+
+
 class LoRAManager:
     def __init__(self, model: nn.Module, arch, config: LoRAConfig, max_tokens: int,
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -82,6 +90,8 @@ class LoRAManager:
         self._zero_rows = len(self.mask)
         """Leading mask rows known to be all zero: a base-model step within them writes none."""
         logger.info("LoRA: %d slot(s) of rank %d on %d layers", slots, rank, len(self.layers))
+        if device.type == "cuda":
+            _log_wide_terms(self.layers)
 
     def prepare(self, loras: list[LoRARequest | None], counts: list[int],
                 num_rows: int) -> dict[int, str]:
