@@ -18,7 +18,8 @@ GROUP_M variants, checks the winner against moe_reference, and writes the winner
 `E=..,N=..,dtype=..,device_name=...json` in loom/kernels/configs/ (or --save-dir), keeping
 the file's entries for other batch sizes; fused_moe looks it up (the key nearest to the
 call's token count wins). Where a batch leaves each expert two rows or fewer, the grid also
-holds the GEMV kernels' configs (GEMV = 1, loom/kernels/moe_gemv.py).
+holds the GEMV kernels' configs (GEMV = 1, loom/kernels/moe_gemv.py). `--weight-dtype fp8`
+(or fp8-block) times and tunes fp8 experts (W8A16) and their `dtype=float8_e4m3fn` file.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from loom.kernels.compile_pool import compile_pool
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("bfloat16", "float16")
+WEIGHT_DTYPES = ("auto", "fp8", "fp8-block")
 TOP_FOR_GROUPS = 3
 """How many of the fastest configs of a batch size get re-timed, with GROUP_M variants."""
 
@@ -60,6 +62,11 @@ def register(subparsers) -> None:
     p.add_argument("--save-dir", default=None,
                    help="where --tune writes its file (default: loom/kernels/configs)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    p.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES,
+                   help="the experts' weights: auto (--dtype), fp8 (float8_e4m3fn with a "
+                        "scale per output channel, as --quantization fp8 makes them) or "
+                        "fp8-block (128x128 block scales, as Qwen3's FP8 releases); fp8 "
+                        "tunes the float8_e4m3fn table, which both fp8 layouts read")
     p.add_argument("--num-iters-warmup", type=int, default=3)
     p.add_argument("--num-iters", type=int, default=20,
                    help="timed replays per result (the search's first pass takes fewer at "
@@ -73,7 +80,8 @@ def register(subparsers) -> None:
 class Bench:
     """One model shape on one GPU: weights drawn once, inputs fresh per batch size."""
 
-    def __init__(self, shape: MoeShape, dtype, seed: int, warmup: int, iters: int) -> None:
+    def __init__(self, shape: MoeShape, dtype, seed: int, warmup: int, iters: int,
+                 weight_dtype: str = "auto") -> None:
         import torch
         self.torch = torch
         self.shape, self.dtype = shape, dtype
@@ -83,12 +91,29 @@ class Bench:
         self.w13 = (torch.randn(e, 2 * n, h, device=self.device, generator=gen)
                     * h ** -0.5).to(dtype)
         self.w2 = (torch.randn(e, h, n, device=self.device, generator=gen) * n ** -0.5).to(dtype)
+        self.quant: dict[str, Any] = {}
+        """fused_moe's fp8 arguments (scales, block) when the experts are fp8."""
+        if weight_dtype != "auto":
+            self._to_fp8(weight_dtype == "fp8-block")
         self.timer = KernelTimer(self.device, warmup, iters)
         self.seed = seed
         self.inputs: tuple | None = None
         self.num_tokens = 0
         self.experts_touched = 0
         self._reference = None
+
+    def _to_fp8(self, blocks: bool) -> None:
+        """The experts quantized as loom loads fp8 ones: per output row, or 128x128 blocks."""
+        from loom.quantization.fp8 import quantize_rows
+        from loom.quantization.fp8_block import quantize_blocks
+        scaled = {}
+        for name in ("w13", "w2"):
+            w = getattr(self, name)
+            pairs = [quantize_blocks(x, (128, 128)) if blocks else quantize_rows(x) for x in w]
+            values, scales = (self.torch.stack(t) for t in zip(*pairs))
+            setattr(self, name, values)
+            scaled[name + "_scale"] = scales
+        self.quant = {**scaled, "weight_block": (128, 128) if blocks else None}
 
     def set_batch(self, num_tokens: int) -> None:
         torch = self.torch
@@ -108,7 +133,7 @@ class Bench:
 
     def call(self, config: dict[str, int]):
         from loom.kernels.fused_moe import fused_moe
-        return fused_moe(*self.inputs, config=config)
+        return fused_moe(*self.inputs, **self.quant, config=config)
 
     def time_us(self, config: dict[str, int], iters: int | None = None,
                 budget_s: float | None = None) -> float:
@@ -123,7 +148,7 @@ class Bench:
         from loom.kernels.fused_moe import moe_reference
         torch = self.torch
         if self._reference is None:
-            self._reference = moe_reference(*self.inputs).float()
+            self._reference = moe_reference(*self.inputs, **self.quant).float()
         with nan_fresh_tensors():
             out = self.call(config).float()
         ref = self._reference
@@ -148,7 +173,7 @@ def _precompile(bench: Bench, configs: list[dict[str, int]]) -> float:
         for config in configs:
             # A config that cannot even be set up fails again, visibly, when timed.
             with contextlib.suppress(Exception):
-                compile_fused_moe(*bench.inputs, config)
+                compile_fused_moe(*bench.inputs, config, **bench.quant)
     return time.perf_counter() - start
 
 
@@ -281,7 +306,7 @@ def _picked_rows(bench: Bench, sizes: list[int], elem_size: int) -> list[dict[st
     for m in sizes:
         bench.set_batch(m)
         config = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, bench.dtype,
-                               bench.device)
+                               bench.device, weight_dtype=bench.w13.dtype)
         row = _row(bench, m, config, bench.time_us(config), elem_size)
         rows.append(row)
         print(_line(row), flush=True)
@@ -295,13 +320,15 @@ def run_moe(args: argparse.Namespace) -> int:
     from loom.kernels import moe_config as mc
 
     dtype = getattr(torch, args.dtype)
-    elem_size = torch.empty((), dtype=dtype).element_size()
-    bench = Bench(shape, dtype, args.seed, args.num_iters_warmup, args.num_iters)
-    file_name = mc.config_file_name(shape.num_experts, shape.inter, dtype,
+    bench = Bench(shape, dtype, args.seed, args.num_iters_warmup, args.num_iters,
+                  args.weight_dtype)
+    elem_size = bench.w13.element_size()
+    file_name = mc.config_file_name(shape.num_experts, shape.inter, bench.w13.dtype,
                                     mc.device_name(bench.device))
     device = torch.cuda.get_device_name(bench.device)
     print(f"{device}: E={shape.num_experts} top_k={shape.top_k} H={shape.hidden} "
-          f"N={shape.inter} (TP {args.tensor_parallel_size}) {args.dtype}", flush=True)
+          f"N={shape.inter} (TP {args.tensor_parallel_size}) {args.dtype}, weights "
+          f"{args.weight_dtype}", flush=True)
     started = time.perf_counter()
     if args.tune:
         rows, compile_s = _tune_rows(bench, sizes, elem_size)
@@ -325,7 +352,8 @@ def run_moe(args: argparse.Namespace) -> int:
                    "ceilings": dataclasses.asdict(ceilings),
                    "command": command_line(), "device": device,
                    "model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
-                   "dtype": args.dtype, "hidden_size": shape.hidden,
+                   "dtype": args.dtype, "weight_dtype": args.weight_dtype,
+                   "hidden_size": shape.hidden,
                    "intermediate_size_per_shard": shape.inter, "num_experts": shape.num_experts,
                    "top_k": shape.top_k, "tuned": args.tune,
                    "config_file": str(config_file) if config_file else None,

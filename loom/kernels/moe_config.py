@@ -3,8 +3,9 @@
 A config is BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, GEMV and TMA: one passed
 in, else a tuned one (`loom bench moe --tune` writes them: one JSON file per expert count,
 intermediate size per shard, dtype and device, mapping a token count M to a config; the key
-nearest to M is used), else the defaults below. vLLM's key names are accepted, so its tuned
-files read as they are.
+nearest to M is used), else the defaults below. fp8 experts look up their own dtype's
+(float8_e4m3fn) file first, then the activations' dtype's. vLLM's key names are accepted,
+so its tuned files read as they are.
 """
 
 from __future__ import annotations
@@ -109,12 +110,12 @@ def load_config_file(path: str) -> ConfigTable | None:
 
 @torch.compiler.assume_constant_result
 def _tuned_table(num_experts: int, inter: int, dtype: torch.dtype,
-                 device: torch.device) -> ConfigTable | None:
+                 device: torch.device, quiet: bool = False) -> ConfigTable | None:
     # A constant to torch.compile: it runs this once while tracing (files, device
     # queries) and keeps the result, so the lookup never breaks the graph.
     name = config_file_name(num_experts, inter, dtype, device_name(device))
     table = load_config_file(str(config_dir() / name))
-    if table is None and device.type == "cuda":
+    if table is None and device.type == "cuda" and not quiet:
         _say_untuned(str(config_dir() / name))
     return table
 
@@ -137,14 +138,16 @@ def nearest_config(table: ConfigTable, num_tokens: int) -> dict[str, int]:
 
 def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
                dtype: torch.dtype, device: torch.device | str,
-               config: dict[str, Any] | None = None) -> dict[str, int]:
+               config: dict[str, Any] | None = None,
+               weight_dtype: torch.dtype | None = None) -> dict[str, int]:
     """The full config fused_moe launches with: `config` if given, else the tuned one
     nearest num_tokens for this E, N (= inter, per shard), dtype and device, else the
-    defaults; keys the chosen one lacks come from the defaults."""
+    defaults; keys the chosen one lacks come from the defaults. dtype is the activations';
+    weight_dtype, where it differs (fp8 experts), names the table looked up first."""
     if config is not None:
         chosen = normalize_config(config)
     else:
-        table = _tuned_table(num_experts, inter, dtype, torch.device(device))
+        table = _table(num_experts, inter, dtype, weight_dtype, torch.device(device))
         chosen = nearest_config(table, num_tokens) if table is not None else {}
         if chosen:  # files tuned before the GEMV kernels existed mean the grouped GEMM
             chosen.setdefault("GEMV", 0)
@@ -154,3 +157,26 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
         # its own, which a complete tuned config should not bring along.
         chosen = {**default_config(num_tokens, top_k, num_experts, dtype), **chosen}
     return chosen
+
+
+def _table(num_experts: int, inter: int, dtype: torch.dtype, weight_dtype: torch.dtype | None,
+           device: torch.device) -> ConfigTable | None:
+    """The weights' own table; for fp8 weights without one, the activations' dtype's: the
+    same tiles read half the weight bytes, a fair start until `loom bench moe --tune
+    --weight-dtype fp8` measures their own (said once)."""
+    if weight_dtype is None or weight_dtype == dtype:
+        return _tuned_table(num_experts, inter, dtype, device)
+    table = _tuned_table(num_experts, inter, weight_dtype, device, quiet=True)
+    if table is not None:
+        return table
+    table = _tuned_table(num_experts, inter, dtype, device)
+    if table is not None and device.type == "cuda":
+        _say_reused(config_file_name(num_experts, inter, weight_dtype, device_name(device)),
+                    config_file_name(num_experts, inter, dtype, device_name(device)))
+    return table
+
+
+@functools.cache
+def _say_reused(missing: str, used: str) -> None:
+    logger.info("fused_moe: no tuned configs for fp8 experts (%s); their calls take %s's "
+                "tiles", missing, used)

@@ -16,6 +16,11 @@ Each K chunk is multiplied on the CUDA cores in float32 (a GEMV does two flops p
 byte pair; tensor cores would only pad the row to 16). An expert that several of a batch's
 slots share is read once per slot, so past a few tokens the grouped GEMM, which reads each
 expert once, wins: the tuned table (`loom bench moe --tune`) says where.
+
+fp8 experts (loom/kernels/moe_quant.py) are read as fp8 and widened to float32 in
+registers: half the bytes a decode step streams. A scale per row multiplies a row's sum
+once, after its K loop (in down, once per slot, since each slot has its own expert); block
+scales multiply each block column's share of a chunk, so a chunk may span several blocks.
 """
 
 from __future__ import annotations
@@ -25,13 +30,34 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import cdiv
+from loom.kernels.moe_quant import BLOCK, ExpertQuant, WeightQuant
 
 
 @triton.jit
-def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we,
-                         TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         NUM_STAGES: tl.constexpr):
+def _chunk_sums(w, a, s_ptrs, k0, QUANT: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr, K_PARTS: tl.constexpr,
+                K_GROUPS: tl.constexpr, stride_sk):
+    """Row sums of w * a over one K chunk [BLOCK_N, BLOCK_K] that starts at k0, in float32.
+    Per block (QUANT 2), each of the chunk's K_PARTS parts (one, or one per block column
+    when the chunk is wider than a block) times its rows' scale: s_ptrs points at each
+    row's first block column. Other scalings are applied by the caller."""
+    prod = w.to(tl.float32) * a[None, :]
+    if QUANT != 2:
+        return tl.sum(prod, axis=1)
+    parts = tl.sum(tl.reshape(prod, [BLOCK_N, K_PARTS, BLOCK_K // K_PARTS]), axis=2)
+    kb = (k0 + tl.arange(0, K_PARTS) * (BLOCK_K // K_PARTS)) // GROUP_K
+    s = tl.load(s_ptrs[:, None] + kb[None, :] * stride_sk, mask=(kb < K_GROUPS)[None, :],
+                other=0.0)
+    return tl.sum(parts * s, axis=1)
+
+
+@triton.jit
+def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we, s_ptr, stride_se,
+                         stride_sn, stride_sk, TOP_K: tl.constexpr, HIDDEN: tl.constexpr,
+                         INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         NUM_STAGES: tl.constexpr, QUANT: tl.constexpr, GROUP_N: tl.constexpr,
+                         GROUP_K: tl.constexpr, K_PARTS: tl.constexpr):
+    # QUANT: 0 unquantized, 1 a scale per row, 2 per block (s_ptr: loom/kernels/moe_quant.py)
     slot = tl.program_id(0)
     token = (slot // TOP_K).to(tl.int64)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
@@ -41,6 +67,9 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we,
     ks = tl.arange(0, BLOCK_K)
     w_ptrs = w13_ptr + expert * stride_we + rows_ld.to(tl.int64)[:, None] * HIDDEN + ks[None, :]
     x_ptrs = x_ptr + token * HIDDEN + ks
+    s_gate = s_ptr + expert * stride_se + (rows_ld // GROUP_N) * stride_sn
+    s_up = s_ptr + expert * stride_se + ((INTER + rows_ld) // GROUP_N) * stride_sn
+    K_GROUPS: tl.constexpr = (HIDDEN + GROUP_K - 1) // GROUP_K
     acc_gate = tl.zeros([BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_N], tl.float32)
     for i in tl.range(0, (HIDDEN + BLOCK_K - 1) // BLOCK_K, num_stages=NUM_STAGES):
@@ -48,8 +77,13 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we,
         x = tl.load(x_ptrs + i * BLOCK_K, mask=k_ok, other=0.0).to(tl.float32)
         gate = tl.load(w_ptrs + i * BLOCK_K, mask=k_ok[None, :], other=0.0)
         up = tl.load(w_ptrs + INTER * HIDDEN + i * BLOCK_K, mask=k_ok[None, :], other=0.0)
-        acc_gate += tl.sum(gate.to(tl.float32) * x[None, :], axis=1)
-        acc_up += tl.sum(up.to(tl.float32) * x[None, :], axis=1)
+        acc_gate += _chunk_sums(gate, x, s_gate, i * BLOCK_K, QUANT, BLOCK_N, BLOCK_K,
+                                GROUP_K, K_PARTS, K_GROUPS, stride_sk)
+        acc_up += _chunk_sums(up, x, s_up, i * BLOCK_K, QUANT, BLOCK_N, BLOCK_K, GROUP_K,
+                              K_PARTS, K_GROUPS, stride_sk)
+    if QUANT == 1:
+        acc_gate *= tl.load(s_gate)
+        acc_up *= tl.load(s_up)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up  # as the grouped GEMM's epilogue
     tl.store(inter_ptr + slot.to(tl.int64) * INTER + rows, h.to(inter_ptr.dtype.element_ty),
              mask=rows < INTER)
@@ -57,35 +91,43 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we,
 
 @triton.jit
 def _down_gemv_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr, stride_we,
-                      TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      NUM_STAGES: tl.constexpr):
+                      s_ptr, stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr,
+                      HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, QUANT: tl.constexpr,
+                      GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, K_PARTS: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_ld = tl.minimum(rows, HIDDEN - 1).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
     K_ITERS: tl.constexpr = (INTER + BLOCK_K - 1) // BLOCK_K
+    K_GROUPS: tl.constexpr = (INTER + GROUP_K - 1) // GROUP_K
     acc = tl.zeros([BLOCK_N], tl.float32)
     # One loop over the token's top_k slots and each one's K chunks, so the pipeline runs
     # through all of them instead of refilling per slot. Each activation chunk is scaled by
     # its slot's routing weight before the dot: sum_k w_k (W_k a_k) = sum_k W_k (w_k a_k).
+    # fp8 scales differ per slot's expert, so each chunk's sums are scaled on their own.
     for i in tl.range(0, TOP_K * K_ITERS, num_stages=NUM_STAGES):
         slot = token * TOP_K + i // K_ITERS
-        cols = (i % K_ITERS) * BLOCK_K + ks
-        k_ok = cols < INTER
+        k0 = (i % K_ITERS) * BLOCK_K
+        k_ok = k0 + ks < INTER
         expert = tl.load(ids_ptr + slot).to(tl.int64)
-        a = tl.load(inter_ptr + slot * INTER + cols, mask=k_ok, other=0.0).to(tl.float32)
+        a = tl.load(inter_ptr + slot * INTER + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
         a = a * tl.load(topk_weights_ptr + slot).to(tl.float32)
-        w = tl.load(w2_ptr + expert * stride_we + rows_ld[:, None] * INTER + cols[None, :],
+        w = tl.load(w2_ptr + expert * stride_we + rows_ld[:, None] * INTER + k0 + ks[None, :],
                     mask=k_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        s_rows = s_ptr + expert * stride_se + (rows_ld // GROUP_N) * stride_sn
+        part = _chunk_sums(w, a, s_rows, k0, QUANT, BLOCK_N, BLOCK_K, GROUP_K, K_PARTS,
+                           K_GROUPS, stride_sk)
+        if QUANT == 1:
+            part *= tl.load(s_rows)
+        acc += part
     tl.store(out_ptr + token * HIDDEN + rows, acc.to(out_ptr.dtype.element_ty),
              mask=rows < HIDDEN)
 
 
 def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int]
-                      ) -> tuple[list[tuple], torch.Tensor]:
+                      topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: dict[str, int],
+                      quant: ExpertQuant = ExpertQuant()) -> tuple[list[tuple], torch.Tensor]:
     """Both kernels' launches as (kernel, grid, args, kwargs) and the [T, H] output the
     second fills; cfg's BLOCK_N, BLOCK_K, num_warps and num_stages serve both. The
     weights' rows must be contiguous (fused_moe's layouts: w13 [E, 2I, H], w2 [E, H, I])."""
@@ -95,15 +137,24 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     if w13.stride(1) != hidden_size or w13.stride(2) != 1 or w2.stride(1) != inter \
             or w2.stride(2) != 1:
         raise ValueError("fused_moe (GEMV): the experts' weights need contiguous rows")
-    block_n = cfg["BLOCK_N"]
+    block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
     kwargs = {"TOP_K": top_k, "HIDDEN": hidden_size, "INTER": inter, "BLOCK_N": block_n,
-              "BLOCK_K": cfg["BLOCK_K"], "NUM_STAGES": cfg["num_stages"],
+              "BLOCK_K": block_k, "NUM_STAGES": cfg["num_stages"],
               "num_warps": cfg["num_warps"]}
     ids = topk_ids.contiguous()
     inter_buf = torch.empty(num_tokens * top_k, inter, dtype=hidden.dtype, device=hidden.device)
     out = torch.empty_like(hidden)
     gate_up = (_gate_up_gemv_kernel, (num_tokens * top_k, cdiv(inter, block_n)),
-               (hidden.contiguous(), w13, inter_buf, ids, w13.stride(0)), kwargs)
+               (hidden.contiguous(), w13, inter_buf, ids, w13.stride(0),
+                *quant.w13.pointer_args(w13)), {**kwargs, **_quant_kwargs(quant.w13, block_k)})
     down = (_down_gemv_kernel, (num_tokens, cdiv(hidden_size, block_n)),
-            (inter_buf, w2, out, ids, topk_weights.contiguous(), w2.stride(0)), kwargs)
+            (inter_buf, w2, out, ids, topk_weights.contiguous(), w2.stride(0),
+             *quant.w2.pointer_args(w2)), {**kwargs, **_quant_kwargs(quant.w2, block_k)})
     return [gate_up, down], out
+
+
+def _quant_kwargs(quant: WeightQuant, block_k: int) -> dict[str, int]:
+    """The scaling's constexprs, and how many block columns a K chunk spans (both powers of
+    two: a chunk lies within one block or covers whole ones)."""
+    return {**quant.constexprs(), "K_PARTS": max(1, block_k // quant.group_k)
+            if quant.mode == BLOCK else 1}

@@ -23,14 +23,15 @@ logger = logging.getLogger(__name__)
 
 
 def moe_layer_shapes(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """One FusedMoE layer per distinct (expert weights' shapes, top_k): every layer of a
-    shape compiles the same kernels."""
+    """One FusedMoE layer per distinct (expert weights' shapes and dtypes, scale blocks,
+    top_k): every layer of a shape compiles the same kernels."""
     from loom.layers.moe import FusedMoE
     layers: dict[tuple, torch.nn.Module] = {}
     for module in model.modules():
         if isinstance(module, FusedMoE):
-            layers.setdefault((tuple(module.w13.shape), tuple(module.w2.shape), module.top_k),
-                              module)
+            key = (tuple(module.w13.shape), tuple(module.w2.shape), module.w13.dtype,
+                   module.w2.dtype, module.weight_block, module.top_k)
+            layers.setdefault(key, module)
     return list(layers.values())
 
 
@@ -42,7 +43,8 @@ def reachable_configs(layer: torch.nn.Module, max_tokens: int, multiple: int,
     num_experts, two_inter, _ = layer.w13.shape
     seen: dict[tuple, dict[str, int]] = {}
     for n in range(multiple, max_tokens + 1, multiple):
-        cfg = get_config(n, layer.top_k, num_experts, two_inter // 2, layer.w13.dtype, device)
+        cfg = get_config(n, layer.top_k, num_experts, two_inter // 2, layer.activation_dtype,
+                         device, weight_dtype=layer.w13.dtype)
         seen.setdefault(tuple(sorted(cfg.items())), cfg)
     return list(seen.values())
 
@@ -65,12 +67,15 @@ def warm_up_moe(model: torch.nn.Module, max_tokens: int, multiple: int,
             for layer, layer_configs in zip(layers, configs):
                 # As route_topk hands them over: weights float32, ids int64. 16 tokens:
                 # the launch sizes are not specialised on, so any count compiles the same.
-                hidden = torch.zeros(16, layer.w13.shape[2], dtype=layer.w13.dtype,
+                hidden = torch.zeros(16, layer.w13.shape[2], dtype=layer.activation_dtype,
                                      device=device)
                 ids = torch.zeros(16, layer.top_k, dtype=torch.int64, device=device)
                 weights = torch.zeros(16, layer.top_k, dtype=torch.float32, device=device)
                 for cfg in layer_configs:
-                    fused_moe.compile_fused_moe(hidden, layer.w13, layer.w2, weights, ids, cfg)
+                    fused_moe.compile_fused_moe(
+                        hidden, layer.w13, layer.w2, weights, ids, cfg,
+                        w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
+                        weight_block=layer.weight_block)
     except Exception as e:  # noqa: BLE001 - start-up goes on; the step that needs it fails
         logger.warning("fused_moe warm-up: a config failed to compile (%s: %s); configs "
                        "not compiled here compile at first use", type(e).__name__, e)

@@ -18,11 +18,12 @@ triton = pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from loom.kernels import fused_moe as fused_moe_module  # noqa: E402
-from loom.kernels.fused_moe import (fused_moe, moe_align, moe_align_reference,  # noqa: E402
-                                    moe_reference)
+from loom.kernels import moe_gemm  # noqa: E402
+from loom.kernels.fused_moe import fused_moe, moe_reference  # noqa: E402
+from loom.kernels.moe_align import moe_align, moe_align_reference  # noqa: E402
 
 # What the kernels were actually built as: another module may have imported them first.
-INTERPRET = isinstance(fused_moe_module._down_kernel, InterpretedFunction)
+INTERPRET = isinstance(moe_gemm._down_kernel, InterpretedFunction)
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU checks need TRITON_INTERPRET=1")
 
 
@@ -147,8 +148,8 @@ def test_tma_on_strided_weights_falls_back_to_pointer_loads(monkeypatch, caplog)
     kernels take pointer loads, say so once, and still compute the right thing."""
     x, w13, w2, weights, ids = make_moe(9, 32, 16, 4, 2)
     w13_strided = w13.transpose(1, 2).contiguous().transpose(1, 2)  # same values, strided
-    fused_moe_module._say_no_tma.cache_clear()
-    with caplog.at_level("INFO", logger="loom.kernels.fused_moe"):
+    moe_gemm._say_no_tma.cache_clear()
+    with caplog.at_level("INFO", logger="loom.kernels.moe_gemm"):
         out = run_poisoned(monkeypatch, x, w13_strided, w2, weights, ids, tma=1)
     torch.testing.assert_close(out, moe_reference(x, w13, w2, weights, ids),
                                atol=1e-4, rtol=1e-4)
@@ -197,7 +198,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "0"
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as tcompile
-from loom.kernels.fused_moe import _align_count_kernel, _align_place_kernel
+from loom.kernels.moe_align import _align_count_kernel, _align_place_kernel
 pointers = {"ids_ptr": "*i64", "counts_ptr": "*i32", "rank_ptr": "*i32",
             "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
             "num_slots": "i32", "num_blocks": "i32"}
@@ -222,12 +223,13 @@ from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.moe_gemv import _down_gemv_kernel, _gate_up_gemv_kernel
 pointers = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "inter_ptr": "*bf16", "w2_ptr": "*bf16",
             "out_ptr": "*bf16", "ids_ptr": "*i64", "topk_weights_ptr": "*fp32",
-            "stride_we": "i32"}
+            "s_ptr": "*fp32", "stride_we": "i32", "stride_se": "i32", "stride_sn": "i32",
+            "stride_sk": "i32"}
 for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
     # Qwen3-30B-A3B's experts; a chunk wider than the intermediate size (one masked pass)
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):
         cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_N=block_n, BLOCK_K=block_k,
-                    NUM_STAGES=stages)
+                    NUM_STAGES=stages, QUANT=0, GROUP_N=1, GROUP_K=1, K_PARTS=1)
         names = list(fn.arg_names)
         sig = {n: "constexpr" if n in cons else pointers[n] for n in names}
         src = ASTSource(fn=fn, signature=sig,
@@ -245,18 +247,18 @@ import os
 os.environ["TRITON_INTERPRET"] = "0"
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as tcompile
-from loom.kernels.fused_moe import _down_kernel, _gate_up_kernel
+from loom.kernels.moe_gemm import _down_kernel, _gate_up_kernel
 BM, BN, BK = 128, 128, 64  # the H200 table's tiles from 2048 tokens up
 for tma in (0, 1):
     desc = lambda rows: f"tensordesc<bf16[{rows}, {BK}]>" if tma else "*bf16"
     pointers = {"x_ptr": "*bf16", "w13_ptr": desc(BN), "w2_ptr": desc(BN),
                 "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
-                "topk_weights_ptr": "*fp32"}
+                "topk_weights_ptr": "*fp32", "s_ptr": "*fp32"}
     for fn in (_gate_up_kernel, _down_kernel):
         # gate_up writes the intermediate buffer through a pointer; down reads it
         inter = "*bf16" if fn is _gate_up_kernel else desc(BM)
         cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
-                    GROUP_M=8, PRECISION="tf32", TMA=tma)
+                    GROUP_M=8, PRECISION="tf32", TMA=tma, QUANT=0, GROUP_N=1, GROUP_K=1)
         names = list(fn.arg_names)
         sig = {n: "constexpr" if n in cons else "i32" if n.startswith(("num_", "stride_"))
                else inter if n == "inter_ptr" else pointers[n] for n in names}

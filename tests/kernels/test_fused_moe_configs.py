@@ -18,8 +18,9 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from loom.kernels import fused_moe as fm
 from loom.kernels import moe_config as mc
+from loom.kernels import moe_gemm
 
-INTERPRET = isinstance(fm._down_kernel, InterpretedFunction)
+INTERPRET = isinstance(moe_gemm._down_kernel, InterpretedFunction)
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU checks need TRITON_INTERPRET=1")
 
 
@@ -38,7 +39,7 @@ def make_moe(tokens, hidden, inter, experts, top_k):
 
 @triton.jit
 def _order_kernel(out_ptr, num_row_blocks, NUM_COL_TILES: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_m, pid_n = fm._tile_ids(num_row_blocks, NUM_COL_TILES, GROUP_M)
+    pid_m, pid_n = moe_gemm._tile_ids(num_row_blocks, NUM_COL_TILES, GROUP_M)
     tl.store(out_ptr + 2 * tl.program_id(0), pid_m)
     tl.store(out_ptr + 2 * tl.program_id(0) + 1, pid_n)
 
@@ -192,13 +193,13 @@ def test_a_broken_file_is_a_clear_error(tmp_path, monkeypatch):
 def align_block_sizes(monkeypatch) -> list[int]:
     """The block_m of every moe_align call, in order."""
     seen = []
-    real_align = fm.moe_align
+    real_align = moe_gemm.moe_align
 
     def spy(topk_ids, num_experts, block_m):
         seen.append(block_m)
         return real_align(topk_ids, num_experts, block_m)
 
-    monkeypatch.setattr(fm, "moe_align", spy)
+    monkeypatch.setattr(moe_gemm, "moe_align", spy)
     return seen
 
 

@@ -77,7 +77,7 @@ def test_untuned_shapes_take_each_default_once(tuned):
 def test_each_shape_compiles_each_config_once(tuned, monkeypatch):
     asked = []
 
-    def record(hidden, w13, w2, weights, ids, cfg):
+    def record(hidden, w13, w2, weights, ids, cfg, **quant):
         # route_topk's dtypes: a config compiled for others would compile again
         assert (weights.dtype, ids.dtype, hidden.dtype) == (torch.float32, torch.int64,
                                                             w13.dtype)
@@ -92,12 +92,12 @@ def test_each_shape_compiles_each_config_once(tuned, monkeypatch):
 
 
 def test_no_moe_layer_compiles_nothing(monkeypatch):
-    monkeypatch.setattr(fm, "compile_fused_moe", lambda *a: pytest.fail("compiled"))
+    monkeypatch.setattr(fm, "compile_fused_moe", lambda *a, **k: pytest.fail("compiled"))
     assert moe_warmup.warm_up_moe(torch.nn.Linear(2, 2), 100, 1, torch.device("cpu")) == 0
 
 
 def test_a_failed_compile_is_one_warning(tuned, monkeypatch, caplog):
-    def fail(*args):
+    def fail(*args, **kwargs):
         raise RuntimeError("out of shared memory")
     monkeypatch.setattr(fm, "compile_fused_moe", fail)
     with caplog.at_level(logging.WARNING, logger="loom.worker.moe_warmup"):
