@@ -18,7 +18,7 @@ slices rather than one launch each, for a B slices times larger than the nonzero
 (1.8 MB a layer for an 8B gate/up at 1 slot of rank 16).
 
 The term is one opaque op, `loom::lora_add(y, x, ...)` = y + the term: on CUDA at decode
-rows (1..16) two Triton kernels (`loom.kernels.lora`), four torch kernels otherwise. The
+rows (1..16) two Triton kernels (`loom.kernels.lora`), three torch kernels otherwise. The
 decode GEMV pass can hand it its input's producer (the residual add + RMSNorm before
 q/k/v and gate/up, the SiLU·mul before down), so that the GEMV that fuses them into the
 base projection keeps doing so with an adapter on.
@@ -95,7 +95,8 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
              eps: float = 0.0, silu_mul: bool = False) -> torch.Tensor:
     """y + ((input A^T) * mask) B^T, each of the `slices` blocks of h masked alike. The
     input is x, or silu(gate) * up for x = [gate | up] (silu_mul), or rms_norm(x) *
-    norm_weight (x the residual sum). 1..16 rows on CUDA: two kernels; else torch's."""
+    norm_weight (x the residual sum). 1..16 rows on CUDA: two kernels; else torch's
+    three (the shrink, the mask, the expand adding y)."""
     if _use_kernels(x):
         from loom.kernels import lora as kernels
         if kernels.supports(y, x, a, b, mask):
@@ -108,7 +109,9 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         x = rms_norm(x, norm_weight, eps)
     t = x.shape[0]
     h = F.linear(x, a).view(t, slices, -1) * mask[:t].unsqueeze(1)
-    return y + F.linear(h.view(t, -1), b)
+    # One GEMM that adds y (beta = 1): no [T, out] term written and read back for the add,
+    # which at a prompt's rows costs what the projection's own output does.
+    return torch.addmm(y, h.view(t, -1), b.t())
 
 
 @lora_add.register_fake

@@ -61,7 +61,7 @@ def _log_wide_terms(layers: dict[str, LinearBase]) -> None:
     widest = max((m.lora.a.shape[0] for m in layers.values()), default=0)
     if widest > MAX_WIDTH:
         logger.info("LoRA: slots x rank x slices make h up to %d wide (> %d): those layers' "
-                    "decode rows take torch's four kernels, not loom's two", widest, MAX_WIDTH)
+                    "decode rows take torch's three kernels, not loom's two", widest, MAX_WIDTH)
 
 
 class LoRAManager:
