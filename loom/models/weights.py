@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from loom.quantization.dequant import Fp8Dequantizer
+from loom.quantization.dequant import Fp8Dequantizer, Fp8Tensor
 
 _STACKED = [  # (checkpoint fragment, loom fragment, shard id)
     (".q_proj.", ".qkv_proj.", "q"),
@@ -65,36 +65,51 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     ValueError for a tensor with no parameter, or a parameter left unfilled."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = getattr(model, "arch", None) is not None and model.arch.tie_word_embeddings
-    dequantizer = Fp8Dequantizer(getattr(model, "fp8_weight_block", None))
+    pairs = Fp8Dequantizer(getattr(model, "fp8_weight_block", None))
     loaded: set[str] = set()
     for name, tensor in weights:
         if name.endswith(_IGNORED) or (tied and name == "lm_head.weight"):
             continue
-        target, shard = _target(name)
-        if target not in params and dequantizer.is_scale(name):
-            # the scale of an fp8 weight loom dequantizes (an MoE expert's)
-            ready = dequantizer.add_scale(name, tensor)
-            if ready is None:
-                continue
-            name, tensor = ready
-            target, shard = _target(name)
-        if target not in params:
-            raise ValueError(f"checkpoint tensor {name!r} matches no parameter of "
-                             f"{type(model).__name__}")
+        ready = _paired(name, tensor, params, pairs, type(model).__name__)
+        if ready is None:
+            continue  # an fp8 weight or scale waiting for the other
+        target, shard, tensor = ready
         param = params[target]
-        if tensor.dtype in _FP8 and param.dtype != tensor.dtype:
-            if param.dtype in _FP8:
-                raise ValueError(f"checkpoint tensor {name!r} is {tensor.dtype}, and loom's "
-                                 f"fp8 layers hold {param.dtype}")
-            tensor = dequantizer.weight(name, tensor)
-            if tensor is None:
-                continue  # until its scale arrives
+        if isinstance(tensor, Fp8Tensor) and not getattr(param, "takes_fp8", False):
+            tensor = pairs.dequantize(tensor)
+        if not isinstance(tensor, Fp8Tensor):
+            tensor = tensor.to(param.dtype)
         loader = getattr(param, "weight_loader", default_weight_loader)
-        loader(param, tensor.to(param.dtype), shard)
+        loader(param, tensor, shard)
         loaded.add(target)
-    dequantizer.check_done()
+    pairs.check_done()
     _check_complete(params, loaded, tied)
     return loaded
+
+
+def _paired(name: str, tensor: torch.Tensor, params: dict, pairs: Fp8Dequantizer, owner: str):
+    """(parameter name, shard id, what it loads) for one checkpoint tensor, or None while
+    an fp8 weight outside the fp8 linear layers waits for its scale (or a scale for its
+    weight). What it loads is the tensor, or an fp8 weight paired with its scale."""
+    target, shard = _target(name)
+    if target not in params and pairs.is_scale(name):
+        # the scale of an fp8 weight outside the fp8 linear layers (an MoE expert's)
+        tensor = pairs.add_scale(name, tensor)
+        if tensor is None:
+            return None
+        name = tensor.name
+        target, shard = _target(name)
+    if target not in params:
+        raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {owner}")
+    param = params[target]
+    if isinstance(tensor, torch.Tensor) and tensor.dtype in _FP8 and param.dtype != tensor.dtype:
+        if param.dtype in _FP8:
+            raise ValueError(f"checkpoint tensor {name!r} is {tensor.dtype}, and loom's "
+                             f"fp8 layers hold {param.dtype}")
+        tensor = pairs.weight(name, tensor)
+        if tensor is None:
+            return None
+    return target, shard, tensor
 
 
 def _check_complete(params: dict, loaded: set[str], tied: bool) -> None:

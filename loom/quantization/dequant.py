@@ -1,17 +1,20 @@
-"""fp8 checkpoint tensors for parameters loom keeps in the model's dtype (MoE experts and
-routers: Qwen3's MoE FP8 releases quantize every expert block-wise, llm-compressor's
-FP8_DYNAMIC recipes every expert per channel), dequantized with their scales as they load.
+"""fp8 checkpoint tensors for parameters that are not fp8 linear layers: MoE experts
+(Qwen3's MoE FP8 releases quantize every expert block-wise, llm-compressor's FP8_DYNAMIC
+recipes every expert per channel) and anything loom keeps in the model's dtype (a router
+a checkpoint quantized).
 
-The experts then run as the unquantized model's do: the checkpoint's fp8 values times
-their scales, exactly (an fp8 value times a float32 scale, rounded once to the model's
-dtype), at twice the fp8 bytes. A weight and its scale arrive as two tensors in either
-order, so each waits for the other; a static `input_scale` of such a layer has nothing to
-scale (its activations stay unquantized) and is dropped. An fp8 weight with no scale, or a
-scale with no weight, is an error naming it at the end of the load: never a silent cast.
+A weight and its scale arrive as two tensors in either order, so each waits for the other;
+the pair then goes whole to a parameter that takes fp8 (the experts,
+`loom.quantization.fp8_moe`), or is dequantized for one that does not: the fp8 values
+times their scales, exactly (an fp8 value times a float32 scale, rounded once to the
+model's dtype). A static `input_scale` of such a weight has nothing to scale (its
+activations stay unquantized) and is dropped. An fp8 weight with no scale, or a scale with
+no weight, is an error naming it at the end of the load: never a silent cast.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -20,6 +23,16 @@ logger = logging.getLogger(__name__)
 
 _WEIGHT_SCALES = (".weight_scale_inv", ".weight_scale")
 _INPUT_SCALE = ".input_scale"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Tensor:
+    """A checkpoint's fp8 weight with its scale, once both have arrived."""
+
+    name: str
+    """The weight's checkpoint name."""
+    values: torch.Tensor
+    scale: torch.Tensor
 
 
 class Fp8Dequantizer:
@@ -36,17 +49,17 @@ class Fp8Dequantizer:
     def is_scale(name: str) -> bool:
         return name.endswith(_WEIGHT_SCALES + (_INPUT_SCALE,))
 
-    def weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor | None:
-        """An fp8 weight: its dequantized values if its scale has arrived, else None."""
+    def weight(self, name: str, tensor: torch.Tensor) -> Fp8Tensor | None:
+        """An fp8 weight: paired with its scale if that has arrived, else None (it waits)."""
         scale = self.scales.pop(name, None)
         if scale is None:
             self.weights[name] = tensor
             return None
-        return self._dequantize(name, tensor, scale)
+        return Fp8Tensor(name, tensor, scale)
 
-    def add_scale(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-        """A scale with no parameter of its own: (the weight's name, its dequantized values)
-        if the weight has arrived, else None (it waits). Input scales are dropped."""
+    def add_scale(self, name: str, tensor: torch.Tensor) -> Fp8Tensor | None:
+        """A scale with no parameter of its own: paired with its weight if that has arrived,
+        else None (it waits). Input scales are dropped."""
         if name.endswith(_INPUT_SCALE):
             return None
         weight = name[:name.rindex(".weight_scale")] + ".weight"
@@ -54,25 +67,26 @@ class Fp8Dequantizer:
         if pending is None:
             self.scales[weight] = tensor
             return None
-        return weight, self._dequantize(weight, pending, tensor)
+        return Fp8Tensor(weight, pending, tensor)
 
     def check_done(self) -> None:
         if self.done:
             logger.info("fp8 checkpoint: %d weights of layers loom keeps in the model's dtype "
-                        "(MoE experts, routers) dequantized with their scales as they loaded",
+                        "(MoE routers) dequantized with their scales as they loaded",
                         self.done)
         if self.weights or self.scales:
             names = sorted(self.weights) + sorted(n + "_scale" for n in self.scales)
             raise ValueError(
                 f"checkpoint tensor(s) {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
-                ": an fp8 weight for a parameter loom keeps in the model's dtype needs its "
-                "scale (weight_scale or weight_scale_inv) to be dequantized, and a scale its "
-                "weight; the checkpoint has one without the other")
+                ": an fp8 weight outside the fp8 linear layers (an MoE expert's, a router's) "
+                "needs its scale (weight_scale or weight_scale_inv), and a scale its weight; "
+                "the checkpoint has one without the other")
 
-    def _dequantize(self, name: str, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def dequantize(self, pair: Fp8Tensor) -> torch.Tensor:
+        """The pair's values times their scales, in float32."""
         from loom.quantization.fp8_block import cdiv, dequantize
+        name, q, s = pair.name, pair.values, pair.scale.float()
         self.done += 1
-        s = scale.float()
         rows, cols = q.shape
         if s.numel() == 1:
             return q.float() * s.reshape(())

@@ -102,7 +102,8 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
     (`loom.quantization.staging`), so no model-dtype copy of the model is ever whole. A
     layer built with its weight on the meta device (`weights_on_meta`) that the checkpoint
     leaves unquantized gets a real one on `device` (default: the model's). Replicated layers
-    (MoE routers) and MoE experts stay in the model's dtype. Returns the fp8 layers."""
+    (MoE routers) stay in the model's dtype; MoE experts load in fp8 for the fused MoE's
+    W8A16 kernels (`loom.quantization.fp8_moe`). Returns the fp8 linear layers."""
     device = device or _device(model)
     if device.type == "cuda" and scheme.weight_block is None:
         importlib.import_module("loom.kernels.fp8_linear")  # registers loom::fp8_linear
@@ -123,11 +124,11 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
             _fp8_parameters(name, layer, scheme, device)
         else:
             stage(name, layer, device, _quantize_staged)
-    moe = any(n.endswith(".experts") for n, _ in model.named_modules())
+    from loom.quantization import fp8_moe
+    moe = fp8_moe.prepare_experts(model, scheme, from_checkpoint, device)
     logger.info("quantization (%s): %s in %d linear layers; %d kept in the model's dtype as "
                 "the checkpoint asks%s", scheme.method, scheme.describe(), len(layers),
-                len(kept), "; MoE experts and routers stay in it (dequantized where the "
-                "checkpoint has them in fp8)" if moe else "")
+                len(kept), fp8_moe.describe(moe, from_checkpoint, scheme.weight_block))
     return layers
 
 

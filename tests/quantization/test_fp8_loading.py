@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from loom.config import EngineConfig, ModelConfig, ParallelConfig
 from loom.distributed import parallel_state
 from loom.layers.linear import ColumnParallelLinear, RowParallelLinear
+from loom.layers.moe import FusedMoE
 from loom.quantization.fp8 import quantize_rows
 from loom.quantization.fp8_block import quantize_blocks
 from loom.worker.model_loader import load_model
@@ -41,33 +42,53 @@ def _linear_layers(model) -> dict[str, torch.nn.Module]:
 
 
 def _quantized_plain(plain, block=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Each linear layer of the unquantized model quantized as a whole (the old path)."""
-    return {n: quantize_rows(m.weight.data) if block is None
-            else quantize_blocks(m.weight.data, block)
-            for n, m in _linear_layers(plain).items()}
+    """Each linear layer of the unquantized model quantized as a whole (the old path), and
+    each expert's stacked w13 and w2 likewise, expert by expert (keyed by the parameter)."""
+    def quantize(w):
+        return quantize_rows(w) if block is None else quantize_blocks(w, block)
+    out = {n: quantize(m.weight.data) for n, m in _linear_layers(plain).items()}
+    for name, layer in plain.named_modules():
+        if isinstance(layer, FusedMoE):
+            for attr in ("w13", "w2"):
+                pairs = [quantize(w) for w in getattr(layer, attr).data]
+                out[f"{name}.{attr}"] = tuple(torch.stack(t) for t in zip(*pairs))
+    return out
+
+
+_SCALES = (".weight_scale", ".w13_scale", ".w2_scale")
+
+
+def _fp8_of(model, name) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 values, scale) of a linear layer or of an expert weight (named by parameter)."""
+    if name.endswith((".w13", ".w2")):
+        return model.get_parameter(name), model.get_parameter(name + "_scale")
+    layer = model.get_submodule(name)
+    return layer.weight, layer.weight_scale
 
 
 def _assert_matches(model, plain, expected) -> None:
-    """model's fp8 layers hold `expected`'s bytes and scales; its other parameters equal
-    the unquantized model's, in the same order (dummy weights' seeds follow it)."""
+    """model's fp8 layers and experts hold `expected`'s bytes and scales; its other
+    parameters equal the unquantized model's, in the same order (dummy weights' seeds
+    follow it)."""
     names = [n for n, _ in model.named_parameters()]
-    assert [n for n in names if not n.endswith(".weight_scale")] == \
+    assert [n for n in names if not n.endswith(_SCALES)] == \
         [n for n, _ in plain.named_parameters()]
     for name, (q, scale) in expected.items():
-        layer = model.get_submodule(name)
-        assert layer.weight.dtype == FP8 and layer.weight.shape == q.shape, name
-        assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8)), name
-        assert torch.equal(layer.weight_scale, scale), name
+        weight, weight_scale = _fp8_of(model, name)
+        assert weight.dtype == FP8 and weight.shape == q.shape, name
+        assert torch.equal(weight.view(torch.uint8), q.view(torch.uint8)), name
+        assert torch.equal(weight_scale, scale), name
     params = dict(model.named_parameters())
     for name, param in plain.named_parameters():
-        if name.rsplit(".", 1)[0] not in expected:
+        if name not in expected and name.rsplit(".", 1)[0] not in expected:
             assert params[name].dtype == param.dtype and torch.equal(params[name], param), name
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "phi3"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_quantized_at_load_as_a_whole_model_would_be(kind, dtype, tiny_model_factory):
-    """qwen3_moe: experts and routers stay in the model's dtype; phi3: its fused qkv and
+    """qwen3_moe: experts quantized per row like the linear layers, routers in the model's
+    dtype; phi3: its fused qkv and
     gate_up tensors are split on load and arrive as shards."""
     path, _ = tiny_model_factory(kind)
     plain = _load(path, dtype=dtype)
@@ -84,9 +105,11 @@ def test_dummy_weights_are_drawn_and_quantized_as_before(kind, tiny_model_factor
     _assert_matches(fp8, plain, _quantized_plain(plain))
 
 
-def test_block_wise_dummy_weights(tiny_model_factory, tmp_path):
-    """Dummy weights for a block-wise checkpoint's config: quantized in its blocks."""
-    path, _ = tiny_model_factory("qwen3")
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_block_wise_dummy_weights(kind, tiny_model_factory, tmp_path):
+    """Dummy weights for a block-wise checkpoint's config: quantized in its blocks (each
+    expert's stacked gate and up as one weight)."""
+    path, _ = tiny_model_factory(kind)
     config = json.loads((Path(path) / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
                                      "weight_block_size": [32, 32]}
@@ -97,10 +120,11 @@ def test_block_wise_dummy_weights(tiny_model_factory, tmp_path):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-@pytest.mark.parametrize("kind", ["llama", "llama_mqa"])
+@pytest.mark.parametrize("kind", ["llama", "llama_mqa", "qwen3_moe"])
 def test_tensor_parallel_ranks(kind, rank, tiny_model_factory, monkeypatch):
     """TP=2 (no process group: loading only reads the rank): each rank quantizes its own
-    shards, as it did once they had loaded in full; llama_mqa replicates its KV head."""
+    shards, as it did once they had loaded in full; llama_mqa replicates its KV head;
+    qwen3_moe's experts: each rank's rows of gate and up, its columns of down."""
     monkeypatch.setitem(parallel_state._GROUPS, "tp",
                         parallel_state.GroupCoordinator("tp", rank, 2, None))
     path, _ = tiny_model_factory(kind)

@@ -1,0 +1,123 @@
+"""fp8 MoE experts in loom's FusedMoE: `--quantization fp8` keeps a MoE model's experts in
+fp8 (half their bytes) without ever building a model-dtype copy of them, and the CPU path
+runs fp8 experts by dequantizing the ones a batch uses, eager and under torch.compile.
+(Checkpoints with fp8 experts: test_fp8_experts.py; the kernels: tests/kernels.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from loom.config import EngineConfig, ModelConfig, ParallelConfig
+from loom.distributed import parallel_state
+from loom.layers.moe import FusedMoE, route
+from loom.worker.model_loader import load_model
+
+FP8 = torch.float8_e4m3fn
+
+
+def _load(path: str, **kwargs) -> torch.nn.Module:
+    parallel = ParallelConfig(parallel_state.get_tp_group().world_size)
+    model, _, _ = load_model(EngineConfig(ModelConfig(path, **kwargs), parallel=parallel),
+                             torch.device("cpu"))
+    return model
+
+
+def _experts(model) -> list[FusedMoE]:
+    return [m for m in model.modules() if isinstance(m, FusedMoE)]
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen2_moe"])
+def test_quantized_experts_take_half_the_bytes(kind, tiny_model_factory):
+    """bfloat16 experts -> fp8 values (exactly half) and a float32 scale per row."""
+    path, _ = tiny_model_factory(kind)
+    plain = _experts(_load(path, dtype="bfloat16"))
+    fp8 = _experts(_load(path, dtype="bfloat16", quantization="fp8"))
+    assert plain and len(fp8) == len(plain)
+    for before, after in zip(plain, fp8):
+        assert after.w13.dtype == after.w2.dtype == FP8
+        assert after.w13_scale.shape == (*after.w13.shape[:2], 1)
+        assert after.w2_scale.shape == (*after.w2.shape[:2], 1)
+        values = before.w13.nbytes + before.w2.nbytes
+        assert after.w13.nbytes + after.w2.nbytes == values // 2
+        experts, rows13, hidden = before.w13.shape
+        assert after.w13_scale.nbytes + after.w2_scale.nbytes == 4 * experts * (rows13 + hidden)
+
+
+class _StackedAllocations(TorchDispatchMode):
+    """Counts allocations of tensors in `dtype` shaped like a layer's stacked experts."""
+
+    def __init__(self, dtype: torch.dtype, shapes: set[tuple[int, ...]]) -> None:
+        super().__init__()
+        self.dtype, self.shapes, self.count = dtype, shapes, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        aten = torch.ops.aten
+        if func in (aten.empty.memory_format, aten.empty_strided.default) and \
+                out.dtype == self.dtype and tuple(out.shape) in self.shapes and not out.is_meta:
+            self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("load_format, stacked", [("safetensors", 0), ("dummy", 2)])
+def test_no_model_dtype_copy_of_the_experts(load_format, stacked, tiny_model_factory):
+    """From a checkpoint each expert's tensor is quantized as it arrives: no stacked
+    bfloat16 experts are ever allocated. Dummy weights are drawn into one stacked tensor
+    per weight (w13, w2) of the one MoE layer, each quantized and freed at once."""
+    path, _ = tiny_model_factory("qwen3_moe")
+    plain = _experts(_load(path, dtype="bfloat16"))
+    shapes = {tuple(p.shape) for m in plain for p in (m.w13, m.w2)}
+    with _StackedAllocations(torch.bfloat16, shapes) as seen:
+        model = _load(path, dtype="bfloat16", quantization="fp8", load_format=load_format)
+    assert all(m.w13.dtype == FP8 for m in _experts(model))
+    assert seen.count == stacked * len(plain)
+
+
+def _fp8_layer(block, experts=4, hidden=64, inter=32):
+    """A FusedMoE with fp8 experts set by hand (values and scales drawn here), and each
+    expert's weights dequantized in float64."""
+    layer = FusedMoE(experts, 2, hidden, inter, renormalize=True)
+    exact = {}
+    for attr in ("w13", "w2"):
+        shape = getattr(layer, attr).shape
+        q = (torch.randn(shape) * 100).clamp(-448, 448).to(FP8)
+        if block is None:
+            scale = torch.rand(shape[0], shape[1], 1) / 100
+            full = scale.double()
+        else:
+            scale = torch.rand(shape[0], -(-shape[1] // block[0]), -(-shape[2] // block[1]))
+            scale /= 100
+            full = scale.double().repeat_interleave(block[0], 1)[:, :shape[1]]
+            full = full.repeat_interleave(block[1], 2)[:, :, :shape[2]]
+        setattr(layer, attr, torch.nn.Parameter(q, requires_grad=False))
+        setattr(layer, attr + "_scale", torch.nn.Parameter(scale, requires_grad=False))
+        exact[attr] = q.double() * full
+    layer.weight_block = block
+    return layer, exact
+
+
+def _expected(x, logits, exact):
+    """sum_k w_k * down(silu(gate) * up) per token, in float64, token by token."""
+    weights, ids = route(logits, 2, True)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(2):
+            e = int(ids[t, k])
+            gate, up = (exact["w13"][e] @ x[t].double()).chunk(2)
+            out[t] += weights[t, k].double() * (exact["w2"][e] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("block", [None, (32, 32), (16, 48)], ids=["channel", "32x32", "16x48"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_cpu_path_runs_fp8_experts(block, compiled):
+    """The CPU reference dequantizes each expert it uses (in float32, the model's dtype
+    here): float32 matmuls over 64 products, ~1e-6 from the float64 sum."""
+    torch.manual_seed(0)
+    layer, exact = _fp8_layer(block)
+    x, logits = torch.randn(5, 64), torch.randn(5, 4)
+    forward = torch.compile(layer, backend="eager", fullgraph=True) if compiled else layer
+    got = forward(x, logits)
+    torch.testing.assert_close(got.double(), _expected(x, logits, exact), atol=1e-4, rtol=1e-4)
