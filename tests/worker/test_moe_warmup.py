@@ -131,3 +131,25 @@ def test_no_step_size_compiles_after_the_warm_up(tmp_path, monkeypatch):
     for case, out in zip(cases, outs):
         torch.testing.assert_close(out.float(), fm.moe_reference(*case).float(),
                                    rtol=3e-2, atol=3e-2)
+
+
+def test_fp8_experts_are_a_shape_of_their_own(tuned, monkeypatch):
+    """A layer with fp8 experts compiles beside a same-shaped unquantized one: its tokens
+    in the model's dtype, its scales and block passed along, its config from the
+    unquantized table (no fp8 one here)."""
+    fp8 = tuned.a
+    for name in ("w13", "w2"):
+        weight = getattr(fp8, name)
+        setattr(fp8, name, torch.nn.Parameter(weight.to(torch.float8_e4m3fn),
+                                               requires_grad=False))
+        setattr(fp8, name + "_scale", torch.nn.Parameter(torch.ones(*weight.shape[:2], 1),
+                                                         requires_grad=False))
+    asked = []
+
+    def record(hidden, w13, w2, weights, ids, cfg, **quant):
+        asked.append((hidden.dtype, w13.dtype, quant["w13_scale"] is fp8.w13_scale,
+                      quant["w2_scale"] is fp8.w2_scale, cfg["GEMV"]))
+    monkeypatch.setattr(fm, "compile_fused_moe", record)
+    assert moe_warmup.warm_up_moe(tuned, 32, 1, torch.device("cpu")) == 3
+    assert (torch.float32, torch.float8_e4m3fn, True, True, 1) in asked  # TABLE's key 1
+    assert sum(dtype == torch.float32 for _, dtype, *_ in asked) == 2
