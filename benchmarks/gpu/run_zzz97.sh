@@ -3,9 +3,14 @@
 #    5-16 rows take cuBLASLt today) and at 1-4 rows for 8B's TP=2 shapes (which take the bf16
 #    table's tiles at twice the chunk width, unmeasured), merged into the fp8 table;
 # 2. 8B -q fp8 prefill 8192 with the down projection's rows quantized inside SiLU·mul
-#    (75186c6; expected ~3-4 ms under run_zzz94's 0.1499 s) and decode b8 128 -> 128 beside
-#    bf16 b8 (fp8 reads 9.08 GB a step against 16.06).
+#    (75186c6) and, since session 41, qkv's and gate_up's rows quantized inside the add +
+#    norm (expected together ~5 ms under run_zzz94's 0.1499 s) and decode b8 128 -> 128
+#    beside bf16 b8 (fp8 reads 9.08 GB a step against 16.06).
+# 0. first the fp8 kernel tests on the GPU (the add + norm + quantize kernel is new).
 source benchmarks/gpu/env.sh; R=$OUT/zzz97; mkdir -p $R
+timeout $(left 60) python3 -m pytest -q tests/kernels/test_fp8_linear.py -p no:cacheprovider \
+  > $R/tests-fp8.log 2>&1
+echo "fp8 kernel tests rc $? $(tail -1 $R/tests-fp8.log)"; grep -E "^(FAILED|ERROR)" $R/tests-fp8.log | head -4
 TABLE=loom/kernels/configs/gemv,dtype=float8_e4m3fn,device_name=NVIDIA_H200.json
 timeout $(left 170) python3 benchmarks/gpu/gemv_bench.py --weight-dtype fp8 \
   --shapes qkv1,o1,gate_up1,down1 --ms 8,16 --budget-s 110 \

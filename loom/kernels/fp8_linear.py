@@ -15,8 +15,9 @@ real row count:
   and one write of the activations. Inductor's fused reduction for the down projection
   (K = 14336) took 1340 us at 8192 rows on the H200, 20x its bytes' time (run_zzz91);
   this one 69 us on average over 8B's projections (run_zzz94). Before a down projection
-  it applies the SiLU·mul itself (`decode_silu_mul_linear`), so the activation is never
-  written in bf16 and read back.
+  it applies the SiLU·mul itself (`decode_silu_mul_linear`), and before qkv and gate_up
+  at TP=1 the residual add + RMSNorm (`decode_add_rms_norm_linear`), so that neither
+  activation is written in bf16 and read back.
 
 Configs: `gemv_decode.weight_config`, from the table measured for fp8 weights
 (`benchmarks/gpu/gemv_bench.py --weight-dtype fp8 --write-table`) or, where the GPU has
@@ -40,20 +41,31 @@ from loom.library import loom_op
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, stride_x, K: tl.constexpr,
-                          BLOCK: tl.constexpr, STATIC: tl.constexpr, FMAX: tl.constexpr,
-                          EPS_: tl.constexpr, SILU_MUL: tl.constexpr = False):
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, res_ptr, nw_ptr, res_out_ptr,
+                          eps, stride_x, K: tl.constexpr, BLOCK: tl.constexpr,
+                          STATIC: tl.constexpr, FMAX: tl.constexpr, EPS_: tl.constexpr,
+                          SILU_MUL: tl.constexpr = False, ADD_NORM: tl.constexpr = False):
     # program r: row r whole. scale = amax / 448 (at least float32's eps), or the static
     # scale; q = x / scale, divided and rounded as torch's ops do (the CPU's very bytes).
     # SILU_MUL: the row is [gate | up] (2K wide) and x = silu(gate) * up, rounded as
-    # torch's eager ops round it (`silu_mul_values`).
+    # torch's eager ops round it (`silu_mul_values`). ADD_NORM: h = x + residual goes to
+    # res_out and x = RMSNorm(h) * norm weight, rounded as `loom.layers.norm.rms_norm`.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < K
+    elem = x_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
     if SILU_MUL:
         up = tl.load(x_ptr + row * stride_x + K + cols, mask=ok, other=0.0)
-        x = silu_mul_values(x, up, x_ptr.dtype.element_ty)
+        x = silu_mul_values(x, up, elem)
+    if ADD_NORM:
+        res = tl.load(res_ptr + row * K + cols, mask=ok, other=0.0)
+        h = (x.to(tl.float32) + res.to(tl.float32)).to(elem)
+        tl.store(res_out_ptr + row * K + cols, h, mask=ok)
+        hf = h.to(tl.float32)
+        normed = (hf * tl.math.rsqrt(tl.sum(hf * hf, axis=0) / K + eps)).to(elem)
+        w = tl.load(nw_ptr + cols, mask=ok, other=0.0)
+        x = (w.to(tl.float32) * normed.to(tl.float32)).to(elem)
     x = x.to(tl.float32)
     if STATIC:
         scale = tl.load(in_scale_ptr)
@@ -70,16 +82,42 @@ def quantize_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None,
     row (amax / 448), or input_scale's one value for every row. silu_mul_input: x is
     (M, 2K) = [gate | up], and silu(gate) * up is quantized (an MLP's down projection:
     the activation is never written in the model's dtype)."""
+    return _quantize(x, input_scale, silu_mul_input)[:2]
+
+
+def add_rms_norm_quantize_rows(x: torch.Tensor, residual: torch.Tensor,
+                               norm_weight: torch.Tensor, eps: float,
+                               input_scale: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decoder's residual add and RMSNorm (`loom.layers.norm.fused_add_rms_norm`) with
+    the quantization of the normalised rows, in one kernel: (fp8 rows, scales, x +
+    residual). The normalised rows are never written in the model's dtype and read back
+    (~2 ms of 8B's fp8 prefill at 8192 tokens, run_zzz94). x, residual (M, K) contiguous
+    alike, norm_weight (K,)."""
+    if residual.shape != x.shape or residual.dtype != x.dtype or norm_weight.shape != x.shape[1:]:
+        raise ValueError(f"add_rms_norm_quantize_rows: residual {tuple(residual.shape)} and "
+                         f"norm_weight {tuple(norm_weight.shape)} must match x "
+                         f"{tuple(x.shape)} {x.dtype}")
+    return _quantize(x.contiguous(), input_scale, False,
+                     (residual.contiguous(), norm_weight.contiguous(), float(eps)))
+
+
+def _quantize(x: torch.Tensor, input_scale: torch.Tensor | None, silu_mul_input: bool,
+              norm: tuple[torch.Tensor, torch.Tensor, float] | None = None):
     m, k = x.shape[0], x.shape[1] // 2 if silu_mul_input else x.shape[1]
     q = torch.empty(m, k, dtype=FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    residual, norm_weight, eps = norm or (x, x, 0.0)
+    residual_out = torch.empty_like(x) if norm is not None else x
     if m:
         block = next_power_of_2(k)
         fast_launch(_quantize_rows_kernel, (m,))(
-            x, q, scale, scale if input_scale is None else input_scale, x.stride(0), K=k,
-            BLOCK=block, STATIC=input_scale is not None, FMAX=FP8_MAX, EPS_=EPS,
-            SILU_MUL=silu_mul_input, num_warps=min(16, max(1, block // 1024)))
-    return q, scale
+            x, q, scale, scale if input_scale is None else input_scale, residual,
+            norm_weight, residual_out, eps, x.stride(0), K=k, BLOCK=block,
+            STATIC=input_scale is not None, FMAX=FP8_MAX, EPS_=EPS,
+            SILU_MUL=silu_mul_input, ADD_NORM=norm is not None,
+            num_warps=min(16, max(1, block // 1024)))
+    return q, scale, residual_out
 
 
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -88,9 +126,26 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     """x (M, K) @ the fp8 weight (N, K)^T by `quantize_rows` then cuBLASLt's row-wise scaled
     GEMM; x's dtype out (the GEMM writes bf16 only). silu_mul_input: as quantize_rows."""
     xq, x_scale = quantize_rows(x, input_scale, silu_mul_input)
+    return _scaled_mm(xq, x_scale, weight, weight_scale, x.dtype)
+
+
+def add_rms_norm_scaled_mm_linear(
+        x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+        weight: torch.Tensor, weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) @ the fp8 weight^T, x + residual) by
+    `add_rms_norm_quantize_rows` then the scaled GEMM: a decoder's qkv or gate_up at a
+    prompt's rows, its norm and quantization one kernel."""
+    xq, x_scale, residual_out = add_rms_norm_quantize_rows(x, residual, norm_weight, eps,
+                                                           input_scale)
+    return _scaled_mm(xq, x_scale, weight, weight_scale, x.dtype), residual_out
+
+
+def _scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+               weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.reshape(1, -1),
                          out_dtype=torch.bfloat16)
-    return y if y.dtype == x.dtype else y.to(x.dtype)
+    return y if y.dtype == dtype else y.to(dtype)
 
 
 @loom_op("fp8_linear",

@@ -202,7 +202,9 @@ def decode_add_rms_norm_linear(
     where Inductor's norm and the GEMV were two. Otherwise the add and norm in one kernel
     (torch's eager ops on the CPU), then `linear`. The decode GEMV pass puts this op in
     graphs at TP=1 unless LOOM_DECODE_NORM_GEMV=0 (`envs.py`). An fp8 weight comes with
-    its scales, as `loom::fp8_linear` takes them."""
+    its scales, as `loom::fp8_linear` takes them; where its rows take the scaled GEMM (a
+    prompt's), one kernel adds, normalises and quantizes them
+    (`fp8_linear.add_rms_norm_scaled_mm_linear`)."""
     m = x.shape[0]
     if 1 <= m <= MAX_M and x.dtype == residual.dtype == norm_weight.dtype \
             and weight.is_contiguous() and norm_weight.is_contiguous():
@@ -210,6 +212,11 @@ def decode_add_rms_norm_linear(
         if cfg is not None:
             return add_rms_norm_gemv(x.contiguous(), residual.contiguous(), norm_weight, eps,
                                      weight, weight_scale=weight_scale, config=cfg)
+    if x.is_cuda and weight_scale is not None and weight_config(m, weight, x.dtype) is None:
+        # fp8 rows for the scaled GEMM: quantized by the add + norm kernel itself
+        from loom.kernels.fp8_linear import add_rms_norm_scaled_mm_linear
+        return add_rms_norm_scaled_mm_linear(x, residual, norm_weight, eps, weight,
+                                             weight_scale, input_scale)
     if x.is_cuda:
         normed, residual_out = add_rms_norm(x, residual, norm_weight, eps)
     else:

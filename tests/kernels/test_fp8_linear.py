@@ -93,6 +93,54 @@ def test_static_scale_quantizes_every_row_by_it():
     assert q.cpu()[0, 1].float() == 448
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_add_rms_norm_rows_quantize_as_the_norm_then_the_reference(dtype, static):
+    """x + residual and RMSNorm(x + residual) * weight, then quantized, in one kernel: the
+    sum is the reference add's very values; the rows are the reference quantizing
+    loom's norm (the layers' reference), and the scaled GEMM after it gives the
+    reference's product."""
+    from loom.layers.norm import fused_add_rms_norm
+    x, residual = _x(5, 96, dtype), _x(5, 96, dtype)
+    norm_weight = (1 + 0.1 * _x(1, 96)[0]).to(dtype)
+    in_scale = torch.tensor([0.03]) if static else None
+    normed, want_sum = fused_add_rms_norm(x, residual, norm_weight, 1e-5)
+    q, scale, out_sum = mod.add_rms_norm_quantize_rows(
+        x.to(DEVICE), residual.to(DEVICE), norm_weight.to(DEVICE), 1e-5,
+        None if in_scale is None else in_scale.to(DEVICE))
+    _same_sum(out_sum.cpu(), want_sum)
+    if static:
+        want_q, want_scale = ref._to_fp8(normed, in_scale.reshape(1, 1)), in_scale.expand(5, 1)
+    else:
+        want_q, want_scale = ref.quantize_rows(normed)
+    # The norm's sum of squares in another order (and, in bf16 on the interpreter, values
+    # truncated where torch rounds) may move a value across an fp8 rounding boundary:
+    # within one fp8 step of the reference's (saturated alike with a static scale).
+    torch.testing.assert_close(scale.cpu(), want_scale.float(), rtol=1e-2, atol=0)
+    assert ((q.cpu().float() - want_q.float()).abs()
+            <= 0.13 * want_q.float().abs() + 2 ** -9).all()
+    wq, ws = _weight(24, 96)
+    y, y_sum = mod.add_rms_norm_scaled_mm_linear(
+        x.to(DEVICE), residual.to(DEVICE), norm_weight.to(DEVICE), 1e-5, wq.to(DEVICE),
+        ws.to(DEVICE), None if in_scale is None else in_scale.to(DEVICE))
+    layer = torch.nn.Module()
+    layer.weight, layer.weight_scale, layer.input_scale = wq, ws, in_scale
+    want = ref.Fp8Linear("static" if static else "token").apply(layer, normed, None)
+    assert y.dtype == dtype
+    _same_sum(y_sum.cpu(), want_sum)
+    torch.testing.assert_close(y.cpu().float(), want.float(), rtol=2e-2,
+                               atol=2e-2 * want.float().abs().max().item())
+
+
+def _same_sum(out, want):
+    """The reference add's values; in bf16 on the interpreter, which truncates where torch
+    and the GPU round, within one bf16 step."""
+    if want.dtype == torch.float32 or not INTERPRET:
+        assert torch.equal(out, want)
+    else:
+        assert ((out.float() - want.float()).abs() <= want.float().abs() * 2 ** -7).all()
+
+
 def test_no_rows_is_no_launch():
     q, scale = mod.quantize_rows(torch.empty(0, 64, device=DEVICE))
     assert q.shape == (0, 64) and scale.shape == (0, 1)
@@ -168,11 +216,14 @@ def check(fn, types, cons, warps):
     print(fn.__name__, "e4m3x2" in ptx,
           "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx)
 
-quant = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32"}
+quant = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32",
+         "res_ptr": "*bf16", "nw_ptr": "*bf16", "res_out_ptr": "*bf16", "eps": "fp32"}
 check(_quantize_rows_kernel, quant,
       dict(K=14336, BLOCK=16384, STATIC=False, FMAX=448.0, EPS_=1.2e-7), 16)
 check(_quantize_rows_kernel, quant,
       dict(K=14336, BLOCK=16384, STATIC=False, FMAX=448.0, EPS_=1.2e-7, SILU_MUL=True), 16)
+check(_quantize_rows_kernel, quant,
+      dict(K=4096, BLOCK=4096, STATIC=False, FMAX=448.0, EPS_=1.2e-7, ADD_NORM=True), 4)
 types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf16",
          "part_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16", "nw_ptr": "*bf16",
          "res_out_ptr": "*bf16", "eps": "fp32"}
@@ -191,4 +242,4 @@ def test_fp8_kernels_compile_for_sm90_offline():
     bytes at a time (asynchronous copies in the GEMV's pipelined loop)."""
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     assert compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines() == [
-        "_quantize_rows_kernel True True"] * 2 + ["_gemv_kernel True True"] * 3
+        "_quantize_rows_kernel True True"] * 3 + ["_gemv_kernel True True"] * 3
