@@ -2,7 +2,7 @@
 
     out = y + ((x A^T) * mask) B^T          for 1..16 rows
 
-Through torch it is four kernels a projection (x A^T, the slot mask, h B^T, the add into
+Through torch it was four kernels a projection (x A^T, the slot mask, h B^T, the add into
 y), each a launch at batch 1 where its bytes are a few hundred kilobytes; on Llama-3.1-8B
 with one rank-16 adapter that made decode 46% slower (run_zzz96). Here:
 
@@ -17,7 +17,8 @@ run (the decode GEMV pass hands them over): `silu_mul` (x = [gate | up], the inp
 silu(gate) * up, as torch's eager ops round it) or `norm_weight` (x = the residual sum h,
 the input is RMSNorm(h) * weight: h times the weight is multiplied, and each row's sums
 are scaled by its 1 / RMS once every slice is summed). Everything accumulates in float32;
-h is rounded to the dtype before the expand, as the reference's F.linear rounds it.
+h is rounded to the dtype before the expand, as the reference's F.linear rounds it, and
+y + h B^T once at the end.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _expand_kernel(part_ptr, ss_ptr, mask_ptr, b_ptr, y_ptr, out_ptr, M, N, W, s
     term = tl.dot(h, tl.trans(b), input_precision=DOT_PRECISION)
     y_ok = (rows < M)[:, None] & (ns < N)[None, :]
     y = tl.load(y_ptr + rows[:, None] * stride_y + ns[None, :], mask=y_ok, other=0.0)
-    out = y.to(tl.float32) + term.to(elem).to(tl.float32)  # y + the term, as torch adds
+    out = y.to(tl.float32) + term  # rounded once, as the torch path's addmm
     tl.store(out_ptr + rows[:, None] * N + ns[None, :], out.to(out_ptr.dtype.element_ty),
              mask=y_ok)
 
