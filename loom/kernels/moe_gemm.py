@@ -49,12 +49,34 @@ def _tile_ids(num_row_blocks, NUM_COL_TILES: tl.constexpr, GROUP_M: tl.constexpr
 
 
 @triton.jit
-def _scales(s_ptr, expert, rows, k0, ok, stride_se, stride_sn, stride_sk,
-            GROUP_N: tl.constexpr, GROUP_K: tl.constexpr):
-    """The scales of the expert's weight rows `rows` in the block column of K offset k0 (per
-    channel: GROUP_N = 1, and k0 = 0 reads the one column)."""
-    return tl.load(s_ptr + expert.to(tl.int64) * stride_se + (rows // GROUP_N) * stride_sn
-                   + (k0 // GROUP_K) * stride_sk, mask=ok, other=0.0)
+def _scales(s_ptr, rows, k0, ok, stride_sn, stride_sk, GROUP_N: tl.constexpr,
+            GROUP_K: tl.constexpr):
+    """The scales of weight rows `rows` in the block column of K offset k0 (s_ptr at the
+    expert's; per channel: GROUP_N = 1, and k0 = 0 reads the one column)."""
+    return tl.load(s_ptr + (rows // GROUP_N) * stride_sn + (k0 // GROUP_K) * stride_sk,
+                   mask=ok, other=0.0)
+
+
+@triton.jit
+def _dot_step(a, w, acc, s_ptr, cols, k0, col_ok, stride_sn, stride_sk,
+              PRECISION: tl.constexpr, QUANT: tl.constexpr, GROUP_N: tl.constexpr,
+              GROUP_K: tl.constexpr):
+    """acc + a @ w for one K step, w (an fp8 tile, or already a's dtype) converted to a's
+    dtype in registers; per block (QUANT 2) the step's product times its columns' scales
+    (BLOCK_K lies within one block column)."""
+    w = w.to(a.dtype)
+    if QUANT == 2:
+        s = _scales(s_ptr, cols, k0, col_ok, stride_sn, stride_sk, GROUP_N, GROUP_K)
+        return acc + tl.dot(a, w, input_precision=PRECISION) * s[None, :]
+    return tl.dot(a, w, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _channel_scaled(acc, s_ptr, cols, col_ok, stride_sn, QUANT: tl.constexpr):
+    """The accumulator's columns times their weight rows' scales, per channel (QUANT 1)."""
+    if QUANT == 1:
+        return acc * _scales(s_ptr, cols, 0, col_ok, stride_sn, 0, 1, 1)[None, :]
+    return acc
 
 
 # The row counts are launch sizes, not shapes worth a compiled variant each.
@@ -73,6 +95,7 @@ def _gate_up_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:  # the capacity bound over-provisions blocks; these have no rows
         return
+    s_ptr += expert.to(tl.int64) * stride_se
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ids_ptr + rows)
     row_ok = slot < num_slots
@@ -100,24 +123,12 @@ def _gate_up_kernel(
                      + cols[None, :] * stride_wn)
             w_gate = tl.load(w_ptr, mask=w_mask, other=0.0)
             w_up = tl.load(w_ptr + INTER * stride_wn, mask=w_mask, other=0.0)
-        # fp8 weights become the activations' dtype here (a no-op for unquantized ones)
-        w_gate = w_gate.to(x.dtype)
-        w_up = w_up.to(x.dtype)
-        if QUANT == 2:  # BLOCK_K lies within one block column: one scale per column
-            s_gate = _scales(s_ptr, expert, cols, k0, col_ok, stride_se, stride_sn,
-                             stride_sk, GROUP_N, GROUP_K)
-            s_up = _scales(s_ptr, expert, INTER + cols, k0, col_ok, stride_se, stride_sn,
-                           stride_sk, GROUP_N, GROUP_K)
-            acc_gate += tl.dot(x, w_gate, input_precision=PRECISION) * s_gate[None, :]
-            acc_up += tl.dot(x, w_up, input_precision=PRECISION) * s_up[None, :]
-        else:
-            acc_gate = tl.dot(x, w_gate, acc_gate, input_precision=PRECISION)
-            acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
-    if QUANT == 1:
-        acc_gate *= _scales(s_ptr, expert, cols, 0, col_ok, stride_se, stride_sn, stride_sk,
-                            1, GROUP_K)[None, :]
-        acc_up *= _scales(s_ptr, expert, INTER + cols, 0, col_ok, stride_se, stride_sn,
-                          stride_sk, 1, GROUP_K)[None, :]
+        acc_gate = _dot_step(x, w_gate, acc_gate, s_ptr, cols, k0, col_ok, stride_sn,
+                             stride_sk, PRECISION, QUANT, GROUP_N, GROUP_K)
+        acc_up = _dot_step(x, w_up, acc_up, s_ptr, INTER + cols, k0, col_ok, stride_sn,
+                           stride_sk, PRECISION, QUANT, GROUP_N, GROUP_K)
+    acc_gate = _channel_scaled(acc_gate, s_ptr, cols, col_ok, stride_sn, QUANT)
+    acc_up = _channel_scaled(acc_up, s_ptr, INTER + cols, col_ok, stride_sn, QUANT)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
     dst = inter_ptr + rows.to(tl.int64)[:, None] * stride_it + cols[None, :]
     tl.store(dst, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -139,6 +150,7 @@ def _down_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
+    s_ptr += expert.to(tl.int64) * stride_se
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ids_ptr + rows)
     row_ok = slot < num_slots
@@ -158,16 +170,9 @@ def _down_kernel(
             w = tl.load(w2_ptr + expert.to(tl.int64) * stride_we + ks[:, None] * stride_wk
                         + cols[None, :] * stride_wn,
                         mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        w = w.to(a.dtype)
-        if QUANT == 2:
-            s = _scales(s_ptr, expert, cols, k0, col_ok, stride_se, stride_sn, stride_sk,
-                        GROUP_N, GROUP_K)
-            acc += tl.dot(a, w, input_precision=PRECISION) * s[None, :]
-        else:
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
-    if QUANT == 1:
-        acc *= _scales(s_ptr, expert, cols, 0, col_ok, stride_se, stride_sn, stride_sk,
-                       1, GROUP_K)[None, :]
+        acc = _dot_step(a, w, acc, s_ptr, cols, k0, col_ok, stride_sn, stride_sk, PRECISION,
+                        QUANT, GROUP_N, GROUP_K)
+    acc = _channel_scaled(acc, s_ptr, cols, col_ok, stride_sn, QUANT)
     weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
     # One row per slot (not an atomic add per token): deterministic, any output dtype.
