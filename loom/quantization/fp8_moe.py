@@ -226,7 +226,8 @@ def describe(layers: int, from_checkpoint: bool, block: tuple[int, int] | None) 
     how = ("as the checkpoint holds them (fp8 with their scales, or the model's dtype)"
            if from_checkpoint else "quantized at load, a scale per "
            + ("channel" if block is None else f"{block[0]}x{block[1]} block"))
-    return f"; the MoE experts of {layers} layers {how}, their activations unquantized"
+    plural = "s" if layers > 1 else ""
+    return f"; the MoE experts of {layers} layer{plural} {how}, their activations unquantized"
 
 
 def _ignored(name: str, scheme: Fp8Scheme) -> bool:

@@ -78,8 +78,8 @@ def _with_fp8_experts(path: str, dest: Path, suffix: str, quantize,
     return str(quantized), str(dequantized)
 
 
-def _generate(path: str):
-    llm = _llm(path)
+def _generate(path: str, **kwargs):
+    llm = _llm(path, **kwargs)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
         return [(o.outputs[0].token_ids, [{t: lp.logprob for t, lp in step.items()}
@@ -136,6 +136,17 @@ def test_fp8_experts_generate_as_dequantized(layout, fp8_checkpoints):
     assert got == want
     # and the experts are not the unquantized model's: fp8 moved them
     assert _generate(unquantized) != got
+
+
+def test_quantizing_at_load_keeps_experts_fp8(checkpoints, tmp_path):
+    """--quantization fp8 on an unquantized MoE checkpoint, compiled at level 3, generates
+    what loom generates from its FP8_DYNAMIC checkpoint (the linear layers alike) with
+    every expert quantized per row here and stored dequantized: its experts are fp8 with
+    a scale per row, and the CPU path runs them as the dequantized ones."""
+    path, _, base, _ = checkpoints("qwen3_moe-dynamic")
+    _, reference = _with_fp8_experts(path, tmp_path, "_scale", _per_row)
+    got = _generate(base, quantization="fp8", compilation_config=3)
+    assert got == _generate(reference, compilation_config=3)
 
 
 @pytest.mark.parametrize("layout", ["block", "channel"])
