@@ -121,3 +121,35 @@ def test_cpu_path_runs_fp8_experts(block, compiled):
     forward = torch.compile(layer, backend="eager", fullgraph=True) if compiled else layer
     got = forward(x, logits)
     torch.testing.assert_close(got.double(), _expected(x, logits, exact), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)], ids=["channel", "16x32"])
+def test_a_per_tensor_expert_scale_fills_its_rows(block):
+    """vLLM's `fp8` method without blocks (Mixtral-8x7B-FP8's experts) scales each expert
+    tensor by one number: it fills the scales of the rows (or blocks) the tensor loads."""
+    from loom.layers.linear import weights_on_meta
+    from loom.quantization.config import Fp8Scheme
+    from loom.quantization.dequant import Fp8Tensor
+    from loom.quantization.fp8_moe import prepare_experts
+    with weights_on_meta():
+        holder = torch.nn.Module()
+        holder.experts = FusedMoE(2, 1, 64, 32, renormalize=True)
+    assert holder.experts.w13.is_meta
+    scheme = (Fp8Scheme("fp8", True, "token") if block is None
+              else Fp8Scheme("fp8", True, "group", weight_block=block))
+    assert prepare_experts(holder, scheme, True, torch.device("cpu")) == 1
+    layer, shapes = holder.experts, {0: (32, 64), 1: (32, 64), None: (64, 32)}
+    placeholders = {"w13": layer.w13, "w2": layer.w2}  # as load_named_weights holds them
+    for e in range(2):
+        for which, shape in shapes.items():
+            q = torch.randn(shape).to(FP8)
+            scale = torch.tensor(0.5 + e + (which or 0) / 4)
+            param = placeholders["w13" if which is not None else "w2"]
+            param.weight_loader(param, Fp8Tensor(f"e{e}", q, scale), (e, which))
+    assert layer.w13.dtype == layer.w2.dtype == FP8 and layer.weight_block == block
+    gate_up = torch.tensor([[0.5, 0.75], [1.5, 1.75]])  # (expert, gate | up)
+    rows = 32 if block is None else 32 // block[0]
+    want13 = gate_up.repeat_interleave(rows, 1)
+    assert torch.equal(layer.w13_scale.reshape(2, 2 * rows, -1)[:, :, 0], want13)
+    assert torch.equal(layer.w2_scale.flatten(1), torch.tensor([[0.5], [1.5]]).expand(
+        2, layer.w2_scale[0].numel()))
