@@ -65,6 +65,9 @@ class ExpertWeight:
         """One expert's checkpoint tensor (or fp8 tensor and scale); shard_id is
         FusedMoE.weight_loader's (expert, 0 gate | 1 up | None down)."""
         if isinstance(loaded, Fp8Tensor):
+            if loaded.values.dtype != FP8:
+                raise ValueError(f"{loaded.name}: {loaded.values.dtype}; loom's fp8 experts "
+                                 "hold float8_e4m3fn")
             self._start(True, shard_id, loaded.values.dtype)
             layer = self.layer
             layer.rows_of(self._values(), shard_id).copy_(layer.rank_part(loaded.values,
