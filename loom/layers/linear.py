@@ -57,6 +57,12 @@ def weights_on_meta() -> Iterator[None]:
         _meta_weights = previous
 
 
+def weights_go_on_meta() -> bool:
+    """Whether layers built now hold their quantizable weights on the meta device (inside
+    `weights_on_meta`): MoE experts follow it too."""
+    return _meta_weights
+
+
 def _param(shape: Sequence[int], loader, meta: bool = False) -> nn.Parameter:
     p = nn.Parameter(torch.empty(*shape, device="meta" if meta else None), requires_grad=False)
     p.weight_loader = loader

@@ -86,8 +86,8 @@ class FusedMoE(nn.Module):
         self.params_dtype = torch.get_default_dtype()
         """The model's dtype at construction: the activations' once the experts are fp8."""
         self.shard = divide(intermediate_size, tp.world_size, "MoE intermediate size")
-        # as column- and row-parallel weights are under `weights_on_meta` (its flag)
-        meta = "meta" if linear._meta_weights else None
+        # as column- and row-parallel weights are under `weights_on_meta`
+        meta = "meta" if linear.weights_go_on_meta() else None
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.shard, hidden_size,
                                             device=meta), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.shard, device=meta),
