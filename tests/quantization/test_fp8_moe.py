@@ -9,19 +9,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from loom.config import EngineConfig, ModelConfig, ParallelConfig
-from loom.distributed import parallel_state
 from loom.layers.moe import FusedMoE, route
-from loom.worker.model_loader import load_model
+from tests.quantization.test_fp8_loading import _load
 
 FP8 = torch.float8_e4m3fn
-
-
-def _load(path: str, **kwargs) -> torch.nn.Module:
-    parallel = ParallelConfig(parallel_state.get_tp_group().world_size)
-    model, _, _ = load_model(EngineConfig(ModelConfig(path, **kwargs), parallel=parallel),
-                             torch.device("cpu"))
-    return model
 
 
 def _experts(model) -> list[FusedMoE]:
