@@ -125,6 +125,5 @@ def dequantize(values: torch.Tensor, scale: torch.Tensor | None,
     rows, cols = values.shape
     if scale.numel() == rows and (scale.dim() == 1 or scale.shape[-1] == 1):
         return values.float() * scale.reshape(rows, 1)
-    group_n, group_k = block or DEFAULT_BLOCK
-    full = scale.repeat_interleave(group_n, 0)[:rows].repeat_interleave(group_k, 1)[:, :cols]
-    return values.float() * full
+    from loom.quantization.fp8_block import dequantize as block_dequantize
+    return block_dequantize(values, scale, *(block or DEFAULT_BLOCK))
