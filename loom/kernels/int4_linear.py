@@ -1,0 +1,242 @@
+"""int4-weight linear layers with 16-bit activations (W4A16: AWQ, GPTQ and
+compressed-tensors' pack-quantized int4 checkpoints) on CUDA, behind one opaque op,
+`loom::int4_linear`.
+
+The weight comes as the loader lays it out: `packed` int32 [N, K / 8], nibble k % 8 of word
+k // 8 holding w_q[n, k] (0..15); `scale` [N, K / G] in the activations' dtype; `zero` uint8
+[N, K / G], or None for a zero point of 8 everywhere. The weight is
+w[n, k] = (w_q[n, k] - zero[n, k // G]) * scale[n, k // G], and out = x @ w^T.
+
+One kernel serves every row count. A program owns a BLOCK_M x BLOCK_N output tile and walks
+its share of K in BLOCK_K steps, BLOCK_K dividing G so that a step lies in one group. Each
+step loads BLOCK_K / 8 words a weight row (the only weight bytes read), shifts every word
+by 0, 4, .., 28 bits and masks the nibble (so an int32 word's sign does not matter),
+subtracts the zero points, and multiplies the rows of x by these small integers (-15..15,
+exact in bfloat16 and float16) on the tensor cores with float32 sums. That partial tile is
+then multiplied by the group's scales, one float32 per column, and added to the float32
+accumulator. Scaling before the dot would round every weight to the activations' dtype
+first; here the only roundings are the dot's float32 sums and the output's one cast.
+
+Two regimes, chosen from the row count (`default_config`):
+
+* decode, 1..16 rows: the rows padded to one 16-row tensor-core tile. N / BLOCK_N programs
+  would leave most of an H200's 132 SMs idle for a small N, so K is split into SPLIT_K
+  slices (a divisor of the K steps, so no step is masked). Each slice stores its float32
+  partial tile into [SPLIT_K, M, N] and a second small kernel sums the slices in order and
+  casts. Float32 atomics into a zeroed buffer would need a memset and a cast kernel as
+  well (three launches, not two) and sum in arrival order, so the same request would
+  round differently from run to run; the partials are a few hundred KB read from L2.
+* prompts: a tiled GEMM (64 x 64 tiles up to 64 rows, 128 x 128 beyond), the programs
+  ordered so that those running together share weight and row tiles in L2 (the fp8 block
+  GEMM's `_tile`).
+
+These tile sizes, splits, warps and stages are guesses, not yet measured on a GPU: they
+sit in `default_config` alone, to be replaced by measured ones. K and N are constexprs (one
+compile per layer shape; the K loop's bound is then a constexpr, which Triton 3.6's
+interpreter needs); M is not. `dequantize` is the plain-torch float32 weight: the
+reference, and the path of calls the kernel does not take (a CPU tensor outside the
+interpreter, or shapes `supports` refuses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from loom.kernels.fp8_block_gemm import _tile
+from loom.kernels.host import cdiv
+from loom.kernels.interpreter import interpreted
+from loom.kernels.launch import fast_launch
+from loom.library import loom_op
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MIN_BLOCK_K = 16
+"""A bf16/fp16 tensor-core dot's smallest K step: a group must hold a power-of-two
+multiple of it."""
+DECODE_ROWS = 16
+"""Row counts up to this take the split-K decode regime, padded to one 16-row tile."""
+
+
+@triton.jit
+def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constexpr,
+                 K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr, SWIZZLE_M: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
+    GROUPS: tl.constexpr = K // GROUP
+    K_ITERS: tl.constexpr = K // BLOCK_K // SPLIT_K
+    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, SWIZZLE_M)
+    split = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = rm < M, rn < N
+    k0 = split * (K_ITERS * BLOCK_K)
+    rk = tl.arange(0, BLOCK_K)
+    words = tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4
+    x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_x + (k0 + rk)[None, :]
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * (K // 8) + (k0 // 8 + words)[None, :]
+    gs_ptrs = rn.to(tl.int64) * GROUPS
+    elem = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(K_ITERS):
+        group = (k0 + i * BLOCK_K) // GROUP
+        x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        packed = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+        # [BLOCK_N, BLOCK_K / 8, 8] nibbles, row-major: column k of the tile is nibble
+        # k % 8 of word k // 8
+        q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
+        q = tl.reshape(q, (BLOCK_N, BLOCK_K))
+        if HAS_ZERO:
+            z = tl.load(z_ptr + gs_ptrs + group, mask=n_ok, other=0).to(tl.int32)
+        else:
+            z = tl.full((BLOCK_N,), 8, tl.int32)
+        # -15..15, exact in elem. Through float32 because Triton 3.6's interpreter
+        # converts int32 to bfloat16 as raw bits; sm_90's compile folds the two casts
+        # into one cvt.rn.bf16.s32.
+        w = (q - z[:, None]).to(tl.float32).to(elem)
+        part = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+        s = tl.load(s_ptr + gs_ptrs + group, mask=n_ok, other=0.0).to(tl.float32)
+        acc += part * s[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K // 8
+    out_ptrs = out_ptr + (split * M).to(tl.int64) * N + rm.to(tl.int64)[:, None] * N \
+        + rn[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    # out.flat[i] = sum over the slices of part[s].flat[i], in slice order, cast once
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@dataclasses.dataclass(frozen=True)
+class Int4Config:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    swizzle_m: int = 8
+
+
+def block_k_for(group_size: int) -> int:
+    """The K step: the largest power of two dividing the group, at most 128 (0 where it is
+    below MIN_BLOCK_K: the kernel cannot take the group)."""
+    block_k = min(128, group_size & -group_size) if group_size > 0 else 0
+    return block_k if block_k >= MIN_BLOCK_K else 0
+
+
+def default_config(m: int, n: int, k: int, group_size: int, sms: int = 132) -> Int4Config:
+    """Unmeasured guesses (see the module's docstring). Decode rows: 16 x 64 tiles, K split
+    so that about two programs per SM run, the split a divisor of the K steps. 17..64 rows:
+    64 x 64 tiles; beyond: 128 x 128 with 8 warps."""
+    block_k = block_k_for(group_size)
+    if m <= DECODE_ROWS:
+        steps, tiles_n = k // block_k, cdiv(n, 64)
+        want = max(1, min(steps, cdiv(2 * sms, tiles_n)))
+        split = max(d for d in range(1, want + 1) if steps % d == 0)
+        return Int4Config(16, 64, block_k, split, num_warps=4, num_stages=4)
+    if m <= 64:
+        return Int4Config(64, 64, block_k, num_warps=4, num_stages=4)
+    return Int4Config(128, 128, block_k, num_warps=8, num_stages=3)
+
+
+def kernel_applies(k: int, group_size: int) -> bool:
+    """Whether a layer of K input features in groups of group_size suits the kernel (the
+    shape half of `supports`): K a multiple of 8 and of G, G of a power of two >= 16."""
+    return k % 8 == 0 and group_size > 0 and k % group_size == 0 and bool(
+        block_k_for(group_size))
+
+
+def supports(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+             zero: torch.Tensor | None, group_size: int) -> bool:
+    """Whether the kernel takes these: x [M, K] in bf16/fp16/fp32 with unit column stride,
+    packed int32 [N, K / 8], scale [N, K / G] in x's dtype, zero uint8 [N, K / G] or None,
+    K a multiple of 8 and of G, and G a multiple of a power of two >= 16."""
+    if x.dim() != 2 or packed.dim() != 2 or x.dtype not in DTYPES:
+        return False
+    (n, words), k = packed.shape, x.shape[1]
+    if words * 8 != k or not kernel_applies(k, group_size):
+        return False
+    groups = (n, k // group_size)
+    return (packed.dtype == torch.int32 and packed.is_contiguous() and x.stride(-1) == 1
+            and scale.dtype == x.dtype and tuple(scale.shape) == groups
+            and scale.is_contiguous()
+            and (zero is None or (zero.dtype == torch.uint8 and tuple(zero.shape) == groups
+                                  and zero.is_contiguous())))
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                zero: torch.Tensor | None, group_size: int,
+                config: Int4Config | None = None) -> torch.Tensor:
+    """x @ w^T by the kernel for `supports`' arguments, x's dtype [M, N] out; config:
+    `default_config`'s where not given (its block_k must divide the group)."""
+    (m, k), n = x.shape, packed.shape[0]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count \
+        if x.is_cuda else 132
+    cfg = config or default_config(m, n, k, group_size, sms)
+    if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
+        raise ValueError(f"int4_matmul: block_k {cfg.block_k} must divide the group "
+                         f"{group_size} and split_k {cfg.split_k} the K steps")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    split = cfg.split_k
+    dest = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32,
+                                               device=x.device)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), split)
+    fast_launch(_int4_kernel, grid)(
+        x, packed, scale, packed if zero is None else zero, dest, m, x.stride(0), N=n, K=k,
+        GROUP=group_size, HAS_ZERO=zero is not None, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWIZZLE_M=cfg.swizzle_m,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split > 1:
+        block = 1024
+        fast_launch(_sum_splits_kernel, (cdiv(m * n, block),))(
+            dest, out, m * n, SPLIT_K=split, BLOCK=block, num_warps=4)
+    return out
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+               group_size: int) -> torch.Tensor:
+    """The float32 weight [N, K]: (w_q - zero) * scale, each group's from its column."""
+    n, k = packed.shape[0], packed.shape[1] * 8
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(n, k // group_size, group_size)
+    z = 8.0 if zero is None else zero.float().unsqueeze(-1)
+    return ((q.float() - z) * scale.float().unsqueeze(-1)).reshape(n, k)
+
+
+@loom_op("int4_linear",
+         "(Tensor x, Tensor packed, Tensor scale, Tensor? zero, int group_size) -> Tensor")
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                zero: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """x (M, K) @ the int4 weight (N, K)^T, x's dtype out (the module's docstring has the
+    layout). One opaque op, so that compiled graphs hold it as a node and the regime is
+    chosen from each call's real row count. Shapes `supports` refuses, and CPU tensors
+    outside Triton's interpreter, take `dequantize` and a float32 matmul."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if supports(x, packed, scale, zero, group_size) and (
+            x.is_cuda or interpreted(_int4_kernel)):
+        return int4_matmul(x, packed, scale, zero, group_size)
+    w = dequantize(packed, scale, zero, group_size)
+    return (x.float() @ w.t()).to(x.dtype)
+
+
+@int4_linear.register_fake
+def _(x, packed, scale, zero, group_size):
+    return x.new_empty(x.shape[0], packed.shape[0])

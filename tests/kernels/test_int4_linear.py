@@ -1,0 +1,188 @@
+"""The W4A16 kernel (loom.kernels.int4_linear) against x @ w^T computed in float64 from the
+integers themselves: the weights are packed by compressed-tensors' own `pack_to_int32`
+(the checkpoint format the layout comes from) and the zero points unpacked from it, so the
+reference shares no packing code with the kernel. Decode rows (split-K) and prompt rows
+(the tiled GEMM), groups of 32 to a whole row, with and without zero points, float32 and
+bfloat16; `dequantize` against compressed-tensors' unpacking; what `supports` refuses; the
+op's fake; and an offline sm_90 compile of both regimes.
+
+On the CPU the kernel runs in Triton's interpreter; with CUDA the same checks run on the
+GPU. Every check draws fresh inputs.
+"""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+pytest.importorskip("triton")
+helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+
+from loom.kernels import int4_linear as mod  # noqa: E402
+from loom.kernels.interpreter import interpreted, patch_interpreter  # noqa: E402
+
+DEVICE = "cpu" if interpreted(mod._int4_kernel) else "cuda"
+if DEVICE == "cpu":
+    patch_interpreter()  # bfloat16 dot operands multiplied as values
+_seed = iter(range(10_000))
+
+
+def _case(m, k, n, group, with_zero, dtype):
+    """x, packed, scale, zero (uint8 or None) as the loader hands them, and the signed
+    int8 weight and zero points they came from."""
+    gen = torch.Generator().manual_seed(next(_seed))
+    groups = k // group
+    q = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+    packed = helpers.pack_to_int32(q, 4)
+    scale = (torch.rand(n, groups, generator=gen) + 0.5) / (8 * k ** 0.5)
+    zq = zero = None
+    if with_zero:  # zero points as compressed-tensors stores them: packed along N
+        zq = torch.randint(-8, 8, (n, groups), generator=gen, dtype=torch.int8)
+        zero = (helpers.unpack_from_int32(helpers.pack_to_int32(zq, 4, packed_dim=0), 4,
+                                          zq.shape, packed_dim=0).to(torch.int16) + 8
+                ).to(torch.uint8).contiguous()
+    x = torch.randn(m, k, generator=gen)
+    return x.to(dtype), packed, scale.to(dtype), zero, q, zq
+
+
+def _reference(x, q, zq, scale, group):
+    q = q.double() + 8
+    z = 8.0 if zq is None else (zq.double() + 8).unsqueeze(-1)
+    w = (q.view(q.shape[0], -1, group) - z) * scale.double().unsqueeze(-1)
+    return (w.reshape(q.shape) @ x.double().T).T
+
+
+def _check(out, want, dtype):
+    # float32: float32 sums. bfloat16: x and the scales are the reference's own values;
+    # the output's one rounding to 8 bits of mantissa.
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    scale = want.abs().max().item()
+    err = (out.double() - want).abs().max().item()
+    assert err <= tol * scale, f"max error {err} against {scale}"
+
+
+def _run(x, packed, scale, zero, group, config=None):
+    args = [x.to(DEVICE), packed.to(DEVICE), scale.to(DEVICE),
+            None if zero is None else zero.to(DEVICE), group]
+    assert mod.supports(*args)
+    out = mod.int4_matmul(*args, config=config) if config else \
+        torch.ops.loom.int4_linear(*args)
+    assert out.dtype == x.dtype and out.shape == (x.shape[0], packed.shape[0])
+    return out.cpu()
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+@pytest.mark.parametrize("group", [32, 64, 128, None])  # None: one group a row
+@pytest.mark.parametrize("with_zero", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_float64(m, group, with_zero, dtype):
+    k, n = (256, 32) if (m + (group or 0)) % 64 else (128, 96)  # both shapes, mixed
+    group = group or k
+    x, packed, scale, zero, q, zq = _case(m, k, n, group, with_zero, dtype)
+    _check(_run(x, packed, scale, zero, group), _reference(x, q, zq, scale, group), dtype)
+
+
+@pytest.mark.parametrize("config", [
+    mod.Int4Config(16, 32, 32, split_k=1),   # decode, one program walks all of K
+    mod.Int4Config(16, 64, 16, split_k=4),   # several steps a slice, groups of 2 steps
+    mod.Int4Config(128, 128, 32, num_warps=8),  # the large prompt tile, ragged M and N
+    mod.Int4Config(32, 32, 32, swizzle_m=2),    # several row tiles in the swizzle
+])
+def test_configs(config):
+    m = 7 if config.block_m == 16 else 70
+    x, packed, scale, zero, q, zq = _case(m, 256, 96, 32, True, torch.bfloat16)
+    want = _reference(x, q, zq, scale, 32)
+    _check(_run(x, packed, scale, zero, 32, config), want, torch.bfloat16)
+
+
+def test_strided_rows_and_negative_words():
+    """Rows of x a wider tensor's (row stride 2K); every word's top nibble >= 8 (negative
+    int32 words), both zero-point extremes."""
+    x, packed, scale, zero, q, zq = _case(3, 128, 32, 64, True, torch.float32)
+    q[:, 7::8] = 7  # w_q 15 in every word's top nibble
+    packed = helpers.pack_to_int32(q, 4)
+    assert (packed < 0).all()
+    zq[0], zq[1] = -8, 7
+    zero = (zq.to(torch.int16) + 8).to(torch.uint8)
+    wide = torch.cat([x, torch.full_like(x, float("nan"))], dim=1)[:, :128]
+    _check(_run(wide, packed, scale, zero, 64), _reference(x, q, zq, scale, 64),
+           torch.float32)
+
+
+def test_dequantize_matches_compressed_tensors():
+    for with_zero in (False, True):
+        _, packed, scale, zero, q, zq = _case(1, 256, 48, 64, with_zero, torch.float32)
+        unpacked = helpers.unpack_from_int32(packed, 4, q.shape).float() + 8
+        assert torch.equal(unpacked, q.float() + 8)
+        z = 8 if zero is None else zero.float().repeat_interleave(64, 1)
+        want = (unpacked - z) * scale.repeat_interleave(64, 1)
+        assert torch.equal(mod.dequantize(packed, scale, zero, 64), want)
+
+
+def test_empty_rows_odd_groups_and_fallback():
+    x, packed, scale, zero, q, zq = _case(0, 128, 32, 32, True, torch.bfloat16)
+    assert _run(x, packed, scale, zero, 32).shape == (0, 32)
+    # groups of 48 = 3 x 16: K steps of 16, nine of them
+    x, packed, scale, zero, q, zq = _case(4, 144, 32, 48, True, torch.float32)
+    _check(_run(x, packed, scale, zero, 48), _reference(x, q, zq, scale, 48), torch.float32)
+    # groups of 24, which the kernel cannot take: the dequantized weight, a float32 matmul
+    x, packed, scale, zero, q, zq = _case(4, 144, 32, 24, False, torch.float32)
+    assert not mod.supports(x, packed, scale, zero, 24)
+    out = torch.ops.loom.int4_linear(x, packed, scale, zero, 24)
+    _check(out, _reference(x, q, zq, scale, 24), torch.float32)
+
+
+def test_supports_refuses():
+    x, packed, scale, zero, _, _ = _case(2, 256, 32, 64, True, torch.bfloat16)
+    assert mod.supports(x, packed, scale, zero, 64)
+    assert mod.supports(x, packed, scale, None, 64)
+    assert not mod.supports(x, packed, scale, zero, 96)  # K not a multiple of G
+    g24 = torch.zeros(32, 8, dtype=torch.bfloat16)  # K = 192 in groups of 24
+    assert not mod.supports(x[:, :192], packed[:, :24].contiguous(), g24, None, 24)
+    assert not mod.supports(x, packed.to(torch.int8), scale, zero, 64)
+    assert not mod.supports(x, packed, scale.float(), zero, 64)  # scale not x's dtype
+    assert not mod.supports(x, packed, scale, zero.to(torch.int32), 64)
+    assert not mod.supports(x, packed[:, :16].contiguous(), scale, zero, 64)  # K mismatch
+    assert not mod.supports(x.t().contiguous().t(), packed, scale, zero, 64)
+    assert not mod.supports(x.to(torch.int8), packed, scale, zero, 64)
+    assert mod.kernel_applies(14336, 128) and mod.kernel_applies(144, 48)
+    assert not any(mod.kernel_applies(k, g) for k, g in [(256, 96), (192, 24), (12, 4)])
+
+
+def test_fake_gives_shape_and_dtype():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(5, 256, dtype=torch.bfloat16)
+        packed = torch.empty(96, 32, dtype=torch.int32)
+        scale = torch.empty(96, 2, dtype=torch.bfloat16)
+        for zero in (None, torch.empty(96, 2, dtype=torch.uint8)):
+            out = torch.ops.loom.int4_linear(x, packed, scale, zero, 128)
+            assert out.shape == (5, 96) and out.dtype == torch.bfloat16
+
+
+_OFFLINE_COMPILE = r"""
+from loom.kernels.int4_linear import _int4_kernel, _sum_splits_kernel, default_config
+types = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
+         "part_ptr": "*fp32"}
+for m in (1, 4096):  # decode (16-row tile, split-K partials), prompt (128 x 128 tiles)
+    cfg = default_config(m, 4096, 4096, 128)
+    for zero in (False, True):
+        out = dict(types, out_ptr="*fp32" if cfg.split_k > 1 else "*bf16")
+        cons = dict(N=4096, K=4096, GROUP=128, HAS_ZERO=zero, BLOCK_M=cfg.block_m,
+                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                    SWIZZLE_M=cfg.swizzle_m, DOT_PRECISION="tf32")
+        ptx = build(_int4_kernel, out, cons, cfg.num_warps, cfg.num_stages)
+        print(m, cfg.split_k > 1, int(zero), "mma.sync" in ptx or "wgmma" in ptx)
+build(_sum_splits_kernel, dict(types, out_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024), 4)
+print("sum ok")
+"""
+
+
+def test_kernels_compile_for_sm90_offline():
+    """Both regimes compile for the H200 with Triton's own ptxas (no GPU here), their
+    products on the tensor cores."""
+    from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
+    out = compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines()
+    assert out == ["1 True 0 True", "1 True 1 True", "4096 False 0 True",
+                   "4096 False 1 True", "sum ok"], out
