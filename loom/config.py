@@ -71,8 +71,8 @@ class ModelConfig:
     directory whose generation_config.json is read instead, its EOS ids included."""
     quantization: str | None = None
     """vLLM's --quantization: None (the checkpoint's own quantization_config, if any),
-    "fp8" (weights quantized to fp8 at load, or an fp8 checkpoint) or "compressed-tensors"
-    (an fp8 checkpoint in that format); `loom.quantization.config`."""
+    "fp8" (weights quantized to fp8 at load, or an fp8 checkpoint), or a checkpoint format:
+    "compressed-tensors" (fp8 or int4), "awq", "gptq"; `loom.quantization.config`."""
     max_logprobs: int = 20
     """The most top logprobs a request may ask for at each position (logprobs, prompt
     logprobs, chat's top_logprobs); -1: the whole vocabulary. vLLM's default (OpenAI's)."""
@@ -121,7 +121,7 @@ class ModelConfig:
                f"max_model_len: must be positive, got {self.max_model_len}")
         _check(self.quantization is None or self.quantization in QUANTIZATIONS,
                f"quantization: {self.quantization!r} is not supported; loom runs "
-               f"{', '.join(QUANTIZATIONS)} (fp8 weights and activations)")
+               f"{', '.join(QUANTIZATIONS)}")
 
 
 @dataclass(frozen=True)

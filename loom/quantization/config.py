@@ -20,9 +20,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-QUANTIZATIONS = ("fp8", "compressed-tensors")
+from loom.quantization.int4_config import (ALIASES, INT4_METHODS, Int4Scheme, awq_scheme,
+                                           gptq_scheme, pack_quantized_scheme)
+
+QUANTIZATIONS = ("fp8", "compressed-tensors", "awq", "gptq", "awq_marlin", "gptq_marlin")
 """`--quantization` values: fp8 quantizes a model's weights at load (or reads an fp8
-checkpoint); compressed-tensors names what the checkpoint's own config says."""
+checkpoint); the others name what the checkpoint's own config says (int4 weights for awq
+and gptq, `loom.quantization.int4_config`; vLLM's *_marlin names are the same here)."""
 
 ACTIVATIONS = ("token", "static", "group")
 """token: a scale computed per token as the activations arrive; static: the checkpoint's
@@ -68,16 +72,18 @@ class Fp8Scheme:
         return f"fp8 weights ({source}), activations {acts}"
 
 
-def quant_scheme(hf_config: dict[str, Any], requested: str | None) -> Fp8Scheme | None:
+def quant_scheme(hf_config: dict[str, Any],
+                 requested: str | None) -> Fp8Scheme | Int4Scheme | None:
     """The scheme for `--quantization requested` and the checkpoint's config; None for an
     unquantized model. ValueError naming the field for anything loom does not run."""
     if requested is not None and requested not in QUANTIZATIONS:
         raise ValueError(f"quantization: {requested!r} is not supported; loom runs "
-                         f"{', '.join(QUANTIZATIONS)} (fp8 weights and activations)")
+                         f"{', '.join(QUANTIZATIONS)}")
+    requested = ALIASES.get(requested, requested)
     qc = hf_config.get("quantization_config")
     if qc is None:
-        if requested == "compressed-tensors":
-            raise ValueError("quantization: 'compressed-tensors' names a checkpoint format, "
+        if requested not in (None, "fp8"):
+            raise ValueError(f"quantization: {requested!r} names a checkpoint format, "
                              "and the model's config.json has no quantization_config")
         return None if requested is None else Fp8Scheme("fp8", False, "token")
     if not isinstance(qc, dict):
@@ -90,8 +96,11 @@ def quant_scheme(hf_config: dict[str, Any], requested: str | None) -> Fp8Scheme 
         return _compressed_tensors(qc)
     if method == "fp8":
         return _fp8_checkpoint(qc)
+    if method in INT4_METHODS:
+        return awq_scheme(qc) if method == "awq" else gptq_scheme(qc)
     raise ValueError(f"quantization_config.quant_method: {method!r} checkpoints are not "
-                     f"supported; loom reads {', '.join(QUANTIZATIONS)} (fp8) checkpoints")
+                     "supported; loom reads fp8, compressed-tensors, awq and gptq "
+                     "checkpoints")
 
 
 def _fp8_checkpoint(qc: dict[str, Any]) -> Fp8Scheme:
@@ -121,7 +130,7 @@ def _block(where: str, value: Any) -> tuple[int, int]:
     return value[0], value[1]
 
 
-def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
+def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme | Int4Scheme:
     for key in ("kv_cache_scheme", "transform_config"):
         if qc.get(key):
             raise ValueError(f"quantization_config.{key}: not supported (loom's fp8 KV cache "
@@ -133,6 +142,9 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
     groups = qc.get("config_groups") or {}
     if not groups:
         raise ValueError("quantization_config.config_groups: none given")
+    packed = [(g.get("format") or qc.get("format")) == "pack-quantized" for g in groups.values()]
+    if any(packed):
+        return _pack_quantized(qc, groups, all(packed))
     schemes = {_group_scheme(name, g, qc.get("format")) for name, g in groups.items()}
     if len(schemes) > 1:
         raise ValueError("quantization_config.config_groups: groups with different activation "
@@ -140,6 +152,34 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
     activations, block = schemes.pop()
     return Fp8Scheme("compressed-tensors", True, activations, tuple(qc.get("ignore") or ()),
                      block)
+
+
+def _pack_quantized(qc: dict[str, Any], groups: dict[str, Any], every: bool) -> Int4Scheme:
+    """int4 weight-only groups (W4A16, W4A16_ASYM), all alike."""
+    if not every:
+        raise ValueError("quantization_config.config_groups: pack-quantized (int4) groups "
+                         "beside other formats are not supported")
+    schemes = set()
+    for name, group in groups.items():
+        where = f"quantization_config.config_groups.{name}"
+        _targets_linear(where, group)
+        for key in ("input_activations", "output_activations"):
+            if group.get(key):
+                raise ValueError(f"{where}.{key}: int4 weights run with unquantized "
+                                 "activations (W4A16); quantized activations are not supported")
+        schemes.add(pack_quantized_scheme(f"{where}.weights", group.get("weights")))
+    if len(schemes) > 1:
+        raise ValueError("quantization_config.config_groups: groups with different group "
+                         "sizes or zero points are not supported")
+    group_size, zero_point = schemes.pop()
+    return Int4Scheme("compressed-tensors", group_size, zero_point,
+                      tuple(qc.get("ignore") or ()))
+
+
+def _targets_linear(where: str, group: dict[str, Any]) -> None:
+    if group.get("targets") != ["Linear"]:
+        raise ValueError(f"{where}.targets: {group.get('targets')!r}; loom reads groups that "
+                         "target every Linear (with `ignore` for the exceptions)")
 
 
 def _group_scheme(name: str, group: dict[str, Any],
@@ -150,9 +190,7 @@ def _group_scheme(name: str, group: dict[str, Any],
     if fmt not in ("float-quantized", "naive-quantized"):
         raise ValueError(f"{where}.format: {fmt!r} is not supported; loom reads fp8 "
                          "checkpoints (float-quantized)")
-    if group.get("targets") != ["Linear"]:
-        raise ValueError(f"{where}.targets: {group.get('targets')!r}; loom reads groups that "
-                         "target every Linear (with `ignore` for the exceptions)")
+    _targets_linear(where, group)
     if group.get("output_activations"):
         raise ValueError(f"{where}.output_activations: not supported")
     weights = group.get("weights")

@@ -97,7 +97,8 @@ def test_scheme_checks_its_fields():
     (lambda qc, g: g.update(input_activations=None), r"input_activations: weight-only"),
     (lambda qc, g: g["input_activations"].update(strategy="token", dynamic=False),
      r"static scales must be per tensor"),
-    (lambda qc, g: g.update(format="pack-quantized"), r"group_0\.format"),
+    (lambda qc, g: g.update(format="pack-quantized"), r"group_0\.input_activations: int4"),
+    (lambda qc, g: g.update(format="marlin-24"), r"group_0\.format"),
     (lambda qc, g: g.update(targets=["re:.*q_proj"]), r"group_0\.targets"),
     (lambda qc, g: qc.update(kv_cache_scheme={"num_bits": 8}), r"kv_cache_scheme"),
     (lambda qc, g: qc.update(sparsity_config={"format": "sparse-24-bitmask"}),
@@ -109,8 +110,8 @@ def test_refusals_name_the_field(change, field):
 
 
 def test_other_methods_and_mismatches_are_refused():
-    with pytest.raises(ValueError, match=r"quant_method: 'awq' checkpoints are not supported"):
-        quant_scheme({"quantization_config": {"quant_method": "awq"}}, None)
+    with pytest.raises(ValueError, match=r"quant_method: 'bitsandbytes' checkpoints are not "):
+        quant_scheme({"quantization_config": {"quant_method": "bitsandbytes"}}, None)
     with pytest.raises(ValueError, match=r"quantization: 'fp8' differs from the checkpoint"):
         quant_scheme({"quantization_config": FP8_DYNAMIC}, "fp8")
     with pytest.raises(ValueError, match=r"quantization_config.fmt: 'e5m2'"):
@@ -120,6 +121,6 @@ def test_other_methods_and_mismatches_are_refused():
 
 
 def test_engine_args_refuse_an_unknown_method():
-    with pytest.raises(ValueError, match=r"quantization: 'gptq' is not supported; loom runs "
-                                         r"fp8, compressed-tensors"):
-        EngineArgs(model="llama-3.1-8b", quantization="gptq").create_engine_config()
+    with pytest.raises(ValueError, match=r"quantization: 'bitsandbytes' is not supported; loom "
+                                         r"runs fp8, compressed-tensors, awq, gptq"):
+        EngineArgs(model="llama-3.1-8b", quantization="bitsandbytes").create_engine_config()
