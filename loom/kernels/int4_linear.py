@@ -51,6 +51,7 @@ from loom.kernels.host import cdiv
 from loom.kernels.interpreter import interpreted
 from loom.kernels.launch import fast_launch
 from loom.library import loom_op
+from loom.quantization.int4 import dequantize
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_BLOCK_K = 16
@@ -208,16 +209,6 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         fast_launch(_sum_splits_kernel, (cdiv(m * n, block),))(
             dest, out, m * n, SPLIT_K=split, BLOCK=block, num_warps=4)
     return out
-
-
-def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-               group_size: int) -> torch.Tensor:
-    """The float32 weight [N, K]: (w_q - zero) * scale, each group's from its column."""
-    n, k = packed.shape[0], packed.shape[1] * 8
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    q = ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(n, k // group_size, group_size)
-    z = 8.0 if zero is None else zero.float().unsqueeze(-1)
-    return ((q.float() - z) * scale.float().unsqueeze(-1)).reshape(n, k)
 
 
 @loom_op("int4_linear",

@@ -40,5 +40,8 @@ def split_fused(weights: Iterable[tuple[str, torch.Tensor]],
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
+    fused_checkpoint = True
+    """The checkpoint's q/k/v and gate/up are one tensor each, split as they load."""
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_named_weights(self, split_fused(weights, self.arch))

@@ -77,7 +77,7 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
         param = params[target]
         if isinstance(tensor, Fp8Tensor) and not getattr(param, "takes_fp8", False):
             tensor = pairs.dequantize(tensor)
-        if not isinstance(tensor, Fp8Tensor):
+        if not isinstance(tensor, Fp8Tensor) and not getattr(param, "raw_checkpoint", False):
             tensor = tensor.to(param.dtype)
         loader = getattr(param, "weight_loader", default_weight_loader)
         loader(param, tensor, shard)

@@ -101,7 +101,7 @@ def check_materialized(model: nn.Module) -> None:
             continue
         staged = getattr(param, "staged", None)
         if staged is not None:
-            raise ValueError(f"fp8 quantization at load: {staged.missing()}")
+            raise ValueError(f"quantization at load: {staged.missing()}")
         raise ValueError(f"{name}: still on the meta device after loading (no storage)")
 
 

@@ -16,6 +16,7 @@ from loom.models.loader import resolve
 from loom.models.loader.dummy import init_dummy_weights
 from loom.models.registry import model_class
 from loom.quantization.config import quant_scheme
+from loom.quantization.int4_config import Int4Scheme
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +65,16 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     with _default_dtype(dtype), torch.device(device), deferred:
         model = cls(arch, max_model_len=config.model.max_model_len or arch.context_len)
     if scheme is not None:
-        from loom.quantization.fp8 import quantize_model
+        from loom.quantization import fp8, int4
         # Dummy weights are drawn in the model's dtype and quantized like any other.
         from_checkpoint = scheme.weights_in_checkpoint and source.weights is not None
-        quantize_model(model, scheme, from_checkpoint, device)
-        name = str(dtype).removeprefix("torch.")
-        logger.info("fp8: linear weights built and loaded a layer at a time, %s (no %s "
-                    "copy of the model)", "in fp8 as the checkpoint has them" if from_checkpoint
-                    else f"each quantized once its rows have arrived in {name}", name)
+        int4_weights = isinstance(scheme, Int4Scheme)
+        (int4 if int4_weights else fp8).quantize_model(model, scheme, from_checkpoint, device)
+        name, kind = str(dtype).removeprefix("torch."), "int4" if int4_weights else "fp8"
+        logger.info("%s: linear weights built and loaded a layer at a time, %s (no %s copy "
+                    "of the model)", kind, f"in {kind} as the checkpoint has them"
+                    if from_checkpoint else f"each quantized once its rows have arrived in "
+                    f"{name}", name)
     if source.weights is None:
         init_dummy_weights(model, config.model.seed)
     else:

@@ -1,0 +1,247 @@
+"""int4 weight-only linear layers (W4A16): 4-bit integer weights with a scale, and for
+asymmetric schemes a zero point, per output row per group of input features; the
+activations stay in the model's dtype. `loom.quantization.int4_config` says which
+checkpoints hold them.
+
+Whatever the checkpoint's layout, a layer holds its weights one way (compressed-tensors'
+pack-quantized one, unsigned):
+
+* packed int32 [out, in / 8]: column k's value (0..15) is nibble k % 8 of word k // 8;
+* scale [out, in / group] in the model's dtype (one column for a scale per channel);
+* zero uint8 [out, in / group], or none: every zero point is 8 (symmetric);
+
+and w[n, k] = (q[n, k] - zero[n, k // group]) * scale[n, k // group]. Each checkpoint
+tensor is turned into that layout as it arrives and then sliced like any weight: a
+column-parallel layer keeps its ranks' rows, a row-parallel one its rank's columns (whole
+groups only: a rank's input features must be a multiple of the group size). The layer's
+parameters keep the checkpoint's names (qweight / scales / qzeros, or weight_packed /
+weight_scale / weight_zero_point); tensors loom does not need (a symmetric GPTQ
+checkpoint's qzeros, its g_idx, compressed-tensors' weight_shape) are checked and dropped.
+
+On CUDA the matmul is `loom::int4_linear` (`loom.kernels.int4_linear`: the integer values
+times the activations on the tensor cores, each group's partial sum scaled in float32);
+elsewhere the weight is dequantized to float32 and multiplied: the correctness reference,
+checked against compressed-tensors' own decompression. Dummy weights are drawn in the
+model's dtype and rounded to int4 per group as they arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from loom.layers.linear import ColumnParallelLinear, LinearBase, RowParallelLinear, shard_of
+from loom.quantization.int4_config import Int4Scheme
+from loom.quantization.staging import materialize, stage
+
+logger = logging.getLogger(__name__)
+
+PACK = 8
+"""int4 values per int32 word."""
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""AutoAWQ's GEMM layout: nibble i of a word holds column _AWQ_ORDER[i] of its eight."""
+_NAMES = {  # method -> (packed, scale, zero) parameter names, as the checkpoint's
+    "compressed-tensors": ("weight_packed", "weight_scale", "weight_zero_point"),
+    "awq": ("qweight", "scales", "qzeros"),
+    "gptq": ("qweight", "scales", "qzeros"),
+}
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [rows, cols / 8] -> uint8 [rows, cols], nibble j of word c as column 8c + j."""
+    nibbles = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 0xF
+    return nibbles.reshape(packed.shape[0], -1).to(torch.uint8)
+
+
+def pack(values: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, cols] (0..15, cols a multiple of 8) -> int32 [rows, cols / 8]."""
+    words = values.to(torch.int32).reshape(values.shape[0], -1, PACK) << _SHIFTS.to(values.device)
+    return words.sum(dim=-1, dtype=torch.int32)  # disjoint bits: the sum is their OR
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+               group: int) -> torch.Tensor:
+    """The float32 weight [out, in] a layer's int4 tensors hold: (q - zero) * scale, each
+    group's from its column."""
+    n, k = packed.shape[0], packed.shape[1] * PACK
+    q = unpack(packed).reshape(n, k // group, group).float()
+    z = 8.0 if zero is None else zero.float().unsqueeze(-1)
+    return ((q - z) * scale.float().unsqueeze(-1)).reshape(n, k)
+
+
+class Int4Linear:
+    """The matmul of one int4 layer."""
+
+    def __init__(self, scheme: Int4Scheme) -> None:
+        self.group_size = scheme.group_size
+        self.zero_point = scheme.zero_point
+        self.names = _NAMES[scheme.method]
+
+    def tensors(self, layer: LinearBase):
+        packed, scale, zero = self.names
+        return (getattr(layer, packed), getattr(layer, scale),
+                getattr(layer, zero) if self.zero_point else None)
+
+    def group(self, layer: LinearBase) -> int:
+        return self.group_size or layer.in_features
+
+    @staticmethod
+    def use_op(x: torch.Tensor) -> bool:
+        """`loom::int4_linear` on CUDA; on the CPU the float32 reference (tests run the op
+        there under Triton's interpreter)."""
+        return x.is_cuda
+
+    def apply(self, layer: LinearBase, x: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+        packed, scale, zero = self.tensors(layer)
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if self.use_op(x):  # shapes the kernel does not take were logged at load
+            y = torch.ops.loom.int4_linear(x2, packed, scale, zero, self.group(layer))
+        else:
+            w = dequantize(packed, scale, zero, self.group(layer))
+            y = (x2.float() @ w.t()).to(x.dtype)
+        if x.dim() != 2:
+            y = y.reshape(*x.shape[:-1], -1)
+        return y if bias is None else y + bias
+
+
+def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
+                   device: torch.device) -> list[LinearBase]:
+    """Give the model's column- and row-parallel layers (built under `weights_on_meta`)
+    their int4 parameters before the weights load; from_checkpoint False (dummy weights):
+    each is rounded to int4 once its rows have arrived in the model's dtype."""
+    from loom.layers.moe import FusedMoE
+    from loom.quantization.fp8 import _ignored
+    if any(isinstance(m, FusedMoE) for m in model.modules()):
+        raise ValueError(f"quantization ({scheme.method}): int4 MoE experts are not "
+                         "supported; loom runs int4 weights in dense models")
+    if getattr(model, "fused_checkpoint", False):
+        raise ValueError(f"quantization ({scheme.method}): {type(model).__name__}'s fused "
+                         "qkv_proj and gate_up_proj checkpoint tensors are not split in "
+                         "int4; int4 checkpoints of this architecture are not supported")
+    method = Int4Linear(scheme)
+    kernel = _kernel_applies(device)
+    layers, kept, fallback = [], [], []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+            continue
+        if _ignored(name, scheme):
+            kept.append(name)
+            materialize(layer, device)
+            continue
+        _check_shape(name, layer, method.group(layer))
+        layer.quant = method
+        if kernel is not None and not kernel(layer, method):
+            fallback.append(name)
+        layers.append(layer)
+        if from_checkpoint:
+            _int4_parameters(layer, scheme, device)
+        else:
+            stage(name, layer, device, _quantize_staged)
+    logger.info("quantization (%s): %s in %d linear layers; %d kept in the model's dtype as "
+                "the checkpoint asks", scheme.method, scheme.describe(), len(layers), len(kept))
+    if fallback:
+        logger.warning("int4: %d layers (%s ...) have shapes loom's int4 kernel does not take; "
+                       "they dequantize and multiply in float32 (slow)", len(fallback),
+                       fallback[0])
+    return layers
+
+
+def _kernel_applies(device: torch.device):
+    """On CUDA: whether a layer's shapes suit `loom::int4_linear` (importing the kernel
+    registers the op before any graph is traced); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    from loom.kernels import int4_linear
+    return lambda layer, method: int4_linear.kernel_applies(layer.in_features,
+                                                            method.group(layer))
+
+
+def _check_shape(name: str, layer: LinearBase, group: int) -> None:
+    k = layer.in_features
+    if k % PACK or k % group:
+        where = (f" at tensor-parallel size {layer.tp_size}"
+                 if isinstance(layer, RowParallelLinear) and layer.tp_size > 1 else "")
+        raise ValueError(f"{name}: {k} input features{where} are not a whole number of "
+                         f"int4 groups of {group} (and of words of {PACK})")
+
+
+def _raw(tensor: torch.Tensor, loader) -> nn.Parameter:
+    p = nn.Parameter(tensor, requires_grad=False)
+    p.weight_loader = loader
+    p.raw_checkpoint = True  # its checkpoint tensor arrives in the checkpoint's own dtype
+    return p
+
+
+def _int4_parameters(layer: LinearBase, scheme: Int4Scheme, device: torch.device) -> None:
+    from loom.quantization import int4_layouts as layouts
+    rows, k = layer.out_features, layer.in_features
+    groups = k // (scheme.group_size or k)
+    dtype = layer.weight.dtype
+    layer.weight = None  # the int4 tensors replace it
+    names = _NAMES[scheme.method]
+    convert = layouts.CONVERTERS[scheme.method]
+    shapes = {names[0]: ((rows, k // PACK), torch.int32), names[1]: ((rows, groups), dtype)}
+    if scheme.zero_point:
+        shapes[names[2]] = ((rows, groups), torch.uint8)
+    for name, (shape, kind) in shapes.items():
+        def loader(p, t, shard=None, name=name):
+            _place(layer, p, convert[name](t, layer, shard), shard)
+        setattr(layer, name, _raw(torch.empty(shape, dtype=kind, device=device), loader))
+    for name, check in layouts.CHECKED[scheme.method].items():
+        if name in shapes:
+            continue
+
+        def checker(p, t, shard=None, check=check):
+            check(t, layer, shard, scheme.group_size)
+        setattr(layer, name, _raw(torch.empty(0, dtype=torch.int32, device=device), checker))
+
+
+def _place(layer: LinearBase, param: nn.Parameter, full: torch.Tensor, shard) -> None:
+    """A checkpoint tensor in loom's layout, for its whole shard ([shard rows, columns]):
+    this rank's rows (column-parallel) or columns (row-parallel) go into param."""
+    what = f"{type(layer).__name__} {param.dtype} int4 tensor"
+    full = full.to(param.dtype)
+    cols = param.shape[1]
+    if isinstance(layer, RowParallelLinear):
+        if full.shape[1] == 1 and cols == 1:  # one scale per output channel: every rank's
+            param.data.copy_(shard_of(full, 0, 0, param.shape[0], 1, what))
+            return
+        param.data.copy_(shard_of(shard_of(full, 1, layer.tp_rank, cols, layer.tp_size, what),
+                                  0, 0, param.shape[0], 1, what))
+        return
+    offset, size, rank, shards = layer.output_rows(shard)
+    rows = shard_of(full, 0, rank, size, shards, what)
+    param.data.narrow(0, offset, size).copy_(shard_of(rows, 1, 0, cols, 1, what))
+
+
+def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:
+    """A layer's whole model-dtype weight (dummy weights) rounded to int4 per group."""
+    method: Int4Linear = layer.quant
+    group = method.group(layer)
+    w = weight.float().reshape(weight.shape[0], -1, group)
+    packed_name, scale_name, zero_name = method.names
+    if method.zero_point:
+        lo, hi = w.amin(-1, keepdim=True).clamp(max=0), w.amax(-1, keepdim=True).clamp(min=0)
+        scale = _as_stored(((hi - lo) / 15).clamp(min=1e-8), weight.dtype)
+        zero = (-lo / scale).round().clamp(0, 15)
+    else:
+        scale = _as_stored((w.abs().amax(-1, keepdim=True) / 7).clamp(min=1e-8), weight.dtype)
+        zero = torch.full_like(scale, 8.0)
+    q = (w / scale + zero).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
+    layer.weight = None
+    setattr(layer, packed_name, nn.Parameter(pack(q), requires_grad=False))
+    setattr(layer, scale_name, nn.Parameter(scale.squeeze(-1).to(weight.dtype),
+                                            requires_grad=False))
+    if method.zero_point:
+        setattr(layer, zero_name, nn.Parameter(zero.squeeze(-1).to(torch.uint8),
+                                               requires_grad=False))
+
+
+def _as_stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The scale as the layer holds it (the model's dtype), so that the integers are
+    rounded against the scale they will be multiplied by."""
+    return scale.to(dtype).float()

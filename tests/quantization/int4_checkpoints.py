@@ -1,0 +1,144 @@
+"""Tiny int4 weight-only (W4A16) checkpoints written by compressed-tensors from the random
+test models, the AutoAWQ and GPTQ layouts of the same weights, and transformers' reading
+of the compressed-tensors one: the reference loom's int4 layers are held to. Scales and
+zero points come from compressed-tensors' own `calculate_qparams`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+GROUP = 32
+"""The tiny models' layers are 32-128 features wide: groups of 32 give each layer several."""
+
+
+def _args(group: int | None, symmetric: bool):
+    from compressed_tensors.quantization import QuantizationArgs
+    return QuantizationArgs(num_bits=4, type="int", symmetric=symmetric,
+                            strategy="channel" if group is None else "group", group_size=group)
+
+
+def write_int4_checkpoint(model, path: str, group: int | None, symmetric: bool,
+                          ignore: list[str]):
+    """Quantize `model` (a transformers model) to int4 weights, a scale per `group` input
+    features (None: per channel) and zero points unless symmetric, and save it compressed
+    (pack-quantized) to `path`, as llm-compressor's W4A16 recipes do. Returns the
+    reference: the model as compressed-tensors runs it before compression (its forward
+    fake-quantizes the weights with the same scales and zero points). transformers' own
+    reading of the saved checkpoint is no reference here: with compressed-tensors 0.20.1 it
+    expects unpacked zero points and refuses asymmetric checkpoints."""
+    import copy
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationConfig, QuantizationScheme,
+                                                 QuantizationStatus, apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+    args = _args(group, symmetric)
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
+        ignore=ignore, quantization_status=QuantizationStatus.INITIALIZED))
+    for module in model.modules():
+        if not hasattr(module, "weight_scale"):
+            continue
+        w = module.weight.data
+        w = w.reshape(w.shape[0], -1, group or w.shape[1])
+        scale, zero = calculate_qparams(w.amin(-1), w.amax(-1), args)
+        module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
+        if hasattr(module, "weight_zero_point"):
+            module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
+    reference = copy.deepcopy(model).eval()
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(path)
+    compressor.update_config(path)
+    return reference
+
+
+_PACKED = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+
+
+def _rewrite(path: str, dest: str, quantization_config: dict, convert) -> str:
+    """A copy of the checkpoint at `path` with each quantized layer's int4 tensors (a dict
+    of compressed-tensors' names without the module prefix) replaced by
+    `convert(tensors)`; biases and the rest stay."""
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(path, dest, dirs_exist_ok=True)
+    tensors = load_file(Path(dest) / "model.safetensors")
+    modules = sorted({n.rsplit(".", 1)[0] for n in tensors if n.endswith(".weight_packed")})
+    for module in modules:
+        own = {k: tensors.pop(f"{module}.{k}") for k in _PACKED if f"{module}.{k}" in tensors}
+        tensors.update({f"{module}.{k}": v for k, v in convert(own).items()})
+    save_file(tensors, Path(dest) / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((Path(dest) / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (Path(dest) / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def _values(t: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's unsigned int4 weights [out, in] and zero points [out, groups] (or None),
+    unpacked by compressed-tensors."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    shape = torch.Size(t["weight_shape"].tolist())
+    q = unpack_from_int32(t["weight_packed"], 4, shape).to(torch.int32) + 8
+    if "weight_zero_point" not in t:
+        return q, None
+    zshape = torch.Size([shape[0], t["weight_scale"].shape[1]])
+    return q, unpack_from_int32(t["weight_zero_point"], 4, zshape, packed_dim=0).to(torch.int32) + 8
+
+
+def _pack(unsigned: torch.Tensor) -> torch.Tensor:
+    """Eight unsigned int4 values per int32 along dim 1, value i at bits 4i
+    (compressed-tensors' packing)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    return pack_to_int32((unsigned - 8).to(torch.int8), 4)
+
+
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+"""AutoAWQ's GEMM packing: nibble i of a word holds column AWQ_ORDER[i] of its eight."""
+
+
+def _awq_pack(unsigned: torch.Tensor) -> torch.Tensor:
+    rows, cols = unsigned.shape
+    return _pack(unsigned.view(rows, cols // 8, 8)[..., AWQ_ORDER].reshape(rows, cols))
+
+
+def _to_awq(t: dict) -> dict:
+    q, zero = _values(t)
+    return {"qweight": _awq_pack(q.t().contiguous()), "qzeros": _awq_pack(zero.t().contiguous()),
+            "scales": t["weight_scale"].t().contiguous()}
+
+
+def as_awq(path: str, dest: str, group: int, not_converted: list[str]) -> str:
+    """The asymmetric compressed-tensors checkpoint at `path` in AutoAWQ's GEMM layout (the
+    same integers, scales and zero points): qweight [in, out / 8] and qzeros packed along
+    the output features in AWQ's nibble order, scales [in / group, out]. not_converted:
+    AutoAWQ's modules_to_not_convert (name fragments) for the layers `path` left dense."""
+    return _rewrite(path, dest, {"quant_method": "awq", "bits": 4, "group_size": group,
+                                 "zero_point": True, "version": "gemm",
+                                 "modules_to_not_convert": not_converted}, _to_awq)
+
+
+def _to_gptq(t: dict, g_idx: torch.Tensor | None = None) -> dict:
+    q, zero = _values(t)
+    assert zero is None, "GPTQ checkpoints here are symmetric"
+    out, k = q.shape
+    groups = t["weight_scale"].shape[1]
+    # zero points of 8 stored as 7: the original format adds one as it reads them
+    return {"qweight": _pack(q).t().contiguous(),
+            "qzeros": _pack(torch.full((groups, out), 7, dtype=torch.int32)),
+            "scales": t["weight_scale"].t().contiguous(),
+            "g_idx": (torch.arange(k) // (k // groups) if g_idx is None else g_idx)
+            .to(torch.int32)}
+
+
+def as_gptq(path: str, dest: str, group: int | None, g_idx=None, **config) -> str:
+    """The symmetric compressed-tensors checkpoint at `path` in GPTQ's layout: qweight
+    [in / 8, out] (the same words, transposed), scales [in / group, out], qzeros all 7,
+    g_idx each input feature's group (or `g_idx(in_features)`)."""
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": group or -1, "desc_act": False,
+          "sym": True, "checkpoint_format": "gptq", **config}
+    return _rewrite(path, dest, qc, lambda t: _to_gptq(
+        t, None if g_idx is None else g_idx(t["weight_shape"][1].item())))

@@ -1,0 +1,124 @@
+"""int4 weight-only layers (W4A16) against compressed-tensors' fake quantization of the same
+weights: greedy tokens equal, logprobs within float32 rounding, on the CPU. The same
+integers in AutoAWQ's and GPTQ's layouts give the same model; the AWQ layout is first
+checked against compressed-tensors' own AutoAWQ converter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from loom import LLM, SamplingParams
+from tests.conftest import hf_greedy, hf_last_logprobs, make_tiny_model
+
+pytest.importorskip("compressed_tensors")
+
+from tests.quantization.int4_checkpoints import (GROUP, as_awq, as_gptq,  # noqa: E402
+                                                 write_int4_checkpoint)
+
+PROMPTS = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17, 9, 9, 30, 31, 2, 77], [8, 8]]
+NEW_TOKENS = 10
+AWQ_DENSE = ["layers.1.mlp.down_proj"]
+"""llama-asym's dense layer, as AutoAWQ's modules_to_not_convert names it."""
+
+CASES = {  # id -> (model kind, group size (None: per channel), symmetric, ignored modules)
+    "llama-asym": ("llama", GROUP, False, ["lm_head", "re:.*layers.1.mlp.down_proj"]),
+    "qwen2-sym-channel": ("qwen2", None, True, ["lm_head"]),
+    "qwen3-sym": ("qwen3", GROUP, True, ["lm_head"]),
+    "gemma2-asym": ("gemma2", 64, False, ["lm_head"]),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """case id -> (int4 checkpoint path, compressed-tensors' model, unquantized model)."""
+    cache = {}
+
+    def get(case: str):
+        if case not in cache:
+            kind, group, symmetric, ignore = CASES[case]
+            base = str(tmp_path_factory.mktemp(f"{kind}-base"))
+            path = str(tmp_path_factory.mktemp(case))
+            reference = write_int4_checkpoint(make_tiny_model(kind, base), path, group,
+                                              symmetric, ignore)
+            cache[case] = (path, reference, make_tiny_model(kind, base))
+        return cache[case]
+    return get
+
+
+def _llm(path: str, **kwargs) -> LLM:
+    return LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+               max_logprobs=-1, **kwargs)
+
+
+def _check_against(llm: LLM, reference, unquantized) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
+                            logprobs=256)
+    try:
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, NEW_TOKENS)
+        ours = torch.tensor([out.outputs[0].logprobs[0][t].logprob for t in range(256)])
+        ref = hf_last_logprobs(reference, prompt)
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+        # The check can fail: int4 moves the logprobs far more than the tolerance.
+        assert (ref - hf_last_logprobs(unquantized, prompt)).abs().max() > 1e-1
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compressed_tensors_int4_matches_its_fake_quantization(case, checkpoints):
+    path, reference, unquantized = checkpoints(case)
+    _check_against(_llm(path), reference, unquantized)
+
+
+def test_awq_layout_is_compressed_tensors_converters(checkpoints, tmp_path):
+    """The AWQ checkpoint the tests write converts back to the compressed-tensors one,
+    tensor for tensor, through compressed-tensors' AutoAWQ converter: the layout (the
+    transposition, the nibble order, the zero points) is AutoAWQ's, not only loom's."""
+    from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
+    from safetensors.torch import load_file
+    path, _, _ = checkpoints("llama-asym")
+    awq = as_awq(path, str(tmp_path / "awq"), GROUP, AWQ_DENSE)
+    converter = AutoAWQConverter.from_autoawq_config(
+        json.loads((Path(awq) / "config.json").read_text())["quantization_config"])
+    back = converter.process(load_file(Path(awq) / "model.safetensors"))
+    original = load_file(Path(path) / "model.safetensors")
+    assert sorted(back) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(back[name].to(tensor.dtype), tensor), name
+
+
+def test_awq_checkpoint(checkpoints, tmp_path):
+    path, reference, unquantized = checkpoints("llama-asym")
+    awq = as_awq(path, str(tmp_path / "awq"), GROUP, AWQ_DENSE)
+    _check_against(_llm(awq, quantization="awq_marlin"), reference, unquantized)
+
+
+@pytest.mark.parametrize("case", ["qwen3-sym", "qwen2-sym-channel"])
+def test_gptq_checkpoint(case, checkpoints, tmp_path):
+    path, reference, unquantized = checkpoints(case)
+    gptq = as_gptq(path, str(tmp_path / "gptq"), CASES[case][1])
+    _check_against(_llm(gptq), reference, unquantized)
+
+
+@pytest.mark.parametrize("case", ["llama-asym", "qwen3-sym"])
+def test_tensor_parallel(case, checkpoints, tmp_path):
+    """TP=2 on gloo: column-parallel ranks keep their rows of the packed weights, scales and
+    zero points (packed along the rows in compressed-tensors' checkpoint), row-parallel
+    ones their whole groups of input features. Weight-only int4 computes what TP=1 does."""
+    path, reference, unquantized = checkpoints(case)
+    if case == "qwen3-sym":
+        path = as_gptq(path, str(tmp_path / "gptq"), GROUP)
+    else:
+        path = as_awq(path, str(tmp_path / "awq"), GROUP, AWQ_DENSE)
+    _check_against(_llm(path, tensor_parallel_size=2), reference, unquantized)
+
+
+def test_compiled_level_3(checkpoints):
+    path, reference, unquantized = checkpoints("qwen3-sym")
+    _check_against(_llm(path, compilation_config=3), reference, unquantized)

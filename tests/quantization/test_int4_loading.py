@@ -1,0 +1,144 @@
+"""int4 checkpoints that loom refuses as they load, naming what is wrong; dummy weights
+rounded to int4 as they are drawn; and the int4 op in a compiled model (the Triton kernel
+in its interpreter on the CPU) against compressed-tensors' fake quantization."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from loom.config import EngineConfig, ModelConfig, ParallelConfig
+from loom.distributed import parallel_state
+from loom.layers.linear import ColumnParallelLinear, RowParallelLinear
+from loom.quantization import int4
+from loom.worker.model_loader import load_model
+from tests.conftest import make_tiny_model
+
+pytest.importorskip("compressed_tensors")
+
+from tests.quantization.int4_checkpoints import (GROUP, as_gptq,  # noqa: E402
+                                                 write_int4_checkpoint)
+
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
+              "version": "gemm"}
+
+
+def _load(path: str, **kwargs) -> torch.nn.Module:
+    parallel = ParallelConfig(parallel_state.get_tp_group().world_size)
+    model, _, _ = load_model(EngineConfig(ModelConfig(path, **kwargs), parallel=parallel),
+                             torch.device("cpu"))
+    return model
+
+
+def _with_config(kind: str, path: Path, quantization_config: dict) -> str:
+    """An unquantized tiny checkpoint whose config says it is int4 (dummy weights)."""
+    make_tiny_model(kind, str(path))
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gptq_base(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("sym"))
+    write_int4_checkpoint(make_tiny_model("llama", str(tmp_path_factory.mktemp("b"))), path,
+                          GROUP, True, ["lm_head"])
+    return path
+
+
+def test_act_order_g_idx_is_refused(gptq_base, tmp_path):
+    """A checkpoint whose g_idx permutes the input features (act-order saved under a config
+    that says desc_act false) is refused, not run with the wrong scales."""
+    path = as_gptq(gptq_base, str(tmp_path / "gptq"), GROUP,
+                   g_idx=lambda k: torch.arange(k).flip(0) // GROUP)
+    with pytest.raises(ValueError, match=r"g_idx: input features are not in their plain "
+                                         r"groups"):
+        _load(path)
+
+
+def test_groups_a_rank_cannot_hold_whole_are_refused(tmp_path, monkeypatch):
+    """At TP=2 o_proj's ranks hold 32 of its 64 input features: less than a group of 64."""
+    monkeypatch.setitem(parallel_state._GROUPS, "tp",
+                        parallel_state.GroupCoordinator("tp", 0, 2, None))
+    path = _with_config("llama", tmp_path, dict(AWQ_CONFIG, group_size=64))
+    with pytest.raises(ValueError, match=r"o_proj: 32 input features at tensor-parallel size 2 "
+                                         r"are not a whole number of int4 groups of 64"):
+        _load(path, load_format="dummy")
+
+
+@pytest.mark.parametrize("kind, error", [
+    ("qwen3_moe", r"int4 MoE experts are not supported"),
+    ("phi3", r"fused qkv_proj and gate_up_proj checkpoint tensors are not split in int4"),
+])
+def test_unsupported_models_are_refused(kind, error, tmp_path):
+    with pytest.raises(ValueError, match=error):
+        _load(_with_config(kind, tmp_path, AWQ_CONFIG), load_format="dummy")
+
+
+def test_packed_words_must_be_int32(gptq_base, tmp_path):
+    from safetensors.torch import load_file, save_file
+    path = Path(as_gptq(gptq_base, str(tmp_path / "gptq"), GROUP))
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.0.self_attn.o_proj.qweight"
+    tensors[name] = tensors[name].to(torch.int64)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"qweight: torch.int64, packed int4 words are int32"):
+        _load(str(path))
+
+
+@pytest.mark.parametrize("zero_point", [True, False])
+def test_dummy_weights_are_rounded_to_int4_per_group(zero_point, tmp_path):
+    """Dummy weights are drawn as the unquantized model's are, then rounded to int4: each
+    dequantized weight within half a step of the drawn one (a little more at the top of an
+    asymmetric group's range, its bfloat16 scale rounded down), every layer int4."""
+    path = _with_config("llama", tmp_path, dict(AWQ_CONFIG, zero_point=zero_point))
+    plain = _load(path, load_format="dummy", quantization=None, dtype="bfloat16",
+                  hf_overrides={"quantization_config": None})
+    quantized = _load(path, load_format="dummy", dtype="bfloat16")
+    layers = {n: m for n, m in quantized.named_modules()
+              if isinstance(m, (ColumnParallelLinear, RowParallelLinear))}
+    assert len(layers) == 8
+    for name, layer in layers.items():
+        packed, scale, zero = layer.quant.tensors(layer)
+        assert layer.weight is None and packed.dtype == torch.int32
+        assert (zero is not None) == zero_point
+        w = int4.dequantize(packed, scale, zero, GROUP)
+        drawn = plain.get_submodule(name).weight.float()
+        step = scale.float().repeat_interleave(GROUP, dim=1)
+        assert ((w - drawn).abs() <= step * 0.6).all(), name
+        assert (w - drawn).abs().max() > 0  # rounded, not kept
+
+
+def test_int4_op_in_a_compiled_model(tmp_path, monkeypatch):
+    """Level 3 with `loom::int4_linear` in the graph, its Triton kernel run by the
+    interpreter: the tokens compressed-tensors' fake quantization gives."""
+    from loom import LLM, SamplingParams
+    from tests.conftest import hf_greedy
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    from loom.kernels import int4_linear
+    from loom.kernels.interpreter import interpreted
+    if not interpreted(int4_linear._int4_kernel):
+        pytest.skip("Triton's interpreter was not on when the kernel module loaded")
+    calls = []
+    real = int4_linear.int4_matmul
+    monkeypatch.setattr(int4_linear, "int4_matmul",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(int4.Int4Linear, "use_op", staticmethod(lambda x: True))
+    reference = write_int4_checkpoint(make_tiny_model("qwen3", str(tmp_path / "b")),
+                                      str(tmp_path / "q"), GROUP, False, ["lm_head"])
+    llm = LLM(str(tmp_path / "q"), skip_tokenizer_init=True, dtype="float32", device="cpu",
+              max_model_len=64, compilation_config=3)
+    prompts = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144]]
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4,
+                                                    ignore_eos=True), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 4)
+    assert calls and min(calls) <= 2 < max(calls)  # decode rows and prompt rows
