@@ -73,8 +73,9 @@ def expert_fraction(arch: ModelArch, batch_size: int) -> float:
 
 
 def decode_bytes(arch: ModelArch, dtype_bytes: int, batch_size: int,
-                 linear_bytes: int | None = None) -> int:
-    """linear_bytes: the element size of the projections fp8 quantizes (1), if not dtype's."""
+                 linear_bytes: float | None = None) -> int:
+    """linear_bytes: the element size of the projections fp8 (1) or int4 (~0.52, with
+    scales) quantizes, if not dtype's."""
     counts = param_counts(arch)
     experts = counts.experts * expert_fraction(arch, batch_size)
     total = (counts.dense + experts) * dtype_bytes
@@ -95,7 +96,7 @@ def prefill_floor_s(arch: ModelArch, input_len: int, batch_size: int,
 
 
 def decode_floor_s(arch: ModelArch, dtype_bytes: int, batch_size: int,
-                   copy_tbps: float, tp: int, linear_bytes: int | None = None) -> float:
+                   copy_tbps: float, tp: int, linear_bytes: float | None = None) -> float:
     """Seconds per decode step (one token for each of `batch_size` sequences)."""
     return decode_bytes(arch, dtype_bytes, batch_size, linear_bytes) / (copy_tbps * 1e12) / tp
 

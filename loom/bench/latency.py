@@ -226,7 +226,7 @@ def latency_floors(bench: OfflineBench, args: argparse.Namespace, main: Series,
     out: dict[str, Any] = {
         "tensor_parallel_size": bench.tp, "dtype_bytes": bench.dtype_bytes,
         "num_params": counts.active, "total_params": counts.total,
-        "fp8": bench.fp8,
+        "fp8": bench.fp8, "int4_bytes_per_weight": bench.int4_bytes,
         "decode_weight_bytes": floors.decode_bytes(bench.arch, bench.dtype_bytes, args.batch_size,
                                                    bench.linear_bytes),
         "prefill_flops": floors.prefill_flops(bench.arch, args.input_len, args.batch_size)}

@@ -49,10 +49,15 @@ class OfflineBench:
     """--lora-path's adapter under each of --max-loras ids; None: the base model."""
     fp8: bool = False
     """The linear layers run in fp8 (--quantization, or an fp8 checkpoint)."""
+    int4_bytes: float | None = None
+    """Bytes a weight of an int4 checkpoint's linear layers costs (with its scales); None:
+    not int4."""
 
     @property
-    def linear_bytes(self) -> int:
-        """The element size of the weights fp8 quantizes."""
+    def linear_bytes(self) -> float:
+        """The element size of the weights fp8 or int4 quantizes."""
+        if self.int4_bytes is not None:
+            return self.int4_bytes
         return 1 if self.fp8 else self.dtype_bytes
 
     @property
@@ -101,7 +106,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     from loom.engine.core import resolve_max_model_len
     from loom.entrypoints.llm import LLM
     from loom.models.loader import resolve
-    from loom.quantization.config import quant_scheme
+    from loom.quantization.config import Fp8Scheme, Int4Scheme, quant_scheme
     from loom.worker.model_loader import resolve_dtype, resolve_kv_cache_dtype
     from loom.worker.worker import resolve_device
 
@@ -114,10 +119,13 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     if getattr(args, "reference_json", None) and not os.path.isfile(args.reference_json):
         raise ValueError(f"reference_json: no such file: {args.reference_json}")
     device = resolve_device(engine_args.device)
-    fp8 = quant_scheme(resolve(config.model).hf_config, config.model.quantization) is not None
+    scheme = quant_scheme(resolve(config.model).hf_config, config.model.quantization)
+    fp8 = isinstance(scheme, Fp8Scheme)
     ceilings = measure_ceilings(device, held_s=HELD_MATMUL_S, fp8=fp8)
     dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
     dtype_bytes = dtype.itemsize
+    int4_bytes = (scheme.bytes_per_weight(dtype_bytes) if isinstance(scheme, Int4Scheme)
+                  else None)
     kv_dtype_bytes = resolve_kv_cache_dtype(config.cache.cache_dtype, dtype).itemsize
     tokenizer, skip = offline_tokenizer(engine_args.model, engine_args.tokenizer)
     kwargs = dataclasses.asdict(engine_args)
@@ -128,7 +136,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
         vocab = min(vocab, llm.tokenizer.vocab_size)
     level = 0 if config.enforce_eager else config.compilation.resolved(device.type).level
     return OfflineBench(llm, engine_args, arch, dtype_bytes, kv_dtype_bytes, device_name(device),
-                        ceilings, vocab, level, loras, fp8)
+                        ceilings, vocab, level, loras, fp8, int4_bytes)
 
 
 def _lora_requests(args: argparse.Namespace, config, arch: ModelArch) -> list[LoRARequest] | None:

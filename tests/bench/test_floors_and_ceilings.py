@@ -13,7 +13,8 @@ from loom.models.arch import ModelArch
 
 
 @pytest.mark.parametrize("name,total_b,layers,experts", [
-    ("llama-3.1-8b", 8.03, 32, 0), ("llama-3.1-70b", 70.55, 80, 0), ("qwen3-30b-a3b", 30.53, 48, 128)])
+    ("llama-3.1-8b", 8.03, 32, 0), ("llama-3.1-8b-awq", 8.03, 32, 0), ("llama-3.1-70b", 70.55, 80, 0),
+    ("qwen3-30b-a3b", 30.53, 48, 128)])
 def test_shipped_configs(name, total_b, layers, experts):
     cfg = shipped_hf_config(name)
     arch = ModelArch.from_hf_config(cfg)
@@ -36,6 +37,20 @@ def test_the_issue_floors_for_llama_8b(llama3_tokenizer_dir):
     assert floors.decode_floor_s(arch, 2, 1, 4.17, 1) * 1e3 == pytest.approx(3.85, abs=0.01)
     assert floors.prefill_flops(arch, 8192, 1) / 1e12 == pytest.approx(132, abs=0.5)
     assert offline_tokenizer("llama-3.1-8b", None) == (llama3_tokenizer_dir, False)
+
+
+def test_int4_decode_floor_for_llama_8b_awq():
+    """AWQ's int4 projections (groups of 128, bf16 scales, zero points) read 0.5 + 3/128
+    bytes a weight; the embeddings and LM head (1.05 B parameters) stay in bf16."""
+    from loom.quantization.config import quant_scheme
+    cfg = shipped_hf_config("llama-3.1-8b-awq")
+    arch = ModelArch.from_hf_config(cfg)
+    per_weight = quant_scheme(cfg, None).bytes_per_weight(2)
+    assert per_weight == 0.5 + 3 / 128
+    counts = floors.param_counts(arch)
+    want = counts.linear * per_weight + (counts.dense - counts.linear) * 2
+    assert floors.decode_bytes(arch, 2, 1, per_weight) == pytest.approx(want, rel=1e-9)
+    assert floors.decode_bytes(arch, 2, 1, per_weight) / 1e9 == pytest.approx(5.75, abs=0.05)
 
 
 def test_fp8_decode_bytes_for_llama_8b():
