@@ -122,3 +122,29 @@ def test_tensor_parallel(case, checkpoints, tmp_path):
 def test_compiled_level_3(checkpoints):
     path, reference, unquantized = checkpoints("qwen3-sym")
     _check_against(_llm(path, compilation_config=3), reference, unquantized)
+
+
+def test_lora_over_int4_layers_matches_peft(checkpoints, tmp_path):
+    """An adapter's term is added to the int4 matmul's output, as peft adds it over
+    compressed-tensors' quantized Linear (the adapter made on the unquantized model)."""
+    import copy
+
+    import peft
+
+    from loom.lora.request import LoRARequest
+    from tests.lora_util import make_adapter
+    path, reference, _ = checkpoints("qwen3-sym")
+    adapter = str(tmp_path / "adapter")
+    make_tiny_model("qwen3", str(tmp_path / "base"))  # the checkpoint's model, unquantized
+    make_adapter(str(tmp_path / "base"), adapter)
+    peft_model = peft.PeftModel.from_pretrained(copy.deepcopy(reference), adapter).eval()
+    llm = _llm(path, enable_lora=True)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False,
+                            lora_request=LoRARequest("a", 1, adapter))
+    finally:
+        llm.shutdown()
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.outputs[0].token_ids == hf_greedy(peft_model, prompt, NEW_TOKENS)
+        assert out.outputs[0].token_ids != hf_greedy(reference, prompt, NEW_TOKENS)
