@@ -1,4 +1,4 @@
-"""`loom bench latency | throughput | serve | sweep | async-tp | moe | attention`."""
+"""`loom bench latency | throughput | serve | sweep | async-tp | moe | attention | int4`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from loom.bench.common import check_outputs
 
 
 def register(subparsers) -> None:
-    from loom.bench import async_tp, attention, latency, moe, serve, sweep, throughput
+    from loom.bench import (async_tp, attention, int4, latency, moe, serve, sweep,
+                            throughput)
     p = subparsers.add_parser("bench",
                               help="benchmarks: latency, throughput, serve, sweep, async-tp, moe, "
-                                   "attention")
+                                   "attention, int4")
     sub = p.add_subparsers(dest="bench_command", required=True,
-                           metavar="{latency,throughput,serve,sweep,async-tp,moe,attention}")
-    for module in (latency, throughput, serve, sweep, async_tp, moe, attention):
+                           metavar="{latency,throughput,serve,sweep,async-tp,moe,attention,int4}")
+    for module in (latency, throughput, serve, sweep, async_tp, moe, attention, int4):
         module.register(sub)
     for bench in sub.choices.values():
         bench.set_defaults(func=_outputs_checked_first(bench.get_default("func")))
@@ -31,5 +32,5 @@ def _outputs_checked_first(run: Callable[[argparse.Namespace], int]):
 
 
 def _missing_subcommand(args: argparse.Namespace) -> int:
-    raise ValueError("bench: name a benchmark: latency, throughput, serve, sweep, async-tp, moe "
-                     "or attention")
+    raise ValueError("bench: name a benchmark: latency, throughput, serve, sweep, async-tp, moe, "
+                     "attention or int4")
