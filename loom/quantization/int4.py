@@ -98,6 +98,9 @@ class Int4Linear:
               bias: torch.Tensor | None) -> torch.Tensor:
         packed, scale, zero = self.tensors(layer)
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        perm = getattr(layer, "input_perm", None)
+        if perm is not None:  # act-order: the features in their groups' order
+            x2 = x2.index_select(1, perm)
         if self.use_op(x):  # shapes the kernel does not take were logged at load
             y = torch.ops.loom.int4_linear(x2, packed, scale, zero, self.group(layer))
         else:
@@ -133,6 +136,11 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
             materialize(layer, device)
             continue
         _check_shape(name, layer, method.group(layer))
+        if scheme.act_order and isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
+            raise ValueError(f"{name}: act-order int4 (desc_act, g_idx) in a row-parallel "
+                             f"layer at tensor-parallel size {layer.tp_size} is not supported "
+                             "(a rank's input features would hold parts of groups); run it "
+                             "at tensor-parallel size 1")
         layer.quant = method
         if kernel is not None and not kernel(layer, method):
             fallback.append(name)
@@ -191,13 +199,52 @@ def _int4_parameters(layer: LinearBase, scheme: Int4Scheme, device: torch.device
         def loader(p, t, shard=None, name=name):
             _place(layer, p, convert[name](t, layer, shard), shard)
         setattr(layer, name, _raw(torch.empty(shape, dtype=kind, device=device), loader))
+    if scheme.act_order:
+        layer.g_idx = _raw(torch.zeros(k, dtype=torch.int32, device=device),
+                           lambda p, t, shard=None: _load_g_idx(layer, p, t))
     for name, check in layouts.CHECKED[scheme.method].items():
-        if name in shapes:
+        if name in shapes or (name == "g_idx" and scheme.act_order):
             continue
 
         def checker(p, t, shard=None, check=check):
             check(t, layer, shard, scheme.group_size)
         setattr(layer, name, _raw(torch.empty(0, dtype=torch.int32, device=device), checker))
+
+
+def _load_g_idx(layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """An act-order layer's groups of its input features; stacked projections (q/k/v,
+    gate/up) share their input, so GPTQ gives them one order, which loom checks."""
+    loaded = loaded.to(torch.int32)
+    if tuple(loaded.shape) != tuple(param.shape):
+        raise ValueError(f"g_idx: {tuple(loaded.shape)} in the checkpoint; the layer has "
+                         f"{param.shape[0]} input features")
+    if getattr(layer, "g_idx_loaded", False) and not torch.equal(param.data, loaded.to(param.device)):
+        raise ValueError("g_idx: the stacked projections (q/k/v or gate/up) of one layer have "
+                         "different act orders; loom multiplies them as one matrix")
+    param.data.copy_(loaded)
+    layer.g_idx_loaded = True
+
+
+def finish_loading(model: nn.Module) -> None:
+    """After the weights load: each act-order layer's packed columns sorted by group, and
+    the permutation its input takes at every call (`input_perm`), so that the kernels see
+    whole groups in a row as without act-order. A g_idx that is already in order needs
+    neither; one whose groups are not all `group` features wide is an error naming it."""
+    for name, layer in model.named_modules():
+        g_idx = getattr(layer, "g_idx", None)
+        if not isinstance(getattr(layer, "quant", None), Int4Linear) or g_idx is None:
+            continue
+        group, g = layer.quant.group(layer), g_idx.long()
+        if torch.equal(g, torch.arange(g.numel(), device=g.device) // group):
+            continue
+        counts = torch.bincount(g.clamp(min=0), minlength=g.numel() // group)
+        if g.min() < 0 or counts.numel() != g.numel() // group or bool((counts != group).any()):
+            raise ValueError(f"{name}.g_idx: its groups hold {sorted(set(counts.tolist()))[:4]} "
+                             f"input features; act-order groups must each hold {group}")
+        perm = torch.argsort(g, stable=True)
+        packed = getattr(layer, layer.quant.names[0])
+        packed.data = pack(unpack(packed.data)[:, perm])
+        layer.register_buffer("input_perm", perm, persistent=False)
 
 
 def _place(layer: LinearBase, param: nn.Parameter, full: torch.Tensor, shard) -> None:

@@ -11,11 +11,13 @@ activations left in the model's dtype:
 * AutoAWQ's GEMM layout (`quant_method: awq`): `qweight` [in, out / 8] with its nibbles
   interleaved, `qzeros` [in / group, out / 8], `scales` [in / group, out];
 * GPTQ (`quant_method: gptq`, AutoGPTQ's and GPTQModel's layout): `qweight` [in / 8, out],
-  `scales` [in / group, out], `qzeros` (unused when symmetric) and `g_idx`.
+  `scales` [in / group, out], `qzeros` (unused when symmetric) and `g_idx`, each input
+  feature's group: k // group, or with act-order (`desc_act`) groups of features taken in
+  the order of their activations' size.
 
 `loom.quantization.int4` reads all three into one layout. What none of loom's kernels run
-(act-order groups, 8-bit or asymmetric GPTQ, AWQ's GEMV layout, int4 experts) is refused
-by name.
+(8-bit or asymmetric GPTQ, compressed-tensors' g_idx groups, AWQ's GEMV layout, int4
+experts) is refused by name.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class Int4Scheme:
     """Checkpoint module names (or "re:" patterns) that stay in the model's dtype."""
     weights_in_checkpoint: bool = True
     """Always: the checkpoint holds the int4 weights (dummy weights are quantized at load)."""
+    act_order: bool = False
+    """GPTQ's desc_act: each input feature's group is its g_idx entry, not k // group."""
 
     def ignores(self, checkpoint_name: str) -> bool:
         return any(re.match(p[3:], checkpoint_name) if p.startswith("re:")
@@ -94,10 +98,6 @@ def awq_scheme(qc: dict[str, Any]) -> Int4Scheme:
 
 def gptq_scheme(qc: dict[str, Any]) -> Int4Scheme:
     _four_bits("quantization_config.bits", qc.get("bits", 4))
-    if qc.get("desc_act"):
-        raise ValueError("quantization_config.desc_act: act-order GPTQ checkpoints (groups "
-                         "in a permuted order, g_idx) are not supported; loom runs "
-                         "desc_act false")
     if not qc.get("sym", True):
         raise ValueError("quantization_config.sym: asymmetric GPTQ checkpoints are not "
                          "supported; loom runs symmetric GPTQ (or asymmetric AWQ and "
@@ -111,7 +111,9 @@ def gptq_scheme(qc: dict[str, Any]) -> Int4Scheme:
     if fmt not in ("gptq", "gptq_v2"):
         raise ValueError(f"quantization_config.checkpoint_format: {fmt!r} is not gptq")
     group = _positive_group("quantization_config.group_size", qc.get("group_size", 128))
-    return Int4Scheme("gptq", group, False, ("lm_head",))
+    # One group per row has no order to permute.
+    act_order = bool(qc.get("desc_act")) and group is not None
+    return Int4Scheme("gptq", group, False, ("lm_head",), act_order=act_order)
 
 
 def pack_quantized_scheme(where: str, weights: Any) -> tuple[int | None, bool]:
@@ -125,9 +127,10 @@ def pack_quantized_scheme(where: str, weights: Any) -> tuple[int | None, bool]:
     if weights.get("dynamic"):
         raise ValueError(f"{where}.dynamic: must be false")
     actorder = weights.get("actorder")
-    if actorder not in (None, False, "weight"):
+    if actorder not in (None, False, "weight", "static"):
         raise ValueError(f"{where}.actorder: {actorder!r} (groups in a permuted order, "
-                         "weight_g_idx) is not supported")
+                         "weight_g_idx) is not supported; GPTQ checkpoints with desc_act "
+                         "are")
     strategy = weights.get("strategy")
     if strategy == "channel":
         group = None

@@ -84,6 +84,9 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     if scheme is not None:
         from loom.quantization.staging import check_materialized
         check_materialized(model)
+        if isinstance(scheme, Int4Scheme):
+            from loom.quantization.int4 import finish_loading
+            finish_loading(model)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the staging tensors' cached blocks
     return model.eval(), arch, dtype

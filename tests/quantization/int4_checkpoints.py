@@ -62,14 +62,14 @@ _PACKED = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
 def _rewrite(path: str, dest: str, quantization_config: dict, convert) -> str:
     """A copy of the checkpoint at `path` with each quantized layer's int4 tensors (a dict
     of compressed-tensors' names without the module prefix) replaced by
-    `convert(tensors)`; biases and the rest stay."""
+    `convert(tensors, module name)`; biases and the rest stay."""
     from safetensors.torch import load_file, save_file
     shutil.copytree(path, dest, dirs_exist_ok=True)
     tensors = load_file(Path(dest) / "model.safetensors")
     modules = sorted({n.rsplit(".", 1)[0] for n in tensors if n.endswith(".weight_packed")})
     for module in modules:
         own = {k: tensors.pop(f"{module}.{k}") for k in _PACKED if f"{module}.{k}" in tensors}
-        tensors.update({f"{module}.{k}": v for k, v in convert(own).items()})
+        tensors.update({f"{module}.{k}": v for k, v in convert(own, module).items()})
     save_file(tensors, Path(dest) / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((Path(dest) / "config.json").read_text())
     config["quantization_config"] = quantization_config
@@ -105,7 +105,7 @@ def _awq_pack(unsigned: torch.Tensor) -> torch.Tensor:
     return _pack(unsigned.view(rows, cols // 8, 8)[..., AWQ_ORDER].reshape(rows, cols))
 
 
-def _to_awq(t: dict) -> dict:
+def _to_awq(t: dict, module: str | None = None) -> dict:
     q, zero = _values(t)
     return {"qweight": _awq_pack(q.t().contiguous()), "qzeros": _awq_pack(zero.t().contiguous()),
             "scales": t["weight_scale"].t().contiguous()}
@@ -140,5 +140,55 @@ def as_gptq(path: str, dest: str, group: int | None, g_idx=None, **config) -> st
     g_idx each input feature's group (or `g_idx(in_features)`)."""
     qc = {"quant_method": "gptq", "bits": 4, "group_size": group or -1, "desc_act": False,
           "sym": True, "checkpoint_format": "gptq", **config}
-    return _rewrite(path, dest, qc, lambda t: _to_gptq(
+    return _rewrite(path, dest, qc, lambda t, module: _to_gptq(
         t, None if g_idx is None else g_idx(t["weight_shape"][1].item())))
+
+
+_INPUTS = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": "o",
+           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "down"}
+"""Projections that share an input share its act order (GPTQ's Hessian is the input's)."""
+
+
+def write_act_order_gptq(model, path: str, group: int, seed: int = 3):
+    """An act-order (desc_act) GPTQ checkpoint of `model` at `path`, and its reference.
+
+    Each decoder layer's inputs get a random order of their features (as GPTQ takes them by
+    activation size); the model with every projection's columns in that order is quantized
+    by compressed-tensors (symmetric, contiguous groups of `group`), and the integers and
+    scales are written back in the features' own order, with g_idx naming each feature's
+    group. The reference is the unquantized model with each weight replaced by
+    compressed-tensors' dequantization of those integers, its columns put back in order."""
+    import copy
+    import tempfile
+
+    from safetensors.torch import load_file
+    gen = torch.Generator().manual_seed(seed)
+    permuted, perms = copy.deepcopy(model), {}
+    for name, module in permuted.named_modules():
+        kind = name.rsplit(".", 1)[-1]
+        if kind in _INPUTS:
+            key = (name.rsplit(".", 2)[0], _INPUTS[kind])
+            k = module.weight.shape[1]
+            perms.setdefault(key, torch.randperm(k, generator=gen))
+            perms[name] = perms[key]
+            module.weight.data = module.weight.data[:, perms[name]]
+    ct = tempfile.mkdtemp()
+    write_int4_checkpoint(permuted, ct, group, True, ["lm_head"])
+    tensors = load_file(Path(ct) / "model.safetensors")
+    reference = copy.deepcopy(model).eval()
+    for name, module in reference.named_modules():
+        if name in perms:
+            t = {k: tensors[f"{name}.{k}"] for k in _PACKED if f"{name}.{k}" in tensors}
+            q, _ = _values(t)
+            w = (q - 8).float().view(q.shape[0], -1, group) * t["weight_scale"].float().unsqueeze(-1)
+            module.weight.data = w.reshape(q.shape)[:, torch.argsort(perms[name])]
+
+    def convert(t: dict, module: str) -> dict:
+        q, _ = _values(t)
+        inverse = torch.argsort(perms[module])  # original column c is permuted column inverse[c]
+        return {**_to_gptq(t), "qweight": _pack(q[:, inverse]).t().contiguous(),
+                "g_idx": (inverse // group).to(torch.int32)}
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": True,
+          "sym": True, "checkpoint_format": "gptq"}
+    _rewrite(ct, path, qc, convert)
+    return reference

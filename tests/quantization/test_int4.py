@@ -148,3 +148,14 @@ def test_lora_over_int4_layers_matches_peft(checkpoints, tmp_path):
     for prompt, out in zip(PROMPTS, outs):
         assert out.outputs[0].token_ids == hf_greedy(peft_model, prompt, NEW_TOKENS)
         assert out.outputs[0].token_ids != hf_greedy(reference, prompt, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("compilation", [0, 3])
+def test_act_order_gptq(compilation, tmp_path):
+    """desc_act: each layer's input features quantized in groups taken in a random order
+    (g_idx); loom sorts the packed columns by group and permutes the input to match."""
+    from tests.quantization.int4_checkpoints import write_act_order_gptq
+    path = str(tmp_path / "gptq")
+    model = make_tiny_model("llama", str(tmp_path / "base"))
+    reference = write_act_order_gptq(model, path, GROUP)
+    _check_against(_llm(path, compilation_config=compilation), reference, model.eval())

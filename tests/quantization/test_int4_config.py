@@ -53,13 +53,15 @@ def test_schemes_read():
     gptq = quant_scheme(_cfg(GPTQ, group_size=-1), "gptq")
     assert (gptq.method, gptq.group_size, gptq.zero_point) == ("gptq", None, False)
     assert "int4 weights (gptq, a scale per output channel, symmetric)" in gptq.describe()
+    assert quant_scheme(_cfg(GPTQ, desc_act=True), None).act_order
+    assert not quant_scheme(_cfg(GPTQ, desc_act=True, group_size=-1), None).act_order
+    assert not gptq.act_order and not awq.act_order
 
 
 @pytest.mark.parametrize("config, field", [
     (_cfg(AWQ, bits=8), r"quantization_config\.bits: 8-bit"),
     (_cfg(AWQ, version="gemv"), r"quantization_config\.version: 'gemv'"),
     (_cfg(AWQ, group_size=100), r"quantization_config\.group_size: 100"),
-    (_cfg(GPTQ, desc_act=True), r"quantization_config\.desc_act: act-order"),
     (_cfg(GPTQ, sym=False), r"quantization_config\.sym: asymmetric GPTQ"),
     (_cfg(GPTQ, lm_head=True), r"quantization_config\.lm_head"),
     (_cfg(GPTQ, checkpoint_format="marlin"), r"quantization_config\.checkpoint_format"),

@@ -60,6 +60,44 @@ def test_act_order_g_idx_is_refused(gptq_base, tmp_path):
         _load(path)
 
 
+def _act_order(gptq_base, tmp_path, g_idx) -> str:
+    return as_gptq(gptq_base, str(tmp_path / "gptq"), GROUP, g_idx=g_idx, desc_act=True)
+
+
+def test_act_order_groups_must_be_whole(gptq_base, tmp_path):
+    """g_idx naming groups of 31 and 33 features is no GPTQ act-order: refused, not run."""
+    def uneven(k):
+        g = torch.arange(k) // GROUP
+        g[GROUP - 1] = 1
+        return g
+    with pytest.raises(ValueError, match=r"qkv_proj\.g_idx: its groups hold \[31, 33\] input "
+                                         r"features; act-order groups must each hold 32"):
+        _load(_act_order(gptq_base, tmp_path, uneven))
+
+
+def test_stacked_act_orders_must_agree(gptq_base, tmp_path):
+    """q, k and v share one input, so one order: a checkpoint giving k its own is refused."""
+    from safetensors.torch import load_file, save_file
+    path = Path(_act_order(gptq_base, tmp_path, lambda k: torch.randperm(k) // GROUP))
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.0.self_attn.k_proj.g_idx"
+    tensors[name] = tensors[name].flip(0).contiguous()
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"g_idx: the stacked projections \(q/k/v or "
+                                         r"gate/up\) of one layer have different act orders"):
+        _load(str(path))
+
+
+def test_act_order_in_row_parallel_layers_is_refused_at_tp_2(gptq_base, tmp_path,
+                                                             monkeypatch):
+    path = _act_order(gptq_base, tmp_path, None)
+    monkeypatch.setitem(parallel_state._GROUPS, "tp",
+                        parallel_state.GroupCoordinator("tp", 0, 2, None))
+    with pytest.raises(ValueError, match=r"o_proj: act-order int4 \(desc_act, g_idx\) in a "
+                                         r"row-parallel layer at tensor-parallel size 2"):
+        _load(path)
+
+
 def test_groups_a_rank_cannot_hold_whole_are_refused(tmp_path, monkeypatch):
     """At TP=2 o_proj's ranks hold 32 of its 64 input features: less than a group of 64."""
     monkeypatch.setitem(parallel_state._GROUPS, "tp",
