@@ -197,7 +197,7 @@ def _int4_parameters(layer: LinearBase, scheme: Int4Scheme, device: torch.device
         shapes[names[2]] = ((rows, groups), torch.uint8)
     for name, (shape, kind) in shapes.items():
         def loader(p, t, shard=None, name=name):
-            _place(layer, p, convert[name](t, layer, shard), shard)
+            _place(layer, p, convert[name](t, _shard_rows(layer, shard)), shard)
         setattr(layer, name, _raw(torch.empty(shape, dtype=kind, device=device), loader))
     if scheme.act_order:
         layer.g_idx = _raw(torch.zeros(k, dtype=torch.int32, device=device),
@@ -207,8 +207,18 @@ def _int4_parameters(layer: LinearBase, scheme: Int4Scheme, device: torch.device
             continue
 
         def checker(p, t, shard=None, check=check):
-            check(t, layer, shard, scheme.group_size)
+            check(t, _shard_rows(layer, shard), _full_in(layer), scheme.group_size)
         setattr(layer, name, _raw(torch.empty(0, dtype=torch.int32, device=device), checker))
+
+
+def _shard_rows(layer: LinearBase, shard) -> int:
+    """Output rows of the checkpoint tensor behind shard `shard` (all ranks')."""
+    _, size, _, shards = layer.output_rows(shard)
+    return size * shards
+
+
+def _full_in(layer: LinearBase) -> int:
+    return layer.in_features * (layer.tp_size if isinstance(layer, RowParallelLinear) else 1)
 
 
 def _load_g_idx(layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor) -> None:

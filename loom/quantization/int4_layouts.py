@@ -10,28 +10,19 @@ the whole of a checkpoint shard's rows (the layer then keeps its rank's slice).
   every zero point at 8 (written as 7 by the original format, which adds one as it reads),
   and g_idx must be the plain group of each input feature (no act-order).
 
-A converter is `f(tensor, layer, shard_id) -> tensor`; a check raises ValueError naming
-what it found.
+A converter is `f(tensor, rows) -> tensor`, rows being the output rows of the checkpoint
+tensor (all ranks'); a check `f(tensor, rows, in_features, group)` raises ValueError naming
+what it found. Dense layers (`loom.quantization.int4`) and MoE experts
+(`loom.quantization.int4_moe`) share them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from loom.layers.linear import LinearBase, RowParallelLinear
 from loom.quantization.int4 import _AWQ_ORDER, PACK, pack, unpack
 
 _AWQ_INVERSE = [_AWQ_ORDER.index(i) for i in range(PACK)]
-
-
-def _shard_rows(layer: LinearBase, shard) -> int:
-    """Output rows of the checkpoint tensor behind shard `shard` (all ranks')."""
-    _, size, _, shards = layer.output_rows(shard)
-    return size * shards
-
-
-def _full_in(layer: LinearBase) -> int:
-    return layer.in_features * (layer.tp_size if isinstance(layer, RowParallelLinear) else 1)
 
 
 def _int32(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -41,9 +32,8 @@ def _int32(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _ct_zeros(t, layer, shard):
+def _ct_zeros(t, rows):
     """[ceil(rows / 8), groups] packed along the rows -> [rows, groups]."""
-    rows = _shard_rows(layer, shard)
     return unpack(_int32("weight_zero_point", t).t().contiguous())[:, :rows].t()
 
 
@@ -53,22 +43,21 @@ def _awq_unpack(name: str, t: torch.Tensor) -> torch.Tensor:
     return u.view(u.shape[0], -1, PACK)[..., _AWQ_INVERSE].reshape(u.shape[0], -1).t()
 
 
-def _check_weight_shape(t, layer, shard, group):
-    want = [_shard_rows(layer, shard), _full_in(layer)]
+def _check_weight_shape(t, rows, k, group):
+    want = [rows, k]
     if t.tolist() != want:
         raise ValueError(f"weight_shape: {t.tolist()} in the checkpoint; loom's config makes "
                          f"this weight {want}")
 
 
-def _check_gptq_zeros(t, layer, shard, group):
+def _check_gptq_zeros(t, rows, k, group):
     values = torch.unique(unpack(_int32("qzeros", t)))
     if values.numel() != 1 or int(values) not in (7, 8):
         raise ValueError(f"qzeros: zero points {values.tolist()[:4]} in a symmetric GPTQ "
                          "checkpoint, whose zero points are all 8 (stored as 7)")
 
 
-def _check_g_idx(t, layer, shard, group):
-    k = _full_in(layer)
+def _check_g_idx(t, rows, k, group):
     plain = torch.arange(k, device=t.device) // (group or k)
     if t.shape != plain.shape or not torch.equal(t.to(plain.dtype), plain):
         raise ValueError("g_idx: input features are not in their plain groups (act-order, "
@@ -77,18 +66,18 @@ def _check_g_idx(t, layer, shard, group):
 
 CONVERTERS = {
     "compressed-tensors": {
-        "weight_packed": lambda t, layer, shard: _int32("weight_packed", t),
-        "weight_scale": lambda t, layer, shard: t,
+        "weight_packed": lambda t, rows: _int32("weight_packed", t),
+        "weight_scale": lambda t, rows: t,
         "weight_zero_point": _ct_zeros,
     },
     "awq": {
-        "qweight": lambda t, layer, shard: pack(_awq_unpack("qweight", t)),
-        "scales": lambda t, layer, shard: t.t(),
-        "qzeros": lambda t, layer, shard: _awq_unpack("qzeros", t),
+        "qweight": lambda t, rows: pack(_awq_unpack("qweight", t)),
+        "scales": lambda t, rows: t.t(),
+        "qzeros": lambda t, rows: _awq_unpack("qzeros", t),
     },
     "gptq": {
-        "qweight": lambda t, layer, shard: _int32("qweight", t).t().contiguous(),
-        "scales": lambda t, layer, shard: t.t(),
+        "qweight": lambda t, rows: _int32("qweight", t).t().contiguous(),
+        "scales": lambda t, rows: t.t(),
     },
 }
 
