@@ -31,10 +31,13 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                       weights: torch.Tensor, ids: torch.Tensor,
                       w13_scale: torch.Tensor | None = None,
                       w2_scale: torch.Tensor | None = None,
-                      weight_block: tuple[int, int] | list[int] | None = None) -> torch.Tensor:
+                      weight_block: tuple[int, int] | list[int] | None = None,
+                      w13_zero: torch.Tensor | None = None,
+                      w2_zero: torch.Tensor | None = None) -> torch.Tensor:
     """Loop over the experts that got tokens; the reference any fused kernel must match.
     fp8 experts are dequantized one at a time, each value times its scale rounded once to
-    x's dtype: what a checkpoint dequantized at load would hold."""
+    x's dtype: what a checkpoint dequantized at load would hold. int4 experts (packed int32
+    w13 / w2, `loom.quantization.int4_moe`) likewise, their group size the scales' width."""
     acc_dtype = torch.promote_types(x.dtype, torch.float32)
     out = torch.zeros(x.shape, dtype=acc_dtype, device=x.device)
     flat_ids = ids.flatten()
@@ -42,32 +45,43 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     for e in flat_ids.unique().tolist():
         sel = (flat_ids == e).nonzero().squeeze(1)
         tokens = token_of[sel]
-        gate, up = F.linear(x[tokens], _expert(w13, w13_scale, e, weight_block, x.dtype)
-                            ).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, _expert(w2, w2_scale, e, weight_block, x.dtype))
+        gate, up = F.linear(x[tokens], _expert(w13, w13_scale, e, weight_block, x.dtype,
+                                               w13_zero)).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, _expert(w2, w2_scale, e, weight_block, x.dtype, w2_zero))
         out.index_add_(0, tokens, y.to(acc_dtype) * weights.flatten()[sel, None])
     return out.to(x.dtype)
 
 
-def _expert(w: torch.Tensor, scale: torch.Tensor | None, e: int, block, dtype: torch.dtype):
+def _expert(w: torch.Tensor, scale: torch.Tensor | None, e: int, block, dtype: torch.dtype,
+            zero: torch.Tensor | None = None):
     if scale is None:
         return w[e]
+    if w.dtype == torch.int32:
+        from loom.quantization import int4
+        group = w.shape[-1] * int4.PACK // scale.shape[-1]
+        return int4.dequantize(w[e], scale[e], None if zero is None else zero[e],
+                               group).to(dtype)
     return dequantize(w[e], scale[e], None if block is None else tuple(block)).to(dtype)
 
 
 @loom_op("experts_reference",
          "(Tensor x, Tensor w13, Tensor w2, Tensor weights, Tensor ids, Tensor? w13_scale=None, "
-         "Tensor? w2_scale=None, int[]? weight_block=None) -> Tensor")
+         "Tensor? w2_scale=None, int[]? weight_block=None, Tensor? w13_zero=None, "
+         "Tensor? w2_zero=None) -> Tensor")
 def experts_reference_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                          weights: torch.Tensor, ids: torch.Tensor,
                          w13_scale: torch.Tensor | None = None,
                          w2_scale: torch.Tensor | None = None,
-                         weight_block: list[int] | None = None) -> torch.Tensor:
-    return experts_reference(x, w13, w2, weights, ids, w13_scale, w2_scale, weight_block)
+                         weight_block: list[int] | None = None,
+                         w13_zero: torch.Tensor | None = None,
+                         w2_zero: torch.Tensor | None = None) -> torch.Tensor:
+    return experts_reference(x, w13, w2, weights, ids, w13_scale, w2_scale, weight_block,
+                             w13_zero, w2_zero)
 
 
 @experts_reference_op.register_fake
-def _(x, w13, w2, weights, ids, w13_scale=None, w2_scale=None, weight_block=None):
+def _(x, w13, w2, weights, ids, w13_scale=None, w2_scale=None, weight_block=None,
+      w13_zero=None, w2_zero=None):
     return x.new_empty(x.shape)
 
 
@@ -83,6 +97,7 @@ class FusedMoE(nn.Module):
         self.tp_rank, self.tp_size = tp.rank, tp.world_size
         self.top_k, self.renormalize = top_k, renormalize
         self.reduce_results = reduce_results
+        self.num_experts, self.hidden_size = num_experts, hidden_size
         self.params_dtype = torch.get_default_dtype()
         """The model's dtype at construction: the activations' once the experts are fp8."""
         self.shard = divide(intermediate_size, tp.world_size, "MoE intermediate size")
@@ -99,11 +114,25 @@ class FusedMoE(nn.Module):
         self.register_parameter("w2_scale", None)
         self.weight_block: tuple[int, int] | None = None
         """(rows, cols) of the scales' blocks; None: a scale per output channel."""
+        self.int4 = None
+        """int4 experts' method (`loom.quantization.int4_moe`): w13 and w2 packed int32,
+        with w13_scale / w2_scale per group and w13_zero / w2_zero if asymmetric."""
 
     @property
     def activation_dtype(self) -> torch.dtype:
-        """The dtype of the tokens the experts take: the weights', unless they are fp8."""
-        return self.params_dtype if self.w13.element_size() == 1 else self.w13.dtype
+        """The dtype of the tokens the experts take: the weights', unless they are fp8 or
+        int4."""
+        quantized = self.w13.element_size() == 1 or self.int4 is not None
+        return self.params_dtype if quantized else self.w13.dtype
+
+    def quant_args(self) -> dict:
+        """The fused MoE's (and the reference's) arguments for quantized experts."""
+        args = {"w13_scale": self.w13_scale, "w2_scale": self.w2_scale,
+                "weight_block": self.weight_block}
+        if self.int4 is not None:
+            args.update(w13_zero=getattr(self, "w13_zero", None),
+                        w2_zero=getattr(self, "w2_zero", None))
+        return args
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
         """shard_id = (expert, 0 gate | 1 up | None down) for one expert's checkpoint tensor."""
@@ -139,16 +168,16 @@ class FusedMoE(nn.Module):
         return tp_all_reduce(out) if self.reduce_results else out
 
     def experts(self, x, weights, ids):
-        quant = (self.w13_scale, self.w2_scale, self.weight_block)
+        quant = self.quant_args()
         if x.is_cuda:
             # One opaque op: its tile config is chosen at run time from the real token count.
             # Traced, the choice put range guards on the token count, and every batch that
             # crossed one recompiled the whole model (run_m: Qwen3-30B-A3B prompt steps at
             # 12x their floor).
             import loom.kernels.fused_moe  # noqa: F401  (registers torch.ops.loom.fused_moe)
-            return torch.ops.loom.fused_moe(x, self.w13, self.w2, weights, ids, *quant)
+            return torch.ops.loom.fused_moe(x, self.w13, self.w2, weights, ids, **quant)
         # The reference loops over the experts present (data-dependent): one opaque node
         # under torch.compile, so the CPU graph traces whole.
         if torch.compiler.is_compiling():
-            return torch.ops.loom.experts_reference(x, self.w13, self.w2, weights, ids, *quant)
-        return experts_reference(x, self.w13, self.w2, weights, ids, *quant)
+            return torch.ops.loom.experts_reference(x, self.w13, self.w2, weights, ids, **quant)
+        return experts_reference(x, self.w13, self.w2, weights, ids, **quant)

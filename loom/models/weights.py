@@ -22,7 +22,7 @@ _STACKED = [  # (checkpoint fragment, loom fragment, shard id)
     (".gate_proj.", ".gate_up_proj.", 0),
     (".up_proj.", ".gate_up_proj.", 1),
 ]
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(\w+)$")
 _EXPERT_SHARDS = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": None, "w2": None}
 """An expert's projection (Qwen's names, Mixtral's) -> its shard of the stacked weights:
 0 gate, 1 up (w13), None down (w2)."""
@@ -31,18 +31,25 @@ _SCALE_INV = ".weight_scale_inv"
 """Block-wise `fp8` checkpoints' weight scale (Qwen3's, DeepSeek's FP8 releases): despite
 its name it multiplies the fp8 values, as loom's weight_scale does."""
 _IGNORED = ("rotary_emb.inv_freq",)
+INT4_EXPERT_SUFFIXES = {"qweight": "", "weight_packed": "", "scales": "_scale",
+                         "weight_scale": "_scale", "qzeros": "_zero", "weight_zero_point": "_zero",
+                         "g_idx": "_g_idx", "weight_shape": "_shape"}
+"""An int4 expert tensor's checkpoint suffix -> its FusedMoE parameter after w13 / w2."""
 
 
-def _target(name: str) -> tuple[str, object]:
-    """(loom parameter name, shard id or None) for one checkpoint tensor."""
+def _target(name: str, int4_experts: bool = False) -> tuple[str, object]:
+    """(loom parameter name, shard id or None) for one checkpoint tensor. int4_experts: the
+    model's experts are int4, whose packed weights, scales and zero points each have a
+    parameter (`loom.quantization.int4_moe`)."""
     for ckpt, ours in _RENAMED:
         name = name.replace(ckpt, ours)
     if name.endswith(_SCALE_INV):
         name = name[:-len("_inv")]
     m = _EXPERT.search(name)
-    if m:
+    suffixes = INT4_EXPERT_SUFFIXES if int4_experts else {"weight": ""}
+    if m and m.group(3) in suffixes:
         expert, shard = int(m.group(1)), _EXPERT_SHARDS[m.group(2)]
-        param = "w2" if shard is None else "w13"
+        param = ("w2" if shard is None else "w13") + suffixes[m.group(3)]
         return f"{name[:m.start()]}.experts.{param}", (expert, shard)
     for ckpt, ours, shard in _STACKED:
         if ckpt in name:
@@ -66,11 +73,12 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = getattr(model, "arch", None) is not None and model.arch.tie_word_embeddings
     pairs = Fp8Dequantizer(getattr(model, "fp8_weight_block", None))
+    int4_experts = getattr(model, "int4_experts", False)
     loaded: set[str] = set()
     for name, tensor in weights:
         if name.endswith(_IGNORED) or (tied and name == "lm_head.weight"):
             continue
-        ready = _paired(name, tensor, params, pairs, type(model).__name__)
+        ready = _paired(name, tensor, params, pairs, type(model).__name__, int4_experts)
         if ready is None:
             continue  # an fp8 weight or scale waiting for the other
         target, shard, tensor = ready
@@ -87,11 +95,12 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     return loaded
 
 
-def _paired(name: str, tensor: torch.Tensor, params: dict, pairs: Fp8Dequantizer, owner: str):
+def _paired(name: str, tensor: torch.Tensor, params: dict, pairs: Fp8Dequantizer, owner: str,
+            int4_experts: bool = False):
     """(parameter name, shard id, what it loads) for one checkpoint tensor, or None while
     an fp8 weight outside the fp8 linear layers waits for its scale (or a scale for its
     weight). What it loads is the tensor, or an fp8 weight paired with its scale."""
-    target, shard = _target(name)
+    target, shard = _target(name, int4_experts)
     if target not in params and pairs.is_scale(name):
         # the scale of an fp8 weight outside the fp8 linear layers (an MoE expert's)
         tensor = pairs.add_scale(name, tensor)

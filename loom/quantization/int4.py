@@ -116,11 +116,7 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
     """Give the model's column- and row-parallel layers (built under `weights_on_meta`)
     their int4 parameters before the weights load; from_checkpoint False (dummy weights):
     each is rounded to int4 once its rows have arrived in the model's dtype."""
-    from loom.layers.moe import FusedMoE
     from loom.quantization.fp8 import _ignored
-    if any(isinstance(m, FusedMoE) for m in model.modules()):
-        raise ValueError(f"quantization ({scheme.method}): int4 MoE experts are not "
-                         "supported; loom runs int4 weights in dense models")
     if getattr(model, "fused_checkpoint", False):
         raise ValueError(f"quantization ({scheme.method}): {type(model).__name__}'s fused "
                          "qkv_proj and gate_up_proj checkpoint tensors are not split in "
@@ -149,8 +145,12 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
             _int4_parameters(layer, scheme, device)
         else:
             stage(name, layer, device, _quantize_staged)
-    logger.info("quantization (%s): %s in %d linear layers; %d kept in the model's dtype as "
-                "the checkpoint asks", scheme.method, scheme.describe(), len(layers), len(kept))
+    from loom.quantization import int4_moe
+    experts = int4_moe.prepare_experts(model, scheme, from_checkpoint, device)
+    model.int4_experts = experts > 0  # models.weights names their tensors for them
+    logger.info("quantization (%s): %s in %d linear layers%s; %d kept in the model's dtype "
+                "as the checkpoint asks", scheme.method, scheme.describe(), len(layers),
+                f" and the experts of {experts} MoE layers" if experts else "", len(kept))
     if fallback:
         logger.warning("int4: %d layers (%s ...) have shapes loom's int4 kernel does not take; "
                        "they dequantize and multiply in float32 (slow)", len(fallback),
@@ -275,13 +275,11 @@ def _place(layer: LinearBase, param: nn.Parameter, full: torch.Tensor, shard) ->
     param.data.narrow(0, offset, size).copy_(shard_of(rows, 1, 0, cols, 1, what))
 
 
-def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:
-    """A layer's whole model-dtype weight (dummy weights) rounded to int4 per group."""
-    method: Int4Linear = layer.quant
-    group = method.group(layer)
+def quantize_int4(weight: torch.Tensor, group: int, zero_point: bool):
+    """A model-dtype weight [out, in] rounded to int4 per group (dummy weights): (packed,
+    scale in the weight's dtype, zero points or None)."""
     w = weight.float().reshape(weight.shape[0], -1, group)
-    packed_name, scale_name, zero_name = method.names
-    if method.zero_point:
+    if zero_point:
         lo, hi = w.amin(-1, keepdim=True).clamp(max=0), w.amax(-1, keepdim=True).clamp(min=0)
         scale = _as_stored(((hi - lo) / 15).clamp(min=1e-8), weight.dtype)
         zero = (-lo / scale).round().clamp(0, 15)
@@ -289,13 +287,18 @@ def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:
         scale = _as_stored((w.abs().amax(-1, keepdim=True) / 7).clamp(min=1e-8), weight.dtype)
         zero = torch.full_like(scale, 8.0)
     q = (w / scale + zero).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
+    return (pack(q), scale.squeeze(-1).to(weight.dtype),
+            zero.squeeze(-1).to(torch.uint8) if zero_point else None)
+
+
+def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:
+    """A layer's whole model-dtype weight (dummy weights) rounded to int4 per group."""
+    method: Int4Linear = layer.quant
     layer.weight = None
-    setattr(layer, packed_name, nn.Parameter(pack(q), requires_grad=False))
-    setattr(layer, scale_name, nn.Parameter(scale.squeeze(-1).to(weight.dtype),
-                                            requires_grad=False))
-    if method.zero_point:
-        setattr(layer, zero_name, nn.Parameter(zero.squeeze(-1).to(torch.uint8),
-                                               requires_grad=False))
+    tensors = quantize_int4(weight, method.group(layer), method.zero_point)
+    for name, tensor in zip(method.names, tensors):
+        if tensor is not None:
+            setattr(layer, name, nn.Parameter(tensor, requires_grad=False))
 
 
 def _as_stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -192,3 +192,53 @@ def write_act_order_gptq(model, path: str, group: int, seed: int = 3):
           "sym": True, "checkpoint_format": "gptq"}
     _rewrite(ct, path, qc, convert)
     return reference
+
+
+def write_int4_moe_checkpoint(model, path: str, group: int, symmetric: bool):
+    """An int4 checkpoint of a transformers MoE model (Qwen3-MoE's fused experts): its
+    Linear layers by `write_int4_checkpoint`, and every expert's gate, up and down
+    projection quantized alike by compressed-tensors' `quantize` (scales and zero points
+    from `calculate_qparams`), written as the original checkpoint names them
+    (`experts.{e}.gate_proj.weight_packed`, ...). Returns the reference: the model as
+    compressed-tensors runs its Linear layers, its experts replaced by compressed-tensors'
+    `fake_quantize` of them."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize, quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import load_file, save_file
+    args = _args(group, symmetric)
+    quantized = {}  # checkpoint name -> tensor
+    fake = {}  # (layer, "gate_up_proj" | "down_proj") -> the dequantized stacked weight
+    for name, module in model.named_modules():
+        if not hasattr(module, "gate_up_proj"):
+            continue
+        prefix = name.replace(".experts", "") + ".experts"
+        inter = module.gate_up_proj.shape[1] // 2
+        stacks = {"gate_up_proj": [], "down_proj": []}
+        for e in range(module.gate_up_proj.shape[0]):
+            gate_up = module.gate_up_proj.data[e]
+            parts = {"gate_proj": gate_up[:inter], "up_proj": gate_up[inter:],
+                     "down_proj": module.down_proj.data[e]}
+            deq = {}
+            for proj, w in parts.items():
+                g = w.reshape(w.shape[0], -1, group)
+                scale, zero = calculate_qparams(g.amin(-1), g.amax(-1), args)
+                q = quantize(w, scale, zero, args, dtype=torch.int8)
+                deq[proj] = fake_quantize(w, scale, zero, args)
+                base = f"{prefix}.{e}.{proj}"
+                quantized[f"{base}.weight_packed"] = _pack(q.to(torch.int32) + 8)
+                quantized[f"{base}.weight_scale"] = scale
+                quantized[f"{base}.weight_shape"] = torch.tensor(w.shape)
+                if not symmetric:  # packed along the rows, as compressed-tensors packs them
+                    quantized[f"{base}.weight_zero_point"] = pack_to_int32(
+                        zero.to(torch.int8), 4, packed_dim=0)
+            stacks["gate_up_proj"].append(torch.cat([deq["gate_proj"], deq["up_proj"]]))
+            stacks["down_proj"].append(deq["down_proj"])
+        fake.update({(name, k): torch.stack(v) for k, v in stacks.items()})
+    reference = write_int4_checkpoint(model, path, group, symmetric, ["lm_head"])
+    for (name, attr), w in fake.items():
+        getattr(reference.get_submodule(name), attr).data.copy_(w)
+    file = Path(path) / "model.safetensors"
+    tensors = {n: t for n, t in load_file(file).items() if ".experts." not in n}
+    save_file({**tensors, **quantized}, file, metadata={"format": "pt"})
+    return reference

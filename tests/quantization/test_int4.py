@@ -159,3 +159,23 @@ def test_act_order_gptq(compilation, tmp_path):
     model = make_tiny_model("llama", str(tmp_path / "base"))
     reference = write_act_order_gptq(model, path, GROUP)
     _check_against(_llm(path, compilation_config=compilation), reference, model.eval())
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """qwen3_moe with int4 experts (groups of 16: down's 32 input features split at TP=2),
+    zero points; its reference and the unquantized model."""
+    from tests.quantization.int4_checkpoints import write_int4_moe_checkpoint
+    base, path = (str(tmp_path_factory.mktemp(n)) for n in ("moe-base", "moe-int4"))
+    reference = write_int4_moe_checkpoint(make_tiny_model("qwen3_moe", base), path, 16, False)
+    return path, reference, make_tiny_model("qwen3_moe", base)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"tensor_parallel_size": 2},
+                                    {"compilation_config": 3}], ids=["tp1", "tp2", "level3"])
+def test_int4_moe_experts(kwargs, moe_checkpoint):
+    """Every expert's gate, up and down in int4 (the checkpoint's per-expert tensors), as
+    compressed-tensors quantizes them; at TP=2 each rank holds its rows of gate and up and
+    its groups of down's input features."""
+    path, reference, unquantized = moe_checkpoint
+    _check_against(_llm(path, **kwargs), reference, unquantized)

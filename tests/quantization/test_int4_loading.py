@@ -109,7 +109,6 @@ def test_groups_a_rank_cannot_hold_whole_are_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind, error", [
-    ("qwen3_moe", r"int4 MoE experts are not supported"),
     ("phi3", r"fused qkv_proj and gate_up_proj checkpoint tensors are not split in int4"),
 ])
 def test_unsupported_models_are_refused(kind, error, tmp_path):
@@ -128,27 +127,45 @@ def test_packed_words_must_be_int32(gptq_base, tmp_path):
         _load(str(path))
 
 
+def _close_to_drawn(w, drawn, scale, name) -> None:
+    """Within half a step of the drawn weight (a little more at the top of an asymmetric
+    group's range, its bfloat16 scale rounded down), and rounded, not kept."""
+    step = scale.float().repeat_interleave(w.shape[-1] // scale.shape[-1], dim=-1)
+    assert ((w - drawn.float()).abs() <= step * 0.6).all(), name
+    assert (w - drawn.float()).abs().max() > 0, name
+
+
+@pytest.mark.parametrize("kind, linear", [("llama", 8), ("qwen3_moe", 6)])
 @pytest.mark.parametrize("zero_point", [True, False])
-def test_dummy_weights_are_rounded_to_int4_per_group(zero_point, tmp_path):
-    """Dummy weights are drawn as the unquantized model's are, then rounded to int4: each
-    dequantized weight within half a step of the drawn one (a little more at the top of an
-    asymmetric group's range, its bfloat16 scale rounded down), every layer int4."""
-    path = _with_config("llama", tmp_path, dict(AWQ_CONFIG, zero_point=zero_point))
+def test_dummy_weights_are_rounded_to_int4_per_group(kind, linear, zero_point, tmp_path):
+    """Dummy weights are drawn as the unquantized model's are, then rounded to int4 per
+    group: every linear layer and every expert."""
+    from loom.layers.moe import FusedMoE
+    path = _with_config(kind, tmp_path, dict(AWQ_CONFIG, zero_point=zero_point))
     plain = _load(path, load_format="dummy", quantization=None, dtype="bfloat16",
                   hf_overrides={"quantization_config": None})
     quantized = _load(path, load_format="dummy", dtype="bfloat16")
     layers = {n: m for n, m in quantized.named_modules()
               if isinstance(m, (ColumnParallelLinear, RowParallelLinear))}
-    assert len(layers) == 8
+    assert len(layers) == linear
     for name, layer in layers.items():
         packed, scale, zero = layer.quant.tensors(layer)
         assert layer.weight is None and packed.dtype == torch.int32
         assert (zero is not None) == zero_point
-        w = int4.dequantize(packed, scale, zero, GROUP)
-        drawn = plain.get_submodule(name).weight.float()
-        step = scale.float().repeat_interleave(GROUP, dim=1)
-        assert ((w - drawn).abs() <= step * 0.6).all(), name
-        assert (w - drawn).abs().max() > 0  # rounded, not kept
+        _close_to_drawn(int4.dequantize(packed, scale, zero, GROUP),
+                        plain.get_submodule(name).weight, scale, name)
+    experts = [(n, m) for n, m in quantized.named_modules() if isinstance(m, FusedMoE)]
+    assert len(experts) == (kind == "qwen3_moe")
+    for name, layer in experts:
+        for attr in ("w13", "w2"):
+            packed, scale = getattr(layer, attr), getattr(layer, attr + "_scale")
+            zero = getattr(layer, attr + "_zero", None)
+            assert packed.dtype == torch.int32 and (zero is not None) == zero_point
+            drawn = getattr(plain.get_submodule(name), attr)
+            for e in range(packed.shape[0]):
+                _close_to_drawn(int4.dequantize(packed[e], scale[e], None if zero is None
+                                                else zero[e], GROUP), drawn[e], scale[e],
+                                f"{name}.{attr}[{e}]")
 
 
 def test_int4_op_in_a_compiled_model(tmp_path, monkeypatch):
