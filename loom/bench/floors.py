@@ -74,14 +74,12 @@ def expert_fraction(arch: ModelArch, batch_size: int) -> float:
 
 def decode_bytes(arch: ModelArch, dtype_bytes: int, batch_size: int,
                  linear_bytes: float | None = None) -> int:
-    """linear_bytes: the element size of the projections fp8 (1) or int4 (~0.52, with
-    scales) quantizes, if not dtype's."""
+    """linear_bytes: the element size of the projections and MoE experts fp8 (1) or int4
+    (~0.52, with scales) quantizes, if not dtype's (both keep their experts quantized)."""
     counts = param_counts(arch)
     experts = counts.experts * expert_fraction(arch, batch_size)
-    total = (counts.dense + experts) * dtype_bytes
-    if linear_bytes is not None:
-        total -= counts.linear * (dtype_bytes - linear_bytes)
-    return int(total)
+    elem = dtype_bytes if linear_bytes is None else linear_bytes
+    return int((counts.dense - counts.linear) * dtype_bytes + (counts.linear + experts) * elem)
 
 
 def prefill_flops(arch: ModelArch, input_len: int, batch_size: int) -> float:

@@ -14,7 +14,7 @@ from loom.models.arch import ModelArch
 
 @pytest.mark.parametrize("name,total_b,layers,experts", [
     ("llama-3.1-8b", 8.03, 32, 0), ("llama-3.1-8b-awq", 8.03, 32, 0), ("llama-3.1-70b", 70.55, 80, 0),
-    ("qwen3-30b-a3b", 30.53, 48, 128)])
+    ("qwen3-30b-a3b", 30.53, 48, 128), ("qwen3-30b-a3b-gptq-int4", 30.53, 48, 128)])
 def test_shipped_configs(name, total_b, layers, experts):
     cfg = shipped_hf_config(name)
     arch = ModelArch.from_hf_config(cfg)
@@ -51,6 +51,14 @@ def test_int4_decode_floor_for_llama_8b_awq():
     want = counts.linear * per_weight + (counts.dense - counts.linear) * 2
     assert floors.decode_bytes(arch, 2, 1, per_weight) == pytest.approx(want, rel=1e-9)
     assert floors.decode_bytes(arch, 2, 1, per_weight) / 1e9 == pytest.approx(5.75, abs=0.05)
+
+
+def test_quantized_experts_are_read_at_the_quantized_size():
+    """Qwen3-30B-A3B at batch 1: 8 of 128 experts a layer, each 3 x 2048 x 768 weights."""
+    arch = ModelArch.from_hf_config(shipped_hf_config("qwen3-30b-a3b"))
+    read = 48 * 8 * 3 * 2048 * 768
+    assert floors.decode_bytes(arch, 2, 1) - floors.decode_bytes(arch, 2, 1, 1) == pytest.approx(
+        read + floors.param_counts(arch).linear, abs=2)
 
 
 def test_fp8_decode_bytes_for_llama_8b():
