@@ -4,8 +4,9 @@ A config is BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, GEMV and 
 in, else a tuned one (`loom bench moe --tune` writes them: one JSON file per expert count,
 intermediate size per shard, dtype and device, mapping a token count M to a config; the key
 nearest to M is used), else the defaults below. fp8 experts look up their own dtype's
-(float8_e4m3fn) file first, then the activations' dtype's. vLLM's key names are accepted,
-so its tuned files read as they are.
+(float8_e4m3fn) file first, int4 experts (W4A16) the `dtype=int4_w4a16` file, then either
+the activations' dtype's. vLLM's key names are accepted, so its tuned files read as they
+are.
 """
 
 from __future__ import annotations
@@ -75,8 +76,19 @@ def normalize_config(config: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+INT4_TABLE_DTYPE = "int4_w4a16"
+"""The dtype key of int4 experts' tuned files (their weights are int32 words, which would
+say nothing): `E=..,N=..,dtype=int4_w4a16,device_name=...json`."""
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def table_dtype(weight: torch.Tensor) -> torch.dtype | str:
+    """The dtype that names a stacked expert weight's tuned file: its own, or for int4
+    (int32 packed) experts INT4_TABLE_DTYPE."""
+    return INT4_TABLE_DTYPE if weight.dtype == torch.int32 else weight.dtype
 
 
 def config_file_name(num_experts: int, inter: int, dtype: torch.dtype | str,
@@ -139,11 +151,14 @@ def nearest_config(table: ConfigTable, num_tokens: int) -> dict[str, int]:
 def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
                dtype: torch.dtype, device: torch.device | str,
                config: dict[str, Any] | None = None,
-               weight_dtype: torch.dtype | None = None) -> dict[str, int]:
+               weight_dtype: torch.dtype | str | None = None) -> dict[str, int]:
     """The full config fused_moe launches with: `config` if given, else the tuned one
     nearest num_tokens for this E, N (= inter, per shard), dtype and device, else the
     defaults; keys the chosen one lacks come from the defaults. dtype is the activations';
-    weight_dtype, where it differs (fp8 experts), names the table looked up first."""
+    weight_dtype, where it differs (fp8 experts; int4 ones: INT4_TABLE_DTYPE, see
+    `table_dtype`; their int32 dtype reads as it), names the table looked up first."""
+    if weight_dtype == torch.int32:
+        weight_dtype = INT4_TABLE_DTYPE
     if config is not None:
         chosen = normalize_config(config)
     else:
@@ -159,11 +174,13 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
     return chosen
 
 
-def _table(num_experts: int, inter: int, dtype: torch.dtype, weight_dtype: torch.dtype | None,
+def _table(num_experts: int, inter: int, dtype: torch.dtype,
+           weight_dtype: torch.dtype | str | None,
            device: torch.device) -> ConfigTable | None:
-    """The weights' own table; for fp8 weights without one, the activations' dtype's: the
-    same tiles read half the weight bytes, a fair start until `loom bench moe --tune
-    --weight-dtype fp8` measures their own (said once)."""
+    """The weights' own table; for fp8 or int4 weights without one, the activations' dtype's:
+    the same tiles read a half (a quarter) of the weight bytes, a fair start until `loom
+    bench moe --tune --weight-dtype fp8` (int4) measures their own (said once). int4 calls
+    cap a tile's BLOCK_K at the group's (loom/kernels/moe_quant.py)."""
     if weight_dtype is None or weight_dtype == dtype:
         return _tuned_table(num_experts, inter, dtype, device)
     table = _tuned_table(num_experts, inter, weight_dtype, device, quiet=True)
@@ -178,5 +195,6 @@ def _table(num_experts: int, inter: int, dtype: torch.dtype, weight_dtype: torch
 
 @functools.cache
 def _say_reused(missing: str, used: str) -> None:
-    logger.info("fused_moe: no tuned configs for fp8 experts (%s); their calls take %s's "
-                "tiles", missing, used)
+    kind = "int4" if INT4_TABLE_DTYPE in missing else "fp8"
+    logger.info("fused_moe: no tuned configs for %s experts (%s); their calls take %s's "
+                "tiles", kind, missing, used)
