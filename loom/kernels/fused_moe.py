@@ -7,8 +7,10 @@ passed in, else a tuned one, else the defaults) picks the kernels for a call of 
     tiles, then a sum over k;
   - GEMV = 1, loom/kernels/moe_gemv.py's two kernels: for a handful of tokens, each slot
     reads its expert's rows directly, nothing sorted or padded.
-Expert weights may be fp8 with float32 scales, per output channel or per block
-(loom/kernels/moe_quant.py, W8A16): the activations stay in the model's dtype.
+Expert weights may be fp8 with float32 scales, per output channel or per block (W8A16),
+or int4 packed eight a word with a scale and zero point per group (W4A16, AWQ / GPTQ /
+compressed-tensors releases such as Qwen3-30B-A3B's): loom/kernels/moe_quant.py. The
+activations stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from loom.kernels.moe_config import get_config, normalize_config
+from loom.kernels.moe_config import get_config, normalize_config, table_dtype
 from loom.kernels.moe_gemm import Launch, moe_launches
 from loom.kernels.moe_gemv import moe_gemv_launches
-from loom.kernels.moe_quant import ExpertQuant, dequantize, expert_quant
+from loom.kernels.moe_quant import ExpertQuant, dequantize_expert, expert_quant, in_features
 from loom.library import loom_op
 
 
@@ -29,6 +31,8 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
               w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
               weight_block: tuple[int, int] | list[int] | None = None,
+              w13_zero: torch.Tensor | None = None, w2_zero: torch.Tensor | None = None,
+              group_size: int | None = None,
               config: dict[str, Any] | None = None,
               block_m: int | None = None, block_n: int | None = None,
               block_k: int | None = None, group_m: int | None = None,
@@ -41,16 +45,21 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     fp8 weights (float8_e4m3fn) come with a float32 scale each: per output channel
     ([E, N] or [E, N, 1]) or per weight_block = (rows, cols) block ([E, ceil(N / rows),
     ceil(K / cols)], 128 x 128 if weight_block is None).
+    int4 weights (int32: w13 [E, 2I, H / 8], w2 [E, H, I / 8], value k of a row in nibble
+    k % 8 of word k // 8) come with group_size G (dividing H and I, a multiple of a power of
+    two >= 16; G = K: a scale per output channel), scales [E, N, K / G] in hidden's dtype
+    and uint8 zero points of that shape, or None for 8: w = (q - zero) * scale.
     Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
     tma given here on top.
     """
     num_tokens, hidden_size = hidden.shape
+    quant = expert_quant(w13, w2, w13_scale, w2_scale, weight_block, w13_zero, w2_zero,
+                         group_size, hidden.dtype)
+    _check_shapes(hidden, w13, w2)
     if num_tokens == 0:
         return torch.zeros_like(hidden)
-    _check_shapes(hidden, w13, w2)
-    quant = expert_quant(w13, w2, w13_scale, w2_scale, weight_block)
     cfg = get_config(num_tokens, topk_ids.shape[1], w13.shape[0], w13.shape[1] // 2,
-                     hidden.dtype, hidden.device, config, weight_dtype=w13.dtype)
+                     hidden.dtype, hidden.device, config, weight_dtype=table_dtype(w13))
     overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                  "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
                  "GEMV": gemv, "TMA": tma}
@@ -62,30 +71,36 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 
 def _check_shapes(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> None:
     hidden_size, inter = hidden.shape[1], w13.shape[1] // 2
-    if hidden.stride(1) != 1 or w13.shape[2] != hidden_size or w2.shape[1:] != (hidden_size, inter):
-        raise ValueError("fused_moe: expected hidden [T, H] (contiguous rows), "
-                         "w13 [E, 2I, H], w2 [E, H, I]")
+    if hidden.stride(1) != 1 or in_features(w13) != hidden_size or w2.shape[0] != w13.shape[0] \
+            or (w2.shape[1], in_features(w2)) != (hidden_size, inter):
+        raise ValueError("fused_moe: expected hidden [T, H] (contiguous rows), w13 [E, 2I, H], "
+                         "w2 [E, H, I] (int4: w13 [E, 2I, H / 8], w2 [E, H, I / 8]); got "
+                         f"{tuple(hidden.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
 
 
 @loom_op("fused_moe", "(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, "
                      "Tensor topk_ids, Tensor? w13_scale=None, Tensor? w2_scale=None, "
-                     "int[]? weight_block=None) -> Tensor")
+                     "int[]? weight_block=None, Tensor? w13_zero=None, Tensor? w2_zero=None, "
+                     "int? group_size=None) -> Tensor")
 def fused_moe_op(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-                 weight_block: list[int] | None = None) -> torch.Tensor:
+                 weight_block: list[int] | None = None, w13_zero: torch.Tensor | None = None,
+                 w2_zero: torch.Tensor | None = None,
+                 group_size: int | None = None) -> torch.Tensor:
     """fused_moe as one opaque operator (`torch.ops.loom.fused_moe`). Called directly,
     fused_moe is traced by torch.compile: its tuned config then comes from the token count
     at trace time, with a range guard per key crossed, and a token count past a guard
     recompiles the graph. Through this op the config is chosen at run time from the real
     token count, each CUDA graph capturing its own, and the graph never recompiles for it."""
     return fused_moe(hidden, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale,
-                     w2_scale=w2_scale, weight_block=weight_block)
+                     w2_scale=w2_scale, weight_block=weight_block, w13_zero=w13_zero,
+                     w2_zero=w2_zero, group_size=group_size)
 
 
 @fused_moe_op.register_fake
 def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None,
-      weight_block=None):
+      weight_block=None, w13_zero=None, w2_zero=None, group_size=None):
     return hidden.new_empty(hidden.shape)
 
 
@@ -93,13 +108,17 @@ def compile_fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                       topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                       config: dict[str, Any], *, w13_scale: torch.Tensor | None = None,
                       w2_scale: torch.Tensor | None = None,
-                      weight_block: tuple[int, int] | None = None) -> None:
+                      weight_block: tuple[int, int] | None = None,
+                      w13_zero: torch.Tensor | None = None, w2_zero: torch.Tensor | None = None,
+                      group_size: int | None = None) -> None:
     """Compile both kernels for `config` and these inputs without running them (the
     tuner compiles its whole grid this way, on several threads, before timing any)."""
     num_experts, two_inter, _ = w13.shape
-    quant = expert_quant(w13, w2, w13_scale, w2_scale, weight_block)
+    quant = expert_quant(w13, w2, w13_scale, w2_scale, weight_block, w13_zero, w2_zero,
+                         group_size, hidden.dtype)
+    _check_shapes(hidden, w13, w2)
     cfg = get_config(hidden.shape[0], topk_ids.shape[1], num_experts, two_inter // 2,
-                     hidden.dtype, hidden.device, config, weight_dtype=w13.dtype)
+                     hidden.dtype, hidden.device, config, weight_dtype=table_dtype(w13))
     _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg, quant, compile_only=True)
 
 
@@ -129,16 +148,18 @@ def _fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                   w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-                  weight_block: tuple[int, int] | None = None) -> torch.Tensor:
-    """The same computation in plain torch, one expert at a time, in fp32 (fp8 experts
-    dequantized with their scales first)."""
+                  weight_block: tuple[int, int] | None = None,
+                  w13_zero: torch.Tensor | None = None, w2_zero: torch.Tensor | None = None,
+                  group_size: int | None = None) -> torch.Tensor:
+    """The same computation in plain torch, one expert at a time, in fp32 (fp8 and int4
+    experts dequantized with their scales, and zero points, first)."""
     x = hidden.float()
     out = torch.zeros_like(x)
     inter = w13.shape[1] // 2
     for e in torch.unique(topk_ids).tolist():
         token, k = torch.nonzero(topk_ids == e, as_tuple=True)
-        w_13 = dequantize(w13[e], None if w13_scale is None else w13_scale[e], weight_block)
-        w_2 = dequantize(w2[e], None if w2_scale is None else w2_scale[e], weight_block)
+        w_13 = dequantize_expert(w13, e, w13_scale, weight_block, w13_zero, group_size)
+        w_2 = dequantize_expert(w2, e, w2_scale, weight_block, w2_zero, group_size)
         gate_up = x[token] @ w_13.t()
         h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         y = (h @ w_2.t()) * topk_weights[token, k, None].float()

@@ -6,7 +6,10 @@ as moe_align (loom/kernels/moe_align.py) sorted them, every BLOCK_M rows one exp
 
 the caller sums over k. fp8 weights (loom/kernels/moe_quant.py) are converted to the
 activations' dtype tile by tile; their scales multiply each K step's product (per block)
-or the accumulator's columns after the K loop (per channel).
+or the accumulator's columns after the K loop (per channel). int4 weights come as
+BLOCK_K / 8 int32 words a row per K step (a pointer load or a TMA tile of the packed
+[E * N, K / 8] rows), are unpacked and less their zero points in registers, multiplied as
+small integers in the activations' dtype, and the step's product times its group's scales.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from loom.kernels.host import cdiv
 from loom.kernels.moe_align import moe_align
-from loom.kernels.moe_quant import ExpertQuant
+from loom.kernels.moe_quant import PACK, ExpertQuant
 
 logger = logging.getLogger(__name__)
 
@@ -58,17 +61,46 @@ def _scales(s_ptr, rows, k0, ok, stride_sn, stride_sk, GROUP_N: tl.constexpr,
 
 
 @triton.jit
-def _dot_step(a, w, acc, s_ptr, cols, k0, col_ok, stride_sn, stride_sk,
+def _unpack_int4(words, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 words [ROWS, BLOCK_K / 8] -> their values [ROWS, BLOCK_K] (0..15, int32):
+    column k is nibble k % 8 of word k // 8 (shifted, then masked: a word's sign bit does
+    not matter)."""
+    shifts = tl.arange(0, 8) * 4
+    return tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (ROWS, BLOCK_K))
+
+
+@triton.jit
+def _int4_zeros(z_ptr, rows, group, ok, stride_sn, stride_sk, HAS_ZERO: tl.constexpr):
+    """The zero points (int32) of weight rows `rows` in group `group` (z_ptr at the
+    expert's; the scale's strides); 8 without zero points."""
+    if HAS_ZERO:
+        return tl.load(z_ptr + rows * stride_sn + group * stride_sk, mask=ok,
+                       other=0).to(tl.int32)
+    return tl.full(rows.shape, 8, tl.int32)
+
+
+@triton.jit
+def _dot_step(a, w, acc, s_ptr, z_ptr, cols, k0, col_ok, stride_sn, stride_sk,
               PRECISION: tl.constexpr, QUANT: tl.constexpr, GROUP_N: tl.constexpr,
-              GROUP_K: tl.constexpr):
+              GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr):
     """acc + a @ w for one K step, w (an fp8 tile, or already a's dtype) converted to a's
     dtype in registers; per block (QUANT 2) the step's product times its columns' scales
-    (BLOCK_K lies within one block column)."""
-    w = w.to(a.dtype)
-    if QUANT == 2:
+    (BLOCK_K lies within one block column). int4 (QUANT 3): w is the words [BLOCK_N,
+    BLOCK_K / 8] of one group; their values less the zero points (-15..15, exact in a's
+    dtype; through float32, which Triton 3.6's interpreter needs and sm_90 folds into one
+    conversion), then the step's product times the group's scales."""
+    if QUANT == 3:  # (an if / else: the compiler reads past a constexpr branch's return)
+        q = _unpack_int4(w, cols.shape[0], a.shape[1])
+        z = _int4_zeros(z_ptr, cols, k0 // GROUP_K, col_ok, stride_sn, stride_sk, HAS_ZERO)
+        w = (q - z[:, None]).to(tl.float32).to(a.dtype)
+        s = _scales(s_ptr, cols, k0, col_ok, stride_sn, stride_sk, 1, GROUP_K)
+        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION) * s.to(tl.float32)[None, :]
+    elif QUANT == 2:
         s = _scales(s_ptr, cols, k0, col_ok, stride_sn, stride_sk, GROUP_N, GROUP_K)
-        return acc + tl.dot(a, w, input_precision=PRECISION) * s[None, :]
-    return tl.dot(a, w, acc, input_precision=PRECISION)
+        acc += tl.dot(a, w.to(a.dtype), input_precision=PRECISION) * s[None, :]
+    else:
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit
@@ -84,18 +116,21 @@ def _channel_scaled(acc, s_ptr, cols, col_ok, stride_sn, QUANT: tl.constexpr):
 def _gate_up_kernel(
     x_ptr, w13_ptr, inter_ptr, sorted_ids_ptr, block_expert_ptr, num_slots, num_row_blocks,
     stride_xt, stride_we, stride_wn, stride_wk, stride_it, s_ptr, stride_se, stride_sn,
-    stride_sk, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    stride_sk, z_ptr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     QUANT: tl.constexpr, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
 ):
-    # TMA: w13_ptr is a tensor descriptor over w13 as [E * 2I, H] rows; else a pointer.
-    # QUANT: 0 unquantized, 1 a scale per output channel, 2 per block (s_ptr: moe_quant.py).
+    # TMA: w13_ptr is a tensor descriptor over w13 as [E * 2I, H] rows (int4: [E * 2I, H / 8]
+    # words); else a pointer. QUANT: 0 unquantized, 1 an fp8 scale per output channel, 2 per
+    # block, 3 int4 with a scale (and zero point, z_ptr) per group (moe_quant.py).
     pid_m, pid_n = _tile_ids(num_row_blocks, (INTER + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:  # the capacity bound over-provisions blocks; these have no rows
         return
     s_ptr += expert.to(tl.int64) * stride_se
+    z_ptr += expert.to(tl.int64) * stride_se
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ids_ptr + rows)
     row_ok = slot < num_slots
@@ -114,7 +149,16 @@ def _gate_up_kernel(
         k_ok = ks < HIDDEN
         x = tl.load(x_ptr + token[:, None] * stride_xt + ks[None, :],
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if TMA:
+        if QUANT == 3:  # BLOCK_K divides the group and so HIDDEN: no K mask
+            if TMA:
+                w_gate = w13_ptr.load([w_row, k0 // 8])
+                w_up = w13_ptr.load([w_row + INTER, k0 // 8])
+            else:
+                w_ptr = (w13_ptr + expert.to(tl.int64) * stride_we + cols[:, None] * stride_wn
+                         + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :] * stride_wk)
+                w_gate = tl.load(w_ptr, mask=col_ok[:, None], other=0)
+                w_up = tl.load(w_ptr + INTER * stride_wn, mask=col_ok[:, None], other=0)
+        elif TMA:
             w_gate = w13_ptr.load([w_row, k0]).T
             w_up = w13_ptr.load([w_row + INTER, k0]).T
         else:
@@ -123,10 +167,10 @@ def _gate_up_kernel(
                      + cols[None, :] * stride_wn)
             w_gate = tl.load(w_ptr, mask=w_mask, other=0.0)
             w_up = tl.load(w_ptr + INTER * stride_wn, mask=w_mask, other=0.0)
-        acc_gate = _dot_step(x, w_gate, acc_gate, s_ptr, cols, k0, col_ok, stride_sn,
-                             stride_sk, PRECISION, QUANT, GROUP_N, GROUP_K)
-        acc_up = _dot_step(x, w_up, acc_up, s_ptr, INTER + cols, k0, col_ok, stride_sn,
-                           stride_sk, PRECISION, QUANT, GROUP_N, GROUP_K)
+        acc_gate = _dot_step(x, w_gate, acc_gate, s_ptr, z_ptr, cols, k0, col_ok, stride_sn,
+                             stride_sk, PRECISION, QUANT, GROUP_N, GROUP_K, HAS_ZERO)
+        acc_up = _dot_step(x, w_up, acc_up, s_ptr, z_ptr, INTER + cols, k0, col_ok,
+                           stride_sn, stride_sk, PRECISION, QUANT, GROUP_N, GROUP_K, HAS_ZERO)
     acc_gate = _channel_scaled(acc_gate, s_ptr, cols, col_ok, stride_sn, QUANT)
     acc_up = _channel_scaled(acc_up, s_ptr, INTER + cols, col_ok, stride_sn, QUANT)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up
@@ -138,10 +182,11 @@ def _gate_up_kernel(
 def _down_kernel(
     inter_ptr, w2_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, topk_weights_ptr,
     num_slots, num_row_blocks, stride_it, stride_we, stride_wn, stride_wk, stride_ot,
-    s_ptr, stride_se, stride_sn, stride_sk, HIDDEN: tl.constexpr, INTER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    s_ptr, stride_se, stride_sn, stride_sk, z_ptr, HIDDEN: tl.constexpr,
+    INTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     QUANT: tl.constexpr, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
 ):
     # TMA: inter_ptr and w2_ptr are tensor descriptors, over the [P, I] buffer and over w2
     # as [E * H, I] rows. The buffer's padding rows hold whatever was there: each output
@@ -151,6 +196,7 @@ def _down_kernel(
     if expert < 0:
         return
     s_ptr += expert.to(tl.int64) * stride_se
+    z_ptr += expert.to(tl.int64) * stride_se
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ids_ptr + rows)
     row_ok = slot < num_slots
@@ -161,17 +207,25 @@ def _down_kernel(
     for k0 in range(0, INTER, BLOCK_K):
         if TMA:
             a = inter_ptr.load([pid_m * BLOCK_M, k0])
-            w = w2_ptr.load([w_row, k0]).T
+            if QUANT == 3:
+                w = w2_ptr.load([w_row, k0 // 8])
+            else:
+                w = w2_ptr.load([w_row, k0]).T
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < INTER
             a = tl.load(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + ks[None, :],
                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w2_ptr + expert.to(tl.int64) * stride_we + ks[:, None] * stride_wk
-                        + cols[None, :] * stride_wn,
-                        mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = _dot_step(a, w, acc, s_ptr, cols, k0, col_ok, stride_sn, stride_sk, PRECISION,
-                        QUANT, GROUP_N, GROUP_K)
+            w_ptr = w2_ptr + expert.to(tl.int64) * stride_we
+            if QUANT == 3:  # BLOCK_K divides the group and so INTER: no K mask
+                w = tl.load(w_ptr + cols[:, None] * stride_wn
+                            + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :] * stride_wk,
+                            mask=col_ok[:, None], other=0)
+            else:
+                w = tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+                            mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = _dot_step(a, w, acc, s_ptr, z_ptr, cols, k0, col_ok, stride_sn, stride_sk,
+                        PRECISION, QUANT, GROUP_N, GROUP_K, HAS_ZERO)
     acc = _channel_scaled(acc, s_ptr, cols, col_ok, stride_sn, QUANT)
     weight = tl.load(topk_weights_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
@@ -180,21 +234,24 @@ def _down_kernel(
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def tma_ok(*tensors: torch.Tensor) -> bool:
+def tma_ok(*tensors: torch.Tensor, box_bytes: int = 16) -> bool:
     """Whether TMA descriptors can cover these tensors as 2-D row-major matrices: each
-    contiguous, 16-byte aligned, rows a multiple of 16 bytes (the copy engine's rules).
-    Where they cannot, the kernels take pointer loads (said once)."""
-    ok = all(t.is_contiguous() and t.data_ptr() % 16 == 0
-             and t.shape[-1] * t.element_size() % 16 == 0 for t in tensors)
+    contiguous, 16-byte aligned, rows a multiple of 16 bytes, and a tile's rows (box_bytes,
+    the least of the loads') a multiple of 16 bytes (the copy engine's rules). Where they
+    cannot, the kernels take pointer loads (said once)."""
+    ok = box_bytes % 16 == 0 and all(t.is_contiguous() and t.data_ptr() % 16 == 0
+                                     and t.shape[-1] * t.element_size() % 16 == 0
+                                     for t in tensors)
     if not ok:
-        _say_no_tma(tuple(tuple(t.shape) for t in tensors))
+        _say_no_tma(tuple(tuple(t.shape) for t in tensors), box_bytes)
     return ok
 
 
 @functools.cache
-def _say_no_tma(shapes: tuple) -> None:
+def _say_no_tma(shapes: tuple, box_bytes: int = 16) -> None:
     logger.info("fused_moe: the config asks for TMA but %s are not contiguous 16-byte aligned "
-                "rows; pointer loads instead", shapes)
+                "rows (or a tile's rows are %d bytes); pointer loads instead", shapes,
+                box_bytes)
 
 
 Launch = tuple[Any, tuple[int], tuple, dict[str, Any]]
@@ -216,16 +273,18 @@ def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     sorted_ids, block_expert = moe_align(topk_ids, num_experts, block_m)
     num_blocks = block_expert.numel()
     inter_buf = torch.empty(sorted_ids.numel(), inter, dtype=hidden.dtype, device=hidden.device)
-    tma = bool(cfg.get("TMA")) and tma_ok(w13, w2, inter_buf)
+    k13, k2 = quant.w13.block_k(cfg["BLOCK_K"]), quant.w2.block_k(cfg["BLOCK_K"])
+    pack = PACK if quant.int4 else 1  # int4: a weight row's K step is BLOCK_K / 8 words
+    box = min(k13, k2) // pack * w13.element_size()
+    tma = bool(cfg.get("TMA")) and tma_ok(w13, w2, inter_buf, box_bytes=box)
     # One program per (row block, column tile), in the order _tile_ids gives them.
     launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": cfg["GROUP_M"],
               "PRECISION": "ieee" if hidden.dtype == torch.float32 else "tf32", "TMA": tma,
               "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    k13, k2 = quant.w13.block_k(cfg["BLOCK_K"]), quant.w2.block_k(cfg["BLOCK_K"])
     w13_arg, w2_arg, inter_in = w13, w2, inter_buf
     if tma:
-        w13_arg = TensorDescriptor.from_tensor(w13.view(-1, hidden_size), [block_n, k13])
-        w2_arg = TensorDescriptor.from_tensor(w2.view(-1, inter), [block_n, k2])
+        w13_arg = TensorDescriptor.from_tensor(w13.view(-1, w13.shape[2]), [block_n, k13 // pack])
+        w2_arg = TensorDescriptor.from_tensor(w2.view(-1, w2.shape[2]), [block_n, k2 // pack])
         inter_in = TensorDescriptor.from_tensor(inter_buf, [block_m, k2])
     gate_up = (_gate_up_kernel, (num_blocks * cdiv(inter, block_n),), (
         hidden, w13_arg, inter_buf, sorted_ids, block_expert, num_slots, num_blocks,

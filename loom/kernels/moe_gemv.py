@@ -21,6 +21,11 @@ fp8 experts (loom/kernels/moe_quant.py) are read as fp8 and widened to float32 i
 registers: half the bytes a decode step streams. A scale per row multiplies a row's sum
 once, after its K loop (in down, once per slot, since each slot has its own expert); block
 scales multiply each block column's share of a chunk, so a chunk may span several blocks.
+int4 experts are read as BLOCK_K / 8 int32 words a row per chunk (an eighth of bf16's
+bytes), unpacked in registers and processed part by part, each part within one group:
+its values less the group's zero point times the activations, summed in float32, times the
+group's scale. A part is the chunk, or where the chunk is wider than the largest power of
+two dividing the group, that power of two.
 """
 
 from __future__ import annotations
@@ -30,60 +35,83 @@ import triton
 import triton.language as tl
 
 from loom.kernels.host import cdiv
-from loom.kernels.moe_quant import BLOCK, ExpertQuant, WeightQuant
+from loom.kernels.moe_gemm import _unpack_int4
+from loom.kernels.moe_quant import ExpertQuant, WeightQuant
 
 
 @triton.jit
-def _chunk_sums(w, a, s_ptrs, k0, QUANT: tl.constexpr, BLOCK_N: tl.constexpr,
+def _chunk_sums(w, a, s_ptrs, z_ptrs, k0, QUANT: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr, K_PARTS: tl.constexpr,
-                K_GROUPS: tl.constexpr, stride_sk):
+                K_GROUPS: tl.constexpr, HAS_ZERO: tl.constexpr, stride_sk):
     """Row sums of w * a over one K chunk [BLOCK_N, BLOCK_K] that starts at k0, in float32.
     Per block (QUANT 2), each of the chunk's K_PARTS parts (one, or one per block column
     when the chunk is wider than a block) times its rows' scale: s_ptrs points at each
-    row's first block column. Other scalings are applied by the caller."""
-    prod = w.to(tl.float32) * a[None, :]
-    if QUANT != 2:
-        return tl.sum(prod, axis=1)
-    parts = tl.sum(tl.reshape(prod, [BLOCK_N, K_PARTS, BLOCK_K // K_PARTS]), axis=2)
-    kb = (k0 + tl.arange(0, K_PARTS) * (BLOCK_K // K_PARTS)) // GROUP_K
-    s = tl.load(s_ptrs[:, None] + kb[None, :] * stride_sk, mask=(kb < K_GROUPS)[None, :],
-                other=0.0)
-    return tl.sum(parts * s, axis=1)
+    row's first block column. int4 (QUANT 3): w is the chunk's words [BLOCK_N, BLOCK_K / 8],
+    each part within one group, its values less the group's zero points (z_ptrs, the
+    scale's strides) before the sum and times its scales after. Other scalings are
+    applied by the caller."""
+    PART: tl.constexpr = BLOCK_K // K_PARTS
+    if QUANT == 3:
+        w = _unpack_int4(w, BLOCK_N, BLOCK_K)
+    if QUANT < 2:
+        return tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+    kb = (k0 + tl.arange(0, K_PARTS) * PART) // GROUP_K
+    kb_ok = (kb < K_GROUPS)[None, :]
+    s = tl.load(s_ptrs[:, None] + kb[None, :] * stride_sk, mask=kb_ok, other=0.0)
+    if QUANT == 3:
+        if HAS_ZERO:
+            z = tl.load(z_ptrs[:, None] + kb[None, :] * stride_sk, mask=kb_ok,
+                        other=0).to(tl.int32)
+        else:
+            z = tl.full([BLOCK_N, K_PARTS], 8, tl.int32)
+        w = (tl.reshape(w, [BLOCK_N, K_PARTS, PART]) - z[:, :, None]).to(tl.float32)
+        parts = tl.sum(w * tl.reshape(a, [K_PARTS, PART])[None, :, :], axis=2)
+    else:
+        prod = w.to(tl.float32) * a[None, :]
+        parts = tl.sum(tl.reshape(prod, [BLOCK_N, K_PARTS, PART]), axis=2)
+    return tl.sum(parts * s.to(tl.float32), axis=1)
 
 
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we, s_ptr, stride_se,
-                         stride_sn, stride_sk, TOP_K: tl.constexpr, HIDDEN: tl.constexpr,
+                         stride_sn, stride_sk, z_ptr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr,
                          INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          NUM_STAGES: tl.constexpr, QUANT: tl.constexpr, GROUP_N: tl.constexpr,
-                         GROUP_K: tl.constexpr, K_PARTS: tl.constexpr):
-    # QUANT: 0 unquantized, 1 a scale per row, 2 per block (s_ptr: loom/kernels/moe_quant.py)
+                         GROUP_K: tl.constexpr, K_PARTS: tl.constexpr, HAS_ZERO: tl.constexpr):
+    # QUANT: 0 unquantized, 1 an fp8 scale per row, 2 per block, 3 int4 with a scale (and
+    # zero point, z_ptr) per group (s_ptr: loom/kernels/moe_quant.py)
     slot = tl.program_id(0)
     token = (slot // TOP_K).to(tl.int64)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped, not masked: the loads stay unpredicated; only the store is masked.
     rows_ld = tl.minimum(rows, INTER - 1)
+    PACK: tl.constexpr = 8 if QUANT == 3 else 1  # int4: eight columns a word
     ks = tl.arange(0, BLOCK_K)
-    w_ptrs = w13_ptr + expert * stride_we + rows_ld.to(tl.int64)[:, None] * HIDDEN + ks[None, :]
+    kw = tl.arange(0, BLOCK_K // PACK)
+    w_ptrs = (w13_ptr + expert * stride_we + rows_ld.to(tl.int64)[:, None] * (HIDDEN // PACK)
+              + kw[None, :])
     x_ptrs = x_ptr + token * HIDDEN + ks
-    s_gate = s_ptr + expert * stride_se + (rows_ld // GROUP_N) * stride_sn
-    s_up = s_ptr + expert * stride_se + ((INTER + rows_ld) // GROUP_N) * stride_sn
+    s_gate = expert * stride_se + (rows_ld // GROUP_N) * stride_sn
+    s_up = expert * stride_se + ((INTER + rows_ld) // GROUP_N) * stride_sn
     K_GROUPS: tl.constexpr = (HIDDEN + GROUP_K - 1) // GROUP_K
     acc_gate = tl.zeros([BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_N], tl.float32)
     for i in tl.range(0, (HIDDEN + BLOCK_K - 1) // BLOCK_K, num_stages=NUM_STAGES):
         k_ok = i * BLOCK_K + ks < HIDDEN
+        w_ok = (i * BLOCK_K + kw * PACK < HIDDEN)[None, :]
         x = tl.load(x_ptrs + i * BLOCK_K, mask=k_ok, other=0.0).to(tl.float32)
-        gate = tl.load(w_ptrs + i * BLOCK_K, mask=k_ok[None, :], other=0.0)
-        up = tl.load(w_ptrs + INTER * HIDDEN + i * BLOCK_K, mask=k_ok[None, :], other=0.0)
-        acc_gate += _chunk_sums(gate, x, s_gate, i * BLOCK_K, QUANT, BLOCK_N, BLOCK_K,
-                                GROUP_K, K_PARTS, K_GROUPS, stride_sk)
-        acc_up += _chunk_sums(up, x, s_up, i * BLOCK_K, QUANT, BLOCK_N, BLOCK_K, GROUP_K,
-                              K_PARTS, K_GROUPS, stride_sk)
+        gate = tl.load(w_ptrs + i * (BLOCK_K // PACK), mask=w_ok, other=0.0)
+        up = tl.load(w_ptrs + INTER * (HIDDEN // PACK) + i * (BLOCK_K // PACK), mask=w_ok,
+                     other=0.0)
+        acc_gate += _chunk_sums(gate, x, s_ptr + s_gate, z_ptr + s_gate, i * BLOCK_K, QUANT,
+                                BLOCK_N, BLOCK_K, GROUP_K, K_PARTS, K_GROUPS, HAS_ZERO,
+                                stride_sk)
+        acc_up += _chunk_sums(up, x, s_ptr + s_up, z_ptr + s_up, i * BLOCK_K, QUANT, BLOCK_N,
+                              BLOCK_K, GROUP_K, K_PARTS, K_GROUPS, HAS_ZERO, stride_sk)
     if QUANT == 1:
-        acc_gate *= tl.load(s_gate)
-        acc_up *= tl.load(s_up)
+        acc_gate *= tl.load(s_ptr + s_gate)
+        acc_up *= tl.load(s_ptr + s_up)
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up  # as the grouped GEMM's epilogue
     tl.store(inter_ptr + slot.to(tl.int64) * INTER + rows, h.to(inter_ptr.dtype.element_ty),
              mask=rows < INTER)
@@ -91,14 +119,17 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we, s_ptr, s
 
 @triton.jit
 def _down_gemv_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr, stride_we,
-                      s_ptr, stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr,
+                      s_ptr, stride_se, stride_sn, stride_sk, z_ptr, TOP_K: tl.constexpr,
                       HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, QUANT: tl.constexpr,
-                      GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, K_PARTS: tl.constexpr):
+                      GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, K_PARTS: tl.constexpr,
+                      HAS_ZERO: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_ld = tl.minimum(rows, HIDDEN - 1).to(tl.int64)
+    PACK: tl.constexpr = 8 if QUANT == 3 else 1
     ks = tl.arange(0, BLOCK_K)
+    kw = tl.arange(0, BLOCK_K // PACK)
     K_ITERS: tl.constexpr = (INTER + BLOCK_K - 1) // BLOCK_K
     K_GROUPS: tl.constexpr = (INTER + GROUP_K - 1) // GROUP_K
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -113,13 +144,14 @@ def _down_gemv_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr, str
         expert = tl.load(ids_ptr + slot).to(tl.int64)
         a = tl.load(inter_ptr + slot * INTER + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
         a = a * tl.load(topk_weights_ptr + slot).to(tl.float32)
-        w = tl.load(w2_ptr + expert * stride_we + rows_ld[:, None] * INTER + k0 + ks[None, :],
-                    mask=k_ok[None, :], other=0.0)
-        s_rows = s_ptr + expert * stride_se + (rows_ld // GROUP_N) * stride_sn
-        part = _chunk_sums(w, a, s_rows, k0, QUANT, BLOCK_N, BLOCK_K, GROUP_K, K_PARTS,
-                           K_GROUPS, stride_sk)
+        w = tl.load(w2_ptr + expert * stride_we + rows_ld[:, None] * (INTER // PACK)
+                    + (k0 // PACK + kw)[None, :], mask=(k0 + kw * PACK < INTER)[None, :],
+                    other=0.0)
+        s_rows = expert * stride_se + (rows_ld // GROUP_N) * stride_sn
+        part = _chunk_sums(w, a, s_ptr + s_rows, z_ptr + s_rows, k0, QUANT, BLOCK_N, BLOCK_K,
+                           GROUP_K, K_PARTS, K_GROUPS, HAS_ZERO, stride_sk)
         if QUANT == 1:
-            part *= tl.load(s_rows)
+            part *= tl.load(s_ptr + s_rows)
         acc += part
     tl.store(out_ptr + token * HIDDEN + rows, acc.to(out_ptr.dtype.element_ty),
              mask=rows < HIDDEN)
@@ -134,7 +166,8 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     num_tokens, hidden_size = hidden.shape
     inter = w13.shape[1] // 2
     top_k = topk_ids.shape[1]
-    if w13.stride(1) != hidden_size or w13.stride(2) != 1 or w2.stride(1) != inter \
+    # rows of K values (int4: K / 8 words), each contiguous and right after the last
+    if w13.stride(1) != w13.shape[2] or w13.stride(2) != 1 or w2.stride(1) != w2.shape[2] \
             or w2.stride(2) != 1:
         raise ValueError("fused_moe (GEMV): the experts' weights need contiguous rows")
     block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -154,7 +187,9 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 
 
 def _quant_kwargs(quant: WeightQuant, block_k: int) -> dict[str, int]:
-    """The scaling's constexprs, and how many block columns a K chunk spans (both powers of
-    two: a chunk lies within one block or covers whole ones)."""
-    return {**quant.constexprs(), "K_PARTS": max(1, block_k // quant.group_k)
-            if quant.mode == BLOCK else 1}
+    """The scaling's constexprs, and how many parts a K chunk is summed in, each within one
+    scale column (both powers of two: a chunk lies within one block or covers whole ones;
+    int4: parts as wide as the largest power of two dividing the group, at most the
+    chunk)."""
+    return {**quant.constexprs(), "K_PARTS": max(1, block_k // quant.step) if quant.step
+            else 1}

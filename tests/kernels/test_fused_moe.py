@@ -223,13 +223,13 @@ from triton.compiler import ASTSource, compile as tcompile
 from loom.kernels.moe_gemv import _down_gemv_kernel, _gate_up_gemv_kernel
 pointers = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "inter_ptr": "*bf16", "w2_ptr": "*bf16",
             "out_ptr": "*bf16", "ids_ptr": "*i64", "topk_weights_ptr": "*fp32",
-            "s_ptr": "*fp32", "stride_we": "i32", "stride_se": "i32", "stride_sn": "i32",
-            "stride_sk": "i32"}
+            "s_ptr": "*fp32", "z_ptr": "*u8", "stride_we": "i32", "stride_se": "i32",
+            "stride_sn": "i32", "stride_sk": "i32"}
 for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
     # Qwen3-30B-A3B's experts; a chunk wider than the intermediate size (one masked pass)
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):
         cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_N=block_n, BLOCK_K=block_k,
-                    NUM_STAGES=stages, QUANT=0, GROUP_N=1, GROUP_K=1, K_PARTS=1)
+                    NUM_STAGES=stages, QUANT=0, GROUP_N=1, GROUP_K=1, K_PARTS=1, HAS_ZERO=0)
         names = list(fn.arg_names)
         sig = {n: "constexpr" if n in cons else pointers[n] for n in names}
         src = ASTSource(fn=fn, signature=sig,
@@ -253,12 +253,13 @@ for tma in (0, 1):
     desc = lambda rows: f"tensordesc<bf16[{rows}, {BK}]>" if tma else "*bf16"
     pointers = {"x_ptr": "*bf16", "w13_ptr": desc(BN), "w2_ptr": desc(BN),
                 "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
-                "topk_weights_ptr": "*fp32", "s_ptr": "*fp32"}
+                "topk_weights_ptr": "*fp32", "s_ptr": "*fp32", "z_ptr": "*u8"}
     for fn in (_gate_up_kernel, _down_kernel):
         # gate_up writes the intermediate buffer through a pointer; down reads it
         inter = "*bf16" if fn is _gate_up_kernel else desc(BM)
         cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
-                    GROUP_M=8, PRECISION="tf32", TMA=tma, QUANT=0, GROUP_N=1, GROUP_K=1)
+                    GROUP_M=8, PRECISION="tf32", TMA=tma, QUANT=0, GROUP_N=1, GROUP_K=1,
+                    HAS_ZERO=0)
         names = list(fn.arg_names)
         sig = {n: "constexpr" if n in cons else "i32" if n.startswith(("num_", "stride_"))
                else inter if n == "inter_ptr" else pointers[n] for n in names}

@@ -277,12 +277,12 @@ def build(fn, types, cons, warps, stages=3):
 # Qwen3-30B-A3B's experts: per channel, and 128x128 blocks (QUANT 1, 2)
 BM, BN, BK = 128, 128, 64
 for quant, groups in ((1, (1, 1)), (2, (128, 128))):
-    q = dict(QUANT=quant, GROUP_N=groups[0], GROUP_K=groups[1])
+    q = dict(QUANT=quant, GROUP_N=groups[0], GROUP_K=groups[1], HAS_ZERO=0)
     for tma in (0, 1):
         w = f"tensordesc<fp8e4nv[{BN}, {BK}]>" if tma else "*fp8e4nv"
         types = {"x_ptr": "*bf16", "w13_ptr": w, "w2_ptr": w, "out_ptr": "*bf16",
                  "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
-                 "topk_weights_ptr": "*fp32", "s_ptr": "*fp32"}
+                 "topk_weights_ptr": "*fp32", "s_ptr": "*fp32", "z_ptr": "*u8"}
         for fn in (_gate_up_kernel, _down_kernel):
             types["inter_ptr"] = ("*bf16" if fn is _gate_up_kernel or not tma
                                   else f"tensordesc<bf16[{BM}, {BK}]>")
@@ -293,7 +293,7 @@ for quant, groups in ((1, (1, 1)), (2, (128, 128))):
             print("ok", fn.__name__, quant, tma)
     types = {"x_ptr": "*bf16", "w13_ptr": "*fp8e4nv", "inter_ptr": "*bf16",
              "w2_ptr": "*fp8e4nv", "out_ptr": "*bf16", "ids_ptr": "*i64",
-             "topk_weights_ptr": "*fp32", "s_ptr": "*fp32"}
+             "topk_weights_ptr": "*fp32", "s_ptr": "*fp32", "z_ptr": "*u8"}
     # the H200 table's decode chunks: 512 and 1024 columns, four and eight blocks wide
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):
         parts = block_k // groups[1] if quant == 2 else 1
