@@ -19,7 +19,12 @@ GROUP_M variants, checks the winner against moe_reference, and writes the winner
 the file's entries for other batch sizes; fused_moe looks it up (the key nearest to the
 call's token count wins). Where a batch leaves each expert two rows or fewer, the grid also
 holds the GEMV kernels' configs (GEMV = 1, loom/kernels/moe_gemv.py). `--weight-dtype fp8`
-(or fp8-block) times and tunes fp8 experts (W8A16) and their `dtype=float8_e4m3fn` file.
+(or fp8-block) times and tunes fp8 experts (W8A16) and their `dtype=float8_e4m3fn` file;
+`--weight-dtype int4` int4 experts (W4A16: random packed weights, a scale and a zero point
+per group of 128, as AWQ / GPTQ releases hold them) and their `dtype=int4_w4a16` file
+(its grid's grouped-GEMM tiles step K by at most the group's 128 columns). The GB/s column
+counts the bytes a weight takes: 2 (bf16), 1 (fp8), or 0.5 plus its group's scale and zero
+point (int4).
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ from loom.kernels.compile_pool import compile_pool
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("bfloat16", "float16")
-WEIGHT_DTYPES = ("auto", "fp8", "fp8-block")
+WEIGHT_DTYPES = ("auto", "fp8", "fp8-block", "int4")
+INT4_GROUP = 128
+"""`--weight-dtype int4`'s group size: AWQ's and GPTQ's usual one."""
 TOP_FOR_GROUPS = 3
 """How many of the fastest configs of a batch size get re-timed, with GROUP_M variants."""
 
@@ -66,7 +73,9 @@ def register(subparsers) -> None:
                    help="the experts' weights: auto (--dtype), fp8 (float8_e4m3fn with a "
                         "scale per output channel, as --quantization fp8 makes them) or "
                         "fp8-block (128x128 block scales, as Qwen3's FP8 releases); fp8 "
-                        "tunes the float8_e4m3fn table, which both fp8 layouts read")
+                        "tunes the float8_e4m3fn table, which both fp8 layouts read; int4 "
+                        "(W4A16, random packed weights with a scale and zero point per "
+                        "group of 128) tunes the int4_w4a16 table")
     p.add_argument("--num-iters-warmup", type=int, default=3)
     p.add_argument("--num-iters", type=int, default=20,
                    help="timed replays per result (the search's first pass takes fewer at "
@@ -92,9 +101,16 @@ class Bench:
                     * h ** -0.5).to(dtype)
         self.w2 = (torch.randn(e, h, n, device=self.device, generator=gen) * n ** -0.5).to(dtype)
         self.quant: dict[str, Any] = {}
-        """fused_moe's fp8 arguments (scales, block) when the experts are fp8."""
-        if weight_dtype != "auto":
+        """fused_moe's fp8 arguments (scales, block) when the experts are fp8, int4 ones
+        (scales, zero points, group size) when they are int4."""
+        self.bytes_per_weight: float = self.w13.element_size()
+        """What the GB/s column counts per weight (int4: half a byte and its group's
+        share of a scale and a zero point)."""
+        if weight_dtype == "int4":
+            self._to_int4(gen)
+        elif weight_dtype != "auto":
             self._to_fp8(weight_dtype == "fp8-block")
+            self.bytes_per_weight = 1
         self.timer = KernelTimer(self.device, warmup, iters)
         self.seed = seed
         self.inputs: tuple | None = None
@@ -114,6 +130,24 @@ class Bench:
             setattr(self, name, values)
             scaled[name + "_scale"] = scales
         self.quant = {**scaled, "weight_block": (128, 128) if blocks else None}
+
+    def _to_int4(self, gen) -> None:
+        """Random int4 experts in place of the drawn ones (the values are not timed)."""
+        e, h, n = self.shape.num_experts, self.shape.hidden, self.shape.inter
+        self.w13, s13, z13 = random_int4_experts(e, 2 * n, h, self.dtype, gen)
+        self.w2, s2, z2 = random_int4_experts(e, h, n, self.dtype, gen)
+        self.quant = {"w13_scale": s13, "w2_scale": s2, "w13_zero": z13, "w2_zero": z2,
+                      "group_size": INT4_GROUP}
+        self.bytes_per_weight = 0.5 + (s13.element_size() + 1) / INT4_GROUP
+
+    def search_space(self, num_tokens: int) -> list[dict[str, int]]:
+        """The first pass's configs; for int4 experts without the grouped-GEMM tiles whose
+        BLOCK_K a group caps (they would run as the capped ones: timed twice)."""
+        space = search_space(self.shape, num_tokens)
+        if "group_size" not in self.quant:
+            return space
+        step = self.quant["group_size"] & -self.quant["group_size"]
+        return [c for c in space if c["GEMV"] or c["BLOCK_K"] <= step]
 
     def set_batch(self, num_tokens: int) -> None:
         torch = self.torch
@@ -156,6 +190,23 @@ class Bench:
         return float(torch.nan_to_num(err, nan=float("inf")).max())
 
 
+def random_int4_experts(experts: int, rows: int, cols: int, dtype, generator,
+                        group: int = INT4_GROUP) -> tuple:
+    """Stacked int4 experts [E, rows, cols] as fused_moe takes them, on the generator's
+    device: packed words drawn uniformly (values 0..15), zero points 6..10 and scales
+    about 1 / (4.6 sqrt(cols)) (a value less its zero point has a spread of about 4.6),
+    so that a row's product with O(1) activations stays O(1)."""
+    import torch
+    device = generator.device
+    words = torch.randint(-2 ** 31, 2 ** 31, (experts, rows, cols // 8), dtype=torch.int32,
+                          device=device, generator=generator)
+    groups = (experts, rows, cols // group)
+    scale = ((torch.rand(groups, device=device, generator=generator) + 0.5)
+             / (4.6 * cols ** 0.5)).to(dtype)
+    zero = torch.randint(6, 11, groups, dtype=torch.uint8, device=device, generator=generator)
+    return words, scale, zero
+
+
 # A winner's per-token error against the fp32 reference must stay under this: bf16
 # rounding of the SwiGLU product and of each slot's row gives well under 1%, while a
 # wrong or missing slot gives tens of percent.
@@ -188,7 +239,7 @@ def tune_batch(bench: Bench, num_tokens: int, bar) -> dict[str, Any]:
     shape = bench.shape
     timed: list[tuple[float, dict[str, int]]] = []
     skipped: list[str] = []
-    for config in search_space(shape, num_tokens):
+    for config in bench.search_space(num_tokens):
         try:
             timed.append((bench.time_us(config, budget_s=0.03), config))
         except Exception as e:  # noqa: BLE001 - out of shared memory, a compile failure
@@ -237,7 +288,7 @@ def _fmt(config: dict[str, int]) -> str:
 
 
 def _row(bench: Bench, num_tokens: int, config: dict[str, int], us: float,
-         elem_size: int) -> dict[str, Any]:
+         elem_size: float) -> dict[str, Any]:
     shape = bench.shape
     seconds = us * 1e-6
     weight_bytes = bench.experts_touched * shape.expert_bytes(elem_size)
@@ -273,11 +324,11 @@ def _check_args(args: argparse.Namespace) -> list[int]:
 
 
 def _tune_rows(bench: Bench, sizes: list[int],
-               elem_size: int) -> tuple[list[dict[str, Any]], float]:
+               elem_size: float) -> tuple[list[dict[str, Any]], float]:
     """Search each batch size's configs (all compiled first, on every CPU); returns the
     rows and the seconds the compile took."""
     from tqdm import tqdm
-    spaces = {m: search_space(bench.shape, m) for m in sizes}
+    spaces = {m: bench.search_space(m) for m in sizes}
     union = list({tuple(sorted(c.items())): c for s in spaces.values() for c in s}.values())
     bench.set_batch(sizes[0])
     print(f"compiling {len(union)} configs on {os.cpu_count()} threads...", flush=True)
@@ -298,7 +349,7 @@ def _tune_rows(bench: Bench, sizes: list[int],
     return rows, compile_s
 
 
-def _picked_rows(bench: Bench, sizes: list[int], elem_size: int) -> list[dict[str, Any]]:
+def _picked_rows(bench: Bench, sizes: list[int], elem_size: float) -> list[dict[str, Any]]:
     """Time the config fused_moe itself picks at each batch size."""
     from loom.kernels import moe_config as mc
     shape = bench.shape
@@ -306,7 +357,7 @@ def _picked_rows(bench: Bench, sizes: list[int], elem_size: int) -> list[dict[st
     for m in sizes:
         bench.set_batch(m)
         config = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, bench.dtype,
-                               bench.device, weight_dtype=bench.w13.dtype)
+                               bench.device, weight_dtype=mc.table_dtype(bench.w13))
         row = _row(bench, m, config, bench.time_us(config), elem_size)
         rows.append(row)
         print(_line(row), flush=True)
@@ -322,8 +373,8 @@ def run_moe(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     bench = Bench(shape, dtype, args.seed, args.num_iters_warmup, args.num_iters,
                   args.weight_dtype)
-    elem_size = bench.w13.element_size()
-    file_name = mc.config_file_name(shape.num_experts, shape.inter, bench.w13.dtype,
+    elem_size = bench.bytes_per_weight
+    file_name = mc.config_file_name(shape.num_experts, shape.inter, mc.table_dtype(bench.w13),
                                     mc.device_name(bench.device))
     device = torch.cuda.get_device_name(bench.device)
     print(f"{device}: E={shape.num_experts} top_k={shape.top_k} H={shape.hidden} "

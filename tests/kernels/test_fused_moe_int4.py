@@ -11,7 +11,8 @@ tolerances.
 CPU: Triton's interpreter, tiny shapes with ragged tiles and chunks, groups of 32, 64 and a
 whole row (96 columns: a group that is not a power of two), float32 and bfloat16. With
 CUDA the same checks run compiled on the GPU. Also: the refusals, the op's schema, the
-tuned table's name, and an offline sm_90 compile of the int4 kernels.
+tuned table's name, `loom bench moe --weight-dtype int4`'s weights, and an offline sm_90
+compile of the int4 kernels.
 """
 
 import os
@@ -224,6 +225,40 @@ def test_int4_experts_take_their_own_table_else_the_bf16_ones(tmp_path, monkeypa
     # the packed weights' own dtype (as a caller holding only the tensor passes it) too
     assert mc.get_config(16, 2, 8, 64, torch.bfloat16, "cuda",
                          weight_dtype=torch.int32) == _tile(64)
+
+
+def test_bench_int4_experts_and_grid():
+    """`loom bench moe --weight-dtype int4`'s experts are what fused_moe takes, their
+    products O(1); its search grid drops the grouped-GEMM tiles a 128-column group caps."""
+    from loom.bench import moe as bench
+    from loom.bench.moe_space import MoeShape
+    gen = torch.Generator().manual_seed(0)
+    w13, s13, z13 = bench.random_int4_experts(4, 256, 256, torch.float32, gen)
+    w2, s2, z2 = bench.random_int4_experts(4, 256, 128, torch.float32, gen)
+    assert (w13.shape, s13.shape, z13.dtype) == ((4, 256, 32), (4, 256, 2), torch.uint8)
+    x = torch.randn(2, 256)
+    ids = torch.tensor([[0, 3], [1, 2]])
+    quant = dict(w13_scale=s13, w2_scale=s2, w13_zero=z13, w2_zero=z2, group_size=128)
+    out = moe_reference(x, w13, w2, torch.full((2, 2), 0.5), ids, **quant)
+    assert 0.01 < out.std().item() < 1
+    if INTERPRET:
+        want = out.double()
+        check(fused_moe(x, w13, w2, torch.full((2, 2), 0.5), ids, **quant, gemv=1), want,
+              torch.float32)
+
+    class Fake:
+        shape = MoeShape(hidden=2048, inter=768, num_experts=128, top_k=8)
+        quant = {"group_size": 128}
+    space = bench.Bench.search_space(Fake(), 1)
+    assert space and all(c["GEMV"] or c["BLOCK_K"] <= 128 for c in space)
+    assert {c["GEMV"] for c in space} == {0, 1}
+
+
+def test_bench_moe_takes_weight_dtype_int4(monkeypatch, capsys):
+    from loom.cli import main
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "moe", "--weight-dtype", "int4", "--batch-sizes", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 _INT4_OFFLINE_COMPILE = r"""
