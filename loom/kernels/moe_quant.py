@@ -154,27 +154,29 @@ def int4_quant(name: str, weight: torch.Tensor, scale: torch.Tensor | None,
                dtype: torch.dtype | None) -> WeightQuant:
     """An int4 weight's scaling: packed int32 [E, N, K / 8], scale [E, N, K / G] in the
     activations' dtype, zero uint8 [E, N, K / G] or None, G = group_size dividing K and
-    holding a power of two >= 16 (the K step). A ValueError for anything else."""
+    holding a power of two >= 16 (the K step); group_size None: each weight's own, as its
+    scale's width gives it (a scale per channel is G = K: H for w13, I for w2). A
+    ValueError for anything else."""
     if not is_int4(weight):
         raise ValueError(f"fused_moe: {name} is {weight.dtype} beside an int4 (int32 packed) "
                          "expert weight; int4 experts need both w13 and w2 int4")
     if weight.dim() != 3:
         raise ValueError(f"fused_moe: {name} must be packed int32 [E, N, K / 8], got shape "
                          f"{tuple(weight.shape)}")
-    if group_size is None:
-        raise ValueError("fused_moe: int4 experts need group_size (the columns a scale "
-                         "covers; K for one scale per output channel)")
-    group = int(group_size)
+    if scale is None:
+        raise ValueError(f"fused_moe: {name} is int4 and needs {name}_scale")
     experts, rows, words = weight.shape
     cols = words * PACK
+    group = int(group_size) if group_size is not None else _group_of(cols, scale)
+    if group_size is None and not group:
+        raise ValueError(f"fused_moe: {name}_scale's {scale.shape[-1]} columns do not split "
+                         f"{name}'s {cols} input columns into whole groups")
     if group < 1 or cols % group:
         raise ValueError(f"fused_moe: group_size {group_size} must divide {name}'s "
                          f"{cols} input columns")
     if group & -group < MIN_STEP:
         raise ValueError(f"fused_moe: group_size {group} holds no power-of-two K step >= "
                          f"{MIN_STEP} (the kernels' tensor-core dot) for {name}")
-    if scale is None:
-        raise ValueError(f"fused_moe: {name} is int4 and needs {name}_scale")
     if dtype is not None and dtype not in INT4_DTYPES:
         raise ValueError(f"fused_moe: int4 experts take bfloat16, float16 or float32 "
                          f"activations, got {dtype}")
@@ -194,6 +196,13 @@ def int4_quant(name: str, weight: torch.Tensor, scale: torch.Tensor | None,
                          f"{weight.device}")
     return WeightQuant(INT4, scale.contiguous(), 1, group,
                        None if zero is None else zero.contiguous())
+
+
+def _group_of(cols: int, scale: torch.Tensor) -> int:
+    """The group size an int4 weight's scale implies: its K over the scale's width (0, which
+    every check refuses, where that is no whole number)."""
+    width = scale.shape[-1]
+    return cols // width if width and cols % width == 0 else 0
 
 
 def weight_quant(name: str, weight: torch.Tensor, scale: torch.Tensor | None,
@@ -253,6 +262,8 @@ def dequantize_expert(weight: torch.Tensor, expert: int, scale: torch.Tensor | N
     loom.quantization.int4.dequantize, the others through `dequantize`."""
     if is_int4(weight):
         from loom.quantization.int4 import dequantize as int4_dequantize
+        group = (int(group_size) if group_size is not None
+                 else _group_of(weight.shape[-1] * PACK, scale))
         return int4_dequantize(weight[expert], scale[expert],
-                               None if zero is None else zero[expert], int(group_size))
+                               None if zero is None else zero[expert], group)
     return dequantize(weight[expert], None if scale is None else scale[expert], block)

@@ -67,15 +67,13 @@ def warm_up_moe(model: torch.nn.Module, max_tokens: int, multiple: int,
             for layer, layer_configs in zip(layers, configs):
                 # As route_topk hands them over: weights float32, ids int64. 16 tokens:
                 # the launch sizes are not specialised on, so any count compiles the same.
-                hidden = torch.zeros(16, layer.w13.shape[2], dtype=layer.activation_dtype,
+                hidden = torch.zeros(16, layer.hidden_size, dtype=layer.activation_dtype,
                                      device=device)
                 ids = torch.zeros(16, layer.top_k, dtype=torch.int64, device=device)
                 weights = torch.zeros(16, layer.top_k, dtype=torch.float32, device=device)
                 for cfg in layer_configs:
-                    fused_moe.compile_fused_moe(
-                        hidden, layer.w13, layer.w2, weights, ids, cfg,
-                        w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
-                        weight_block=layer.weight_block)
+                    fused_moe.compile_fused_moe(hidden, layer.w13, layer.w2, weights, ids,
+                                                cfg, **layer.quant_args())
     except Exception as e:  # noqa: BLE001 - start-up goes on; the step that needs it fails
         logger.warning("fused_moe warm-up: a config failed to compile (%s: %s); configs "
                        "not compiled here compile at first use", type(e).__name__, e)

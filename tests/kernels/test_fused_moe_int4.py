@@ -127,6 +127,22 @@ def test_grouped_gemm_int4(group, with_zero, dtype, caplog):
                       f"{g}-column groups; the grouped GEMM steps K by 32 instead"])
 
 
+@pytest.mark.parametrize("tokens", [3, 13], ids=["gemv", "grouped-gemm"])
+def test_each_weight_its_own_group_from_its_scales(tokens):
+    """group_size None: a scale per channel of experts whose H (64) and I (96) differ, as
+    per-channel checkpoints load (each weight's group its own K, read off its scale)."""
+    hidden, inter, experts = 64, 96, 4
+    (w13, s13, _), d13 = int4_weight(experts, 2 * inter, hidden, hidden, False, torch.float32)
+    (w2, s2, _), d2 = int4_weight(experts, hidden, inter, inter, False, torch.float32)
+    x = torch.randn(tokens, hidden)
+    weights, ids = torch.softmax(torch.randn(tokens, experts), dim=-1).topk(2, dim=-1)
+    want = experts_reference(x.double(), d13, d2, weights.double(), ids)
+    args = [t.to(DEVICE) for t in (x, w13, w2, weights, ids)]
+    check(fused_moe(*args, w13_scale=s13.to(DEVICE), w2_scale=s2.to(DEVICE)), want,
+          torch.float32)
+    assert s13.shape[-1] == s2.shape[-1] == 1
+
+
 def test_tma_default_tiles_and_the_reference():
     """The grouped GEMM's int4 tiles through TMA descriptors (32-column K steps: 16 bytes a
     row) and the default tiles; moe_reference (dequantized experts) matches the integers'
@@ -157,7 +173,8 @@ def _inputs(dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(group_size=None), "int4 experts need group_size"),
+    (dict(group_size=None, w13_scale=torch.ones(4, 64, 3, dtype=torch.bfloat16)),
+     "w13_scale's 3 columns do not split w13's 64 input columns into whole groups"),
     (dict(group_size=24), "group_size 24 must divide w13's 64 input columns"),
     (dict(group_size=8), "group_size 8 holds no power-of-two K step >= 16"),
     (dict(w2_scale=None), "w2 is int4 and needs w2_scale"),

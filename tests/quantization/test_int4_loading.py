@@ -197,3 +197,30 @@ def test_int4_op_in_a_compiled_model(tmp_path, monkeypatch):
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 4)
     assert calls and min(calls) <= 2 < max(calls)  # decode rows and prompt rows
+
+
+def test_loaded_int4_experts_run_in_the_fused_moe_kernels(tmp_path, monkeypatch):
+    """A loaded int4 MoE layer's tensors, as FusedMoE hands them to `loom::fused_moe`
+    (Triton's interpreter here), give the CPU reference's output: the loader's layout is the
+    kernels'."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    from loom.kernels import fused_moe, moe_gemm
+    from loom.kernels.interpreter import interpreted, patch_interpreter
+    from loom.layers.moe import FusedMoE, experts_reference
+    if not interpreted(moe_gemm._down_kernel):
+        pytest.skip("Triton's interpreter was not on when the kernel module loaded")
+    patch_interpreter()
+    from tests.quantization.int4_checkpoints import write_int4_moe_checkpoint
+    write_int4_moe_checkpoint(make_tiny_model("qwen3_moe", str(tmp_path / "b")),
+                              str(tmp_path / "q"), 16, False)
+    model = _load(str(tmp_path / "q"))
+    layer = next(m for m in model.modules() if isinstance(m, FusedMoE))
+    gen = torch.Generator().manual_seed(0)
+    for tokens in (3, 24):  # the GEMV and the grouped GEMM
+        x = torch.randn(tokens, layer.hidden_size, generator=gen)
+        weights, ids = torch.softmax(torch.randn(tokens, layer.num_experts, generator=gen),
+                                     dim=-1).topk(layer.top_k, dim=-1)
+        want = experts_reference(x, layer.w13, layer.w2, weights, ids, **layer.quant_args())
+        got = fused_moe.fused_moe(x, layer.w13, layer.w2, weights, ids, **layer.quant_args())
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
