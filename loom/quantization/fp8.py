@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -111,13 +112,7 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
                        _block_kernel(device, scheme))
     model.fp8_weight_block = scheme.weight_block  # for fp8 experts' scales (models.weights)
     layers, kept = [], []
-    for name, layer in model.named_modules():
-        if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
-            continue
-        if _ignored(name, scheme):
-            kept.append(name)
-            materialize(layer, device)
-            continue
+    for name, layer in quantizable_layers(model, scheme, device, kept):
         layer.quant = method
         layers.append(layer)
         if from_checkpoint:
@@ -130,6 +125,21 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
                 "the checkpoint asks%s", scheme.method, scheme.describe(), len(layers),
                 len(kept), fp8_moe.describe(moe, from_checkpoint, scheme.weight_block))
     return layers
+
+
+def quantizable_layers(model: nn.Module, scheme, device: torch.device,
+                       kept: list[str]) -> Iterator[tuple[str, LinearBase]]:
+    """The model's column- and row-parallel layers that the scheme (fp8 or int4)
+    quantizes; those its ignore list keeps in the model's dtype get their real weight
+    (they were built on meta) and their names go to `kept`."""
+    for name, layer in model.named_modules():
+        if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+            continue
+        if _ignored(name, scheme):
+            kept.append(name)
+            materialize(layer, device)
+            continue
+        yield name, layer
 
 
 def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:

@@ -32,9 +32,9 @@ import logging
 import torch
 from torch import nn
 
-from loom.layers.linear import ColumnParallelLinear, LinearBase, RowParallelLinear, shard_of
+from loom.layers.linear import LinearBase, RowParallelLinear, shard_of
 from loom.quantization.int4_config import Int4Scheme
-from loom.quantization.staging import materialize, stage
+from loom.quantization.staging import stage
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
     """Give the model's column- and row-parallel layers (built under `weights_on_meta`)
     their int4 parameters before the weights load; from_checkpoint False (dummy weights):
     each is rounded to int4 once its rows have arrived in the model's dtype."""
-    from loom.quantization.fp8 import _ignored
+    from loom.quantization.fp8 import quantizable_layers
     if getattr(model, "fused_checkpoint", False):
         raise ValueError(f"quantization ({scheme.method}): {type(model).__name__}'s fused "
                          "qkv_proj and gate_up_proj checkpoint tensors are not split in "
@@ -124,13 +124,7 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
     method = Int4Linear(scheme)
     kernel = _kernel_applies(device)
     layers, kept, fallback = [], [], []
-    for name, layer in model.named_modules():
-        if not isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
-            continue
-        if _ignored(name, scheme):
-            kept.append(name)
-            materialize(layer, device)
-            continue
+    for name, layer in quantizable_layers(model, scheme, device, kept):
         _check_shape(name, layer, method.group(layer))
         if scheme.act_order and isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
             raise ValueError(f"{name}: act-order int4 (desc_act, g_idx) in a row-parallel "

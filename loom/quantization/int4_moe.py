@@ -28,6 +28,7 @@ from loom.models.weights import INT4_EXPERT_SUFFIXES
 from loom.quantization import int4_layouts as layouts
 from loom.quantization.int4 import _NAMES, PACK, Int4Linear, _raw, quantize_int4
 from loom.quantization.int4_config import Int4Scheme
+from loom.quantization.staging import StagedWeight
 
 _KINDS = ("packed", "scale", "zero")
 _ATTRS = {"packed": "", "scale": "_scale", "zero": "_zero"}
@@ -60,7 +61,7 @@ def prepare_experts(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
             if from_checkpoint:
                 _parameters(layer, attr, scheme, device)
             else:
-                setattr(layer, attr, _Staged(f"{name}.{attr}", layer, attr, device).placeholder())
+                setattr(layer, attr, _staged(name, layer, attr, device))
         count += 1
     return count
 
@@ -127,35 +128,15 @@ def _place(layer: FusedMoE, attr: str, param: nn.Parameter, full: torch.Tensor,
     layer.rows_of(param.data, shard_id).copy_(shard_of(part, 1, 0, cols, 1, what))
 
 
-class _Staged:
+def _staged(name: str, layer: FusedMoE, attr: str, device: torch.device) -> nn.Parameter:
     """Dummy weights: one layer's stacked weight drawn in the model's dtype, then rounded
     to int4 expert by expert."""
-
-    def __init__(self, name: str, layer: FusedMoE, attr: str, device: torch.device) -> None:
-        self.name, self.layer, self.attr, self.device = name, layer, attr, device
-        meta = getattr(layer, attr)
-        self.shape, self.dtype = tuple(meta.shape), meta.dtype
-        self.staging: torch.Tensor | None = None
-
-    def placeholder(self) -> nn.Parameter:
-        param = nn.Parameter(torch.empty(self.shape, dtype=self.dtype, device="meta"),
-                             requires_grad=False)
-        param.staged = self
-        return param
-
-    def tensor(self) -> torch.Tensor:
-        if self.staging is None:
-            self.staging = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        return self.staging
-
-    def wrote(self, offset: int, rows: int) -> None:
-        staging, self.staging = self.staging, None
-        layer, group = self.layer, _group(self.layer, self.attr)
+    def quantize(layer: FusedMoE, staging: torch.Tensor) -> None:
+        group = _group(layer, attr)
         parts = [quantize_int4(w, group, layer.int4.zero_point) for w in staging]
         for kind, tensors in zip(_KINDS, zip(*parts)):
             if tensors[0] is not None:
-                setattr(layer, self.attr + _ATTRS[kind],
+                setattr(layer, attr + _ATTRS[kind],
                         nn.Parameter(torch.stack(tensors), requires_grad=False))
-
-    def missing(self) -> str:
-        return f"{self.name}: nothing was loaded into it"
+    return StagedWeight(f"{name}.{attr}", layer, device, quantize,
+                        meta=getattr(layer, attr)).placeholder()

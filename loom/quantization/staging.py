@@ -28,9 +28,12 @@ class StagedWeight:
     """One layer's weight while its rows arrive in the model's dtype."""
 
     def __init__(self, name: str, layer: LinearBase, device: torch.device,
-                 quantize: Quantizer) -> None:
+                 quantize: Quantizer, meta: nn.Parameter | None = None) -> None:
+        """meta: the placeholder whose shape and dtype the staging tensor takes (default
+        the layer's weight; an MoE layer's stacked experts, whose rows are experts)."""
         self.name, self.layer, self.device, self.quantize = name, layer, device, quantize
-        self.shape, self.dtype = tuple(layer.weight.shape), layer.weight.dtype
+        meta = layer.weight if meta is None else meta
+        self.shape, self.dtype = tuple(meta.shape), meta.dtype
         self.staging: torch.Tensor | None = None
         self.written = torch.zeros(self.shape[0], dtype=torch.bool)
         """Which of the layer's output rows the staging tensor holds."""

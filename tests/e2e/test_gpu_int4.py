@@ -6,22 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loom import LLM, SamplingParams
 from tests.conftest import make_tiny_model
-from tests.e2e.test_correctness import _prompts
+from tests.e2e.test_gpu import _tokens  # the GPU tests' prompts: chunks beside decodes
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 pytest.importorskip("compressed_tensors")
-
-PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-
-
-def _tokens(path: str, **kwargs) -> list[list[int]]:
-    llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, **kwargs)
-    outs = llm.generate(_prompts(5, (5, 40, 17, 90, 3, 33)), PARAMS, use_tqdm=False)
-    llm.shutdown()
-    return [o.outputs[0].token_ids for o in outs]
 
 
 @pytest.fixture(scope="module")

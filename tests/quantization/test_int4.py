@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from loom import LLM, SamplingParams
-from tests.conftest import hf_greedy, hf_last_logprobs, make_tiny_model
+from loom import SamplingParams
+from tests.conftest import hf_greedy, make_tiny_model
 
 pytest.importorskip("compressed_tensors")
 
 from tests.quantization.int4_checkpoints import (GROUP, as_awq, as_gptq,  # noqa: E402
                                                  write_int4_checkpoint)
+# greedy tokens equal, logprobs within 1e-4, and the reference's logprobs moved by quantizing
+from tests.quantization.test_fp8 import NEW_TOKENS, PROMPTS, _check_against, _llm  # noqa: E402
 
-PROMPTS = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17, 9, 9, 30, 31, 2, 77], [8, 8]]
-NEW_TOKENS = 10
 AWQ_DENSE = ["layers.1.mlp.down_proj"]
 """llama-asym's dense layer, as AutoAWQ's modules_to_not_convert names it."""
 
@@ -47,27 +47,6 @@ def checkpoints(tmp_path_factory):
             cache[case] = (path, reference, make_tiny_model(kind, base))
         return cache[case]
     return get
-
-
-def _llm(path: str, **kwargs) -> LLM:
-    return LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
-               max_logprobs=-1, **kwargs)
-
-
-def _check_against(llm: LLM, reference, unquantized) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
-                            logprobs=256)
-    try:
-        outs = llm.generate(PROMPTS, params, use_tqdm=False)
-    finally:
-        llm.shutdown()
-    for prompt, out in zip(PROMPTS, outs):
-        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, NEW_TOKENS)
-        ours = torch.tensor([out.outputs[0].logprobs[0][t].logprob for t in range(256)])
-        ref = hf_last_logprobs(reference, prompt)
-        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-        # The check can fail: int4 moves the logprobs far more than the tolerance.
-        assert (ref - hf_last_logprobs(unquantized, prompt)).abs().max() > 1e-1
 
 
 @pytest.mark.parametrize("case", list(CASES))
