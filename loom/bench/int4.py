@@ -1,17 +1,18 @@
 """`loom bench int4`: loom's W4A16 linear kernel (`loom::int4_linear`,
 loom/kernels/int4_linear.py) on a model's projections, beside torch's bf16 matmul of the
-same shape.
+same shape; `--bits 8` its W8A16 form (GPTQ-Int8's and compressed-tensors' W8A16
+weights, packed four to an int32 word).
 
 For each projection of `--model` (qkv, o, gate_up and down, this rank's slice at TP) and
-each row count M it draws a random int4 weight (a scale per `--group-size` input features,
-zero points unless --symmetric) and fresh activations, checks the kernel against the
-dequantized weight's float32 product, and times both calls as CUDA graph replays with L2
-flushed before each (`KernelTimer`). It prints the microseconds, the bandwidth over the
-int4 weight's bytes (values, scales and zero points) as a fraction of the copy rate
-measured in the same run (the floor of a weight-bound call), and the bf16 matmul's time
-for the same shape: decode rows should approach the copy rate and run ~3.5x faster than
-bf16 (a quarter of the bytes); prompt rows are compute-bound, where bf16's tensor-core rate
-is the peer.
+each row count M it draws a random int4 (8-bit) weight (a scale per `--group-size` input
+features, zero points unless --symmetric) and fresh activations, checks the kernel against
+the dequantized weight's float32 product, and times both calls as CUDA graph replays with
+L2 flushed before each (`KernelTimer`). It prints the microseconds, the bandwidth over the
+weight's bytes (values: half a byte each, or one; scales and zero points) as a fraction of
+the copy rate measured in the same run (the floor of a weight-bound call), and the bf16
+matmul's time for the same shape: decode rows should approach the copy rate and run ~3.5x
+faster than bf16 (a quarter of the bytes; 8 bits: ~1.9x, a half); prompt rows are
+compute-bound, where bf16's tensor-core rate is the peer.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ MAX_REL_ERROR = 2e-2
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("int4", help="time the W4A16 int4 linear kernel on a model's "
-                              "projections beside bf16", description=__doc__,
+    p = subparsers.add_parser("int4", help="time the W4A16 int4 (--bits 8: W8A16) linear "
+                              "kernel on a model's projections beside bf16",
+                              description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-3.1-8b",
                    help="a shipped config name, a model directory or a config.json")
@@ -39,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--group-size", type=int, default=128,
                    help="input features per scale; -1: a scale per output channel")
     p.add_argument("--symmetric", action="store_true", help="no zero points (GPTQ's)")
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8),
+                   help="the weights' width: 4 (W4A16) or 8 (W8A16: GPTQ-Int8, "
+                        "compressed-tensors' W8A16)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES))
     p.add_argument("--num-iters-warmup", type=int, default=3)
     p.add_argument("--num-iters", type=int, default=20)
@@ -80,13 +85,17 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-def _weight(n: int, k: int, group: int, symmetric: bool, device, gen):
+def _weight(n: int, k: int, group: int, symmetric: bool, device, gen, bits: int = 4):
+    """Random words (every value 0 .. 2^bits - 1 alike), scales 1e-3 .. 3e-3 (8 bits:
+    sixteen times smaller, for values sixteen times wider) and zero points."""
     import torch
-    packed = torch.randint(-2 ** 31, 2 ** 31 - 1, (n, k // 8), dtype=torch.int32,
+    packed = torch.randint(-2 ** 31, 2 ** 31 - 1, (n, k * bits // 32), dtype=torch.int32,
                            device=device, generator=gen)
     scale = (torch.rand(n, k // group, device=device, generator=gen) * 2e-3 + 1e-3)
-    zero = None if symmetric else torch.randint(0, 16, (n, k // group), dtype=torch.uint8,
-                                                device=device, generator=gen)
+    scale = scale / (1 << (bits - 4))
+    zero = None if symmetric else torch.randint(0, 1 << bits, (n, k // group),
+                                                dtype=torch.uint8, device=device,
+                                                generator=gen)
     return packed, scale.to(torch.bfloat16), zero
 
 
@@ -95,24 +104,25 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from loom.kernels import int4_linear as kernel
-    from loom.quantization.int4 import dequantize
     n, k = shape
     group = k if args.group_size == -1 else args.group_size
-    packed, scale, zero = _weight(n, k, group, args.symmetric, device, gen)
+    bits = args.bits
+    packed, scale, zero = _weight(n, k, group, args.symmetric, device, gen, bits)
     x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
-    dense = dequantize(packed, scale, zero, group)
+    dense = kernel.dequantize_bits(packed, scale, zero, group, bits)
     want = x.float() @ dense.t()
-    got = kernel.int4_linear(x, packed, scale, zero, group).float()
+    got = kernel.int4_linear(x, packed, scale, zero, group, bits).float()
     err = float(((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-6)).max())
     if not err <= MAX_REL_ERROR:
         raise ValueError(f"int4: {name} M={m}: the kernel is {err:.3g} off the float32 "
                          "product (per row); not timing a wrong kernel")
     dense = dense.to(torch.bfloat16)
-    us = timer.time_us(lambda: kernel.int4_linear(x, packed, scale, zero, group))
+    us = timer.time_us(lambda: kernel.int4_linear(x, packed, scale, zero, group, bits))
     bf16_us = timer.time_us(lambda: F.linear(x, dense))
     nbytes = packed.numel() * 4 + scale.numel() * 2 + (0 if zero is None else zero.numel())
     config = dataclasses.asdict(kernel.default_config(m, n, k, group))
-    return {"projection": name, "n": n, "k": k, "batch_size": m, "us": us, "bf16_us": bf16_us,
+    return {"projection": name, "n": n, "k": k, "bits": bits, "batch_size": m, "us": us,
+            "bf16_us": bf16_us,
             "weight_bytes": nbytes, "gbps": nbytes / us / 1e3, "config": config,
             "max_rel_error": err}
 
@@ -129,7 +139,8 @@ def run_int4(args: argparse.Namespace) -> int:
     ceilings = measure_ceilings(device)
     copy_gbps = ceilings.copy_tb_per_s * 1e3
     name = torch.cuda.get_device_name(device)
-    print(f"{name}: {args.model} TP {args.tensor_parallel_size}, groups of {args.group_size}"
+    print(f"{name}: {args.model} TP {args.tensor_parallel_size}, {args.bits}-bit weights "
+          f"in groups of {args.group_size}"
           f"{', symmetric' if args.symmetric else ', zero points'}; copy "
           f"{ceilings.copy_tb_per_s:.2f} TB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} "
           "TFLOP/s", flush=True)
@@ -151,6 +162,7 @@ def run_int4(args: argparse.Namespace) -> int:
                    "ceilings": dataclasses.asdict(ceilings), "model": args.model,
                    "tensor_parallel_size": args.tensor_parallel_size,
                    "group_size": args.group_size, "symmetric": args.symmetric,
+                   "bits": args.bits,
                    "elapsed_s": time.perf_counter() - started, "rows": rows}
         print(f"Wrote {write_json(args.output_json, payload)}")
     return 0

@@ -1,18 +1,22 @@
-"""int4-weight linear layers with 16-bit activations (W4A16: AWQ, GPTQ and
-compressed-tensors' pack-quantized int4 checkpoints) on CUDA, behind one opaque op,
-`loom::int4_linear`.
+"""Integer-weight linear layers with 16-bit activations on CUDA, behind one opaque op,
+`loom::int4_linear`: 4-bit weights (W4A16: AWQ, GPTQ and compressed-tensors' pack-quantized
+int4 checkpoints) and, with bits=8, 8-bit ones (W8A16: GPTQ-Int8, compressed-tensors'
+W8A16), packed the same way.
 
-The weight comes as the loader lays it out: `packed` int32 [N, K / 8], nibble k % 8 of word
-k // 8 holding w_q[n, k] (0..15); `scale` [N, K / G] in the activations' dtype; `zero` uint8
-[N, K / G], or None for a zero point of 8 everywhere. The weight is
-w[n, k] = (w_q[n, k] - zero[n, k // G]) * scale[n, k // G], and out = x @ w^T.
+The weight comes as the loader lays it out: `packed` int32 [N, K * bits / 32], value
+k % P of word k // P holding w_q[n, k] (0 .. 2^bits - 1) in bits (k % P) * bits .. + bits - 1,
+P = 32 / bits values a word (8 nibbles, or 4 bytes); `scale` [N, K / G] in the activations'
+dtype; `zero` uint8 [N, K / G], or None for a zero point of 2^(bits - 1) everywhere (8, or
+128). The weight is w[n, k] = (w_q[n, k] - zero[n, k // G]) * scale[n, k // G], and
+out = x @ w^T.
 
 One kernel serves every row count. A program owns a BLOCK_M x BLOCK_N output tile and walks
 its share of K in BLOCK_K steps, BLOCK_K dividing G so that a step lies in one group. Each
-step loads BLOCK_K / 8 words a weight row (the only weight bytes read), shifts every word
-by 0, 4, .., 28 bits and masks the nibble (so an int32 word's sign does not matter),
-subtracts the zero points, and multiplies the rows of x by these small integers (-15..15,
-exact in bfloat16 and float16) on the tensor cores with float32 sums. That partial tile is
+step loads BLOCK_K / P words a weight row (the only weight bytes read), shifts every word
+by 0, bits, .., 32 - bits and masks the value (so an int32 word's sign does not matter),
+subtracts the zero points, and multiplies the rows of x by these small integers on the
+tensor cores with float32 sums: -15..15 for 4 bits, -255..255 for 8, exact in bfloat16
+(8 significant bits: every integer up to 256 in magnitude) and float16 (up to 2048). That partial tile is
 then multiplied by the group's scales, one float32 per column, and added to the float32
 accumulator. Scaling before the dot would round every weight to the activations' dtype
 first; here the only roundings are the dot's float32 sums and the output's one cast.
@@ -33,9 +37,10 @@ Two regimes, chosen from the row count (`default_config`):
 These tile sizes, splits, warps and stages are guesses, not yet measured on a GPU: they
 sit in `default_config` alone, to be replaced by measured ones. K and N are constexprs (one
 compile per layer shape; the K loop's bound is then a constexpr, which Triton 3.6's
-interpreter needs); M is not. `dequantize` is the plain-torch float32 weight: the
+interpreter needs); M is not. `dequantize_bits` is the plain-torch float32 weight: the
 reference, and the path of calls the kernel does not take (a CPU tensor outside the
-interpreter, or shapes `supports` refuses).
+interpreter, or shapes `supports` refuses); for 4 bits it is loom.quantization.int4's
+`dequantize`, for 8 bits this module's `unpack_bits`.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ from loom.library import loom_op
 from loom.quantization.int4 import dequantize
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+BITS = (4, 8)
+"""The weights' widths the kernel takes: int4 (W4A16) and 8-bit (W8A16)."""
 MIN_BLOCK_K = 16
 """A bf16/fp16 tensor-core dot's smallest K step: a group must hold a power-of-two
 multiple of it."""
@@ -66,8 +73,12 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
                  K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, SWIZZLE_M: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, BITS: tl.constexpr):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
+    # BITS 4 or 8: PER_WORD values a word, each masked by MASK; no zero points: MID.
+    PER_WORD: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    MID: tl.constexpr = 1 << (BITS - 1)
     GROUPS: tl.constexpr = K // GROUP
     K_ITERS: tl.constexpr = K // BLOCK_K // SPLIT_K
     pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, SWIZZLE_M)
@@ -77,10 +88,11 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
     m_ok, n_ok = rm < M, rn < N
     k0 = split * (K_ITERS * BLOCK_K)
     rk = tl.arange(0, BLOCK_K)
-    words = tl.arange(0, BLOCK_K // 8)
-    shifts = tl.arange(0, 8) * 4
+    words = tl.arange(0, BLOCK_K // PER_WORD)
+    shifts = tl.arange(0, PER_WORD) * BITS
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_x + (k0 + rk)[None, :]
-    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * (K // 8) + (k0 // 8 + words)[None, :]
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * (K // PER_WORD) \
+        + (k0 // PER_WORD + words)[None, :]
     gs_ptrs = rn.to(tl.int64) * GROUPS
     elem = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -88,23 +100,23 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
         group = (k0 + i * BLOCK_K) // GROUP
         x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
         packed = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
-        # [BLOCK_N, BLOCK_K / 8, 8] nibbles, row-major: column k of the tile is nibble
-        # k % 8 of word k // 8
-        q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
+        # [BLOCK_N, BLOCK_K / PER_WORD, PER_WORD] values, row-major: column k of the
+        # tile is value k % PER_WORD of word k // PER_WORD
+        q = (packed[:, :, None] >> shifts[None, None, :]) & MASK
         q = tl.reshape(q, (BLOCK_N, BLOCK_K))
         if HAS_ZERO:
             z = tl.load(z_ptr + gs_ptrs + group, mask=n_ok, other=0).to(tl.int32)
         else:
-            z = tl.full((BLOCK_N,), 8, tl.int32)
-        # -15..15, exact in elem. Through float32 because Triton 3.6's interpreter
-        # converts int32 to bfloat16 as raw bits; sm_90's compile folds the two casts
-        # into one cvt.rn.bf16.s32.
+            z = tl.full((BLOCK_N,), MID, tl.int32)
+        # -15..15 (4 bits) or -255..255 (8 bits), exact in elem. Through float32 because
+        # Triton 3.6's interpreter converts int32 to bfloat16 as raw bits; sm_90's compile
+        # folds the two casts into one cvt.rn.bf16.s32.
         w = (q - z[:, None]).to(tl.float32).to(elem)
         part = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
         s = tl.load(s_ptr + gs_ptrs + group, mask=n_ok, other=0.0).to(tl.float32)
         acc += part * s[None, :]
         x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 8
+        w_ptrs += BLOCK_K // PER_WORD
     out_ptrs = out_ptr + (split * M).to(tl.int64) * N + rm.to(tl.int64)[:, None] * N \
         + rn[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -154,22 +166,58 @@ def default_config(m: int, n: int, k: int, group_size: int, sms: int = 132) -> I
     return Int4Config(128, 128, block_k, num_warps=8, num_stages=3)
 
 
-def kernel_applies(k: int, group_size: int) -> bool:
+def check_bits(bits: int, where: str = "int4_linear") -> int:
+    """The values per int32 word (8 or 4) for bits 4 or 8; a ValueError naming bits for any
+    other."""
+    if bits not in BITS:
+        raise ValueError(f"{where}: bits must be 4 or 8 (int4 or 8-bit weights packed in "
+                         f"int32 words), got bits={bits!r}")
+    return 32 // bits
+
+
+def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 [..., words] -> uint8 [..., words * 32 / bits]: value j of word c (its bits
+    j * bits .. + bits - 1, shifted down and masked) as column c * 32 / bits + j. For 4 bits
+    the same as loom.quantization.int4.unpack (which holds 4 bits only, for now)."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
+    values = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return values.reshape(*packed.shape[:-1], -1).to(torch.uint8)
+
+
+def dequantize_bits(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                    group: int, bits: int = 4) -> torch.Tensor:
+    """The float32 weight [N, K] that packed int32 [N, K * bits / 32], scale and zero
+    [N, K / group] (zero None: 2^(bits - 1)) hold: (q - zero) * scale. 4 bits:
+    loom.quantization.int4's `dequantize`; 8 bits: `unpack_bits`."""
+    per_word = check_bits(bits)
+    if bits == 4:
+        return dequantize(packed, scale, zero, group)
+    n, k = packed.shape[0], packed.shape[1] * per_word
+    q = unpack_bits(packed, bits).reshape(n, k // group, group).float()
+    z = float(1 << (bits - 1)) if zero is None else zero.float().unsqueeze(-1)
+    return ((q - z) * scale.float().unsqueeze(-1)).reshape(n, k)
+
+
+def kernel_applies(k: int, group_size: int, bits: int = 4) -> bool:
     """Whether a layer of K input features in groups of group_size suits the kernel (the
-    shape half of `supports`): K a multiple of 8 and of G, G of a power of two >= 16."""
-    return k % 8 == 0 and group_size > 0 and k % group_size == 0 and bool(
+    shape half of `supports`): K a multiple of 32 / bits and of G, G of a power of two
+    >= 16. bits other than 4 or 8: a ValueError."""
+    per_word = check_bits(bits)
+    return k % per_word == 0 and group_size > 0 and k % group_size == 0 and bool(
         block_k_for(group_size))
 
 
 def supports(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
-             zero: torch.Tensor | None, group_size: int) -> bool:
+             zero: torch.Tensor | None, group_size: int, bits: int = 4) -> bool:
     """Whether the kernel takes these: x [M, K] in bf16/fp16/fp32 with unit column stride,
-    packed int32 [N, K / 8], scale [N, K / G] in x's dtype, zero uint8 [N, K / G] or None,
-    K a multiple of 8 and of G, and G a multiple of a power of two >= 16."""
+    packed int32 [N, K * bits / 32], scale [N, K / G] in x's dtype, zero uint8 [N, K / G]
+    or None, K a multiple of 32 / bits and of G, and G a multiple of a power of two >= 16.
+    bits other than 4 or 8: a ValueError."""
+    per_word = check_bits(bits)
     if x.dim() != 2 or packed.dim() != 2 or x.dtype not in DTYPES:
         return False
     (n, words), k = packed.shape, x.shape[1]
-    if words * 8 != k or not kernel_applies(k, group_size):
+    if words * per_word != k or not kernel_applies(k, group_size, bits):
         return False
     groups = (n, k // group_size)
     return (packed.dtype == torch.int32 and packed.is_contiguous() and x.stride(-1) == 1
@@ -180,10 +228,11 @@ def supports(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
-                zero: torch.Tensor | None, group_size: int,
+                zero: torch.Tensor | None, group_size: int, bits: int = 4,
                 config: Int4Config | None = None) -> torch.Tensor:
-    """x @ w^T by the kernel for `supports`' arguments, x's dtype [M, N] out; config:
-    `default_config`'s where not given (its block_k must divide the group)."""
+    """x @ w^T by the kernel for `supports`' arguments (bits: 4 or 8), x's dtype [M, N]
+    out; config: `default_config`'s where not given (its block_k must divide the group)."""
+    check_bits(bits, "int4_matmul")
     (m, k), n = x.shape, packed.shape[0]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count \
         if x.is_cuda else 132
@@ -202,7 +251,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         x, packed, scale, packed if zero is None else zero, dest, m, x.stride(0), N=n, K=k,
         GROUP=group_size, HAS_ZERO=zero is not None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWIZZLE_M=cfg.swizzle_m,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BITS=bits,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
@@ -211,23 +260,26 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     return out
 
 
-@loom_op("int4_linear",
-         "(Tensor x, Tensor packed, Tensor scale, Tensor? zero, int group_size) -> Tensor")
+@loom_op("int4_linear", "(Tensor x, Tensor packed, Tensor scale, Tensor? zero, "
+                        "int group_size, int bits=4) -> Tensor")
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
-                zero: torch.Tensor | None, group_size: int) -> torch.Tensor:
-    """x (M, K) @ the int4 weight (N, K)^T, x's dtype out (the module's docstring has the
-    layout). One opaque op, so that compiled graphs hold it as a node and the regime is
-    chosen from each call's real row count. Shapes `supports` refuses, and CPU tensors
-    outside Triton's interpreter, take `dequantize` and a float32 matmul."""
+                zero: torch.Tensor | None, group_size: int, bits: int = 4) -> torch.Tensor:
+    """x (M, K) @ the int4 (bits=8: 8-bit) weight (N, K)^T, x's dtype out (the module's
+    docstring has the layout). One opaque op, so that compiled graphs hold it as a node
+    and the regime is chosen from each call's real row count. Shapes `supports` refuses,
+    and CPU tensors outside Triton's interpreter, take `dequantize_bits` and a float32
+    matmul. bits other than 4 or 8: a ValueError."""
+    check_bits(bits)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if supports(x, packed, scale, zero, group_size) and (
+    if supports(x, packed, scale, zero, group_size, bits) and (
             x.is_cuda or interpreted(_int4_kernel)):
-        return int4_matmul(x, packed, scale, zero, group_size)
-    w = dequantize(packed, scale, zero, group_size)
+        return int4_matmul(x, packed, scale, zero, group_size, bits)
+    w = dequantize_bits(packed, scale, zero, group_size, bits)
     return (x.float() @ w.t()).to(x.dtype)
 
 
 @int4_linear.register_fake
-def _(x, packed, scale, zero, group_size):
+def _(x, packed, scale, zero, group_size, bits=4):
+    check_bits(bits)
     return x.new_empty(x.shape[0], packed.shape[0])
