@@ -33,11 +33,12 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                       w2_scale: torch.Tensor | None = None,
                       weight_block: tuple[int, int] | list[int] | None = None,
                       w13_zero: torch.Tensor | None = None,
-                      w2_zero: torch.Tensor | None = None) -> torch.Tensor:
+                      w2_zero: torch.Tensor | None = None, bits: int = 4) -> torch.Tensor:
     """Loop over the experts that got tokens; the reference any fused kernel must match.
     fp8 experts are dequantized one at a time, each value times its scale rounded once to
-    x's dtype: what a checkpoint dequantized at load would hold. int4 experts (packed int32
-    w13 / w2, `loom.quantization.int4_moe`) likewise, their group size the scales' width."""
+    x's dtype: what a checkpoint dequantized at load would hold. int4 (or 8-bit: `bits`)
+    experts, packed int32 w13 / w2 (`loom.quantization.int4_moe`), likewise, their group
+    size the scales' width."""
     acc_dtype = torch.promote_types(x.dtype, torch.float32)
     out = torch.zeros(x.shape, dtype=acc_dtype, device=x.device)
     flat_ids = ids.flatten()
@@ -46,42 +47,43 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         sel = (flat_ids == e).nonzero().squeeze(1)
         tokens = token_of[sel]
         gate, up = F.linear(x[tokens], _expert(w13, w13_scale, e, weight_block, x.dtype,
-                                               w13_zero)).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, _expert(w2, w2_scale, e, weight_block, x.dtype, w2_zero))
+                                               w13_zero, bits)).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, _expert(w2, w2_scale, e, weight_block, x.dtype,
+                                                w2_zero, bits))
         out.index_add_(0, tokens, y.to(acc_dtype) * weights.flatten()[sel, None])
     return out.to(x.dtype)
 
 
 def _expert(w: torch.Tensor, scale: torch.Tensor | None, e: int, block, dtype: torch.dtype,
-            zero: torch.Tensor | None = None):
+            zero: torch.Tensor | None = None, bits: int = 4):
     if scale is None:
         return w[e]
     if w.dtype == torch.int32:
         from loom.quantization import int4
-        group = w.shape[-1] * int4.PACK // scale.shape[-1]
-        return int4.dequantize(w[e], scale[e], None if zero is None else zero[e],
-                               group).to(dtype)
+        group = w.shape[-1] * int4.per_word(bits) // scale.shape[-1]
+        return int4.dequantize(w[e], scale[e], None if zero is None else zero[e], group,
+                               bits).to(dtype)
     return dequantize(w[e], scale[e], None if block is None else tuple(block)).to(dtype)
 
 
 @loom_op("experts_reference",
          "(Tensor x, Tensor w13, Tensor w2, Tensor weights, Tensor ids, Tensor? w13_scale=None, "
          "Tensor? w2_scale=None, int[]? weight_block=None, Tensor? w13_zero=None, "
-         "Tensor? w2_zero=None) -> Tensor")
+         "Tensor? w2_zero=None, int bits=4) -> Tensor")
 def experts_reference_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                          weights: torch.Tensor, ids: torch.Tensor,
                          w13_scale: torch.Tensor | None = None,
                          w2_scale: torch.Tensor | None = None,
                          weight_block: list[int] | None = None,
                          w13_zero: torch.Tensor | None = None,
-                         w2_zero: torch.Tensor | None = None) -> torch.Tensor:
+                         w2_zero: torch.Tensor | None = None, bits: int = 4) -> torch.Tensor:
     return experts_reference(x, w13, w2, weights, ids, w13_scale, w2_scale, weight_block,
-                             w13_zero, w2_zero)
+                             w13_zero, w2_zero, bits)
 
 
 @experts_reference_op.register_fake
 def _(x, w13, w2, weights, ids, w13_scale=None, w2_scale=None, weight_block=None,
-      w13_zero=None, w2_zero=None):
+      w13_zero=None, w2_zero=None, bits=4):
     return x.new_empty(x.shape)
 
 
@@ -132,6 +134,8 @@ class FusedMoE(nn.Module):
         if self.int4 is not None:
             args.update(w13_zero=getattr(self, "w13_zero", None),
                         w2_zero=getattr(self, "w2_zero", None))
+            if self.int4.bits != 4:
+                args["bits"] = self.int4.bits
         return args
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:

@@ -170,10 +170,10 @@ def _pack_quantized(qc: dict[str, Any], groups: dict[str, Any], every: bool) -> 
         schemes.add(pack_quantized_scheme(f"{where}.weights", group.get("weights")))
     if len(schemes) > 1:
         raise ValueError("quantization_config.config_groups: groups with different group "
-                         "sizes or zero points are not supported")
-    group_size, zero_point = schemes.pop()
+                         "sizes, zero points or bits are not supported")
+    group_size, zero_point, bits = schemes.pop()
     return Int4Scheme("compressed-tensors", group_size, zero_point,
-                      tuple(qc.get("ignore") or ()))
+                      tuple(qc.get("ignore") or ()), bits=bits)
 
 
 def _targets_linear(where: str, group: dict[str, Any]) -> None:

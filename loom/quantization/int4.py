@@ -39,8 +39,7 @@ from loom.quantization.staging import stage
 logger = logging.getLogger(__name__)
 
 PACK = 8
-"""int4 values per int32 word."""
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+"""int4 values per int32 word (8-bit weights: four)."""
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """AutoAWQ's GEMM layout: nibble i of a word holds column _AWQ_ORDER[i] of its eight."""
 _NAMES = {  # method -> (packed, scale, zero) parameter names, as the checkpoint's
@@ -50,25 +49,36 @@ _NAMES = {  # method -> (packed, scale, zero) parameter names, as the checkpoint
 }
 
 
-def unpack(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [rows, cols / 8] -> uint8 [rows, cols], nibble j of word c as column 8c + j."""
-    nibbles = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 0xF
-    return nibbles.reshape(packed.shape[0], -1).to(torch.uint8)
+def per_word(bits: int) -> int:
+    """Values per int32 word: 8 int4, 4 int8."""
+    return 32 // bits
 
 
-def pack(values: torch.Tensor) -> torch.Tensor:
-    """uint8 [rows, cols] (0..15, cols a multiple of 8) -> int32 [rows, cols / 8]."""
-    words = values.to(torch.int32).reshape(values.shape[0], -1, PACK) << _SHIFTS.to(values.device)
+def _shifts(bits: int, device) -> torch.Tensor:
+    return torch.arange(0, 32, bits, dtype=torch.int32, device=device)
+
+
+def unpack(packed: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """int32 [rows, cols / per_word] -> uint8 [rows, cols]: value j of word c (bits
+    j * bits ..) as column per_word * c + j."""
+    values = (packed.unsqueeze(-1) >> _shifts(bits, packed.device)) & ((1 << bits) - 1)
+    return values.reshape(packed.shape[0], -1).to(torch.uint8)
+
+
+def pack(values: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """uint8 [rows, cols] (0 .. 2^bits - 1, cols a multiple of per_word) -> int32 words."""
+    words = (values.to(torch.int32).reshape(values.shape[0], -1, per_word(bits))
+             << _shifts(bits, values.device))
     return words.sum(dim=-1, dtype=torch.int32)  # disjoint bits: the sum is their OR
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-               group: int) -> torch.Tensor:
-    """The float32 weight [out, in] a layer's int4 tensors hold: (q - zero) * scale, each
-    group's from its column."""
-    n, k = packed.shape[0], packed.shape[1] * PACK
-    q = unpack(packed).reshape(n, k // group, group).float()
-    z = 8.0 if zero is None else zero.float().unsqueeze(-1)
+               group: int, bits: int = 4) -> torch.Tensor:
+    """The float32 weight [out, in] a layer's packed tensors hold: (q - zero) * scale, each
+    group's from its column; no zero points: 2^(bits - 1)."""
+    n, k = packed.shape[0], packed.shape[1] * per_word(bits)
+    q = unpack(packed, bits).reshape(n, k // group, group).float()
+    z = float(1 << (bits - 1)) if zero is None else zero.float().unsqueeze(-1)
     return ((q - z) * scale.float().unsqueeze(-1)).reshape(n, k)
 
 
@@ -78,6 +88,7 @@ class Int4Linear:
     def __init__(self, scheme: Int4Scheme) -> None:
         self.group_size = scheme.group_size
         self.zero_point = scheme.zero_point
+        self.bits = scheme.bits
         self.names = _NAMES[scheme.method]
 
     def tensors(self, layer: LinearBase):
@@ -94,6 +105,11 @@ class Int4Linear:
         there under Triton's interpreter)."""
         return x.is_cuda
 
+    def _op(self, x, packed, scale, zero, group):
+        if self.bits == 4:
+            return torch.ops.loom.int4_linear(x, packed, scale, zero, group)
+        return torch.ops.loom.int4_linear(x, packed, scale, zero, group, self.bits)
+
     def apply(self, layer: LinearBase, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
         packed, scale, zero = self.tensors(layer)
@@ -102,9 +118,9 @@ class Int4Linear:
         if perm is not None:  # act-order: the features in their groups' order
             x2 = x2.index_select(1, perm)
         if self.use_op(x):  # shapes the kernel does not take were logged at load
-            y = torch.ops.loom.int4_linear(x2, packed, scale, zero, self.group(layer))
+            y = self._op(x2, packed, scale, zero, self.group(layer))
         else:
-            w = dequantize(packed, scale, zero, self.group(layer))
+            w = dequantize(packed, scale, zero, self.group(layer), self.bits)
             y = (x2.float() @ w.t()).to(x.dtype)
         if x.dim() != 2:
             y = y.reshape(*x.shape[:-1], -1)
@@ -125,7 +141,7 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
     kernel = _kernel_applies(device)
     layers, kept, fallback = [], [], []
     for name, layer in quantizable_layers(model, scheme, device, kept):
-        _check_shape(name, layer, method.group(layer))
+        _check_shape(name, layer, method.group(layer), scheme.bits)
         if scheme.act_order and isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
             raise ValueError(f"{name}: act-order int4 (desc_act, g_idx) in a row-parallel "
                              f"layer at tensor-parallel size {layer.tp_size} is not supported "
@@ -158,17 +174,20 @@ def _kernel_applies(device: torch.device):
     if device.type != "cuda":
         return None
     from loom.kernels import int4_linear
-    return lambda layer, method: int4_linear.kernel_applies(layer.in_features,
-                                                            method.group(layer))
+    def applies(layer: LinearBase, method: Int4Linear) -> bool:
+        if method.bits == 4:
+            return int4_linear.kernel_applies(layer.in_features, method.group(layer))
+        return int4_linear.kernel_applies(layer.in_features, method.group(layer), method.bits)
+    return applies
 
 
-def _check_shape(name: str, layer: LinearBase, group: int) -> None:
+def _check_shape(name: str, layer: LinearBase, group: int, bits: int) -> None:
     k = layer.in_features
-    if k % PACK or k % group:
+    if k % per_word(bits) or k % group:
         where = (f" at tensor-parallel size {layer.tp_size}"
                  if isinstance(layer, RowParallelLinear) and layer.tp_size > 1 else "")
         raise ValueError(f"{name}: {k} input features{where} are not a whole number of "
-                         f"int4 groups of {group} (and of words of {PACK})")
+                         f"groups of {group} (and of words of {per_word(bits)})")
 
 
 def _raw(tensor: torch.Tensor, loader) -> nn.Parameter:
@@ -186,12 +205,13 @@ def _int4_parameters(layer: LinearBase, scheme: Int4Scheme, device: torch.device
     layer.weight = None  # the int4 tensors replace it
     names = _NAMES[scheme.method]
     convert = layouts.CONVERTERS[scheme.method]
-    shapes = {names[0]: ((rows, k // PACK), torch.int32), names[1]: ((rows, groups), dtype)}
+    shapes = {names[0]: ((rows, k // per_word(scheme.bits)), torch.int32),
+              names[1]: ((rows, groups), dtype)}
     if scheme.zero_point:
         shapes[names[2]] = ((rows, groups), torch.uint8)
     for name, (shape, kind) in shapes.items():
         def loader(p, t, shard=None, name=name):
-            _place(layer, p, convert[name](t, _shard_rows(layer, shard)), shard)
+            _place(layer, p, convert[name](t, _shard_rows(layer, shard), scheme.bits), shard)
         setattr(layer, name, _raw(torch.empty(shape, dtype=kind, device=device), loader))
     if scheme.act_order:
         layer.g_idx = _raw(torch.zeros(k, dtype=torch.int32, device=device),
@@ -201,7 +221,7 @@ def _int4_parameters(layer: LinearBase, scheme: Int4Scheme, device: torch.device
             continue
 
         def checker(p, t, shard=None, check=check):
-            check(t, _shard_rows(layer, shard), _full_in(layer), scheme.group_size)
+            check(t, _shard_rows(layer, shard), _full_in(layer), scheme.group_size, scheme.bits)
         setattr(layer, name, _raw(torch.empty(0, dtype=torch.int32, device=device), checker))
 
 
@@ -247,7 +267,8 @@ def finish_loading(model: nn.Module) -> None:
                              f"input features; act-order groups must each hold {group}")
         perm = torch.argsort(g, stable=True)
         packed = getattr(layer, layer.quant.names[0])
-        packed.data = pack(unpack(packed.data)[:, perm])
+        bits = layer.quant.bits
+        packed.data = pack(unpack(packed.data, bits)[:, perm], bits)
         layer.register_buffer("input_perm", perm, persistent=False)
 
 
@@ -269,19 +290,21 @@ def _place(layer: LinearBase, param: nn.Parameter, full: torch.Tensor, shard) ->
     param.data.narrow(0, offset, size).copy_(shard_of(rows, 1, 0, cols, 1, what))
 
 
-def quantize_int4(weight: torch.Tensor, group: int, zero_point: bool):
-    """A model-dtype weight [out, in] rounded to int4 per group (dummy weights): (packed,
-    scale in the weight's dtype, zero points or None)."""
+def quantize_int4(weight: torch.Tensor, group: int, zero_point: bool, bits: int = 4):
+    """A model-dtype weight [out, in] rounded to `bits`-bit integers per group (dummy
+    weights): (packed, scale in the weight's dtype, zero points or None)."""
     w = weight.float().reshape(weight.shape[0], -1, group)
+    top, mid = (1 << bits) - 1, 1 << (bits - 1)
     if zero_point:
         lo, hi = w.amin(-1, keepdim=True).clamp(max=0), w.amax(-1, keepdim=True).clamp(min=0)
-        scale = _as_stored(((hi - lo) / 15).clamp(min=1e-8), weight.dtype)
-        zero = (-lo / scale).round().clamp(0, 15)
+        scale = _as_stored(((hi - lo) / top).clamp(min=1e-8), weight.dtype)
+        zero = (-lo / scale).round().clamp(0, top)
     else:
-        scale = _as_stored((w.abs().amax(-1, keepdim=True) / 7).clamp(min=1e-8), weight.dtype)
-        zero = torch.full_like(scale, 8.0)
-    q = (w / scale + zero).round().clamp(0, 15).to(torch.uint8).reshape(weight.shape)
-    return (pack(q), scale.squeeze(-1).to(weight.dtype),
+        scale = _as_stored((w.abs().amax(-1, keepdim=True) / (mid - 1)).clamp(min=1e-8),
+                           weight.dtype)
+        zero = torch.full_like(scale, float(mid))
+    q = (w / scale + zero).round().clamp(0, top).to(torch.uint8).reshape(weight.shape)
+    return (pack(q, bits), scale.squeeze(-1).to(weight.dtype),
             zero.squeeze(-1).to(torch.uint8) if zero_point else None)
 
 
@@ -289,7 +312,7 @@ def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:
     """A layer's whole model-dtype weight (dummy weights) rounded to int4 per group."""
     method: Int4Linear = layer.quant
     layer.weight = None
-    tensors = quantize_int4(weight, method.group(layer), method.zero_point)
+    tensors = quantize_int4(weight, method.group(layer), method.zero_point, method.bits)
     for name, tensor in zip(method.names, tensors):
         if tensor is not None:
             setattr(layer, name, nn.Parameter(tensor, requires_grad=False))

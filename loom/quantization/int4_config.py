@@ -47,6 +47,8 @@ class Int4Scheme:
     """Always: the checkpoint holds the int4 weights (dummy weights are quantized at load)."""
     act_order: bool = False
     """GPTQ's desc_act: each input feature's group is its g_idx entry, not k // group."""
+    bits: int = 4
+    """4 (W4A16) or 8 (W8A16: GPTQ-Int8, compressed-tensors' W8A16), packed alike."""
 
     def ignores(self, checkpoint_name: str) -> bool:
         return any(re.match(p[3:], checkpoint_name) if p.startswith("re:")
@@ -56,14 +58,15 @@ class Int4Scheme:
         """What one weight costs to read: half a byte, and its share of its group's scale
         (in the model's dtype) and zero point (one byte)."""
         if self.group_size is None:
-            return 0.5
-        return 0.5 + (dtype_bytes + (1 if self.zero_point else 0)) / self.group_size
+            return self.bits / 8
+        return self.bits / 8 + (dtype_bytes + (1 if self.zero_point else 0)) / self.group_size
 
     def describe(self) -> str:
         groups = ("a scale per output channel" if self.group_size is None
                   else f"a scale per {self.group_size} input features")
         zeros = "zero points" if self.zero_point else "symmetric"
-        return f"int4 weights ({self.method}, {groups}, {zeros}), activations unquantized"
+        return (f"int{self.bits} weights ({self.method}, {groups}, {zeros}), activations "
+                "unquantized")
 
 
 def _positive_group(where: str, value: Any) -> int | None:
@@ -76,14 +79,15 @@ def _positive_group(where: str, value: Any) -> int | None:
     return value
 
 
-def _four_bits(where: str, bits: Any) -> None:
-    if bits != 4:
-        raise ValueError(f"{where}: {bits!r}-bit weights are not supported; loom runs 4-bit "
-                         "integer weights (W4A16)")
+def _bits(where: str, bits: Any, allowed: tuple[int, ...] = (4, 8)) -> int:
+    if bits not in allowed:
+        raise ValueError(f"{where}: {bits!r}-bit weights are not supported; loom runs "
+                         f"{' or '.join(map(str, allowed))}-bit integer weights here")
+    return bits
 
 
 def awq_scheme(qc: dict[str, Any]) -> Int4Scheme:
-    _four_bits("quantization_config.bits", qc.get("bits", qc.get("w_bit", 4)))
+    _bits("quantization_config.bits", qc.get("bits", qc.get("w_bit", 4)), (4,))
     version = str(qc.get("version", "gemm")).lower()
     if version != "gemm":
         raise ValueError(f"quantization_config.version: {qc['version']!r}; loom reads "
@@ -97,7 +101,7 @@ def awq_scheme(qc: dict[str, Any]) -> Int4Scheme:
 
 
 def gptq_scheme(qc: dict[str, Any]) -> Int4Scheme:
-    _four_bits("quantization_config.bits", qc.get("bits", 4))
+    bits = _bits("quantization_config.bits", qc.get("bits", 4))
     if not qc.get("sym", True):
         raise ValueError("quantization_config.sym: asymmetric GPTQ checkpoints are not "
                          "supported; loom runs symmetric GPTQ (or asymmetric AWQ and "
@@ -113,17 +117,17 @@ def gptq_scheme(qc: dict[str, Any]) -> Int4Scheme:
     group = _positive_group("quantization_config.group_size", qc.get("group_size", 128))
     # One group per row has no order to permute.
     act_order = bool(qc.get("desc_act")) and group is not None
-    return Int4Scheme("gptq", group, False, ("lm_head",), act_order=act_order)
+    return Int4Scheme("gptq", group, False, ("lm_head",), act_order=act_order, bits=bits)
 
 
-def pack_quantized_scheme(where: str, weights: Any) -> tuple[int | None, bool]:
-    """(group size, zero points) of one compressed-tensors pack-quantized config group's
-    weights."""
+def pack_quantized_scheme(where: str, weights: Any) -> tuple[int | None, bool, int]:
+    """(group size, zero points, bits) of one compressed-tensors pack-quantized config
+    group's weights."""
     if not isinstance(weights, dict):
         raise ValueError(f"{where}: missing")
     if weights.get("type", "int") != "int":
         raise ValueError(f"{where}.type: {weights['type']!r}; pack-quantized weights are int")
-    _four_bits(f"{where}.num_bits", weights.get("num_bits"))
+    bits = _bits(f"{where}.num_bits", weights.get("num_bits"))
     if weights.get("dynamic"):
         raise ValueError(f"{where}.dynamic: must be false")
     actorder = weights.get("actorder")
@@ -140,4 +144,4 @@ def pack_quantized_scheme(where: str, weights: Any) -> tuple[int | None, bool]:
             raise ValueError(f"{where}.group_size: strategy 'group' needs one")
     else:
         raise ValueError(f"{where}.strategy: {strategy!r} is not one of channel, group")
-    return group, not weights.get("symmetric", True)
+    return group, not weights.get("symmetric", True), bits

@@ -10,9 +10,10 @@ the whole of a checkpoint shard's rows (the layer then keeps its rank's slice).
   every zero point at 8 (written as 7 by the original format, which adds one as it reads),
   and g_idx must be the plain group of each input feature (no act-order).
 
-A converter is `f(tensor, rows) -> tensor`, rows being the output rows of the checkpoint
-tensor (all ranks'); a check `f(tensor, rows, in_features, group)` raises ValueError naming
-what it found. Dense layers (`loom.quantization.int4`) and MoE experts
+A converter is `f(tensor, rows, bits) -> tensor`, rows being the output rows of the
+checkpoint tensor (all ranks'); a check `f(tensor, rows, in_features, group, bits)` raises
+ValueError naming what it found. 8-bit weights (GPTQ-Int8, W8A16) pack four to a word the
+same ways; AWQ is 4-bit only. Dense layers (`loom.quantization.int4`) and MoE experts
 (`loom.quantization.int4_moe`) share them.
 """
 
@@ -32,9 +33,9 @@ def _int32(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _ct_zeros(t, rows):
-    """[ceil(rows / 8), groups] packed along the rows -> [rows, groups]."""
-    return unpack(_int32("weight_zero_point", t).t().contiguous())[:, :rows].t()
+def _ct_zeros(t, rows, bits):
+    """[ceil(rows / per word), groups] packed along the rows -> [rows, groups]."""
+    return unpack(_int32("weight_zero_point", t).t().contiguous(), bits)[:, :rows].t()
 
 
 def _awq_unpack(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -43,21 +44,21 @@ def _awq_unpack(name: str, t: torch.Tensor) -> torch.Tensor:
     return u.view(u.shape[0], -1, PACK)[..., _AWQ_INVERSE].reshape(u.shape[0], -1).t()
 
 
-def _check_weight_shape(t, rows, k, group):
+def _check_weight_shape(t, rows, k, group, bits):
     want = [rows, k]
     if t.tolist() != want:
         raise ValueError(f"weight_shape: {t.tolist()} in the checkpoint; loom's config makes "
                          f"this weight {want}")
 
 
-def _check_gptq_zeros(t, rows, k, group):
-    values = torch.unique(unpack(_int32("qzeros", t)))
-    if values.numel() != 1 or int(values) not in (7, 8):
+def _check_gptq_zeros(t, rows, k, group, bits):
+    values, mid = torch.unique(unpack(_int32("qzeros", t), bits)), 1 << (bits - 1)
+    if values.numel() != 1 or int(values) not in (mid - 1, mid):
         raise ValueError(f"qzeros: zero points {values.tolist()[:4]} in a symmetric GPTQ "
-                         "checkpoint, whose zero points are all 8 (stored as 7)")
+                         f"checkpoint, whose zero points are all {mid} (stored as {mid - 1})")
 
 
-def _check_g_idx(t, rows, k, group):
+def _check_g_idx(t, rows, k, group, bits):
     plain = torch.arange(k, device=t.device) // (group or k)
     if t.shape != plain.shape or not torch.equal(t.to(plain.dtype), plain):
         raise ValueError("g_idx: input features are not in their plain groups (act-order, "
@@ -66,18 +67,18 @@ def _check_g_idx(t, rows, k, group):
 
 CONVERTERS = {
     "compressed-tensors": {
-        "weight_packed": lambda t, rows: _int32("weight_packed", t),
-        "weight_scale": lambda t, rows: t,
+        "weight_packed": lambda t, rows, bits: _int32("weight_packed", t),
+        "weight_scale": lambda t, rows, bits: t,
         "weight_zero_point": _ct_zeros,
     },
     "awq": {
-        "qweight": lambda t, rows: pack(_awq_unpack("qweight", t)),
-        "scales": lambda t, rows: t.t(),
-        "qzeros": lambda t, rows: _awq_unpack("qzeros", t),
+        "qweight": lambda t, rows, bits: pack(_awq_unpack("qweight", t)),
+        "scales": lambda t, rows, bits: t.t(),
+        "qzeros": lambda t, rows, bits: _awq_unpack("qzeros", t),
     },
     "gptq": {
-        "qweight": lambda t, rows: _int32("qweight", t).t().contiguous(),
-        "scales": lambda t, rows: t.t(),
+        "qweight": lambda t, rows, bits: _int32("qweight", t).t().contiguous(),
+        "scales": lambda t, rows, bits: t.t(),
     },
 }
 

@@ -26,7 +26,7 @@ from loom.layers.linear import shard_of
 from loom.layers.moe import FusedMoE
 from loom.models.weights import INT4_EXPERT_SUFFIXES
 from loom.quantization import int4_layouts as layouts
-from loom.quantization.int4 import _NAMES, PACK, Int4Linear, _raw, quantize_int4
+from loom.quantization.int4 import _NAMES, Int4Linear, _raw, per_word, quantize_int4
 from loom.quantization.int4_config import Int4Scheme
 from loom.quantization.staging import StagedWeight
 
@@ -51,7 +51,7 @@ def prepare_experts(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
                              "(its ignore list), which loom does not run beside int4 layers")
         group = scheme.group_size
         for attr, k in (("w13", layer.hidden_size), ("w2", layer.shard)):
-            if k % PACK or (group is not None and k % group):
+            if k % per_word(scheme.bits) or (group is not None and k % group):
                 raise ValueError(f"{name}.{attr}: {k} input features (at tensor-parallel size "
                                  f"{layer.tp_size}) are not whole int4 groups of "
                                  f"{group or k}; use a tensor-parallel size that splits the "
@@ -71,12 +71,13 @@ def _group(layer: FusedMoE, attr: str) -> int:
     return layer.int4.group_size or k
 
 
-def _shapes(layer: FusedMoE, attr: str, zero_point: bool, dtype: torch.dtype):
+def _shapes(layer: FusedMoE, attr: str, zero_point: bool, dtype: torch.dtype, bits: int):
     e = layer.num_experts
     rows, k = ((2 * layer.shard, layer.hidden_size) if attr == "w13"
                else (layer.hidden_size, layer.shard))
     groups = k // _group(layer, attr)
-    shapes = {"packed": ((e, rows, k // PACK), torch.int32), "scale": ((e, rows, groups), dtype)}
+    shapes = {"packed": ((e, rows, k // per_word(bits)), torch.int32),
+              "scale": ((e, rows, groups), dtype)}
     if zero_point:
         shapes["zero"] = ((e, rows, groups), torch.uint8)
     return shapes
@@ -86,9 +87,11 @@ def _parameters(layer: FusedMoE, attr: str, scheme: Int4Scheme, device: torch.de
     dtype = layer.params_dtype
     names = dict(zip(_KINDS, _NAMES[scheme.method]))
     convert = layouts.CONVERTERS[scheme.method]
-    for kind, (shape, elem) in _shapes(layer, attr, scheme.zero_point, dtype).items():
+    for kind, (shape, elem) in _shapes(layer, attr, scheme.zero_point, dtype,
+                                       scheme.bits).items():
         def loader(p, t, shard_id, name=names[kind]):
-            _place(layer, attr, p, convert[name](t, _checkpoint_rows(layer, shard_id)), shard_id)
+            _place(layer, attr, p, convert[name](t, _checkpoint_rows(layer, shard_id),
+                                                 scheme.bits), shard_id)
         setattr(layer, attr + _ATTRS[kind],
                 _raw(torch.empty(shape, dtype=elem, device=device), loader))
     checked = layouts.CHECKED[scheme.method]
@@ -98,7 +101,8 @@ def _parameters(layer: FusedMoE, attr: str, scheme: Int4Scheme, device: torch.de
 
         def checker(p, t, shard_id, check=check):
             full_in = layer.hidden_size if shard_id[1] is not None else layer.shard * layer.tp_size
-            check(t, _checkpoint_rows(layer, shard_id), full_in, scheme.group_size)
+            check(t, _checkpoint_rows(layer, shard_id), full_in, scheme.group_size,
+                  scheme.bits)
         suffix = INT4_EXPERT_SUFFIXES[name]
         setattr(layer, attr + suffix, _raw(torch.empty(0, dtype=torch.int32, device=device),
                                            checker))
@@ -133,7 +137,8 @@ def _staged(name: str, layer: FusedMoE, attr: str, device: torch.device) -> nn.P
     to int4 expert by expert."""
     def quantize(layer: FusedMoE, staging: torch.Tensor) -> None:
         group = _group(layer, attr)
-        parts = [quantize_int4(w, group, layer.int4.zero_point) for w in staging]
+        parts = [quantize_int4(w, group, layer.int4.zero_point, layer.int4.bits)
+                 for w in staging]
         for kind, tensors in zip(_KINDS, zip(*parts)):
             if tensors[0] is not None:
                 setattr(layer, attr + _ATTRS[kind],

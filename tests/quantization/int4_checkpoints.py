@@ -15,14 +15,14 @@ GROUP = 32
 """The tiny models' layers are 32-128 features wide: groups of 32 give each layer several."""
 
 
-def _args(group: int | None, symmetric: bool):
+def _args(group: int | None, symmetric: bool, bits: int = 4):
     from compressed_tensors.quantization import QuantizationArgs
-    return QuantizationArgs(num_bits=4, type="int", symmetric=symmetric,
+    return QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric,
                             strategy="channel" if group is None else "group", group_size=group)
 
 
 def write_int4_checkpoint(model, path: str, group: int | None, symmetric: bool,
-                          ignore: list[str]):
+                          ignore: list[str], bits: int = 4):
     """Quantize `model` (a transformers model) to int4 weights, a scale per `group` input
     features (None: per channel) and zero points unless symmetric, and save it compressed
     (pack-quantized) to `path`, as llm-compressor's W4A16 recipes do. Returns the
@@ -35,7 +35,7 @@ def write_int4_checkpoint(model, path: str, group: int | None, symmetric: bool,
     from compressed_tensors.quantization import (QuantizationConfig, QuantizationScheme,
                                                  QuantizationStatus, apply_quantization_config)
     from compressed_tensors.quantization.utils import calculate_qparams
-    args = _args(group, symmetric)
+    args = _args(group, symmetric, bits)
     apply_quantization_config(model, QuantizationConfig(
         config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
         ignore=ignore, quantization_status=QuantizationStatus.INITIALIZED))
@@ -77,23 +77,25 @@ def _rewrite(path: str, dest: str, quantization_config: dict, convert) -> str:
     return dest
 
 
-def _values(t: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _values(t: dict, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A layer's unsigned int4 weights [out, in] and zero points [out, groups] (or None),
     unpacked by compressed-tensors."""
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
     shape = torch.Size(t["weight_shape"].tolist())
-    q = unpack_from_int32(t["weight_packed"], 4, shape).to(torch.int32) + 8
+    mid = 1 << (bits - 1)
+    q = unpack_from_int32(t["weight_packed"], bits, shape).to(torch.int32) + mid
     if "weight_zero_point" not in t:
         return q, None
     zshape = torch.Size([shape[0], t["weight_scale"].shape[1]])
-    return q, unpack_from_int32(t["weight_zero_point"], 4, zshape, packed_dim=0).to(torch.int32) + 8
+    zero = unpack_from_int32(t["weight_zero_point"], bits, zshape, packed_dim=0)
+    return q, zero.to(torch.int32) + mid
 
 
-def _pack(unsigned: torch.Tensor) -> torch.Tensor:
+def _pack(unsigned: torch.Tensor, bits: int = 4) -> torch.Tensor:
     """Eight unsigned int4 values per int32 along dim 1, value i at bits 4i
     (compressed-tensors' packing)."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-    return pack_to_int32((unsigned - 8).to(torch.int8), 4)
+    return pack_to_int32((unsigned - (1 << (bits - 1))).to(torch.int8), bits)
 
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
@@ -121,27 +123,28 @@ def as_awq(path: str, dest: str, group: int, not_converted: list[str]) -> str:
                                  "modules_to_not_convert": not_converted}, _to_awq)
 
 
-def _to_gptq(t: dict, g_idx: torch.Tensor | None = None) -> dict:
-    q, zero = _values(t)
+def _to_gptq(t: dict, g_idx: torch.Tensor | None = None, bits: int = 4) -> dict:
+    q, zero = _values(t, bits)
     assert zero is None, "GPTQ checkpoints here are symmetric"
     out, k = q.shape
     groups = t["weight_scale"].shape[1]
-    # zero points of 8 stored as 7: the original format adds one as it reads them
-    return {"qweight": _pack(q).t().contiguous(),
-            "qzeros": _pack(torch.full((groups, out), 7, dtype=torch.int32)),
+    mid = 1 << (bits - 1)  # zero points of mid stored as mid - 1 (7, or 127 for 8 bits)
+    return {"qweight": _pack(q, bits).t().contiguous(),
+            "qzeros": _pack(torch.full((groups, out), mid - 1, dtype=torch.int32), bits),
             "scales": t["weight_scale"].t().contiguous(),
             "g_idx": (torch.arange(k) // (k // groups) if g_idx is None else g_idx)
             .to(torch.int32)}
 
 
-def as_gptq(path: str, dest: str, group: int | None, g_idx=None, **config) -> str:
+def as_gptq(path: str, dest: str, group: int | None, g_idx=None, bits: int = 4,
+            **config) -> str:
     """The symmetric compressed-tensors checkpoint at `path` in GPTQ's layout: qweight
     [in / 8, out] (the same words, transposed), scales [in / group, out], qzeros all 7,
     g_idx each input feature's group (or `g_idx(in_features)`)."""
-    qc = {"quant_method": "gptq", "bits": 4, "group_size": group or -1, "desc_act": False,
+    qc = {"quant_method": "gptq", "bits": bits, "group_size": group or -1, "desc_act": False,
           "sym": True, "checkpoint_format": "gptq", **config}
     return _rewrite(path, dest, qc, lambda t, module: _to_gptq(
-        t, None if g_idx is None else g_idx(t["weight_shape"][1].item())))
+        t, None if g_idx is None else g_idx(t["weight_shape"][1].item()), bits))
 
 
 _INPUTS = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": "o",
@@ -194,7 +197,7 @@ def write_act_order_gptq(model, path: str, group: int, seed: int = 3):
     return reference
 
 
-def write_int4_moe_checkpoint(model, path: str, group: int, symmetric: bool):
+def write_int4_moe_checkpoint(model, path: str, group: int, symmetric: bool, bits: int = 4):
     """An int4 checkpoint of a transformers MoE model (Qwen3-MoE's fused experts): its
     Linear layers by `write_int4_checkpoint`, and every expert's gate, up and down
     projection quantized alike by compressed-tensors' `quantize` (scales and zero points
@@ -206,7 +209,7 @@ def write_int4_moe_checkpoint(model, path: str, group: int, symmetric: bool):
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize, quantize
     from compressed_tensors.quantization.utils import calculate_qparams
     from safetensors.torch import load_file, save_file
-    args = _args(group, symmetric)
+    args = _args(group, symmetric, bits)
     quantized = {}  # checkpoint name -> tensor
     fake = {}  # (layer, "gate_up_proj" | "down_proj") -> the dequantized stacked weight
     for name, module in model.named_modules():
@@ -226,16 +229,17 @@ def write_int4_moe_checkpoint(model, path: str, group: int, symmetric: bool):
                 q = quantize(w, scale, zero, args, dtype=torch.int8)
                 deq[proj] = fake_quantize(w, scale, zero, args)
                 base = f"{prefix}.{e}.{proj}"
-                quantized[f"{base}.weight_packed"] = _pack(q.to(torch.int32) + 8)
+                quantized[f"{base}.weight_packed"] = _pack(q.to(torch.int32) + (1 << (bits - 1)),
+                                                           bits)
                 quantized[f"{base}.weight_scale"] = scale
                 quantized[f"{base}.weight_shape"] = torch.tensor(w.shape)
                 if not symmetric:  # packed along the rows, as compressed-tensors packs them
                     quantized[f"{base}.weight_zero_point"] = pack_to_int32(
-                        zero.to(torch.int8), 4, packed_dim=0)
+                        zero.to(torch.int8), bits, packed_dim=0)
             stacks["gate_up_proj"].append(torch.cat([deq["gate_proj"], deq["up_proj"]]))
             stacks["down_proj"].append(deq["down_proj"])
         fake.update({(name, k): torch.stack(v) for k, v in stacks.items()})
-    reference = write_int4_checkpoint(model, path, group, symmetric, ["lm_head"])
+    reference = write_int4_checkpoint(model, path, group, symmetric, ["lm_head"], bits)
     for (name, attr), w in fake.items():
         getattr(reference.get_submodule(name), attr).data.copy_(w)
     file = Path(path) / "model.safetensors"

@@ -158,3 +158,25 @@ def test_int4_moe_experts(kwargs, moe_checkpoint):
     its groups of down's input features."""
     path, reference, unquantized = moe_checkpoint
     _check_against(_llm(path, **kwargs), reference, unquantized)
+
+
+@pytest.mark.parametrize("layout", ["compressed-tensors", "gptq"])
+def test_8_bit_weights(layout, tmp_path):
+    """W8A16 (compressed-tensors) and GPTQ-Int8: four values a word, zero points of 128."""
+    base = str(tmp_path / "base")
+    path = str(tmp_path / "w8a16")
+    unquantized = make_tiny_model("qwen3", base)
+    reference = write_int4_checkpoint(make_tiny_model("qwen3", base), path, GROUP, True,
+                                      ["lm_head"], bits=8)
+    if layout == "gptq":
+        path = as_gptq(path, str(tmp_path / "gptq"), GROUP, bits=8)
+    _check_against(_llm(path), reference, unquantized.eval())
+
+
+def test_8_bit_moe_experts(tmp_path):
+    from tests.quantization.int4_checkpoints import write_int4_moe_checkpoint
+    base, path = str(tmp_path / "base"), str(tmp_path / "w8")
+    unquantized = make_tiny_model("qwen3_moe", base)
+    reference = write_int4_moe_checkpoint(make_tiny_model("qwen3_moe", base), path, 16, False,
+                                          bits=8)
+    _check_against(_llm(path), reference, unquantized.eval())

@@ -56,6 +56,11 @@ def test_schemes_read():
     assert quant_scheme(_cfg(GPTQ, desc_act=True), None).act_order
     assert not quant_scheme(_cfg(GPTQ, desc_act=True, group_size=-1), None).act_order
     assert not gptq.act_order and not awq.act_order
+    int8 = quant_scheme(_cfg(GPTQ, bits=8), None)  # GPTQ-Int8
+    assert int8.bits == 8 and "int8 weights (gptq" in int8.describe()
+    assert int8.bytes_per_weight(2) == 1 + 2 / 128
+    w8a16 = quant_scheme(_ct(lambda qc, g: g["weights"].update(num_bits=8)), None)
+    assert (w8a16.bits, w8a16.group_size) == (8, 128)
 
 
 @pytest.mark.parametrize("config, field", [
@@ -65,7 +70,9 @@ def test_schemes_read():
     (_cfg(GPTQ, sym=False), r"quantization_config\.sym: asymmetric GPTQ"),
     (_cfg(GPTQ, lm_head=True), r"quantization_config\.lm_head"),
     (_cfg(GPTQ, checkpoint_format="marlin"), r"quantization_config\.checkpoint_format"),
-    (_ct(lambda qc, g: g["weights"].update(num_bits=8)), r"group_0\.weights\.num_bits"),
+    (_ct(lambda qc, g: g["weights"].update(num_bits=3)), r"group_0\.weights\.num_bits: 3-bit"),
+    (_cfg(GPTQ, bits=2), r"quantization_config\.bits: 2-bit weights are not supported; loom "
+                         r"runs 4 or 8-bit"),
     (_ct(lambda qc, g: g["weights"].update(actorder="group")), r"group_0\.weights\.actorder"),
     (_ct(lambda qc, g: g["weights"].update(strategy="tensor")), r"group_0\.weights\.strategy"),
     (_ct(lambda qc, g: g["weights"].update(type="float")), r"group_0\.weights\.type"),

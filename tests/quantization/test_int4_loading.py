@@ -104,7 +104,7 @@ def test_groups_a_rank_cannot_hold_whole_are_refused(tmp_path, monkeypatch):
                         parallel_state.GroupCoordinator("tp", 0, 2, None))
     path = _with_config("llama", tmp_path, dict(AWQ_CONFIG, group_size=64))
     with pytest.raises(ValueError, match=r"o_proj: 32 input features at tensor-parallel size 2 "
-                                         r"are not a whole number of int4 groups of 64"):
+                                         r"are not a whole number of groups of 64"):
         _load(path, load_format="dummy")
 
 
@@ -166,6 +166,20 @@ def test_dummy_weights_are_rounded_to_int4_per_group(kind, linear, zero_point, t
                 _close_to_drawn(int4.dequantize(packed[e], scale[e], None if zero is None
                                                 else zero[e], GROUP), drawn[e], scale[e],
                                 f"{name}.{attr}[{e}]")
+
+
+def test_dummy_weights_in_8_bits(tmp_path):
+    """GPTQ-Int8's config with dummy weights: four values a word, symmetric about 128."""
+    path = _with_config("llama", tmp_path, {"quant_method": "gptq", "bits": 8,
+                                            "group_size": GROUP, "desc_act": False})
+    plain = _load(path, load_format="dummy", quantization=None, dtype="bfloat16",
+                  hf_overrides={"quantization_config": None})
+    quantized = _load(path, load_format="dummy", dtype="bfloat16")
+    layer = quantized.get_submodule("model.layers.1.mlp.down_proj")
+    packed, scale, zero = layer.quant.tensors(layer)
+    assert zero is None and packed.shape == (64, 128 // 4)
+    _close_to_drawn(int4.dequantize(packed, scale, None, GROUP, bits=8),
+                    plain.get_submodule("model.layers.1.mlp.down_proj").weight, scale, "down")
 
 
 def test_int4_op_in_a_compiled_model(tmp_path, monkeypatch):
