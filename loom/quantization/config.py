@@ -157,7 +157,7 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme | Int4Scheme:
 def _pack_quantized(qc: dict[str, Any], groups: dict[str, Any], every: bool) -> Int4Scheme:
     """int4 weight-only groups (W4A16, W4A16_ASYM), all alike."""
     if not every:
-        raise ValueError("quantization_config.config_groups: pack-quantized (int4) groups "
+        raise ValueError("quantization_config.config_groups: pack-quantized (int) groups "
                          "beside other formats are not supported")
     schemes = set()
     for name, group in groups.items():
@@ -189,7 +189,8 @@ def _group_scheme(name: str, group: dict[str, Any],
     fmt = group.get("format") or top_format
     if fmt not in ("float-quantized", "naive-quantized"):
         raise ValueError(f"{where}.format: {fmt!r} is not supported; loom reads fp8 "
-                         "checkpoints (float-quantized)")
+                         "(float-quantized) and int4/int8 weight-only (pack-quantized) "
+                         "checkpoints")
     _targets_linear(where, group)
     if group.get("output_activations"):
         raise ValueError(f"{where}.output_activations: not supported")

@@ -80,7 +80,7 @@ def test_schemes_read():
      r"group_0\.input_activations: int4 weights run with unquantized activations"),
     (_ct(lambda qc, g: g.update(targets=["re:.*mlp.*"])), r"group_0\.targets"),
     (_ct(lambda qc, g: qc["config_groups"].update(group_1={**g, "format": "float-quantized"})),
-     r"pack-quantized \(int4\) groups beside other formats"),
+     r"pack-quantized \(int\) groups beside other formats"),
     (_ct(lambda qc, g: qc["config_groups"].update(
         group_1={**g, "weights": {**g["weights"], "group_size": 64}})),
      r"different group sizes"),
