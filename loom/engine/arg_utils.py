@@ -159,9 +159,9 @@ class EngineArgs:
         g.add_argument("-q", "--quantization", default=None,
                        help="fp8: quantize the weights to fp8 at load (W8A8, a scale per output "
                        "channel, activations per token); fp8 or compressed-tensors: the "
-                       "checkpoint's own fp8 quantization_config (read without this flag too); awq, "
-                       "gptq (or awq_marlin, gptq_marlin) or compressed-tensors: the "
-                       "checkpoint's int4 weights (W4A16)")
+                       "checkpoint's own fp8 quantization_config (read without this flag "
+                       "too); awq, gptq (or awq_marlin, gptq_marlin) or compressed-tensors: the "
+                       "checkpoint's int4 or int8 weights (W4A16, W8A16)")
         g.add_argument("--speculative-config", default=None,
                        help="JSON object for speculative decoding, as vLLM's: "
                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "

@@ -1,7 +1,8 @@
 """int4 weight-only linear layers (W4A16): 4-bit integer weights with a scale, and for
 asymmetric schemes a zero point, per output row per group of input features; the
 activations stay in the model's dtype. `loom.quantization.int4_config` says which
-checkpoints hold them.
+checkpoints hold them. 8-bit weights (W8A16, GPTQ-Int8) take the same path with four
+values a word and zero points about 128 (`bits`).
 
 Whatever the checkpoint's layout, a layer holds its weights one way (compressed-tensors'
 pack-quantized one, unsigned):
@@ -174,6 +175,7 @@ def _kernel_applies(device: torch.device):
     if device.type != "cuda":
         return None
     from loom.kernels import int4_linear
+
     def applies(layer: LinearBase, method: Int4Linear) -> bool:
         if method.bits == 4:
             return int4_linear.kernel_applies(layer.in_features, method.group(layer))
@@ -242,7 +244,8 @@ def _load_g_idx(layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor) ->
     if tuple(loaded.shape) != tuple(param.shape):
         raise ValueError(f"g_idx: {tuple(loaded.shape)} in the checkpoint; the layer has "
                          f"{param.shape[0]} input features")
-    if getattr(layer, "g_idx_loaded", False) and not torch.equal(param.data, loaded.to(param.device)):
+    loaded = loaded.to(param.device)
+    if getattr(layer, "g_idx_loaded", False) and not torch.equal(param.data, loaded):
         raise ValueError("g_idx: the stacked projections (q/k/v or gate/up) of one layer have "
                          "different act orders; loom multiplies them as one matrix")
     param.data.copy_(loaded)

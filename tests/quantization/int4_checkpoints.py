@@ -183,7 +183,8 @@ def write_act_order_gptq(model, path: str, group: int, seed: int = 3):
         if name in perms:
             t = {k: tensors[f"{name}.{k}"] for k in _PACKED if f"{name}.{k}" in tensors}
             q, _ = _values(t)
-            w = (q - 8).float().view(q.shape[0], -1, group) * t["weight_scale"].float().unsqueeze(-1)
+            w = ((q - 8).float().view(q.shape[0], -1, group)
+                 * t["weight_scale"].float().unsqueeze(-1))
             module.weight.data = w.reshape(q.shape)[:, torch.argsort(perms[name])]
 
     def convert(t: dict, module: str) -> dict:
