@@ -16,10 +16,11 @@ step loads BLOCK_K / P words a weight row (the only weight bytes read), shifts e
 by 0, bits, .., 32 - bits and masks the value (so an int32 word's sign does not matter),
 subtracts the zero points, and multiplies the rows of x by these small integers on the
 tensor cores with float32 sums: -15..15 for 4 bits, -255..255 for 8, exact in bfloat16
-(8 significant bits: every integer up to 256 in magnitude) and float16 (up to 2048). That partial tile is
-then multiplied by the group's scales, one float32 per column, and added to the float32
-accumulator. Scaling before the dot would round every weight to the activations' dtype
-first; here the only roundings are the dot's float32 sums and the output's one cast.
+(8 significant bits: every integer up to 256 in magnitude) and float16 (up to 2048). That
+partial tile is then multiplied by the group's scales, one float32 per column, and added to
+the float32 accumulator. Scaling before the dot would round every weight to the
+activations' dtype first; here the only roundings are the dot's float32 sums and the
+output's one cast.
 
 Two regimes, chosen from the row count (`default_config`):
 
