@@ -22,9 +22,10 @@ holds the GEMV kernels' configs (GEMV = 1, loom/kernels/moe_gemv.py). `--weight-
 (or fp8-block) times and tunes fp8 experts (W8A16) and their `dtype=float8_e4m3fn` file;
 `--weight-dtype int4` int4 experts (W4A16: random packed weights, a scale and a zero point
 per group of 128, as AWQ / GPTQ releases hold them) and their `dtype=int4_w4a16` file
-(its grid's grouped-GEMM tiles step K by at most the group's 128 columns). The GB/s column
-counts the bytes a weight takes: 2 (bf16), 1 (fp8), or 0.5 plus its group's scale and zero
-point (int4).
+(its grid's grouped-GEMM tiles step K by at most the group's 128 columns); `--weight-dtype
+int8` 8-bit integer experts alike (W8A16: GPTQ-Int8, compressed-tensors' W8A16; four values
+a word) and their `dtype=int8_w8a16` file. The GB/s column counts the bytes a weight takes:
+2 (bf16), 1 (fp8), or 0.5 (int4) or 1 (int8) plus its group's scale and zero point.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ from loom.kernels.compile_pool import compile_pool
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("bfloat16", "float16")
-WEIGHT_DTYPES = ("auto", "fp8", "fp8-block", "int4")
+WEIGHT_DTYPES = ("auto", "fp8", "fp8-block", "int4", "int8")
 INT4_GROUP = 128
-"""`--weight-dtype int4`'s group size: AWQ's and GPTQ's usual one."""
+"""`--weight-dtype int4`'s (and int8's) group size: AWQ's and GPTQ's usual one."""
+INTEGER_BITS = {"int4": 4, "int8": 8}
+"""`--weight-dtype`s of packed integer experts, and their bits."""
 TOP_FOR_GROUPS = 3
 """How many of the fastest configs of a batch size get re-timed, with GROUP_M variants."""
 
@@ -75,7 +78,8 @@ def register(subparsers) -> None:
                         "fp8-block (128x128 block scales, as Qwen3's FP8 releases); fp8 "
                         "tunes the float8_e4m3fn table, which both fp8 layouts read; int4 "
                         "(W4A16, random packed weights with a scale and zero point per "
-                        "group of 128) tunes the int4_w4a16 table")
+                        "group of 128) tunes the int4_w4a16 table; int8 (W8A16, 8-bit "
+                        "integers packed alike) the int8_w8a16 table")
     p.add_argument("--num-iters-warmup", type=int, default=3)
     p.add_argument("--num-iters", type=int, default=20,
                    help="timed replays per result (the search's first pass takes fewer at "
@@ -101,12 +105,14 @@ class Bench:
                     * h ** -0.5).to(dtype)
         self.w2 = (torch.randn(e, h, n, device=self.device, generator=gen) * n ** -0.5).to(dtype)
         self.quant: dict[str, Any] = {}
-        """fused_moe's fp8 arguments (scales, block) when the experts are fp8, int4 ones
-        (scales, zero points, group size) when they are int4."""
+        """fused_moe's fp8 arguments (scales, block) when the experts are fp8, int4 / int8
+        ones (scales, zero points, group size, bits) when they are packed integers."""
+        self.bits = INTEGER_BITS.get(weight_dtype, 4)
+        """The packed integer experts' width (4 unless --weight-dtype int8)."""
         self.bytes_per_weight: float = self.w13.element_size()
-        """What the GB/s column counts per weight (int4: half a byte and its group's
-        share of a scale and a zero point)."""
-        if weight_dtype == "int4":
+        """What the GB/s column counts per weight (int4: half a byte, int8: one, and its
+        group's share of a scale and a zero point)."""
+        if weight_dtype in INTEGER_BITS:
             self._to_int4(gen)
         elif weight_dtype != "auto":
             self._to_fp8(weight_dtype == "fp8-block")
@@ -132,17 +138,19 @@ class Bench:
         self.quant = {**scaled, "weight_block": (128, 128) if blocks else None}
 
     def _to_int4(self, gen) -> None:
-        """Random int4 experts in place of the drawn ones (the values are not timed)."""
+        """Random int4 (int8: 8-bit) experts in place of the drawn ones (the values are not
+        timed)."""
         e, h, n = self.shape.num_experts, self.shape.hidden, self.shape.inter
-        self.w13, s13, z13 = random_int4_experts(e, 2 * n, h, self.dtype, gen)
-        self.w2, s2, z2 = random_int4_experts(e, h, n, self.dtype, gen)
+        bits = self.bits
+        self.w13, s13, z13 = random_int4_experts(e, 2 * n, h, self.dtype, gen, bits=bits)
+        self.w2, s2, z2 = random_int4_experts(e, h, n, self.dtype, gen, bits=bits)
         self.quant = {"w13_scale": s13, "w2_scale": s2, "w13_zero": z13, "w2_zero": z2,
-                      "group_size": INT4_GROUP}
-        self.bytes_per_weight = 0.5 + (s13.element_size() + 1) / INT4_GROUP
+                      "group_size": INT4_GROUP, "bits": bits}
+        self.bytes_per_weight = bits / 8 + (s13.element_size() + 1) / INT4_GROUP
 
     def search_space(self, num_tokens: int) -> list[dict[str, int]]:
-        """The first pass's configs; for int4 experts without the grouped-GEMM tiles whose
-        BLOCK_K a group caps (they would run as the capped ones: timed twice)."""
+        """The first pass's configs; for packed integer experts without the grouped-GEMM
+        tiles whose BLOCK_K a group caps (they would run as the capped ones: timed twice)."""
         space = search_space(self.shape, num_tokens)
         if "group_size" not in self.quant:
             return space
@@ -191,19 +199,24 @@ class Bench:
 
 
 def random_int4_experts(experts: int, rows: int, cols: int, dtype, generator,
-                        group: int = INT4_GROUP) -> tuple:
-    """Stacked int4 experts [E, rows, cols] as fused_moe takes them, on the generator's
-    device: packed words drawn uniformly (values 0..15), zero points 6..10 and scales
-    about 1 / (4.6 sqrt(cols)) (a value less its zero point has a spread of about 4.6),
-    so that a row's product with O(1) activations stays O(1)."""
+                        group: int = INT4_GROUP, bits: int = 4) -> tuple:
+    """Stacked int4 (bits=8: 8-bit) experts [E, rows, cols] as fused_moe takes them, on
+    the generator's device: packed words drawn uniformly (values 0 .. 2^bits - 1), zero
+    points within 2 (8 bits: 32) of the middle 2^(bits - 1) and scales about
+    1 / (spread * sqrt(cols)) (a value less its zero point has a spread of
+    sqrt((4^bits - 1) / 12): 4.6, or 74), so that a row's product with O(1) activations
+    stays O(1)."""
     import torch
     device = generator.device
-    words = torch.randint(-2 ** 31, 2 ** 31, (experts, rows, cols // 8), dtype=torch.int32,
-                          device=device, generator=generator)
+    words = torch.randint(-2 ** 31, 2 ** 31, (experts, rows, cols * bits // 32),
+                          dtype=torch.int32, device=device, generator=generator)
     groups = (experts, rows, cols // group)
+    spread = ((4 ** bits - 1) / 12) ** 0.5
     scale = ((torch.rand(groups, device=device, generator=generator) + 0.5)
-             / (4.6 * cols ** 0.5)).to(dtype)
-    zero = torch.randint(6, 11, groups, dtype=torch.uint8, device=device, generator=generator)
+             / (spread * cols ** 0.5)).to(dtype)
+    mid, reach = 1 << (bits - 1), 1 << (bits - 3)
+    zero = torch.randint(mid - reach, mid + reach + 1, groups, dtype=torch.uint8,
+                         device=device, generator=generator)
     return words, scale, zero
 
 
@@ -352,12 +365,13 @@ def _tune_rows(bench: Bench, sizes: list[int],
 def _picked_rows(bench: Bench, sizes: list[int], elem_size: float) -> list[dict[str, Any]]:
     """Time the config fused_moe itself picks at each batch size."""
     from loom.kernels import moe_config as mc
+    from loom.kernels.moe_quant import table_dtype
     shape = bench.shape
     rows = []
     for m in sizes:
         bench.set_batch(m)
         config = mc.get_config(m, shape.top_k, shape.num_experts, shape.inter, bench.dtype,
-                               bench.device, weight_dtype=mc.table_dtype(bench.w13))
+                               bench.device, weight_dtype=table_dtype(bench.w13, bench.bits))
         row = _row(bench, m, config, bench.time_us(config), elem_size)
         rows.append(row)
         print(_line(row), flush=True)
@@ -369,12 +383,14 @@ def run_moe(args: argparse.Namespace) -> int:
     sizes = _check_args(args)
     import torch
     from loom.kernels import moe_config as mc
+    from loom.kernels.moe_quant import table_dtype
 
     dtype = getattr(torch, args.dtype)
     bench = Bench(shape, dtype, args.seed, args.num_iters_warmup, args.num_iters,
                   args.weight_dtype)
     elem_size = bench.bytes_per_weight
-    file_name = mc.config_file_name(shape.num_experts, shape.inter, mc.table_dtype(bench.w13),
+    file_name = mc.config_file_name(shape.num_experts, shape.inter,
+                                    table_dtype(bench.w13, bench.bits),
                                     mc.device_name(bench.device))
     device = torch.cuda.get_device_name(bench.device)
     print(f"{device}: E={shape.num_experts} top_k={shape.top_k} H={shape.hidden} "

@@ -9,7 +9,8 @@ passed in, else a tuned one, else the defaults) picks the kernels for a call of 
     reads its expert's rows directly, nothing sorted or padded.
 Expert weights may be fp8 with float32 scales, per output channel or per block (W8A16),
 or int4 packed eight a word with a scale and zero point per group (W4A16, AWQ / GPTQ /
-compressed-tensors releases such as Qwen3-30B-A3B's): loom/kernels/moe_quant.py. The
+compressed-tensors releases such as Qwen3-30B-A3B's), or with bits=8 8-bit integers packed
+four a word (W8A16: GPTQ-Int8, compressed-tensors' W8A16): loom/kernels/moe_quant.py. The
 activations stay in the model's dtype.
 """
 
@@ -20,10 +21,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from loom.kernels.moe_config import get_config, normalize_config, table_dtype
+from loom.kernels.moe_config import get_config, normalize_config
 from loom.kernels.moe_gemm import Launch, moe_launches
 from loom.kernels.moe_gemv import moe_gemv_launches
-from loom.kernels.moe_quant import ExpertQuant, dequantize_expert, expert_quant, in_features
+from loom.kernels.moe_quant import (ExpertQuant, check_bits, dequantize_expert, expert_quant,
+                                    in_features, table_dtype)
 from loom.library import loom_op
 
 
@@ -32,7 +34,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
               weight_block: tuple[int, int] | list[int] | None = None,
               w13_zero: torch.Tensor | None = None, w2_zero: torch.Tensor | None = None,
-              group_size: int | None = None,
+              group_size: int | None = None, bits: int = 4,
               config: dict[str, Any] | None = None,
               block_m: int | None = None, block_n: int | None = None,
               block_k: int | None = None, group_m: int | None = None,
@@ -49,17 +51,21 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     k % 8 of word k // 8) come with group_size G (dividing H and I, a multiple of a power of
     two >= 16; G = K: a scale per output channel), scales [E, N, K / G] in hidden's dtype
     and uint8 zero points of that shape, or None for 8: w = (q - zero) * scale.
+    bits=8: 8-bit integer weights packed alike, four a word (w13 [E, 2I, H / 4], w2
+    [E, H, I / 4], value k of a row in byte k % 4 of word k // 4), zero points 0..255 or
+    None for 128. bits other than 4 or 8: a ValueError; group_size None: each weight's group
+    its K (words * 32 / bits) over its scale's width.
     Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
     tma given here on top.
     """
     num_tokens, hidden_size = hidden.shape
     quant = expert_quant(w13, w2, w13_scale, w2_scale, weight_block, w13_zero, w2_zero,
-                         group_size, hidden.dtype)
-    _check_shapes(hidden, w13, w2)
+                         group_size, hidden.dtype, bits)
+    _check_shapes(hidden, w13, w2, bits)
     if num_tokens == 0:
         return torch.zeros_like(hidden)
     cfg = get_config(num_tokens, topk_ids.shape[1], w13.shape[0], w13.shape[1] // 2,
-                     hidden.dtype, hidden.device, config, weight_dtype=table_dtype(w13))
+                     hidden.dtype, hidden.device, config, weight_dtype=table_dtype(w13, bits))
     overrides = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                  "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
                  "GEMV": gemv, "TMA": tma}
@@ -69,25 +75,29 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg, quant)
 
 
-def _check_shapes(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> None:
+def _check_shapes(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  bits: int = 4) -> None:
     hidden_size, inter = hidden.shape[1], w13.shape[1] // 2
-    if hidden.stride(1) != 1 or in_features(w13) != hidden_size or w2.shape[0] != w13.shape[0] \
-            or (w2.shape[1], in_features(w2)) != (hidden_size, inter):
+    per_word = check_bits(bits)
+    if hidden.stride(1) != 1 or in_features(w13, bits) != hidden_size \
+            or w2.shape[0] != w13.shape[0] \
+            or (w2.shape[1], in_features(w2, bits)) != (hidden_size, inter):
         raise ValueError("fused_moe: expected hidden [T, H] (contiguous rows), w13 [E, 2I, H], "
-                         "w2 [E, H, I] (int4: w13 [E, 2I, H / 8], w2 [E, H, I / 8]); got "
-                         f"{tuple(hidden.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+                         f"w2 [E, H, I] (int{bits}: w13 [E, 2I, H / {per_word}], w2 "
+                         f"[E, H, I / {per_word}]); got {tuple(hidden.shape)}, "
+                         f"{tuple(w13.shape)}, {tuple(w2.shape)}")
 
 
 @loom_op("fused_moe", "(Tensor hidden, Tensor w13, Tensor w2, Tensor topk_weights, "
                      "Tensor topk_ids, Tensor? w13_scale=None, Tensor? w2_scale=None, "
                      "int[]? weight_block=None, Tensor? w13_zero=None, Tensor? w2_zero=None, "
-                     "int? group_size=None) -> Tensor")
+                     "int? group_size=None, int bits=4) -> Tensor")
 def fused_moe_op(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
                  weight_block: list[int] | None = None, w13_zero: torch.Tensor | None = None,
                  w2_zero: torch.Tensor | None = None,
-                 group_size: int | None = None) -> torch.Tensor:
+                 group_size: int | None = None, bits: int = 4) -> torch.Tensor:
     """fused_moe as one opaque operator (`torch.ops.loom.fused_moe`). Called directly,
     fused_moe is traced by torch.compile: its tuned config then comes from the token count
     at trace time, with a range guard per key crossed, and a token count past a guard
@@ -95,12 +105,13 @@ def fused_moe_op(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     token count, each CUDA graph capturing its own, and the graph never recompiles for it."""
     return fused_moe(hidden, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale,
                      w2_scale=w2_scale, weight_block=weight_block, w13_zero=w13_zero,
-                     w2_zero=w2_zero, group_size=group_size)
+                     w2_zero=w2_zero, group_size=group_size, bits=bits)
 
 
 @fused_moe_op.register_fake
 def _(hidden, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None,
-      weight_block=None, w13_zero=None, w2_zero=None, group_size=None):
+      weight_block=None, w13_zero=None, w2_zero=None, group_size=None, bits=4):
+    check_bits(bits)
     return hidden.new_empty(hidden.shape)
 
 
@@ -110,15 +121,16 @@ def compile_fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                       w2_scale: torch.Tensor | None = None,
                       weight_block: tuple[int, int] | None = None,
                       w13_zero: torch.Tensor | None = None, w2_zero: torch.Tensor | None = None,
-                      group_size: int | None = None) -> None:
+                      group_size: int | None = None, bits: int = 4) -> None:
     """Compile both kernels for `config` and these inputs without running them (the
     tuner compiles its whole grid this way, on several threads, before timing any)."""
     num_experts, two_inter, _ = w13.shape
     quant = expert_quant(w13, w2, w13_scale, w2_scale, weight_block, w13_zero, w2_zero,
-                         group_size, hidden.dtype)
-    _check_shapes(hidden, w13, w2)
+                         group_size, hidden.dtype, bits)
+    _check_shapes(hidden, w13, w2, bits)
     cfg = get_config(hidden.shape[0], topk_ids.shape[1], num_experts, two_inter // 2,
-                     hidden.dtype, hidden.device, config, weight_dtype=table_dtype(w13))
+                     hidden.dtype, hidden.device, config,
+                     weight_dtype=table_dtype(w13, bits))
     _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg, quant, compile_only=True)
 
 
@@ -150,16 +162,17 @@ def moe_reference(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
                   weight_block: tuple[int, int] | None = None,
                   w13_zero: torch.Tensor | None = None, w2_zero: torch.Tensor | None = None,
-                  group_size: int | None = None) -> torch.Tensor:
-    """The same computation in plain torch, one expert at a time, in fp32 (fp8 and int4
-    experts dequantized with their scales, and zero points, first)."""
+                  group_size: int | None = None, bits: int = 4) -> torch.Tensor:
+    """The same computation in plain torch, one expert at a time, in fp32 (fp8 and int4 or
+    8-bit experts dequantized with their scales, and zero points, first)."""
+    check_bits(bits)
     x = hidden.float()
     out = torch.zeros_like(x)
     inter = w13.shape[1] // 2
     for e in torch.unique(topk_ids).tolist():
         token, k = torch.nonzero(topk_ids == e, as_tuple=True)
-        w_13 = dequantize_expert(w13, e, w13_scale, weight_block, w13_zero, group_size)
-        w_2 = dequantize_expert(w2, e, w2_scale, weight_block, w2_zero, group_size)
+        w_13 = dequantize_expert(w13, e, w13_scale, weight_block, w13_zero, group_size, bits)
+        w_2 = dequantize_expert(w2, e, w2_scale, weight_block, w2_zero, group_size, bits)
         gate_up = x[token] @ w_13.t()
         h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         y = (h @ w_2.t()) * topk_weights[token, k, None].float()

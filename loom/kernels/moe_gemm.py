@@ -9,7 +9,8 @@ activations' dtype tile by tile; their scales multiply each K step's product (pe
 or the accumulator's columns after the K loop (per channel). int4 weights come as
 BLOCK_K / 8 int32 words a row per K step (a pointer load or a TMA tile of the packed
 [E * N, K / 8] rows), are unpacked and less their zero points in registers, multiplied as
-small integers in the activations' dtype, and the step's product times its group's scales.
+small integers in the activations' dtype, and the step's product times its group's scales;
+8-bit integer weights (QUANT 4) likewise, BLOCK_K / 4 words a row per K step.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from loom.kernels.host import cdiv
 from loom.kernels.moe_align import moe_align
-from loom.kernels.moe_quant import PACK, ExpertQuant
+from loom.kernels.moe_quant import ExpertQuant
 
 logger = logging.getLogger(__name__)
 
@@ -61,22 +62,25 @@ def _scales(s_ptr, rows, k0, ok, stride_sn, stride_sk, GROUP_N: tl.constexpr,
 
 
 @triton.jit
-def _unpack_int4(words, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """int32 words [ROWS, BLOCK_K / 8] -> their values [ROWS, BLOCK_K] (0..15, int32):
-    column k is nibble k % 8 of word k // 8 (shifted, then masked: a word's sign bit does
-    not matter)."""
-    shifts = tl.arange(0, 8) * 4
-    return tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (ROWS, BLOCK_K))
+def _unpack_int4(words, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr):
+    """int32 words [ROWS, BLOCK_K * BITS / 32] -> their values [ROWS, BLOCK_K] (int32,
+    0 .. 2^BITS - 1; BITS 4 or 8): column k is value k % P of word k // P, P = 32 / BITS
+    (shifted, then masked: a word's sign bit does not matter)."""
+    PER_WORD: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    shifts = tl.arange(0, PER_WORD) * BITS
+    return tl.reshape((words[:, :, None] >> shifts[None, None, :]) & MASK, (ROWS, BLOCK_K))
 
 
 @triton.jit
-def _int4_zeros(z_ptr, rows, group, ok, stride_sn, stride_sk, HAS_ZERO: tl.constexpr):
+def _int4_zeros(z_ptr, rows, group, ok, stride_sn, stride_sk, HAS_ZERO: tl.constexpr,
+                BITS: tl.constexpr):
     """The zero points (int32) of weight rows `rows` in group `group` (z_ptr at the
-    expert's; the scale's strides); 8 without zero points."""
+    expert's; the scale's strides); 2^(BITS - 1) (8, or 128) without zero points."""
     if HAS_ZERO:
         return tl.load(z_ptr + rows * stride_sn + group * stride_sk, mask=ok,
                        other=0).to(tl.int32)
-    return tl.full(rows.shape, 8, tl.int32)
+    return tl.full(rows.shape, 1 << (BITS - 1), tl.int32)
 
 
 @triton.jit
@@ -85,13 +89,16 @@ def _dot_step(a, w, acc, s_ptr, z_ptr, cols, k0, col_ok, stride_sn, stride_sk,
               GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr):
     """acc + a @ w for one K step, w (an fp8 tile, or already a's dtype) converted to a's
     dtype in registers; per block (QUANT 2) the step's product times its columns' scales
-    (BLOCK_K lies within one block column). int4 (QUANT 3): w is the words [BLOCK_N,
-    BLOCK_K / 8] of one group; their values less the zero points (-15..15, exact in a's
-    dtype; through float32, which Triton 3.6's interpreter needs and sm_90 folds into one
+    (BLOCK_K lies within one block column). int4 (QUANT 3) and 8-bit integers (QUANT 4): w
+    is the words [BLOCK_N, BLOCK_K / 8] (8-bit: / 4) of one group; their values less the
+    zero points (-15..15, or -255..255: exact in a's dtype, bf16 holding every integer up
+    to 256; through float32, which Triton 3.6's interpreter needs and sm_90 folds into one
     conversion), then the step's product times the group's scales."""
-    if QUANT == 3:  # (an if / else: the compiler reads past a constexpr branch's return)
-        q = _unpack_int4(w, cols.shape[0], a.shape[1])
-        z = _int4_zeros(z_ptr, cols, k0 // GROUP_K, col_ok, stride_sn, stride_sk, HAS_ZERO)
+    if QUANT >= 3:  # (an if / else: the compiler reads past a constexpr branch's return)
+        BITS: tl.constexpr = 4 if QUANT == 3 else 8
+        q = _unpack_int4(w, cols.shape[0], a.shape[1], BITS)
+        z = _int4_zeros(z_ptr, cols, k0 // GROUP_K, col_ok, stride_sn, stride_sk, HAS_ZERO,
+                        BITS)
         w = (q - z[:, None]).to(tl.float32).to(a.dtype)
         s = _scales(s_ptr, cols, k0, col_ok, stride_sn, stride_sk, 1, GROUP_K)
         acc += tl.dot(a, tl.trans(w), input_precision=PRECISION) * s.to(tl.float32)[None, :]
@@ -123,8 +130,10 @@ def _gate_up_kernel(
     HAS_ZERO: tl.constexpr,
 ):
     # TMA: w13_ptr is a tensor descriptor over w13 as [E * 2I, H] rows (int4: [E * 2I, H / 8]
-    # words); else a pointer. QUANT: 0 unquantized, 1 an fp8 scale per output channel, 2 per
-    # block, 3 int4 with a scale (and zero point, z_ptr) per group (moe_quant.py).
+    # words, 8-bit: H / 4); else a pointer. QUANT: 0 unquantized, 1 an fp8 scale per output
+    # channel, 2 per block, 3 int4 (4: 8-bit integers) with a scale (and zero point, z_ptr)
+    # per group (moe_quant.py).
+    PER_WORD: tl.constexpr = 8 if QUANT == 3 else 4  # packed values a word (QUANT >= 3)
     pid_m, pid_n = _tile_ids(num_row_blocks, (INTER + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:  # the capacity bound over-provisions blocks; these have no rows
@@ -149,13 +158,14 @@ def _gate_up_kernel(
         k_ok = ks < HIDDEN
         x = tl.load(x_ptr + token[:, None] * stride_xt + ks[None, :],
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if QUANT == 3:  # BLOCK_K divides the group and so HIDDEN: no K mask
+        if QUANT >= 3:  # BLOCK_K divides the group and so HIDDEN: no K mask
             if TMA:
-                w_gate = w13_ptr.load([w_row, k0 // 8])
-                w_up = w13_ptr.load([w_row + INTER, k0 // 8])
+                w_gate = w13_ptr.load([w_row, k0 // PER_WORD])
+                w_up = w13_ptr.load([w_row + INTER, k0 // PER_WORD])
             else:
                 w_ptr = (w13_ptr + expert.to(tl.int64) * stride_we + cols[:, None] * stride_wn
-                         + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :] * stride_wk)
+                         + (k0 // PER_WORD + tl.arange(0, BLOCK_K // PER_WORD))[None, :]
+                         * stride_wk)
                 w_gate = tl.load(w_ptr, mask=col_ok[:, None], other=0)
                 w_up = tl.load(w_ptr + INTER * stride_wn, mask=col_ok[:, None], other=0)
         elif TMA:
@@ -191,6 +201,7 @@ def _down_kernel(
     # TMA: inter_ptr and w2_ptr are tensor descriptors, over the [P, I] buffer and over w2
     # as [E * H, I] rows. The buffer's padding rows hold whatever was there: each output
     # row depends on its own row alone, and padding rows are never stored.
+    PER_WORD: tl.constexpr = 8 if QUANT == 3 else 4  # packed values a word (QUANT >= 3)
     pid_m, pid_n = _tile_ids(num_row_blocks, (HIDDEN + BLOCK_N - 1) // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -207,8 +218,8 @@ def _down_kernel(
     for k0 in range(0, INTER, BLOCK_K):
         if TMA:
             a = inter_ptr.load([pid_m * BLOCK_M, k0])
-            if QUANT == 3:
-                w = w2_ptr.load([w_row, k0 // 8])
+            if QUANT >= 3:
+                w = w2_ptr.load([w_row, k0 // PER_WORD])
             else:
                 w = w2_ptr.load([w_row, k0]).T
         else:
@@ -217,10 +228,10 @@ def _down_kernel(
             a = tl.load(inter_ptr + rows.to(tl.int64)[:, None] * stride_it + ks[None, :],
                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w_ptr = w2_ptr + expert.to(tl.int64) * stride_we
-            if QUANT == 3:  # BLOCK_K divides the group and so INTER: no K mask
+            if QUANT >= 3:  # BLOCK_K divides the group and so INTER: no K mask
                 w = tl.load(w_ptr + cols[:, None] * stride_wn
-                            + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :] * stride_wk,
-                            mask=col_ok[:, None], other=0)
+                            + (k0 // PER_WORD + tl.arange(0, BLOCK_K // PER_WORD))[None, :]
+                            * stride_wk, mask=col_ok[:, None], other=0)
             else:
                 w = tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
                             mask=k_ok[:, None] & col_ok[None, :], other=0.0)
@@ -274,7 +285,7 @@ def moe_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     num_blocks = block_expert.numel()
     inter_buf = torch.empty(sorted_ids.numel(), inter, dtype=hidden.dtype, device=hidden.device)
     k13, k2 = quant.w13.block_k(cfg["BLOCK_K"]), quant.w2.block_k(cfg["BLOCK_K"])
-    pack = PACK if quant.int4 else 1  # int4: a weight row's K step is BLOCK_K / 8 words
+    pack = quant.w13.per_word  # packed integers: a row's K step is BLOCK_K / 8 (/ 4) words
     box = min(k13, k2) // pack * w13.element_size()
     tma = bool(cfg.get("TMA")) and tma_ok(w13, w2, inter_buf, box_bytes=box)
     # One program per (row block, column tile), in the order _tile_ids gives them.

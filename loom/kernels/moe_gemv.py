@@ -25,7 +25,8 @@ int4 experts are read as BLOCK_K / 8 int32 words a row per chunk (an eighth of b
 bytes), unpacked in registers and processed part by part, each part within one group:
 its values less the group's zero point times the activations, summed in float32, times the
 group's scale. A part is the chunk, or where the chunk is wider than the largest power of
-two dividing the group, that power of two.
+two dividing the group, that power of two. 8-bit integer experts (QUANT 4) likewise, as
+BLOCK_K / 4 words a row per chunk (a half of bf16's bytes).
 """
 
 from __future__ import annotations
@@ -46,24 +47,25 @@ def _chunk_sums(w, a, s_ptrs, z_ptrs, k0, QUANT: tl.constexpr, BLOCK_N: tl.const
     """Row sums of w * a over one K chunk [BLOCK_N, BLOCK_K] that starts at k0, in float32.
     Per block (QUANT 2), each of the chunk's K_PARTS parts (one, or one per block column
     when the chunk is wider than a block) times its rows' scale: s_ptrs points at each
-    row's first block column. int4 (QUANT 3): w is the chunk's words [BLOCK_N, BLOCK_K / 8],
-    each part within one group, its values less the group's zero points (z_ptrs, the
-    scale's strides) before the sum and times its scales after. Other scalings are
-    applied by the caller."""
+    row's first block column. int4 (QUANT 3) or 8-bit integers (QUANT 4): w is the chunk's
+    words [BLOCK_N, BLOCK_K / 8] (8-bit: / 4), each part within one group, its values less
+    the group's zero points (z_ptrs, the scale's strides; none: 8, or 128) before the sum
+    and times its scales after. Other scalings are applied by the caller."""
     PART: tl.constexpr = BLOCK_K // K_PARTS
-    if QUANT == 3:
-        w = _unpack_int4(w, BLOCK_N, BLOCK_K)
+    BITS: tl.constexpr = 4 if QUANT == 3 else 8  # (read where QUANT >= 3)
+    if QUANT >= 3:
+        w = _unpack_int4(w, BLOCK_N, BLOCK_K, BITS)
     if QUANT < 2:
         return tl.sum(w.to(tl.float32) * a[None, :], axis=1)
     kb = (k0 + tl.arange(0, K_PARTS) * PART) // GROUP_K
     kb_ok = (kb < K_GROUPS)[None, :]
     s = tl.load(s_ptrs[:, None] + kb[None, :] * stride_sk, mask=kb_ok, other=0.0)
-    if QUANT == 3:
+    if QUANT >= 3:
         if HAS_ZERO:
             z = tl.load(z_ptrs[:, None] + kb[None, :] * stride_sk, mask=kb_ok,
                         other=0).to(tl.int32)
         else:
-            z = tl.full([BLOCK_N, K_PARTS], 8, tl.int32)
+            z = tl.full([BLOCK_N, K_PARTS], 1 << (BITS - 1), tl.int32)
         w = (tl.reshape(w, [BLOCK_N, K_PARTS, PART]) - z[:, :, None]).to(tl.float32)
         parts = tl.sum(w * tl.reshape(a, [K_PARTS, PART])[None, :, :], axis=2)
     else:
@@ -78,15 +80,16 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we, s_ptr, s
                          INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          NUM_STAGES: tl.constexpr, QUANT: tl.constexpr, GROUP_N: tl.constexpr,
                          GROUP_K: tl.constexpr, K_PARTS: tl.constexpr, HAS_ZERO: tl.constexpr):
-    # QUANT: 0 unquantized, 1 an fp8 scale per row, 2 per block, 3 int4 with a scale (and
-    # zero point, z_ptr) per group (s_ptr: loom/kernels/moe_quant.py)
+    # QUANT: 0 unquantized, 1 an fp8 scale per row, 2 per block, 3 int4 (4: 8-bit integers)
+    # with a scale (and zero point, z_ptr) per group (s_ptr: loom/kernels/moe_quant.py)
     slot = tl.program_id(0)
     token = (slot // TOP_K).to(tl.int64)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped, not masked: the loads stay unpredicated; only the store is masked.
     rows_ld = tl.minimum(rows, INTER - 1)
-    PACK: tl.constexpr = 8 if QUANT == 3 else 1  # int4: eight columns a word
+    # packed integers: eight columns a word (int4), four (8-bit)
+    PACK: tl.constexpr = 8 if QUANT == 3 else 4 if QUANT == 4 else 1
     ks = tl.arange(0, BLOCK_K)
     kw = tl.arange(0, BLOCK_K // PACK)
     w_ptrs = (w13_ptr + expert * stride_we + rows_ld.to(tl.int64)[:, None] * (HIDDEN // PACK)
@@ -127,7 +130,7 @@ def _down_gemv_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr, str
     token = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_ld = tl.minimum(rows, HIDDEN - 1).to(tl.int64)
-    PACK: tl.constexpr = 8 if QUANT == 3 else 1
+    PACK: tl.constexpr = 8 if QUANT == 3 else 4 if QUANT == 4 else 1
     ks = tl.arange(0, BLOCK_K)
     kw = tl.arange(0, BLOCK_K // PACK)
     K_ITERS: tl.constexpr = (INTER + BLOCK_K - 1) // BLOCK_K
@@ -166,7 +169,8 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     num_tokens, hidden_size = hidden.shape
     inter = w13.shape[1] // 2
     top_k = topk_ids.shape[1]
-    # rows of K values (int4: K / 8 words), each contiguous and right after the last
+    # rows of K values (packed integers: K / 8 or K / 4 words), each contiguous and right
+    # after the last
     if w13.stride(1) != w13.shape[2] or w13.stride(2) != 1 or w2.stride(1) != w2.shape[2] \
             or w2.stride(2) != 1:
         raise ValueError("fused_moe (GEMV): the experts' weights need contiguous rows")
@@ -189,7 +193,7 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 def _quant_kwargs(quant: WeightQuant, block_k: int) -> dict[str, int]:
     """The scaling's constexprs, and how many parts a K chunk is summed in, each within one
     scale column (both powers of two: a chunk lies within one block or covers whole ones;
-    int4: parts as wide as the largest power of two dividing the group, at most the
-    chunk)."""
+    packed integers: parts as wide as the largest power of two dividing the group, at most
+    the chunk)."""
     return {**quant.constexprs(), "K_PARTS": max(1, block_k // quant.step) if quant.step
             else 1}

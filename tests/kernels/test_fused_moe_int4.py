@@ -1,18 +1,19 @@
-"""The fused MoE kernels with int4 experts (W4A16): the GEMV and the grouped GEMM read
-packed int32 words with a scale (in the activations' dtype) and an optional uint8 zero
-point per group, against x @ w^T computed in float64 from the integers themselves.
+"""The fused MoE kernels with int4 experts (W4A16) and 8-bit integer ones (W8A16, bits=8):
+the GEMV and the grouped GEMM read packed int32 words with a scale (in the activations'
+dtype) and an optional uint8 zero point per group, against x @ w^T computed in float64
+from the integers themselves.
 
 The weights are packed by compressed-tensors' own `pack_to_int32` (the checkpoint format
-the layout comes from: value + 8 in nibble k % 8 of word k // 8), so the reference shares
-no packing code with loom. Each scale differs from its row's and group's neighbours' by up
-to 8x, so a scale or zero point read for the wrong group or row is far outside the
-tolerances.
+the layout comes from: value + 8 in nibble k % 8 of word k // 8; 8 bits: value + 128 in
+byte k % 4 of word k // 4), so the reference shares no packing code with loom. Each scale
+differs from its row's and group's neighbours' by up to 8x, so a scale or zero point read
+for the wrong group or row is far outside the tolerances.
 
 CPU: Triton's interpreter, tiny shapes with ragged tiles and chunks, groups of 32, 64 and a
 whole row (96 columns: a group that is not a power of two), float32 and bfloat16. With
 CUDA the same checks run compiled on the GPU. Also: the refusals, the op's schema, the
-tuned table's name, `loom bench moe --weight-dtype int4`'s weights, and an offline sm_90
-compile of the int4 kernels.
+tuned table's name, `loom bench moe --weight-dtype int4`'s (int8's) weights, and an
+offline sm_90 compile of the int4 and 8-bit kernels.
 """
 
 import os
@@ -43,25 +44,30 @@ def _seed(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-def int4_weight(experts, rows, cols, group, with_zero, dtype):
-    """One stacked int4 weight [E, rows, cols]: packed int32 [E, rows, cols / 8] (by
-    compressed-tensors, expert by expert), scale [E, rows, cols / G] in dtype, zero uint8 or
-    None, and its float64 values computed from the signed integers drawn."""
-    q = torch.randint(-8, 8, (experts, rows, cols), dtype=torch.int8)
-    packed = torch.stack([helpers.pack_to_int32(q[e], 4) for e in range(experts)])
+def int4_weight(experts, rows, cols, group, with_zero, dtype, bits=4):
+    """One stacked int4 (bits=8: 8-bit) weight [E, rows, cols]: packed int32
+    [E, rows, cols * bits / 32] (by compressed-tensors, expert by expert), scale
+    [E, rows, cols / G] in dtype, zero uint8 or None, and its float64 values computed from
+    the signed integers drawn."""
+    mid = 1 << (bits - 1)
+    q = torch.randint(-mid, mid, (experts, rows, cols), dtype=torch.int8)
+    packed = torch.stack([helpers.pack_to_int32(q[e], bits) for e in range(experts)])
     groups = cols // group
-    scale = (2 ** (torch.rand(experts, rows, groups) * 3 - 1.5) / (5 * cols ** 0.5)).to(dtype)
-    zero = torch.randint(0, 16, (experts, rows, groups), dtype=torch.uint8) \
+    scale = (2 ** (torch.rand(experts, rows, groups) * 3 - 1.5)
+             / (5 * (mid / 8) * cols ** 0.5)).to(dtype)
+    zero = torch.randint(0, 2 * mid, (experts, rows, groups), dtype=torch.uint8) \
         if with_zero else None
-    z = 8.0 if zero is None else zero.double().repeat_interleave(group, dim=2)
-    values = (q.double() + 8 - z) * scale.double().repeat_interleave(group, dim=2)
+    z = float(mid) if zero is None else zero.double().repeat_interleave(group, dim=2)
+    values = (q.double() + mid - z) * scale.double().repeat_interleave(group, dim=2)
     return (packed, scale, zero), values
 
 
-def make_int4_moe(tokens, hidden, inter, experts, top_k, group, with_zero, dtype):
-    """fused_moe's arguments (on DEVICE) with int4 experts, and the float64 reference."""
-    (w13, s13, z13), d13 = int4_weight(experts, 2 * inter, hidden, group, with_zero, dtype)
-    (w2, s2, z2), d2 = int4_weight(experts, hidden, inter, group, with_zero, dtype)
+def make_int4_moe(tokens, hidden, inter, experts, top_k, group, with_zero, dtype, bits=4):
+    """fused_moe's arguments (on DEVICE) with int4 (bits=8: 8-bit) experts, and the float64
+    reference; bits joins the keyword arguments only where it is not the default 4."""
+    (w13, s13, z13), d13 = int4_weight(experts, 2 * inter, hidden, group, with_zero, dtype,
+                                       bits)
+    (w2, s2, z2), d2 = int4_weight(experts, hidden, inter, group, with_zero, dtype, bits)
     x = torch.randn(tokens, hidden).to(dtype)
     weights, ids = torch.softmax(torch.randn(tokens, experts), dim=-1).topk(top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -70,6 +76,8 @@ def make_int4_moe(tokens, hidden, inter, experts, top_k, group, with_zero, dtype
     args = tuple(move(t) for t in (x, w13, w2, weights, ids))
     quant = dict(w13_scale=move(s13), w2_scale=move(s2), w13_zero=move(z13),
                  w2_zero=move(z2), group_size=group)
+    if bits != 4:
+        quant["bits"] = bits
     return args, quant, want
 
 
@@ -91,10 +99,11 @@ SHAPES = {32: (64, 96), 64: (128, 64), "K": (96, 96)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _case(group_key, with_zero, dtype_key, tokens):
+def _case(group_key, with_zero, dtype_key, tokens, bits=4):
     hidden, inter = SHAPES[group_key]
     group = hidden if group_key == "K" else group_key
-    return make_int4_moe(tokens, hidden, inter, 5, 2, group, with_zero, DTYPES[dtype_key])
+    return make_int4_moe(tokens, hidden, inter, 5, 2, group, with_zero, DTYPES[dtype_key],
+                         bits)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -165,6 +174,154 @@ def test_the_op_takes_the_int4_arguments():
     with FakeTensorMode(allow_non_fake_inputs=True):
         fake = torch.ops.loom.fused_moe(*args, **quant)
     assert fake.shape == args[0].shape and fake.dtype == args[0].dtype
+
+
+# -- 8-bit integer experts (W8A16: GPTQ-Int8, compressed-tensors' W8A16), bits=8 -----------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_zero", [False, True], ids=["sym", "zero"])
+@pytest.mark.parametrize("path", ["gemv", "grouped-gemm"])
+def test_8bit_experts(path, with_zero, dtype, caplog):
+    """Both kernels with 8-bit experts: zero points 0..255 in groups of 32 (the grouped
+    GEMM's 64-column K step capped to 32, said in the log), or none (128) in one group a
+    row of 96 columns; 64-column GEMV chunks (16 words a row)."""
+    from loom.kernels import moe_quant
+    group = 32 if with_zero else "K"
+    args, quant, want = _case(group, with_zero, dtype, tokens=3 if path == "gemv" else 13,
+                              bits=8)
+    assert args[1].shape[-1] * 4 == args[0].shape[1]  # four values a word
+    tiles = dict(gemv=1, block_n=64, block_k=64) if path == "gemv" else \
+        dict(block_m=16, block_n=64, block_k=64)
+    moe_quant._say_capped.cache_clear()
+    with caplog.at_level("INFO", logger="loom.kernels.moe_quant"):
+        check(fused_moe(*args, **quant, **tiles), want, DTYPES[dtype])
+    lines = [r.getMessage() for r in caplog.records if "BLOCK_K 64" in r.getMessage()]
+    g = quant["group_size"]
+    assert lines == ([] if path == "gemv" else
+                     [f"fused_moe: the config's BLOCK_K 64 does not divide the int8 weights' "
+                      f"{g}-column groups; the grouped GEMM steps K by 32 instead"])
+
+
+def test_8bit_tma_smallest_step_groups_from_scales_and_reference():
+    """The grouped GEMM's 8-bit tiles through TMA descriptors at the smallest K step (16
+    columns: four words, 16 bytes a row) and the default tiles; group_size None with a
+    scale per channel of experts whose H (64) and I (96) differ (each weight's K is its
+    words times four); moe_reference (bits=8) matches the integers' float64 product."""
+    args, quant, want = make_int4_moe(11, 64, 64, 4, 2, 32, True, torch.float32, bits=8)
+    check(fused_moe(*args, **quant, block_m=16, block_n=32, block_k=16, tma=1), want,
+          torch.float32)
+    check(fused_moe(*args, **quant), want, torch.float32)
+    check(moe_reference(*args, **quant), want, torch.float32)
+    hidden, inter, experts = 64, 96, 4
+    (w13, s13, _), d13 = int4_weight(experts, 2 * inter, hidden, hidden, False,
+                                     torch.float32, bits=8)
+    (w2, s2, _), d2 = int4_weight(experts, hidden, inter, inter, False, torch.float32, bits=8)
+    x = torch.randn(13, hidden)
+    weights, ids = torch.softmax(torch.randn(13, experts), dim=-1).topk(2, dim=-1)
+    want = experts_reference(x.double(), d13, d2, weights.double(), ids)
+    args = [t.to(DEVICE) for t in (x, w13, w2, weights, ids)]
+    scales = dict(w13_scale=s13.to(DEVICE), w2_scale=s2.to(DEVICE), bits=8)
+    for tiles in (dict(gemv=1, block_n=32, block_k=32), dict(block_m=16, block_n=32)):
+        check(fused_moe(*args, **scales, **tiles), want, torch.float32)
+    check(moe_reference(*args, **scales), want, torch.float32)
+
+
+def test_the_op_takes_bits():
+    """torch.ops.loom.fused_moe: bits after group_size in its schema (default 4), and its
+    fake; a bits other than 4 or 8 is refused by the op, its fake, fused_moe,
+    compile_fused_moe and moe_reference, naming bits."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from loom.kernels.fused_moe import compile_fused_moe
+    args, quant, want = make_int4_moe(2, 64, 32, 4, 2, 32, True, torch.float32, bits=8)
+    out = torch.ops.loom.fused_moe(*args, quant["w13_scale"], quant["w2_scale"], None,
+                                   quant["w13_zero"], quant["w2_zero"], 32, 8)
+    check(out, want, torch.float32)
+    schema = str(torch.ops.loom.fused_moe.default._schema)
+    assert schema.endswith("int? group_size=None, int bits=4) -> Tensor"), schema
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = torch.ops.loom.fused_moe(*args, **quant)
+        assert fake.shape == args[0].shape and fake.dtype == args[0].dtype
+        with pytest.raises(ValueError, match="bits=2"):
+            torch.ops.loom.fused_moe(*args, **{**quant, "bits": 2})
+    bad = {**quant, "bits": 5}
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4,
+           "num_stages": 2, "GEMV": 0, "TMA": 0}
+    for call in (lambda: fused_moe(*args, **bad), lambda: torch.ops.loom.fused_moe(*args, **bad),
+                 lambda: compile_fused_moe(*args, cfg, **bad),
+                 lambda: moe_reference(*args, **bad)):
+        with pytest.raises(ValueError, match=r"bits must be 4 or 8 .*bits=5"):
+            call()
+
+
+def test_8bit_misreadings_are_refused():
+    """int4 words read as 8-bit (half the columns: the scales no longer fit), 8-bit ones
+    read as int4 (twice the columns: hidden no longer fits), bits beside bf16 experts."""
+    args, quant = _inputs()
+    with pytest.raises(ValueError, match=r"w13_scale of shape \(4, 64, 2\) is not "
+                                         r"\(4, 64, 1\)"):
+        fused_moe(*args, **quant, bits=8)
+    args8, quant8, _ = make_int4_moe(3, 64, 32, 4, 2, 32, False, torch.bfloat16, bits=8)
+    with pytest.raises(ValueError, match=r"w13_scale of shape \(4, 64, 2\) is not "
+                                         r"\(4, 64, 4\)"):
+        fused_moe(*args8, **{**quant8, "bits": 4})
+    with pytest.raises(ValueError, match=r"int8: w13 \[E, 2I, H / 4\]"):
+        fused_moe(args8[0][:, :32].contiguous(), *args8[1:], **quant8)
+    x, _, _, weights, ids = args
+    with pytest.raises(ValueError, match="bits is for int4 experts or 8-bit integer ones"):
+        fused_moe(x, torch.zeros(4, 64, 64, dtype=torch.bfloat16),
+                  torch.zeros(4, 64, 32, dtype=torch.bfloat16), weights, ids, bits=8)
+
+
+def test_8bit_experts_take_their_own_table(tmp_path, monkeypatch):
+    """8-bit experts' tuned file is dtype=int8_w8a16 (their int32 words would otherwise
+    read as int4's): looked up first, else the activations' table."""
+    import json
+
+    from loom.kernels import moe_config as mc
+    from loom.kernels.moe_quant import table_dtype
+    words = torch.zeros(8, 128, 8, dtype=torch.int32)
+    assert table_dtype(words, 8) == "int8_w8a16" and table_dtype(words) == "int4_w4a16"
+    assert table_dtype(torch.zeros(1, dtype=torch.bfloat16), 8) == torch.bfloat16
+    monkeypatch.setenv("LOOM_MOE_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setattr(mc, "device_name", lambda device: "Some_GPU")
+    (tmp_path / mc.config_file_name(8, 64, torch.bfloat16, "Some_GPU")).write_text(
+        json.dumps({"16": _tile(32)}))
+    (tmp_path / mc.config_file_name(8, 64, "int4_w4a16", "Some_GPU")).write_text(
+        json.dumps({"16": _tile(128)}))
+    mc.load_config_file.cache_clear()
+
+    def lookup():
+        return mc.get_config(16, 2, 8, 64, torch.bfloat16, "cuda",
+                             weight_dtype=table_dtype(words, 8))
+    assert lookup() == _tile(32)  # not int4's
+    (tmp_path / "E=8,N=64,dtype=int8_w8a16,device_name=Some_GPU.json").write_text(
+        json.dumps({"16": _tile(64)}))
+    mc.load_config_file.cache_clear()
+    assert lookup() == _tile(64)
+
+
+def test_bench_int8_experts(monkeypatch, capsys):
+    """`loom bench moe --weight-dtype int8`'s experts are what fused_moe takes with bits=8,
+    their products O(1); the CLI takes the name."""
+    from loom.bench import moe as bench
+    from loom.cli import main
+    gen = torch.Generator().manual_seed(0)
+    w13, s13, z13 = bench.random_int4_experts(4, 256, 256, torch.float32, gen, bits=8)
+    w2, s2, z2 = bench.random_int4_experts(4, 256, 128, torch.float32, gen, bits=8)
+    assert (w13.shape, s13.shape, z13.dtype) == ((4, 256, 64), (4, 256, 2), torch.uint8)
+    assert 96 <= int(z13.min()) and int(z13.max()) <= 160
+    x = torch.randn(2, 256)
+    ids = torch.tensor([[0, 3], [1, 2]])
+    quant = dict(w13_scale=s13, w2_scale=s2, w13_zero=z13, w2_zero=z2, group_size=128, bits=8)
+    out = moe_reference(x, w13, w2, torch.full((2, 2), 0.5), ids, **quant)
+    assert 0.01 < out.std().item() < 1
+    if INTERPRET:
+        check(fused_moe(x, w13, w2, torch.full((2, 2), 0.5), ids, **quant, gemv=1),
+              out.double(), torch.float32)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "moe", "--weight-dtype", "int8", "--batch-sizes", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def _inputs(dtype=torch.bfloat16):
@@ -285,12 +442,14 @@ from loom.kernels.moe_gemv import _down_gemv_kernel, _gate_up_gemv_kernel
 def mma(ptx):
     return "wgmma" in ptx or "mma.sync" in ptx
 
-# Qwen3-30B-A3B's experts (H 2048, I 768), groups of 128, with and without zero points
+# Qwen3-30B-A3B's experts (H 2048, I 768), groups of 128, with and without zero points;
+# int4 (QUANT 3) and 8-bit integers (QUANT 4)
 BM, BN, BK = 128, 128, 64
-for zero in (0, 1):
-    q = dict(QUANT=3, GROUP_N=1, GROUP_K=128, HAS_ZERO=zero)
+for quant, zero in ((3, 0), (3, 1), (4, 0), (4, 1)):
+    q = dict(QUANT=quant, GROUP_N=1, GROUP_K=128, HAS_ZERO=zero)
+    per_word = 8 if quant == 3 else 4
     for tma in (0, 1):
-        w = f"tensordesc<i32[{BN}, {BK // 8}]>" if tma else "*i32"
+        w = f"tensordesc<i32[{BN}, {BK // per_word}]>" if tma else "*i32"
         types = {"x_ptr": "*bf16", "w13_ptr": w, "w2_ptr": w, "out_ptr": "*bf16",
                  "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
                  "topk_weights_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8"}
@@ -302,7 +461,8 @@ for zero in (0, 1):
             cons = {k: v for k, v in cons.items() if k in fn.arg_names}
             ptx = build(fn, types, cons, 8, aligned=[n for n in fn.arg_names
                                                      if n.startswith("stride_")])
-            print("gemm", fn.__name__, zero, tma, mma(ptx), "cp.async.bulk.tensor" in ptx)
+            print("gemm", quant, fn.__name__, zero, tma, mma(ptx),
+                  "cp.async.bulk.tensor" in ptx)
     types = {"x_ptr": "*bf16", "w13_ptr": "*i32", "inter_ptr": "*bf16", "w2_ptr": "*i32",
              "out_ptr": "*bf16", "ids_ptr": "*i64", "topk_weights_ptr": "*fp32",
              "s_ptr": "*bf16", "z_ptr": "*u8"}
@@ -312,18 +472,20 @@ for zero in (0, 1):
             cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_N=block_n, BLOCK_K=block_k,
                         NUM_STAGES=stages, K_PARTS=block_k // 128, **q)
             ptx = build(fn, types, cons, 4, stages, aligned=["stride_we", "stride_se"])
-            print("gemv", fn.__name__, zero, block_k, "ld.local" not in ptx)
+            print("gemv", quant, fn.__name__, zero, block_k, "ld.local" not in ptx)
 """
 
 
 def test_int4_kernels_compile_for_sm90_offline():
     """The grouped GEMM (pointer loads and TMA tiles of the packed words, products on the
     tensor cores) and the GEMV at the tuned tables' chunks (nothing spilled) build for
-    Hopper, with and without zero points."""
+    Hopper, int4 and 8-bit (QUANT 3 and 4), with and without zero points."""
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     out = compile_for_sm90_offline(SM90_BUILD + _INT4_OFFLINE_COMPILE).splitlines()
     gemm = [line for line in out if line.startswith("gemm")]
     gemv = [line for line in out if line.startswith("gemv")]
-    assert len(gemm) == 8 and all(line.endswith(("True False", "True True")) for line in gemm)
-    assert [line.split()[-1] for line in gemm] == ["False", "False", "True", "True"] * 2
-    assert len(gemv) == 8 and all(line.endswith("True") for line in gemv), out
+    assert len(gemm) == 16 and all(line.endswith(("True False", "True True")) for line in gemm)
+    assert [line.split()[-1] for line in gemm] == ["False", "False", "True", "True"] * 4
+    assert [line.split()[1] for line in gemm] == ["3"] * 8 + ["4"] * 8
+    assert len(gemv) == 16 and all(line.endswith("True") for line in gemv), out
+    assert [line.split()[1] for line in gemv] == ["3"] * 8 + ["4"] * 8
