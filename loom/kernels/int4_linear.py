@@ -40,8 +40,7 @@ sit in `default_config` alone, to be replaced by measured ones. K and N are cons
 compile per layer shape; the K loop's bound is then a constexpr, which Triton 3.6's
 interpreter needs); M is not. `dequantize_bits` is the plain-torch float32 weight: the
 reference, and the path of calls the kernel does not take (a CPU tensor outside the
-interpreter, or shapes `supports` refuses); for 4 bits it is loom.quantization.int4's
-`dequantize`, for 8 bits this module's `unpack_bits`.
+interpreter, or shapes `supports` refuses): loom.quantization.int4's `dequantize`.
 """
 
 from __future__ import annotations
@@ -176,27 +175,13 @@ def check_bits(bits: int, where: str = "int4_linear") -> int:
     return 32 // bits
 
 
-def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """int32 [..., words] -> uint8 [..., words * 32 / bits]: value j of word c (its bits
-    j * bits .. + bits - 1, shifted down and masked) as column c * 32 / bits + j. For 4 bits
-    the same as loom.quantization.int4.unpack (which holds 4 bits only, for now)."""
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
-    values = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    return values.reshape(*packed.shape[:-1], -1).to(torch.uint8)
-
-
 def dequantize_bits(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
                     group: int, bits: int = 4) -> torch.Tensor:
     """The float32 weight [N, K] that packed int32 [N, K * bits / 32], scale and zero
-    [N, K / group] (zero None: 2^(bits - 1)) hold: (q - zero) * scale. 4 bits:
-    loom.quantization.int4's `dequantize`; 8 bits: `unpack_bits`."""
-    per_word = check_bits(bits)
-    if bits == 4:
-        return dequantize(packed, scale, zero, group)
-    n, k = packed.shape[0], packed.shape[1] * per_word
-    q = unpack_bits(packed, bits).reshape(n, k // group, group).float()
-    z = float(1 << (bits - 1)) if zero is None else zero.float().unsqueeze(-1)
-    return ((q - z) * scale.float().unsqueeze(-1)).reshape(n, k)
+    [N, K / group] (zero None: 2^(bits - 1)) hold: loom.quantization.int4's `dequantize`,
+    after the bits are checked."""
+    check_bits(bits)
+    return dequantize(packed, scale, zero, group, bits)
 
 
 def kernel_applies(k: int, group_size: int, bits: int = 4) -> bool:

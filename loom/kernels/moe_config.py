@@ -79,6 +79,9 @@ def normalize_config(config: dict[str, Any]) -> dict[str, int]:
 INT4_TABLE_DTYPE = "int4_w4a16"
 """The dtype key of int4 experts' tuned files (their weights are int32 words, which would
 say nothing): `E=..,N=..,dtype=int4_w4a16,device_name=...json`."""
+INT8_TABLE_DTYPE = "int8_w8a16"
+"""The dtype key of 8-bit integer experts' tuned files (their int32 words would read as
+int4's; `moe_quant.table_dtype`)."""
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -195,6 +198,7 @@ def _table(num_experts: int, inter: int, dtype: torch.dtype,
 
 @functools.cache
 def _say_reused(missing: str, used: str) -> None:
-    kind = "int4" if INT4_TABLE_DTYPE in missing else "fp8"
+    kind = next((k for k, key in (("int4", INT4_TABLE_DTYPE), ("int8", INT8_TABLE_DTYPE))
+                 if key in missing), "fp8")
     logger.info("fused_moe: no tuned configs for %s experts (%s); their calls take %s's "
                 "tiles", kind, missing, used)

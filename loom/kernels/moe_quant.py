@@ -48,9 +48,6 @@ INTEGER_MODES = {4: INT4, 8: INT8}
 """bits -> QUANT of packed integer experts."""
 PACK = 8
 """int4 values per int32 word (8-bit: 4, `per_word`)."""
-INT8_TABLE_DTYPE = "int8_w8a16"
-"""The dtype key of 8-bit integer experts' tuned files (int4 ones':
-moe_config.INT4_TABLE_DTYPE)."""
 MIN_STEP = 16
 """A bf16 / fp16 tensor-core dot's smallest K step: an integer weight's group must hold a
 power-of-two multiple of it."""
@@ -159,8 +156,9 @@ def in_features(weight: torch.Tensor, bits: int = 4) -> int:
 
 def table_dtype(weight: torch.Tensor, bits: int = 4) -> torch.dtype | str:
     """The dtype key of the tuned table a stacked expert weight looks up first: 8-bit
-    integer experts' own INT8_TABLE_DTYPE (their int32 words would read as int4's), else
-    moe_config.table_dtype's (int4's, fp8's, the weight's own)."""
+    integer experts' own moe_config.INT8_TABLE_DTYPE (their int32 words would read as
+    int4's), else moe_config.table_dtype's (int4's, fp8's, the weight's own)."""
+    from loom.kernels.moe_config import INT8_TABLE_DTYPE
     from loom.kernels.moe_config import table_dtype as config_table_dtype
     check_bits(bits)
     if is_int4(weight) and bits == 8:

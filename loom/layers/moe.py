@@ -133,9 +133,7 @@ class FusedMoE(nn.Module):
                 "weight_block": self.weight_block}
         if self.int4 is not None:
             args.update(w13_zero=getattr(self, "w13_zero", None),
-                        w2_zero=getattr(self, "w2_zero", None))
-            if self.int4.bits != 4:
-                args["bits"] = self.int4.bits
+                        w2_zero=getattr(self, "w2_zero", None), bits=self.int4.bits)
         return args
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:

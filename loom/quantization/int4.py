@@ -106,11 +106,6 @@ class Int4Linear:
         there under Triton's interpreter)."""
         return x.is_cuda
 
-    def _op(self, x, packed, scale, zero, group):
-        if self.bits == 4:
-            return torch.ops.loom.int4_linear(x, packed, scale, zero, group)
-        return torch.ops.loom.int4_linear(x, packed, scale, zero, group, self.bits)
-
     def apply(self, layer: LinearBase, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
         packed, scale, zero = self.tensors(layer)
@@ -119,7 +114,8 @@ class Int4Linear:
         if perm is not None:  # act-order: the features in their groups' order
             x2 = x2.index_select(1, perm)
         if self.use_op(x):  # shapes the kernel does not take were logged at load
-            y = self._op(x2, packed, scale, zero, self.group(layer))
+            y = torch.ops.loom.int4_linear(x2, packed, scale, zero, self.group(layer),
+                                           self.bits)
         else:
             w = dequantize(packed, scale, zero, self.group(layer), self.bits)
             y = (x2.float() @ w.t()).to(x.dtype)
@@ -176,11 +172,8 @@ def _kernel_applies(device: torch.device):
         return None
     from loom.kernels import int4_linear
 
-    def applies(layer: LinearBase, method: Int4Linear) -> bool:
-        if method.bits == 4:
-            return int4_linear.kernel_applies(layer.in_features, method.group(layer))
-        return int4_linear.kernel_applies(layer.in_features, method.group(layer), method.bits)
-    return applies
+    return lambda layer, method: int4_linear.kernel_applies(
+        layer.in_features, method.group(layer), method.bits)
 
 
 def _check_shape(name: str, layer: LinearBase, group: int, bits: int) -> None:

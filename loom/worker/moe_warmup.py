@@ -40,11 +40,13 @@ def reachable_configs(layer: torch.nn.Module, max_tokens: int, multiple: int,
     """Each distinct config fused_moe can take for this layer at a token count that is a
     multiple of `multiple` (every forward's, under TP) up to max_tokens, in token order."""
     from loom.kernels.moe_config import get_config
+    from loom.kernels.moe_quant import table_dtype
     num_experts, two_inter, _ = layer.w13.shape
+    bits = layer.int4.bits if getattr(layer, "int4", None) is not None else 4
     seen: dict[tuple, dict[str, int]] = {}
     for n in range(multiple, max_tokens + 1, multiple):
         cfg = get_config(n, layer.top_k, num_experts, two_inter // 2, layer.activation_dtype,
-                         device, weight_dtype=layer.w13.dtype)
+                         device, weight_dtype=table_dtype(layer.w13, bits))
         seen.setdefault(tuple(sorted(cfg.items())), cfg)
     return list(seen.values())
 

@@ -146,19 +146,17 @@ def test_8bit_configs_negative_words_and_zero_extremes():
 
 
 def test_8bit_unpack_and_dequantize_match_compressed_tensors():
-    """`unpack_bits` (the 8-bit unpacking this module holds until loom.quantization.int4
-    takes bits) against compressed-tensors' unpacking; at 4 bits it is int4's `unpack`."""
+    """loom.quantization.int4's 8-bit `unpack` and `dequantize_bits` against
+    compressed-tensors' unpacking."""
     from loom.quantization.int4 import unpack
     for with_zero in (False, True):
         _, packed, scale, zero, q, zq = _case(1, 256, 48, 64, with_zero, torch.float32, 8)
         unpacked = helpers.unpack_from_int32(packed, 8, q.shape).float() + 128
         assert torch.equal(unpacked, q.float() + 128)
-        assert torch.equal(mod.unpack_bits(packed, 8).float(), unpacked)
+        assert torch.equal(unpack(packed, 8).float(), unpacked)
         z = 128 if zero is None else zero.float().repeat_interleave(64, 1)
         want = (unpacked - z) * scale.repeat_interleave(64, 1)
         assert torch.equal(mod.dequantize_bits(packed, scale, zero, 64, 8), want)
-    _, packed, *_ = _case(1, 64, 8, 64, False, torch.float32)
-    assert torch.equal(mod.unpack_bits(packed, 4), unpack(packed))
 
 
 def test_8bit_fallback_refusals_and_fake():
