@@ -4,6 +4,7 @@
 # 1. the int4 kernel tests on the GPU (CPU-interpreted and sm_90-compiled only so far) and
 #    the tiny int4 models on the GPU against the CPU (tests/e2e/test_gpu_int4.py);
 # 2. loom bench int4: Llama-3.1-8B's four projections, groups of 128 with zero points (AWQ),
+#    then 8-bit symmetric (GPTQ-Int8) at M = 1, 16, 4096 (floor: 1.016 B a weight over copy);
 #    M = 1..4096, beside bf16. Floor at decode rows: the int4 bytes (0.52 B a weight) over the
 #    copy rate; expected ~0.6-0.8 of copy at M<=16 with the guessed tiles, x2.5-3.5 over bf16;
 #    prompt rows (compute-bound) slower than bf16 (integer -> bf16 conversion in the loop);
@@ -18,6 +19,9 @@ stamp tests
 timeout $(left 300) $LOOM bench int4 --model llama-3.1-8b --output-json $R/int4-kernel.json \
   > $R/int4-kernel.log 2>&1
 echo "bench int4 rc $?"; quiet < $R/int4-kernel.log | tail -40 | cut -c1-150
+timeout $(left 360) $LOOM bench int4 --model llama-3.1-8b --bits 8 --symmetric --batch-sizes 1 16 4096 \
+  --output-json $R/int8-kernel.json > $R/int8-kernel.log 2>&1
+echo "bench int4 --bits 8 rc $?"; quiet < $R/int8-kernel.log | tail -14 | cut -c1-150
 stamp kernel
 L="--load-format dummy --num-iters-warmup 2 --input-len 128 --output-len 128 --num-iters 5 --batch-size 1"
 for name in b1-awq b1-bf16 prefill2048-awq; do

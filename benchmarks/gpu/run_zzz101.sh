@@ -2,8 +2,8 @@
 # experts (W4A16 in the fused MoE's grouped GEMM and GEMV; e1c4f68, df0d62a). Needs
 # compressed-tensors and loguru in .whl (benchmarks/gpu/wheels.sh fetches them).
 # 1. the int4 MoE kernel tests on the GPU (CPU-interpreted and sm_90-compiled only so far);
-# 2. loom bench moe --weight-dtype int4 (Qwen3-30B-A3B shapes, groups of 128, zero points)
-#    beside auto (bf16). Expected: decode sizes ~3x faster than bf16 (0.52 of 2 bytes a
+# 2. loom bench moe --weight-dtype int4 and int8 (Qwen3-30B-A3B shapes, groups of 128, zero
+#    points) beside auto (bf16). Expected: decode sizes ~3x faster than bf16 (0.52 of 2 bytes a
 #    weight) if the GEMV reaches bf16's fraction of the copy rate; prompt sizes slower than
 #    bf16 (unpacking in the K loop, the bf16 table's tiles);
 # 3. Qwen3-30B-A3B GPTQ-Int4 shapes (dummy weights, qwen3-30b-a3b-gptq-int4) decode b1
@@ -14,7 +14,7 @@ timeout $(left 120) python3 -m pytest -q tests/kernels/test_fused_moe_int4.py -p
   > $R/tests-moe-int4.log 2>&1
 echo "moe int4 tests rc $? $(tail -1 $R/tests-moe-int4.log)"; grep -E "^(FAILED|ERROR)" $R/tests-moe-int4.log | head -4
 stamp tests
-for w in int4 auto; do
+for w in int4 int8 auto; do
   [ $(left 330) -lt 40 ] && { echo "no time for moe $w"; continue; }
   timeout $(left 340) $LOOM bench moe --weight-dtype $w --batch-sizes 1 2 4 8 16 64 256 1024 4096 \
     --output-json $R/moe-$w.json > $R/moe-$w.log 2>&1
