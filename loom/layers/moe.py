@@ -132,8 +132,9 @@ class FusedMoE(nn.Module):
         args = {"w13_scale": self.w13_scale, "w2_scale": self.w2_scale,
                 "weight_block": self.weight_block}
         if self.int4 is not None:
-            args.update(w13_zero=getattr(self, "w13_zero", None),
-                        w2_zero=getattr(self, "w2_zero", None), bits=self.int4.bits)
+            zero = self.int4.zero_point  # (else w13_zero only checks GPTQ's qzeros)
+            args.update(w13_zero=self.w13_zero if zero else None,
+                        w2_zero=self.w2_zero if zero else None, bits=self.int4.bits)
         return args
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:

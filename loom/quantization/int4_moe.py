@@ -34,6 +34,7 @@ _KINDS = ("packed", "scale", "zero")
 _ATTRS = {"packed": "", "scale": "_scale", "zero": "_zero"}
 """What the int4 tensors of w13 (w2) are called on a FusedMoE: w13, w13_scale, w13_zero."""
 
+
 def prepare_experts(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
                     device: torch.device) -> int:
     """Give every FusedMoE int4 parameters (or a staged placeholder, for dummy weights);
@@ -53,7 +54,7 @@ def prepare_experts(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
         for attr, k in (("w13", layer.hidden_size), ("w2", layer.shard)):
             if k % per_word(scheme.bits) or (group is not None and k % group):
                 raise ValueError(f"{name}.{attr}: {k} input features (at tensor-parallel size "
-                                 f"{layer.tp_size}) are not whole int4 groups of "
+                                 f"{layer.tp_size}) are not whole groups of "
                                  f"{group or k}; use a tensor-parallel size that splits the "
                                  "experts' intermediate size at group boundaries")
         layer.int4 = Int4Linear(scheme)
@@ -87,16 +88,16 @@ def _parameters(layer: FusedMoE, attr: str, scheme: Int4Scheme, device: torch.de
     dtype = layer.params_dtype
     names = dict(zip(_KINDS, _NAMES[scheme.method]))
     convert = layouts.CONVERTERS[scheme.method]
-    for kind, (shape, elem) in _shapes(layer, attr, scheme.zero_point, dtype,
-                                       scheme.bits).items():
+    shapes = _shapes(layer, attr, scheme.zero_point, dtype, scheme.bits)
+    for kind, (shape, elem) in shapes.items():
         def loader(p, t, shard_id, name=names[kind]):
             _place(layer, attr, p, convert[name](t, _checkpoint_rows(layer, shard_id),
                                                  scheme.bits), shard_id)
         setattr(layer, attr + _ATTRS[kind],
                 _raw(torch.empty(shape, dtype=elem, device=device), loader))
-    checked = layouts.CHECKED[scheme.method]
-    for name, check in checked.items():
-        if name in names.values():
+    kept = {names[kind] for kind in shapes}
+    for name, check in layouts.CHECKED[scheme.method].items():
+        if name in kept:  # (a symmetric GPTQ checkpoint's qzeros are only checked)
             continue
 
         def checker(p, t, shard_id, check=check):

@@ -180,3 +180,14 @@ def test_8_bit_moe_experts(tmp_path):
     reference = write_int4_moe_checkpoint(make_tiny_model("qwen3_moe", base), path, 16, False,
                                           bits=8)
     _check_against(_llm(path), reference, unquantized.eval())
+
+
+def test_gptq_moe_experts(tmp_path):
+    """Qwen3-MoE's GPTQ layout: every expert's qweight, scales, qzeros (all 8, only checked)
+    and g_idx."""
+    from tests.quantization.int4_checkpoints import write_int4_moe_checkpoint
+    base, path = str(tmp_path / "base"), str(tmp_path / "ct")
+    unquantized = make_tiny_model("qwen3_moe", base)
+    reference = write_int4_moe_checkpoint(make_tiny_model("qwen3_moe", base), path, 16, True)
+    gptq = as_gptq(path, str(tmp_path / "gptq"), 16)
+    _check_against(_llm(gptq, tensor_parallel_size=2), reference, unquantized.eval())
