@@ -104,12 +104,13 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from loom.kernels import int4_linear as kernel
+    from loom.quantization.int4 import dequantize
     n, k = shape
     group = k if args.group_size == -1 else args.group_size
     bits = args.bits
     packed, scale, zero = _weight(n, k, group, args.symmetric, device, gen, bits)
     x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
-    dense = kernel.dequantize_bits(packed, scale, zero, group, bits)
+    dense = dequantize(packed, scale, zero, group, bits)
     want = x.float() @ dense.t()
     got = kernel.int4_linear(x, packed, scale, zero, group, bits).float()
     err = float(((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-6)).max())

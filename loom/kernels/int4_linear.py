@@ -38,7 +38,7 @@ Two regimes, chosen from the row count (`default_config`):
 These tile sizes, splits, warps and stages are guesses, not yet measured on a GPU: they
 sit in `default_config` alone, to be replaced by measured ones. K and N are constexprs (one
 compile per layer shape; the K loop's bound is then a constexpr, which Triton 3.6's
-interpreter needs); M is not. `dequantize_bits` is the plain-torch float32 weight: the
+interpreter needs); M is not. `dequantize` is the plain-torch float32 weight: the
 reference, and the path of calls the kernel does not take (a CPU tensor outside the
 interpreter, or shapes `supports` refuses): loom.quantization.int4's `dequantize`.
 """
@@ -56,11 +56,9 @@ from loom.kernels.host import cdiv
 from loom.kernels.interpreter import interpreted
 from loom.kernels.launch import fast_launch
 from loom.library import loom_op
-from loom.quantization.int4 import dequantize
+from loom.quantization.int4 import check_bits, dequantize
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-BITS = (4, 8)
-"""The weights' widths the kernel takes: int4 (W4A16) and 8-bit (W8A16)."""
 MIN_BLOCK_K = 16
 """A bf16/fp16 tensor-core dot's smallest K step: a group must hold a power-of-two
 multiple of it."""
@@ -166,29 +164,11 @@ def default_config(m: int, n: int, k: int, group_size: int, sms: int = 132) -> I
     return Int4Config(128, 128, block_k, num_warps=8, num_stages=3)
 
 
-def check_bits(bits: int, where: str = "int4_linear") -> int:
-    """The values per int32 word (8 or 4) for bits 4 or 8; a ValueError naming bits for any
-    other."""
-    if bits not in BITS:
-        raise ValueError(f"{where}: bits must be 4 or 8 (int4 or 8-bit weights packed in "
-                         f"int32 words), got bits={bits!r}")
-    return 32 // bits
-
-
-def dequantize_bits(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-                    group: int, bits: int = 4) -> torch.Tensor:
-    """The float32 weight [N, K] that packed int32 [N, K * bits / 32], scale and zero
-    [N, K / group] (zero None: 2^(bits - 1)) hold: loom.quantization.int4's `dequantize`,
-    after the bits are checked."""
-    check_bits(bits)
-    return dequantize(packed, scale, zero, group, bits)
-
-
 def kernel_applies(k: int, group_size: int, bits: int = 4) -> bool:
     """Whether a layer of K input features in groups of group_size suits the kernel (the
     shape half of `supports`): K a multiple of 32 / bits and of G, G of a power of two
     >= 16. bits other than 4 or 8: a ValueError."""
-    per_word = check_bits(bits)
+    per_word = check_bits(bits, "int4_linear")
     return k % per_word == 0 and group_size > 0 and k % group_size == 0 and bool(
         block_k_for(group_size))
 
@@ -199,7 +179,7 @@ def supports(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     packed int32 [N, K * bits / 32], scale [N, K / G] in x's dtype, zero uint8 [N, K / G]
     or None, K a multiple of 32 / bits and of G, and G a multiple of a power of two >= 16.
     bits other than 4 or 8: a ValueError."""
-    per_word = check_bits(bits)
+    per_word = check_bits(bits, "int4_linear")
     if x.dim() != 2 or packed.dim() != 2 or x.dtype not in DTYPES:
         return False
     (n, words), k = packed.shape, x.shape[1]
@@ -253,19 +233,19 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     """x (M, K) @ the int4 (bits=8: 8-bit) weight (N, K)^T, x's dtype out (the module's
     docstring has the layout). One opaque op, so that compiled graphs hold it as a node
     and the regime is chosen from each call's real row count. Shapes `supports` refuses,
-    and CPU tensors outside Triton's interpreter, take `dequantize_bits` and a float32
+    and CPU tensors outside Triton's interpreter, take `dequantize` and a float32
     matmul. bits other than 4 or 8: a ValueError."""
-    check_bits(bits)
+    check_bits(bits, "int4_linear")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if supports(x, packed, scale, zero, group_size, bits) and (
             x.is_cuda or interpreted(_int4_kernel)):
         return int4_matmul(x, packed, scale, zero, group_size, bits)
-    w = dequantize_bits(packed, scale, zero, group_size, bits)
+    w = dequantize(packed, scale, zero, group_size, bits)
     return (x.float() @ w.t()).to(x.dtype)
 
 
 @int4_linear.register_fake
 def _(x, packed, scale, zero, group_size, bits=4):
-    check_bits(bits)
+    check_bits(bits, "int4_linear")
     return x.new_empty(x.shape[0], packed.shape[0])

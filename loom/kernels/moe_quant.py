@@ -136,10 +136,8 @@ class ExpertQuant:
 def check_bits(bits: int) -> int:
     """Values per int32 word (8 or 4) of packed integer experts of `bits` bits; a
     ValueError naming bits for widths other than 4 and 8."""
-    if bits not in INTEGER_MODES:
-        raise ValueError(f"fused_moe: bits must be 4 or 8 (int4 or 8-bit integer experts "
-                         f"packed in int32 words), got bits={bits!r}")
-    return 32 // bits
+    from loom.quantization.int4 import check_bits as words_of
+    return words_of(bits, "fused_moe")
 
 
 def is_int4(weight: torch.Tensor) -> bool:
@@ -309,13 +307,12 @@ def dequantize_expert(weight: torch.Tensor, expert: int, scale: torch.Tensor | N
                       block: tuple[int, int] | None, zero: torch.Tensor | None = None,
                       group_size: int | None = None, bits: int = 4) -> torch.Tensor:
     """Expert `expert`'s weight [N, K] in float32: packed integer ones (bits 4 or 8)
-    through loom.kernels.int4_linear.dequantize_bits (int4: loom.quantization.int4's
-    dequantize), the others through `dequantize`."""
+    through loom.quantization.int4's dequantize, the others through `dequantize`."""
     per_word = check_bits(bits)
     if is_int4(weight):
-        from loom.kernels.int4_linear import dequantize_bits
+        from loom.quantization.int4 import dequantize as int_dequantize
         group = (int(group_size) if group_size is not None
                  else _group_of(weight.shape[-1] * per_word, scale))
-        return dequantize_bits(weight[expert], scale[expert],
-                               None if zero is None else zero[expert], group, bits)
+        return int_dequantize(weight[expert], scale[expert],
+                              None if zero is None else zero[expert], group, bits)
     return dequantize(weight[expert], None if scale is None else scale[expert], block)

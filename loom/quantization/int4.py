@@ -50,9 +50,17 @@ _NAMES = {  # method -> (packed, scale, zero) parameter names, as the checkpoint
 }
 
 
-def per_word(bits: int) -> int:
-    """Values per int32 word: 8 int4, 4 int8."""
+def check_bits(bits: int, where: str = "int weights") -> int:
+    """Values per int32 word (8 int4, 4 int8) for bits 4 or 8; a ValueError naming bits and
+    `where` (the caller) for any other width."""
+    if bits not in (4, 8):
+        raise ValueError(f"{where}: bits must be 4 or 8 (int4 or 8-bit weights packed in "
+                         f"int32 words), got bits={bits!r}")
     return 32 // bits
+
+
+per_word = check_bits
+"""Values per int32 word: 8 int4, 4 int8."""
 
 
 def _shifts(bits: int, device) -> torch.Tensor:
@@ -77,7 +85,7 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | N
                group: int, bits: int = 4) -> torch.Tensor:
     """The float32 weight [out, in] a layer's packed tensors hold: (q - zero) * scale, each
     group's from its column; no zero points: 2^(bits - 1)."""
-    n, k = packed.shape[0], packed.shape[1] * per_word(bits)
+    n, k = packed.shape[0], packed.shape[1] * check_bits(bits, "dequantize")
     q = unpack(packed, bits).reshape(n, k // group, group).float()
     z = float(1 << (bits - 1)) if zero is None else zero.float().unsqueeze(-1)
     return ((q - z) * scale.float().unsqueeze(-1)).reshape(n, k)

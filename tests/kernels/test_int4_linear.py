@@ -3,8 +3,8 @@ computed in float64 from the integers themselves: the weights are packed by
 compressed-tensors' own `pack_to_int32` (the checkpoint format the layout comes from) and
 the zero points unpacked from it, so the reference shares no packing code with the kernel.
 Decode rows (split-K) and prompt rows (the tiled GEMM), groups of 32 to a whole row, with
-and without zero points, float32 and bfloat16; `dequantize` (and the 8-bit `unpack_bits`)
-against compressed-tensors' unpacking; what `supports` refuses; the op's fake; and an
+and without zero points, float32 and bfloat16; loom.quantization.int4's `dequantize` (4 and
+8 bits) against compressed-tensors' unpacking; what `supports` refuses; the op's fake; and an
 offline sm_90 compile of both regimes at both widths.
 
 On the CPU the kernel runs in Triton's interpreter; with CUDA the same checks run on the
@@ -22,6 +22,7 @@ helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.hel
 
 from loom.kernels import int4_linear as mod  # noqa: E402
 from loom.kernels.interpreter import interpreted, patch_interpreter  # noqa: E402
+from loom.quantization.int4 import dequantize  # noqa: E402
 
 DEVICE = "cpu" if interpreted(mod._int4_kernel) else "cuda"
 if DEVICE == "cpu":
@@ -146,7 +147,7 @@ def test_8bit_configs_negative_words_and_zero_extremes():
 
 
 def test_8bit_unpack_and_dequantize_match_compressed_tensors():
-    """loom.quantization.int4's 8-bit `unpack` and `dequantize_bits` against
+    """loom.quantization.int4's 8-bit `unpack` and `dequantize` against
     compressed-tensors' unpacking."""
     from loom.quantization.int4 import unpack
     for with_zero in (False, True):
@@ -156,7 +157,7 @@ def test_8bit_unpack_and_dequantize_match_compressed_tensors():
         assert torch.equal(unpack(packed, 8).float(), unpacked)
         z = 128 if zero is None else zero.float().repeat_interleave(64, 1)
         want = (unpacked - z) * scale.repeat_interleave(64, 1)
-        assert torch.equal(mod.dequantize_bits(packed, scale, zero, 64, 8), want)
+        assert torch.equal(dequantize(packed, scale, zero, 64, 8), want)
 
 
 def test_8bit_fallback_refusals_and_fake():
@@ -177,7 +178,7 @@ def test_8bit_fallback_refusals_and_fake():
                      lambda: mod.supports(x, packed, scale, zero, 64, bits),
                      lambda: mod.kernel_applies(256, 64, bits),
                      lambda: mod.int4_matmul(x, packed, scale, zero, 64, bits),
-                     lambda: mod.dequantize_bits(packed, scale, zero, 64, bits)):
+                     lambda: dequantize(packed, scale, zero, 64, bits)):
             with pytest.raises(ValueError, match=f"bits must be 4 or 8.*bits={bits}"):
                 call()
     from torch._subclasses.fake_tensor import FakeTensorMode
