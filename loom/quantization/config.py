@@ -1,17 +1,20 @@
-"""Which fp8 scheme a model's linear layers run, from `--quantization` and the checkpoint's
+"""Which 8-bit scheme a model's linear layers run, from `--quantization` and the checkpoint's
 `quantization_config`. Torch-free: the engine checks it before any worker starts.
 
 loom computes W8A8 fp8: weights in float8_e4m3fn with a scale per output channel (a
 checkpoint's per-tensor scales are spread over their rows), activations quantized as they
 arrive, per token unless the checkpoint gives a static scale. A checkpoint's dynamic
 per-tensor activation scale is computed per token too: more exact, at no cost in a
-row-scaled GEMM, and a request's output then never depends on what it is batched with. Two checkpoint formats are
-read: compressed-tensors' float-quantized FP8 (llm-compressor's FP8_DYNAMIC, FP8 and
-FP8_BLOCK schemes) and the `fp8` method (per-tensor scales, or block-wise ones as Qwen3's
-and DeepSeek's FP8 releases have them). Block-wise checkpoints scale each weight block (128
-x 128 in every release so far; the size comes from the config) and activations per token
-per group of a block's input features, computed as they arrive. Anything else a checkpoint
-asks for is refused by name rather than run differently.
+row-scaled GEMM, and a request's output then never depends on what it is batched with.
+Two checkpoint formats are read: compressed-tensors' float-quantized FP8 (llm-compressor's
+FP8_DYNAMIC, FP8 and FP8_BLOCK schemes) and the `fp8` method (per-tensor scales, or
+block-wise ones as Qwen3's and DeepSeek's FP8 releases have them). Block-wise checkpoints
+scale each weight block (128 x 128 in every release so far; the size comes from the
+config) and activations per token per group of a block's input features, computed as they
+arrive. int8 W8A8 (compressed-tensors' int-quantized format, llm-compressor's W8A8 scheme)
+runs as fp8 does with int8 in its place: weights per channel, activations per token or by
+a static per-tensor scale, all symmetric. Anything else a checkpoint asks for is refused by
+name rather than run differently.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ QUANTIZATIONS = ("fp8", "compressed-tensors", "awq", "gptq", "awq_marlin", "gptq
 """`--quantization` values: fp8 quantizes a model's weights at load (or reads an fp8
 checkpoint); the others name what the checkpoint's own config says (int4 weights for awq
 and gptq, `loom.quantization.int4_config`; vLLM's *_marlin names are the same here)."""
+
+DTYPES = ("fp8", "int8")
+"""An 8-bit scheme's weights and activations: float8_e4m3fn, or int8 (compressed-tensors'
+int-quantized W8A8, llm-compressor's W8A8 scheme) scaled per channel, activations per token
+or by a static scale."""
 
 ACTIVATIONS = ("token", "static", "group")
 """token: a scale computed per token as the activations arrive; static: the checkpoint's
@@ -49,10 +57,17 @@ class Fp8Scheme:
     """(output rows, input columns) of a block sharing one weight scale, for block-wise
     checkpoints (activations "group", in groups of the columns); None: a scale per output
     channel."""
+    dtype: str = "fp8"
+    """One of DTYPES: what the weights and the quantized activations are."""
 
     def __post_init__(self) -> None:
         if self.activations not in ACTIVATIONS:
             raise ValueError(f"activations: {self.activations!r} is not one of {ACTIVATIONS}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {DTYPES}")
+        if self.dtype == "int8" and (self.weight_block is not None
+                                     or not self.weights_in_checkpoint):
+            raise ValueError("dtype: int8 weights come from a checkpoint, scaled per channel")
         if (self.activations == "group") != (self.weight_block is not None):
             raise ValueError("weight_block: block-wise weights go with activations 'group', "
                              f"and only they (got {self.weight_block!r}, {self.activations!r})")
@@ -69,7 +84,7 @@ class Fp8Scheme:
                     f"dynamic per token per {cols} features")
         acts = {"token": "dynamic per token",
                 "static": "static (the checkpoint's input scales)"}[self.activations]
-        return f"fp8 weights ({source}), activations {acts}"
+        return f"{self.dtype} weights ({source}), activations {acts}"
 
 
 def quant_scheme(hf_config: dict[str, Any],
@@ -147,11 +162,11 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme | Int4Scheme:
         return _pack_quantized(qc, groups, all(packed))
     schemes = {_group_scheme(name, g, qc.get("format")) for name, g in groups.items()}
     if len(schemes) > 1:
-        raise ValueError("quantization_config.config_groups: groups with different activation "
-                         "schemes or weight blocks are not supported")
-    activations, block = schemes.pop()
+        raise ValueError("quantization_config.config_groups: groups with different types, "
+                         "activation schemes or weight blocks are not supported")
+    dtype, activations, block = schemes.pop()
     return Fp8Scheme("compressed-tensors", True, activations, tuple(qc.get("ignore") or ()),
-                     block)
+                     block, dtype)
 
 
 def _pack_quantized(qc: dict[str, Any], groups: dict[str, Any], every: bool) -> Int4Scheme:
@@ -182,35 +197,48 @@ def _targets_linear(where: str, group: dict[str, Any]) -> None:
                          "target every Linear (with `ignore` for the exceptions)")
 
 
+_FORMATS = {"float": ("float-quantized", "naive-quantized"),
+            "int": ("int-quantized", "naive-quantized")}
+"""compressed-tensors' formats of unpacked 8-bit weights, by the weights' type."""
+
+
 def _group_scheme(name: str, group: dict[str, Any],
-                  top_format: str | None) -> tuple[str, tuple[int, int] | None]:
-    """(activations, weight block) of one config group."""
+                  top_format: str | None) -> tuple[str, str, tuple[int, int] | None]:
+    """(dtype, activations, weight block) of one config group."""
     where = f"quantization_config.config_groups.{name}"
     fmt = group.get("format") or top_format
-    if fmt not in ("float-quantized", "naive-quantized"):
+    weights = group.get("weights")
+    kind = weights.get("type") if isinstance(weights, dict) else None
+    if fmt not in _FORMATS.get(kind, _FORMATS["float"]):
         raise ValueError(f"{where}.format: {fmt!r} is not supported; loom reads fp8 "
-                         "(float-quantized) and int4/int8 weight-only (pack-quantized) "
-                         "checkpoints")
+                         "(float-quantized), int8 W8A8 (int-quantized) and int4/int8 "
+                         "weight-only (pack-quantized) checkpoints")
     _targets_linear(where, group)
     if group.get("output_activations"):
         raise ValueError(f"{where}.output_activations: not supported")
-    weights = group.get("weights")
-    _check_fp8(f"{where}.weights", weights, ("channel", "tensor", "block"), dynamic=False)
+    kind = "int" if kind == "int" else "float"
+    _check_8bit(f"{where}.weights", weights, kind,
+                ("channel", "tensor", "block") if kind == "float" else ("channel", "tensor"),
+                dynamic=False)
     acts = group.get("input_activations")
     if acts is None:
-        raise ValueError(f"{where}.input_activations: weight-only fp8 (W8A16) is not "
-                         "supported; loom runs fp8 weights with fp8 activations")
-    _check_fp8(f"{where}.input_activations", acts, ("token", "tensor", "group"), dynamic=None)
+        raise ValueError(f"{where}.input_activations: 8-bit weights without quantized "
+                         "activations (W8A16) run from pack-quantized checkpoints only; "
+                         f"loom runs {kind} weights with {kind} activations")
+    _check_8bit(f"{where}.input_activations", acts, kind,
+                ("token", "tensor", "group") if kind == "float" else ("token", "tensor"),
+                dynamic=None)
+    dtype = "fp8" if kind == "float" else "int8"
     if weights["strategy"] == "block":
-        return "group", _block_activations(where, weights, acts)
+        return dtype, "group", _block_activations(where, weights, acts)
     if acts["strategy"] == "group":
         raise ValueError(f"{where}.input_activations.strategy: 'group' scales go with "
                          "block-wise weights (strategy 'block') only")
     if not acts.get("dynamic"):
         if acts["strategy"] != "tensor":
             raise ValueError(f"{where}.input_activations: static scales must be per tensor")
-        return "static", None
-    return "token", None
+        return dtype, "static", None
+    return dtype, "token", None
 
 
 def _block_activations(where: str, weights: dict, acts: dict) -> tuple[int, int]:
@@ -228,14 +256,17 @@ def _block_activations(where: str, weights: dict, acts: dict) -> tuple[int, int]
     return block
 
 
-def _check_fp8(where: str, args: Any, strategies: tuple[str, ...], dynamic: bool | None) -> None:
+def _check_8bit(where: str, args: Any, kind: str, strategies: tuple[str, ...],
+                dynamic: bool | None) -> None:
+    """kind: float (fp8) or int (int8)."""
     if not isinstance(args, dict):
         raise ValueError(f"{where}: missing")
-    wanted = {"num_bits": 8, "type": "float", "symmetric": True}
+    wanted = {"num_bits": 8, "type": kind, "symmetric": True}
+    name = "fp8 (8-bit float" if kind == "float" else "int8 (8-bit integers"
     for key, value in wanted.items():
         if args.get(key, value) != value:
-            raise ValueError(f"{where}.{key}: {args.get(key)!r}; loom runs fp8 (8-bit float, "
-                             "symmetric)")
+            raise ValueError(f"{where}.{key}: {args.get(key)!r}; loom runs {name}, "
+                             "symmetric) here")
     strategy = args.get("strategy")
     if strategy not in strategies:
         raise ValueError(f"{where}.strategy: {strategy!r} is not one of "

@@ -32,25 +32,36 @@ logger = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
+INT8 = torch.int8
+INT8_RANGE = 127.5
+"""A symmetric int8 scale is amax / 127.5 (half of 127 - (-128)), as compressed-tensors
+computes it; values are rounded to even after clamping to [-128, 127]."""
+DTYPES = {"fp8": FP8, "int8": INT8}
 _EPS = torch.finfo(torch.float32).eps
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (rows, cols) -> fp8 values and a float32 scale (rows, 1) per row: amax / 448."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_EPS)
-    return _to_fp8(x, scale), scale
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype = FP8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows, cols) -> fp8 (or int8) values and a float32 scale (rows, 1) per row:
+    amax / 448 (int8: amax / 127.5)."""
+    top = FP8_MAX if dtype == FP8 else INT8_RANGE
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / top).clamp(min=_EPS)
+    return _quantize(x, scale, dtype), scale
 
 
-def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == INT8:
+        return (x.float() / scale).clamp(-128, 127).round().to(INT8)
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 class Fp8Linear:
-    """The matmul of one fp8 layer: quantize the input, multiply, rescale."""
+    """The matmul of one fp8 (or int8 W8A8) layer: quantize the input, multiply, rescale."""
 
     def __init__(self, activations: str, block: tuple[int, int] | None = None,
-                 block_kernel: bool = True) -> None:
+                 block_kernel: bool = True, dtype: torch.dtype = FP8) -> None:
         self.activations = activations
+        self.dtype = dtype
+        """The weights' and quantized activations' dtype: fp8, or int8 (per channel)."""
         self.block = block
         """(rows, cols) of a weight scale block; None: a scale per output channel."""
         self.block_kernel = block_kernel
@@ -58,9 +69,9 @@ class Fp8Linear:
 
     def quantize_input(self, layer: LinearBase, x: torch.Tensor):
         if self.activations == "token":
-            return quantize_rows(x)
+            return quantize_rows(x, self.dtype)
         scale = layer.input_scale.reshape(1, 1).expand(x.shape[0], 1)
-        return _to_fp8(x, scale), scale
+        return _quantize(x, scale, self.dtype), scale
 
     def apply(self, layer: LinearBase, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
@@ -109,7 +120,7 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
     if device.type == "cuda" and scheme.weight_block is None:
         importlib.import_module("loom.kernels.fp8_linear")  # registers loom::fp8_linear
     method = Fp8Linear(scheme.activations, scheme.weight_block,
-                       _block_kernel(device, scheme))
+                       _block_kernel(device, scheme), DTYPES[scheme.dtype])
     model.fp8_weight_block = scheme.weight_block  # for fp8 experts' scales (models.weights)
     layers, kept = [], []
     for name, layer in quantizable_layers(model, scheme, device, kept):
@@ -146,7 +157,7 @@ def _quantize_staged(layer: LinearBase, weight: torch.Tensor) -> None:
     """A layer's weight, whole in the model's dtype, as fp8: one scale per output channel,
     or per block for a block-wise scheme (dummy weights for a block-wise checkpoint)."""
     block = layer.quant.block
-    q, scale = (quantize_rows(weight) if block is None
+    q, scale = (quantize_rows(weight, layer.quant.dtype) if block is None
                 else fp8_block.quantize_blocks(weight, block))
     layer.weight = nn.Parameter(q, requires_grad=False)
     layer.weight_scale = nn.Parameter(scale, requires_grad=False)
@@ -185,8 +196,8 @@ def _block_kernel(device: torch.device, scheme: Fp8Scheme) -> bool:
 
 def _fp8_parameters(name: str, layer: LinearBase, scheme: Fp8Scheme,
                     device: torch.device) -> None:
-    weight = nn.Parameter(torch.empty(layer.weight.shape, dtype=FP8, device=device),
-                          requires_grad=False)
+    weight = nn.Parameter(torch.empty(layer.weight.shape, dtype=DTYPES[scheme.dtype],
+                                      device=device), requires_grad=False)
     weight.weight_loader = layer.weight_loader
     layer.weight = weight
     if scheme.weight_block is not None:

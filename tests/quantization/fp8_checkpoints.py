@@ -1,6 +1,7 @@
-"""Tiny fp8 checkpoints written by compressed-tensors (the library llm-compressor saves
-with) from the random test models, and transformers' reading of them: the reference loom's
-fp8 layers are held to. Scales come from compressed-tensors' own `calculate_qparams`."""
+"""Tiny fp8 (and int8 W8A8) checkpoints written by compressed-tensors (the library
+llm-compressor saves with) from the random test models, and transformers' reading of them:
+the reference loom's 8-bit layers are held to. Scales come from compressed-tensors' own
+`calculate_qparams`."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import torch
 CALIBRATION = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17]]
 
 
-def _args(strategy: str, dynamic: bool, block: list[int] | None = None):
+def _args(strategy: str, dynamic: bool, block: list[int] | None = None, kind: str = "float"):
     from compressed_tensors.quantization import QuantizationArgs
-    return QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True,
+    return QuantizationArgs(num_bits=8, type=kind, strategy=strategy, symmetric=True,
                             dynamic=dynamic, block_structure=block)
 
 
@@ -23,7 +24,15 @@ SCHEMES = {  # name -> (weight strategy, activation strategy, dynamic activation
     "fp8-static": ("tensor", "tensor", False),    # llm-compressor's FP8
     "fp8-tensor-dynamic": ("channel", "tensor", True),
     "fp8-block": ("block", "group", True),        # llm-compressor's FP8_BLOCK
+    "int8-dynamic": ("channel", "token", True),   # llm-compressor's W8A8 (int8)
+    "int8-static": ("tensor", "tensor", False),
+    "int8-tensor-dynamic": ("channel", "tensor", True),
 }
+
+
+def _kind(scheme: str) -> str:
+    """compressed-tensors' type of a scheme's weights and activations."""
+    return "int" if scheme.startswith("int8") else "float"
 
 
 def _group(targets: list[str], scheme: str, group_size: int | None = None,
@@ -37,8 +46,8 @@ def _group(targets: list[str], scheme: str, group_size: int | None = None,
     if group_size is not None:
         acts = "group"
     return QuantizationScheme(
-        targets=targets, weights=_args(weights, False, block),
-        input_activations=QuantizationArgs(num_bits=8, type="float", strategy=acts,
+        targets=targets, weights=_args(weights, False, block, _kind(scheme)),
+        input_activations=QuantizationArgs(num_bits=8, type=_kind(scheme), strategy=acts,
                                            symmetric=True, dynamic=dynamic,
                                            group_size=group_size))
 
@@ -87,22 +96,23 @@ def write_fp8_checkpoint(model, path: str, scheme: str, ignore: list[str],
     compressed to `path`, as llm-compressor saves one."""
     from compressed_tensors.compressors import ModelCompressor
     fp8_quantize(model, {"group_0": _group(["Linear"], scheme, block=block)}, ignore)
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
+    compressor = ModelCompressor.from_pretrained_model(
+        model, quantization_format=f"{_kind(scheme)}-quantized")
     compressor.compress_model(model)
     model.save_pretrained(path)
     compressor.update_config(path)
 
 
-def tp_reference(model, tp: int, ignore: list[str]):
-    """`model` quantized as fp8-dynamic runs at tensor-parallel size tp: a row-parallel
-    layer's ranks each scale their own slice of a token's features, which is dynamic
-    per-group activation quantization with groups of in_features / tp."""
+def tp_reference(model, tp: int, ignore: list[str], scheme: str = "fp8-dynamic"):
+    """`model` quantized as `scheme` (fp8- or int8-dynamic) runs at tensor-parallel size
+    tp: a row-parallel layer's ranks each scale their own slice of a token's features,
+    which is dynamic per-group activation quantization with groups of in_features / tp."""
     cfg = model.config
     attn_in = cfg.num_attention_heads * cfg.head_dim
     fp8_quantize(model, {
-        "columns": _group(["re:.*(q|k|v|gate|up)_proj$"], "fp8-dynamic"),
-        "o_proj": _group(["re:.*o_proj$"], "fp8-dynamic", attn_in // tp),
-        "down_proj": _group(["re:.*down_proj$"], "fp8-dynamic", cfg.intermediate_size // tp),
+        "columns": _group(["re:.*(q|k|v|gate|up)_proj$"], scheme),
+        "o_proj": _group(["re:.*o_proj$"], scheme, attn_in // tp),
+        "down_proj": _group(["re:.*down_proj$"], scheme, cfg.intermediate_size // tp),
     }, ignore)
     return model.eval()
 

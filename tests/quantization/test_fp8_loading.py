@@ -66,16 +66,16 @@ def _fp8_of(model, name) -> tuple[torch.Tensor, torch.Tensor]:
     return layer.weight, layer.weight_scale
 
 
-def _assert_matches(model, plain, expected) -> None:
-    """model's fp8 layers and experts hold `expected`'s bytes and scales; its other
-    parameters equal the unquantized model's, in the same order (dummy weights' seeds
-    follow it)."""
+def _assert_matches(model, plain, expected, dtype: torch.dtype = FP8) -> None:
+    """model's fp8 (or int8: dtype) layers and experts hold `expected`'s bytes and scales;
+    its other parameters equal the unquantized model's, in the same order (dummy weights'
+    seeds follow it)."""
     names = [n for n, _ in model.named_parameters()]
     assert [n for n in names if not n.endswith(_SCALES)] == \
         [n for n, _ in plain.named_parameters()]
     for name, (q, scale) in expected.items():
         weight, weight_scale = _fp8_of(model, name)
-        assert weight.dtype == FP8 and weight.shape == q.shape, name
+        assert weight.dtype == dtype and weight.shape == q.shape, name
         assert torch.equal(weight.view(torch.uint8), q.view(torch.uint8)), name
         assert torch.equal(weight_scale, scale), name
     params = dict(model.named_parameters())

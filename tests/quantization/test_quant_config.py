@@ -31,6 +31,10 @@ def _with(change, base=FP8_DYNAMIC) -> dict:
 FP8_BLOCK = _with(lambda qc, g: (  # as llm-compressor writes an FP8_BLOCK checkpoint's config
     g["weights"].update(strategy="block", block_structure=[128, 128]),
     g["input_activations"].update(strategy="group", group_size=128)))["quantization_config"]
+W8A8_INT8 = _with(lambda qc, g: (  # as llm-compressor writes a W8A8 (int8) checkpoint's config
+    qc.update(format="int-quantized"), g.update(format="int-quantized"),
+    g["weights"].update(type="int"), g["input_activations"].update(type="int")))[
+    "quantization_config"]
 QWEN3_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
              "weight_block_size": [128, 128]}  # Qwen3-8B-FP8's config.json
 
@@ -47,6 +51,38 @@ def test_schemes_read():
     assert (s.activations, s.ignores("model.layers.3.mlp.gate")) == ("static", True)
     static = _with(lambda qc, g: g["input_activations"].update(strategy="tensor", dynamic=False))
     assert quant_scheme(static, "compressed-tensors").activations == "static"
+
+
+def test_int8_schemes_read():
+    s = quant_scheme({"quantization_config": W8A8_INT8}, "compressed-tensors")
+    assert (s.dtype, s.activations, s.weight_block) == ("int8", "token", None)
+    assert s.describe() == ("int8 weights (from the checkpoint), activations dynamic per token")
+    static = _with(lambda qc, g: g["input_activations"].update(strategy="tensor", dynamic=False),
+                   W8A8_INT8)
+    assert (quant_scheme(static, None).dtype, quant_scheme(static, None).activations) == (
+        "int8", "static")
+    naive = _with(lambda qc, g: (qc.update(format="naive-quantized"), g.pop("format")), W8A8_INT8)
+    assert quant_scheme(naive, None).dtype == "int8"
+    assert quant_scheme({"quantization_config": FP8_DYNAMIC}, None).dtype == "fp8"
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda qc, g: g["input_activations"].update(symmetric=False),
+     r"group_0\.input_activations\.symmetric: False; loom runs int8"),
+    (lambda qc, g: g["weights"].update(symmetric=False), r"group_0\.weights\.symmetric"),
+    (lambda qc, g: g["input_activations"].update(type="float"),
+     r"group_0\.input_activations\.type: 'float'; loom runs int8"),
+    (lambda qc, g: g["weights"].update(strategy="group", group_size=128),
+     r"group_0\.weights\.strategy: 'group' is not one of channel, tensor$"),
+    (lambda qc, g: g["input_activations"].update(strategy="group", group_size=128),
+     r"group_0\.input_activations\.strategy: 'group' is not one of token, tensor$"),
+    (lambda qc, g: g.update(format="float-quantized"), r"group_0\.format: 'float-quantized'"),
+    (lambda qc, g: g.update(input_activations=None), r"input_activations: 8-bit weights "
+                                                     r"without quantized activations"),
+])
+def test_int8_refusals_name_the_field(change, field):
+    with pytest.raises(ValueError, match=field):
+        quant_scheme(_with(change, W8A8_INT8), None)
 
 
 def test_block_wise_schemes_read():
@@ -87,14 +123,20 @@ def test_scheme_checks_its_fields():
         Fp8Scheme("fp8", True, "group")
     with pytest.raises(ValueError, match=r"activations: 'tensor' is not one of"):
         Fp8Scheme("fp8", True, "tensor")
+    with pytest.raises(ValueError, match=r"dtype: 'int4' is not one of"):
+        Fp8Scheme("compressed-tensors", True, "token", dtype="int4")
+    with pytest.raises(ValueError, match=r"dtype: int8 weights come from a checkpoint"):
+        Fp8Scheme("fp8", False, "token", dtype="int8")
 
 
 @pytest.mark.parametrize("change, field", [
     (lambda qc, g: g["weights"].update(num_bits=4), r"group_0\.weights\.num_bits"),
-    (lambda qc, g: g["weights"].update(type="int"), r"group_0\.weights\.type"),
+    (lambda qc, g: g["weights"].update(type="int"), r"group_0\.format: 'float-quantized'"),
+    (lambda qc, g: (g["weights"].update(type="int"), g.update(format="int-quantized")),
+     r"group_0\.input_activations\.type: 'float'; loom runs int8"),
     (lambda qc, g: g["weights"].update(strategy="group", group_size=128),
      r"group_0\.weights\.strategy"),
-    (lambda qc, g: g.update(input_activations=None), r"input_activations: weight-only"),
+    (lambda qc, g: g.update(input_activations=None), r"input_activations: 8-bit weights "),
     (lambda qc, g: g["input_activations"].update(strategy="token", dynamic=False),
      r"static scales must be per tensor"),
     (lambda qc, g: g.update(format="pack-quantized"), r"group_0\.input_activations: int4"),
