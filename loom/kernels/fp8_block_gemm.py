@@ -96,8 +96,8 @@ def quantize_groups(x: torch.Tensor, group_k: int,
 
 
 @triton.jit
-def _tile(pid, M, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          SWIZZLE_M: tl.constexpr):
+def swizzled_tile(pid, M, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SWIZZLE_M: tl.constexpr):
     """Program -> (row tile, column tile), SWIZZLE_M row tiles at a time walking the column
     tiles, so that the programs running together share their weight tiles and their rows
     in L2 (a prompt's activations can outgrow it: 8192 x 12288 fp8 is 100 MB)."""
@@ -115,7 +115,7 @@ def _block_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, stride_a, stride_
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIZZLE_M: tl.constexpr):
     # a: fp8 activations [M, K], as: their scales [M, K_GROUPS]; b: the fp8 weight [N, K],
     # bs: its scales [ceil(N / GROUP_N), K_GROUPS]; c = a @ b^T [M, N].
-    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, SWIZZLE_M)
+    pid_m, pid_n = swizzled_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, SWIZZLE_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)

@@ -19,6 +19,13 @@ real row count:
   at TP=1 the residual add + RMSNorm (`decode_add_rms_norm_linear`), so that neither
   activation is written in bf16 and read back.
 
+int8 weights (W8A8-INT8 checkpoints, `loom.quantization.config`) take the same op and the
+same two paths: the GEMV reads int8 as it reads fp8 (each value exact in x's dtype, the
+row's sums times its scale), and prompt rows are quantized to int8 by the same kernel (amax
+/ 127.5, rounded half to even, compressed-tensors' maths) for `loom.kernels.int8_gemm`
+(int32 accumulation, both scales applied once at the end). cuBLASLt has no int8 GEMM with
+row-wise scales in torch, which is why that one is loom's.
+
 Configs: `gemv_decode.weight_config`, from the table measured for fp8 weights
 (`benchmarks/gpu/gemv_bench.py --weight-dtype fp8 --write-table`) or, where the GPU has
 none, the bf16 table's.
@@ -31,9 +38,11 @@ import triton
 import triton.language as tl
 
 from loom.kernels.fp8_block_gemm import EPS, FP8, FP8_MAX
+from loom.quantization.fp8 import INT8, INT8_RANGE
 from loom.kernels.gemv import gemv
 from loom.kernels.gemv_decode import weight_config
 from loom.kernels.host import next_power_of_2
+from loom.kernels.int8_gemm import int8_gemm
 from loom.kernels.launch import fast_launch
 from loom.kernels.silu_mul import silu_mul_values
 from loom.library import loom_op
@@ -44,9 +53,13 @@ from loom.library import loom_op
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, res_ptr, nw_ptr, res_out_ptr,
                           eps, stride_x, K: tl.constexpr, BLOCK: tl.constexpr,
                           STATIC: tl.constexpr, FMAX: tl.constexpr, EPS_: tl.constexpr,
-                          SILU_MUL: tl.constexpr = False, ADD_NORM: tl.constexpr = False):
+                          SILU_MUL: tl.constexpr = False, ADD_NORM: tl.constexpr = False,
+                          INT: tl.constexpr = False):
     # program r: row r whole. scale = amax / 448 (at least float32's eps), or the static
     # scale; q = x / scale, divided and rounded as torch's ops do (the CPU's very bytes).
+    # INT (int8 out): scale = amax / 127.5 (FMAX), q clamped to [-128, 127] and rounded half
+    # to even, as torch.round: adding and taking away 1.5 * 2^23 leaves a float32 of
+    # magnitude <= 2^22 rounded to an integer by IEEE round-to-nearest-even.
     # SILU_MUL: the row is [gate | up] (2K wide) and x = silu(gate) * up, rounded as
     # torch's eager ops round it (`silu_mul_values`). ADD_NORM: h = x + residual goes to
     # res_out and x = RMSNorm(h) * norm weight, rounded as `loom.layers.norm.rms_norm`.
@@ -71,41 +84,50 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, res_ptr, nw_ptr, re
         scale = tl.load(in_scale_ptr)
     else:
         scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FMAX), EPS_)
-    q = tl.clamp(tl.math.div_rn(x, scale), -FMAX, FMAX)
+    if INT:
+        q = (tl.clamp(tl.math.div_rn(x, scale), -128.0, 127.0) + 12582912.0) - 12582912.0
+    else:
+        q = tl.clamp(tl.math.div_rn(x, scale), -FMAX, FMAX)
     tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(s_ptr + row, scale)
 
 
 def quantize_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None,
-                  silu_mul_input: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  silu_mul_input: bool = False,
+                  dtype: torch.dtype = FP8) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K), rows with unit column stride -> fp8 (M, K) and float32 scales (M, 1): per
     row (amax / 448), or input_scale's one value for every row. silu_mul_input: x is
     (M, 2K) = [gate | up], and silu(gate) * up is quantized (an MLP's down projection:
-    the activation is never written in the model's dtype)."""
-    return _quantize(x, input_scale, silu_mul_input)[:2]
+    the activation is never written in the model's dtype). dtype int8: int8 rows, amax /
+    127.5 (`loom.quantization.fp8.quantize_rows`'s int8 maths)."""
+    return _quantize(x, input_scale, silu_mul_input, dtype=dtype)[:2]
 
 
 def add_rms_norm_quantize_rows(x: torch.Tensor, residual: torch.Tensor,
                                norm_weight: torch.Tensor, eps: float,
-                               input_scale: torch.Tensor | None = None
+                               input_scale: torch.Tensor | None = None,
+                               dtype: torch.dtype = FP8
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A decoder's residual add and RMSNorm (`loom.layers.norm.fused_add_rms_norm`) with
     the quantization of the normalised rows, in one kernel: (fp8 rows, scales, x +
     residual). The normalised rows are never written in the model's dtype and read back
     (~2 ms of 8B's fp8 prefill at 8192 tokens, run_zzz94). x, residual (M, K) contiguous
-    alike, norm_weight (K,)."""
+    alike, norm_weight (K,). dtype: as quantize_rows'."""
     if residual.shape != x.shape or residual.dtype != x.dtype or norm_weight.shape != x.shape[1:]:
         raise ValueError(f"add_rms_norm_quantize_rows: residual {tuple(residual.shape)} and "
                          f"norm_weight {tuple(norm_weight.shape)} must match x "
                          f"{tuple(x.shape)} {x.dtype}")
     return _quantize(x.contiguous(), input_scale, False,
-                     (residual.contiguous(), norm_weight.contiguous(), float(eps)))
+                     (residual.contiguous(), norm_weight.contiguous(), float(eps)), dtype)
 
 
 def _quantize(x: torch.Tensor, input_scale: torch.Tensor | None, silu_mul_input: bool,
-              norm: tuple[torch.Tensor, torch.Tensor, float] | None = None):
+              norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+              dtype: torch.dtype = FP8):
+    if dtype not in (FP8, INT8):
+        raise ValueError(f"quantize_rows: dtype {dtype} is neither {FP8} nor {INT8}")
     m, k = x.shape[0], x.shape[1] // 2 if silu_mul_input else x.shape[1]
-    q = torch.empty(m, k, dtype=FP8, device=x.device)
+    q = torch.empty(m, k, dtype=dtype, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     residual, norm_weight, eps = norm or (x, x, 0.0)
     residual_out = torch.empty_like(x) if norm is not None else x
@@ -114,8 +136,8 @@ def _quantize(x: torch.Tensor, input_scale: torch.Tensor | None, silu_mul_input:
         fast_launch(_quantize_rows_kernel, (m,))(
             x, q, scale, scale if input_scale is None else input_scale, residual,
             norm_weight, residual_out, eps, x.stride(0), K=k, BLOCK=block,
-            STATIC=input_scale is not None, FMAX=FP8_MAX, EPS_=EPS,
-            SILU_MUL=silu_mul_input, ADD_NORM=norm is not None,
+            STATIC=input_scale is not None, FMAX=FP8_MAX if dtype == FP8 else INT8_RANGE,
+            EPS_=EPS, SILU_MUL=silu_mul_input, ADD_NORM=norm is not None, INT=dtype == INT8,
             num_warps=min(16, max(1, block // 1024)))
     return q, scale, residual_out
 
@@ -124,8 +146,9 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
                      input_scale: torch.Tensor | None = None,
                      silu_mul_input: bool = False) -> torch.Tensor:
     """x (M, K) @ the fp8 weight (N, K)^T by `quantize_rows` then cuBLASLt's row-wise scaled
-    GEMM; x's dtype out (the GEMM writes bf16 only). silu_mul_input: as quantize_rows."""
-    xq, x_scale = quantize_rows(x, input_scale, silu_mul_input)
+    GEMM; x's dtype out (the GEMM writes bf16 only). silu_mul_input: as quantize_rows. An
+    int8 weight: the rows quantized to int8, then `int8_gemm`."""
+    xq, x_scale = quantize_rows(x, input_scale, silu_mul_input, weight.dtype)
     return _scaled_mm(xq, x_scale, weight, weight_scale, x.dtype)
 
 
@@ -137,12 +160,14 @@ def add_rms_norm_scaled_mm_linear(
     `add_rms_norm_quantize_rows` then the scaled GEMM: a decoder's qkv or gate_up at a
     prompt's rows, its norm and quantization one kernel."""
     xq, x_scale, residual_out = add_rms_norm_quantize_rows(x, residual, norm_weight, eps,
-                                                           input_scale)
+                                                           input_scale, weight.dtype)
     return _scaled_mm(xq, x_scale, weight, weight_scale, x.dtype), residual_out
 
 
 def _scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if weight.dtype == INT8:
+        return int8_gemm(xq, x_scale, weight, weight_scale, dtype)
     y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.reshape(1, -1),
                          out_dtype=torch.bfloat16)
     return y if y.dtype == dtype else y.to(dtype)
@@ -152,9 +177,9 @@ def _scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
          "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? input_scale) -> Tensor")
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None) -> torch.Tensor:
-    """x (M, K) @ the fp8 weight (N, K)^T with weight_scale (N, 1), x's dtype out: the GEMV
-    at decode row counts it has a config for, else the scaled GEMM (the module's
-    docstring). One opaque op, so that compiled graphs hold it as a node and the choice is
+    """x (M, K) @ the fp8 (or int8) weight (N, K)^T with weight_scale (N, 1), x's dtype
+    out: the GEMV at decode row counts it has a config for, else the scaled GEMM (the
+    module's docstring). One opaque op, so that compiled graphs hold it as a node and the choice is
     made from each call's real row count (each CUDA graph size captures its own)."""
     x = x.contiguous()
     cfg = weight_config(x.shape[0], weight, x.dtype)

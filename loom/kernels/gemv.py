@@ -81,7 +81,7 @@ def _gemv_kernel(
     # PDL: launched with programmatic dependent launch. The weight is no kernel's output,
     # so the first PREFETCH_BYTES of each of this program's rows (its slice of K) are asked
     # into L2 before waiting for the previous kernel; x and everything else after.
-    # W_SCALE: W is fp8 with a float32 scale per row (ws_ptr), applied to the sums.
+    # W_SCALE: W is fp8 or int8 with a float32 scale per row (ws_ptr), applied to the sums.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # Rows padded to a power of two; a dot's operand to 16.
@@ -132,7 +132,7 @@ def _gemv_kernel(
                 tl.store(res_out_ptr + h_off, h.to(elem), mask=x_ok & (pid_n == 0))
                 squares += tl.sum(h * h, axis=1)
                 xt = xt.to(elem)
-            if W_SCALE:  # fp8 -> x's dtype is exact
+            if W_SCALE:  # fp8 or int8 -> x's dtype is exact
                 w = w.to(elem)
             acc += tl.dot(w, tl.trans(xt), input_precision=DOT_PRECISION)
         else:
@@ -204,7 +204,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, silu_mul_input: bool = False,
          compile_only: bool = False) -> torch.Tensor:
     """x [M, K] (or [M, 2K] = [gate | up] with silu_mul_input) times weight [N, K]^T, for
     1 <= M <= MAX_M; returns a new [M, N] tensor of x's dtype. Both contiguous, on one
-    device, of one dtype (bfloat16, float16 or float32); or weight float8_e4m3fn with
+    device, of one dtype (bfloat16, float16 or float32); or weight float8_e4m3fn or int8 with
     weight_scale, float32 [N] or [N, 1]: each row's sums times its scale, x unquantized
     (W8A16). config: a GemvConfig, a dict of its fields, or None for `default_config`.
     compile_only: compile the kernels this call needs and run nothing (inside

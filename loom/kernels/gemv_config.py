@@ -97,12 +97,12 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, silu_mul_input: bool,
                          f"{tuple(weight.shape)}")
     if n == 0 or k == 0:
         raise ValueError(f"gemv: empty weight {tuple(weight.shape)}")
-    w_dtype = x.dtype if weight_scale is None else torch.float8_e4m3fn
-    if weight.dtype != w_dtype or x.dtype not in (torch.bfloat16, torch.float16,
-                                                  torch.float32):
+    w_dtypes = (x.dtype,) if weight_scale is None else (torch.float8_e4m3fn, torch.int8)
+    if weight.dtype not in w_dtypes or x.dtype not in (torch.bfloat16, torch.float16,
+                                                       torch.float32):
         raise ValueError(f"gemv: x and weight must share a dtype among bfloat16, float16 "
-                         f"and float32 (or weight float8_e4m3fn with a weight_scale), got "
-                         f"{x.dtype} and {weight.dtype}")
+                         f"and float32 (or weight float8_e4m3fn or int8 with a "
+                         f"weight_scale), got {x.dtype} and {weight.dtype}")
     if weight_scale is not None and (
             weight_scale.dtype != torch.float32 or weight_scale.numel() != n
             or not weight_scale.is_contiguous() or weight_scale.device != x.device):

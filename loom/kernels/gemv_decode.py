@@ -22,6 +22,7 @@ from loom.library import loom_op
 logger = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
+INT8 = torch.int8
 
 
 def table_path(dtype: torch.dtype, gpu: str, kind: str = "gemv"):
@@ -73,12 +74,14 @@ def weight_config(m: int, weight: torch.Tensor, x_dtype: torch.dtype) -> GemvCon
     """The GEMV's config for m rows of x_dtype times this weight (of x's dtype, or fp8 with
     its scale per row), or None (cuBLAS). fp8 weights take the fp8 table; where the GPU
     has none, the bf16 table's tile for the shape at twice its chunk width (the same bytes
-    a chunk), logged once."""
-    if not 1 <= m <= MAX_M or not weight.is_contiguous() or weight.dtype not in (x_dtype, FP8):
+    a chunk), logged once. int8 weights (as many bytes, also widened to x's dtype in the
+    kernel) take fp8's tiles."""
+    if not 1 <= m <= MAX_M or not weight.is_contiguous() \
+            or weight.dtype not in (x_dtype, FP8, INT8):
         return None
     (n, k), device = weight.shape, weight.device
-    if weight.dtype != FP8 or _has_fp8_table(device_name(device)):
-        return tuned_config(m, n, k, weight.dtype, device)
+    if weight.dtype not in (FP8, INT8) or _has_fp8_table(device_name(device)):
+        return tuned_config(m, n, k, FP8 if weight.dtype == INT8 else weight.dtype, device)
     cfg = tuned_config(m, n, k, torch.bfloat16, device)
     return None if cfg is None else dataclasses.replace(cfg, block_k=2 * cfg.block_k)
 
@@ -99,10 +102,10 @@ def norm_config(m: int, weight: torch.Tensor, x_dtype: torch.dtype) -> GemvConfi
     shape of the "gemv_norm" table is decided by it (the smallest measured row count >= m;
     none: the two kernels). Elsewhere `weight_config`'s config where it reduces rows
     unsplit (with the tensor-core tiles the fused call lost 7-18 us on an H200: run_zzz25)."""
-    if weight.dtype not in (x_dtype, FP8):
+    if weight.dtype not in (x_dtype, FP8, INT8):
         return None
-    per_m = _table(weight.dtype, device_name(weight.device), "gemv_norm").get(
-        tuple(weight.shape))
+    per_m = _table(FP8 if weight.dtype == INT8 else weight.dtype, device_name(weight.device),
+                   "gemv_norm").get(tuple(weight.shape))
     if per_m is not None:
         return _at_or_above(per_m, m)
     cfg = weight_config(m, weight, x_dtype)

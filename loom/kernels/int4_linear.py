@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loom.kernels.fp8_block_gemm import _tile
+from loom.kernels.fp8_block_gemm import swizzled_tile
 from loom.kernels.host import cdiv
 from loom.kernels.interpreter import interpreted
 from loom.kernels.launch import fast_launch
@@ -79,7 +79,7 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
     MID: tl.constexpr = 1 << (BITS - 1)
     GROUPS: tl.constexpr = K // GROUP
     K_ITERS: tl.constexpr = K // BLOCK_K // SPLIT_K
-    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, SWIZZLE_M)
+    pid_m, pid_n = swizzled_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, SWIZZLE_M)
     split = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
