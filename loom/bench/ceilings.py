@@ -42,10 +42,14 @@ class Ceilings:
     fp8_matmul_tflop_per_s: float | None = None
     """With fp8 layers: the same shape as loom's fp8 layers run it (`torch._scaled_mm`,
     float8_e4m3fn in, row-wise scales, bf16 out)."""
+    int8_matmul_tops: float | None = None
+    """With int8 W8A8 layers: cuBLAS's int8 GEMM of the same shape (`torch._int_mm`, int32
+    out), in tera-ops per second."""
 
     def matmul_rate(self, fp8: bool) -> float:
-        """The rate compute floors are held to: fp8's for fp8 layers, else bf16's."""
-        return self.fp8_matmul_tflop_per_s if fp8 and self.fp8_matmul_tflop_per_s else \
+        """The rate compute floors are held to: the 8-bit GEMM's measured (fp8's, or int8's
+        for int8 layers) for 8-bit layers, else bf16's."""
+        return (fp8 and (self.fp8_matmul_tflop_per_s or self.int8_matmul_tops)) or \
             self.matmul_tflop_per_s
 
 
@@ -107,6 +111,13 @@ def fp8_matmul_tflops(device: torch.device, n: int = MATMUL_N, iters: int = 20) 
     return 2 * n ** 3 / seconds / 1e12
 
 
+def int8_matmul_tops(device: torch.device, n: int = MATMUL_N, iters: int = 20) -> float:
+    a = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
+    b = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device).t()  # column-major
+    seconds = _best_seconds(lambda: torch._int_mm(a, b), device, warmup=10, iters=iters)
+    return 2 * n ** 3 / seconds / 1e12
+
+
 def held_matmul_tflops(device: torch.device, seconds: float, n: int = MATMUL_N) -> float:
     """The matmul back to back for `seconds`; its rate over the last third (the clocks
     settle within the first second)."""
@@ -117,9 +128,10 @@ def held_matmul_tflops(device: torch.device, seconds: float, n: int = MATMUL_N) 
 
 
 def measure_ceilings(device: torch.device, held_s: float = 0.0,
-                     fp8: bool = False) -> Ceilings | None:
+                     fp8: bool = False, int8: bool = False) -> Ceilings | None:
     """Both ceilings on a CUDA device (and, with held_s, the matmul's held rate; with fp8,
-    the fp8 matmul's rate); None (and a log line saying so) on CPU."""
+    the fp8 matmul's rate; with int8, the int8 GEMM's); None (and a log line saying so) on
+    CPU."""
     if device.type != "cuda":
         logger.info("ceilings: skipped on %s (measured on CUDA devices only)", device)
         return None
@@ -127,14 +139,16 @@ def measure_ceilings(device: torch.device, held_s: float = 0.0,
     rate = matmul_tflops(device)
     held = held_matmul_tflops(device, held_s) if held_s > 0 else None
     fp8_rate = fp8_matmul_tflops(device) if fp8 else None
+    int8_rate = int8_matmul_tops(device) if int8 else None
     torch.cuda.empty_cache()
     ceilings = Ceilings(torch.cuda.get_device_name(device), copy, rate,
                         matmul_held_tflop_per_s=held, matmul_held_s=held_s or None,
-                        fp8_matmul_tflop_per_s=fp8_rate)
-    logger.info("ceilings on %s: copy %.2f TB/s (read+write), bf16 matmul %.0f TFLOP/s%s%s",
+                        fp8_matmul_tflop_per_s=fp8_rate, int8_matmul_tops=int8_rate)
+    logger.info("ceilings on %s: copy %.2f TB/s (read+write), bf16 matmul %.0f TFLOP/s%s%s%s",
                 ceilings.device, copy, rate,
                 f" (held {held_s:.0f} s: {held:.0f})" if held is not None else "",
-                f", fp8 matmul {fp8_rate:.0f} TFLOP/s" if fp8_rate is not None else "")
+                f", fp8 matmul {fp8_rate:.0f} TFLOP/s" if fp8_rate is not None else "",
+                f", int8 GEMM {int8_rate:.0f} TOPS" if int8_rate is not None else "")
     return ceilings
 
 

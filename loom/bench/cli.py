@@ -1,4 +1,5 @@
-"""`loom bench latency | throughput | serve | sweep | async-tp | moe | attention | int4`."""
+"""`loom bench latency | throughput | serve | sweep | async-tp | moe | attention | int4 |
+w8a8`."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from loom.bench.common import check_outputs
 
 def register(subparsers) -> None:
     from loom.bench import (async_tp, attention, int4, latency, moe, serve, sweep,
-                            throughput)
+                            throughput, w8a8)
     p = subparsers.add_parser("bench",
                               help="benchmarks: latency, throughput, serve, sweep, async-tp, moe, "
-                                   "attention, int4")
+                                   "attention, int4, w8a8")
     sub = p.add_subparsers(dest="bench_command", required=True,
-                           metavar="{latency,throughput,serve,sweep,async-tp,moe,attention,int4}")
-    for module in (latency, throughput, serve, sweep, async_tp, moe, attention, int4):
+                           metavar="{latency,throughput,serve,sweep,async-tp,moe,attention,int4,"
+                                   "w8a8}")
+    for module in (latency, throughput, serve, sweep, async_tp, moe, attention, int4, w8a8):
         module.register(sub)
     for bench in sub.choices.values():
         bench.set_defaults(func=_outputs_checked_first(bench.get_default("func")))
@@ -33,4 +35,4 @@ def _outputs_checked_first(run: Callable[[argparse.Namespace], int]):
 
 def _missing_subcommand(args: argparse.Namespace) -> int:
     raise ValueError("bench: name a benchmark: latency, throughput, serve, sweep, async-tp, moe, "
-                     "attention or int4")
+                     "attention, int4 or w8a8")

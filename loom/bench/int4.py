@@ -67,21 +67,21 @@ def projections(hf: dict[str, Any], tp: int) -> dict[str, tuple[int, int]]:
             "gate_up_proj": (2 * inter // tp, h), "down_proj": (h, inter // tp)}
 
 
-def _check_args(args: argparse.Namespace) -> list[int]:
+def check_kernel_args(args: argparse.Namespace, bench: str) -> list[int]:
+    """A kernel benchmark's common arguments checked, and a GPU that runs Triton's compiled
+    kernels; the distinct row counts."""
     sizes = list(dict.fromkeys(args.batch_sizes))
     if not sizes or min(sizes) < 1:
         raise ValueError(f"batch_sizes: must be positive, got {args.batch_sizes}")
-    if args.group_size != -1 and (args.group_size < 16 or args.group_size % 16):
-        raise ValueError(f"group_size: {args.group_size} is not -1 or a multiple of 16")
     if args.num_iters < 1 or args.num_iters_warmup < 0:
         raise ValueError("num_iters must be positive and num_iters_warmup >= 0")
     import torch
     if not torch.cuda.is_available():
-        raise ValueError("int4: needs a CUDA GPU (it times the Triton int4 kernel); torch "
-                         "sees none here")
+        raise ValueError(f"{bench}: needs a CUDA GPU (it times Triton kernels); torch sees "
+                         "none here")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise ValueError("int4: TRITON_INTERPRET is set: the kernel would run on the CPU "
-                         "interpreter; unset it")
+        raise ValueError(f"{bench}: TRITON_INTERPRET is set: the kernels would run on the "
+                         "CPU interpreter; unset it")
     return sizes
 
 
@@ -131,7 +131,9 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
 def run_int4(args: argparse.Namespace) -> int:
     from loom.bench.moe_space import model_config_json
     shapes = projections(model_config_json(args.model), args.tensor_parallel_size)
-    sizes = _check_args(args)
+    if args.group_size != -1 and (args.group_size < 16 or args.group_size % 16):
+        raise ValueError(f"group_size: {args.group_size} is not -1 or a multiple of 16")
+    sizes = check_kernel_args(args, "int4")
     import torch
 
     from loom.bench.ceilings import measure_ceilings

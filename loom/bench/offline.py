@@ -48,7 +48,8 @@ class OfflineBench:
     loras: list[LoRARequest] | None = None
     """--lora-path's adapter under each of --max-loras ids; None: the base model."""
     fp8: bool = False
-    """The linear layers run in fp8 (--quantization, or an fp8 checkpoint)."""
+    """The linear layers run in fp8 (--quantization, or an fp8 checkpoint), or in int8
+    (a W8A8-INT8 checkpoint): one byte a weight, the 8-bit GEMM's rate."""
     int4_bytes: float | None = None
     """Bytes a weight of an int4 checkpoint's linear layers costs (with its scales); None:
     not int4."""
@@ -120,8 +121,9 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
         raise ValueError(f"reference_json: no such file: {args.reference_json}")
     device = resolve_device(engine_args.device)
     scheme = quant_scheme(resolve(config.model).hf_config, config.model.quantization)
-    fp8 = isinstance(scheme, Fp8Scheme)
-    ceilings = measure_ceilings(device, held_s=HELD_MATMUL_S, fp8=fp8)
+    fp8 = isinstance(scheme, Fp8Scheme)  # 8-bit layers: fp8, or int8 W8A8
+    int8 = fp8 and scheme.dtype == "int8"
+    ceilings = measure_ceilings(device, held_s=HELD_MATMUL_S, fp8=fp8 and not int8, int8=int8)
     dtype = resolve_dtype(config.model.dtype, arch.dtype, device)
     dtype_bytes = dtype.itemsize
     int4_bytes = (scheme.bytes_per_weight(dtype_bytes) if isinstance(scheme, Int4Scheme)

@@ -1,4 +1,5 @@
-"""`loom bench int4` on a machine without a GPU: its shapes, and the errors it gives."""
+"""`loom bench int4` and `loom bench w8a8` on a machine without a GPU: their shapes, and
+the errors they give."""
 
 from __future__ import annotations
 
@@ -30,4 +31,16 @@ def test_refusals(argv, error, capsys):
     if not argv and torch.cuda.is_available():
         pytest.skip("a GPU is here")
     assert main(["bench", "int4", *argv]) != 0
+    assert error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--batch-sizes", "0"], "batch_sizes: must be positive"),
+    (["--num-iters", "0"], "num_iters must be positive"),
+    ([], "w8a8: needs a CUDA GPU"),
+])
+def test_w8a8_refusals(argv, error, capsys):
+    if not argv and torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert main(["bench", "w8a8", *argv]) != 0
     assert error in capsys.readouterr().err

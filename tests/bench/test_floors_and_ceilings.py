@@ -14,6 +14,7 @@ from loom.models.arch import ModelArch
 
 @pytest.mark.parametrize("name,total_b,layers,experts", [
     ("llama-3.1-8b", 8.03, 32, 0), ("llama-3.1-8b-awq", 8.03, 32, 0),
+    ("llama-3.1-8b-w8a8", 8.03, 32, 0),
     ("llama-3.1-70b", 70.55, 80, 0),
     ("qwen3-30b-a3b", 30.53, 48, 128), ("qwen3-30b-a3b-gptq-int4", 30.53, 48, 128)])
 def test_shipped_configs(name, total_b, layers, experts):
@@ -72,6 +73,14 @@ def test_fp8_decode_bytes_for_llama_8b():
     ceilings = Ceilings("x", 4.0, 800.0, fp8_matmul_tflop_per_s=1600.0)
     assert (ceilings.matmul_rate(True), ceilings.matmul_rate(False)) == (1600.0, 800.0)
     assert Ceilings("x", 4.0, 800.0).matmul_rate(True) == 800.0
+    int8 = Ceilings("x", 4.0, 800.0, int8_matmul_tops=1500.0)
+    assert (int8.matmul_rate(True), int8.matmul_rate(False)) == (1500.0, 800.0)
+
+
+def test_w8a8_config_is_llm_compressors_int8_scheme():
+    from loom.quantization.config import quant_scheme
+    scheme = quant_scheme(shipped_hf_config("llama-3.1-8b-w8a8"), None)
+    assert (scheme.dtype, scheme.activations, scheme.ignore) == ("int8", "token", ("lm_head",))
 
 
 @pytest.mark.gpu
