@@ -33,7 +33,8 @@ its name it multiplies the fp8 values, as loom's weight_scale does."""
 _IGNORED = ("rotary_emb.inv_freq",)
 INT4_EXPERT_SUFFIXES = {"qweight": "", "weight_packed": "", "scales": "_scale",
                          "weight_scale": "_scale", "qzeros": "_zero", "weight_zero_point": "_zero",
-                         "g_idx": "_g_idx", "weight_shape": "_shape"}
+                         "g_idx": "_g_idx", "weight_shape": "_shape", "weight": "",
+                         "input_scale": "_input_scale"}
 """An int4 expert tensor's checkpoint suffix -> its FusedMoE parameter after w13 / w2."""
 
 

@@ -131,11 +131,37 @@ def quantize_model(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
         else:
             stage(name, layer, device, _quantize_staged)
     from loom.quantization import fp8_moe
-    moe = fp8_moe.prepare_experts(model, scheme, from_checkpoint, device)
+    if scheme.dtype == "int8":
+        moe = _int8_experts(model, scheme, from_checkpoint, device)
+        experts = f"; the MoE experts of {moe} layers int8 (W8A16)" if moe else ""
+    else:
+        moe = fp8_moe.prepare_experts(model, scheme, from_checkpoint, device)
+        experts = fp8_moe.describe(moe, from_checkpoint, scheme.weight_block)
     logger.info("quantization (%s): %s in %d linear layers; %d kept in the model's dtype as "
                 "the checkpoint asks%s", scheme.method, scheme.describe(), len(layers),
-                len(kept), fp8_moe.describe(moe, from_checkpoint, scheme.weight_block))
+                len(kept), experts)
     return layers
+
+
+def _int8_experts(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
+                  device: torch.device) -> int:
+    """A W8A8-INT8 checkpoint's MoE experts: int8 per channel, run as 8-bit weight-only
+    experts (`loom.quantization.int4_moe`, the fused MoE's 8-bit kernels), the tokens
+    unquantized as fp8 experts run them. The number of MoE layers."""
+    from loom.quantization import int4_moe
+    from loom.quantization.int4_config import Int4Scheme
+    from loom.quantization.int4 import _raw
+    experts = Int4Scheme("int8", None, False, scheme.ignore, bits=8)
+    count = int4_moe.prepare_experts(model, experts, from_checkpoint, device,
+                                     keep_ignored=True)
+    model.int4_experts = count > 0  # models.weights names their tensors for them
+    if count and from_checkpoint and scheme.activations == "static":
+        for layer in model.modules():  # the experts' input scales: unused, dropped
+            if isinstance(layer, int4_moe.FusedMoE):
+                for attr in ("w13_input_scale", "w2_input_scale"):
+                    setattr(layer, attr, _raw(torch.empty(0, device=device),
+                                              lambda p, t, shard=None: None))
+    return count
 
 
 def quantizable_layers(model: nn.Module, scheme, device: torch.device,

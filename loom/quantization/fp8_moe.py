@@ -211,11 +211,6 @@ def prepare_experts(model: nn.Module, scheme: Fp8Scheme, from_checkpoint: bool,
     for name, layer in model.named_modules():
         if not isinstance(layer, FusedMoE):
             continue
-        if scheme.dtype != "fp8" and not _ignored(name, scheme):
-            raise NotImplementedError(
-                f"{name}: {scheme.dtype} W8A8 MoE experts are not supported; loom runs int8 "
-                "W8A8 checkpoints' dense layers (an MoE's experts in int8 or int4 load from "
-                "weight-only pack-quantized or GPTQ checkpoints)")
         if not from_checkpoint and _ignored(name, scheme):
             for attr in ("w13", "w2"):
                 _materialize(layer, attr, device)

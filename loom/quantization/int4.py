@@ -47,6 +47,7 @@ _NAMES = {  # method -> (packed, scale, zero) parameter names, as the checkpoint
     "compressed-tensors": ("weight_packed", "weight_scale", "weight_zero_point"),
     "awq": ("qweight", "scales", "qzeros"),
     "gptq": ("qweight", "scales", "qzeros"),
+    "int8": ("weight", "weight_scale", "weight_zero_point"),  # W8A8-INT8's MoE experts
 }
 
 

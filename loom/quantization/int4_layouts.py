@@ -13,7 +13,8 @@ the whole of a checkpoint shard's rows (the layer then keeps its rank's slice).
 A converter is `f(tensor, rows, bits) -> tensor`, rows being the output rows of the
 checkpoint tensor (all ranks'); a check `f(tensor, rows, in_features, group, bits)` raises
 ValueError naming what it found. 8-bit weights (GPTQ-Int8, W8A16) pack four to a word the
-same ways; AWQ is 4-bit only. Dense layers (`loom.quantization.int4`) and MoE experts
+same ways; AWQ is 4-bit only. W8A8-INT8 checkpoints' MoE experts (signed int8, unpacked,
+a scale per row) load into the 8-bit layout too, offset by 128. Dense layers (`loom.quantization.int4`) and MoE experts
 (`loom.quantization.int4_moe`) share them.
 """
 
@@ -42,6 +43,16 @@ def _awq_unpack(name: str, t: torch.Tensor) -> torch.Tensor:
     """[r, c / 8] in AutoAWQ's nibble order -> [c, r] in loom's orientation (uint8)."""
     u = unpack(_int32(name, t))
     return u.view(u.shape[0], -1, PACK)[..., _AWQ_INVERSE].reshape(u.shape[0], -1).t()
+
+
+def _offset_int8(t, rows, bits):
+    """A W8A8-INT8 checkpoint's signed int8 [rows, in] (its MoE experts, run W8A16) -> loom's
+    8-bit words: each value plus 128 (the zero point loom's symmetric 8-bit layout has)."""
+    if t.dtype != torch.int8:
+        raise ValueError(f"int8 checkpoint's MoE expert weight: {t.dtype}; loom runs the "
+                         "experts of a W8A8-INT8 checkpoint in int8, or in the model's dtype "
+                         "where its ignore list names them")
+    return pack((t.to(torch.int16) + 128).to(torch.uint8), bits)
 
 
 def _check_weight_shape(t, rows, k, group, bits):
@@ -80,10 +91,15 @@ CONVERTERS = {
         "qweight": lambda t, rows, bits: _int32("qweight", t).t().contiguous(),
         "scales": lambda t, rows, bits: t.t(),
     },
+    "int8": {
+        "weight": _offset_int8,
+        "weight_scale": lambda t, rows, bits: t,
+    },
 }
 
 CHECKED = {  # checkpoint tensors loom checks and drops
     "compressed-tensors": {"weight_shape": _check_weight_shape},
     "awq": {},
     "gptq": {"qzeros": _check_gptq_zeros, "g_idx": _check_g_idx},
+    "int8": {},
 }

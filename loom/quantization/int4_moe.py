@@ -36,10 +36,12 @@ _ATTRS = {"packed": "", "scale": "_scale", "zero": "_zero"}
 
 
 def prepare_experts(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
-                    device: torch.device) -> int:
+                    device: torch.device, keep_ignored: bool = False) -> int:
     """Give every FusedMoE int4 parameters (or a staged placeholder, for dummy weights);
-    the number of layers."""
+    the number of layers. keep_ignored: experts the ignore list names stay in the model's
+    dtype (else they are refused)."""
     from loom.quantization.fp8 import _ignored
+    from loom.quantization.fp8_moe import _materialize
     count = 0
     for name, layer in model.named_modules():
         if not isinstance(layer, FusedMoE):
@@ -47,6 +49,10 @@ def prepare_experts(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
         if scheme.act_order:
             raise ValueError(f"{name}: act-order int4 experts (desc_act) are not supported")
         experts = [f"{name}.0.{p}_proj" for p in ("gate", "up", "down")]
+        if keep_ignored and all(_ignored(e, scheme) for e in experts):
+            for attr in ("w13", "w2"):
+                _materialize(layer, attr, device)
+            continue
         if any(_ignored(e, scheme) for e in experts):
             raise ValueError(f"{name}: the checkpoint leaves these int4 experts unquantized "
                              "(its ignore list), which loom does not run beside int4 layers")

@@ -152,11 +152,88 @@ def test_dummy_weights_are_quantized_per_channel(tiny_model_factory, tmp_path):
     _assert_matches(int8, plain, expected, INT8)
 
 
-def test_int8_moe_experts_are_refused(tmp_path):
-    """int8 W8A8 experts have no kernels in loom: a clear error at load, naming the layer."""
+def _with_int8_experts(path: str, dest: Path) -> tuple[str, str]:
+    """(path with every MoE expert weight int8 and its per-row scale beside it, as a W8A8
+    checkpoint of per-expert Linear modules has them; path with the same experts
+    dequantized in float32: the reference's). compressed-tensors leaves transformers' fused
+    experts unquantized, so they are quantized here, as compressed-tensors quantizes a
+    weight (amax / 127.5, rounded half to even)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    int8, dequantized = dest / "int8-experts", dest / "dequantized"
+    for out in (int8, dequantized):
+        shutil.copytree(path, out)
+    tensors = load_file(Path(path) / "model.safetensors")
+    q8, ref = dict(tensors), dict(tensors)
+    experts = [n for n in tensors if ".mlp.experts." in n and n.endswith("_proj.weight")]
+    assert experts
+    for name in experts:
+        q, scale = quantize_rows(tensors[name], INT8)
+        q8[name], q8[name + "_scale"] = q, scale
+        ref[name] = q.float() * scale
+    save_file(q8, int8 / "model.safetensors", metadata={"format": "pt"})
+    save_file(ref, dequantized / "model.safetensors", metadata={"format": "pt"})
+    return str(int8), str(dequantized)
+
+
+@pytest.mark.parametrize("scheme", ["int8-dynamic", "int8-static"])
+def test_int8_moe_experts(scheme, tmp_path):
+    """A W8A8 checkpoint's int8 experts run as 8-bit weight-only experts (the fused MoE's
+    8-bit kernels, tokens unquantized, as fp8 experts run): the tokens and logprobs of the
+    same checkpoint with those experts dequantized in float32 and kept in the model's dtype
+    by the ignore list (transformers cannot read back compressed-tensors' save of its fused
+    experts here). A static scheme's expert input scales are dropped. At TP=2 each rank
+    keeps its rows of gate and up and its columns of down."""
+    path = str(tmp_path / "int8")
+    write_fp8_checkpoint(make_tiny_model("qwen3_moe", str(tmp_path / "base")), path, scheme,
+                         ["lm_head", "re:.*mlp.gate$"])
+    int8, dequantized = _with_int8_experts(path, tmp_path)
+    if scheme == "int8-static":
+        _add_expert_input_scales(int8)
+    _ignore_experts(dequantized)
+    model = _load(int8, dtype="float32")
+    moe = model.get_submodule("model.layers.0.mlp.experts")
+    assert moe.w13.dtype == torch.int32 and moe.int4.bits == 8
+    assert _load(dequantized, dtype="float32").get_submodule(
+        "model.layers.0.mlp.experts").w13.dtype == torch.float32
+    # at TP=2 the dense layers scale each rank's slice: both runs alike
+    for tp in (1, 2) if scheme == "int8-dynamic" else (1,):
+        _same(_generate(_llm(int8, tensor_parallel_size=tp)),
+              _generate(_llm(dequantized, tensor_parallel_size=tp)))
+
+
+def _ignore_experts(path: str) -> None:
+    """The checkpoint's experts kept in the model's dtype by its ignore list."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    config["quantization_config"]["ignore"].append("re:.*mlp.experts.*")
+    (Path(path) / "config.json").write_text(json.dumps(config))
+
+
+def _same(outs, want) -> None:
+    """The reference run's tokens, and its first logprobs within 0.05 (a dense int8 layer's
+    rows one rounding step apart, as in `_compare`; most agree to float32 rounding)."""
+    for out, ref in zip(outs, want):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+        ours, theirs = (torch.tensor([o.outputs[0].logprobs[0][t].logprob for t in range(256)])
+                        for o in (out, ref))
+        assert (ours - theirs).abs().max() < 0.05
+
+
+def _add_expert_input_scales(path: str) -> None:
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(Path(path) / "model.safetensors")
+    for name in [n for n in tensors if ".mlp.experts." in n and n.endswith("_proj.weight")]:
+        tensors[name.replace(".weight", ".input_scale")] = torch.tensor([0.02])
+    save_file(tensors, Path(path) / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_experts_left_unquantized_are_refused(tmp_path):
+    """compressed-tensors' own W8A8 of transformers' fused experts leaves them in float,
+    unnamed by the ignore list: loom says it runs them in int8 or as the list keeps them."""
     path = str(tmp_path / "int8")
     write_fp8_checkpoint(make_tiny_model("qwen3_moe", str(tmp_path / "base")), path,
                          "int8-dynamic", ["lm_head", "re:.*mlp.gate$"])
-    with pytest.raises(NotImplementedError, match=r"layers\.0\.mlp\.experts: int8 W8A8 MoE "
-                                                  r"experts are not supported"):
+    with pytest.raises(ValueError, match=r"MoE expert weight: torch.float32; loom runs the "
+                                         r"experts of a W8A8-INT8 checkpoint in int8, or"):
         _load(path, dtype="float32")
