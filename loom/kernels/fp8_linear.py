@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 
 from loom.kernels.fp8_block_gemm import EPS, FP8, FP8_MAX
-from loom.quantization.fp8 import INT8, INT8_RANGE
 from loom.kernels.gemv import gemv
 from loom.kernels.gemv_decode import weight_config
 from loom.kernels.host import next_power_of_2
@@ -46,6 +45,7 @@ from loom.kernels.int8_gemm import int8_gemm
 from loom.kernels.launch import fast_launch
 from loom.kernels.silu_mul import silu_mul_values
 from loom.library import loom_op
+from loom.quantization.fp8 import INT8, INT8_RANGE
 
 
 
