@@ -16,7 +16,8 @@ from loom.models.arch import ModelArch
     ("llama-3.1-8b", 8.03, 32, 0), ("llama-3.1-8b-awq", 8.03, 32, 0),
     ("llama-3.1-8b-w8a8", 8.03, 32, 0),
     ("llama-3.1-70b", 70.55, 80, 0),
-    ("qwen3-30b-a3b", 30.53, 48, 128), ("qwen3-30b-a3b-gptq-int4", 30.53, 48, 128)])
+    ("qwen3-30b-a3b", 30.53, 48, 128), ("qwen3-30b-a3b-gptq-int4", 30.53, 48, 128),
+    ("qwen3-30b-a3b-w8a8", 30.53, 48, 128)])
 def test_shipped_configs(name, total_b, layers, experts):
     cfg = shipped_hf_config(name)
     arch = ModelArch.from_hf_config(cfg)

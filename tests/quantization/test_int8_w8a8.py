@@ -152,6 +152,25 @@ def test_dummy_weights_are_quantized_per_channel(tiny_model_factory, tmp_path):
     _assert_matches(int8, plain, expected, INT8)
 
 
+def test_dummy_int8_experts(tiny_model_factory, tmp_path):
+    """Dummy weights for an int8 MoE config (qwen3-30b-a3b-w8a8): each expert's values drawn
+    as the unquantized model's, then rounded to 8 bits per row in loom's packed layout."""
+    from loom.quantization.int4 import quantize_int4
+    path, _ = tiny_model_factory("qwen3_moe")
+    config = json.loads((Path(path) / "config.json").read_text())
+    config["quantization_config"] = json.loads(
+        (Path(__file__).parent.parent.parent / "loom/bench/configs/qwen3-30b-a3b-w8a8.json")
+        .read_text())["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    name = "model.layers.0.mlp.experts"
+    plain = _load(path, dtype="bfloat16", load_format="dummy").get_submodule(name)
+    int8 = _load(str(tmp_path), dtype="bfloat16", load_format="dummy").get_submodule(name)
+    for attr in ("w13", "w2"):
+        want = [quantize_int4(w, w.shape[1], False, 8) for w in getattr(plain, attr)]
+        assert torch.equal(getattr(int8, attr), torch.stack([q for q, _, _ in want]))
+        assert torch.equal(getattr(int8, attr + "_scale"), torch.stack([s for _, s, _ in want]))
+
+
 def _with_int8_experts(path: str, dest: Path) -> tuple[str, str]:
     """(path with every MoE expert weight int8 and its per-row scale beside it, as a W8A8
     checkpoint of per-expert Linear modules has them; path with the same experts
