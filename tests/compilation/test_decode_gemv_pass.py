@@ -64,15 +64,25 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
 
 
 @pytest.mark.slow
-def test_fp8_decode_fuses_the_norm_and_silu_and_tokens_stay(tiny_model_factory, monkeypatch,
-                                                             caplog):
-    """--quantization fp8 through loom::fp8_linear (as on CUDA; here the interpreted GEMV
-    and torch's CPU _scaled_mm): at level 3 the pass hands each fp8 projection's norm or
-    SiLU·mul to the GEMV with the weight's scales, and the tokens equal the eager run's,
-    where the same op runs with the norm and SiLU·mul as kernels of their own."""
+@pytest.mark.parametrize("weights", ["fp8", "int8"])
+def test_8bit_decode_fuses_the_norm_and_silu_and_tokens_stay(weights, tiny_model_factory,
+                                                              monkeypatch, caplog, tmp_path):
+    """--quantization fp8 (or an int8 W8A8 checkpoint) through loom::fp8_linear (as on
+    CUDA; here the interpreted GEMV, and torch's CPU _scaled_mm or the interpreted int8
+    GEMM): at level 3 the pass hands each 8-bit projection's norm or SiLU·mul to the GEMV
+    with the weight's scales, and the tokens equal the eager run's, where the same op runs
+    with the norm and SiLU·mul as kernels of their own."""
     from loom.kernels import fp8_linear
     from loom.quantization.fp8 import Fp8Linear
     path, _ = tiny_model_factory("llama")
+    kwargs = {"quantization": "fp8"}
+    if weights == "int8":
+        pytest.importorskip("compressed_tensors")
+        from tests.conftest import make_tiny_model
+        from tests.quantization.fp8_checkpoints import write_fp8_checkpoint
+        path, kwargs = str(tmp_path / "int8"), {}
+        write_fp8_checkpoint(make_tiny_model("llama", str(tmp_path / "base")), path,
+                             "int8-dynamic", ["lm_head"])
     scaled, silu, norm = [], [], []
     real_gemv, real_norm_gemv = gemv_module.gemv, gemv_module.add_rms_norm_gemv
 
@@ -93,13 +103,13 @@ def test_fp8_decode_fuses_the_norm_and_silu_and_tokens_stay(tiny_model_factory, 
     monkeypatch.setattr(gemv_module, "gemv", spy)
     monkeypatch.setattr(fp8_linear, "gemv", spy)
     monkeypatch.setattr(gemv_module, "add_rms_norm_gemv", norm_spy)
-    eager = _tokens(path, quantization="fp8", compilation_config={"level": 0})
+    eager = _tokens(path, **kwargs, compilation_config={"level": 0})
     # the op's own GEMVs at decode (the lm_head's bf16 ones beside them): no neighbours
     assert any(scaled) and not any(silu) and not norm
     scaled.clear()
     caplog.set_level(logging.INFO, logger="loom.compilation.passes.decode_gemv")
     with fresh_cache():
-        assert _tokens(path, quantization="fp8", compilation_config={"level": 3}) == eager
+        assert _tokens(path, **kwargs, compilation_config={"level": 3}) == eager
     fused = re.findall(r"(\d+) of them with the SiLU·mul before them", caplog.text)
     assert sum(map(int, fused)) == 2, fused
     fused = re.findall(r"(\d+) with the residual add \+ RMSNorm", caplog.text)

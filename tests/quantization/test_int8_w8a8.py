@@ -133,7 +133,7 @@ def test_tensor_parallel(checkpoints):
     width)."""
     path, _, base = checkpoints("llama-dynamic")
     kind, scheme, ignore = CASES["llama-dynamic"]
-    _compare(_generate(_llm(path, tensor_parallel_size=2, compilation_config=3)),
+    _compare(_generate(_llm(path, tensor_parallel_size=2)),
              tp_reference(make_tiny_model(kind, base), 2, ignore, scheme))
 
 
