@@ -20,22 +20,15 @@ from loom.kernels import fp8_linear as mod  # noqa: E402
 from loom.kernels.gemv import GemvConfig  # noqa: E402
 from loom.kernels.interpreter import interpreted  # noqa: E402
 from loom.quantization import fp8 as ref  # noqa: E402
+from tests.kernels.test_fp8_linear import _x  # noqa: E402  (fresh rows, one far larger)
 
 INTERPRET = interpreted(mod._quantize_rows_kernel)
 DEVICE = "cpu" if INTERPRET else "cuda"
 INT8 = torch.int8
-_seed = iter(range(1000))
-
-
-def _x(m, k, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(next(_seed))
-    x = torch.randn(m, k, generator=gen) * 3
-    x[0, 1] = 40.0  # one row with a far larger range than the others
-    return x.to(dtype)
 
 
 def _weight(n, k):
-    gen = torch.Generator().manual_seed(next(_seed))
+    gen = torch.Generator().manual_seed(n * 1000 + k)
     return ref.quantize_rows(torch.randn(n, k, generator=gen) / k ** 0.5, INT8)
 
 

@@ -103,6 +103,27 @@ def write_fp8_checkpoint(model, path: str, scheme: str, ignore: list[str],
     compressor.update_config(path)
 
 
+def checkpoint_cache(tmp_path_factory, cases: dict):
+    """A module fixture's body: case id -> (checkpoint path, transformers' reading of it,
+    unquantized path and model), each written once. cases: id -> (model kind, scheme,
+    ignored modules). loom computes dynamic per-tensor scales per token (batch-invariant),
+    so a "tensor-dynamic" scheme's reference reads them per token."""
+    from tests.conftest import make_tiny_model
+    cache = {}
+
+    def get(case: str):
+        if case not in cache:
+            kind, scheme, ignore = cases[case]
+            base = str(tmp_path_factory.mktemp(f"{kind}-base"))
+            path = str(tmp_path_factory.mktemp(case))
+            write_fp8_checkpoint(make_tiny_model(kind, base), path, scheme, ignore)
+            ref = (as_per_token(path, str(tmp_path_factory.mktemp(f"{case}-ref")))
+                   if scheme.endswith("tensor-dynamic") else path)
+            cache[case] = (path, load_reference(ref), base, make_tiny_model(kind, base))
+        return cache[case]
+    return get
+
+
 def tp_reference(model, tp: int, ignore: list[str], scheme: str = "fp8-dynamic"):
     """`model` quantized as `scheme` (fp8- or int8-dynamic) runs at tensor-parallel size
     tp: a row-parallel layer's ranks each scale their own slice of a token's features,

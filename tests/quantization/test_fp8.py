@@ -11,8 +11,9 @@ from tests.conftest import hf_greedy, hf_last_logprobs, make_tiny_model
 
 pytest.importorskip("compressed_tensors")
 
-from tests.quantization.fp8_checkpoints import (as_per_token, load_reference,  # noqa: E402
-                                                tp_reference, write_fp8_checkpoint)
+from tests.quantization.fp8_checkpoints import (checkpoint_cache,  # noqa: E402
+                                                load_reference, tp_reference,
+                                                write_fp8_checkpoint)
 
 PROMPTS = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17, 9, 9, 30, 31, 2, 77], [8, 8]]
 NEW_TOKENS = 10
@@ -34,20 +35,7 @@ CASES = {  # id -> (model kind, scheme, ignored modules)
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """case id -> (fp8 checkpoint path, transformers' fp8 model, unquantized path and model)."""
-    cache = {}
-
-    def get(case: str):
-        if case not in cache:
-            kind, scheme, ignore = CASES[case]
-            base = str(tmp_path_factory.mktemp(f"{kind}-base"))
-            path = str(tmp_path_factory.mktemp(case))
-            write_fp8_checkpoint(make_tiny_model(kind, base), path, scheme, ignore)
-            # loom computes dynamic per-tensor scales per token (batch-invariant).
-            ref = (as_per_token(path, str(tmp_path_factory.mktemp(f"{case}-ref")))
-                   if scheme == "fp8-tensor-dynamic" else path)
-            cache[case] = (path, load_reference(ref), base, make_tiny_model(kind, base))
-        return cache[case]
-    return get
+    return checkpoint_cache(tmp_path_factory, CASES)
 
 
 def _llm(path: str, **kwargs) -> LLM:

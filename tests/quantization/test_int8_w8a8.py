@@ -30,7 +30,7 @@ from tests.quantization.test_fp8_loading import _assert_matches, _linear_layers,
 
 pytest.importorskip("compressed_tensors")
 
-from tests.quantization.fp8_checkpoints import (as_per_token, load_reference,  # noqa: E402
+from tests.quantization.fp8_checkpoints import (checkpoint_cache,  # noqa: E402
                                                 tp_reference, write_fp8_checkpoint)
 
 PROMPTS = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144, 240, 17, 9, 9, 30, 31, 2, 77], [8, 8]]
@@ -47,20 +47,9 @@ CASES = {  # id -> (model kind, scheme, ignored modules)
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """case id -> (int8 checkpoint path, transformers' reading of it)."""
-    cache = {}
-
-    def get(case: str):
-        if case not in cache:
-            kind, scheme, ignore = CASES[case]
-            base = str(tmp_path_factory.mktemp(f"{kind}-base"))
-            path = str(tmp_path_factory.mktemp(case))
-            write_fp8_checkpoint(make_tiny_model(kind, base), path, scheme, ignore)
-            ref = (as_per_token(path, str(tmp_path_factory.mktemp(f"{case}-ref")))
-                   if scheme.endswith("tensor-dynamic") else path)
-            cache[case] = (path, load_reference(ref), base)
-        return cache[case]
-    return get
+    """case id -> (int8 checkpoint path, transformers' reading of it, unquantized path and
+    model)."""
+    return checkpoint_cache(tmp_path_factory, CASES)
 
 
 def _rows(n: int, k: int) -> torch.Tensor:
@@ -72,7 +61,7 @@ def _rows(n: int, k: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_layer_computes_what_compressed_tensors_does(case, checkpoints):
-    path, reference, _ = checkpoints(case)
+    path, reference, _, _ = checkpoints(case)
     model = _load(path, dtype="float32")
     with torch.no_grad():  # transformers decompresses a module's weight at its first call
         reference(torch.tensor([PROMPTS[0]]))
@@ -123,15 +112,15 @@ def _llm(path: str, **kwargs) -> LLM:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_int8_checkpoint_matches_compressed_tensors(case, checkpoints):
-    path, reference, base = checkpoints(case)
-    _compare(_generate(_llm(path)), reference, make_tiny_model(CASES[case][0], base))
+    path, reference, _, unquantized = checkpoints(case)
+    _compare(_generate(_llm(path)), reference, unquantized)
 
 
 def test_tensor_parallel(checkpoints):
     """TP=2 on gloo: each row-parallel rank scales its own half of a token's features,
     which compressed-tensors runs as per-group activation scales (groups of half the
     width)."""
-    path, _, base = checkpoints("llama-dynamic")
+    path, _, base, _ = checkpoints("llama-dynamic")
     kind, scheme, ignore = CASES["llama-dynamic"]
     _compare(_generate(_llm(path, tensor_parallel_size=2)),
              tp_reference(make_tiny_model(kind, base), 2, ignore, scheme))
