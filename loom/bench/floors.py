@@ -73,13 +73,16 @@ def expert_fraction(arch: ModelArch, batch_size: int) -> float:
 
 
 def decode_bytes(arch: ModelArch, dtype_bytes: int, batch_size: int,
-                 linear_bytes: float | None = None) -> int:
+                 linear_bytes: float | None = None, expert_bytes: float | None = None) -> int:
     """linear_bytes: the element size of the projections and MoE experts fp8 (1) or int4
-    (~0.52, with scales) quantizes, if not dtype's (both keep their experts quantized)."""
+    (~0.52, with scales) quantizes, if not dtype's (both keep their experts quantized);
+    expert_bytes: the experts' alone where they differ (experts_int8: 1)."""
     counts = param_counts(arch)
     experts = counts.experts * expert_fraction(arch, batch_size)
     elem = dtype_bytes if linear_bytes is None else linear_bytes
-    return int((counts.dense - counts.linear) * dtype_bytes + (counts.linear + experts) * elem)
+    per_expert = elem if expert_bytes is None else expert_bytes
+    return int((counts.dense - counts.linear) * dtype_bytes + counts.linear * elem
+               + experts * per_expert)
 
 
 def prefill_flops(arch: ModelArch, input_len: int, batch_size: int) -> float:
@@ -94,9 +97,11 @@ def prefill_floor_s(arch: ModelArch, input_len: int, batch_size: int,
 
 
 def decode_floor_s(arch: ModelArch, dtype_bytes: int, batch_size: int,
-                   copy_tbps: float, tp: int, linear_bytes: float | None = None) -> float:
+                   copy_tbps: float, tp: int, linear_bytes: float | None = None,
+                   expert_bytes: float | None = None) -> float:
     """Seconds per decode step (one token for each of `batch_size` sequences)."""
-    return decode_bytes(arch, dtype_bytes, batch_size, linear_bytes) / (copy_tbps * 1e12) / tp
+    return decode_bytes(arch, dtype_bytes, batch_size, linear_bytes,
+                        expert_bytes) / (copy_tbps * 1e12) / tp
 
 
 def throughput_floor_s(arch: ModelArch, total_tokens: int, matmul_tflops: float, tp: int) -> float:

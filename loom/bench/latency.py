@@ -227,8 +227,9 @@ def latency_floors(bench: OfflineBench, args: argparse.Namespace, main: Series,
         "tensor_parallel_size": bench.tp, "dtype_bytes": bench.dtype_bytes,
         "num_params": counts.active, "total_params": counts.total,
         "fp8": bench.fp8, "int4_bytes_per_weight": bench.int4_bytes,
+        "expert_bytes_per_weight": bench.expert_bytes,
         "decode_weight_bytes": floors.decode_bytes(bench.arch, bench.dtype_bytes, args.batch_size,
-                                                   bench.linear_bytes),
+                                                   bench.linear_bytes, bench.expert_bytes),
         "prefill_flops": floors.prefill_flops(bench.arch, args.input_len, args.batch_size)}
     prefill_s = main.avg if main.output_len == 1 else (prefill.avg if prefill else None)
     out.update(_prefill_ratio(bench, args, prefill_s))
@@ -262,7 +263,7 @@ def _decode_ratio(bench: OfflineBench, args: argparse.Namespace, main: Series,
     if bench.ceilings is not None:
         floor_ms = 1e3 * floors.decode_floor_s(bench.arch, bench.dtype_bytes, args.batch_size,
                                                bench.ceilings.copy_tb_per_s, bench.tp,
-                                               bench.linear_bytes)
+                                               bench.linear_bytes, bench.expert_bytes)
     return {"decode_ms_per_token": ms, "decode_ms_per_token_method": method,
             "decode_floor_ms_per_token": floor_ms,
             "decode_ratio_to_floor": ms / floor_ms if floor_ms else None}

@@ -53,6 +53,9 @@ class OfflineBench:
     int4_bytes: float | None = None
     """Bytes a weight of an int4 checkpoint's linear layers costs (with its scales); None:
     not int4."""
+    expert_bytes: float | None = None
+    """Bytes an MoE expert's weight costs where only the experts are quantized
+    (--quantization experts_int8); None: as linear_bytes."""
 
     @property
     def linear_bytes(self) -> float:
@@ -128,6 +131,9 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
     dtype_bytes = dtype.itemsize
     int4_bytes = (scheme.bytes_per_weight(dtype_bytes) if isinstance(scheme, Int4Scheme)
                   else None)
+    expert_bytes = None
+    if isinstance(scheme, Int4Scheme) and scheme.experts_only:
+        int4_bytes, expert_bytes = None, scheme.bytes_per_weight(dtype_bytes)
     kv_dtype_bytes = resolve_kv_cache_dtype(config.cache.cache_dtype, dtype).itemsize
     tokenizer, skip = offline_tokenizer(engine_args.model, engine_args.tokenizer)
     kwargs = dataclasses.asdict(engine_args)
@@ -138,7 +144,7 @@ def setup_offline(args: argparse.Namespace) -> OfflineBench:
         vocab = min(vocab, llm.tokenizer.vocab_size)
     level = 0 if config.enforce_eager else config.compilation.resolved(device.type).level
     return OfflineBench(llm, engine_args, arch, dtype_bytes, kv_dtype_bytes, device_name(device),
-                        ceilings, vocab, level, loras, fp8, int4_bytes)
+                        ceilings, vocab, level, loras, fp8, int4_bytes, expert_bytes)
 
 
 def _lora_requests(args: argparse.Namespace, config, arch: ModelArch) -> list[LoRARequest] | None:

@@ -71,8 +71,8 @@ class EngineArgs:
     max_logprobs: int = 20
     """ModelConfig.max_logprobs; -1: the whole vocabulary."""
     quantization: str | None = None
-    """ModelConfig.quantization: None, "fp8", or one of the checkpoint formats in
-    QUANTIZATIONS."""
+    """ModelConfig.quantization: None, "fp8", "experts_int8", or one of the checkpoint
+    formats in QUANTIZATIONS."""
     speculative_config: SpeculativeConfig | dict | str | None = None
     """EngineConfig.speculative: an object, a dict or a JSON string."""
     enable_lora: bool = False
@@ -161,7 +161,9 @@ class EngineArgs:
                        "channel, activations per token); fp8 or compressed-tensors: the "
                        "checkpoint's own fp8 quantization_config (read without this flag "
                        "too); awq, gptq (or awq_marlin, gptq_marlin) or compressed-tensors: the "
-                       "checkpoint's int4 or int8 weights (W4A16, W8A16)")
+                       "checkpoint's int4 or int8 weights (W4A16, W8A16, or W8A8 int8); "
+                       "experts_int8: an MoE model's experts rounded to int8 at load (W8A16), "
+                       "the rest unquantized")
         g.add_argument("--speculative-config", default=None,
                        help="JSON object for speculative decoding, as vLLM's: "
                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "

@@ -23,13 +23,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from loom.quantization.int4_config import (ALIASES, INT4_METHODS, Int4Scheme, awq_scheme,
-                                           gptq_scheme, pack_quantized_scheme)
+from loom.quantization.int4_config import (ALIASES, EXPERTS_INT8, INT4_METHODS, Int4Scheme,
+                                           awq_scheme, experts_int8_scheme, gptq_scheme,
+                                           pack_quantized_scheme)
 
-QUANTIZATIONS = ("fp8", "compressed-tensors", "awq", "gptq", "awq_marlin", "gptq_marlin")
+QUANTIZATIONS = ("fp8", "compressed-tensors", "awq", "gptq", "awq_marlin", "gptq_marlin",
+                 EXPERTS_INT8)
 """`--quantization` values: fp8 quantizes a model's weights at load (or reads an fp8
-checkpoint); the others name what the checkpoint's own config says (int4 weights for awq
-and gptq, `loom.quantization.int4_config`; vLLM's *_marlin names are the same here)."""
+checkpoint), experts_int8 its MoE experts (to int8); the others name what the checkpoint's
+own config says (int4 weights for awq and gptq, `loom.quantization.int4_config`; vLLM's
+*_marlin names are the same here)."""
 
 DTYPES = ("fp8", "int8")
 """An 8-bit scheme's weights and activations: float8_e4m3fn, or int8 (compressed-tensors'
@@ -96,6 +99,14 @@ def quant_scheme(hf_config: dict[str, Any],
                          f"{', '.join(QUANTIZATIONS)}")
     requested = ALIASES.get(requested, requested)
     qc = hf_config.get("quantization_config")
+    if requested == EXPERTS_INT8:
+        if qc is not None:
+            raise ValueError("quantization: 'experts_int8' quantizes an unquantized "
+                             "checkpoint's MoE experts at load; this checkpoint is already "
+                             f"quantized (quant_method {qc.get('quant_method')!r})"
+                             if isinstance(qc, dict) else "quantization_config: must be a "
+                             "JSON object")
+        return experts_int8_scheme()
     if qc is None:
         if requested not in (None, "fp8"):
             raise ValueError(f"quantization: {requested!r} names a checkpoint format, "

@@ -33,9 +33,9 @@ import logging
 import torch
 from torch import nn
 
-from loom.layers.linear import LinearBase, RowParallelLinear, shard_of
+from loom.layers.linear import ColumnParallelLinear, LinearBase, RowParallelLinear, shard_of
 from loom.quantization.int4_config import Int4Scheme
-from loom.quantization.staging import stage
+from loom.quantization.staging import materialize, stage
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ _NAMES = {  # method -> (packed, scale, zero) parameter names, as the checkpoint
     "awq": ("qweight", "scales", "qzeros"),
     "gptq": ("qweight", "scales", "qzeros"),
     "int8": ("weight", "weight_scale", "weight_zero_point"),  # W8A8-INT8's MoE experts
+    "experts_int8": ("weight", "weight_scale", "weight_zero_point"),  # quantized at load
 }
 
 
@@ -139,6 +140,8 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
     their int4 parameters before the weights load; from_checkpoint False (dummy weights):
     each is rounded to int4 once its rows have arrived in the model's dtype."""
     from loom.quantization.fp8 import quantizable_layers
+    if scheme.experts_only:
+        return _experts_only(model, scheme, device)
     if getattr(model, "fused_checkpoint", False):
         raise ValueError(f"quantization ({scheme.method}): {type(model).__name__}'s fused "
                          "qkv_proj and gate_up_proj checkpoint tensors are not split in "
@@ -172,6 +175,23 @@ def quantize_model(model: nn.Module, scheme: Int4Scheme, from_checkpoint: bool,
                        "they dequantize and multiply in float32 (slow)", len(fallback),
                        fallback[0])
     return layers
+
+
+def _experts_only(model: nn.Module, scheme: Int4Scheme, device: torch.device) -> list:
+    """`--quantization experts_int8`: the dense layers get their real weights in the model's
+    dtype; each MoE layer's experts are rounded to 8 bits as their rows arrive."""
+    from loom.quantization import int4_moe
+    for layer in model.modules():
+        if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+            materialize(layer, device)
+    experts = int4_moe.prepare_experts(model, scheme, False, device)
+    if experts:
+        logger.info("quantization (%s): %s, %d MoE layers", scheme.method, scheme.describe(),
+                    experts)
+    else:
+        logger.warning("quantization (%s): %s has no MoE layers; nothing is quantized",
+                       scheme.method, type(model).__name__)
+    return []
 
 
 def _kernel_applies(device: torch.device):

@@ -30,6 +30,15 @@ INT4_METHODS = ("awq", "gptq")
 """quant_method values of int4 checkpoints besides compressed-tensors' pack-quantized."""
 
 ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq"}
+EXPERTS_INT8 = "experts_int8"
+"""`--quantization experts_int8`: an unquantized checkpoint's MoE experts rounded to int8 per
+output channel as they load (amax / 127, symmetric), run by the fused MoE's W8A16 kernels;
+everything else stays in the model's dtype. ~Half an MoE model's weight bytes."""
+
+
+def experts_int8_scheme() -> Int4Scheme:
+    return Int4Scheme(EXPERTS_INT8, None, False, weights_in_checkpoint=False, bits=8,
+                      experts_only=True)
 """vLLM's names for its faster kernels over the same checkpoints: the same here."""
 
 
@@ -49,6 +58,9 @@ class Int4Scheme:
     """GPTQ's desc_act: each input feature's group is its g_idx entry, not k // group."""
     bits: int = 4
     """4 (W4A16) or 8 (W8A16: GPTQ-Int8, compressed-tensors' W8A16), packed alike."""
+    experts_only: bool = False
+    """Only the MoE experts are integers, quantized at load (vLLM's `experts_int8`); the
+    dense layers keep the model's dtype."""
 
     def ignores(self, checkpoint_name: str) -> bool:
         return any(re.match(p[3:], checkpoint_name) if p.startswith("re:")
@@ -62,6 +74,9 @@ class Int4Scheme:
         return self.bits / 8 + (dtype_bytes + (1 if self.zero_point else 0)) / self.group_size
 
     def describe(self) -> str:
+        if self.experts_only:
+            return (f"MoE experts in int{self.bits} (quantized at load, a scale per output "
+                    "channel, activations unquantized), dense layers in the model's dtype")
         groups = ("a scale per output channel" if self.group_size is None
                   else f"a scale per {self.group_size} input features")
         zeros = "zero points" if self.zero_point else "symmetric"

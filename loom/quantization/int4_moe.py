@@ -139,9 +139,34 @@ def _place(layer: FusedMoE, attr: str, param: nn.Parameter, full: torch.Tensor,
     layer.rows_of(param.data, shard_id).copy_(shard_of(part, 1, 0, cols, 1, what))
 
 
+class _StagedExperts(StagedWeight):
+    """A FusedMoE's stacked w13 or w2 while its experts' tensors arrive in the model's
+    dtype (`--quantization experts_int8`; dummy weights draw it whole): each expert's gate,
+    up or down lands in its rows, and the stack is rounded once every expert's parts are
+    in."""
+
+    def __init__(self, name: str, layer: FusedMoE, attr: str, device: torch.device,
+                 quantize) -> None:
+        super().__init__(name, layer, device, quantize, meta=getattr(layer, attr))
+        self.parts = torch.zeros(self.shape[0], 2 if attr == "w13" else 1, dtype=torch.bool)
+
+    def load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
+        self.layer.weight_loader(self.tensor(), loaded, shard_id)
+        expert, which = shard_id
+        self.parts[expert, which or 0] = True
+        if bool(self.parts.all()):
+            self.parts.zero_()
+            self.wrote(0, self.shape[0])
+
+    def missing(self) -> str:
+        absent = (~self.parts.all(dim=1)).nonzero().flatten().tolist()
+        return (f"{self.name}: the checkpoint left experts {absent[:8]} incomplete, so the "
+                "layer's experts cannot be quantized")
+
+
 def _staged(name: str, layer: FusedMoE, attr: str, device: torch.device) -> nn.Parameter:
-    """Dummy weights: one layer's stacked weight drawn in the model's dtype, then rounded
-    to int4 expert by expert."""
+    """Dummy weights (or an unquantized checkpoint under experts_int8): one layer's stacked
+    weight in the model's dtype, then rounded to int4 (8 bits) expert by expert."""
     def quantize(layer: FusedMoE, staging: torch.Tensor) -> None:
         group = _group(layer, attr)
         parts = [quantize_int4(w, group, layer.int4.zero_point, layer.int4.bits)
@@ -150,5 +175,4 @@ def _staged(name: str, layer: FusedMoE, attr: str, device: torch.device) -> nn.P
             if tensors[0] is not None:
                 setattr(layer, attr + _ATTRS[kind],
                         nn.Parameter(torch.stack(tensors), requires_grad=False))
-    return StagedWeight(f"{name}.{attr}", layer, device, quantize,
-                        meta=getattr(layer, attr)).placeholder()
+    return _StagedExperts(f"{name}.{attr}", layer, attr, device, quantize).placeholder()

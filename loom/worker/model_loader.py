@@ -71,10 +71,11 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
         int4_weights = isinstance(scheme, Int4Scheme)
         (int4 if int4_weights else fp8).quantize_model(model, scheme, from_checkpoint, device)
         name, kind = str(dtype).removeprefix("torch."), "int4" if int4_weights else "fp8"
-        logger.info("%s: linear weights built and loaded a layer at a time, %s (no %s copy "
-                    "of the model)", kind, f"in {kind} as the checkpoint has them"
-                    if from_checkpoint else f"each quantized once its rows have arrived in "
-                    f"{name}", name)
+        if not getattr(scheme, "experts_only", False):  # (experts_int8 says its own)
+            logger.info("%s: linear weights built and loaded a layer at a time, %s (no %s "
+                        "copy of the model)", kind, f"in {kind} as the checkpoint has them"
+                        if from_checkpoint else f"each quantized once its rows have arrived "
+                        f"in {name}", name)
     if source.weights is None:
         init_dummy_weights(model, config.model.seed)
     else:

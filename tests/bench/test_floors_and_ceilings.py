@@ -64,6 +64,13 @@ def test_quantized_experts_are_read_at_the_quantized_size():
         read + floors.param_counts(arch).linear, abs=2)
 
 
+def test_experts_int8_reads_only_the_experts_at_one_byte():
+    arch = ModelArch.from_hf_config(shipped_hf_config("qwen3-30b-a3b"))
+    read = 48 * 8 * 3 * 2048 * 768  # batch 1: 8 of 128 experts a layer
+    assert floors.decode_bytes(arch, 2, 1) - floors.decode_bytes(arch, 2, 1, None, 1.0) == \
+        pytest.approx(read, abs=2)
+
+
 def test_fp8_decode_bytes_for_llama_8b():
     """fp8 halves the projections: Meta's 8,030,261,248 parameters less the embedding and LM
     head (2 x 128256 x 4096) and the 65 norms of 4096 are the fp8 ones, one byte each."""
