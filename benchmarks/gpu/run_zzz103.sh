@@ -8,7 +8,8 @@
 #    llama-3.1-8b-w8a8 (8.0 GB / copy ~1.9 ms), prefill 8192 of w8a8 (132 TFLOP / int8 rate).
 source benchmarks/gpu/env.sh; R=$OUT/zzz103; mkdir -p $R
 timeout $(left 190) python3 -m pytest -q tests/kernels/test_int4_linear.py tests/kernels/test_int8_gemm.py \
-  tests/kernels/test_int8_linear.py tests/e2e/test_gpu_int4.py tests/e2e/test_gpu_int8.py \
+  tests/kernels/test_int8_linear.py tests/kernels/test_fused_moe_int8.py tests/e2e/test_gpu_int4.py \
+  tests/e2e/test_gpu_int8.py \
   -p no:cacheprovider > $R/tests.log 2>&1
 echo "tests rc $? $(tail -1 $R/tests.log)"; grep -E "^(FAILED|ERROR)" $R/tests.log | head -8
 stamp tests

@@ -28,3 +28,11 @@ def test_gpu_int8_equals_cpu(scheme, compilation, tmp_path):
     write_fp8_checkpoint(make_tiny_model("llama", str(tmp_path / "base")), path, scheme,
                          ["lm_head"])
     _fp8_first_tokens_close(path, compilation, 0.25, False)
+
+
+@pytest.mark.parametrize("compilation", [{}, {"level": 0}], ids=["default", "eager"])
+def test_gpu_experts_int8_equals_cpu(compilation, tiny_model_factory):
+    """--quantization experts_int8: the fused MoE's 8-bit kernels against the CPU's float32
+    multiply of the same dequantized experts (the rest unquantized on both)."""
+    _fp8_first_tokens_close(tiny_model_factory("qwen3_moe")[0], compilation, 0.05, True,
+                            quantization="experts_int8")
