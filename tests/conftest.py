@@ -45,6 +45,9 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             max_position_embeddings=512, initializer_range=0.15, bos_token_id=1, eos_token_id=2)
 
+GRANITE_SCALARS = dict(embedding_multiplier=12.0, residual_multiplier=0.22,
+                       attention_multiplier=0.05, logits_scaling=8.0)
+
 
 def _configs():
     import transformers as tf
@@ -78,6 +81,10 @@ def _configs():
         "gemma2": lambda: tf.Gemma2Config(**TINY, pad_token_id=0, sliding_window=16,
                                           query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                                           final_logit_softcapping=3.0),
+        # Granite 3.x's four scalars, each far enough from what Llama does (1.0, or
+        # head_dim ** -0.5 = 0.25 for the softmax scale) to change the outputs; tied
+        # embeddings as in the Granite 3.x checkpoints.
+        "granite": lambda: tf.GraniteConfig(**TINY, **GRANITE_SCALARS, tie_word_embeddings=True),
         # Two rotary bases: linear scaling on the global layer only.
         "gemma3": lambda: tf.Gemma3TextConfig(
             **TINY, pad_token_id=0, sliding_window=16, query_pre_attn_scalar=24,

@@ -150,6 +150,15 @@ def _partial_rotary_factor(cfg: dict[str, Any]) -> float:
                  or _first(cfg, "partial_rotary_factor", default=1.0))
 
 
+def _attention_multiplier(cfg: dict[str, Any], architecture: str) -> float | None:
+    """Granite's softmax scale; transformers' GraniteConfig defaults it to 1.0 (not
+    head_dim ** -0.5) where config.json leaves it out. None for other models."""
+    value = cfg.get("attention_multiplier")
+    if value is None and architecture.startswith("Granite"):
+        value = 1.0
+    return None if value is None else float(value)
+
+
 def num_labels(cfg: dict[str, Any]) -> int:
     """A classifier's outputs as transformers counts them: num_labels where the config says,
     else one per id2label entry, else its default of 2."""
@@ -210,6 +219,14 @@ class ModelArch:
     """Gemma 2: attention scores s become tanh(s / cap) * cap before the softmax."""
     final_logit_softcapping: float | None = None
     """Gemma 2: the logits likewise."""
+    embedding_multiplier: float = 1.0
+    """Granite: the token embeddings are multiplied by this."""
+    residual_multiplier: float = 1.0
+    """Granite: each attention and MLP output, before it joins the residual stream."""
+    attention_multiplier: float | None = None
+    """Granite's softmax scale, where it replaces head_dim ** -0.5 (None: not given)."""
+    logits_scaling: float = 1.0
+    """Granite: the logits are divided by this."""
     hidden_act: str = "silu"
     """The gated MLP's activation (Gemma's gelu_pytorch_tanh)."""
     long_rope: LongRope | None = None
@@ -260,6 +277,10 @@ class ModelArch:
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
             hidden_act=_first(cfg, "hidden_activation", "hidden_act", default="silu"),
+            embedding_multiplier=float(_first(cfg, "embedding_multiplier", default=1.0)),
+            residual_multiplier=float(_first(cfg, "residual_multiplier", default=1.0)),
+            attention_multiplier=_attention_multiplier(cfg, archs[0]),
+            logits_scaling=float(_first(cfg, "logits_scaling", default=1.0)),
             num_labels=num_labels(cfg) if is_classifier(archs[0]) else 0,
             pad_token_id=cfg.get("pad_token_id"),
         )
@@ -297,6 +318,8 @@ class ModelArch:
 
     @property
     def attn_scale(self) -> float:
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property

@@ -107,8 +107,12 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first layer's input (Granite scales it)."""
+        return self.embed_tokens(input_ids)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.embed_input_ids(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.norm(hidden, residual)
@@ -146,6 +150,7 @@ def make_rotary(arch: ModelArch, max_model_len: int) -> RotaryEmbedding:
 class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
+    model_cls = DecoderModel
 
     def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
         """max_model_len: the longest sequence the engine will run (None: the model's own
@@ -154,7 +159,7 @@ class LlamaForCausalLM(nn.Module):
         self.arch = arch
         self.rotary_emb = make_rotary(arch, max_model_len or arch.context_len)
         layers = [self.make_layer(arch, i) for i in range(arch.num_layers)]
-        self.model = DecoderModel(arch, layers)
+        self.model = self.model_cls(arch, layers)
         self.make_head(arch)
 
     def make_head(self, arch: ModelArch) -> None:

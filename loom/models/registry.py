@@ -6,6 +6,7 @@ from torch import nn
 
 from loom.models.arch import ModelArch
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from loom.models.granite import GraniteForCausalLM
 from loom.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from loom.models.mixtral import MixtralForCausalLM
 from loom.models.phi3 import Phi3ForCausalLM
@@ -17,6 +18,7 @@ from loom.models.seq_cls import (LlamaForSequenceClassification, Qwen2ForSequenc
 MODELS: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,

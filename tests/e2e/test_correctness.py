@@ -11,7 +11,7 @@ from loom import LLM, SamplingParams
 from tests.conftest import hf_greedy, hf_last_logprobs
 
 KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
-         "mistral_window", "gemma2", "gemma3"]
+         "mistral_window", "gemma2", "gemma3", "granite"]
 NEW_TOKENS = 12
 
 
@@ -45,6 +45,28 @@ def test_greedy_tokens_and_logprobs_match_transformers(kind, tiny_model_factory)
     # the whole vocabulary's logprobs; Phi-3 within its pretraining length (LongRoPE's
     # short factors)
     _check_against_transformers(_llm(path, max_logprobs=-1), hf, _prompts())
+
+
+@pytest.mark.parametrize("scalar, llama_value", [
+    ("embedding_multiplier", 1.0), ("residual_multiplier", 1.0),
+    ("attention_multiplier", 16 ** -0.5), ("logits_scaling", 1.0)])
+def test_each_granite_scalar_moves_the_reference_past_the_tolerance(scalar, llama_value):
+    """The granite comparison above can fail for each scalar: transformers' own outputs
+    with that one at Llama's value (what a loom that ignored it would compute) differ from
+    the true config's by far more than its tolerance."""
+    import transformers as tf
+
+    from tests.conftest import GRANITE_SCALARS, TINY
+
+    def last_logprobs(**scalars):
+        torch.manual_seed(0)
+        config = tf.GraniteConfig(**TINY, **{**GRANITE_SCALARS, **scalars},
+                                  tie_word_embeddings=True)
+        hf = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        return torch.stack([hf_last_logprobs(hf, p) for p in _prompts()])
+
+    moved = (last_logprobs(**{scalar: llama_value}) - last_logprobs()).abs().max().item()
+    assert moved > 100 * 1e-4
 
 
 def test_phi3_long_rope_beyond_the_pretraining_length(tiny_model_factory):

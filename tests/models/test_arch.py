@@ -1,6 +1,7 @@
-"""What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral, Phi-3 and Gemma
-(which layers attend within a sliding window, Gemma 3's two rotary bases), and what loom
-refuses (partial rotary embedding, multimodal configs); no engine runs here."""
+"""What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral, Phi-3, Gemma and
+Granite (which layers attend within a sliding window, Gemma 3's two rotary bases, Granite's
+four scalars), and what loom refuses (partial rotary embedding, multimodal configs); no
+engine runs here."""
 
 from __future__ import annotations
 
@@ -156,3 +157,31 @@ def test_partial_rotary_embedding_is_refused():
     arch = _arch("Phi3ForCausalLM", partial_rotary_factor=0.75)
     with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
         make_rotary(arch, 4096)
+
+
+GRANITE = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+           "logits_scaling")
+
+
+def test_granite_scalars_and_their_defaults():
+    """Granite's four scalars as transformers' GraniteConfig saves them, its defaults (1.0,
+    the softmax scale included) where config.json leaves them out, and Llama's values."""
+    import transformers as tf
+
+    from loom.models.granite import GraniteForCausalLM
+    from loom.models.registry import model_class
+    values = dict(embedding_multiplier=12, residual_multiplier=0.22,
+                  attention_multiplier=0.015625, logits_scaling=8)
+    saved = tf.GraniteConfig(**BASE, **values).to_dict()
+    arch = ModelArch.from_hf_config(saved | {"architectures": ["GraniteForCausalLM"]})
+    assert [getattr(arch, name) for name in GRANITE] == [12.0, 0.22, 0.015625, 8.0]
+    assert arch.attn_scale == 0.015625
+    assert model_class(arch) is GraniteForCausalLM
+    defaults = tf.GraniteConfig()
+    granite = _arch("GraniteForCausalLM")
+    assert [getattr(granite, name) for name in GRANITE] == \
+        [getattr(defaults, name) for name in GRANITE] == [1.0] * 4
+    assert granite.attn_scale == 1.0
+    llama = _arch("LlamaForCausalLM")
+    assert [getattr(llama, name) for name in GRANITE] == [1.0, 1.0, None, 1.0]
+    assert llama.attn_scale == 16 ** -0.5
