@@ -48,6 +48,9 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
 GRANITE_SCALARS = dict(embedding_multiplier=12.0, residual_multiplier=0.22,
                        attention_multiplier=0.05, logits_scaling=8.0)
 
+SMOLLM3 = dict(TINY, num_hidden_layers=4, no_rope_layers=[1, 0, 1, 0], pad_token_id=0,
+               tie_word_embeddings=True)
+
 
 def _configs():
     import transformers as tf
@@ -85,6 +88,12 @@ def _configs():
         # head_dim ** -0.5 = 0.25 for the softmax scale) to change the outputs; tied
         # embeddings as in the Granite 3.x checkpoints.
         "granite": lambda: tf.GraniteConfig(**TINY, **GRANITE_SCALARS, tie_word_embeddings=True),
+        # NoPE layers 1 and 3 (no rotary embedding; the real 3B skips it in every 4th
+        # layer), tied embeddings and transformers' default rope_theta (2e6) as in SmolLM3-3B.
+        "smollm3": lambda: tf.SmolLM3Config(**SMOLLM3),
+        # The same with use_sliding_window: transformers puts the NoPE layers in the window.
+        "smollm3_window": lambda: tf.SmolLM3Config(**SMOLLM3, use_sliding_window=True,
+                                                   sliding_window=16),
         # Two rotary bases: linear scaling on the global layer only.
         "gemma3": lambda: tf.Gemma3TextConfig(
             **TINY, pad_token_id=0, sliding_window=16, query_pre_attn_scalar=24,

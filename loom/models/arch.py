@@ -21,12 +21,18 @@ def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def _rope(cfg: dict[str, Any]) -> tuple[float, dict | None]:
+_SMOLLM3 = "SmolLM3ForCausalLM"
+_DEFAULT_ROPE_THETA = {_SMOLLM3: 2e6}
+"""transformers' rope_theta where a config gives none, for the models whose is not 10000."""
+
+
+def _rope(cfg: dict[str, Any], architecture: str) -> tuple[float, dict | None]:
     params = dict(cfg.get("rope_parameters") or {})
     if "full_attention" in params:  # Gemma 3 in transformers 5: one set per layer type
         params = dict(params["full_attention"] or {})
     scaling = dict(cfg.get("rope_scaling") or {}) or None
-    theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+    theta = params.pop("rope_theta", None) or cfg.get("rope_theta") \
+        or _DEFAULT_ROPE_THETA.get(architecture, 10000.0)
     if scaling is None and params.get("rope_type", "default") != "default":
         scaling = params
     return float(theta), scaling
@@ -86,12 +92,20 @@ def _local_rope_theta(cfg: dict[str, Any]) -> float | None:
     return None if base is None else float(base)
 
 
-def _sliding_window(cfg: dict[str, Any]) -> int | None:
+def _sliding_window(cfg: dict[str, Any], architecture: str) -> int | None:
     """The attention window a config's model was trained with, if it uses one: Mistral's,
-    Phi-3's and Gemma's sliding_window, Qwen's only under use_sliding_window (their configs
-    carry a window they do not use)."""
+    Phi-3's and Gemma's sliding_window, Qwen's and SmolLM3's only under use_sliding_window
+    (their configs carry a window they do not use; SmolLM3's switch is off by default)."""
     window = cfg.get("sliding_window")
-    if not window or not cfg.get("use_sliding_window", True):
+    use = cfg.get("use_sliding_window", architecture != _SMOLLM3)
+    if architecture == _SMOLLM3 and not use and "sliding_attention" in (
+            cfg.get("layer_types") or ()):
+        # transformers' masks (eager, SDPA) slide those layers; its flash attention does not
+        raise ValueError("SmolLM3: layer_types names sliding_attention layers while "
+                         "use_sliding_window is off, which transformers' attention "
+                         "implementations read differently; set use_sliding_window (and "
+                         "sliding_window) or make them full_attention")
+    if not window or not use:
         return None
     return int(window)
 
@@ -102,10 +116,11 @@ _WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
 no layer_types (transformers' defaults; Gemma 3 configs may say sliding_window_pattern)."""
 
 
-def _sliding_layers(cfg: dict[str, Any], architecture: str, num_layers: int) -> tuple[int, ...]:
+def _sliding_layers(cfg: dict[str, Any], architecture: str, num_layers: int,
+                    rope_layers: tuple[bool, ...] | None) -> tuple[int, ...]:
     """The layers that attend within the sliding window: those the config's layer_types
     call sliding_attention, else as transformers derives them for the architecture (Qwen's
-    from max_window_layers), else every layer (Mistral, Phi-3)."""
+    from max_window_layers, SmolLM3's NoPE layers), else every layer (Mistral, Phi-3)."""
     types = cfg.get("layer_types")
     if types:
         unknown = sorted(set(types) - set(_LAYER_TYPES))
@@ -114,6 +129,8 @@ def _sliding_layers(cfg: dict[str, Any], architecture: str, num_layers: int) -> 
                              f"expected, got {len(types)}" + (f" with {unknown}" if unknown else ""))
         return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
     layers = range(num_layers)
+    if rope_layers is not None:
+        return tuple(i for i in layers if not rope_layers[i])
     if architecture in _WINDOW_PATTERN:
         every = cfg.get("sliding_window_pattern") or _WINDOW_PATTERN[architecture]
         return tuple(i for i in layers if (i + 1) % every)
@@ -123,6 +140,24 @@ def _sliding_layers(cfg: dict[str, Any], architecture: str, num_layers: int) -> 
     if architecture == "Qwen2MoeForCausalLM":
         return tuple(i for i in layers if i < window_layers and (i + 1) % 2)
     return tuple(layers)
+
+
+def _rope_layers(cfg: dict[str, Any], architecture: str,
+                 num_layers: int) -> tuple[bool, ...] | None:
+    """SmolLM3's per-layer rotary flags, as transformers reads config.json's no_rope_layers
+    (1: the layer rotates q and k, 0: it does not, NoPE): the first num_layers entries, or
+    where there is no list, every no_rope_layer_interval-th layer (default 4) NoPE. None for
+    other models: every layer rotates."""
+    if architecture != _SMOLLM3:
+        return None
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        every = cfg.get("no_rope_layer_interval") or 4
+        return tuple(bool((i + 1) % every) for i in range(num_layers))
+    if len(flags) < num_layers or any(f not in (0, 1) for f in flags):
+        raise ValueError(f"no_rope_layers: a 1 (RoPE) or 0 (NoPE) for each of the "
+                         f"{num_layers} layers expected, got {flags}")
+    return tuple(bool(f) for f in flags[:num_layers])
 
 
 def _refuse_unsupported(cfg: dict[str, Any], architecture: str) -> None:
@@ -227,6 +262,9 @@ class ModelArch:
     """Granite's softmax scale, where it replaces head_dim ** -0.5 (None: not given)."""
     logits_scaling: float = 1.0
     """Granite: the logits are divided by this."""
+    rope_layers: tuple[bool, ...] | None = None
+    """Per layer, whether it rotates q and k (SmolLM3's no_rope_layers; False: a NoPE
+    layer); None: every layer does. `uses_rope` reads it."""
     hidden_act: str = "silu"
     """The gated MLP's activation (Gemma's gelu_pytorch_tanh)."""
     long_rope: LongRope | None = None
@@ -244,8 +282,9 @@ class ModelArch:
             raise ValueError("config.json has no 'architectures' entry: cannot pick a model class")
         _refuse_unsupported(cfg, archs[0])
         heads = cfg["num_attention_heads"]
-        window = _sliding_window(cfg)
-        theta, scaling = _rope(cfg)
+        window = _sliding_window(cfg, archs[0])
+        theta, scaling = _rope(cfg, archs[0])
+        rope_layers = _rope_layers(cfg, archs[0], cfg["num_hidden_layers"])
         experts = _first(cfg, "num_experts", "num_local_experts", default=0)
         return cls(
             architecture=archs[0], hidden_size=cfg["hidden_size"],
@@ -269,8 +308,8 @@ class ModelArch:
             shared_expert_intermediate_size=_first(cfg, "shared_expert_intermediate_size",
                                                    default=0),
             sliding_window=window, long_rope=_long_rope(cfg, scaling),
-            sliding_layers=_sliding_layers(cfg, archs[0], cfg["num_hidden_layers"])
-            if window else (),
+            sliding_layers=_sliding_layers(cfg, archs[0], cfg["num_hidden_layers"],
+                                           rope_layers) if window else (),
             partial_rotary_factor=_partial_rotary_factor(cfg),
             local_rope_theta=_local_rope_theta(cfg),
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
@@ -281,6 +320,7 @@ class ModelArch:
             residual_multiplier=float(_first(cfg, "residual_multiplier", default=1.0)),
             attention_multiplier=_attention_multiplier(cfg, archs[0]),
             logits_scaling=float(_first(cfg, "logits_scaling", default=1.0)),
+            rope_layers=rope_layers,
             num_labels=num_labels(cfg) if is_classifier(archs[0]) else 0,
             pad_token_id=cfg.get("pad_token_id"),
         )
@@ -315,6 +355,10 @@ class ModelArch:
     def window(self, layer_idx: int) -> int | None:
         """The layer's sliding window (`ScoreOpts.sliding_window`), or None."""
         return self.sliding_window if layer_idx in self.sliding_layers else None
+
+    def uses_rope(self, layer_idx: int) -> bool:
+        """Whether the layer rotates q and k (False: SmolLM3's NoPE layers)."""
+        return self.rope_layers is None or self.rope_layers[layer_idx]
 
     @property
     def attn_scale(self) -> float:

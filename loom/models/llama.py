@@ -1,5 +1,5 @@
 """Llama-family decoders: Llama 2/3/3.1 (and SmolLM2), Mistral, Qwen2 (QKV bias), Qwen3
-(q/k norm); the MoE and Phi-3 models build on them.
+(q/k norm), SmolLM3 (NoPE layers); the MoE and Phi-3 models build on them.
 
 Reads like single-device code: the parallel layers shard themselves.
 """
@@ -40,8 +40,9 @@ class MLP(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, rotary_emb: RotaryEmbedding,
+    def __init__(self, arch: ModelArch, layer_idx: int, rotary_emb: RotaryEmbedding | None,
                  qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+        """rotary_emb None: a NoPE layer (SmolLM3's), whose q and k are never rotated."""
         super().__init__()
         d = arch.head_dim
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads,
@@ -61,6 +62,13 @@ class SelfAttention(nn.Module):
         n, d = qkv.shape[0], self.head_dim
         q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size:]  # a strided view: the cache write reads it
+        if self.rotary_emb is None:
+            # NoPE: no positions for the attention op either, so that a backend that fuses
+            # rotary into its cache write (fused_rope) only writes the cache, as here.
+            if self.q_norm is not None:
+                q = self.q_norm(q.reshape(n, -1, d)).flatten(1)
+                k = self.k_norm(k.reshape(n, -1, d)).flatten(1)
+            return self.o_proj(self.attn(q, k, v))
         if self.attn.fused_rope:
             # The attention backend rotates q and k (normalising them first) in its
             # cache-write kernel.
@@ -193,3 +201,14 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
+
+
+class SmolLM3ForCausalLM(LlamaForCausalLM):
+    """Llama's decoder whose layers `ModelArch.uses_rope` says no to (every 4th in
+    SmolLM3-3B) attend without rotary embedding (NoPE), on every attention backend."""
+
+    def make_layer(self, arch: ModelArch, layer_idx: int) -> DecoderLayer:
+        opts = self.attn_opts()
+        if not arch.uses_rope(layer_idx):
+            opts["rotary_emb"] = None
+        return DecoderLayer(arch, layer_idx, self.make_mlp(arch, layer_idx), **opts)

@@ -7,7 +7,8 @@ from torch import nn
 from loom.models.arch import ModelArch
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from loom.models.granite import GraniteForCausalLM
-from loom.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+                               SmolLM3ForCausalLM)
 from loom.models.mixtral import MixtralForCausalLM
 from loom.models.phi3 import Phi3ForCausalLM
 from loom.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -27,6 +28,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     # The decoder plus a classification head (pooling only: `loom.tasks`).
     "LlamaForSequenceClassification": LlamaForSequenceClassification,
     "MistralForSequenceClassification": LlamaForSequenceClassification,

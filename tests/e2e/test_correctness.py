@@ -11,7 +11,7 @@ from loom import LLM, SamplingParams
 from tests.conftest import hf_greedy, hf_last_logprobs
 
 KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
-         "mistral_window", "gemma2", "gemma3", "granite"]
+         "mistral_window", "gemma2", "gemma3", "granite", "smollm3"]
 NEW_TOKENS = 12
 
 
@@ -69,6 +69,28 @@ def test_each_granite_scalar_moves_the_reference_past_the_tolerance(scalar, llam
     assert moved > 100 * 1e-4
 
 
+@pytest.mark.parametrize("flags", [[1, 1, 1, 1], [0, 0, 0, 0]],
+                         ids=["every-layer-rotates", "no-layer-rotates"])
+def test_smollm3_rope_flags_move_the_reference_past_the_tolerance(flags):
+    """The smollm3 comparison above can fail on the per-layer flags: transformers' own
+    outputs with every layer rotating (a loom that ignored no_rope_layers) or none (one that
+    skipped rotary everywhere) differ from the true config's by far more than its tolerance."""
+    import transformers as tf
+
+    from tests.conftest import SMOLLM3
+
+    def last_logprobs(**cfg):
+        torch.manual_seed(0)
+        hf = tf.AutoModelForCausalLM.from_config(tf.SmolLM3Config(**{**SMOLLM3, **cfg}),
+                                                 dtype=torch.float32).eval()
+        assert [layer.self_attn.use_rope for layer in hf.model.layers] == \
+            (cfg or SMOLLM3)["no_rope_layers"]
+        return torch.stack([hf_last_logprobs(hf, p) for p in _prompts()])
+
+    moved = (last_logprobs(no_rope_layers=flags) - last_logprobs()).abs().max().item()
+    assert moved > 100 * 1e-4
+
+
 def test_phi3_long_rope_beyond_the_pretraining_length(tiny_model_factory):
     """max_model_len past original_max_position_embeddings (256): LongRoPE's long factors,
     which transformers takes too for sequences that long."""
@@ -77,12 +99,12 @@ def test_phi3_long_rope_beyond_the_pretraining_length(tiny_model_factory):
     _check_against_transformers(llm, hf, _prompts(seed=4, lengths=(270, 300)))
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "mistral_window"])
+@pytest.mark.parametrize("kind", ["gemma3", "mistral_window", "smollm3_window"])
 def test_windows_across_chunks_and_cached_prefixes(kind, tiny_model_factory):
-    """Windows of 16 keys no longer cap max_model_len (the model's 512). Prompts of up to
-    four windows in chunks of 11 tokens (chunk and window boundaries apart), and a second
-    prompt under a cached 48-token prefix: each query sees its window's keys where earlier
-    chunks or the cache left them, as transformers does."""
+    """Windows of 16 keys (SmolLM3's in its NoPE layers) no longer cap max_model_len (the
+    model's 512). Prompts of up to four windows in chunks of 11 tokens (chunk and window
+    boundaries apart), and a second prompt under a cached 48-token prefix: each query sees
+    its window's keys where earlier chunks or the cache left them, as transformers does."""
     path, hf = tiny_model_factory(kind)
     llm = _llm(path, max_model_len=None, max_num_batched_tokens=11)
     assert llm.processor.max_model_len == 512

@@ -185,3 +185,70 @@ def test_granite_scalars_and_their_defaults():
     llama = _arch("LlamaForCausalLM")
     assert [getattr(llama, name) for name in GRANITE] == [1.0, 1.0, None, 1.0]
     assert llama.attn_scale == 16 ** -0.5
+
+
+def _saved(hf_config) -> dict:
+    """The config.json transformers saves for hf_config, less its architectures (None)."""
+    return {k: v for k, v in hf_config.to_dict().items() if k != "architectures"}
+
+
+@pytest.mark.parametrize("cfg", [
+    {"no_rope_layers": [1, 0, 1, 0]},
+    {"no_rope_layers": [0, 1, 1, 1, 0, 0]},     # longer than the model: the first 4 count
+    {},                                         # every 4th layer NoPE (transformers' default)
+    {"no_rope_layer_interval": 2},
+], ids=["listed", "longer", "default", "interval"])
+def test_smollm3_rope_flags_as_transformers_reads_them(cfg):
+    """Which layers rotate, from config.json as written by hand (no list: derived from
+    no_rope_layer_interval) or saved by transformers; the rotary base where none is given
+    is SmolLM3's (2e6). Other models' layers all rotate."""
+    import transformers as tf
+
+    from loom.models.llama import SmolLM3ForCausalLM
+    from loom.models.registry import model_class
+    hf = tf.SmolLM3Config(**BASE, **cfg)
+    for raw in (cfg, _saved(hf)):
+        arch = _arch("SmolLM3ForCausalLM", **raw)
+        assert [arch.uses_rope(i) for i in range(4)] == [bool(f) for f in hf.no_rope_layers[:4]]
+        assert arch.rope_theta == hf.rope_parameters["rope_theta"] == 2e6
+        assert model_class(arch) is SmolLM3ForCausalLM
+    assert _arch("LlamaForCausalLM", **cfg).rope_layers is None
+    assert all(_arch("LlamaForCausalLM", **cfg).uses_rope(i) for i in range(4))
+
+
+def test_smollm3_nope_layers_have_no_rotary_table():
+    from loom.models.llama import SmolLM3ForCausalLM
+    model = SmolLM3ForCausalLM(_arch("SmolLM3ForCausalLM", no_rope_layers=[0, 1, 1, 0]))
+    assert [layer.self_attn.rotary_emb is None for layer in model.model.layers] == \
+        [True, False, False, True]
+
+
+@pytest.mark.parametrize("cfg, sliding", [
+    ({"use_sliding_window": True, "sliding_window": 512}, [3]),        # the NoPE layers
+    ({"use_sliding_window": True, "sliding_window": 512, "no_rope_layers": [0, 1, 0, 1]},
+     [0, 2]),
+    ({"sliding_window": 512}, []),                             # off unless use_sliding_window
+    ({"use_sliding_window": True, "sliding_window": 512,
+      "layer_types": ["sliding_attention"] * 2 + ["full_attention"] * 2}, [0, 1]),
+])
+def test_smollm3_sliding_layers_as_transformers_derives_them(cfg, sliding):
+    """transformers' SmolLM3 slides its layer_types' sliding_attention layers; where a
+    config names none, the NoPE layers under use_sliding_window (off by default)."""
+    import transformers as tf
+    hf = tf.SmolLM3Config(**BASE, **cfg)
+    assert [i for i, kind in enumerate(hf.layer_types) if kind == "sliding_attention"] == sliding
+    for raw in (cfg, _saved(hf)):
+        arch = _arch("SmolLM3ForCausalLM", **raw)
+        assert [i for i in range(4) if arch.window(i) == 512] == sliding
+        assert all(arch.window(i) is None for i in range(4) if i not in sliding)
+
+
+def test_smollm3_configs_loom_refuses():
+    with pytest.raises(ValueError, match="no_rope_layers: a 1 .* for each of the 4 layers"):
+        _arch("SmolLM3ForCausalLM", no_rope_layers=[1, 0, 1])
+    with pytest.raises(ValueError, match="no_rope_layers"):
+        _arch("SmolLM3ForCausalLM", no_rope_layers=[1, 2, 1, 0])
+    # transformers' masks would slide these layers, its flash attention would not
+    with pytest.raises(ValueError, match="layer_types .* use_sliding_window is off"):
+        _arch("SmolLM3ForCausalLM", sliding_window=512,
+              layer_types=["full_attention", "sliding_attention"] * 2)

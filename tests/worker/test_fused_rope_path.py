@@ -1,6 +1,7 @@
 """The Triton backend's fused rotary + cache write, end to end: the model runner moves rotary
 into the attention op for it, and a tiny model then generates exactly what it generates with
-rotary in the model (and what transformers does). The kernels run interpreted on the CPU.
+rotary in the model (and what transformers does); SmolLM3's NoPE layers are rotated on
+neither path. The kernels run interpreted on the CPU.
 """
 
 from collections import Counter
@@ -39,7 +40,8 @@ def _generate(path, prompts):
     return [o.outputs[0] for o in outs]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])  # qwen3: q/k norm, in the kernels too
+# qwen3: q/k norm, in the kernels too; smollm3: layers 1 and 3 of 4 NoPE
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "smollm3"])
 def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkeypatch):
     path, hf = tiny_model_factory(kind)
     # SDPA for the fresh prompts however short (the default takes 2048 tokens and up)
@@ -61,9 +63,14 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
     prompts = _prompts(seed=3, lengths=(5, 21))  # 21 spans two cache blocks
 
     fused = _generate(path, prompts)
-    assert calls["rope_write_kv_cache"] > 0 and calls["write_kv_cache"] == 0
     # Decode steps rotate and write inside the decode kernel, with no launch before it.
-    assert calls["decode, rotating itself"] > 0 and calls["decode"] == 0
+    assert calls["rope_write_kv_cache"] > 0 and calls["decode, rotating itself"] > 0
+    # SmolLM3's NoPE layers, as many as its rotating ones, hand the attention op no
+    # positions: a plain cache write in every step and a decode kernel that rotates nothing.
+    nope = kind == "smollm3"
+    assert calls["write_kv_cache"] == (calls["rope_write_kv_cache"] + calls["decode"]
+                                       if nope else 0)
+    assert calls["decode"] == (calls["decode, rotating itself"] if nope else 0)
     # Qwen3's q/k norm goes into both kernels with the rotation (no norm kernel before).
     normalises = kind == "qwen3"
     assert (calls["normalising"] == calls["rope_write_kv_cache"]) == normalises
@@ -82,7 +89,7 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
         for step_a, step_b in zip(a.logprobs, b.logprobs):
             fused_lp = {t: p.logprob for t, p in step_a.items()}
             unfused_lp = {t: p.logprob for t, p in step_b.items()}
-            if kind == "llama":
+            if kind != "qwen3":
                 # float32, interpreted: the kernel's rotation is torch's, bit for bit.
                 assert fused_lp == unfused_lp
             else:  # the kernels' q/k norm sums its squares in another order than torch
@@ -90,11 +97,13 @@ def test_fused_rope_generates_what_unfused_does(kind, tiny_model_factory, monkey
                 assert fused_lp == pytest.approx(unfused_lp, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "smollm3"])
 def test_traced_graph_takes_rotary_into_the_split_attention_op(kind, tiny_model_factory):
     """torch.compile traces the flag's choice: with it on, every `loom::attention` call gets
     positions and the rotary table (and Qwen3's q/k norm weights), the graph has no rotary
-    arithmetic (nor q/k norm) of its own, and level 3 still splits at each attention call."""
+    arithmetic (nor q/k norm) of its own, and level 3 still splits at each attention call.
+    SmolLM3's NoPE layers rotate on neither path: no rotary arithmetic, and no positions or
+    table for the op, whose backend then only writes the cache."""
     path, _ = tiny_model_factory(kind)
     model, arch, _ = load_model(EngineConfig(ModelConfig(model=path, dtype="float32")),
                                 torch.device("cpu"))
@@ -117,11 +126,14 @@ def test_traced_graph_takes_rotary_into_the_split_attention_op(kind, tiny_model_
         calls = [n for n in gm.graph.nodes if n.op == "call_function"
                  and str(n.target).startswith("loom.attention")]
         assert len(calls) == arch.num_layers
-        assert all((len(n.args) > 5 and n.args[5] is not None) == fused for n in calls)
+        rotating = [arch.uses_rope(i) for i in range(arch.num_layers)]
+        assert rotating == ([True, False] * 2 if kind == "smollm3" else [True] * 2)
+        assert [len(n.args) > 5 and n.args[5] is not None for n in calls] == \
+            [fused and r for r in rotating]
         normed = fused and kind == "qwen3"
         assert all((len(n.args) > 8 and n.args[7] is not None) == normed for n in calls)
         rotations = [n for n in gm.graph.nodes if n.target is torch.cat]  # q and k, or qk
-        assert len(rotations) == (0 if fused else arch.num_layers * (1 + (kind == "qwen3")))
+        assert len(rotations) == (0 if fused else sum(rotating) * (1 + (kind == "qwen3")))
         # Norms without a residual: the first layer's input norm, and q/k norms unless the
         # attention op takes them.
         norms = [n for n in gm.graph.nodes if n.op == "call_function"
