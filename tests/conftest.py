@@ -88,6 +88,12 @@ def _configs():
         # head_dim ** -0.5 = 0.25 for the softmax scale) to change the outputs; tied
         # embeddings as in the Granite 3.x checkpoints.
         "granite": lambda: tf.GraniteConfig(**TINY, **GRANITE_SCALARS, tie_word_embeddings=True),
+        # Granite MoE: the same scalars, 4 experts each intermediate_size wide, top 2
+        # (transformers softmaxes the top-2 logits); stacked experts in the checkpoint.
+        "granite_moe": lambda: tf.GraniteMoeConfig(**dict(TINY, intermediate_size=32),
+                                                   **GRANITE_SCALARS, num_local_experts=4,
+                                                   num_experts_per_tok=2,
+                                                   tie_word_embeddings=True),
         # NoPE layers 1 and 3 (no rotary embedding; the real 3B skips it in every 4th
         # layer), tied embeddings and transformers' default rope_theta (2e6) as in SmolLM3-3B.
         "smollm3": lambda: tf.SmolLM3Config(**SMOLLM3),

@@ -172,9 +172,10 @@ def _refuse_unsupported(cfg: dict[str, Any], architecture: str) -> None:
 
 
 def _norm_topk_prob(cfg: dict[str, Any], architecture: str) -> bool:
-    # Mixtral's router always renormalises its top k (its config has no switch); Qwen's
-    # MoE configs default to not (transformers' Qwen2MoeConfig and Qwen3MoeConfig).
-    if architecture == "MixtralForCausalLM":
+    # Mixtral's router always renormalises its top k (its config has no switch), and so does
+    # GraniteMoe's (a softmax over the top k logits); Qwen's MoE configs default to not
+    # (transformers' Qwen2MoeConfig and Qwen3MoeConfig).
+    if architecture in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):
         return True
     return bool(cfg.get("norm_topk_prob", False))
 

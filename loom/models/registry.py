@@ -6,7 +6,7 @@ from torch import nn
 
 from loom.models.arch import ModelArch
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
-from loom.models.granite import GraniteForCausalLM
+from loom.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
                                SmolLM3ForCausalLM)
 from loom.models.mixtral import MixtralForCausalLM
@@ -20,6 +20,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,

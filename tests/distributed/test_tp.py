@@ -33,7 +33,7 @@ def _run(path: str, tp: int):
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama_mqa", "qwen3", "qwen3_moe", "qwen2_moe", "phi3",
-                                  "gemma2", "granite", "smollm3"])
+                                  "gemma2", "granite", "granite_moe", "smollm3"])
 def test_tp2_equals_tp1(kind, tiny_model_factory):
     path, _ = tiny_model_factory(kind)
     tokens1, logprobs1 = _run(path, 1)

@@ -1,7 +1,7 @@
-"""What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral, Phi-3, Gemma and
-Granite (which layers attend within a sliding window, Gemma 3's two rotary bases, Granite's
-four scalars), and what loom refuses (partial rotary embedding, multimodal configs); no
-engine runs here."""
+"""What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral, Phi-3, Gemma,
+Granite and Granite MoE (which layers attend within a sliding window, Gemma 3's two rotary
+bases, Granite's four scalars), and what loom refuses (partial rotary embedding, multimodal
+configs); no engine runs here."""
 
 from __future__ import annotations
 
@@ -185,6 +185,40 @@ def test_granite_scalars_and_their_defaults():
     llama = _arch("LlamaForCausalLM")
     assert [getattr(llama, name) for name in GRANITE] == [1.0, 1.0, None, 1.0]
     assert llama.attn_scale == 16 ** -0.5
+
+
+def test_granite_moe_experts_scalars_and_stacked_expert_names():
+    """GraniteMoe's config as transformers saves it: num_local_experts experts, each
+    intermediate_size wide, top-k renormalised (a softmax over the top-k logits), Granite's
+    scalars; its stacked checkpoint experts become per-expert gate / up / down tensors, and
+    quantized ones are refused by name."""
+    import transformers as tf
+
+    from loom.models.granite import GraniteMoeForCausalLM, _per_expert
+    from loom.models.registry import model_class
+    saved = tf.GraniteMoeConfig(**BASE, num_local_experts=8, num_experts_per_tok=2,
+                                embedding_multiplier=12, logits_scaling=8).to_dict()
+    arch = ModelArch.from_hf_config(saved | {"architectures": ["GraniteMoeForCausalLM"]})
+    assert (arch.num_experts, arch.num_experts_per_tok, arch.moe_intermediate_size,
+            arch.norm_topk_prob) == (8, 2, 128, True)
+    assert all(arch.is_moe_layer(i) for i in range(4))
+    assert [getattr(arch, name) for name in GRANITE] == [12.0, 1.0, 1.0, 8.0]
+    assert model_class(arch) is GraniteMoeForCausalLM
+    moe = "model.layers.0.block_sparse_moe."
+    w13, w2 = torch.randn(2, 6, 4), torch.randn(2, 4, 3)
+    out = dict(_per_expert([(moe + "input_linear.weight", w13),
+                            (moe + "output_linear.weight", w2),
+                            (moe + "router.layer.weight", torch.ones(2, 4))]))
+    experts = moe + "experts."
+    assert out[experts + "1.gate_proj.weight"].equal(w13[1, :3])
+    assert out[experts + "1.up_proj.weight"].equal(w13[1, 3:])
+    assert out[experts + "0.down_proj.weight"].equal(w2[0])
+    assert moe + "router.weight" in out and len(out) == 7
+    for name, tensor in [("input_linear.weight", w13.to(torch.float8_e4m3fn)),
+                         ("input_linear.weight_scale", torch.ones(2, 6, 1)),
+                         ("output_linear.qweight", torch.zeros(2, 1, 3, dtype=torch.int32))]:
+        with pytest.raises(ValueError, match=f"'{moe}{name}'.*unquantized only"):
+            list(_per_expert([(moe + name, tensor)]))
 
 
 def _saved(hf_config) -> dict:
