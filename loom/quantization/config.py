@@ -99,15 +99,9 @@ def quant_scheme(hf_config: dict[str, Any],
                          f"{', '.join(QUANTIZATIONS)}")
     requested = ALIASES.get(requested, requested)
     qc = hf_config.get("quantization_config")
-    if requested == EXPERTS_INT8:
-        if qc is not None:
-            raise ValueError("quantization: 'experts_int8' quantizes an unquantized "
-                             "checkpoint's MoE experts at load; this checkpoint is already "
-                             f"quantized (quant_method {qc.get('quant_method')!r})"
-                             if isinstance(qc, dict) else "quantization_config: must be a "
-                             "JSON object")
-        return experts_int8_scheme()
     if qc is None:
+        if requested == EXPERTS_INT8:
+            return experts_int8_scheme()
         if requested not in (None, "fp8"):
             raise ValueError(f"quantization: {requested!r} names a checkpoint format, "
                              "and the model's config.json has no quantization_config")
@@ -115,6 +109,10 @@ def quant_scheme(hf_config: dict[str, Any],
     if not isinstance(qc, dict):
         raise ValueError("quantization_config: must be a JSON object")
     method = qc.get("quant_method")
+    if requested == EXPERTS_INT8:
+        raise ValueError("quantization: 'experts_int8' quantizes an unquantized checkpoint's "
+                         "MoE experts at load; this checkpoint is already quantized "
+                         f"(quant_method {method!r})")
     if requested is not None and requested != method:
         raise ValueError(f"quantization: {requested!r} differs from the checkpoint's "
                          f"quantization_config.quant_method ({method!r})")
