@@ -128,6 +128,33 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
             "max_rel_error": err}
 
 
+def sweep(shapes: dict[str, tuple[int, int]], sizes: list[int], device, args):
+    """(projection, shape, row count, timer, generator) for each projection and row count
+    of a kernel benchmark, the GPU's clocks brought up before each."""
+    import torch
+
+    from loom.bench.kernel_timing import KernelTimer
+    timer = KernelTimer(device, args.num_iters_warmup, args.num_iters)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    for proj, shape in shapes.items():
+        for m in sizes:
+            timer.spin()
+            yield proj, shape, m, timer, gen
+
+
+def write_rows(args: argparse.Namespace, bench: str, device: str, ceilings, started: float,
+               rows: list[dict], **extra) -> None:
+    """A kernel benchmark's --output-json: provenance, ceilings, its settings, the rows."""
+    if not args.output_json:
+        return
+    payload = {"benchmark": bench, "date": now_iso(), "git_commit": git_commit(),
+               "command": command_line(), "device": device,
+               "ceilings": dataclasses.asdict(ceilings), "model": args.model,
+               "tensor_parallel_size": args.tensor_parallel_size, **extra,
+               "elapsed_s": time.perf_counter() - started, "rows": rows}
+    print(f"Wrote {write_json(args.output_json, payload)}")
+
+
 def run_int4(args: argparse.Namespace) -> int:
     from loom.bench.moe_space import model_config_json
     shapes = projections(model_config_json(args.model), args.tensor_parallel_size)
@@ -137,7 +164,6 @@ def run_int4(args: argparse.Namespace) -> int:
     import torch
 
     from loom.bench.ceilings import measure_ceilings
-    from loom.bench.kernel_timing import KernelTimer
     device = torch.device("cuda", torch.cuda.current_device())
     ceilings = measure_ceilings(device)
     copy_gbps = ceilings.copy_tb_per_s * 1e3
@@ -147,25 +173,14 @@ def run_int4(args: argparse.Namespace) -> int:
           f"{', symmetric' if args.symmetric else ', zero points'}; copy "
           f"{ceilings.copy_tb_per_s:.2f} TB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} "
           "TFLOP/s", flush=True)
-    timer = KernelTimer(device, args.num_iters_warmup, args.num_iters)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
     rows, started = [], time.perf_counter()
-    for proj, shape in shapes.items():
-        for m in sizes:
-            timer.spin()
-            row = _row(proj, shape, m, timer, args, gen, device)
-            row["fraction_of_copy"] = row["gbps"] / copy_gbps
-            rows.append(row)
-            print(f"{proj:>13} {shape[0]:>6}x{shape[1]:<6} M={m:>5}  {row['us']:>8.1f} us "
-                  f"({row['gbps']:>5.0f} GB/s, {row['fraction_of_copy']:.2f} of copy)  bf16 "
-                  f"{row['bf16_us']:>8.1f} us  x{row['bf16_us'] / row['us']:.2f}", flush=True)
-    if args.output_json:
-        payload = {"benchmark": "int4", "date": now_iso(), "git_commit": git_commit(),
-                   "command": command_line(), "device": name,
-                   "ceilings": dataclasses.asdict(ceilings), "model": args.model,
-                   "tensor_parallel_size": args.tensor_parallel_size,
-                   "group_size": args.group_size, "symmetric": args.symmetric,
-                   "bits": args.bits,
-                   "elapsed_s": time.perf_counter() - started, "rows": rows}
-        print(f"Wrote {write_json(args.output_json, payload)}")
+    for proj, shape, m, timer, gen in sweep(shapes, sizes, device, args):
+        row = _row(proj, shape, m, timer, args, gen, device)
+        row["fraction_of_copy"] = row["gbps"] / copy_gbps
+        rows.append(row)
+        print(f"{proj:>13} {shape[0]:>6}x{shape[1]:<6} M={m:>5}  {row['us']:>8.1f} us "
+              f"({row['gbps']:>5.0f} GB/s, {row['fraction_of_copy']:.2f} of copy)  bf16 "
+              f"{row['bf16_us']:>8.1f} us  x{row['bf16_us'] / row['us']:.2f}", flush=True)
+    write_rows(args, "int4", name, ceilings, started, rows, group_size=args.group_size,
+               symmetric=args.symmetric, bits=args.bits)
     return 0

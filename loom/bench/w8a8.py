@@ -22,12 +22,11 @@ GEMM rate at 8192^3 (`int8_matmul_tops`), also measured in the run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from typing import Any
 
-from loom.bench.common import command_line, git_commit, now_iso, write_json
-from loom.bench.int4 import DEFAULT_BATCH_SIZES, MAX_REL_ERROR, check_kernel_args, projections
+from loom.bench.int4 import (DEFAULT_BATCH_SIZES, MAX_REL_ERROR, check_kernel_args, projections,
+                             sweep, write_rows)
 
 
 def register(subparsers) -> None:
@@ -89,7 +88,6 @@ def run_w8a8(args: argparse.Namespace) -> int:
     import torch
 
     from loom.bench.ceilings import measure_ceilings
-    from loom.bench.kernel_timing import KernelTimer
     device = torch.device("cuda", torch.cuda.current_device())
     ceilings = measure_ceilings(device, fp8=True, int8=True)
     name = torch.cuda.get_device_name(device)
@@ -97,27 +95,17 @@ def run_w8a8(args: argparse.Namespace) -> int:
           f"{ceilings.copy_tb_per_s:.2f} TB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} "
           f"TFLOP/s, fp8 {ceilings.fp8_matmul_tflop_per_s:.0f} TFLOP/s, int8 "
           f"{ceilings.int8_matmul_tops:.0f} TOPS", flush=True)
-    timer = KernelTimer(device, args.num_iters_warmup, args.num_iters)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
     rows, started = [], time.perf_counter()
-    for proj, shape in shapes.items():
-        for m in sizes:
-            timer.spin()
-            row = _row(proj, shape, m, timer, gen, device)
-            row["fraction_of_copy"] = row["gbps"] / (ceilings.copy_tb_per_s * 1e3)
-            row["fraction_of_int8"] = row["tops"] / ceilings.int8_matmul_tops
-            rows.append(row)
-            gemms = ("" if row["gemv"] else f"  quant {row['quantize_us']:.1f} triton "
-                     f"{row['triton_us']:.1f} cublas {row['cublas_us']:.1f}")
-            print(f"{proj:>13} {shape[0]:>6}x{shape[1]:<6} M={m:>5}  int8 {row['int8_us']:>8.1f}"
-                  f" us ({row['fraction_of_copy']:.2f} of copy, {row['fraction_of_int8']:.2f} "
-                  f"of int8)  fp8 {row['fp8_us']:>8.1f}  bf16 {row['bf16_us']:>8.1f}{gemms}",
-                  flush=True)
-    if args.output_json:
-        payload = {"benchmark": "w8a8", "date": now_iso(), "git_commit": git_commit(),
-                   "command": command_line(), "device": name,
-                   "ceilings": dataclasses.asdict(ceilings), "model": args.model,
-                   "tensor_parallel_size": args.tensor_parallel_size,
-                   "elapsed_s": time.perf_counter() - started, "rows": rows}
-        print(f"Wrote {write_json(args.output_json, payload)}")
+    for proj, shape, m, timer, gen in sweep(shapes, sizes, device, args):
+        row = _row(proj, shape, m, timer, gen, device)
+        row["fraction_of_copy"] = row["gbps"] / (ceilings.copy_tb_per_s * 1e3)
+        row["fraction_of_int8"] = row["tops"] / ceilings.int8_matmul_tops
+        rows.append(row)
+        gemms = ("" if row["gemv"] else f"  quant {row['quantize_us']:.1f} triton "
+                 f"{row['triton_us']:.1f} cublas {row['cublas_us']:.1f}")
+        print(f"{proj:>13} {shape[0]:>6}x{shape[1]:<6} M={m:>5}  int8 {row['int8_us']:>8.1f}"
+              f" us ({row['fraction_of_copy']:.2f} of copy, {row['fraction_of_int8']:.2f} "
+              f"of int8)  fp8 {row['fp8_us']:>8.1f}  bf16 {row['bf16_us']:>8.1f}{gemms}",
+              flush=True)
+    write_rows(args, "w8a8", name, ceilings, started, rows)
     return 0

@@ -44,3 +44,23 @@ def test_w8a8_refusals(argv, error, capsys):
         pytest.skip("a GPU is here")
     assert main(["bench", "w8a8", *argv]) != 0
     assert error in capsys.readouterr().err
+
+
+def test_sweep_and_rows_json_on_the_cpu(tmp_path):
+    """The kernel benchmarks' loop and --output-json, run on the CPU (the timer falls back to
+    perf_counter): every projection at every row count, then the rows with their provenance."""
+    import argparse
+    import json
+
+    from loom.bench.ceilings import Ceilings
+    from loom.bench.int4 import sweep, write_rows
+    args = argparse.Namespace(num_iters_warmup=0, num_iters=1, seed=0, model="m",
+                              tensor_parallel_size=1, output_json=str(tmp_path / "r.json"))
+    shapes = {"a": (8, 4), "b": (4, 8)}
+    seen = [(p, s, m) for p, s, m, timer, gen in sweep(shapes, [1, 2], torch.device("cpu"), args)]
+    assert seen == [("a", (8, 4), 1), ("a", (8, 4), 2), ("b", (4, 8), 1), ("b", (4, 8), 2)]
+    write_rows(args, "w8a8", "cpu", Ceilings("cpu", 1.0, 2.0), 0.0, [{"m": 1}], bits=8)
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert (out["benchmark"], out["bits"], out["rows"], out["ceilings"]["matmul_tflop_per_s"]) \
+        == ("w8a8", 8, [{"m": 1}], 2.0)
+    assert out["git_commit"] and out["command"]
