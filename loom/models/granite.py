@@ -32,15 +32,9 @@ class GraniteDecoderLayer(DecoderLayer):
         super().__init__(arch, layer_idx, mlp, **attn_opts)
         self.residual_multiplier = arch.residual_multiplier
 
-    def forward(self, positions, hidden, residual):
-        """Llama's layer, each branch's output scaled before the add (in the next norm)."""
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden) * self.residual_multiplier
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden) * self.residual_multiplier, residual
+    def branch_output(self, out: torch.Tensor) -> torch.Tensor:
+        """Each branch's output scaled before the add (in the next norm)."""
+        return out * self.residual_multiplier
 
 
 class GraniteModel(DecoderModel):

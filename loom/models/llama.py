@@ -103,9 +103,14 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+        hidden = self.branch_output(self.self_attn(positions, hidden))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.branch_output(self.mlp(hidden)), residual
+
+    def branch_output(self, out: torch.Tensor) -> torch.Tensor:
+        """The attention's or MLP's output as it joins the residual stream (Granite scales
+        it)."""
+        return out
 
 
 class DecoderModel(nn.Module):
