@@ -51,8 +51,8 @@ def _check_model(config: EngineConfig) -> ModelTasks:
     --runner fails here once, not in every rank."""
     tp, model = config.parallel.tensor_parallel_size, config.model
     if tp == 1 and model.quantization is None and model.model.endswith(".gguf"):
-        # Nothing else to check, and reading a GGUF's metadata takes seconds: loom reads
-        # Llama-architecture causal LMs from GGUF files only.
+        # Nothing else to check, and reading a GGUF's metadata takes seconds: every GGUF
+        # architecture loom reads is a causal LM, with a causal LM's tasks.
         return model_tasks({"architectures": ["LlamaForCausalLM"]}, model.runner, model.convert)
     hf_config = resolve(model).hf_config
     ModelArch.from_hf_config(hf_config).check_tensor_parallel(tp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from loom.models.loader.gguf import load_gguf
+from tests.models.gguf_convert import llama_cpp_permute
 
 CONFIG_FIELDS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "vocab_size",
@@ -53,12 +55,6 @@ def test_smollm2_config_equals_transformers(smol_hf_checkpoint: Any, smol_loaded
 # -- tiny GGUF files -------------------------------------------------------------------------
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 256, 4, 2, 512, 32
 HEAD_DIM = HIDDEN // HEADS
-
-
-def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
-    """The reordering llama.cpp's convert_hf_to_gguf.py applies to q_proj / k_proj."""
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
 
 
 def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q | None]],
@@ -197,18 +193,31 @@ def test_unsupported_quant_type_is_named(tmp_path: Path) -> None:
 
 def test_other_architecture_is_refused(tmp_path: Path) -> None:
     embed = {"token_embd.weight": (_random((VOCAB, HIDDEN), 0), None)}
-    path = write_gguf(tmp_path / "qwen.gguf", embed, arch="qwen2")
-    with pytest.raises(ValueError, match="'qwen2'"):
+    path = write_gguf(tmp_path / "gpt2.gguf", embed, arch="gpt2")
+    with pytest.raises(ValueError, match="GGUF architecture 'gpt2' is not supported.*qwen3moe"):
         load_gguf(str(path))
 
 
-def test_mixture_of_experts_is_refused(tmp_path: Path) -> None:
-    """llama.cpp writes Mixtral as 'llama' with an expert count and stacked expert tensors:
-    refused by name, not as an unknown tensor."""
+def test_missing_metadata_is_named(tmp_path: Path) -> None:
+    """llama.cpp writes Mixtral as 'llama' with an expert count: read as Mixtral, whose
+    experts-per-token key this file lacks."""
     embed = {"token_embd.weight": (_random((VOCAB, HIDDEN), 0), None)}
     path = write_gguf(tmp_path / "mixtral.gguf", embed, expert_count=8)
-    with pytest.raises(ValueError, match=r"mixture-of-experts GGUF \(llama\.expert_count = 8"):
+    with pytest.raises(ValueError, match=r"mixtral\.gguf: the GGUF metadata has no "
+                                         r"llama\.expert_used_count"):
         load_gguf(str(path))
+
+
+def test_rope_freqs_other_than_llama3s_are_ignored(tmp_path: Path, caplog) -> None:
+    # Every frequency halved: no Llama 3 scaling keeps the high ones whole.
+    tensors = {"token_embd.weight": (_random((VOCAB, HIDDEN), 0), None),
+               "rope_freqs.weight": (np.full(HEAD_DIM // 2, 2.0, dtype=np.float32), None)}
+    path = write_gguf(tmp_path / "freqs.gguf", tensors)
+    with caplog.at_level(logging.WARNING):
+        config, weights = load_gguf(str(path))
+    assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}  # the metadata's
+    assert "ignoring rope_freqs.weight" in caplog.text
+    assert list(dict(weights)) == ["model.embed_tokens.weight"]
 
 
 def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
