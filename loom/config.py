@@ -238,19 +238,19 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     """vLLM's -pp; loom shards by tensor parallelism only, so 1 (as scripts pass it)."""
     data_parallel_size: int = 1
-    """vLLM's -dp; loom runs one engine, so 1."""
+    """vLLM's -dp: `loom serve` runs this many engine cores, each a whole replica of the
+    model on its own tensor_parallel_size devices, and spreads requests over them."""
     distributed_executor_backend: str | None = None
     """One of EXECUTOR_BACKENDS; None: uni for one rank, mp for more (as vLLM picks)."""
 
     def __post_init__(self) -> None:
         _check(self.tensor_parallel_size > 0,
                f"tensor_parallel_size: must be positive, got {self.tensor_parallel_size}")
-        for name, what, instead in (
-                ("pipeline_parallel_size", "pipeline", "shard the model with -tp"),
-                ("data_parallel_size", "data", "run a server per replica, or shard with -tp")):
-            value = getattr(self, name)
-            _check(value == 1, f"{name}: loom has no {what} parallelism (only 1 is accepted, "
-                               f"got {value!r}); {instead}")
+        _check(self.pipeline_parallel_size == 1,
+               "pipeline_parallel_size: loom has no pipeline parallelism (only 1 is accepted, "
+               f"got {self.pipeline_parallel_size!r}); shard the model with -tp")
+        _check(self.data_parallel_size > 0,
+               f"data_parallel_size: must be positive, got {self.data_parallel_size}")
         backend = self.distributed_executor_backend
         _check(backend is None or backend in EXECUTOR_BACKENDS,
                f"distributed_executor_backend: {backend!r} is not supported: "
@@ -258,6 +258,13 @@ class ParallelConfig:
         _check(backend != "uni" or self.tensor_parallel_size == 1,
                "distributed_executor_backend: uni runs one worker in the engine core's "
                f"process; tensor_parallel_size {self.tensor_parallel_size} needs mp")
+
+    def check_one_engine(self, where: str) -> None:
+        """ValueError unless one engine core serves: `where` runs its engine in-process."""
+        _check(self.data_parallel_size == 1,
+               f"data_parallel_size: {where} runs one engine core in this process (got "
+               f"{self.data_parallel_size}); `loom serve -dp N` runs N replicas, or run one "
+               "LLM per device")
 
     @property
     def worker_processes(self) -> bool:

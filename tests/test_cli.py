@@ -56,6 +56,10 @@ def test_missing_demo_model_says_how_to_install(monkeypatch):
     (["--kv-headroom-tokens", "-1"], "kv_headroom_tokens: must not be negative, got -1"),
     (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'],
      "speculative_config.method: 'eagle' is not implemented by loom"),
+    (["-dp", "2", "--disable-frontend-multiprocessing"], "data_parallel_size: "
+     "--disable-frontend-multiprocessing runs one engine core in this process (got 2)"),
+    # Raised in each replica's engine core process: the others are stopped, one line said.
+    (["-dp", "2", "--kv-cache-memory-bytes", "1000"], "the KV cache holds 0 tokens"),
 ])
 def test_serve_start_up_errors_are_one_line(tiny_model_factory, flags, message):
     """Each names the setting, with no traceback (the last one is raised in the engine core

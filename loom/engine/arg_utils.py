@@ -280,7 +280,8 @@ def _add_vllm_model_flags(g) -> None:
     g.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
                    help="1 only: loom has no pipeline parallelism (use -tp)")
     g.add_argument("-dp", "--data-parallel-size", type=int, default=1,
-                   help="1 only: loom runs one engine (use -tp, or a server per replica)")
+                   help="loom serve: run this many engine cores, each a whole replica of "
+                   "the model on its own -tp devices, and spread requests over them")
     g.add_argument("--runner", default="auto", choices=RUNNERS,
                    help="generate, or pooling (embeddings, classification and scoring: "
                    "nothing is generated); auto: pooling for *ForSequenceClassification "

@@ -53,8 +53,9 @@ def _client_index(routing_id: bytes) -> int:
 
 
 def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
-                    ready: Connection, log_stats: bool) -> None:
-    """Target of the engine core process (spawned): start, report ready, loop, exit."""
+                    ready: Connection, log_stats: bool, dp_rank: int = 0) -> None:
+    """Target of the engine core process (spawned): start, report ready, loop, exit.
+    dp_rank: which of the -dp replicas this engine is (`take_devices`)."""
     # SIGTERM (the launcher stopping, or the parent watch below) is handled from the first
     # line: while starting it unwinds the build, which could otherwise leave TP workers
     # loading a model for nobody. Ctrl-C reaches the whole process group; the launcher
@@ -65,7 +66,7 @@ def run_engine_core(config_json: bytes, input_addr: str, output_addr: str,
         logging.basicConfig(level=logging.INFO, datefmt="%H:%M:%S",
                             format="%(levelname)s %(asctime)s %(name)s: %(message)s")
         signal_on_parent_death(signal.SIGTERM, "engine core")
-        proc = _start(config_json, input_addr, output_addr, ready, log_stats)
+        proc = _start(config_json, input_addr, output_addr, ready, log_stats, dp_rank)
     except _StartupAborted:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping already
         _stop_children()
@@ -85,14 +86,16 @@ def _abort_startup(_signum, _frame) -> None:
 
 
 def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connection,
-           log_stats: bool) -> EngineCoreProc:
+           log_stats: bool, dp_rank: int) -> EngineCoreProc:
     """Build the engine and bind its sockets, then tell the launcher it is ready."""
     _thread_lock_for_tqdm()
     from loom.config import EngineConfig
-    from loom.engine.core import EngineCore
     encoder = msgspec.msgpack.Encoder()
     try:
-        core = EngineCore(msgspec.json.decode(config_json, type=EngineConfig))
+        config = msgspec.json.decode(config_json, type=EngineConfig)
+        take_devices(config, dp_rank)  # before torch sees the GPUs
+        from loom.engine.core import EngineCore
+        core = EngineCore(config)
     except Exception as e:  # noqa: BLE001 - every startup failure is reported to the launcher
         _report_failure(e, ready, encoder)
     try:
@@ -116,6 +119,29 @@ def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connect
         logger.error("engine core: the launcher is gone; shutting down")
         proc.inputs.put((0, Shutdown()))
     return proc
+
+
+def take_devices(config, dp_rank: int) -> None:
+    """Data parallelism: replica `dp_rank` of -dp N sees only its own -tp GPUs, the
+    dp_rank-th run of tensor_parallel_size among those CUDA_VISIBLE_DEVICES names (all of
+    the host's when unset), so that its ranks 0..tp-1 are those. On the CPU nothing moves."""
+    dp, tp = config.parallel.data_parallel_size, config.parallel.tensor_parallel_size
+    if dp == 1 or config.device.device == "cpu":
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(dp * tp)]
+    if len(devices) < dp * tp:
+        raise ValueError(f"data_parallel_size: {dp} replicas of tensor_parallel_size {tp} "
+                         f"need {dp * tp} GPUs; CUDA_VISIBLE_DEVICES names {len(devices)}")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices[dp_rank * tp:(dp_rank + 1) * tp])
+    # Too few GPUs on the host leaves this replica none or fewer than tp: an error, not a
+    # quiet fall back to the CPU (auto), where an NVIDIA driver says the host has GPUs.
+    if config.device.device == "cuda" or os.path.exists("/proc/driver/nvidia/version"):
+        import torch
+        if torch.cuda.device_count() < tp:
+            raise ValueError(f"data_parallel_size: {dp} replicas of tensor_parallel_size "
+                             f"{tp} need {dp * tp} GPUs; replica {dp_rank} has "
+                             f"{torch.cuda.device_count()} of its own")
 
 
 def _report_failure(error: Exception, ready: Connection, encoder) -> NoReturn:

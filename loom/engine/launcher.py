@@ -45,30 +45,39 @@ class EngineProcess:
 
     @classmethod
     def start(cls, config: EngineConfig, log_stats: bool = True) -> EngineProcess:
-        from loom.engine.core_proc import run_engine_core
-        # A private directory (mode 0700) holds the sockets: no other user can reach them.
-        ipc_dir = tempfile.mkdtemp(prefix="loom-")
-        input_addr, output_addr = f"ipc://{ipc_dir}/input", f"ipc://{ipc_dir}/output"
-        ctx = multiprocessing.get_context("spawn")
-        reader, writer = ctx.Pipe(duplex=False)
-        process = ctx.Process(target=run_engine_core, name="loom-engine-core",
-                              args=(msgspec.json.encode(config), input_addr, output_addr,
-                                    writer, log_stats))
+        """One engine core (data_parallel_size 1)."""
+        return cls.start_all(config, log_stats)[0]
+
+    @classmethod
+    def start_all(cls, config: EngineConfig, log_stats: bool = True) -> list[EngineProcess]:
+        """An engine core per data-parallel replica, all loading at once; if one fails to
+        start, those already started are stopped."""
+        started: list[tuple] = []
         try:
-            start_child(process, ignore_sigint=True)  # the launcher decides how it stops
-            writer.close()
-            info = _wait_ready(process, reader)
+            for rank in range(config.parallel.data_parallel_size):
+                started.append(_spawn(config, log_stats, rank))
+            engines = []
+            for process, reader, ipc_dir in started:
+                info = _wait_ready(process, reader)
+                input_addr, output_addr = _addresses(ipc_dir)
+                engines.append(cls(process, EngineEndpoint(input_addr, output_addr,
+                                                           process.pid, info), ipc_dir))
         except BaseException:
             # Ctrl-C or SIGTERM too: the core's SIGTERM handler cuts its start-up short.
-            cls._reap(process)
-            shutil.rmtree(ipc_dir, ignore_errors=True)
+            for process, _, ipc_dir in started:
+                cls._reap(process)
+                shutil.rmtree(ipc_dir, ignore_errors=True)
             raise
         finally:
-            writer.close()
-            reader.close()
-        logger.info("engine core process %d ready: %d KV blocks of %d tokens, max_model_len %d",
-                    process.pid, info.num_blocks, info.block_size, info.max_model_len)
-        return cls(process, EngineEndpoint(input_addr, output_addr, process.pid, info), ipc_dir)
+            for _, reader, _ in started:
+                reader.close()
+        for rank, engine in enumerate(engines):
+            info = engine.endpoint.info
+            which = f" (replica {rank} of {len(engines)})" if len(engines) > 1 else ""
+            logger.info("engine core process %d ready%s: %d KV blocks of %d tokens, "
+                        "max_model_len %d", engine.process.pid, which, info.num_blocks,
+                        info.block_size, info.max_model_len)
+        return engines
 
     def stop(self) -> int | None:
         """Stop the engine (SIGTERM asks its loop to finish, or cuts its start-up short and
@@ -87,6 +96,33 @@ class EngineProcess:
                          _STOP_TIMEOUT_S)
             process.kill()
             process.join()
+
+
+def _addresses(ipc_dir: str) -> tuple[str, str]:
+    return f"ipc://{ipc_dir}/input", f"ipc://{ipc_dir}/output"
+
+
+def _spawn(config: EngineConfig, log_stats: bool, rank: int) -> tuple:
+    """Start replica `rank`'s engine core process: (process, its readiness pipe, its
+    socket directory)."""
+    from loom.engine.core_proc import run_engine_core
+    # A private directory (mode 0700) holds the sockets: no other user can reach them.
+    ipc_dir = tempfile.mkdtemp(prefix="loom-")
+    ctx = multiprocessing.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    name = "loom-engine-core" + (f"-{rank}" if config.parallel.data_parallel_size > 1 else "")
+    process = ctx.Process(target=run_engine_core, name=name,
+                          args=(msgspec.json.encode(config), *_addresses(ipc_dir), writer,
+                                log_stats, rank))
+    try:
+        start_child(process, ignore_sigint=True)  # the launcher decides how it stops
+    except BaseException:
+        reader.close()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        raise
+    finally:
+        writer.close()
+    return process, reader, ipc_dir
 
 
 def _wait_ready(process, reader: multiprocessing.connection.Connection) -> EngineReady:

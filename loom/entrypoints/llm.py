@@ -39,6 +39,7 @@ class LLM(PoolingMethods):
                           tensor_parallel_size=tensor_parallel_size,
                           compilation_config=compilation_config, **engine_kwargs)
         config = args.create_engine_config()
+        config.parallel.check_one_engine("LLM")
         # Before the model loads: a bad generation_config is an error in a moment.
         self.default_sampling_params = _default_params(config.model)
         self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)

@@ -46,6 +46,11 @@ class EngineCoreClient(abc.ABC):
     info: EngineReady
     engine_pid: int | None = None
 
+    @property
+    def engine_pids(self) -> list[int | None]:
+        """Each engine core process's pid (several under data parallelism)."""
+        return [self.engine_pid]
+
     @abc.abstractmethod
     def start(self, on_message: MessageHandler) -> None:
         """Start delivering engine messages; call from inside the running event loop."""

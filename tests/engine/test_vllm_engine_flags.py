@@ -161,8 +161,9 @@ def test_one_pipeline_or_data_parallel_rank_is_accepted():
 @pytest.mark.parametrize("flags, message", [
     (["-pp", "2"], "pipeline_parallel_size: loom has no pipeline parallelism (only 1 is "
                    "accepted, got 2); shard the model with -tp"),
-    (["-dp", "4"], "data_parallel_size: loom has no data parallelism (only 1 is accepted, got "
-                   "4); run a server per replica, or shard with -tp"),
+    (["-dp", "4"], "data_parallel_size: LLM runs one engine core in this process (got 4); "
+                   "`loom serve -dp N` runs N replicas, or run one LLM per device"),
+    (["-dp", "0"], "data_parallel_size: must be positive, got 0"),
     (["--distributed-executor-backend", "ray"], "distributed_executor_backend: 'ray' is not "
      "supported: loom has no Ray executor"),
     (["--distributed-executor-backend", "external_launcher"], "it does not run under torchrun"),

@@ -26,6 +26,7 @@ MODES = {
     "inproc": ["--disable-frontend-multiprocessing"],
     "mp": [],
     "mp2": ["--api-server-count", "2"],
+    "dp2": ["--data-parallel-size", "2"],
 }
 
 ENGINE_FLAGS = ["--dtype", "float32", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN),

@@ -27,7 +27,7 @@ def test_bad_setting_in_an_api_process_is_one_line(capfd):
         sock.bind(("127.0.0.1", 0))
         p = multiprocessing.get_context("spawn").Process(
             target=launcher.run_api_process,
-            args=(msgspec.json.encode(options), msgspec.json.encode(endpoint), 0, sock))
+            args=(msgspec.json.encode(options), msgspec.json.encode([endpoint]), 0, sock))
         p.start()
         p.join(60)
     assert p.exitcode == 2
@@ -46,7 +46,7 @@ def test_supervisor_reports_the_exit_code(caplog):
     try:
         engine = SimpleNamespace(process=SimpleNamespace(sentinel=engine_alive_r))
         with caplog.at_level(logging.ERROR, logger=launcher.__name__):
-            assert launcher._wait(engine, servers) == 1
+            assert launcher._wait([engine], servers) == 1
     finally:
         servers[0].join(10)
         os.close(engine_alive_r)

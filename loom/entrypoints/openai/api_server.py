@@ -277,6 +277,8 @@ def _add_introspection(app: FastAPI, state: ServerState) -> None:
     async def introspect() -> dict:
         tasks = len(asyncio.all_tasks())  # before this handler awaits anything
         return {"pid": os.getpid(), "engine_pid": engine.client.engine_pid or os.getpid(),
+                "engine_pids": engine.client.engine_pids,
+                "routed": getattr(engine.client, "routed", None),
                 "torch_loaded": "torch" in sys.modules,
                 "tasks": tasks, "streams": len(engine.streams),
                 "tracked_engine_requests": len(engine.output_processor.children),

@@ -143,6 +143,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.model_tag is not None:
         args.model = args.model_tag
     config = EngineArgs.from_cli_args(args).create_engine_config("api_server")
+    if args.disable_frontend_multiprocessing:
+        config.parallel.check_one_engine("--disable-frontend-multiprocessing")
     # Read once here, so that a bad --generation-config is one line before the model loads.
     generation_defaults(config.model.model, config.model.generation_config,
                         config.model.override_generation_config)

@@ -5,6 +5,8 @@
 - `--api-server-count N > 1`: this process only supervises. It binds the port once and
   hands the socket to N API server processes (all accept on it), which all talk to the one
   engine core process. If any of them dies, the rest are stopped and it exits non-zero.
+- `-dp N > 1`: N engine core processes, one per replica (`EngineProcess.start_all`); each
+  API server reaches them all through one `DPClient`, which spreads its requests.
 
 The listening socket is bound before the engine starts (a busy port fails at once), but
 listened on only when an API server is ready, so early clients are refused, never hung.
@@ -39,6 +41,7 @@ from loom.engine.child_process import signal_on_parent_death, start_child
 from loom.engine.launcher import EngineEndpoint, EngineProcess
 from loom.entrypoints.openai.api_server import ServerOptions, serve
 from loom.frontend.core_client import EngineCoreClient, InprocClient, MPClient
+from loom.frontend.dp_client import DPClient
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ def run_server(options: ServerOptions, config: EngineConfig, inproc: bool) -> in
 
 def _stop_signals_interrupt() -> dict:
     """Until uvicorn takes the signals over, SIGTERM (kill, docker stop) interrupts start-up
-    as Ctrl-C does, so the engine core is stopped on the way out (EngineProcess.start), not
+    as Ctrl-C does, so the engine core is stopped on the way out (EngineProcess.start_all), not
     left to finish loading for nobody. Ctrl-C raises at once, not when a blocking start-up
     step returns (asyncio's own handler only cancels the task). An ignored SIGINT (nohup,
     `cmd &` in a script) stays ignored. Returns the handlers to restore."""
@@ -78,13 +81,22 @@ def _stop_signals_interrupt() -> dict:
 def _run(options: ServerOptions, sock: socket.socket, config: EngineConfig, inproc: bool) -> int:
     if inproc:
         return run_api(options, sock, lambda: InprocClient(config, options.log_stats))
-    engine = EngineProcess.start(config, options.log_stats)
+    engines = EngineProcess.start_all(config, options.log_stats)
     try:
         if options.api_server_count == 1:
-            return run_api(options, sock, lambda: MPClient(engine.endpoint, 0))
-        return _supervise(options, sock, engine)
+            endpoints = [engine.endpoint for engine in engines]
+            return run_api(options, sock, lambda: engine_client(endpoints, 0))
+        return _supervise(options, sock, engines)
     finally:
-        engine.stop()
+        for engine in engines:
+            engine.stop()
+
+
+def engine_client(endpoints: list[EngineEndpoint], index: int) -> EngineCoreClient:
+    """API server `index`'s client of the engine core, or of each -dp replica."""
+    if len(endpoints) == 1:
+        return MPClient(endpoints[0], index)
+    return DPClient([MPClient(endpoint, index) for endpoint in endpoints])
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -132,7 +144,7 @@ def run_api(options: ServerOptions, sock: socket.socket,
         return runner.run(serve(options, sock, make_client, make_server))
 
 
-def run_api_process(options_json: bytes, endpoint_json: bytes, index: int,
+def run_api_process(options_json: bytes, endpoints_json: bytes, index: int,
                     sock: socket.socket) -> None:
     """Target of each API server process (spawned) when there are several."""
     # Ctrl-C reaches every process of the group; the supervisor alone decides, with SIGTERM.
@@ -142,9 +154,10 @@ def run_api_process(options_json: bytes, endpoint_json: bytes, index: int,
     # A supervisor killed outright must not leave this server holding the port.
     signal_on_parent_death(signal.SIGTERM, f"API server {index}")
     options = msgspec.json.decode(options_json, type=ServerOptions)
-    endpoint = msgspec.json.decode(endpoint_json, type=EngineEndpoint)
+    endpoints = msgspec.json.decode(endpoints_json, type=list[EngineEndpoint])
     try:
-        code = run_api(options, sock, lambda: MPClient(endpoint, index), (signal.SIGTERM,))
+        code = run_api(options, sock, lambda: engine_client(endpoints, index),
+                       (signal.SIGTERM,))
     except ValueError as e:
         # A bad setting (e.g. --chat-template), the same in every API server: one line each,
         # as the CLI prints it, not a traceback from each.
@@ -153,17 +166,17 @@ def run_api_process(options_json: bytes, endpoint_json: bytes, index: int,
     sys.exit(code)
 
 
-def _supervise(options: ServerOptions, sock: socket.socket, engine: EngineProcess) -> int:
+def _supervise(options: ServerOptions, sock: socket.socket, engines: list[EngineProcess]) -> int:
     metrics_dir = _share_metrics()
     ctx = multiprocessing.get_context("spawn")
-    args = (msgspec.json.encode(options), msgspec.json.encode(engine.endpoint))
+    args = (msgspec.json.encode(options), msgspec.json.encode([e.endpoint for e in engines]))
     servers = [ctx.Process(target=run_api_process, name=f"loom-api-{i}", args=(*args, i, sock))
                for i in range(options.api_server_count)]
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for p in servers:
             start_child(p, ignore_sigint=True)
-        return _wait(engine, servers)
+        return _wait(engines, servers)
     except KeyboardInterrupt:
         logger.info("stopping %d API servers", len(servers))
         return 0
@@ -174,11 +187,12 @@ def _supervise(options: ServerOptions, sock: socket.socket, engine: EngineProces
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _wait(engine: EngineProcess, servers: list) -> int:
+def _wait(engines: list[EngineProcess], servers: list) -> int:
     """Block until a process exits on its own; that is always a failure."""
     sentinels = {p.sentinel: p for p in servers}
-    ready = multiprocessing.connection.wait([engine.process.sentinel, *sentinels])
-    if engine.process.sentinel in ready:
+    engine_sentinels = {e.process.sentinel for e in engines}
+    ready = multiprocessing.connection.wait([*engine_sentinels, *sentinels])
+    if engine_sentinels.intersection(ready):
         # Each API server ends its requests with errors and exits by itself; let them.
         logger.error("engine core died; waiting for the API servers to exit")
         for p in servers:
