@@ -11,11 +11,13 @@ tasks once, the frontends (the torch-free API server included) act on them.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any
 
 from loom.engine.protocol import Activation, ModelTasks
-from loom.models.arch import is_classifier, num_labels
+from loom.models.arch import is_classifier, is_encoder, num_labels
 
 TASK_FLAG = {"auto": (None, None), "generate": ("generate", None),
              "embed": ("pooling", "embed"), "embedding": ("pooling", "embed"),
@@ -29,12 +31,22 @@ vLLM's default (sigmoid for one label, softmax for more)."""
 
 
 def model_tasks(hf_config: dict[str, Any], runner: str = "auto",
-                convert: str = "auto") -> ModelTasks:
+                convert: str = "auto", model_dir: str | None = None) -> ModelTasks:
     """The tasks of the model a config.json describes, under vLLM's --runner/--convert; a
-    ValueError naming the flag for a combination that cannot run."""
+    ValueError naming the flag for a combination that cannot run. model_dir: where its
+    sentence-transformers files may name its pooling."""
     architecture = (hf_config.get("architectures") or ["?"])[0]
+    pooling = sentence_transformers_pooling(model_dir) if model_dir else None
+    if is_encoder(architecture) and not is_classifier(architecture):
+        if runner == "generate" or convert == "classify":
+            flag = "runner" if runner == "generate" else "convert"
+            raise ValueError(f"{flag}: {architecture} is an encoder (an embedding model): it "
+                             "embeds, and neither generates nor classifies")
+        # vLLM's default for BERT-like embedders: the first ([CLS]) token's state.
+        return ModelTasks(architecture, ["embed"], pooling_type=pooling or "cls")
     if not is_classifier(architecture):
-        return ModelTasks(architecture, _decoder_tasks(architecture, runner, convert))
+        return ModelTasks(architecture, _decoder_tasks(architecture, runner, convert),
+                          pooling_type=pooling)
     if runner == "generate":
         raise ValueError(f"runner: {architecture} is a classification model (a score head, no "
                          "LM head): it cannot generate; use --runner pooling (or auto)")
@@ -47,6 +59,31 @@ def model_tasks(hf_config: dict[str, Any], runner: str = "auto",
         architecture, ["classify", "score"] if len(labels) == 1 else ["classify"], labels,
         _classify_activation(hf_config, default), _score_activation(hf_config, default),
         _use_sep_token(hf_config), hf_config.get("pad_token_id"))
+
+
+_ST_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+               "pooling_mode_lasttoken": "last"}
+"""sentence-transformers' Pooling modes -> loom's pooling types."""
+
+
+def sentence_transformers_pooling(model_dir: str) -> str | None:
+    """The pooling a sentence-transformers model directory's Pooling module names (its
+    modules.json, then that module's config.json), as vLLM reads it; None without one."""
+    modules_file = os.path.join(model_dir, "modules.json")
+    if not os.path.isfile(modules_file):
+        return None
+    with open(modules_file) as f:
+        modules = json.load(f)
+    pooling = next((m for m in modules if str(m.get("type", "")).endswith(".Pooling")), None)
+    if pooling is None:
+        return None
+    config_file = os.path.join(model_dir, pooling.get("path", ""), "config.json")
+    with open(config_file) as f:
+        modes = [k for k, v in json.load(f).items() if k.startswith("pooling_mode") and v]
+    if len(modes) != 1 or modes[0] not in _ST_POOLING:
+        raise ValueError(f"{config_file}: pooling modes {modes} are not one loom applies "
+                         f"(one of {', '.join(_ST_POOLING)})")
+    return _ST_POOLING[modes[0]]
 
 
 def _decoder_tasks(architecture: str, runner: str, convert: str) -> list[str]:

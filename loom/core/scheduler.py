@@ -47,7 +47,9 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int,
                  speculative: SpeculativeConfig | None = None,
-                 max_loras: int | None = None) -> None:
+                 max_loras: int | None = None, whole_prompts: bool = False) -> None:
+        """whole_prompts: a prompt is never split over steps (an encoder's attends both
+        ways); one waits for a step with room for all of it."""
         # The engine passes the limits its workers chose; a bare config takes the CPU's.
         self.config = scheduler_config.resolved(None, 0)
         self.max_model_len = max_model_len
@@ -64,6 +66,7 @@ class Scheduler:
         self._verifying = False
         """A step in flight verifies some request's drafts (set by schedule())."""
         self.loras = LoRAAdmission(max_loras)
+        self.whole_prompts = whole_prompts
         self._num_preemptions = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -243,6 +246,8 @@ class Scheduler:
                 if growth + reserved > self.kv_cache_manager.num_free_blocks:
                     break  # it waits for decodes to finish rather than preempt them later
             num_new = min(request.num_tokens - num_hit, step.budget)
+            if self.whole_prompts and num_new < request.num_tokens - num_hit:
+                break  # the next step has room: nothing behind it jumps the queue
             if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
                 break  # nothing behind it jumps the queue
             self.waiting.pop()

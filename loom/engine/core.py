@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections import deque
 
@@ -24,7 +25,7 @@ from loom.engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCor
                                   LoRAInfo, ModelTasks)
 from loom.executor.base import make_executor
 from loom.lora.adapter import model_targets
-from loom.models.arch import ModelArch
+from loom.models.arch import ModelArch, is_encoder
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
 from loom.quantization.config import quant_scheme
 from loom.tasks import classified_length, model_tasks, unsupported
@@ -55,16 +56,41 @@ def _check_model(config: EngineConfig) -> ModelTasks:
         # architecture loom reads is a causal LM, with a causal LM's tasks.
         return model_tasks({"architectures": ["LlamaForCausalLM"]}, model.runner, model.convert)
     hf_config = resolve(model).hf_config
-    ModelArch.from_hf_config(hf_config).check_tensor_parallel(tp)
-    quant_scheme(hf_config, model.quantization)
-    return model_tasks(hf_config, model.runner, model.convert)
+    arch = ModelArch.from_hf_config(hf_config)
+    arch.check_tensor_parallel(tp)
+    scheme = quant_scheme(hf_config, model.quantization)
+    if is_encoder(arch.architecture):
+        _check_encoder(config, scheme)
+    model_dir = model.model if os.path.isdir(model.model) else None
+    return model_tasks(hf_config, model.runner, model.convert, model_dir)
+
+
+def _check_encoder(config: EngineConfig, scheme: object) -> None:
+    if scheme is not None:
+        raise ValueError("quantization: loom runs encoder (embedding) models unquantized")
+    if config.lora is not None:
+        raise ValueError("enable_lora: encoder (embedding) models take no LoRA adapters")
+    if config.speculative is not None:
+        raise ValueError("speculative_config: an encoder (embedding model) generates nothing")
+
+
+def for_encoder(config: EngineConfig) -> EngineConfig:
+    """An encoder runs each prompt whole, both ways, without a KV cache to cache prefixes
+    in, and eagerly: no prefix caching, no compile, no CUDA graphs."""
+    logger.info("encoder model: prompts run whole, eagerly, without a KV cache or prefix "
+                "caching")
+    return dataclasses.replace(config, enforce_eager=True, cache=dataclasses.replace(
+        config.cache, enable_prefix_caching=False))
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         self.tasks = _check_model(config)
         """What the model serves (`loom.tasks`): requests for other tasks are refused."""
+        self.encoder = is_encoder(self.tasks.architecture)
+        if self.encoder:
+            config = for_encoder(config)
+        self.config = config
         self.executor = make_executor(config)
         info = self.executor.model_info
         # The workers filled in the device's batch defaults; the scheduler takes the same.
@@ -76,16 +102,21 @@ class EngineCore:
         self.vocab_size = info["vocab_size"]
         self.eos_token_id = info["eos_token_id"]
         self.max_model_len = resolve_max_model_len(config.model.max_model_len,
-                                                   info["max_position_embeddings"])
+                                                   info["context_len"])
         self.max_logprobs = (self.vocab_size if config.model.max_logprobs == -1
                              else config.model.max_logprobs)
         lora = config.lora
         self.lora_info = None if lora is None else LoRAInfo(lora.max_lora_rank, model_targets(
             ModelArch.from_hf_config(resolve(config.model).hf_config)))
         self.num_blocks = self._init_kv_cache()
+        if self.encoder and self.max_model_len > info["max_num_batched_tokens"]:
+            raise ValueError(f"max_num_batched_tokens: an encoder runs each prompt in one "
+                             f"step, so it must be at least max_model_len "
+                             f"({self.max_model_len}), got {info['max_num_batched_tokens']}")
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks,
                                    self.max_model_len, config.speculative,
-                                   None if lora is None else lora.max_loras)
+                                   None if lora is None else lora.max_loras,
+                                   whole_prompts=self.encoder)
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         """Launched steps not yet collected, oldest first."""
@@ -115,6 +146,10 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; raises ValueError (and changes nothing) if it is invalid."""
         self.validate(request)
+        params = request.pooling_params
+        if params is not None and params.task == "embed" and self.tasks.pooling_type:
+            request = msgspec.structs.replace(request, pooling_params=msgspec.structs.replace(
+                params, pooling_type=self.tasks.pooling_type))
         if request.pooling_params is not None and request.pooling_params.task != "embed":
             # A classifier reads one token: the prompt's tokens after it are not run.
             n = classified_length(request.prompt_token_ids, self.tasks.pad_token_id)

@@ -177,6 +177,10 @@ class ModelTasks(msgspec.Struct, array_like=True, frozen=True):
     as the two texts joined, tokenized as one (vLLM's "LLM as reranker")."""
     pad_token_id: int | None = None
     """A classifier's: it reads the last prompt token that is not this one."""
+    pooling_type: str | None = None
+    """The model's own pooling for embed, which every embed request takes (its
+    sentence-transformers Pooling module's; an encoder's default cls); None: the
+    request's."""
 
     def supports(self, task: str) -> bool:
         return task in self.tasks

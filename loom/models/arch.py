@@ -166,6 +166,10 @@ def _refuse_unsupported(cfg: dict[str, Any], architecture: str) -> None:
                          "is nested in text_config) is not supported; loom runs text-only "
                          "models (for Gemma 3: Gemma3ForCausalLM checkpoints, such as "
                          "gemma-3-1b)")
+    if is_encoder(architecture) and cfg.get("position_embedding_type",
+                                            "absolute") != "absolute":
+        raise ValueError(f"{architecture}: position_embedding_type "
+                         f"{cfg['position_embedding_type']!r} is not supported (absolute)")
     if cfg.get("use_bidirectional_attention"):
         raise ValueError(f"{architecture}: use_bidirectional_attention (an embedding "
                          "model's) is not supported; loom's attention is causal")
@@ -201,6 +205,26 @@ def num_labels(cfg: dict[str, Any]) -> int:
     if cfg.get("num_labels") is not None:
         return int(cfg["num_labels"])
     return len(cfg["id2label"]) if cfg.get("id2label") else 2
+
+
+ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
+            "XLMRobertaForSequenceClassification")
+"""Encoder-only models (`loom.models.bert`): both-ways attention, whole prompts; embedding
+models, and RoBERTa classifiers (cross-encoder rerankers such as bge-reranker)."""
+_ROBERTA = ("RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
+            "XLMRobertaForSequenceClassification")
+
+
+def is_encoder(architecture: str) -> bool:
+    return architecture in ENCODERS
+
+
+def _position_offset(cfg: dict[str, Any], architecture: str) -> int:
+    """RoBERTa counts positions from padding_idx + 1 (2 with pad 1): the table's first rows
+    are never read, and its context is that much shorter."""
+    if architecture not in _ROBERTA:
+        return 0
+    return (1 if cfg.get("pad_token_id") is None else int(cfg["pad_token_id"])) + 1
 
 
 def is_classifier(architecture: str) -> bool:
@@ -275,6 +299,10 @@ class ModelArch:
     """A *ForSequenceClassification model's classes, its score head's rows (0: no head)."""
     pad_token_id: int | None = None
     """config.json's: a classifier reads the last token that is not this one."""
+    type_vocab_size: int = 0
+    """An encoder's token type embeddings (BERT's segments)."""
+    position_offset: int = 0
+    """An encoder's first position's row in its position table (`_position_offset`)."""
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
@@ -292,7 +320,8 @@ class ModelArch:
             intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"],
             num_heads=heads, num_kv_heads=_first(cfg, "num_key_value_heads", default=heads),
             head_dim=_first(cfg, "head_dim", default=cfg["hidden_size"] // heads),
-            vocab_size=cfg["vocab_size"], rms_norm_eps=_first(cfg, "rms_norm_eps", default=1e-6),
+            vocab_size=cfg["vocab_size"],
+            rms_norm_eps=_first(cfg, "rms_norm_eps", "layer_norm_eps", default=1e-6),
             rope_theta=theta, rope_scaling=scaling,
             max_position_embeddings=_first(cfg, "max_position_embeddings", default=2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -324,12 +353,17 @@ class ModelArch:
             rope_layers=rope_layers,
             num_labels=num_labels(cfg) if is_classifier(archs[0]) else 0,
             pad_token_id=cfg.get("pad_token_id"),
+            type_vocab_size=int(cfg.get("type_vocab_size", 0)),
+            position_offset=_position_offset(cfg, archs[0]),
         )
 
     def check_tensor_parallel(self, tp: int) -> None:
         """ValueError, before any worker starts, if the layers cannot be split tp ways."""
         if tp == 1:
             return
+        if is_encoder(self.architecture):
+            raise ValueError(f"tensor_parallel_size: {self.architecture} (an encoder) runs on "
+                             f"one device, got {tp}; serve replicas with -dp instead")
         problems = []
         if self.num_heads % tp:
             problems.append(f"attention heads ({self.num_heads})")
@@ -371,7 +405,7 @@ class ModelArch:
     def context_len(self) -> int:
         """The longest sequence loom runs: the model's context (sliding windows are
         honoured, so they no longer cap it)."""
-        return self.max_position_embeddings
+        return self.max_position_embeddings - self.position_offset
 
     @property
     def fused_checkpoint(self) -> bool:

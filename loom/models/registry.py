@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from loom.models.arch import ModelArch
+from loom.models.bert import BertModel, RobertaForSequenceClassification
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from loom.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
@@ -30,6 +31,12 @@ MODELS: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    # Encoders: embeddings only (`loom.models.bert`).
+    "BertModel": BertModel,
+    "RobertaModel": BertModel,
+    "XLMRobertaModel": BertModel,
+    "RobertaForSequenceClassification": RobertaForSequenceClassification,
+    "XLMRobertaForSequenceClassification": RobertaForSequenceClassification,
     # The decoder plus a classification head (pooling only: `loom.tasks`).
     "LlamaForSequenceClassification": LlamaForSequenceClassification,
     "MistralForSequenceClassification": LlamaForSequenceClassification,

@@ -91,7 +91,8 @@ class ModelRunner:
         self.requests = RequestStates(config.scheduler.max_num_seqs,
                                       config.model.max_model_len or self.arch.context_len,
                                       self.block_size)
-        self.pooler = Pooler(getattr(self.model, "classify", None))
+        self.pooler = Pooler(getattr(self.model, "classify", None),
+                             getattr(self.model, "classify_row", -1))
         self.kv_caches: list[torch.Tensor] = []
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None
@@ -103,12 +104,24 @@ class ModelRunner:
 
     # KV cache sizing -------------------------------------------------------------------
     @property
+    def encoder(self) -> bool:
+        """An encoder (`loom.models.bert`) keeps no KV cache."""
+        return getattr(self.model, "is_encoder", False)
+
+    @property
     def kv_block_bytes(self) -> int:
+        if self.encoder:
+            return 0
         attn = self.model.model.layers[0].self_attn.attn
         per_token = 2 * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
         return per_token * self.block_size * self.arch.num_layers
 
     def determine_num_blocks(self) -> int:
+        if self.encoder:  # the scheduler's bookkeeping only: room for every request
+            per_request = -(-self.config.model.max_model_len // self.block_size) \
+                if self.config.model.max_model_len else -(-self.arch.context_len //
+                                                          self.block_size)
+            return per_request * self.config.scheduler.max_num_seqs
         budget = self.config.cache.kv_cache_memory_bytes
         if budget is None:
             budget = self._free_memory_for_kv() if self.device.type == "cuda" else CPU_DEFAULT_KV_BYTES
@@ -134,6 +147,9 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def initialize_cache(self, num_blocks: int) -> None:
+        if self.encoder:
+            self._compile_and_capture()  # (eager: nothing is compiled or captured)
+            return
         attn = self.model.model.layers[0].self_attn.attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         try:

@@ -57,7 +57,7 @@ class Worker:
     def model_info(self) -> dict:
         arch = self.model_runner.arch
         return {"vocab_size": arch.vocab_size,
-                "max_position_embeddings": arch.max_position_embeddings,
+                "context_len": arch.context_len,
                 "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None,
                 # the batch limits this device chose (`SchedulerConfig.resolved`)
                 "max_num_seqs": self.config.scheduler.max_num_seqs,

@@ -1,0 +1,143 @@
+"""Encoder embedding models (BertModel, XLMRobertaModel) against transformers on tiny random
+models (float32): the pooled vector a sentence-transformers model would compute from
+transformers' last hidden states, per request, in mixed batches."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loom import LLM
+from loom.pooling_params import PoolingParams
+
+TINY_ENCODER = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=128,
+                    initializer_range=0.15)
+
+
+def _make(kind: str, path: Path, pooling: str | None = None):
+    import transformers as tf
+    torch.manual_seed(0)
+    if kind == "bert":
+        config = tf.BertConfig(**TINY_ENCODER, type_vocab_size=2, hidden_act="gelu")
+        model = tf.BertModel(config, add_pooling_layer=True)
+    else:  # XLM-R: positions from pad + 1, one token type, tanh-approximated gelu
+        config = tf.XLMRobertaConfig(**TINY_ENCODER, type_vocab_size=1, pad_token_id=1,
+                                     hidden_act="gelu_new")
+        model = tf.XLMRobertaModel(config, add_pooling_layer=False)
+    model.eval().save_pretrained(path)
+    if pooling is not None:  # a sentence-transformers directory: its Pooling module
+        (path / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling",
+             "type": "sentence_transformers.models.Pooling"}]))
+        (path / "1_Pooling").mkdir()
+        (path / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": 64, "pooling_mode_cls_token": pooling == "cls",
+            "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False}))
+    return model
+
+
+def _prompts(lengths=(5, 17, 40, 3, 100, 64)) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(3, 256) for _ in range(n)] for n in lengths]
+
+
+def _reference(model, prompt: list[int], pooling: str) -> torch.Tensor:
+    with torch.no_grad():
+        hidden = model(torch.tensor([prompt])).last_hidden_state[0]
+    pooled = hidden[0] if pooling == "cls" else hidden.mean(dim=0)
+    return F.normalize(pooled, dim=-1)
+
+
+@pytest.mark.parametrize("kind, pooling", [("bert", None), ("bert", "mean"),
+                                           ("xlm-roberta", "cls"), ("xlm-roberta", "mean")])
+def test_embeddings_match_transformers(tmp_path, kind, pooling):
+    model = _make(kind, tmp_path, pooling)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu",
+              max_num_batched_tokens=160)  # several steps, each prompt whole
+    prompts = _prompts()
+    outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
+    pooling = pooling or "cls"  # BERT's default: the [CLS] token's state
+    for prompt, out in zip(prompts, outs):
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding),
+                                   _reference(model, prompt, pooling), rtol=1e-4, atol=1e-5)
+    # The other pooling differs past the tolerance: the comparison can fail.
+    other = _reference(model, prompts[2], "mean" if pooling == "cls" else "cls")
+    assert not torch.allclose(torch.tensor(outs[2].outputs.embedding), other, atol=1e-3)
+    llm.shutdown()
+
+
+def test_xlm_roberta_context_and_refusals(tmp_path):
+    _make("xlm-roberta", tmp_path)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu")
+    # 128 positions, counted from pad + 1 = 2: 126 tokens
+    assert llm.engine.max_model_len == 126
+    with pytest.raises(ValueError, match="generate"):
+        llm.generate([{"prompt_token_ids": [5, 6]}], use_tqdm=False)
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"runner": "generate"}, "runner: BertModel is an encoder"),
+    ({"tensor_parallel_size": 2}, "tensor_parallel_size: BertModel .an encoder. runs on one "
+                                  "device"),
+    ({"enable_lora": True}, "enable_lora: encoder"),
+    ({"max_num_batched_tokens": 64, "max_num_seqs": 64},
+     "max_num_batched_tokens: an encoder runs each prompt in one step"),
+])
+def test_encoder_refusals(tmp_path, kwargs, message):
+    _make("bert", tmp_path)
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu", **kwargs)
+
+
+def test_unsupported_sentence_transformers_pooling_is_named(tmp_path):
+    _make("bert", tmp_path, "mean")
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_max_tokens": True}))
+    with pytest.raises(ValueError, match=r"1_Pooling/config.json: pooling modes "
+                                         r"\['pooling_mode_max_tokens'\]"):
+        LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu")
+
+
+def test_request_pooling_type_yields_to_the_models(tmp_path):
+    model = _make("bert", tmp_path, "mean")
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu")
+    prompt = _prompts()[1]
+    out = llm.embed([{"prompt_token_ids": prompt}], PoolingParams(pooling_type="last"),
+                    use_tqdm=False)[0]
+    torch.testing.assert_close(torch.tensor(out.outputs.embedding),
+                               _reference(model, prompt, "mean"), rtol=1e-4, atol=1e-5)
+    llm.shutdown()
+
+
+def test_roberta_cross_encoder_classifies_and_scores_as_transformers(tmp_path):
+    """XLMRobertaForSequenceClassification (bge-reranker's layout), one label: its head reads
+    the first token; scores are the logit through sigmoid, the pair run as one sequence."""
+    import transformers as tf
+    torch.manual_seed(0)
+    words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                   "[MASK]", *words]) + "\n")
+    tokenizer = tf.BertTokenizerFast(str(tmp_path / "vocab.txt"))
+    tokenizer.save_pretrained(tmp_path)
+    config = tf.XLMRobertaConfig(**dict(TINY_ENCODER, vocab_size=len(words) + 5),
+                                 type_vocab_size=1, pad_token_id=0, num_labels=1)
+    model = tf.XLMRobertaForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu")
+    query, docs = "the cat sat", ["a dog ran far away", "the cat sat on the mat", "mat"]
+    scores = [s.outputs.score for s in llm.score(query, docs, use_tqdm=False)]
+    for doc, score in zip(docs, scores):
+        ids = tokenizer(query, doc, return_tensors="pt").input_ids  # no token types: one
+        with torch.no_grad():
+            logit = model(ids).logits[0, 0]
+        assert score == pytest.approx(torch.sigmoid(logit).item(), rel=1e-4, abs=1e-6)
+    assert max(scores) - min(scores) > 1e-3  # the documents are told apart
+    llm.shutdown()
