@@ -1,7 +1,8 @@
 # 1 GPU (~10 min), session 43: the first GPU look at sessions 42-43's integer weights in one
 # start (device starts kept failing): int4 W4A16 (run_zzz100's subset) and int8 W8A8
 # (run_zzz102's subset). Needs compressed-tensors and loguru in .whl.
-# 1. int4 and int8 kernel tests and the tiny int4 / int8 models on the GPU against the CPU;
+# 1. int4 and int8 kernel tests and the tiny int4 / int8 models on the GPU against the CPU
+#    (and session 44's encoder and GGUF MoE paths);
 # 2. loom bench w8a8 and loom bench int4 on Llama-3.1-8B's projections (see run_zzz102 and
 #    run_zzz100 for what each expects);
 # 3. decode b1 128 -> 128 of llama-3.1-8b-awq (floor 5.75 GB / copy ~1.38 ms) and
@@ -9,7 +10,7 @@
 source benchmarks/gpu/env.sh; R=$OUT/zzz103; mkdir -p $R
 timeout $(left 190) python3 -m pytest -q tests/kernels/test_int4_linear.py tests/kernels/test_int8_gemm.py \
   tests/kernels/test_int8_linear.py tests/kernels/test_fused_moe_int8.py tests/e2e/test_gpu_int4.py \
-  tests/e2e/test_gpu_int8.py \
+  tests/e2e/test_gpu_int8.py tests/e2e/test_gpu_encoders_gguf.py \
   -p no:cacheprovider > $R/tests.log 2>&1
 echo "tests rc $? $(tail -1 $R/tests.log)"; grep -E "^(FAILED|ERROR)" $R/tests.log | head -8
 stamp tests

@@ -3,6 +3,7 @@
 source benchmarks/gpu/env.sh; R=$OUT/zzz104; mkdir -p $R
 timeout $(left 170) python3 -m pytest -q tests/kernels/test_int4_linear.py tests/kernels/test_int8_gemm.py \
   tests/kernels/test_int8_linear.py tests/e2e/test_gpu_int4.py tests/e2e/test_gpu_int8.py \
+  tests/e2e/test_gpu_encoders_gguf.py \
   -p no:cacheprovider > $R/tests.log 2>&1
 echo "tests rc $? $(tail -1 $R/tests.log)"; grep -E "^(FAILED|ERROR)" $R/tests.log | head -8
 stamp tests

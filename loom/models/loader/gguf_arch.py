@@ -138,8 +138,8 @@ def _mixtral(m: Metadata, config: dict[str, Any]) -> None:
     config["num_experts_per_tok"] = int(m.require("expert_used_count"))
 
 
-def _qwen2(m: Metadata, config: dict[str, Any]) -> None:
-    pass
+def _nothing_more(m: Metadata, config: dict[str, Any]) -> None:
+    """Qwen2 and Qwen3: the common fields say it all (Qwen3's head size as key_length)."""
 
 
 def _qwen_moe(norm_topk_prob: bool) -> Callable[[Metadata, dict[str, Any]], None]:
@@ -151,8 +151,11 @@ def _qwen_moe(norm_topk_prob: bool) -> Callable[[Metadata, dict[str, Any]], None
         # Every layer routes, as llama.cpp's models assume; older files have no
         # expert_*_length keys, only the tensors' shapes.
         config["mlp_only_layers"] = []
-        config["moe_intermediate_size"] = int(
-            m.get("expert_feed_forward_length") or m.shape("blk.0.ffn_gate_exps.weight")[1])
+        experts = m.shape("blk.0.ffn_gate_exps.weight")
+        if experts is None:
+            raise ValueError(f"{m.path}: a {m.arch} GGUF without blk.0.ffn_gate_exps.weight "
+                             "(llama.cpp's stacked experts)")
+        config["moe_intermediate_size"] = int(m.get("expert_feed_forward_length") or experts[1])
         shared = m.shape("blk.0.ffn_gate_shexp.weight")
         if shared is not None:
             config["shared_expert_intermediate_size"] = int(
@@ -225,8 +228,8 @@ _ROPE_FREQS = frozenset({"rope_freqs.weight"})
 ARCHS = {
     "llama": GGUFArch("LlamaForCausalLM", "llama", _LAYER, _llama, permute_qk=True,
                       config_tensors=_ROPE_FREQS),
-    "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", _LAYER, _qwen2),
-    "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", {**_LAYER, **_QK_NORM}, _qwen2),
+    "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", _LAYER, _nothing_more),
+    "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", {**_LAYER, **_QK_NORM}, _nothing_more),
     "qwen2moe": GGUFArch("Qwen2MoeForCausalLM", "qwen2_moe",
                          {**_LAYER, **_EXPERTS, **_SHARED_EXPERT}, _qwen_moe(False)),
     "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", "qwen3_moe",
