@@ -80,6 +80,10 @@ class Tokenizer:
         return self._special_id("eos_token")
 
     @property
+    def sep_token_id(self) -> int | None:
+        return self._special_id("sep_token")
+
+    @property
     def pad_token_id(self) -> int | None:
         return self._special_id("pad_token")
 

@@ -207,10 +207,10 @@ def num_labels(cfg: dict[str, Any]) -> int:
     return len(cfg["id2label"]) if cfg.get("id2label") else 2
 
 
-ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
-            "XLMRobertaForSequenceClassification")
+ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "BertForSequenceClassification",
+            "RobertaForSequenceClassification", "XLMRobertaForSequenceClassification")
 """Encoder-only models (`loom.models.bert`): both-ways attention, whole prompts; embedding
-models, and RoBERTa classifiers (cross-encoder rerankers such as bge-reranker)."""
+models, and classifiers (cross-encoder rerankers such as bge-reranker, ms-marco-MiniLM)."""
 _ROBERTA = ("RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
             "XLMRobertaForSequenceClassification")
 

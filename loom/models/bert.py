@@ -22,8 +22,8 @@ from loom.forward_context import get_forward_context
 from loom.models.arch import ModelArch
 
 _PREFIXES = ("bert.", "roberta.", "model.")
-_SKIPPED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids")
-"""The MLM head, BERT's pooler (a classifier's, not an embedder's) and buffers."""
+_SKIPPED = ("cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_type_ids")
+"""The MLM head and buffers."""
 
 
 _ACTIVATIONS = {
@@ -85,6 +85,11 @@ class _Segments:
 class BertModel(nn.Module):
     is_encoder = True
     """Whole prompts, both-ways attention, no KV cache (`loom.engine.core`)."""
+    sep_token_id: int | None = None
+    """A BERT cross-encoder's: its pairs' tokens after the first [SEP] are of type 1, as
+    the tokenizer's pair encoding types them; None: every token is of type 0."""
+    uses_pooler = False
+    """BERT's pooler (dense and tanh on [CLS]) is a classifier's, not an embedder's."""
 
     def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
         super().__init__()
@@ -97,22 +102,31 @@ class BertModel(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(arch) for _ in range(arch.num_layers))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = (self.word_embeddings(input_ids)
-             + self.position_embeddings(positions + self.arch.position_offset)
-             + self.token_type_embeddings.weight[0])
-        x = self.embeddings_norm(x)
         metadata = get_forward_context().attn_metadata
         if metadata is None:  # a profiling run: requests of the longest length
-            n, longest = x.shape[0], self.arch.context_len
+            n, longest = input_ids.shape[0], self.arch.context_len
             starts = list(range(0, n, longest)) + [n]
         else:
             starts = metadata.query_start_loc_cpu.tolist()
             n = starts[-1]
-        segments = _Segments(starts, x.device)
+        segments = _Segments(starts, input_ids.device)
+        x = (self.word_embeddings(input_ids)
+             + self.position_embeddings(positions + self.arch.position_offset))
+        types = self._token_types(input_ids[:n], segments)
+        x = self.embeddings_norm(x + (self.token_type_embeddings.weight[0] if types is None
+                                      else F.pad(self.token_type_embeddings(types),
+                                                 (0, 0, 0, x.shape[0] - n))))
         hidden = x[:n]
         for layer in self.layers:
             hidden = layer(hidden, segments)
         return torch.cat([hidden, x[n:]]) if n < x.shape[0] else hidden
+
+    def _token_types(self, input_ids: torch.Tensor, segments: _Segments) -> torch.Tensor | None:
+        if self.sep_token_id is None:
+            return None
+        sep = (input_ids[segments.index] == self.sep_token_id) & segments.valid
+        after_first = (sep.cumsum(dim=1) - sep.int()) > 0
+        return after_first[segments.valid].long()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """No LM head: what the runner's profile would read is the hidden state itself."""
@@ -122,7 +136,7 @@ class BertModel(nn.Module):
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in weights:
-            ours = _our_name(name)
+            ours = _our_name(name, self.uses_pooler)
             if ours is None:
                 continue
             if ours not in params:
@@ -150,20 +164,51 @@ class RobertaForSequenceClassification(BertModel):
 
     def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
         super().__init__(arch, max_model_len)
-        if arch.num_labels < 1:
-            raise ValueError(f"num_labels: {arch.architecture} needs at least one label, "
-                             f"got {arch.num_labels}")
+        _check_labels(arch)
         self.classifier_dense = nn.Linear(arch.hidden_size, arch.hidden_size)
         self.classifier_out = nn.Linear(arch.hidden_size, arch.num_labels)
 
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] at the first token -> [..., num_labels] logits in float32."""
-        x = torch.tanh(F.linear(hidden.float(), self.classifier_dense.weight.float(),
-                                self.classifier_dense.bias.float()))
-        return F.linear(x, self.classifier_out.weight.float(), self.classifier_out.bias.float())
+        x = torch.tanh(_linear32(self.classifier_dense, hidden.float()))
+        return _linear32(self.classifier_out, x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.classify(hidden)
+
+
+class BertForSequenceClassification(BertModel):
+    """A BERT classifier (ms-marco-MiniLM cross-encoders): the encoder, its pooler (dense
+    and tanh on [CLS]), then the classifier. A pair's second text is of token type 1
+    (`sep_token_id`, which the loader sets from the tokenizer)."""
+
+    classify_row = 0
+    uses_pooler = True
+    needs_sep_token = True
+
+    def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
+        super().__init__(arch, max_model_len)
+        _check_labels(arch)
+        self.pooler_dense = nn.Linear(arch.hidden_size, arch.hidden_size)
+        self.classifier = nn.Linear(arch.hidden_size, arch.num_labels)
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(_linear32(self.pooler_dense, hidden.float()))
+        return _linear32(self.classifier, x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classify(hidden)
+
+
+def _linear32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A classifier head's layer in float32 (a handful of rows)."""
+    return F.linear(x, layer.weight.float(), layer.bias.float())
+
+
+def _check_labels(arch: ModelArch) -> None:
+    if arch.num_labels < 1:
+        raise ValueError(f"num_labels: {arch.architecture} needs at least one label, "
+                         f"got {arch.num_labels}")
 
 
 _RENAMES = (
@@ -182,17 +227,18 @@ _RENAMES = (
     (".beta", ".bias"),
     ("classifier.dense.", "classifier_dense."),
     ("classifier.out_proj.", "classifier_out."),
+    ("pooler.dense.", "pooler_dense."),
 )
 
 
-def _our_name(name: str) -> str | None:
+def _our_name(name: str, uses_pooler: bool) -> str | None:
     """A checkpoint's name (transformers' BertModel, with or without its bert. / roberta.
-    prefix) -> loom's; None for what an embedder does not use."""
+    prefix) -> loom's; None for what the model does not use."""
     for prefix in _PREFIXES:
         if name.startswith(prefix):
             name = name[len(prefix):]
             break
-    if name.startswith(_SKIPPED):
+    if name.startswith(_SKIPPED) or name.startswith("pooler.") and not uses_pooler:
         return None
     for theirs, ours in _RENAMES:
         name = name.replace(theirs, ours)

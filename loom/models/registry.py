@@ -5,7 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from loom.models.arch import ModelArch
-from loom.models.bert import BertModel, RobertaForSequenceClassification
+from loom.models.bert import (BertForSequenceClassification, BertModel,
+                              RobertaForSequenceClassification)
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from loom.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
@@ -35,6 +36,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
     "RobertaModel": BertModel,
     "XLMRobertaModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
     "RobertaForSequenceClassification": RobertaForSequenceClassification,
     "XLMRobertaForSequenceClassification": RobertaForSequenceClassification,
     # The decoder plus a classification head (pooling only: `loom.tasks`).

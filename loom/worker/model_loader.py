@@ -90,4 +90,16 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
             finish_loading(model)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the staging tensors' cached blocks
+    if getattr(model, "needs_sep_token", False):
+        model.sep_token_id = _sep_token_id(source.tokenizer_path, arch.architecture)
     return model.eval(), arch, dtype
+
+
+def _sep_token_id(path: str | None, architecture: str) -> int:
+    """The [SEP] id of the model's tokenizer: where a BERT pair's second text begins."""
+    from loom.frontend.tokenizer import load_tokenizer
+    sep = load_tokenizer(path).sep_token_id if path is not None else None
+    if sep is None:
+        raise ValueError(f"tokenizer: {architecture} types a pair's second text by the "
+                         "tokenizer's sep_token, and the model's tokenizer names none")
+    return sep

@@ -117,27 +117,47 @@ def test_request_pooling_type_yields_to_the_models(tmp_path):
     llm.shutdown()
 
 
-def test_roberta_cross_encoder_classifies_and_scores_as_transformers(tmp_path):
-    """XLMRobertaForSequenceClassification (bge-reranker's layout), one label: its head reads
-    the first token; scores are the logit through sigmoid, the pair run as one sequence."""
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
+
+
+def _word_piece(path: Path):
+    """A BERT WordPiece tokenizer over a few words, saved beside the model."""
+    import transformers as tf
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                               *WORDS]) + "\n")
+    tokenizer = tf.BertTokenizerFast(str(path / "vocab.txt"))
+    tokenizer.save_pretrained(path)
+    return tokenizer
+
+
+@pytest.mark.parametrize("kind", ["xlm-roberta", "bert"])
+def test_cross_encoders_score_as_transformers(tmp_path, kind):
+    """XLMRobertaForSequenceClassification (bge-reranker's layout) and
+    BertForSequenceClassification (ms-marco-MiniLM's: its pooler, and the pair's second text
+    of token type 1), one label: the head reads the first token; a score is the logit
+    through sigmoid, the pair run as one sequence."""
     import transformers as tf
     torch.manual_seed(0)
-    words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
-    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]",
-                                                   "[MASK]", *words]) + "\n")
-    tokenizer = tf.BertTokenizerFast(str(tmp_path / "vocab.txt"))
-    tokenizer.save_pretrained(tmp_path)
-    config = tf.XLMRobertaConfig(**dict(TINY_ENCODER, vocab_size=len(words) + 5),
-                                 type_vocab_size=1, pad_token_id=0, num_labels=1)
-    model = tf.XLMRobertaForSequenceClassification(config).eval()
-    model.save_pretrained(tmp_path)
+    tokenizer = _word_piece(tmp_path)
+    common = dict(TINY_ENCODER, vocab_size=len(WORDS) + 5)
+    if kind == "bert":
+        model = tf.BertForSequenceClassification(tf.BertConfig(**common, num_labels=1))
+    else:
+        model = tf.XLMRobertaForSequenceClassification(tf.XLMRobertaConfig(
+            **common, type_vocab_size=1, pad_token_id=0, num_labels=1))
+    model.eval().save_pretrained(tmp_path)
     llm = LLM(str(tmp_path), dtype="float32", device="cpu")
     query, docs = "the cat sat", ["a dog ran far away", "the cat sat on the mat", "mat"]
     scores = [s.outputs.score for s in llm.score(query, docs, use_tqdm=False)]
     for doc, score in zip(docs, scores):
-        ids = tokenizer(query, doc, return_tensors="pt").input_ids  # no token types: one
+        encoded = tokenizer(query, doc, return_tensors="pt")
+        types = encoded.token_type_ids if kind == "bert" else None  # XLM-R has one type
+        assert kind != "bert" or types[0, -1] == 1
         with torch.no_grad():
-            logit = model(ids).logits[0, 0]
+            logit = model(encoded.input_ids, token_type_ids=types).logits[0, 0]
+            untyped = model(encoded.input_ids).logits[0, 0]
         assert score == pytest.approx(torch.sigmoid(logit).item(), rel=1e-4, abs=1e-6)
+        if kind == "bert":  # the token types move the reference past the tolerance
+            assert abs(torch.sigmoid(untyped) - torch.sigmoid(logit)) > 1e-3
     assert max(scores) - min(scores) > 1e-3  # the documents are told apart
     llm.shutdown()
