@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from loom.engine.protocol import Activation, ModelTasks
-from loom.models.arch import is_classifier, is_encoder, num_labels
+from loom.models.arch import is_base_model, is_classifier, is_encoder, num_labels
 
 TASK_FLAG = {"auto": (None, None), "generate": ("generate", None),
              "embed": ("pooling", "embed"), "embedding": ("pooling", "embed"),
@@ -87,6 +87,12 @@ def sentence_transformers_pooling(model_dir: str) -> str | None:
 
 
 def _decoder_tasks(architecture: str, runner: str, convert: str) -> list[str]:
+    if is_base_model(architecture):
+        if runner == "generate":
+            raise ValueError(f"runner: {architecture} is a base model without an LM head (as "
+                             "embedding models ship): it embeds, and cannot generate; use "
+                             "--runner pooling (or auto)")
+        runner = "pooling"
     if convert == "classify":
         raise ValueError(f"convert: 'classify' needs a classification head, and {architecture} "
                          "has none; loom classifies with *ForSequenceClassification checkpoints")

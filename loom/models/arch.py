@@ -219,6 +219,17 @@ def is_encoder(architecture: str) -> bool:
     return architecture in ENCODERS
 
 
+BASE_MODELS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
+               "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM",
+               "Gemma2Model": "Gemma2ForCausalLM"}
+"""A decoder saved without its LM head (transformers' base model class), as embedding
+models ship (e5-mistral, bge-multilingual-gemma2) -> the causal LM whose layers it has."""
+
+
+def is_base_model(architecture: str) -> bool:
+    return architecture in BASE_MODELS
+
+
 def _position_offset(cfg: dict[str, Any], architecture: str) -> int:
     """RoBERTa counts positions from padding_idx + 1 (2 with pad 1): the table's first rows
     are never read, and its context is that much shorter."""
@@ -324,7 +335,9 @@ class ModelArch:
             rms_norm_eps=_first(cfg, "rms_norm_eps", "layer_norm_eps", default=1e-6),
             rope_theta=theta, rope_scaling=scaling,
             max_position_embeddings=_first(cfg, "max_position_embeddings", default=2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # A base model has no LM head: the (never applied) head shares the embeddings.
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False))
+            or is_base_model(archs[0]),
             attention_bias=bool(cfg.get("attention_bias", False)),
             dtype=_first(cfg, "torch_dtype", "dtype"), bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import torch
 from torch import nn
 
-from loom.models.arch import ModelArch
+from loom.models.arch import BASE_MODELS, ModelArch
 from loom.models.bert import (BertForSequenceClassification, BertModel,
                               RobertaForSequenceClassification)
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
@@ -45,6 +48,21 @@ MODELS: dict[str, type[nn.Module]] = {
     "Qwen2ForSequenceClassification": Qwen2ForSequenceClassification,
     "Qwen3ForSequenceClassification": Qwen3ForSequenceClassification,
 }
+
+
+def _base_model(causal_lm: type[nn.Module]) -> type[nn.Module]:
+    """The causal LM class loading a base model's checkpoint: its names lack the model.
+    prefix, and it has no LM head (ModelArch ties the unused one to the embeddings)."""
+    class BaseModel(causal_lm):
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+            return super().load_weights(
+                (name if name.startswith("model.") else f"model.{name}", tensor)
+                for name, tensor in weights)
+    BaseModel.__name__ = BaseModel.__qualname__ = f"{causal_lm.__name__}Base"
+    return BaseModel
+
+
+MODELS.update({base: _base_model(MODELS[lm]) for base, lm in BASE_MODELS.items()})
 
 
 def model_class(arch: ModelArch) -> type[nn.Module]:
