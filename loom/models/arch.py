@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from loom.models.modernbert_config import MODERNBERT, modernbert_config
+
 
 def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     for name in names:
@@ -207,8 +209,9 @@ def num_labels(cfg: dict[str, Any]) -> int:
     return len(cfg["id2label"]) if cfg.get("id2label") else 2
 
 
-ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "BertForSequenceClassification",
-            "RobertaForSequenceClassification", "XLMRobertaForSequenceClassification")
+ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "ModernBertModel",
+            "BertForSequenceClassification", "RobertaForSequenceClassification",
+            "XLMRobertaForSequenceClassification")
 """Encoder-only models (`loom.models.bert`): both-ways attention, whole prompts; embedding
 models, and classifiers (cross-encoder rerankers such as bge-reranker, ms-marco-MiniLM)."""
 _ROBERTA = ("RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
@@ -320,6 +323,8 @@ class ModelArch:
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry: cannot pick a model class")
+        if archs[0] in MODERNBERT:
+            cfg = modernbert_config(cfg)
         _refuse_unsupported(cfg, archs[0])
         heads = cfg["num_attention_heads"]
         window = _sliding_window(cfg, archs[0])

@@ -26,7 +26,7 @@ _SKIPPED = ("cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_typ
 """The MLM head and buffers."""
 
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": functools.partial(F.gelu, approximate="tanh"),
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
@@ -48,12 +48,12 @@ class EncoderLayer(nn.Module):
         self.intermediate = nn.Linear(h, arch.intermediate_size)
         self.output = nn.Linear(arch.intermediate_size, h)
         self.output_norm = nn.LayerNorm(h, eps=eps)
-        self.act = _ACTIVATIONS.get(arch.hidden_act)
+        self.act = ACTIVATIONS.get(arch.hidden_act)
         if self.act is None:
             raise ValueError(f"hidden_act: {arch.hidden_act!r} is not one loom's encoders "
-                             f"apply ({', '.join(_ACTIVATIONS)})")
+                             f"apply ({', '.join(ACTIVATIONS)})")
 
-    def forward(self, x: torch.Tensor, segments: _Segments) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segments: Segments) -> torch.Tensor:
         heads = [segments.pad(p(x).view(-1, self.num_heads, self.head_dim))
                  for p in (self.query, self.key, self.value)]
         attended = F.scaled_dot_product_attention(*heads, attn_mask=segments.mask)
@@ -61,7 +61,7 @@ class EncoderLayer(nn.Module):
         return self.output_norm(x + self.output(self.act(self.intermediate(x))))
 
 
-class _Segments:
+class Segments:
     """The step's requests as a padded batch [requests, heads, longest, head_dim], each
     attending to its own rows only, and back."""
 
@@ -74,6 +74,12 @@ class _Segments:
         self.index = torch.where(valid, begin + offsets[None, :], 0)
         self.valid = valid
         self.mask = valid[:, None, None, :]  # keys a query may see: its request's
+
+    def within(self, window: int) -> torch.Tensor:
+        """The mask of a layer whose tokens see only those at most `window` away."""
+        offsets = torch.arange(self.index.shape[1], device=self.index.device)
+        near = (offsets[:, None] - offsets[None, :]).abs() <= window
+        return self.mask & near
 
     def pad(self, rows: torch.Tensor) -> torch.Tensor:
         return rows[self.index].transpose(1, 2)
@@ -102,14 +108,8 @@ class BertModel(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(arch) for _ in range(arch.num_layers))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        metadata = get_forward_context().attn_metadata
-        if metadata is None:  # a profiling run: requests of the longest length
-            n, longest = input_ids.shape[0], self.arch.context_len
-            starts = list(range(0, n, longest)) + [n]
-        else:
-            starts = metadata.query_start_loc_cpu.tolist()
-            n = starts[-1]
-        segments = _Segments(starts, input_ids.device)
+        segments, n = segments_of_step(input_ids.shape[0], self.arch.context_len,
+                                       input_ids.device)
         x = (self.word_embeddings(input_ids)
              + self.position_embeddings(positions + self.arch.position_offset))
         types = self._token_types(input_ids[:n], segments)
@@ -121,7 +121,7 @@ class BertModel(nn.Module):
             hidden = layer(hidden, segments)
         return torch.cat([hidden, x[n:]]) if n < x.shape[0] else hidden
 
-    def _token_types(self, input_ids: torch.Tensor, segments: _Segments) -> torch.Tensor | None:
+    def _token_types(self, input_ids: torch.Tensor, segments: Segments) -> torch.Tensor | None:
         if self.sep_token_id is None:
             return None
         sep = (input_ids[segments.index] == self.sep_token_id) & segments.valid
@@ -133,27 +133,47 @@ class BertModel(nn.Module):
         return hidden
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            ours = _our_name(name, self.uses_pooler)
-            if ours is None:
-                continue
-            if ours not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in "
-                                 f"{self.arch.architecture}")
-            param = params[ours]
-            if param.shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}; "
-                                 f"the config makes {tuple(param.shape)}")
-            with torch.no_grad():
-                param.copy_(tensor)
-            loaded.add(ours)
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} of {self.arch.architecture}'s "
-                             f"tensors, e.g. {missing[0]!r}")
-        return loaded
+        return load_encoder_weights(self, weights, lambda n: _our_name(n, self.uses_pooler))
+
+
+def load_encoder_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                         our_name) -> set[str]:
+    """Copy each checkpoint tensor (our_name: its name -> the parameter's, None to skip it)
+    into its parameter; ValueError for one with no place, a wrong shape, or a parameter
+    left unfilled."""
+    params = dict(model.named_parameters())
+    architecture = model.arch.architecture
+    loaded = set()
+    for name, tensor in weights:
+        ours = our_name(name)
+        if ours is None:
+            continue
+        if ours not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no place in {architecture}")
+        param = params[ours]
+        if param.shape != tensor.shape:
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}; "
+                             f"the config makes {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor)
+        loaded.add(ours)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} of {architecture}'s tensors, "
+                         f"e.g. {missing[0]!r}")
+    return loaded
+
+
+def segments_of_step(n: int, longest: int, device: torch.device) -> tuple[Segments, int]:
+    """This step's requests (the forward context's), or for a profiling run requests of
+    the longest length; and how many rows are real."""
+    metadata = get_forward_context().attn_metadata
+    if metadata is None:
+        starts = list(range(0, n, longest)) + [n]
+    else:
+        starts = metadata.query_start_loc_cpu.tolist()
+        n = starts[-1]
+    return Segments(starts, device), n
 
 
 class RobertaForSequenceClassification(BertModel):

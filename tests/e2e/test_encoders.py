@@ -31,16 +31,21 @@ def _make(kind: str, path: Path, pooling: str | None = None):
                                      hidden_act="gelu_new")
         model = tf.XLMRobertaModel(config, add_pooling_layer=False)
     model.eval().save_pretrained(path)
-    if pooling is not None:  # a sentence-transformers directory: its Pooling module
-        (path / "modules.json").write_text(json.dumps([
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling",
-             "type": "sentence_transformers.models.Pooling"}]))
-        (path / "1_Pooling").mkdir()
-        (path / "1_Pooling" / "config.json").write_text(json.dumps({
-            "word_embedding_dimension": 64, "pooling_mode_cls_token": pooling == "cls",
-            "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False}))
+    if pooling is not None:
+        _make_pooling(path, pooling)
     return model
+
+
+def _make_pooling(path: Path, pooling: str) -> None:
+    """A sentence-transformers directory's modules.json and its Pooling module's config."""
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"}]))
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 64, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False}))
 
 
 def _prompts(lengths=(5, 17, 40, 3, 100, 64)) -> list[list[int]]:
@@ -160,4 +165,30 @@ def test_cross_encoders_score_as_transformers(tmp_path, kind):
         if kind == "bert":  # the token types move the reference past the tolerance
             assert abs(torch.sigmoid(untyped) - torch.sigmoid(logit)) > 1e-3
     assert max(scores) - min(scores) > 1e-3  # the documents are told apart
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_modernbert_embeddings_match_transformers(tmp_path, pooling):
+    """Two local layers (a 16-token window: 8 either way, shorter than most prompts) between
+    global ones, two rotary bases."""
+    import transformers as tf
+    torch.manual_seed(0)
+    config = tf.ModernBertConfig(vocab_size=256, hidden_size=64, intermediate_size=96,
+                                 num_hidden_layers=4, num_attention_heads=4,
+                                 max_position_embeddings=128, local_attention=16,
+                                 pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                 cls_token_id=1, sep_token_id=2, initializer_range=0.15)
+    model = tf.ModernBertModel(config).eval()
+    for name, param in model.named_parameters():  # norms start at one: random ones test them
+        if "norm" in name:
+            param.data.normal_(1.0, 0.3)
+    model.save_pretrained(tmp_path)
+    _make_pooling(tmp_path, pooling)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu")
+    prompts = _prompts()
+    outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding),
+                                   _reference(model, prompt, pooling), rtol=1e-4, atol=1e-5)
     llm.shutdown()
