@@ -286,3 +286,24 @@ def test_smollm3_configs_loom_refuses():
     with pytest.raises(ValueError, match="layer_types .* use_sliding_window is off"):
         _arch("SmolLM3ForCausalLM", sliding_window=512,
               layer_types=["full_attention", "sliding_attention"] * 2)
+
+
+def test_modernbert_hub_config_reads_as_transformers_5_reads_it():
+    """A Hub ModernBERT config (before transformers 5's layer_types and rope_parameters):
+    transformers' own config class is the reference."""
+    import transformers as tf
+    hub = {"architectures": ["ModernBertModel"], "hidden_size": 64, "num_hidden_layers": 7,
+           "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 256,
+           "max_position_embeddings": 512, "global_attn_every_n_layers": 3,
+           "global_rope_theta": 80000.0, "local_rope_theta": 5000.0, "local_attention": 32,
+           "norm_eps": 1e-6, "norm_bias": False, "hidden_activation": "gelu"}
+    reference = tf.ModernBertConfig(**{k: v for k, v in hub.items() if k != "architectures"})
+    arch = ModelArch.from_hf_config(hub)
+    assert arch.sliding_layers == tuple(i for i, t in enumerate(reference.layer_types)
+                                        if t == "sliding_attention") == (1, 2, 4, 5)
+    assert arch.sliding_window == reference.sliding_window == 16
+    assert arch.rope_theta == reference.rope_parameters["full_attention"]["rope_theta"]
+    assert arch.local_rope_theta == reference.rope_parameters["sliding_attention"]["rope_theta"]
+    assert arch.rms_norm_eps == reference.norm_eps and arch.head_dim == 16
+    with pytest.raises(ValueError, match="norm_bias: ModernBERT with biases"):
+        ModelArch.from_hf_config({**hub, "norm_bias": True})
