@@ -211,7 +211,7 @@ def num_labels(cfg: dict[str, Any]) -> int:
 
 ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "ModernBertModel",
             "BertForSequenceClassification", "RobertaForSequenceClassification",
-            "XLMRobertaForSequenceClassification")
+            "XLMRobertaForSequenceClassification", "ModernBertForSequenceClassification")
 """Encoder-only models (`loom.models.bert`): both-ways attention, whole prompts; embedding
 models, and classifiers (cross-encoder rerankers such as bge-reranker, ms-marco-MiniLM)."""
 _ROBERTA = ("RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
@@ -317,6 +317,8 @@ class ModelArch:
     """An encoder's token type embeddings (BERT's segments)."""
     position_offset: int = 0
     """An encoder's first position's row in its position table (`_position_offset`)."""
+    classifier_pooling: str = "cls"
+    """What a ModernBERT classifier's head reads: the first row (cls) or their mean."""
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
@@ -373,6 +375,7 @@ class ModelArch:
             pad_token_id=cfg.get("pad_token_id"),
             type_vocab_size=int(cfg.get("type_vocab_size", 0)),
             position_offset=_position_offset(cfg, archs[0]),
+            classifier_pooling=cfg.get("classifier_pooling", "cls"),
         )
 
     def check_tensor_parallel(self, tp: int) -> None:

@@ -90,6 +90,40 @@ class ModernBertModel(nn.Module):
         return load_encoder_weights(self, weights, _our_name)
 
 
+class ModernBertForSequenceClassification(ModernBertModel):
+    """ModernBERT's classifier (gte-reranker-modernbert): the encoder, then transformers'
+    head on the first row or the rows' mean (classifier_pooling): dense, gelu, norm, and
+    the classifier."""
+
+    def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
+        super().__init__(arch, max_model_len)
+        if arch.num_labels < 1:
+            raise ValueError(f"num_labels: {arch.architecture} needs at least one label, "
+                             f"got {arch.num_labels}")
+        self.classify_row = 0 if arch.classifier_pooling == "cls" else "mean"
+        self.head_dense = nn.Linear(arch.hidden_size, arch.hidden_size, bias=False)
+        self.head_norm = _norm(arch)
+        self.classifier = nn.Linear(arch.hidden_size, arch.num_labels)
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(F.linear(hidden.float(), self.head_dense.weight.float()))
+        x = F.layer_norm(x, x.shape[-1:], self.head_norm.weight.float(),
+                         eps=self.head_norm.eps)
+        return F.linear(x, self.classifier.weight.float(), self.classifier.bias.float())
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.classify(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_encoder_weights(self, weights, _classifier_name)
+
+
+def _classifier_name(name: str) -> str | None:
+    if name.startswith(("head.", "classifier.")):
+        return name.replace("head.dense.", "head_dense.").replace("head.norm.", "head_norm.")
+    return _our_name(name)
+
+
 _RENAMES = (("embeddings.tok_embeddings.", "tok_embeddings."),
             ("embeddings.norm.", "embeddings_norm."), (".attn.Wqkv.", ".Wqkv."),
             (".attn.Wo.", ".Wo."), (".mlp.Wi.", ".Wi."), (".mlp.Wo.", ".mlp_out."))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-MODERNBERT = ("ModernBertModel",)
+MODERNBERT = ("ModernBertModel", "ModernBertForSequenceClassification")
 _THETA = {"full_attention": ("global_rope_theta", 160000.0),
           "sliding_attention": ("local_rope_theta", 10000.0)}
 
@@ -21,6 +21,12 @@ def modernbert_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if cfg.get(flag):
             raise ValueError(f"{flag}: ModernBERT with biases is not supported (its "
                              "checkpoints have none)")
+    if cfg.get("classifier_bias") or cfg.get("classifier_activation", "gelu") != "gelu":
+        raise ValueError("classifier_bias / classifier_activation: loom's ModernBERT head is "
+                         "the checkpoints' (no bias, gelu)")
+    if cfg.get("classifier_pooling", "cls") not in ("cls", "mean"):
+        raise ValueError(f"classifier_pooling: {cfg['classifier_pooling']!r} is not cls or "
+                         "mean")
     layers = cfg["num_hidden_layers"]
     every = cfg.get("global_attn_every_n_layers", 3)
     types = cfg.get("layer_types") or ["sliding_attention" if i % every else "full_attention"

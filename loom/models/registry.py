@@ -15,7 +15,7 @@ from loom.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
                                SmolLM3ForCausalLM)
 from loom.models.mixtral import MixtralForCausalLM
-from loom.models.modernbert import ModernBertModel
+from loom.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
 from loom.models.phi3 import Phi3ForCausalLM
 from loom.models.qwen2_moe import Qwen2MoeForCausalLM
 from loom.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -41,6 +41,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "RobertaModel": BertModel,
     "XLMRobertaModel": BertModel,
     "ModernBertModel": ModernBertModel,
+    "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
     "BertForSequenceClassification": BertForSequenceClassification,
     "RobertaForSequenceClassification": RobertaForSequenceClassification,
     "XLMRobertaForSequenceClassification": RobertaForSequenceClassification,

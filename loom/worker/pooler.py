@@ -19,9 +19,10 @@ from loom.pooling_params import PoolingParams
 
 class Pooler:
     def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 head_row: int = -1) -> None:
+                 head_row: int | str = -1) -> None:
         """head: a classifier's (hidden -> logits); None for models without one. head_row:
-        the prompt row it reads (a decoder's last; an encoder's first, its [CLS] / <s>)."""
+        the prompt row it reads (a decoder's last; an encoder's first, its [CLS] / <s>), or
+        "mean": the mean of the rows (an encoder's whole prompt, one chunk)."""
         self._head = head
         self._head_row = head_row
         self._partial: dict[str, torch.Tensor] = {}
@@ -37,7 +38,10 @@ class Pooler:
         returns the pooled vector once the chunk reaches the end of the prompt."""
         complete = first_position + rows.shape[0] >= num_prompt_tokens
         if params.task != "embed":  # the engine core refuses it where there is no head
-            return self._head(rows[self._head_row]) if complete else None
+            if not complete:
+                return None
+            return self._head(rows.float().mean(dim=0) if self._head_row == "mean"
+                              else rows[self._head_row])
         kind = params.pooling_type
         if kind == "cls" and first_position == 0:
             self._partial[req_id] = rows[0].to(torch.float32, copy=True)

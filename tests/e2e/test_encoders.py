@@ -135,7 +135,7 @@ def _word_piece(path: Path):
     return tokenizer
 
 
-@pytest.mark.parametrize("kind", ["xlm-roberta", "bert"])
+@pytest.mark.parametrize("kind", ["xlm-roberta", "bert", "modernbert-cls", "modernbert-mean"])
 def test_cross_encoders_score_as_transformers(tmp_path, kind):
     """XLMRobertaForSequenceClassification (bge-reranker's layout) and
     BertForSequenceClassification (ms-marco-MiniLM's: its pooler, and the pair's second text
@@ -147,6 +147,11 @@ def test_cross_encoders_score_as_transformers(tmp_path, kind):
     common = dict(TINY_ENCODER, vocab_size=len(WORDS) + 5)
     if kind == "bert":
         model = tf.BertForSequenceClassification(tf.BertConfig(**common, num_labels=1))
+    elif kind.startswith("modernbert"):  # gte-reranker-modernbert's layout: mean pooling
+        model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(
+            **{k: v for k, v in common.items() if k != "hidden_act"}, local_attention=8,
+            num_labels=1, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2,
+            sep_token_id=3, classifier_pooling=kind.split("-")[1]))
     else:
         model = tf.XLMRobertaForSequenceClassification(tf.XLMRobertaConfig(
             **common, type_vocab_size=1, pad_token_id=0, num_labels=1))
