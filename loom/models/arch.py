@@ -113,7 +113,7 @@ def _sliding_window(cfg: dict[str, Any], architecture: str) -> int | None:
 
 
 _LAYER_TYPES = ("sliding_attention", "full_attention")
-_WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
+_WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma3TextModel": 6}
 """Every n-th layer attends globally, the others within the window, where a config names
 no layer_types (transformers' defaults; Gemma 3 configs may say sliding_window_pattern)."""
 
@@ -172,7 +172,11 @@ def _refuse_unsupported(cfg: dict[str, Any], architecture: str) -> None:
                                             "absolute") != "absolute":
         raise ValueError(f"{architecture}: position_embedding_type "
                          f"{cfg['position_embedding_type']!r} is not supported (absolute)")
-    if cfg.get("use_bidirectional_attention"):
+    if architecture == "Gemma3TextModel" and not cfg.get("use_bidirectional_attention"):
+        raise ValueError("Gemma3TextModel: loom runs it as EmbeddingGemma, both ways; this "
+                         "config's use_bidirectional_attention is off (a causal Gemma 3 "
+                         "loads as Gemma3ForCausalLM)")
+    if cfg.get("use_bidirectional_attention") and architecture != "Gemma3TextModel":
         raise ValueError(f"{architecture}: use_bidirectional_attention (an embedding "
                          "model's) is not supported; loom's attention is causal")
 
@@ -209,7 +213,7 @@ def num_labels(cfg: dict[str, Any]) -> int:
     return len(cfg["id2label"]) if cfg.get("id2label") else 2
 
 
-ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "ModernBertModel",
+ENCODERS = ("BertModel", "RobertaModel", "XLMRobertaModel", "ModernBertModel", "Gemma3TextModel",
             "BertForSequenceClassification", "RobertaForSequenceClassification",
             "XLMRobertaForSequenceClassification", "ModernBertForSequenceClassification")
 """Encoder-only models (`loom.models.bert`): both-ways attention, whole prompts; embedding
@@ -344,7 +348,7 @@ class ModelArch:
             max_position_embeddings=_first(cfg, "max_position_embeddings", default=2048),
             # A base model has no LM head: the (never applied) head shares the embeddings.
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False))
-            or is_base_model(archs[0]),
+            or is_base_model(archs[0]) or is_encoder(archs[0]),
             attention_bias=bool(cfg.get("attention_bias", False)),
             dtype=_first(cfg, "torch_dtype", "dtype"), bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),

@@ -11,6 +11,7 @@ from loom.models.arch import BASE_MODELS, ModelArch
 from loom.models.bert import (BertForSequenceClassification, BertModel,
                               RobertaForSequenceClassification)
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from loom.models.gemma_embedding import Gemma3TextModel
 from loom.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
                                SmolLM3ForCausalLM)
@@ -41,6 +42,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "RobertaModel": BertModel,
     "XLMRobertaModel": BertModel,
     "ModernBertModel": ModernBertModel,
+    "Gemma3TextModel": Gemma3TextModel,
     "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
     "BertForSequenceClassification": BertForSequenceClassification,
     "RobertaForSequenceClassification": RobertaForSequenceClassification,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 import torch
@@ -29,6 +30,7 @@ from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestS
                                      build_batch)
 from loom.worker.model_loader import load_model, resolve_kv_cache_dtype
 from loom.worker.moe_warmup import warm_up_moe
+from loom.models.st_dense import dense_modules
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
@@ -91,8 +93,10 @@ class ModelRunner:
         self.requests = RequestStates(config.scheduler.max_num_seqs,
                                       config.model.max_model_len or self.arch.context_len,
                                       self.block_size)
+        model_dir = config.model.model if os.path.isdir(config.model.model) else None
         self.pooler = Pooler(getattr(self.model, "classify", None),
-                             getattr(self.model, "classify_row", -1))
+                             getattr(self.model, "classify_row", -1),
+                             dense_modules(model_dir, device) if model_dir else None)
         self.kv_caches: list[torch.Tensor] = []
         self.forward = self.model.forward
         self.graph_runner: CUDAGraphRunner | None = None

@@ -14,15 +14,19 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from loom.models.st_dense import project
 from loom.pooling_params import PoolingParams
 
 
 class Pooler:
     def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 head_row: int | str = -1) -> None:
+                 head_row: int | str = -1, projection: list | None = None) -> None:
         """head: a classifier's (hidden -> logits); None for models without one. head_row:
         the prompt row it reads (a decoder's last; an encoder's first, its [CLS] / <s>), or
-        "mean": the mean of the rows (an encoder's whole prompt, one chunk)."""
+        "mean": the mean of the rows (an encoder's whole prompt, one chunk). projection:
+        the sentence-transformers Dense modules an embedding passes before it is normalised
+        (`loom.models.st_dense`)."""
+        self._projection = projection or []
         self._head = head
         self._head_row = head_row
         self._partial: dict[str, torch.Tensor] = {}
@@ -57,4 +61,6 @@ class Pooler:
             pooled = self._partial.pop(req_id) / num_prompt_tokens
         else:
             pooled = self._partial.pop(req_id)
+        if self._projection:
+            pooled = project(pooled, self._projection)
         return F.normalize(pooled, dim=-1) if params.normalize else pooled

@@ -197,3 +197,51 @@ def test_modernbert_embeddings_match_transformers(tmp_path, pooling):
         torch.testing.assert_close(torch.tensor(out.outputs.embedding),
                                    _reference(model, prompt, pooling), rtol=1e-4, atol=1e-5)
     llm.shutdown()
+
+
+def _dense_module(path: Path, name: str, weight: torch.Tensor, bias: torch.Tensor | None,
+                  activation: str) -> dict:
+    from safetensors.torch import save_file
+    (path / name).mkdir()
+    (path / name / "config.json").write_text(json.dumps({
+        "in_features": weight.shape[1], "out_features": weight.shape[0],
+        "bias": bias is not None, "activation_function": activation}))
+    tensors = {"linear.weight": weight} | ({"linear.bias": bias} if bias is not None else {})
+    save_file(tensors, str(path / name / "model.safetensors"))
+    return {"idx": 2, "name": name, "path": name, "type": "sentence_transformers.models.Dense"}
+
+
+def test_embedding_gemma_matches_transformers(tmp_path):
+    """EmbeddingGemma's layout: Gemma 3 attending both ways (its local layers within the
+    window either side), mean pooling, then sentence-transformers Dense modules."""
+    import transformers as tf
+    from tests.conftest import TINY
+    torch.manual_seed(0)
+    config = tf.Gemma3TextConfig(**dict(TINY, num_hidden_layers=6), pad_token_id=0,
+                                 sliding_window=8, query_pre_attn_scalar=16,
+                                 use_bidirectional_attention=True)
+    config.architectures = ["Gemma3TextModel"]
+    model = tf.Gemma3TextModel(config).eval()
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.normal_(0.0, 0.3)
+    model.save_pretrained(tmp_path)
+    _make_pooling(tmp_path, "mean")
+    up, up_bias, down = torch.randn(96, 64) * 0.2, torch.randn(96) * 0.1, torch.randn(64, 96) * 0.2
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    modules += [_dense_module(tmp_path, "2_Dense", up, up_bias,
+                              "torch.nn.modules.activation.Tanh"),
+                _dense_module(tmp_path, "3_Dense", down, None,
+                              "torch.nn.modules.linear.Identity")]
+    modules[-1]["idx"] = 3
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu")
+    prompts = _prompts((5, 17, 40, 3))
+    outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            pooled = model(torch.tensor([prompt])).last_hidden_state[0].mean(dim=0)
+        expected = F.normalize(down @ torch.tanh(up @ pooled + up_bias), dim=-1)
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding), expected,
+                                   rtol=1e-4, atol=1e-5)
+    llm.shutdown()
