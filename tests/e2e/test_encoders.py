@@ -214,6 +214,10 @@ def _dense_module(path: Path, name: str, weight: torch.Tensor, bias: torch.Tenso
 def test_embedding_gemma_matches_transformers(tmp_path):
     """EmbeddingGemma's layout: Gemma 3 attending both ways (its local layers within the
     window either side), mean pooling, then sentence-transformers Dense modules."""
+    check_embedding_gemma(tmp_path, "cpu")
+
+
+def check_embedding_gemma(tmp_path: Path, device: str, **kwargs) -> None:
     import transformers as tf
     from tests.conftest import TINY
     torch.manual_seed(0)
@@ -235,7 +239,7 @@ def test_embedding_gemma_matches_transformers(tmp_path):
                               "torch.nn.modules.linear.Identity")]
     modules[-1]["idx"] = 3
     (tmp_path / "modules.json").write_text(json.dumps(modules))
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu")
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device=device, **kwargs)
     prompts = _prompts((5, 17, 40, 3))
     outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
     for prompt, out in zip(prompts, outs):

@@ -1,5 +1,5 @@
-"""Session 44's model paths on the GPU: an encoder's padded both-ways SDPA (BertModel,
-bfloat16 and float32) against transformers on the CPU, and a GGUF Qwen3-MoE's experts
+"""Session 44's model paths on the GPU: an encoder's padded both-ways SDPA (XLM-R in
+bfloat16 and float32, EmbeddingGemma) against transformers on the CPU, and a GGUF Qwen3-MoE's experts
 through the fused MoE kernels against the same file on the CPU. Skipped without CUDA."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from loom import LLM, SamplingParams
-from tests.e2e.test_encoders import _make, _prompts, _reference
+from tests.e2e.test_encoders import _make, _prompts, _reference, check_embedding_gemma
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -26,6 +26,11 @@ def test_gpu_encoder_embeddings_equal_transformers(tmp_path, dtype, tol, pooling
         torch.testing.assert_close(torch.tensor(out.outputs.embedding),
                                    _reference(model, prompt, pooling), rtol=tol, atol=tol)
     llm.shutdown()
+
+
+def test_gpu_embedding_gemma_equals_transformers(tmp_path):
+    """BidirectionalAttention's SDPA with grouped heads and window masks on the GPU."""
+    check_embedding_gemma(tmp_path, "cuda", gpu_memory_utilization=0.2)
 
 
 def test_gpu_gguf_moe_equals_cpu(tmp_path_factory):
