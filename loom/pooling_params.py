@@ -34,6 +34,9 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     task: PoolingTask = "embed"
     """What the engine returns: set by `LLM.embed`, `classify` and `score` and by the
     server's endpoints; the engine refuses a task its model does not serve."""
+    dimensions: int | None = None
+    """OpenAI's, for embed: keep the vector's first `dimensions` values (a matryoshka
+    model's, `loom.tasks.check_dimensions`), then normalise."""
     use_activation: bool | None = None
     """vLLM's, for classify and score: softmax or sigmoid over the logits (or what the
     model's config names), as vLLM applies them; False: the raw logits. None: True."""
@@ -46,6 +49,12 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         if self.task not in POOLING_TASKS:
             raise ValueError(f"task: must be one of {', '.join(POOLING_TASKS)}, "
                              f"got {self.task!r}")
+        if self.dimensions is not None and (isinstance(self.dimensions, bool)
+                                            or not isinstance(self.dimensions, int)
+                                            or self.dimensions < 1):
+            raise ValueError(f"dimensions: must be a positive integer, got {self.dimensions!r}")
+        if self.dimensions is not None and self.task != "embed":
+            raise ValueError(f"dimensions: only embeddings have them, not {self.task}")
         if self.task != "embed" and self.pooling_type != "last":
             raise ValueError(f"pooling_type: a classifier reads its last token (transformers' "
                              f"rule), so {self.task} takes only 'last', got "

@@ -37,16 +37,17 @@ def model_tasks(hf_config: dict[str, Any], runner: str = "auto",
     sentence-transformers files may name its pooling."""
     architecture = (hf_config.get("architectures") or ["?"])[0]
     pooling = sentence_transformers_pooling(model_dir) if model_dir else None
+    embedding = _embedding_facts(hf_config, model_dir)
     if is_encoder(architecture) and not is_classifier(architecture):
         if runner == "generate" or convert == "classify":
             flag = "runner" if runner == "generate" else "convert"
             raise ValueError(f"{flag}: {architecture} is an encoder (an embedding model): it "
                              "embeds, and neither generates nor classifies")
         # vLLM's default for BERT-like embedders: the first ([CLS]) token's state.
-        return ModelTasks(architecture, ["embed"], pooling_type=pooling or "cls")
+        return ModelTasks(architecture, ["embed"], pooling_type=pooling or "cls", **embedding)
     if not is_classifier(architecture):
         return ModelTasks(architecture, _decoder_tasks(architecture, runner, convert),
-                          pooling_type=pooling)
+                          pooling_type=pooling, **embedding)
     if runner == "generate":
         raise ValueError(f"runner: {architecture} is a classification model (a score head, no "
                          "LM head): it cannot generate; use --runner pooling (or auto)")
@@ -66,15 +67,49 @@ _ST_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mea
 """sentence-transformers' Pooling modes -> loom's pooling types."""
 
 
+def _embedding_facts(cfg: dict[str, Any], model_dir: str | None) -> dict[str, Any]:
+    size = int(cfg.get("hidden_size") or 0)
+    for module in st_modules(model_dir, ".Dense") if model_dir else []:
+        with open(os.path.join(model_dir, module.get("path", ""), "config.json")) as f:
+            size = int(json.load(f)["out_features"])
+    dims = cfg.get("matryoshka_dimensions")
+    matryoshka = [int(d) for d in dims] if dims else ([] if cfg.get("is_matryoshka") else None)
+    return {"embedding_size": size, "matryoshka_dimensions": matryoshka}
+
+
+def check_dimensions(dimensions: int | None, tasks: ModelTasks) -> None:
+    """vLLM's rule for an embedding request's `dimensions`: only a matryoshka model's, one
+    of its matryoshka_dimensions where it lists them, never more than the embedding has."""
+    if dimensions is None:
+        return
+    sizes = tasks.matryoshka_dimensions
+    if sizes is None:
+        raise ValueError(f"dimensions: {tasks.architecture} does not support reduced "
+                         "(matryoshka) dimensions; leave the field out (a matryoshka model "
+                         "says is_matryoshka in config.json; --hf-overrides can set it)")
+    if sizes and dimensions not in sizes:
+        raise ValueError(f"dimensions: {dimensions} is not one of the model's matryoshka "
+                         f"dimensions {sizes}")
+    if tasks.embedding_size and dimensions > tasks.embedding_size:
+        raise ValueError(f"dimensions: {dimensions} is more than the model's embedding has "
+                         f"({tasks.embedding_size})")
+
+
+def st_modules(model_dir: str, kind: str) -> list[dict[str, Any]]:
+    """The sentence-transformers modules of a kind (".Pooling", ".Dense") that modules.json
+    lists, in order; [] without one."""
+    modules_file = os.path.join(model_dir, "modules.json")
+    if not os.path.isfile(modules_file):
+        return []
+    with open(modules_file) as f:
+        modules = sorted(json.load(f), key=lambda m: m.get("idx", 0))
+    return [m for m in modules if str(m.get("type", "")).endswith(kind)]
+
+
 def sentence_transformers_pooling(model_dir: str) -> str | None:
     """The pooling a sentence-transformers model directory's Pooling module names (its
     modules.json, then that module's config.json), as vLLM reads it; None without one."""
-    modules_file = os.path.join(model_dir, "modules.json")
-    if not os.path.isfile(modules_file):
-        return None
-    with open(modules_file) as f:
-        modules = json.load(f)
-    pooling = next((m for m in modules if str(m.get("type", "")).endswith(".Pooling")), None)
+    pooling = next(iter(st_modules(model_dir, ".Pooling")), None)
     if pooling is None:
         return None
     config_file = os.path.join(model_dir, pooling.get("path", ""), "config.json")

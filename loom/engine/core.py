@@ -28,7 +28,7 @@ from loom.lora.adapter import model_targets
 from loom.models.arch import ModelArch, is_encoder
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
 from loom.quantization.config import quant_scheme
-from loom.tasks import classified_length, model_tasks, unsupported
+from loom.tasks import check_dimensions, classified_length, model_tasks, unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,8 @@ class EngineCore:
         task = "generate" if request.pooling_params is None else request.pooling_params.task
         if not self.tasks.supports(task):
             raise ValueError(f"task: {unsupported(self.tasks, task, task)}")
+        if request.pooling_params is not None:
+            check_dimensions(request.pooling_params.dimensions, self.tasks)
         if request.pooling_params is not None and n > self.max_model_len:
             raise ValueError(f"input: {n} tokens is longer than max_model_len "
                              f"({self.max_model_len})")

@@ -181,6 +181,13 @@ class ModelTasks(msgspec.Struct, array_like=True, frozen=True):
     """The model's own pooling for embed, which every embed request takes (its
     sentence-transformers Pooling module's; an encoder's default cls); None: the
     request's."""
+    embedding_size: int = 0
+    """An embedding's values: the hidden size, or the last sentence-transformers Dense
+    module's out_features."""
+    matryoshka_dimensions: list[int] | None = None
+    """vLLM's: the embedding sizes a request's `dimensions` may ask for ([]: any up to
+    embedding_size), from config.json's is_matryoshka / matryoshka_dimensions; None: the
+    model's embeddings are whole only."""
 
     def supports(self, task: str) -> bool:
         return task in self.tasks

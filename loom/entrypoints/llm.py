@@ -50,7 +50,7 @@ class LLM(PoolingMethods):
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
                                    info["eos_token_id"], info["max_logprobs"], info["lora"],
-                                   info["scheduling_policy"])
+                                   info["scheduling_policy"], self.tasks)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 

@@ -86,7 +86,7 @@ class AsyncLLM:
         """What the model serves (`loom.tasks`); the server routes by it."""
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
                                    info.eos_token_id, info.max_logprobs, info.lora,
-                                   info.scheduling_policy)
+                                   info.scheduling_policy, info.tasks)
         self.output_processor = OutputProcessor(tokenizer)
         self.streams: dict[str, _Stream] = {}
         self._pooling: dict[str, asyncio.Future] = {}

@@ -10,12 +10,13 @@ import time
 
 
 from loom.core.structured_output import validate_guided
-from loom.engine.protocol import EngineCoreRequest, LoRAInfo
+from loom.engine.protocol import EngineCoreRequest, LoRAInfo, ModelTasks
 from loom.frontend.tokenizer import Tokenizer
 from loom.lora.adapter import read_adapter
 from loom.lora.request import LoRARequest
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+from loom.tasks import check_dimensions
 
 POOLING_PLACEHOLDER = SamplingParams(max_tokens=1, temperature=0.0)
 """The sampling params a pooling request carries: it ends before it would ever sample."""
@@ -42,11 +43,14 @@ def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) 
 class Processor:
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int,
                  eos_token_id: int | None, max_logprobs: int | None = None,
-                 lora: LoRAInfo | None = None, scheduling_policy: str = "fcfs") -> None:
+                 lora: LoRAInfo | None = None, scheduling_policy: str = "fcfs",
+                 tasks: ModelTasks | None = None) -> None:
         """max_logprobs: resolved (never -1); None: as many as the vocabulary holds.
+        tasks: the model's (`loom.tasks`), which an embedding's dimensions are checked by.
         lora: the engine's LoRA limits; None: requests may not name an adapter.
         scheduling_policy: the engine's; under "fcfs" every request's priority is 0."""
         self.lora = lora
+        self.tasks = tasks
         self.scheduling_policy = scheduling_policy
         self._lora_paths: dict[int, str] = {}
         """Adapters checked so far: lora_int_id -> its path (an id names one adapter)."""
@@ -181,6 +185,8 @@ class Processor:
         if not isinstance(params, PoolingParams):
             raise ValueError(f"pooling_params: expected PoolingParams, got "
                              f"{type(params).__name__}")
+        if self.tasks is not None:
+            check_dimensions(params.dimensions, self.tasks)
         prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
                                            self.max_model_len)
         self._check_tokens(prompt_token_ids, "input", room_for_output=False)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from loom.tasks import st_modules
+
 _ACTIVATIONS = {"torch.nn.modules.linear.Identity": None,
                 "torch.nn.modules.activation.Tanh": torch.tanh}
 
@@ -20,13 +22,8 @@ Dense = tuple[torch.Tensor, torch.Tensor | None, object]
 
 def dense_modules(model_dir: str, device: torch.device) -> list[Dense]:
     """The Dense modules modules.json lists, in order ([] for other directories)."""
-    modules_file = os.path.join(model_dir, "modules.json")
-    if not os.path.isfile(modules_file):
-        return []
-    with open(modules_file) as f:
-        modules = sorted(json.load(f), key=lambda m: m.get("idx", 0))
-    return [_load(os.path.join(model_dir, m.get("path", "")), device) for m in modules
-            if str(m.get("type", "")).endswith(".Dense")]
+    return [_load(os.path.join(model_dir, m.get("path", "")), device)
+            for m in st_modules(model_dir, ".Dense")]
 
 
 def _load(path: str, device: torch.device) -> Dense:

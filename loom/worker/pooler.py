@@ -63,4 +63,6 @@ class Pooler:
             pooled = self._partial.pop(req_id)
         if self._projection:
             pooled = project(pooled, self._projection)
+        if params.dimensions is not None:  # a matryoshka model's leading values
+            pooled = pooled[:params.dimensions]
         return F.normalize(pooled, dim=-1) if params.normalize else pooled

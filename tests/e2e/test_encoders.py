@@ -249,3 +249,37 @@ def check_embedding_gemma(tmp_path: Path, device: str, **kwargs) -> None:
         torch.testing.assert_close(torch.tensor(out.outputs.embedding), expected,
                                    rtol=1e-4, atol=1e-5)
     llm.shutdown()
+
+
+def test_matryoshka_dimensions(tmp_path):
+    """vLLM's `dimensions` for a matryoshka model: the pooled vector's leading values, then
+    normalised; refused by name for a model that is not one, a size it does not list, or
+    more than the embedding has."""
+    model = _make("bert", tmp_path)
+    prompt = _prompts()[2]
+    with torch.no_grad():
+        cls = model(torch.tensor([prompt])).last_hidden_state[0, 0]
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu",
+              hf_overrides={"is_matryoshka": True})
+    out = llm.embed([{"prompt_token_ids": prompt}], PoolingParams(dimensions=16),
+                    use_tqdm=False)[0]
+    torch.testing.assert_close(torch.tensor(out.outputs.embedding),
+                               F.normalize(cls[:16], dim=-1), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"dimensions: 65 is more than the model's embedding "
+                                         r"has \(64\)"):
+        llm.embed([{"prompt_token_ids": prompt}], PoolingParams(dimensions=65), use_tqdm=False)
+    llm.shutdown()
+    listed = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu",
+                 hf_overrides={"matryoshka_dimensions": [16, 32]})
+    with pytest.raises(ValueError, match=r"dimensions: 24 is not one of the model's "
+                                         r"matryoshka dimensions \[16, 32\]"):
+        listed.embed([{"prompt_token_ids": prompt}], PoolingParams(dimensions=24),
+                     use_tqdm=False)
+    listed.shutdown()
+    plain = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="dimensions: BertModel does not support reduced"):
+        plain.embed([{"prompt_token_ids": prompt}], PoolingParams(dimensions=16),
+                    use_tqdm=False)
+    plain.shutdown()
+    with pytest.raises(ValueError, match="dimensions: must be a positive integer"):
+        PoolingParams(dimensions=0)

@@ -67,10 +67,8 @@ class EmbeddingRequest(PoolingInputRequest):
     """vLLM's extension: L2-normalise each vector."""
 
     def to_pooling_params(self) -> PoolingParams:
-        if self.dimensions is not None:
-            raise ValueError("dimensions: this model does not support reduced (matryoshka) "
-                             "dimensions; leave the field out")
-        return PoolingParams(normalize=self.normalize,
+        """The model's matryoshka dimensions are checked by the Processor."""
+        return PoolingParams(normalize=self.normalize, dimensions=self.dimensions,
                              truncate_prompt_tokens=self.truncate_prompt_tokens)
 
 
