@@ -269,7 +269,7 @@ def test_cache_salt_and_cached_tokens_in_usage(parsing_server, server):
     # Four full 16-token blocks and more, new to the (session-wide) server on each run, as
     # are the salts: the test runs once per frontend mode of `server`.
     run = server.mode
-    start = {"inproc": 0, "mp": 1000, "mp2": 2000, "dp2": 3000}[run]
+    start = {"inproc": 0, "mp": 1000, "mp2": 2000, "dp2": 1500}[run]
     prompt = [(11 * i + start) % 3000 + 7 for i in range(70)]
 
     def cached(salt=None, **kw) -> int:
