@@ -1,12 +1,14 @@
-"""Encoder-only embedding models: BERT (BertModel: bge, e5, all-MiniLM, ...) and RoBERTa /
-XLM-RoBERTa (multilingual-e5, bge-m3, ...), as transformers computes them.
+"""Encoder-only models: BERT (BertModel: bge, e5, all-MiniLM, ...) and RoBERTa / XLM-RoBERTa
+(multilingual-e5, bge-m3, ...) embedders, and their classifiers (cross-encoders such as
+ms-marco-MiniLM and bge-reranker), as transformers computes them.
 
 Each layer attends both ways within its request: every request's whole prompt runs in one
 step (the scheduler never chunks an encoder's prompt), so its keys are the step's own rows,
 and nothing is kept in a KV cache. Post-norm layers (LayerNorm after each residual sum),
 learned absolute positions (RoBERTa's counted from padding_idx + 1) and a token type
-embedding (type 0: one text per request). The pooled vector is a row of the last layer's
-output or their mean (`loom.worker.pooler`), as the model's sentence-transformers config says.
+embedding (type 0, but for a BERT cross-encoder's second text). The pooled vector is a row
+of the last layer's output or their mean (`loom.worker.pooler`), as the model's
+sentence-transformers config says; a classifier's head reads the first row.
 """
 
 from __future__ import annotations
