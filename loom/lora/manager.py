@@ -147,7 +147,11 @@ class LoRAManager:
     def _fill(self, slot: int, lora_id: int, loaded: Loaded) -> None:
         for name, layer in self.layers.items():
             if name in loaded:
-                layer.lora.set_slot(slot, *loaded[name])
+                a, b = loaded[name]
+                # A projection with a factor folded into its weights (Granite's residual
+                # multiplier): the adapter's term joins its output scaled alike.
+                scale = getattr(layer, "output_scale", 1.0)
+                layer.lora.set_slot(slot, a, b * scale if scale != 1.0 else b)
             else:
                 layer.lora.clear_slot(slot)
         self.slots[slot] = lora_id

@@ -9,13 +9,19 @@ scalars from config.json applied where transformers' Granite applies them:
   (`ModelArch.attn_scale`);
 - logits_scaling: the logits are divided by it.
 
-At tensor parallelism the multiplies sit between each all-reduce and its norm, so the
-compile passes that rewrite "all_reduce -> norm" (sequence parallelism, the all-reduce +
-norm fusion) find no site in a Granite graph: they leave it as it is and log so.
+Once the weights are in, residual_multiplier is folded into each branch's last projection
+(o_proj, and down_proj or the experts' w2: their weights times it; `after_loading`) and
+embedding_multiplier into the embeddings (a tied LM head's logits divided by it again), so
+that at tensor parallelism each all-reduce feeds its norm directly and the compile passes
+that rewrite "all_reduce -> norm" (sequence parallelism, async TP, the all-reduce + norm
+fusion) find every site, as in Llama. A folded projection says so (`output_scale`): a LoRA
+adapter's term added to its output is scaled alike. Quantized projections keep the
+multiply (their scales are the checkpoint's), and with it the passes find no site.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -26,6 +32,8 @@ from loom.layers.moe import FusedMoE
 from loom.models.arch import ModelArch
 from loom.models.llama import DecoderLayer, DecoderModel, LlamaForCausalLM
 
+logger = logging.getLogger(__name__)
+
 
 class GraniteDecoderLayer(DecoderLayer):
     def __init__(self, arch: ModelArch, layer_idx: int, mlp, **attn_opts) -> None:
@@ -33,8 +41,9 @@ class GraniteDecoderLayer(DecoderLayer):
         self.residual_multiplier = arch.residual_multiplier
 
     def branch_output(self, out: torch.Tensor) -> torch.Tensor:
-        """Each branch's output scaled before the add (in the next norm)."""
-        return out * self.residual_multiplier
+        """Each branch's output scaled before the add (in the next norm); nothing once the
+        multiplier is folded into the weights (1.0)."""
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class GraniteModel(DecoderModel):
@@ -43,18 +52,65 @@ class GraniteModel(DecoderModel):
         self.embedding_multiplier = arch.embedding_multiplier
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids) * self.embedding_multiplier
+        embeds = self.embed_tokens(input_ids)
+        m = self.embedding_multiplier
+        return embeds if m == 1.0 else embeds * m
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
     model_cls = GraniteModel
+
+    logits_divisor: float | None = None
+    """What the logits are divided by once the embedding multiplier is folded into a tied
+    LM head's weights too (logits_scaling times it); None: logits_scaling."""
+
+    def after_loading(self) -> None:
+        """Fold residual_multiplier into each branch's last projection and
+        embedding_multiplier into the embeddings (module docstring)."""
+        m, e = self.arch.residual_multiplier, self.arch.embedding_multiplier
+        if m == 1.0 and e == 1.0:
+            return
+        targets = [(module, param) for layer in self.model.layers
+                   for module, params in _branch_ends(layer) for param in params]
+        if not all(_plain(module, param) for module, param in targets):
+            logger.info("%s: quantized projections keep residual_multiplier as a multiply; "
+                        "sequence parallelism and the all-reduce + norm fusion find no site",
+                        self.arch.architecture)
+            return
+        with torch.no_grad():
+            for module, param in targets:
+                param.mul_(m)
+                module.output_scale = m
+            self.model.embed_tokens.weight.mul_(e)
+        for layer in self.model.layers:
+            layer.residual_multiplier = 1.0
+        self.model.embedding_multiplier = 1.0
+        if self.arch.tie_word_embeddings:  # the LM head's weights are the embeddings
+            self.logits_divisor = self.arch.logits_scaling * e
 
     def make_layer(self, arch: ModelArch, layer_idx: int) -> GraniteDecoderLayer:
         return GraniteDecoderLayer(arch, layer_idx, self.make_mlp(arch, layer_idx),
                                    **self.attn_opts())
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return super().compute_logits(hidden) / self.arch.logits_scaling
+        return super().compute_logits(hidden) / (self.logits_divisor or self.arch.logits_scaling)
+
+
+def _branch_ends(layer: GraniteDecoderLayer) -> list[tuple[nn.Module, list[torch.Tensor]]]:
+    """The projections whose outputs end a layer's two branches, with the tensors that
+    scale their outputs: o_proj's and the MLP's down_proj's weight and bias, or the
+    experts' w2."""
+    mlp = layer.mlp
+    ends = [layer.self_attn.o_proj] + ([] if hasattr(mlp, "experts") else [mlp.down_proj])
+    out = [(m, [p for p in (m.weight, getattr(m, "bias", None)) if p is not None])
+           for m in ends]
+    return out + ([(mlp.experts, [mlp.experts.w2])] if hasattr(mlp, "experts") else [])
+
+
+def _plain(module: nn.Module, param: torch.Tensor) -> bool:
+    """An unquantized projection: its weight is the model's float values themselves."""
+    return (getattr(module, "quant", None) is None and param.dtype.is_floating_point
+            and param.dtype.itemsize >= 2 and not param.is_meta)
 
 
 class GraniteMoeBlock(nn.Module):

@@ -90,6 +90,8 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
             finish_loading(model)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the staging tensors' cached blocks
+    if hasattr(model, "after_loading"):  # a model's own last step (Granite's folding)
+        model.after_loading()
     if getattr(model, "needs_sep_token", False):
         model.sep_token_id = _sep_token_id(source.tokenizer_path, arch.architecture)
     return model.eval(), arch, dtype

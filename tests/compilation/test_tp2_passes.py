@@ -22,6 +22,7 @@ LAYERS = 2
 SITES = 1 + 2 * LAYERS
 # (fused all_gather+mm, fused mm+reduce_scatter, all_gather left, reduce_scatter left)
 FUSED = {"llama": (2 * LAYERS, 2 * LAYERS, 1, 1),
+         "granite": (2 * LAYERS, 2 * LAYERS, 1, 1),  # its residual multiplier folded
          "qwen3_moe": (2 * LAYERS, 2 * LAYERS - 1, 1, 2)}  # layer 0 is MoE, layer 1 dense
 
 
@@ -33,7 +34,7 @@ def _after(graph: dict, pass_name: str) -> tuple[int, ...]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "granite"])
 def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, tiny_model_factory, tmp_path):
     path, _ = tiny_model_factory(kind)
     # 8 tokens: the static graph (compile_sizes), fused from 1 token up by the override;

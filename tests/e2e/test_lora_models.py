@@ -1,7 +1,8 @@
 """LoRA on the architectures whose adaptable modules are not Llama's: Phi-3's fused
 qkv_proj and gate_up_proj (PEFT trains one A and one B across the fused rows), and
 Qwen2-MoE, whose attention takes adapters and whose shared expert does not; Gemma 2, whose
-projections are Llama's under a decoder of its own. loom's greedy tokens equal peft's."""
+projections are Llama's under a decoder of its own; Granite, whose residual multiplier is
+folded into o_proj and down_proj (their adapters' terms scaled alike). loom's greedy tokens equal peft's."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ LLAMA = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 
 @pytest.mark.parametrize("kind, targets, tp", [
     ("phi3", PHI3, 1), ("phi3", PHI3, 2), ("qwen2_moe", ("q_proj", "v_proj", "o_proj"), 1),
-    ("gemma2", LLAMA, 1)], ids=["phi3", "phi3-tp2", "qwen2_moe-attention", "gemma2"])
+    ("gemma2", LLAMA, 1), ("granite", LLAMA, 2)],
+    ids=["phi3", "phi3-tp2", "qwen2_moe-attention", "gemma2", "granite-tp2"])
 def test_adapter_equals_peft(kind, targets, tp, tiny_model_factory, tmp_path):
     path, hf = tiny_model_factory(kind)
     model = make_adapter(path, str(tmp_path), targets=targets, r=4, alpha=8)
