@@ -133,6 +133,10 @@ class Tokenizer:
         """The `tokenizer.json` pipeline, serialized (llguidance builds its tokenizer from it)."""
         return self._backend.to_str()
 
+    def token_to_id(self, token: str) -> int | None:
+        """The vocabulary's id of one token, as written in it (None: not in it)."""
+        return self._backend.token_to_id(token)
+
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         return [self._backend.id_to_token(i) for i in ids]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loom.models.modernbert_config import MODERNBERT, modernbert_config
+from loom.models.seq_cls_config import classifier_from_token, from_token_labels
 
 
 def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
@@ -208,6 +209,9 @@ def _attention_multiplier(cfg: dict[str, Any], architecture: str) -> float | Non
 def num_labels(cfg: dict[str, Any]) -> int:
     """A classifier's outputs as transformers counts them: num_labels where the config says,
     else one per id2label entry, else its default of 2."""
+    converted = from_token_labels(cfg)
+    if converted is not None:
+        return converted
     if cfg.get("num_labels") is not None:
         return int(cfg["num_labels"])
     return len(cfg["id2label"]) if cfg.get("id2label") else 2
@@ -323,6 +327,10 @@ class ModelArch:
     """An encoder's first position's row in its position table (`_position_offset`)."""
     classifier_pooling: str = "cls"
     """What a ModernBERT classifier's head reads: the first row (cls) or their mean."""
+    classifier_from_token: tuple[str, ...] = ()
+    """A causal LM reranker loaded as a classifier: the tokens whose LM-head rows make its
+    score head (`loom.models.seq_cls_config`), by classifier_method."""
+    classifier_method: str = ""
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
@@ -380,6 +388,8 @@ class ModelArch:
             type_vocab_size=int(cfg.get("type_vocab_size", 0)),
             position_offset=_position_offset(cfg, archs[0]),
             classifier_pooling=cfg.get("classifier_pooling", "cls"),
+            classifier_from_token=classifier_from_token(cfg)[0],
+            classifier_method=classifier_from_token(cfg)[1],
         )
 
     def check_tensor_parallel(self, tp: int) -> None:

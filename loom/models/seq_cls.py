@@ -5,6 +5,8 @@ cross-encoder rerankers (num_labels 1) are built this way."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +33,29 @@ class SequenceClassifier:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """What the runner's memory profile and warm-up run where an LM head would be."""
         return self.classify(hidden)
+
+    classifier_token_ids: list[int] = []
+    """A converted reranker's classifier_from_token ids (set by the loader)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        if not self.arch.classifier_from_token:
+            return super().load_weights(weights)
+        return super().load_weights(self._score_from_lm_head(weights))
+
+    def _score_from_lm_head(self, weights: Iterable[tuple[str, torch.Tensor]]
+                            ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The checkpoint with its LM head (the embeddings, where tied) giving the score
+        head its rows (`loom.models.seq_cls_config`)."""
+        head = "model.embed_tokens.weight" if self.arch.tie_word_embeddings else \
+            "lm_head.weight"
+        for name, tensor in weights:
+            if name == head:
+                rows = tensor[self.classifier_token_ids].float()
+                if self.arch.classifier_method == "from_2_way_softmax":
+                    rows = rows[1:2] - rows[0:1]
+                yield "score.weight", rows
+            if name != "lm_head.weight":
+                yield name, tensor
 
 
 class LlamaForSequenceClassification(SequenceClassifier, LlamaForCausalLM):

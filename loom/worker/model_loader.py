@@ -76,6 +76,8 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
                         "copy of the model)", kind, f"in {kind} as the checkpoint has them"
                         if from_checkpoint else f"each quantized once its rows have arrived "
                         f"in {name}", name)
+    if arch.classifier_from_token:  # before loading: the LM head's rows it keeps
+        model.classifier_token_ids = _classifier_token_ids(source.tokenizer_path, arch)
     if source.weights is None:
         init_dummy_weights(model, config.model.seed)
     else:
@@ -95,6 +97,20 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     if getattr(model, "needs_sep_token", False):
         model.sep_token_id = _sep_token_id(source.tokenizer_path, arch.architecture)
     return model.eval(), arch, dtype
+
+
+def _classifier_token_ids(path: str | None, arch: ModelArch) -> list[int]:
+    """classifier_from_token's ids in the model's tokenizer."""
+    from loom.frontend.tokenizer import load_tokenizer
+    if path is None:
+        raise ValueError("classifier_from_token: names tokens of the model's tokenizer, and "
+                         "it has none")
+    tokenizer = load_tokenizer(path)
+    ids = [tokenizer.token_to_id(t) for t in arch.classifier_from_token]
+    missing = [t for t, i in zip(arch.classifier_from_token, ids) if i is None]
+    if missing:
+        raise ValueError(f"classifier_from_token: {missing} not in the tokenizer's vocabulary")
+    return ids
 
 
 def _sep_token_id(path: str | None, architecture: str) -> int:
