@@ -56,12 +56,9 @@ class EngineProcess:
         try:
             for rank in range(config.parallel.data_parallel_size):
                 started.append(_spawn(config, log_stats, rank))
-            engines = []
-            for process, reader, ipc_dir in started:
-                info = _wait_ready(process, reader)
-                input_addr, output_addr = _addresses(ipc_dir)
-                engines.append(cls(process, EngineEndpoint(input_addr, output_addr,
-                                                           process.pid, info), ipc_dir))
+            infos = _wait_all_ready(started)
+            engines = [cls(process, EngineEndpoint(*_addresses(ipc_dir), process.pid, info),
+                           ipc_dir) for (process, _, ipc_dir), info in zip(started, infos)]
         except BaseException:
             # Ctrl-C or SIGTERM too: the core's SIGTERM handler cuts its start-up short.
             for process, _, ipc_dir in started:
@@ -125,12 +122,33 @@ def _spawn(config: EngineConfig, log_stats: bool, rank: int) -> tuple:
     return process, reader, ipc_dir
 
 
+def _wait_all_ready(started: list[tuple]) -> list[EngineReady]:
+    """Each replica's readiness, taken as each says it: a replica that fails is reported at
+    once, not after the others have loaded."""
+    infos: dict[int, EngineReady] = {}
+    while len(infos) < len(started):
+        waiting = [i for i in range(len(started)) if i not in infos]
+        multiprocessing.connection.wait(
+            [w for i in waiting for w in (started[i][1], started[i][0].sentinel)],
+            envs.engine_start_timeout_s())
+        ready = [i for i in waiting if started[i][1].poll() or not started[i][0].is_alive()]
+        if not ready:
+            raise RuntimeError(_not_started())
+        for i in ready:
+            infos[i] = _wait_ready(started[i][0], started[i][1])
+    return [infos[i] for i in range(len(started))]
+
+
+def _not_started() -> str:
+    return (f"engine core did not start within {envs.engine_start_timeout_s():.0f} s "
+            "(LOOM_ENGINE_START_TIMEOUT_S)")
+
+
 def _wait_ready(process, reader: multiprocessing.connection.Connection) -> EngineReady:
     timeout = envs.engine_start_timeout_s()
     ready = multiprocessing.connection.wait([reader, process.sentinel], timeout)
     if not ready:
-        raise RuntimeError(f"engine core did not start within {timeout:.0f} s "
-                           "(LOOM_ENGINE_START_TIMEOUT_S)")
+        raise RuntimeError(_not_started())
     try:
         message = msgspec.msgpack.decode(reader.recv_bytes(), type=EngineStartup)
     except EOFError:
