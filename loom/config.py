@@ -14,6 +14,7 @@ from typing import Any
 from loom.compilation_config import CompilationConfig, PassConfig, compilation_dict
 from loom.config_checks import check as _check
 from loom.config_checks import json_object
+from loom.pooler_config import check_pooler_config
 from loom.quantization.config import QUANTIZATIONS
 from loom.speculative_config import SpeculativeConfig
 
@@ -91,12 +92,15 @@ class ModelConfig:
     generated), or auto (pooling for *ForSequenceClassification, else generate)."""
     convert: str = "auto"
     """vLLM's --convert: embed serves a causal LM as an embedding model (pooling only)."""
+    pooler_config: dict[str, Any] = field(default_factory=dict)
+    """vLLM's --pooler-config: the server's pooling defaults (`loom.pooler_config`)."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model),
                "model: must name a model path or a shipped config")
-        for name in ("hf_overrides", "override_generation_config"):
+        for name in ("hf_overrides", "override_generation_config", "pooler_config"):
             object.__setattr__(self, name, json_object(getattr(self, name), name))
+        check_pooler_config(self.pooler_config)
         _check(self.tokenizer_mode in TOKENIZER_MODES,
                f"tokenizer_mode: {self.tokenizer_mode!r} is not supported; loom reads "
                "tokenizer.json with the `tokenizers` library (the fast tokenizer): use "

@@ -27,8 +27,9 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     pooling_type: PoolingType = "last"
     """last: the last prompt token's hidden state (causal LMs as embedders, e.g.
     Qwen3-Embedding); mean: the average over the prompt; cls: the first token's."""
-    normalize: bool = True
-    """L2-normalise the pooled vector."""
+    normalize: bool | None = None
+    """L2-normalise the pooled vector; None: the server's default (--pooler-config's
+    normalize, else true)."""
     truncate_prompt_tokens: int | None = None
     """vLLM's: embed only the input's last k tokens (-1: as many as max_model_len)."""
     task: PoolingTask = "embed"
@@ -36,7 +37,8 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     server's endpoints; the engine refuses a task its model does not serve."""
     dimensions: int | None = None
     """OpenAI's, for embed: keep the vector's first `dimensions` values (a matryoshka
-    model's, `loom.tasks.check_dimensions`), then normalise."""
+    model's, `loom.tasks.check_dimensions`), then normalise; None: the server's default
+    (--pooler-config's dimensions), else all of them."""
     use_activation: bool | None = None
     """vLLM's, for classify and score: softmax or sigmoid over the logits (or what the
     model's config names), as vLLM applies them; False: the raw logits. None: True."""

@@ -64,7 +64,8 @@ def pair_token_ids(tokenizer: Tokenizer, tasks: ModelTasks, text_1: str, text_2:
 def finish_logits(logits: list[float], tasks: ModelTasks, params: PoolingParams) -> list[float]:
     """A classify or score request's logits through the model's activation for its task,
     or as they are with use_activation false (vLLM's)."""
-    if params.use_activation is False:
+    wanted = tasks.use_activation if params.use_activation is None else params.use_activation
+    if not wanted:
         return list(logits)
     return activate(logits, tasks.score_activation if params.task == "score"
                     else tasks.classify_activation)

@@ -18,6 +18,7 @@ from typing import Any
 
 from loom.engine.protocol import Activation, ModelTasks
 from loom.models.arch import is_base_model, is_classifier, is_encoder, num_labels
+from loom.pooler_config import pooling_type
 
 TASK_FLAG = {"auto": (None, None), "generate": ("generate", None),
              "embed": ("pooling", "embed"), "embedding": ("pooling", "embed"),
@@ -31,13 +32,20 @@ vLLM's default (sigmoid for one label, softmax for more)."""
 
 
 def model_tasks(hf_config: dict[str, Any], runner: str = "auto",
-                convert: str = "auto", model_dir: str | None = None) -> ModelTasks:
+                convert: str = "auto", model_dir: str | None = None,
+                pooler: dict[str, Any] | None = None) -> ModelTasks:
     """The tasks of the model a config.json describes, under vLLM's --runner/--convert; a
     ValueError naming the flag for a combination that cannot run. model_dir: where its
-    sentence-transformers files may name its pooling."""
+    sentence-transformers files may name its pooling; pooler: --pooler-config's defaults
+    (`loom.pooler_config`), over the model's own."""
     architecture = (hf_config.get("architectures") or ["?"])[0]
-    pooling = sentence_transformers_pooling(model_dir) if model_dir else None
-    embedding = _embedding_facts(hf_config, model_dir)
+    pooler = pooler or {}
+    pooling = pooling_type(pooler) or (
+        sentence_transformers_pooling(model_dir) if model_dir else None)
+    embedding = {**_embedding_facts(hf_config, model_dir),
+                 "embed_normalize": pooler.get("normalize", True),
+                 "default_dimensions": pooler.get("dimensions"),
+                 "use_activation": pooler.get("use_activation", True)}
     if is_encoder(architecture) and not is_classifier(architecture):
         if runner == "generate" or convert == "classify":
             flag = "runner" if runner == "generate" else "convert"
@@ -59,7 +67,8 @@ def model_tasks(hf_config: dict[str, Any], runner: str = "auto",
     return ModelTasks(
         architecture, ["classify", "score"] if len(labels) == 1 else ["classify"], labels,
         _classify_activation(hf_config, default), _score_activation(hf_config, default),
-        _use_sep_token(hf_config), hf_config.get("pad_token_id"))
+        _use_sep_token(hf_config), hf_config.get("pad_token_id"),
+        use_activation=embedding["use_activation"])
 
 
 _ST_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",

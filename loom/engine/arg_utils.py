@@ -82,6 +82,10 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     hf_overrides: dict | str | None = None
     """ModelConfig.hf_overrides: a dict or a JSON object's text."""
+    pooler_config: dict | str | None = None
+    """ModelConfig.pooler_config: a dict or a JSON object's text (vLLM's
+    override_pooler_config, its older name, too)."""
+    override_pooler_config: dict | str | None = None
     override_generation_config: dict | str | None = None
     """ModelConfig.override_generation_config: a dict or a JSON object's text."""
     tokenizer_mode: str = "auto"
@@ -234,6 +238,7 @@ class EngineArgs:
                             generation_config=self.generation_config,
                             max_logprobs=self.max_logprobs, quantization=self.quantization,
                             hf_overrides=self.hf_overrides or {},
+                            pooler_config=self._pooler_config(),
                             override_generation_config=self.override_generation_config or {},
                             tokenizer_mode=self.tokenizer_mode, **self._runner_and_convert())
         return EngineConfig(
@@ -254,6 +259,14 @@ class EngineArgs:
             lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora else None)
 
+    def _pooler_config(self) -> dict | str:
+        if self.pooler_config is not None and self.override_pooler_config is not None:
+            raise ValueError("override_pooler_config: --pooler-config is its newer name; "
+                             "give one of them")
+        chosen = self.pooler_config if self.pooler_config is not None else \
+            self.override_pooler_config
+        return chosen or {}
+
     def _runner_and_convert(self) -> dict[str, str]:
         if self.task is None:
             return {"runner": self.runner, "convert": self.convert}
@@ -271,6 +284,10 @@ def _add_vllm_model_flags(g) -> None:
     g.add_argument("--hf-overrides", default=None, metavar="JSON",
                    help="JSON object set over the model's config.json before loom reads it, "
                    "as vLLM's (e.g. '{\"rope_theta\": 1000000}')")
+    g.add_argument("--pooler-config", "--override-pooler-config", default=None,
+                   metavar="JSON", dest="pooler_config",
+                   help="JSON object of pooling defaults, as vLLM's: pooling_type (CLS, LAST, "
+                   "MEAN), normalize, dimensions, use_activation")
     g.add_argument("--override-generation-config", default=None, metavar="JSON",
                    help="JSON object of generation_config.json keys set over its sampling "
                    "defaults (e.g. '{\"temperature\": 0.5}'), as vLLM's")

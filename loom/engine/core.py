@@ -27,6 +27,7 @@ from loom.executor.base import make_executor
 from loom.lora.adapter import model_targets
 from loom.models.arch import ModelArch, is_encoder
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
+from loom.pooling_params import PoolingParams
 from loom.quantization.config import quant_scheme
 from loom.tasks import check_dimensions, classified_length, model_tasks, unsupported
 
@@ -54,7 +55,8 @@ def _check_model(config: EngineConfig) -> ModelTasks:
     if tp == 1 and model.quantization is None and model.model.endswith(".gguf"):
         # Nothing else to check, and reading a GGUF's metadata takes seconds: every GGUF
         # architecture loom reads is a causal LM, with a causal LM's tasks.
-        return model_tasks({"architectures": ["LlamaForCausalLM"]}, model.runner, model.convert)
+        return model_tasks({"architectures": ["LlamaForCausalLM"]}, model.runner, model.convert,
+                           pooler=model.pooler_config)
     hf_config = resolve(model).hf_config
     arch = ModelArch.from_hf_config(hf_config)
     arch.check_tensor_parallel(tp)
@@ -62,7 +64,12 @@ def _check_model(config: EngineConfig) -> ModelTasks:
     if is_encoder(arch.architecture):
         _check_encoder(config, scheme)
     model_dir = model.model if os.path.isdir(model.model) else None
-    return model_tasks(hf_config, model.runner, model.convert, model_dir)
+    tasks = model_tasks(hf_config, model.runner, model.convert, model_dir, model.pooler_config)
+    try:
+        check_dimensions(tasks.default_dimensions, tasks)
+    except ValueError as e:
+        raise ValueError(f"pooler_config.{e}") from None
+    return tasks
 
 
 def _check_encoder(config: EngineConfig, scheme: object) -> None:
@@ -147,9 +154,9 @@ class EngineCore:
         """Queue a request; raises ValueError (and changes nothing) if it is invalid."""
         self.validate(request)
         params = request.pooling_params
-        if params is not None and params.task == "embed" and self.tasks.pooling_type:
-            request = msgspec.structs.replace(request, pooling_params=msgspec.structs.replace(
-                params, pooling_type=self.tasks.pooling_type))
+        if params is not None and params.task == "embed":
+            request = msgspec.structs.replace(request, pooling_params=self._embed_defaults(
+                params))
         if request.pooling_params is not None and request.pooling_params.task != "embed":
             # A classifier reads one token: the prompt's tokens after it are not run.
             n = classified_length(request.prompt_token_ids, self.tasks.pad_token_id)
@@ -159,6 +166,15 @@ class EngineCore:
         core_request.grammar = self.structured_output.matcher_for(request.request_id,
                                                                   request.sampling_params)
         self.scheduler.add_request(core_request)
+
+    def _embed_defaults(self, params: PoolingParams) -> PoolingParams:
+        """An embed request with the model's pooling and the server's defaults (the model's
+        sentence-transformers pooling, --pooler-config) where it leaves them unset."""
+        tasks = self.tasks
+        return msgspec.structs.replace(
+            params, pooling_type=tasks.pooling_type or params.pooling_type,
+            normalize=tasks.embed_normalize if params.normalize is None else params.normalize,
+            dimensions=params.dimensions or tasks.default_dimensions)
 
     def validate(self, request: EngineCoreRequest) -> None:
         n = len(request.prompt_token_ids)

@@ -184,6 +184,15 @@ class ModelTasks(msgspec.Struct, array_like=True, frozen=True):
     embedding_size: int = 0
     """An embedding's values: the hidden size, or the last sentence-transformers Dense
     module's out_features."""
+    embed_normalize: bool = True
+    """--pooler-config's normalize: what an embed request that leaves normalize unset
+    gets."""
+    default_dimensions: int | None = None
+    """--pooler-config's dimensions: what an embed request that leaves dimensions unset
+    gets."""
+    use_activation: bool = True
+    """--pooler-config's use_activation: what a classify or score request that leaves
+    use_activation unset gets."""
     matryoshka_dimensions: list[int] | None = None
     """vLLM's: the embedding sizes a request's `dimensions` may ask for ([]: any up to
     embedding_size), from config.json's is_matryoshka / matryoshka_dimensions; None: the

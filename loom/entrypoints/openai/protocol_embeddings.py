@@ -63,8 +63,8 @@ class PoolingInputRequest(RequestBody, ChatTemplateFields):  # unknown fields ig
 class EmbeddingRequest(PoolingInputRequest):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
-    normalize: bool = True
-    """vLLM's extension: L2-normalise each vector."""
+    normalize: bool | None = None
+    """vLLM's extension: L2-normalise each vector (None: the server's default)."""
 
     def to_pooling_params(self) -> PoolingParams:
         """The model's matryoshka dimensions are checked by the Processor."""

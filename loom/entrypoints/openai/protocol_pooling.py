@@ -20,7 +20,7 @@ class PoolingRequest(PoolingInputRequest, ActivationFields):
     """None: the model's own (classify for a classifier, else embed)."""
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
-    normalize: bool = True
+    normalize: bool | None = None
 
     def _shared(self) -> dict:
         return dict(input=self.input, model=self.model, user=self.user,
