@@ -178,48 +178,38 @@ def segments_of_step(n: int, longest: int, device: torch.device) -> tuple[Segmen
     return Segments(starts, device), n
 
 
-class RobertaForSequenceClassification(BertModel):
-    """A RoBERTa / XLM-RoBERTa classifier (bge-reranker, ms-marco cross-encoders): the
-    encoder, then transformers' head on the first token: dense, tanh, out_proj."""
+class _TanhHeadClassifier(BertModel):
+    """The encoder, then a head on the first token: dense, tanh, and a linear map to the
+    labels (BERT's pooler and classifier; RoBERTa's classifier.dense and out_proj)."""
 
     classify_row = 0
 
     def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
         super().__init__(arch, max_model_len)
         _check_labels(arch)
-        self.classifier_dense = nn.Linear(arch.hidden_size, arch.hidden_size)
-        self.classifier_out = nn.Linear(arch.hidden_size, arch.num_labels)
+        self.head_dense = nn.Linear(arch.hidden_size, arch.hidden_size)
+        self.head_out = nn.Linear(arch.hidden_size, arch.num_labels)
 
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] at the first token -> [..., num_labels] logits in float32."""
-        x = torch.tanh(_linear32(self.classifier_dense, hidden.float()))
-        return _linear32(self.classifier_out, x)
+        return _linear32(self.head_out, torch.tanh(_linear32(self.head_dense, hidden.float())))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.classify(hidden)
 
 
-class BertForSequenceClassification(BertModel):
-    """A BERT classifier (ms-marco-MiniLM cross-encoders): the encoder, its pooler (dense
-    and tanh on [CLS]), then the classifier. A pair's second text is of token type 1
-    (`sep_token_id`, which the loader sets from the tokenizer)."""
+class RobertaForSequenceClassification(_TanhHeadClassifier):
+    """A RoBERTa / XLM-RoBERTa classifier (bge-reranker): classifier.dense, tanh,
+    classifier.out_proj on the first token."""
 
-    classify_row = 0
+
+class BertForSequenceClassification(_TanhHeadClassifier):
+    """A BERT classifier (ms-marco-MiniLM cross-encoders): its pooler (dense and tanh on
+    [CLS]), then the classifier. A pair's second text is of token type 1 (`sep_token_id`,
+    which the loader sets from the tokenizer)."""
+
     uses_pooler = True
     needs_sep_token = True
-
-    def __init__(self, arch: ModelArch, max_model_len: int | None = None) -> None:
-        super().__init__(arch, max_model_len)
-        _check_labels(arch)
-        self.pooler_dense = nn.Linear(arch.hidden_size, arch.hidden_size)
-        self.classifier = nn.Linear(arch.hidden_size, arch.num_labels)
-
-    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(_linear32(self.pooler_dense, hidden.float()))
-        return _linear32(self.classifier, x)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classify(hidden)
 
 
 def _linear32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -247,9 +237,10 @@ _RENAMES = (
     (".output.LayerNorm.", ".output_norm."),
     (".gamma", ".weight"),
     (".beta", ".bias"),
-    ("classifier.dense.", "classifier_dense."),
-    ("classifier.out_proj.", "classifier_out."),
-    ("pooler.dense.", "pooler_dense."),
+    ("classifier.dense.", "head_dense."),
+    ("classifier.out_proj.", "head_out."),
+    ("pooler.dense.", "head_dense."),
+    ("classifier.", "head_out."),
 )
 
 
