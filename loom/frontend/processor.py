@@ -16,6 +16,7 @@ from loom.lora.adapter import read_adapter
 from loom.lora.request import LoRARequest
 from loom.pooling_params import PoolingParams
 from loom.sampling_params import SamplingParams
+from loom.models.arch import is_encoder
 from loom.tasks import check_dimensions
 
 POOLING_PLACEHOLDER = SamplingParams(max_tokens=1, temperature=0.0)
@@ -32,12 +33,23 @@ def check_num_logprobs(field: str, value: int | None, max_logprobs: int) -> None
                          "-1: the whole vocabulary)")
 
 
-def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: max_model_len of them)."""
+def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int,
+                    frame: tuple[list[int], list[int]] = ([], [])) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: max_model_len of them).
+    frame: the special tokens the tokenizer puts before and after a text (`Tokenizer.
+    special_frame`); a prompt inside them keeps them, its text cut from the left, as the
+    tokenizer's own (left) truncation cuts it, so that an encoder keeps its [CLS]."""
     if keep is None:
         return token_ids
     keep = max_model_len if keep == -1 else keep
-    return token_ids[-keep:] if len(token_ids) > keep else token_ids
+    n = len(token_ids)
+    if n <= keep:
+        return token_ids
+    before, after = frame
+    p, s = len(before), len(after)
+    if (p or s) and keep > p + s and token_ids[:p] == before and token_ids[n - s:] == after:
+        return token_ids[:p] + token_ids[p:n - s][-(keep - p - s):] + token_ids[n - s:]
+    return token_ids[-keep:]
 
 
 class Processor:
@@ -178,6 +190,14 @@ class Processor:
                 out.append(spaced)
         return out
 
+    def _encoder_frame(self) -> tuple[list[int], list[int]]:
+        """An encoder's tokenizer frame, which truncation keeps (its [CLS] is what it pools);
+        a decoder's prompts are cut plainly, as vLLM cuts token ids."""
+        if self.tokenizer is None or self.tasks is None or not is_encoder(
+                self.tasks.architecture):
+            return [], []
+        return self.tokenizer.special_frame
+
     def process_pooling(self, request_id: str, prompt_token_ids: list[int],
                         params: PoolingParams) -> EngineCoreRequest:
         """An embedding request: pooling instead of sampling, so the input may fill the
@@ -188,7 +208,7 @@ class Processor:
         if self.tasks is not None:
             check_dimensions(params.dimensions, self.tasks)
         prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
-                                           self.max_model_len)
+                                           self.max_model_len, self._encoder_frame())
         self._check_tokens(prompt_token_ids, "input", room_for_output=False)
         return EngineCoreRequest(request_id, list(prompt_token_ids), POOLING_PLACEHOLDER,
                                  time.time(), self.eos_token_id, pooling_params=params)

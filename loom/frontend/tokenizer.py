@@ -133,6 +133,17 @@ class Tokenizer:
         """The `tokenizer.json` pipeline, serialized (llguidance builds its tokenizer from it)."""
         return self._backend.to_str()
 
+    @functools.cached_property
+    def special_frame(self) -> tuple[list[int], list[int]]:
+        """The special tokens encode puts before and after a text ([CLS] and [SEP] for
+        BERT, <|begin_of_text|> for Llama 3): ([], []) where it adds none."""
+        bare = self.encode("a", add_special_tokens=False)
+        full = self.encode("a")
+        for start in range(len(full) - len(bare) + 1):
+            if full[start:start + len(bare)] == bare:
+                return full[:start], full[start + len(bare):]
+        return [], []
+
     def token_to_id(self, token: str) -> int | None:
         """The vocabulary's id of one token, as written in it (None: not in it)."""
         return self._backend.token_to_id(token)

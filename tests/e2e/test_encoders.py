@@ -283,3 +283,21 @@ def test_matryoshka_dimensions(tmp_path):
     plain.shutdown()
     with pytest.raises(ValueError, match="dimensions: must be a positive integer"):
         PoolingParams(dimensions=0)
+
+
+def test_truncation_keeps_the_encoders_special_tokens(tmp_path):
+    """truncate_prompt_tokens cuts a text from the left inside its [CLS] ... [SEP], as the
+    tokenizer's own left truncation (vLLM's) does: the [CLS] an encoder pools stays."""
+    tokenizer = _word_piece(tmp_path)
+    model = _make("bert", tmp_path)  # (its vocabulary covers the WordPiece ids)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu")
+    text = "the cat sat on the mat a dog ran far away"
+    out = llm.embed([text], PoolingParams(truncate_prompt_tokens=5), use_tqdm=False)[0]
+    tokenizer.truncation_side = "left"
+    ids = tokenizer(text, truncation=True, max_length=5).input_ids
+    assert out.prompt_token_ids == ids and ids[0] == tokenizer.cls_token_id
+    with torch.no_grad():
+        cls = model(torch.tensor([ids])).last_hidden_state[0, 0]
+    torch.testing.assert_close(torch.tensor(out.outputs.embedding), F.normalize(cls, dim=-1),
+                               rtol=1e-4, atol=1e-5)
+    llm.shutdown()
