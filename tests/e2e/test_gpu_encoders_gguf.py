@@ -1,6 +1,7 @@
 """Session 44's model paths on the GPU: an encoder's padded both-ways SDPA (XLM-R in
-bfloat16 and float32, EmbeddingGemma) against transformers on the CPU, and a GGUF Qwen3-MoE's experts
-through the fused MoE kernels against the same file on the CPU. Skipped without CUDA."""
+bfloat16 and float32, EmbeddingGemma) against transformers on the CPU, and a GGUF
+Qwen3-MoE's experts through the fused MoE kernels against the same file on the CPU.
+Skipped without CUDA."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 qkv_proj and gate_up_proj (PEFT trains one A and one B across the fused rows), and
 Qwen2-MoE, whose attention takes adapters and whose shared expert does not; Gemma 2, whose
 projections are Llama's under a decoder of its own; Granite, whose residual multiplier is
-folded into o_proj and down_proj (their adapters' terms scaled alike). loom's greedy tokens equal peft's."""
+folded into o_proj and down_proj (their adapters' terms scaled alike). loom's greedy
+tokens equal peft's."""
 
 from __future__ import annotations
 
