@@ -121,7 +121,9 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
     us = timer.time_us(lambda: kernel.int4_linear(x, packed, scale, zero, group, bits))
     bf16_us = timer.time_us(lambda: F.linear(x, dense))
     nbytes = packed.numel() * 4 + scale.numel() * 2 + (0 if zero is None else zero.numel())
-    config = dataclasses.asdict(kernel.default_config(m, n, k, group))
+    # Past the decode rows the op dequantizes the weight and runs the dense GEMM.
+    config = (dataclasses.asdict(kernel.default_config(m, n, k, group))
+              if m <= kernel.DECODE_ROWS else "dequantize + dense GEMM")
     return {"projection": name, "n": n, "k": k, "bits": bits, "batch_size": m, "us": us,
             "bf16_us": bf16_us,
             "weight_bytes": nbytes, "gbps": nbytes / us / 1e3, "config": config,

@@ -22,7 +22,14 @@ the float32 accumulator. Scaling before the dot would round every weight to the
 activations' dtype first; here the only roundings are the dot's float32 sums and the
 output's one cast.
 
-Two regimes, chosen from the row count (`default_config`):
+Two regimes, chosen from the row count (`default_config`), of which the op takes the first
+alone: past DECODE_ROWS it dequantizes the weight whole (`_dequant_kernel`: each value
+(w_q - zero) * scale in float32, rounded once to the activations' dtype) and multiplies by
+the dense GEMM, as vLLM's AWQ layer does from 256 rows. On an H100 (session 44,
+`benchmarks/results/h100-session44-zzz103/`) the tiled GEMM below ran prompt rows at
+0.10-0.17x bf16's speed, where the dequantize costs about the weight's bytes (half a byte
+read, two written a value) over the copy rate beside bf16's GEMM. The tiled GEMM stays,
+reachable through `int4_matmul`, for tuning:
 
 * decode, 1..16 rows: the rows padded to one 16-row tensor-core tile. N / BLOCK_N programs
   would leave most of an H200's 132 SMs idle for a small N, so K is split into SPLIT_K
@@ -48,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -118,6 +126,35 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
     out_ptrs = out_ptr + (split * M).to(tl.int64) * N + rm.to(tl.int64)[:, None] * N \
         + rn[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr,
+                    GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, BITS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[n, k] = (w_q[n, k] - zero) * scale in out's dtype, one BLOCK_N x BLOCK_K tile a
+    program (BLOCK_K dividing the group: one scale a row per tile)."""
+    PER_WORD: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    MID: tl.constexpr = 1 << (BITS - 1)
+    GROUPS: tl.constexpr = K // GROUP
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    k0 = tl.program_id(1) * BLOCK_K
+    words = tl.arange(0, BLOCK_K // PER_WORD)
+    packed = tl.load(w_ptr + rn.to(tl.int64)[:, None] * (K // PER_WORD)
+                     + (k0 // PER_WORD + words)[None, :], mask=n_ok[:, None], other=0)
+    shifts = tl.arange(0, PER_WORD) * BITS
+    q = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & MASK, (BLOCK_N, BLOCK_K))
+    gs = rn.to(tl.int64) * GROUPS + k0 // GROUP
+    if HAS_ZERO:
+        z = tl.load(z_ptr + gs, mask=n_ok, other=0).to(tl.int32)
+    else:
+        z = tl.full((BLOCK_N,), MID, tl.int32)
+    s = tl.load(s_ptr + gs, mask=n_ok, other=0.0).to(tl.float32)
+    w = (q - z[:, None]).to(tl.float32) * s[:, None]
+    tl.store(out_ptr + rn.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :],
+             w.to(out_ptr.dtype.element_ty), mask=n_ok[:, None])
 
 
 @triton.jit
@@ -226,6 +263,21 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     return out
 
 
+def dequantize_packed(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                      group_size: int, bits: int = 4) -> torch.Tensor:
+    """The weight [N, K] in the scales' dtype, by `_dequant_kernel`: each value
+    (w_q - zero) * scale computed in float32 and rounded once, as `dequantize` computes it
+    (equal to its result cast). For `supports`' shapes."""
+    n, k = packed.shape[0], packed.shape[1] * check_bits(bits, "dequantize_packed")
+    out = torch.empty(n, k, dtype=scale.dtype, device=packed.device)
+    block_k, block_n = block_k_for(group_size), 64
+    fast_launch(_dequant_kernel, (cdiv(n, block_n), k // block_k))(
+        packed, scale, packed if zero is None else zero, out, N=n, K=k, GROUP=group_size,
+        HAS_ZERO=zero is not None, BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4)
+    return out
+
+
 @loom_op("int4_linear", "(Tensor x, Tensor packed, Tensor scale, Tensor? zero, "
                         "int group_size, int bits=4) -> Tensor")
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -240,6 +292,8 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         x = x.contiguous()
     if supports(x, packed, scale, zero, group_size, bits) and (
             x.is_cuda or interpreted(_int4_kernel)):
+        if x.shape[0] > DECODE_ROWS:  # prompt rows: the weight whole, then a dense GEMM
+            return F.linear(x, dequantize_packed(packed, scale, zero, group_size, bits))
         return int4_matmul(x, packed, scale, zero, group_size, bits)
     w = dequantize(packed, scale, zero, group_size, bits)
     return (x.float() @ w.t()).to(x.dtype)

@@ -89,6 +89,23 @@ def test_matches_float64(m, group, with_zero, dtype):
     _check(_run(x, packed, scale, zero, group), _reference(x, q, zq, scale, group), dtype)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("with_zero", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prompt_rows_dequantize_as_the_reference(bits, with_zero, dtype):
+    """Past DECODE_ROWS the op dequantizes the weight whole (then a dense GEMM): each value
+    equals `dequantize`'s float32 one rounded once to the activations' dtype."""
+    x, packed, scale, zero, _, _ = _case(40, 256, 96, 64, with_zero, dtype, bits)
+    args = [t if t is None else t.to(DEVICE) for t in (packed, scale, zero)]
+    got = mod.dequantize_packed(*args, 64, bits).cpu()
+    want = dequantize(packed, scale, zero, 64, bits)
+    assert got.dtype == dtype
+    if dtype == torch.float32 or DEVICE == "cuda":
+        assert torch.equal(got, want.to(dtype))
+    else:  # the interpreter's float32 -> bfloat16 cast truncates: within one bf16 step
+        torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=0)
+
+
 @pytest.mark.parametrize("config", [
     mod.Int4Config(16, 32, 32, split_k=1),   # decode, one program walks all of K
     mod.Int4Config(16, 64, 16, split_k=4),   # several steps a slice, groups of 2 steps
@@ -266,7 +283,8 @@ def test_fake_gives_shape_and_dtype():
 
 
 _OFFLINE_COMPILE = r"""
-from loom.kernels.int4_linear import _int4_kernel, _sum_splits_kernel, default_config
+from loom.kernels.int4_linear import (_dequant_kernel, _int4_kernel, _sum_splits_kernel,
+                                      default_config)
 types = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
          "part_ptr": "*fp32"}
 for bits in (4, 8):
@@ -281,14 +299,18 @@ for bits in (4, 8):
             print(bits, m, cfg.split_k > 1, int(zero), "mma.sync" in ptx or "wgmma" in ptx)
 build(_sum_splits_kernel, dict(types, out_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024), 4)
 print("sum ok")
+for bits in (4, 8):
+    build(_dequant_kernel, dict(types, out_ptr="*bf16"), dict(
+        N=4096, K=4096, GROUP=128, HAS_ZERO=True, BITS=bits, BLOCK_N=64, BLOCK_K=128), 4)
+print("dequant ok")
 """
 
 
 def test_kernels_compile_for_sm90_offline():
-    """Both regimes at both widths (BITS 4 and 8) compile for the H200 with Triton's own
-    ptxas (no GPU here), their products on the tensor cores."""
+    """Both regimes at both widths (BITS 4 and 8), and the prompt rows' dequantize, compile
+    for the H200 with Triton's own ptxas (no GPU here), the products on the tensor cores."""
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     out = compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines()
     assert out == [f"{bits} {line}" for bits in (4, 8) for line in (
         "1 True 0 True", "1 True 1 True", "4096 False 0 True", "4096 False 1 True")] + [
-        "sum ok"], out
+        "sum ok", "dequant ok"], out
