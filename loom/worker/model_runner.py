@@ -5,14 +5,12 @@ It owns the model, the paged KV cache and the per-request state of one rank.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
 
 import torch
 
-from loom.attention.backend import AttentionBackend
 from loom.config import EngineConfig
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.engine.protocol import Logprobs
@@ -31,6 +29,7 @@ from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestS
 from loom.worker.model_loader import load_model, resolve_kv_cache_dtype
 from loom.worker.moe_warmup import warm_up_moe
 from loom.models.st_dense import dense_modules
+from loom.worker.device_setup import resolved_for_device, select_backend
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
@@ -41,31 +40,6 @@ from loom.worker.warmup import capture_pieces, warm_up
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 1 << 30
-
-
-def select_backend(device: torch.device) -> AttentionBackend:
-    if device.type == "cuda":
-        try:
-            from loom.attention.triton_backend import TritonBackend
-            return TritonBackend()
-        except ImportError as e:
-            logger.warning("Triton attention unavailable (%s); using the torch-native backend", e)
-    from loom.attention.torch_native import TorchNativeBackend
-    return TorchNativeBackend()
-
-
-def resolved_for_device(config: EngineConfig, device: torch.device) -> EngineConfig:
-    """config with what was left to the device filled in for this one, as vLLM picks it:
-    the batch limits (SchedulerConfig.resolved) and the compile level (CompilationConfig.
-    resolved). Fields already set stay."""
-    if device.type == "cuda":
-        scheduler = config.scheduler.resolved(torch.cuda.get_device_name(device),
-                                              torch.cuda.get_device_properties(device).total_memory)
-    else:
-        scheduler = config.scheduler.resolved(None, 0)
-    return dataclasses.replace(config, scheduler=scheduler,
-                               compilation=config.compilation.resolved(device.type,
-                                                                         scheduler.max_num_seqs))
 
 
 class ModelRunner:
@@ -114,18 +88,15 @@ class ModelRunner:
 
     @property
     def kv_block_bytes(self) -> int:
-        if self.encoder:
-            return 0
         attn = self.model.model.layers[0].self_attn.attn
         per_token = 2 * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
         return per_token * self.block_size * self.arch.num_layers
 
     def determine_num_blocks(self) -> int:
         if self.encoder:  # the scheduler's bookkeeping only: room for every request
-            per_request = -(-self.config.model.max_model_len // self.block_size) \
-                if self.config.model.max_model_len else -(-self.arch.context_len //
-                                                          self.block_size)
-            return per_request * self.config.scheduler.max_num_seqs
+            length = self.config.model.max_model_len or self.arch.context_len
+            return _round_up(length, self.block_size) // self.block_size \
+                * self.config.scheduler.max_num_seqs
         budget = self.config.cache.kv_cache_memory_bytes
         if budget is None:
             budget = self._free_memory_for_kv() if self.device.type == "cuda" else CPU_DEFAULT_KV_BYTES

@@ -17,7 +17,8 @@ from loom.config import EngineConfig
 from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
 from loom.distributed.parallel_state import init_distributed
-from loom.worker.model_runner import ModelRunner, resolved_for_device
+from loom.worker.device_setup import resolved_for_device
+from loom.worker.model_runner import ModelRunner
 from loom.worker.step_handle import StepHandle
 
 
