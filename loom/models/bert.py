@@ -192,7 +192,7 @@ class _TanhHeadClassifier(BertModel):
 
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] at the first token -> [..., num_labels] logits in float32."""
-        return _linear32(self.head_out, torch.tanh(_linear32(self.head_dense, hidden.float())))
+        return linear32(self.head_out, torch.tanh(linear32(self.head_dense, hidden.float())))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.classify(hidden)
@@ -212,9 +212,10 @@ class BertForSequenceClassification(_TanhHeadClassifier):
     needs_sep_token = True
 
 
-def _linear32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def linear32(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A classifier head's layer in float32 (a handful of rows)."""
-    return F.linear(x, layer.weight.float(), layer.bias.float())
+    return F.linear(x.float(), layer.weight.float(),
+                    None if layer.bias is None else layer.bias.float())
 
 
 def _check_labels(arch: ModelArch) -> None:

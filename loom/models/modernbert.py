@@ -15,7 +15,8 @@ from torch import nn
 
 from loom.layers.rotary import RotaryEmbedding
 from loom.models.arch import ModelArch
-from loom.models.bert import ACTIVATIONS, Segments, load_encoder_weights, segments_of_step
+from loom.models.bert import (ACTIVATIONS, Segments, linear32, load_encoder_weights,
+                              segments_of_step)
 
 
 def _norm(arch: ModelArch) -> nn.LayerNorm:
@@ -106,10 +107,10 @@ class ModernBertForSequenceClassification(ModernBertModel):
         self.classifier = nn.Linear(arch.hidden_size, arch.num_labels)
 
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(F.linear(hidden.float(), self.head_dense.weight.float()))
+        x = F.gelu(linear32(self.head_dense, hidden))
         x = F.layer_norm(x, x.shape[-1:], self.head_norm.weight.float(),
                          eps=self.head_norm.eps)
-        return F.linear(x, self.classifier.weight.float(), self.classifier.bias.float())
+        return linear32(self.classifier, x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.classify(hidden)
