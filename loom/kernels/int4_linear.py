@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.fp8_block_gemm import swizzled_tile
+from loom.kernels.compile_pool import launch_or_compile
 from loom.kernels.host import cdiv
 from loom.kernels.interpreter import interpreted
 from loom.kernels.launch import fast_launch
@@ -75,11 +76,35 @@ DECODE_ROWS = 16
 
 
 @triton.jit
+def _less_zeros(q, z, elem: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.constexpr):
+    """q - z[:, None] in elem, exactly: q [R, C] int32 values 0 .. 2^BITS - 1, z [R] int32
+    zero points. How the integers become elem:
+    0: int32 -> float32 -> elem (I2F and F2F, the conversion pipe);
+    1: float32 from its bits: 0x4B400000 + (q - z) is 2^23 + 2^22 + q - z, less that
+       constant (an integer add and a float add), then elem;
+    2: elem from its own bits where that holds every q: 0x4300 | q is bfloat16 128 + q (4
+       bits only: 7 mantissa bits), 0x6400 | q float16 1024 + q; less 128 + z (or
+       1024 + z), exact in elem. Otherwise 1."""
+    if CONVERT == 2 and ((elem == tl.bfloat16 and BITS == 4) or elem == tl.float16):
+        BASE: tl.constexpr = 0x4300 if elem == tl.bfloat16 else 0x6400
+        OFFSET: tl.constexpr = 128 if elem == tl.bfloat16 else 1024
+        v = (q | BASE).to(tl.int16).to(elem, bitcast=True)
+        return v - (z + OFFSET).to(tl.float32).to(elem)[:, None]
+    elif CONVERT >= 1:
+        bits = q + (0x4B400000 - z)[:, None]
+        return (bits.to(tl.float32, bitcast=True) - 12582912.0).to(elem)
+    else:
+        # Through float32 because Triton 3.6's interpreter converts int32 to bfloat16 as
+        # raw bits; sm_90's compile folds the two casts into one cvt.rn.bf16.s32.
+        return (q - z[:, None]).to(tl.float32).to(elem)
+
+
+@triton.jit
 def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constexpr,
                  K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, SWIZZLE_M: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, BITS: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.constexpr):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
     # BITS 4 or 8: PER_WORD values a word, each masked by MASK; no zero points: MID.
     PER_WORD: tl.constexpr = 32 // BITS
@@ -114,10 +139,8 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
             z = tl.load(z_ptr + gs_ptrs + group, mask=n_ok, other=0).to(tl.int32)
         else:
             z = tl.full((BLOCK_N,), MID, tl.int32)
-        # -15..15 (4 bits) or -255..255 (8 bits), exact in elem. Through float32 because
-        # Triton 3.6's interpreter converts int32 to bfloat16 as raw bits; sm_90's compile
-        # folds the two casts into one cvt.rn.bf16.s32.
-        w = (q - z[:, None]).to(tl.float32).to(elem)
+        # -15..15 (4 bits) or -255..255 (8 bits), exact in elem
+        w = _less_zeros(q, z, elem, BITS, CONVERT)
         part = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
         s = tl.load(s_ptr + gs_ptrs + group, mask=n_ok, other=0.0).to(tl.float32)
         acc += part * s[None, :]
@@ -177,6 +200,7 @@ class Int4Config:
     num_warps: int = 4
     num_stages: int = 3
     swizzle_m: int = 8
+    convert: int = 0
 
 
 def block_k_for(group_size: int) -> int:
@@ -232,9 +256,12 @@ def supports(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                 zero: torch.Tensor | None, group_size: int, bits: int = 4,
-                config: Int4Config | None = None) -> torch.Tensor:
+                config: Int4Config | None = None, compile_only: bool = False
+                ) -> torch.Tensor:
     """x @ w^T by the kernel for `supports`' arguments (bits: 4 or 8), x's dtype [M, N]
-    out; config: `default_config`'s where not given (its block_k must divide the group)."""
+    out; config: `default_config`'s where not given (its block_k must divide the group).
+    compile_only: the kernels compiled, nothing run (inside `compile_pool`, on its
+    threads), an unwritten out returned."""
     check_bits(bits, "int4_matmul")
     (m, k), n = x.shape, packed.shape[0]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count \
@@ -250,15 +277,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     dest = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32,
                                                device=x.device)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), split)
-    fast_launch(_int4_kernel, grid)(
+    launch_or_compile(_int4_kernel, grid, compile_only)(
         x, packed, scale, packed if zero is None else zero, dest, m, x.stride(0), N=n, K=k,
         GROUP=group_size, HAS_ZERO=zero is not None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWIZZLE_M=cfg.swizzle_m,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BITS=bits,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        CONVERT=cfg.convert, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
-        fast_launch(_sum_splits_kernel, (cdiv(m * n, block),))(
+        launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(
             dest, out, m * n, SPLIT_K=split, BLOCK=block, num_warps=4)
     return out
 

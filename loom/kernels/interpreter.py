@@ -24,6 +24,8 @@ def patch_interpreter() -> None:
       nearest even as the GPU's cvt.rn is.
     - It multiplies bfloat16 dot operands as their raw uint16 storage: they are widened to
       float32 first (exact), as the tensor cores take them.
+    - Its bfloat16 arithmetic (add, sub, mul, div) works on that raw storage too: done in
+      float32 and rounded to nearest even, as sm_90's bf16 instructions round.
     """
     from triton.runtime import interpreter
     if getattr(interpreter._patch_lang_tensor, "loom_fixed", False):
@@ -39,6 +41,28 @@ def patch_interpreter() -> None:
     interpreter._convert_float = _fp8_by_torch(interpreter._convert_float)
     interpreter.InterpreterBuilder.create_dot = _bf16_dot_widened(
         interpreter.InterpreterBuilder.create_dot)
+    interpreter.InterpreterBuilder.binary_op = _bf16_arith(
+        interpreter.InterpreterBuilder.binary_op)
+
+
+def _bf16_arith(original):
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def as_float(t):
+        return torch.from_numpy(np.ascontiguousarray(t.data).view(np.int16)).view(
+            torch.bfloat16).float().numpy()
+
+    def binary_op(self, lhs, rhs, op):
+        if lhs.dtype.scalar != tl.bfloat16 or op not in (np.add, np.subtract, np.multiply,
+                                                        np.divide):
+            return original(self, lhs, rhs, op)
+        out = torch.from_numpy(np.asarray(op(as_float(lhs), as_float(rhs)), np.float32))
+        return interpreter.TensorHandle(out.to(torch.bfloat16).view(torch.int16).numpy()
+                                        .view(np.uint16), tl.bfloat16)
+    return binary_op
 
 
 def _bf16_dot_widened(original):

@@ -119,6 +119,25 @@ def test_configs(config):
     _check(_run(x, packed, scale, zero, 32, config), want, torch.bfloat16)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_integer_conversions_agree_bit_for_bit(bits, dtype):
+    """The three ways `_less_zeros` turns q - zero into x's dtype (a cast; float32 from its
+    bits; the 16-bit dtype's own bits) give the same values, so the same output to the
+    bit, and the reference's, over every value and zero point at both widths."""
+    mid = 1 << (bits - 1)
+    x, packed, scale, zero, q, zq = _case(9, 256, 64, 32, True, dtype, bits)
+    q[:, :2 * mid] = torch.arange(-mid, mid, dtype=torch.int8)  # every value in each row
+    zq.view(-1)[:2 * mid] = torch.arange(-mid, mid, dtype=torch.int8)  # every zero point
+    packed = helpers.pack_to_int32(q, bits)
+    zero = (zq.to(torch.int16) + mid).to(torch.uint8)
+    outs = [_run(x, packed, scale, zero, 32, mod.Int4Config(16, 32, 32, split_k=2,
+                                                             convert=c), bits)
+            for c in (0, 1, 2)]
+    _check(outs[0], _reference(x, q, zq, scale, 32, bits), dtype)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
 # -- 8-bit weights (W8A16: GPTQ-Int8, compressed-tensors' W8A16), bits=8 -----------------
 
 def test_integers_up_to_255_are_exact_in_bf16_and_fp16():

@@ -65,16 +65,17 @@ def test_static_scale_saturates():
 
 
 def test_silu_mul_and_norm_rows_quantize_to_int8():
-    """The fused SiLU·mul and add + RMSNorm forms of the kernel write int8 too: float32
-    rows, the reference's bytes for the activation; the norm's sum of squares in another
-    order may move a value by one step."""
+    """The fused SiLU·mul and add + RMSNorm forms of the kernel write int8 too. The GPU's
+    exp (SiLU) and the norm's sum of squares in another order round differently from
+    torch's CPU ones: a scale a few ulps off, a value moved by one step."""
     import torch.nn.functional as F
 
     from loom.layers.norm import fused_add_rms_norm
     x = _x(3, 160)
     q, scale = mod.quantize_rows(x.to(DEVICE), silu_mul_input=True, dtype=INT8)
     want_q, want_scale = ref.quantize_rows(F.silu(x[:, :80]) * x[:, 80:], INT8)
-    assert torch.equal(q.cpu(), want_q) and torch.equal(scale.cpu(), want_scale)
+    torch.testing.assert_close(scale.cpu(), want_scale, rtol=1e-6, atol=0)
+    assert (q.cpu().int() - want_q.int()).abs().max() <= 1
     x, residual = _x(5, 96), _x(5, 96)
     norm_weight = 1 + 0.1 * _x(1, 96)[0]
     normed, want_sum = fused_add_rms_norm(x, residual, norm_weight, 1e-5)

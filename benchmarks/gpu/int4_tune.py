@@ -1,0 +1,207 @@
+"""A search over loom's W4A16 kernel (loom/kernels/int4_linear.py) on one GPU: how q - zero
+becomes bf16 (`convert` 0/1/2, `_less_zeros`) and the tiles, at decode rows (the split-K
+regime) and at a few prompt row counts (the tiled GEMM, against the op's dequantize +
+dense GEMM and bf16's own matmul). Every config is checked against the float32 product of
+the dequantized weight before it is timed (CUDA graph replays, L2 flushed: KernelTimer).
+
+  python3 benchmarks/gpu/int4_tune.py --model llama-3.1-8b --budget-s 300 --out x.json
+
+Stages, each compiled ahead on a thread pool: 1. the three conversions at a few decode
+tiles; 2. the decode grid (block_n, block_k, K split for 1/2/4 waves, stages) with the
+best conversion, at M = 1, then its best five at M = 16; 3. prompt tiles at M = 64, 256.
+Prints each stage's ranking; the JSON holds every timing, the ceilings and the best
+configs. A probe for choosing `default_config`'s tiles, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from loom.bench.ceilings import measure_ceilings
+from loom.bench.common import git_commit
+from loom.bench.int4 import _weight, projections
+from loom.bench.kernel_timing import KernelTimer
+from loom.bench.moe_space import model_config_json
+from loom.kernels import int4_linear as kmod
+from loom.kernels.compile_pool import compile_pool
+from loom.quantization.int4 import dequantize
+
+
+def split_for(steps: int, tiles: int, sms: int, waves: int) -> int:
+    """The divisor of the K steps nearest `waves` programs per SM (at least 1)."""
+    want = max(1, round(waves * sms / max(tiles, 1)))
+    return min((d for d in range(1, steps + 1) if steps % d == 0),
+               key=lambda d: (abs(d - want), d))
+
+
+def decode_grid(n, k, group, sms, converts, tiles=((32,), (64,), (128,)),
+                block_ks=(64, 128), waves=(1, 2, 4), stages=(2, 4)):
+    out = []
+    for convert in converts:
+        for (bn,) in tiles:
+            for bk in block_ks:
+                if group % bk:
+                    continue
+                for w in waves:
+                    split = split_for(k // bk, -(-n // bn), sms, w)
+                    for st in stages:
+                        out.append(kmod.Int4Config(16, bn, bk, split, 8 if bn == 128 else 4,
+                                                   st, convert=convert))
+    return list(dict.fromkeys(out))
+
+
+def prompt_grid(group, convert):
+    bk = min(64, kmod.block_k_for(group))
+    out = []
+    for bm, bn, warps in ((32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8),
+                          (64, 256, 8), (128, 64, 4)):
+        for st in (3, 4):
+            out.append(kmod.Int4Config(bm, bn, bk, 1, warps, st, convert=convert))
+    return out
+
+
+class Search:
+    def __init__(self, args):
+        self.args = args
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.timer = KernelTimer(self.device, 2, args.num_iters)
+        self.gen = torch.Generator(device=self.device).manual_seed(0)
+        self.shapes = projections(model_config_json(args.model), args.tp)
+        self.weights = {name: _weight(n, k, args.group_size, False, self.device, self.gen)
+                        for name, (n, k) in self.shapes.items()}
+        self.rows: list[dict] = []
+        self.deadline = time.perf_counter() + args.budget_s
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def run(self, name, m, configs, stage):
+        """Compile every config ahead, then check and time each: [(us, config)] ranked."""
+        packed, scale, zero = self.weights[name]
+        n, k = self.shapes[name]
+        x = torch.randn(m, k, device=self.device, generator=self.gen).to(torch.bfloat16)
+        want = x.float() @ dequantize(packed, scale, zero, self.args.group_size).t()
+        with compile_pool(16, ignore_errors=True):
+            for cfg in configs:
+                kmod.int4_matmul(x, packed, scale, zero, self.args.group_size, config=cfg,
+                                 compile_only=True)
+        ranked = []
+        for cfg in configs:
+            if self.left() < 0:
+                print(f"  budget spent: {name} M={m} stops", flush=True)
+                break
+            try:
+                got = kmod.int4_matmul(x, packed, scale, zero, self.args.group_size,
+                                       config=cfg).float()
+                err = float(((got - want).norm(dim=-1) / want.norm(dim=-1)).max())
+                if not err < 2e-2:
+                    raise ValueError(f"error {err:.3g}")
+                us = self.timer.time_us(lambda: kmod.int4_matmul(
+                    x, packed, scale, zero, self.args.group_size, config=cfg))
+            except Exception as e:  # a config that fails to compile or run is reported
+                print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            ranked.append((us, cfg))
+            self.rows.append({"stage": stage, "projection": name, "n": n, "k": k, "m": m,
+                              "us": us, "config": dataclasses.asdict(cfg)})
+        ranked.sort(key=lambda t: t[0])
+        return ranked
+
+    def peers(self, name, m):
+        """(bf16 matmul us, dequantize + dense GEMM us) for a projection at M rows."""
+        packed, scale, zero = self.weights[name]
+        n, k = self.shapes[name]
+        x = torch.randn(m, k, device=self.device, generator=self.gen).to(torch.bfloat16)
+        dense = dequantize(packed, scale, zero, self.args.group_size).to(torch.bfloat16)
+        g = self.args.group_size
+        bf16 = self.timer.time_us(lambda: F.linear(x, dense))
+        deq = self.timer.time_us(lambda: F.linear(
+            x, kmod.dequantize_packed(packed, scale, zero, g)))
+        self.rows.append({"stage": "peers", "projection": name, "n": n, "k": k, "m": m,
+                          "bf16_us": bf16, "dequant_gemm_us": deq})
+        return bf16, deq
+
+
+def weight_bytes(n, k, group):
+    return n * k // 2 + n * (k // group) * 3
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("-tp", type=int, default=1)
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--num-iters", type=int, default=10)
+    p.add_argument("--budget-s", type=float, default=300)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    device = torch.device("cuda", torch.cuda.current_device())
+    ceilings = measure_ceilings(device)
+    copy = ceilings.copy_tb_per_s * 1e12
+    s = Search(args)
+    print(f"{torch.cuda.get_device_name(device)} ({s.sms} SMs): copy "
+          f"{ceilings.copy_tb_per_s:.2f} TB/s, bf16 {ceilings.matmul_tflop_per_s:.0f} TFLOP/s",
+          flush=True)
+    best: dict = {}
+
+    def show(stage, name, m, ranked, top=5):
+        n, k = s.shapes[name]
+        floor_us = weight_bytes(n, k, args.group_size) / copy * 1e6
+        for us, cfg in ranked[:top]:
+            print(f"  [{stage}] {name} M={m}: {us:7.1f} us ({floor_us / us:.2f} of copy) "
+                  f"{cfg}", flush=True)
+        if ranked:
+            best.setdefault(stage, {})[f"{name},{m}"] = {
+                "us": ranked[0][0], "fraction_of_copy": floor_us / ranked[0][0],
+                "config": dataclasses.asdict(ranked[0][1])}
+
+    # 1. the conversions at a few decode tiles
+    totals = {c: 0.0 for c in (0, 1, 2)}
+    for name, (n, k) in s.shapes.items():
+        s.timer.spin()
+        grid = decode_grid(n, k, args.group_size, s.sms, (0, 1, 2), tiles=((32,), (64,)),
+                           block_ks=(128,), waves=(2,), stages=(4,))
+        ranked = s.run(name, 1, grid, "convert")
+        show("convert", name, 1, ranked, top=6)
+        for c in totals:
+            totals[c] += min((us for us, cfg in ranked if cfg.convert == c), default=1e9)
+    convert = min(totals, key=totals.get)
+    print(f"conversion totals (us, best tile each): {totals}; taking {convert}", flush=True)
+    # 2. the decode grid at M = 1, its best five at M = 16
+    for name, (n, k) in s.shapes.items():
+        s.timer.spin()
+        ranked = s.run(name, 1, decode_grid(n, k, args.group_size, s.sms, (convert,)),
+                       "decode")
+        show("decode", name, 1, ranked)
+        bf16, deq = s.peers(name, 1)
+        print(f"  bf16 M=1 {bf16:.1f} us", flush=True)
+        ranked16 = s.run(name, 16, [cfg for _, cfg in ranked[:5]], "decode16")
+        show("decode16", name, 16, ranked16, top=2)
+    # 3. prompt tiles
+    for m in (64, 256):
+        for name in s.shapes:
+            s.timer.spin()
+            ranked = s.run(name, m, prompt_grid(args.group_size, convert), "prompt")
+            show("prompt", name, m, ranked, top=3)
+            bf16, deq = s.peers(name, m)
+            print(f"  M={m} bf16 {bf16:.1f} us, dequantize + GEMM {deq:.1f} us", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"benchmark": "int4_tune", "device": torch.cuda.get_device_name(device),
+                   "git_commit": git_commit(), "command": "benchmarks/gpu/int4_tune.py "
+                   + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+                   "ceilings": dataclasses.asdict(ceilings), "conversion_totals_us": totals,
+                   "best": best, "rows": s.rows}, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
