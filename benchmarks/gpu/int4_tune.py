@@ -6,9 +6,10 @@ the dequantized weight before it is timed (CUDA graph replays, L2 flushed: Kerne
 
   python3 benchmarks/gpu/int4_tune.py --model llama-3.1-8b --budget-s 300 --out x.json
 
-Stages, each compiled ahead on a thread pool: 1. the three conversions at a few decode
-tiles; 2. the decode grid (block_n, block_k, K split for 1/2/4 waves, stages) with the
-best conversion, at M = 1, then its best five at M = 16; 3. prompt tiles at M = 64, 256.
+Stages, each compiled ahead on a thread pool: 1. the unpacking (whole, or by slabs) and
+the three conversions at a few decode tiles; 2. the decode grid (block_n, block_k, K split
+for 1/2/4/8 waves, stages) with the best of those, at M = 1, then its best five at M = 16;
+3. prompt tiles at M = 64, 256.
 Prints each stage's ranking; the JSON holds every timing, the ceilings and the best
 configs. A probe for choosing `default_config`'s tiles, not a test.
 """
@@ -40,29 +41,35 @@ def split_for(steps: int, tiles: int, sms: int, waves: int) -> int:
                key=lambda d: (abs(d - want), d))
 
 
-def decode_grid(n, k, group, sms, converts, tiles=((32,), (64,), (128,)),
-                block_ks=(64, 128), waves=(1, 2, 4), stages=(2, 4)):
+VARIANTS = [(slabs, convert) for slabs in (False, True) for convert in (0, 1, 2)]
+"""(slabs, convert): how each step unpacks the words and turns the values into bf16."""
+
+
+def decode_grid(n, k, group, sms, variants, tiles=(16, 32, 64, 128), block_ks=(64, 128),
+                waves=(1, 2, 4, 8), stages=(2, 3, 4)):
     out = []
-    for convert in converts:
-        for (bn,) in tiles:
+    for slabs, convert in variants:
+        for bn in tiles:
             for bk in block_ks:
-                if group % bk:
+                if group % bk or (slabs and bk < 128):  # slabs: a dot of bk / 8 >= 16
                     continue
                 for w in waves:
                     split = split_for(k // bk, -(-n // bn), sms, w)
                     for st in stages:
                         out.append(kmod.Int4Config(16, bn, bk, split, 8 if bn == 128 else 4,
-                                                   st, convert=convert))
+                                                   st, convert=convert, slabs=slabs))
     return list(dict.fromkeys(out))
 
 
-def prompt_grid(group, convert):
-    bk = min(64, kmod.block_k_for(group))
+def prompt_grid(group, variant):
+    slabs, convert = variant
+    bk = kmod.block_k_for(group) if slabs else min(64, kmod.block_k_for(group))
     out = []
     for bm, bn, warps in ((32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8),
                           (64, 256, 8), (128, 64, 4)):
         for st in (3, 4):
-            out.append(kmod.Int4Config(bm, bn, bk, 1, warps, st, convert=convert))
+            out.append(kmod.Int4Config(bm, bn, bk, 1, warps, st, convert=convert,
+                                       slabs=slabs))
     return out
 
 
@@ -163,22 +170,24 @@ def main() -> int:
                 "us": ranked[0][0], "fraction_of_copy": floor_us / ranked[0][0],
                 "config": dataclasses.asdict(ranked[0][1])}
 
-    # 1. the conversions at a few decode tiles
-    totals = {c: 0.0 for c in (0, 1, 2)}
+    # 1. the unpacking and conversions at a few decode tiles
+    totals = {v: 0.0 for v in VARIANTS}
     for name, (n, k) in s.shapes.items():
         s.timer.spin()
-        grid = decode_grid(n, k, args.group_size, s.sms, (0, 1, 2), tiles=((32,), (64,)),
+        grid = decode_grid(n, k, args.group_size, s.sms, VARIANTS, tiles=(32, 64),
                            block_ks=(128,), waves=(2,), stages=(4,))
         ranked = s.run(name, 1, grid, "convert")
-        show("convert", name, 1, ranked, top=6)
-        for c in totals:
-            totals[c] += min((us for us, cfg in ranked if cfg.convert == c), default=1e9)
-    convert = min(totals, key=totals.get)
-    print(f"conversion totals (us, best tile each): {totals}; taking {convert}", flush=True)
+        show("convert", name, 1, ranked, top=12)
+        for v in totals:
+            totals[v] += min((us for us, cfg in ranked if (cfg.slabs, cfg.convert) == v),
+                             default=1e9)
+    variant = min(totals, key=totals.get)
+    print(f"(slabs, convert) totals (us, best tile each): {totals}; taking {variant}",
+          flush=True)
     # 2. the decode grid at M = 1, its best five at M = 16
     for name, (n, k) in s.shapes.items():
         s.timer.spin()
-        ranked = s.run(name, 1, decode_grid(n, k, args.group_size, s.sms, (convert,)),
+        ranked = s.run(name, 1, decode_grid(n, k, args.group_size, s.sms, (variant,)),
                        "decode")
         show("decode", name, 1, ranked)
         bf16, deq = s.peers(name, 1)
@@ -189,7 +198,7 @@ def main() -> int:
     for m in (64, 256):
         for name in s.shapes:
             s.timer.spin()
-            ranked = s.run(name, m, prompt_grid(args.group_size, convert), "prompt")
+            ranked = s.run(name, m, prompt_grid(args.group_size, variant), "prompt")
             show("prompt", name, m, ranked, top=3)
             bf16, deq = s.peers(name, m)
             print(f"  M={m} bf16 {bf16:.1f} us, dequantize + GEMM {deq:.1f} us", flush=True)
@@ -197,7 +206,8 @@ def main() -> int:
         json.dump({"benchmark": "int4_tune", "device": torch.cuda.get_device_name(device),
                    "git_commit": git_commit(), "command": "benchmarks/gpu/int4_tune.py "
                    + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-                   "ceilings": dataclasses.asdict(ceilings), "conversion_totals_us": totals,
+                   "ceilings": dataclasses.asdict(ceilings),
+                   "variant_totals_us": {str(v): t for v, t in totals.items()},
                    "best": best, "rows": s.rows}, f, indent=1)
     print(f"wrote {args.out}")
     return 0

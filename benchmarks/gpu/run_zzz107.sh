@@ -1,10 +1,12 @@
 # 1 GPU (~8 min), session 45: the int4 kernel's conversions and tiles.
 # 1. tests/kernels/test_int4_linear.py (the three conversions bit for bit, on sm_90's own
 #    bf16 arithmetic) and test_int8_linear.py (the SiLU test, now to a few ulps);
-# 2. benchmarks/gpu/int4_tune.py on 8B's projections: convert 0/1/2 at decode tiles, the
-#    decode grid at M = 1 (then 16), prompt tiles at M = 64 and 256 against the dequantize
-#    + dense GEMM path and bf16 (decode expected near the copy rate once the conversion is
-#    off the I2F/F2F pipe: qkv's 12.6 MB at ~3 TB/s is ~4 us, against 37 us at de41cb4).
+# 2. benchmarks/gpu/int4_tune.py on 8B's projections: unpacking whole or by slabs, and
+#    convert 0/1/2, at decode tiles; the decode grid at M = 1 (then 16); prompt tiles at
+#    M = 64 and 256 against the dequantize + dense GEMM path and bf16. Offline PTX: slabs
+#    with convert 2 halve the decode step's instructions (531 against 994) and drop the
+#    per-value cvt.rn.bf16.s32 and 16-bit shared stores. Decode expected far nearer the
+#    copy rate: qkv's 12.6 MB at ~3 TB/s is ~4 us, against 37 us at de41cb4.
 source benchmarks/gpu/env.sh; R=$OUT/zzz107; mkdir -p $R
 timeout $(left 120) python3 -m pytest -q tests/kernels/test_int4_linear.py \
   tests/kernels/test_int8_linear.py -p no:cacheprovider > $R/kernels.log 2>&1

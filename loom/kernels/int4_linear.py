@@ -104,9 +104,16 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
                  K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, SWIZZLE_M: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.constexpr,
+                 SLABS: tl.constexpr):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
     # BITS 4 or 8: PER_WORD values a word, each masked by MASK; no zero points: MID.
+    # SLABS: each step is PER_WORD dots, one per value position v of the words: value v
+    # of word j is column PER_WORD * j + v, so the words' v-th values against those
+    # columns of x are a dot of BLOCK_K / PER_WORD (>= 16), the K sum in another order.
+    # The values stay in the words' own layout (no reshape), which lets the compiler move
+    # the words, not the 16-bit values, into the dot's operand layout. Else the words
+    # are unpacked to [BLOCK_N, BLOCK_K] and one dot takes the step.
     PER_WORD: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     MID: tl.constexpr = 1 << (BITS - 1)
@@ -122,6 +129,7 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
     words = tl.arange(0, BLOCK_K // PER_WORD)
     shifts = tl.arange(0, PER_WORD) * BITS
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_x + (k0 + rk)[None, :]
+    xs_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_x + (k0 + words * PER_WORD)[None, :]
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * (K // PER_WORD) \
         + (k0 // PER_WORD + words)[None, :]
     gs_ptrs = rn.to(tl.int64) * GROUPS
@@ -129,22 +137,30 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(K_ITERS):
         group = (k0 + i * BLOCK_K) // GROUP
-        x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
         packed = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
-        # [BLOCK_N, BLOCK_K / PER_WORD, PER_WORD] values, row-major: column k of the
-        # tile is value k % PER_WORD of word k // PER_WORD
-        q = (packed[:, :, None] >> shifts[None, None, :]) & MASK
-        q = tl.reshape(q, (BLOCK_N, BLOCK_K))
         if HAS_ZERO:
             z = tl.load(z_ptr + gs_ptrs + group, mask=n_ok, other=0).to(tl.int32)
         else:
             z = tl.full((BLOCK_N,), MID, tl.int32)
-        # -15..15 (4 bits) or -255..255 (8 bits), exact in elem
-        w = _less_zeros(q, z, elem, BITS, CONVERT)
-        part = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+        # the values less the zero points: -15..15 (4 bits) or -255..255 (8 bits), exact
+        # in elem
+        if SLABS:
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for v in tl.static_range(PER_WORD):
+                w = _less_zeros((packed >> (v * BITS)) & MASK, z, elem, BITS, CONVERT)
+                xv = tl.load(xs_ptrs + v, mask=m_ok[:, None], other=0.0)
+                part = tl.dot(xv, tl.trans(w), part, input_precision=DOT_PRECISION)
+        else:
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            # [BLOCK_N, BLOCK_K / PER_WORD, PER_WORD] values, row-major: column k of the
+            # tile is value k % PER_WORD of word k // PER_WORD
+            q = (packed[:, :, None] >> shifts[None, None, :]) & MASK
+            w = _less_zeros(tl.reshape(q, (BLOCK_N, BLOCK_K)), z, elem, BITS, CONVERT)
+            part = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
         s = tl.load(s_ptr + gs_ptrs + group, mask=n_ok, other=0.0).to(tl.float32)
         acc += part * s[None, :]
         x_ptrs += BLOCK_K
+        xs_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // PER_WORD
     out_ptrs = out_ptr + (split * M).to(tl.int64) * N + rm.to(tl.int64)[:, None] * N \
         + rn[None, :]
@@ -201,6 +217,7 @@ class Int4Config:
     num_stages: int = 3
     swizzle_m: int = 8
     convert: int = 0
+    slabs: bool = False
 
 
 def block_k_for(group_size: int) -> int:
@@ -270,6 +287,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
         raise ValueError(f"int4_matmul: block_k {cfg.block_k} must divide the group "
                          f"{group_size} and split_k {cfg.split_k} the K steps")
+    if cfg.slabs and cfg.block_k * bits // 32 < MIN_BLOCK_K:
+        raise ValueError(f"int4_matmul: slabs need block_k * bits / 32 >= {MIN_BLOCK_K} "
+                         f"(a dot's K), got block_k {cfg.block_k}")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -282,7 +302,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         GROUP=group_size, HAS_ZERO=zero is not None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWIZZLE_M=cfg.swizzle_m,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BITS=bits,
-        CONVERT=cfg.convert, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        CONVERT=cfg.convert, SLABS=cfg.slabs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(

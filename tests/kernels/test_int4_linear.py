@@ -111,31 +111,43 @@ def test_prompt_rows_dequantize_as_the_reference(bits, with_zero, dtype):
     mod.Int4Config(16, 64, 16, split_k=4),   # several steps a slice, groups of 2 steps
     mod.Int4Config(128, 128, 32, num_warps=8),  # the large prompt tile, ragged M and N
     mod.Int4Config(32, 32, 32, swizzle_m=2),    # several row tiles in the swizzle
+    mod.Int4Config(16, 32, 128, split_k=2, slabs=True, convert=2),  # decode by slabs
+    mod.Int4Config(64, 64, 128, slabs=True, convert=2),  # prompt rows by slabs, ragged M
 ])
 def test_configs(config):
     m = 7 if config.block_m == 16 else 70
-    x, packed, scale, zero, q, zq = _case(m, 256, 96, 32, True, torch.bfloat16)
-    want = _reference(x, q, zq, scale, 32)
-    _check(_run(x, packed, scale, zero, 32, config), want, torch.bfloat16)
+    group = config.block_k  # a group a step
+    x, packed, scale, zero, q, zq = _case(m, 256, 96, group, True, torch.bfloat16)
+    want = _reference(x, q, zq, scale, group)
+    _check(_run(x, packed, scale, zero, group, config), want, torch.bfloat16)
 
 
+@pytest.mark.parametrize("slabs", [False, True])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_integer_conversions_agree_bit_for_bit(bits, dtype):
+def test_integer_conversions_agree_bit_for_bit(slabs, bits, dtype):
     """The three ways `_less_zeros` turns q - zero into x's dtype (a cast; float32 from its
     bits; the 16-bit dtype's own bits) give the same values, so the same output to the
-    bit, and the reference's, over every value and zero point at both widths."""
+    bit, and the reference's, over every value and zero point at both widths; whether
+    each step unpacks the words whole or dots them one value position at a time (slabs,
+    the K sum in another order)."""
     mid = 1 << (bits - 1)
-    x, packed, scale, zero, q, zq = _case(9, 256, 64, 32, True, dtype, bits)
+    x, packed, scale, zero, q, zq = _case(9, 256, 128, 128, True, dtype, bits)
     q[:, :2 * mid] = torch.arange(-mid, mid, dtype=torch.int8)  # every value in each row
     zq.view(-1)[:2 * mid] = torch.arange(-mid, mid, dtype=torch.int8)  # every zero point
     packed = helpers.pack_to_int32(q, bits)
     zero = (zq.to(torch.int16) + mid).to(torch.uint8)
-    outs = [_run(x, packed, scale, zero, 32, mod.Int4Config(16, 32, 32, split_k=2,
-                                                             convert=c), bits)
-            for c in (0, 1, 2)]
-    _check(outs[0], _reference(x, q, zq, scale, 32, bits), dtype)
+    outs = [_run(x, packed, scale, zero, 128, mod.Int4Config(
+        16, 32, 128 if slabs else 32, split_k=2, convert=c, slabs=slabs), bits)
+        for c in (0, 1, 2)]
+    _check(outs[0], _reference(x, q, zq, scale, 128, bits), dtype)
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+def test_slabs_need_a_dot_of_16():
+    x, packed, scale, zero, _, _ = _case(1, 256, 32, 64, True, torch.bfloat16)
+    with pytest.raises(ValueError, match="slabs"):
+        _run(x, packed, scale, zero, 64, mod.Int4Config(16, 32, 64, slabs=True))
 
 
 # -- 8-bit weights (W8A16: GPTQ-Int8, compressed-tensors' W8A16), bits=8 -----------------
@@ -313,9 +325,15 @@ for bits in (4, 8):
             out = dict(types, out_ptr="*fp32" if cfg.split_k > 1 else "*bf16")
             cons = dict(N=4096, K=4096, GROUP=128, HAS_ZERO=zero, BLOCK_M=cfg.block_m,
                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-                        SWIZZLE_M=cfg.swizzle_m, DOT_PRECISION="tf32", BITS=bits)
+                        SWIZZLE_M=cfg.swizzle_m, DOT_PRECISION="tf32", BITS=bits,
+                        CONVERT=cfg.convert, SLABS=cfg.slabs)
             ptx = build(_int4_kernel, out, cons, cfg.num_warps, cfg.num_stages)
             print(bits, m, cfg.split_k > 1, int(zero), "mma.sync" in ptx or "wgmma" in ptx)
+    for convert in (1, 2):  # decode by slabs, each conversion: no int -> float cvt left
+        cons.update(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, CONVERT=convert,
+                    SLABS=True)
+        ptx = build(_int4_kernel, dict(types, out_ptr="*fp32"), cons, 4, 4)
+        print(bits, "slabs", convert, "mma.sync" in ptx, "cvt.rn.bf16.s32" not in ptx)
 build(_sum_splits_kernel, dict(types, out_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024), 4)
 print("sum ok")
 for bits in (4, 8):
@@ -331,5 +349,5 @@ def test_kernels_compile_for_sm90_offline():
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     out = compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines()
     assert out == [f"{bits} {line}" for bits in (4, 8) for line in (
-        "1 True 0 True", "1 True 1 True", "4096 False 0 True", "4096 False 1 True")] + [
-        "sum ok", "dequant ok"], out
+        "1 True 0 True", "1 True 1 True", "4096 False 0 True", "4096 False 1 True",
+        "slabs 1 True True", "slabs 2 True True")] + ["sum ok", "dequant ok"], out
