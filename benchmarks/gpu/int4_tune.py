@@ -41,17 +41,18 @@ def split_for(steps: int, tiles: int, sms: int, waves: int) -> int:
                key=lambda d: (abs(d - want), d))
 
 
-VARIANTS = [(slabs, convert) for slabs in (False, True) for convert in (0, 1, 2)]
-"""(slabs, convert): how each step unpacks the words and turns the values into bf16."""
+VARIANTS = [(0, 0), (0, 2), (1, 1), (1, 2), (2, 2), (2, 3)]
+"""(slabs, convert): how each step unpacks the words (whole; by value position; by pairs)
+and turns the values into bf16 (3: pairs by inline asm)."""
 
 
-def decode_grid(n, k, group, sms, variants, tiles=(16, 32, 64, 128), block_ks=(64, 128),
-                waves=(1, 2, 4, 8), stages=(2, 3, 4)):
+def decode_grid(n, k, group, sms, variants, tiles=(32, 64, 128), block_ks=(64, 128),
+                waves=(1, 2, 4, 8), stages=(2, 3)):
     out = []
     for slabs, convert in variants:
         for bn in tiles:
             for bk in block_ks:
-                if group % bk or (slabs and bk < 128):  # slabs: a dot of bk / 8 >= 16
+                if group % bk or bk * (2 if slabs == 2 else 1) < (128 if slabs else 0):
                     continue
                 for w in waves:
                     split = split_for(k // bk, -(-n // bn), sms, w)
@@ -63,7 +64,7 @@ def decode_grid(n, k, group, sms, variants, tiles=(16, 32, 64, 128), block_ks=(6
 
 def prompt_grid(group, variant):
     slabs, convert = variant
-    bk = kmod.block_k_for(group) if slabs else min(64, kmod.block_k_for(group))
+    bk = kmod.block_k_for(group) if slabs == 1 else min(64, kmod.block_k_for(group))
     out = []
     for bm, bn, warps in ((32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8),
                           (64, 256, 8), (128, 64, 4)):
@@ -174,10 +175,10 @@ def main() -> int:
     totals = {v: 0.0 for v in VARIANTS}
     for name, (n, k) in s.shapes.items():
         s.timer.spin()
-        grid = decode_grid(n, k, args.group_size, s.sms, VARIANTS, tiles=(32, 64),
-                           block_ks=(128,), waves=(2,), stages=(4,))
+        grid = decode_grid(n, k, args.group_size, s.sms, VARIANTS, tiles=(64,),
+                           block_ks=(128,), waves=(2, 8), stages=(3,))
         ranked = s.run(name, 1, grid, "convert")
-        show("convert", name, 1, ranked, top=12)
+        show("convert", name, 1, ranked, top=14)
         for v in totals:
             totals[v] += min((us for us, cfg in ranked if (cfg.slabs, cfg.convert) == v),
                              default=1e9)

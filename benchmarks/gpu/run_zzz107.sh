@@ -1,4 +1,4 @@
-# 1 GPU (~8 min), session 45: the int4 kernel's conversions and tiles.
+# 1 GPU (~8 min), session 45: the int4 kernel's unpacking, conversions and tiles.
 # 1. tests/kernels/test_int4_linear.py (the three conversions bit for bit, on sm_90's own
 #    bf16 arithmetic) and test_int8_linear.py (the SiLU test, now to a few ulps);
 # 2. benchmarks/gpu/int4_tune.py on 8B's projections: unpacking whole or by slabs, and

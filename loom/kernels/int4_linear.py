@@ -85,7 +85,7 @@ def _less_zeros(q, z, elem: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.conste
     2: elem from its own bits where that holds every q: 0x4300 | q is bfloat16 128 + q (4
        bits only: 7 mantissa bits), 0x6400 | q float16 1024 + q; less 128 + z (or
        1024 + z), exact in elem. Otherwise 1."""
-    if CONVERT == 2 and ((elem == tl.bfloat16 and BITS == 4) or elem == tl.float16):
+    if CONVERT >= 2 and ((elem == tl.bfloat16 and BITS == 4) or elem == tl.float16):
         BASE: tl.constexpr = 0x4300 if elem == tl.bfloat16 else 0x6400
         OFFSET: tl.constexpr = 128 if elem == tl.bfloat16 else 1024
         v = (q | BASE).to(tl.int16).to(elem, bitcast=True)
@@ -100,20 +100,85 @@ def _less_zeros(q, z, elem: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.conste
 
 
 @triton.jit
+def _x_slabs(x, BLOCK_M: tl.constexpr, WORDS: tl.constexpr, PER_WORD: tl.constexpr):
+    """x [BLOCK_M, WORDS, PER_WORD] (PER_WORD 8 or 4) -> its PER_WORD slabs [BLOCK_M,
+    WORDS], slab v holding x[:, :, v]: splits in registers (the last dims are each
+    thread's own), so x is read as one contiguous tile."""
+    if PER_WORD == 8:
+        a, b = tl.split(tl.reshape(x, (BLOCK_M, WORDS, 2, 2, 2)))  # v's bit 0
+        a0, a1 = tl.split(a)  # bit 1
+        b0, b1 = tl.split(b)
+        a00, a01 = tl.split(a0)  # bit 2
+        a10, a11 = tl.split(a1)
+        b00, b01 = tl.split(b0)
+        b10, b11 = tl.split(b1)
+        return a00, b00, a10, b10, a01, b01, a11, b11
+    else:
+        a, b = tl.split(tl.reshape(x, (BLOCK_M, WORDS, 2, 2)))
+        a0, a1 = tl.split(a)
+        b0, b1 = tl.split(b)
+        return a0, b0, a1, b1
+
+
+@triton.jit
+def _x_pairs(x, BLOCK_M: tl.constexpr, WORDS: tl.constexpr, PER_WORD: tl.constexpr):
+    """x [BLOCK_M, WORDS, PER_WORD] -> PER_WORD / 2 tiles [BLOCK_M, 2 * WORDS], tile p's
+    column 2j + t holding x[:, j, p + t * PER_WORD / 2]: the columns of the values that
+    `_w_pair` takes from the words, in its order."""
+    if PER_WORD == 8:
+        a, b = tl.split(tl.reshape(x, (BLOCK_M, WORDS, 2, 2, 2)))  # p's bit 0
+        a0, a1 = tl.split(a)  # p's bit 1
+        b0, b1 = tl.split(b)
+        return (tl.reshape(a0, (BLOCK_M, 2 * WORDS)), tl.reshape(b0, (BLOCK_M, 2 * WORDS)),
+                tl.reshape(a1, (BLOCK_M, 2 * WORDS)), tl.reshape(b1, (BLOCK_M, 2 * WORDS)))
+    else:
+        a, b = tl.split(tl.reshape(x, (BLOCK_M, WORDS, 2, 2)))
+        return tl.reshape(a, (BLOCK_M, 2 * WORDS)), tl.reshape(b, (BLOCK_M, 2 * WORDS))
+
+
+@triton.jit
+def _w_pair(packed, z, p: tl.constexpr, elem: tl.constexpr, BITS: tl.constexpr,
+            CONVERT: tl.constexpr, ASM: tl.constexpr):
+    """Values p and p + PER_WORD / 2 of each word [BLOCK_N, WORDS], less the zero points,
+    as [BLOCK_N, 2 * WORDS] in elem (column 2j + t: value p + t * PER_WORD / 2 of word j).
+    ASM (bf16 and 4 bits, on a GPU): both from one lop3 on the word shifted by 4p, whose
+    halves are bf16 128 + q (nibble p in the low half, p + 4 in the high), then one
+    packed bf16 subtraction: `_less_zeros`' CONVERT 2, two values an instruction."""
+    PER_WORD: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    BLOCK_N: tl.constexpr = packed.shape[0]
+    WORDS: tl.constexpr = packed.shape[1]
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; "
+            "mov.b32 {$0, $1}, t; }", "=h,=h,r", [packed >> (p * BITS)],
+            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+        w = tl.join(lo, hi) - (z + 128).to(tl.float32).to(elem)[:, None, None]
+    else:
+        lo = _less_zeros((packed >> (p * BITS)) & MASK, z, elem, BITS, CONVERT)
+        hi = _less_zeros((packed >> ((p + PER_WORD // 2) * BITS)) & MASK, z, elem, BITS,
+                         CONVERT)
+        w = tl.join(lo, hi)
+    return tl.reshape(w, (BLOCK_N, 2 * WORDS))
+
+
+@triton.jit
 def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constexpr,
                  K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, SWIZZLE_M: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.constexpr,
-                 SLABS: tl.constexpr):
+                 SLABS: tl.constexpr, ASM: tl.constexpr = False):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
     # BITS 4 or 8: PER_WORD values a word, each masked by MASK; no zero points: MID.
-    # SLABS: each step is PER_WORD dots, one per value position v of the words: value v
-    # of word j is column PER_WORD * j + v, so the words' v-th values against those
+    # SLABS 1: each step is PER_WORD dots, one per value position v of the words: value
+    # v of word j is column PER_WORD * j + v, so the words' v-th values against those
     # columns of x are a dot of BLOCK_K / PER_WORD (>= 16), the K sum in another order.
     # The values stay in the words' own layout (no reshape), which lets the compiler move
-    # the words, not the 16-bit values, into the dot's operand layout. Else the words
-    # are unpacked to [BLOCK_N, BLOCK_K] and one dot takes the step.
+    # the words, not 16-bit values, into the dot's operand layout; x is read as one tile
+    # and split in registers (`_x_slabs`). SLABS 2: PER_WORD / 2 dots of pairs of value
+    # positions, p and p + PER_WORD / 2 (`_w_pair`, `_x_pairs`). SLABS 0: the words
+    # unpacked to [BLOCK_N, BLOCK_K], one dot a step.
     PER_WORD: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     MID: tl.constexpr = 1 << (BITS - 1)
@@ -129,7 +194,8 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
     words = tl.arange(0, BLOCK_K // PER_WORD)
     shifts = tl.arange(0, PER_WORD) * BITS
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_x + (k0 + rk)[None, :]
-    xs_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_x + (k0 + words * PER_WORD)[None, :]
+    xs_ptrs = x_ptr + rm.to(tl.int64)[:, None, None] * stride_x \
+        + (k0 + words * PER_WORD)[None, :, None] + tl.arange(0, PER_WORD)[None, None, :]
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * (K // PER_WORD) \
         + (k0 // PER_WORD + words)[None, :]
     gs_ptrs = rn.to(tl.int64) * GROUPS
@@ -144,12 +210,20 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
             z = tl.full((BLOCK_N,), MID, tl.int32)
         # the values less the zero points: -15..15 (4 bits) or -255..255 (8 bits), exact
         # in elem
-        if SLABS:
+        if SLABS == 2:
+            xs = _x_pairs(tl.load(xs_ptrs, mask=m_ok[:, None, None], other=0.0), BLOCK_M,
+                          BLOCK_K // PER_WORD, PER_WORD)
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for p in tl.static_range(PER_WORD // 2):
+                w = _w_pair(packed, z, p, elem, BITS, CONVERT, ASM)
+                part = tl.dot(xs[p], tl.trans(w), part, input_precision=DOT_PRECISION)
+        elif SLABS:
+            xs = _x_slabs(tl.load(xs_ptrs, mask=m_ok[:, None, None], other=0.0), BLOCK_M,
+                          BLOCK_K // PER_WORD, PER_WORD)
             part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for v in tl.static_range(PER_WORD):
                 w = _less_zeros((packed >> (v * BITS)) & MASK, z, elem, BITS, CONVERT)
-                xv = tl.load(xs_ptrs + v, mask=m_ok[:, None], other=0.0)
-                part = tl.dot(xv, tl.trans(w), part, input_precision=DOT_PRECISION)
+                part = tl.dot(xs[v], tl.trans(w), part, input_precision=DOT_PRECISION)
         else:
             x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
             # [BLOCK_N, BLOCK_K / PER_WORD, PER_WORD] values, row-major: column k of the
@@ -217,7 +291,7 @@ class Int4Config:
     num_stages: int = 3
     swizzle_m: int = 8
     convert: int = 0
-    slabs: bool = False
+    slabs: int = 0
 
 
 def block_k_for(group_size: int) -> int:
@@ -287,7 +361,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
         raise ValueError(f"int4_matmul: block_k {cfg.block_k} must divide the group "
                          f"{group_size} and split_k {cfg.split_k} the K steps")
-    if cfg.slabs and cfg.block_k * bits // 32 < MIN_BLOCK_K:
+    if cfg.slabs and cfg.block_k * bits // 32 * (2 if cfg.slabs == 2 else 1) < MIN_BLOCK_K:
         raise ValueError(f"int4_matmul: slabs need block_k * bits / 32 >= {MIN_BLOCK_K} "
                          f"(a dot's K), got block_k {cfg.block_k}")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -302,7 +376,9 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         GROUP=group_size, HAS_ZERO=zero is not None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWIZZLE_M=cfg.swizzle_m,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BITS=bits,
-        CONVERT=cfg.convert, SLABS=cfg.slabs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        CONVERT=cfg.convert, SLABS=cfg.slabs, ASM=(
+            cfg.convert == 3 and cfg.slabs == 2 and bits == 4 and x.dtype == torch.bfloat16
+            and x.is_cuda), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(
