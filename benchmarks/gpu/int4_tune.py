@@ -1,17 +1,20 @@
-"""A search over loom's W4A16 kernel (loom/kernels/int4_linear.py) on one GPU: how q - zero
-becomes bf16 (`convert` 0/1/2, `_less_zeros`) and the tiles, at decode rows (the split-K
-regime) and at a few prompt row counts (the tiled GEMM, against the op's dequantize +
-dense GEMM and bf16's own matmul). Every config is checked against the float32 product of
-the dequantized weight before it is timed (CUDA graph replays, L2 flushed: KernelTimer).
+"""A search over loom's W4A16 kernels on one GPU: the tensor-core tile
+(loom/kernels/int4_linear.py: how q - zero becomes bf16, `convert` 0/1/2, whole or by
+slabs, and the tiles, at decode rows and a few prompt row counts against the op's
+dequantize + dense GEMM and bf16's matmul) and the CUDA-core GEMV (int4_gemv.py). Every
+config is checked against the float32 product of the dequantized weight before it is
+timed (CUDA graph replays, L2 flushed: KernelTimer).
 
   python3 benchmarks/gpu/int4_tune.py --model llama-3.1-8b --budget-s 300 --out x.json
+      [--stages gemv]
 
-Stages, each compiled ahead on a thread pool: 1. the unpacking (whole, or by slabs) and
-the three conversions at a few decode tiles; 2. the decode grid (block_n, block_k, K split
-for 1/2/4/8 waves, stages) with the best of those, at M = 1, then its best five at M = 16;
-3. prompt tiles at M = 64, 256.
+`--stages all` (the tiled kernel), each compiled ahead on a thread pool: 1. the unpacking
+and the three conversions at a few decode tiles; 2. the decode grid (block_n, block_k, K
+split for 1/2/4/8 waves, stages) with the best of those, at M = 1, then its best five at
+M = 16; 3. prompt tiles at M = 64, 256. `--stages gemv`: the GEMV's grid at M = 1, its
+best three at M = 2 and 4, beside the tiled kernel's default and bf16.
 Prints each stage's ranking; the JSON holds every timing, the ceilings and the best
-configs. A probe for choosing `default_config`'s tiles, not a test.
+configs. A probe for choosing the `default_config`s, not a test.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from loom.bench.common import git_commit
 from loom.bench.int4 import _weight, projections
 from loom.bench.kernel_timing import KernelTimer
 from loom.bench.moe_space import model_config_json
+from loom.kernels import int4_gemv as gmod
 from loom.kernels import int4_linear as kmod
 from loom.kernels.compile_pool import compile_pool
 from loom.quantization.int4 import dequantize
@@ -41,9 +45,9 @@ def split_for(steps: int, tiles: int, sms: int, waves: int) -> int:
                key=lambda d: (abs(d - want), d))
 
 
-VARIANTS = [(0, 0), (0, 2), (1, 1), (1, 2), (2, 2), (2, 3)]
-"""(slabs, convert): how each step unpacks the words (whole; by value position; by pairs)
-and turns the values into bf16 (3: pairs by inline asm)."""
+VARIANTS = [(False, 0), (False, 2), (True, 1), (True, 2)]
+"""(slabs, convert): how each step unpacks the words (whole, or by value position) and
+turns the values into bf16."""
 
 
 def decode_grid(n, k, group, sms, variants, tiles=(32, 64, 128), block_ks=(64, 128),
@@ -52,7 +56,7 @@ def decode_grid(n, k, group, sms, variants, tiles=(32, 64, 128), block_ks=(64, 1
     for slabs, convert in variants:
         for bn in tiles:
             for bk in block_ks:
-                if group % bk or bk * (2 if slabs == 2 else 1) < (128 if slabs else 0):
+                if group % bk or (slabs and bk < 128):  # slabs: a dot of bk / 8 >= 16
                     continue
                 for w in waves:
                     split = split_for(k // bk, -(-n // bn), sms, w)
@@ -64,7 +68,7 @@ def decode_grid(n, k, group, sms, variants, tiles=(32, 64, 128), block_ks=(64, 1
 
 def prompt_grid(group, variant):
     slabs, convert = variant
-    bk = kmod.block_k_for(group) if slabs == 1 else min(64, kmod.block_k_for(group))
+    bk = kmod.block_k_for(group) if slabs else min(64, kmod.block_k_for(group))
     out = []
     for bm, bn, warps in ((32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8),
                           (64, 256, 8), (128, 64, 4)):
@@ -90,6 +94,16 @@ class Search:
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
+    def call(self, x, name, cfg, compile_only=False):
+        """The kernel a config belongs to (the GEMV's or the tiled one's) on x."""
+        packed, scale, zero = self.weights[name]
+        g = self.args.group_size
+        if isinstance(cfg, gmod.GemvConfig):
+            return gmod.int4_gemv(x, packed, scale, zero, g, 4, cfg.block_k, config=cfg,
+                                  compile_only=compile_only)
+        return kmod.int4_matmul(x, packed, scale, zero, g, config=cfg,
+                                compile_only=compile_only)
+
     def run(self, name, m, configs, stage):
         """Compile every config ahead, then check and time each: [(us, config)] ranked."""
         packed, scale, zero = self.weights[name]
@@ -98,21 +112,18 @@ class Search:
         want = x.float() @ dequantize(packed, scale, zero, self.args.group_size).t()
         with compile_pool(16, ignore_errors=True):
             for cfg in configs:
-                kmod.int4_matmul(x, packed, scale, zero, self.args.group_size, config=cfg,
-                                 compile_only=True)
+                self.call(x, name, cfg, compile_only=True)
         ranked = []
         for cfg in configs:
             if self.left() < 0:
                 print(f"  budget spent: {name} M={m} stops", flush=True)
                 break
             try:
-                got = kmod.int4_matmul(x, packed, scale, zero, self.args.group_size,
-                                       config=cfg).float()
+                got = self.call(x, name, cfg).float()
                 err = float(((got - want).norm(dim=-1) / want.norm(dim=-1)).max())
                 if not err < 2e-2:
                     raise ValueError(f"error {err:.3g}")
-                us = self.timer.time_us(lambda: kmod.int4_matmul(
-                    x, packed, scale, zero, self.args.group_size, config=cfg))
+                us = self.timer.time_us(lambda: self.call(x, name, cfg))
             except Exception as e:  # a config that fails to compile or run is reported
                 print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
                 continue
@@ -137,6 +148,18 @@ class Search:
         return bf16, deq
 
 
+def gemv_grid(n, k, group, sms):
+    out = []
+    for bn, warps in ((128, 4), (256, 4), (512, 4), (512, 8)):
+        for bk in (32, 64, 128):
+            if group % bk:
+                continue
+            for w in (2, 4, 8):
+                split = split_for(k // bk, -(-n // bn), sms, w)
+                out.append(gmod.GemvConfig(bn, bk, split, warps, 3))
+    return list(dict.fromkeys(out))
+
+
 def weight_bytes(n, k, group):
     return n * k // 2 + n * (k // group) * 3
 
@@ -150,6 +173,8 @@ def main() -> int:
     p.add_argument("--num-iters", type=int, default=10)
     p.add_argument("--budget-s", type=float, default=300)
     p.add_argument("--out", required=True)
+    p.add_argument("--stages", choices=("gemv", "all"), default="all",
+                   help="gemv: the GEMV's search alone, beside the tiled kernel's default")
     args = p.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     ceilings = measure_ceilings(device)
@@ -171,6 +196,38 @@ def main() -> int:
                 "us": ranked[0][0], "fraction_of_copy": floor_us / ranked[0][0],
                 "config": dataclasses.asdict(ranked[0][1])}
 
+    if args.stages == "gemv":
+        gemv_stage(s, show)
+    else:
+        tiled_stages(s, show, args, best)
+    with open(args.out, "w") as f:
+        json.dump({"benchmark": "int4_tune", "device": torch.cuda.get_device_name(device),
+                   "git_commit": git_commit(), "command": "benchmarks/gpu/int4_tune.py "
+                   + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+                   "ceilings": dataclasses.asdict(ceilings), "best": best,
+                   "rows": s.rows}, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def gemv_stage(s, show):
+    """The GEMV's grid at M = 1, its best three at M = 2 and 4; the tiled kernel's default
+    at M = 1, 4, 5 and 16, and bf16's matmul, beside it."""
+    g = s.args.group_size
+    for name, (n, k) in s.shapes.items():
+        s.timer.spin()
+        ranked = s.run(name, 1, gemv_grid(n, k, g, s.sms), "gemv")
+        show("gemv", name, 1, ranked)
+        for m in (2, 4):
+            show("gemv", name, m, s.run(name, m, [c for _, c in ranked[:3]], "gemv"), top=2)
+        for m in (1, 4, 5, 16):
+            cfg = kmod.default_config(m, n, k, g, s.sms)
+            show("tiled", name, m, s.run(name, m, [cfg], "tiled"), top=1)
+        bf16, _ = s.peers(name, 1)
+        print(f"  bf16 M=1 {bf16:.1f} us", flush=True)
+
+
+def tiled_stages(s, show, args, best):
     # 1. the unpacking and conversions at a few decode tiles
     totals = {v: 0.0 for v in VARIANTS}
     for name, (n, k) in s.shapes.items():
@@ -203,15 +260,7 @@ def main() -> int:
             show("prompt", name, m, ranked, top=3)
             bf16, deq = s.peers(name, m)
             print(f"  M={m} bf16 {bf16:.1f} us, dequantize + GEMM {deq:.1f} us", flush=True)
-    with open(args.out, "w") as f:
-        json.dump({"benchmark": "int4_tune", "device": torch.cuda.get_device_name(device),
-                   "git_commit": git_commit(), "command": "benchmarks/gpu/int4_tune.py "
-                   + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-                   "ceilings": dataclasses.asdict(ceilings),
-                   "variant_totals_us": {str(v): t for v, t in totals.items()},
-                   "best": best, "rows": s.rows}, f, indent=1)
-    print(f"wrote {args.out}")
-    return 0
+    best["variant_totals_us"] = {str(v): t for v, t in totals.items()}
 
 
 if __name__ == "__main__":

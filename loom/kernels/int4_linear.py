@@ -60,8 +60,10 @@ import triton
 import triton.language as tl
 
 from loom.kernels.fp8_block_gemm import swizzled_tile
+from loom.kernels import int4_gemv
 from loom.kernels.compile_pool import launch_or_compile
 from loom.kernels.host import cdiv
+from loom.kernels.int4_gemv import split_for
 from loom.kernels.interpreter import interpreted
 from loom.kernels.launch import fast_launch
 from loom.library import loom_op
@@ -85,7 +87,7 @@ def _less_zeros(q, z, elem: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.conste
     2: elem from its own bits where that holds every q: 0x4300 | q is bfloat16 128 + q (4
        bits only: 7 mantissa bits), 0x6400 | q float16 1024 + q; less 128 + z (or
        1024 + z), exact in elem. Otherwise 1."""
-    if CONVERT >= 2 and ((elem == tl.bfloat16 and BITS == 4) or elem == tl.float16):
+    if CONVERT == 2 and ((elem == tl.bfloat16 and BITS == 4) or elem == tl.float16):
         BASE: tl.constexpr = 0x4300 if elem == tl.bfloat16 else 0x6400
         OFFSET: tl.constexpr = 128 if elem == tl.bfloat16 else 1024
         v = (q | BASE).to(tl.int16).to(elem, bitcast=True)
@@ -121,64 +123,21 @@ def _x_slabs(x, BLOCK_M: tl.constexpr, WORDS: tl.constexpr, PER_WORD: tl.constex
 
 
 @triton.jit
-def _x_pairs(x, BLOCK_M: tl.constexpr, WORDS: tl.constexpr, PER_WORD: tl.constexpr):
-    """x [BLOCK_M, WORDS, PER_WORD] -> PER_WORD / 2 tiles [BLOCK_M, 2 * WORDS], tile p's
-    column 2j + t holding x[:, j, p + t * PER_WORD / 2]: the columns of the values that
-    `_w_pair` takes from the words, in its order."""
-    if PER_WORD == 8:
-        a, b = tl.split(tl.reshape(x, (BLOCK_M, WORDS, 2, 2, 2)))  # p's bit 0
-        a0, a1 = tl.split(a)  # p's bit 1
-        b0, b1 = tl.split(b)
-        return (tl.reshape(a0, (BLOCK_M, 2 * WORDS)), tl.reshape(b0, (BLOCK_M, 2 * WORDS)),
-                tl.reshape(a1, (BLOCK_M, 2 * WORDS)), tl.reshape(b1, (BLOCK_M, 2 * WORDS)))
-    else:
-        a, b = tl.split(tl.reshape(x, (BLOCK_M, WORDS, 2, 2)))
-        return tl.reshape(a, (BLOCK_M, 2 * WORDS)), tl.reshape(b, (BLOCK_M, 2 * WORDS))
-
-
-@triton.jit
-def _w_pair(packed, z, p: tl.constexpr, elem: tl.constexpr, BITS: tl.constexpr,
-            CONVERT: tl.constexpr, ASM: tl.constexpr):
-    """Values p and p + PER_WORD / 2 of each word [BLOCK_N, WORDS], less the zero points,
-    as [BLOCK_N, 2 * WORDS] in elem (column 2j + t: value p + t * PER_WORD / 2 of word j).
-    ASM (bf16 and 4 bits, on a GPU): both from one lop3 on the word shifted by 4p, whose
-    halves are bf16 128 + q (nibble p in the low half, p + 4 in the high), then one
-    packed bf16 subtraction: `_less_zeros`' CONVERT 2, two values an instruction."""
-    PER_WORD: tl.constexpr = 32 // BITS
-    MASK: tl.constexpr = (1 << BITS) - 1
-    BLOCK_N: tl.constexpr = packed.shape[0]
-    WORDS: tl.constexpr = packed.shape[1]
-    if ASM:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; "
-            "mov.b32 {$0, $1}, t; }", "=h,=h,r", [packed >> (p * BITS)],
-            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
-        w = tl.join(lo, hi) - (z + 128).to(tl.float32).to(elem)[:, None, None]
-    else:
-        lo = _less_zeros((packed >> (p * BITS)) & MASK, z, elem, BITS, CONVERT)
-        hi = _less_zeros((packed >> ((p + PER_WORD // 2) * BITS)) & MASK, z, elem, BITS,
-                         CONVERT)
-        w = tl.join(lo, hi)
-    return tl.reshape(w, (BLOCK_N, 2 * WORDS))
-
-
-@triton.jit
 def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constexpr,
                  K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, SWIZZLE_M: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, BITS: tl.constexpr, CONVERT: tl.constexpr,
-                 SLABS: tl.constexpr, ASM: tl.constexpr = False):
+                 SLABS: tl.constexpr):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
     # BITS 4 or 8: PER_WORD values a word, each masked by MASK; no zero points: MID.
-    # SLABS 1: each step is PER_WORD dots, one per value position v of the words: value
-    # v of word j is column PER_WORD * j + v, so the words' v-th values against those
+    # SLABS: each step is PER_WORD dots, one per value position v of the words: value v
+    # of word j is column PER_WORD * j + v, so the words' v-th values against those
     # columns of x are a dot of BLOCK_K / PER_WORD (>= 16), the K sum in another order.
     # The values stay in the words' own layout (no reshape), which lets the compiler move
     # the words, not 16-bit values, into the dot's operand layout; x is read as one tile
-    # and split in registers (`_x_slabs`). SLABS 2: PER_WORD / 2 dots of pairs of value
-    # positions, p and p + PER_WORD / 2 (`_w_pair`, `_x_pairs`). SLABS 0: the words
-    # unpacked to [BLOCK_N, BLOCK_K], one dot a step.
+    # and split in registers (`_x_slabs`). Else the words are unpacked to
+    # [BLOCK_N, BLOCK_K], one dot a step.
     PER_WORD: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     MID: tl.constexpr = 1 << (BITS - 1)
@@ -210,14 +169,7 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, stride_x, N: tl.constex
             z = tl.full((BLOCK_N,), MID, tl.int32)
         # the values less the zero points: -15..15 (4 bits) or -255..255 (8 bits), exact
         # in elem
-        if SLABS == 2:
-            xs = _x_pairs(tl.load(xs_ptrs, mask=m_ok[:, None, None], other=0.0), BLOCK_M,
-                          BLOCK_K // PER_WORD, PER_WORD)
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for p in tl.static_range(PER_WORD // 2):
-                w = _w_pair(packed, z, p, elem, BITS, CONVERT, ASM)
-                part = tl.dot(xs[p], tl.trans(w), part, input_precision=DOT_PRECISION)
-        elif SLABS:
+        if SLABS:
             xs = _x_slabs(tl.load(xs_ptrs, mask=m_ok[:, None, None], other=0.0), BLOCK_M,
                           BLOCK_K // PER_WORD, PER_WORD)
             part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -291,7 +243,7 @@ class Int4Config:
     num_stages: int = 3
     swizzle_m: int = 8
     convert: int = 0
-    slabs: int = 0
+    slabs: bool = False
 
 
 def block_k_for(group_size: int) -> int:
@@ -301,16 +253,18 @@ def block_k_for(group_size: int) -> int:
     return block_k if block_k >= MIN_BLOCK_K else 0
 
 
-def default_config(m: int, n: int, k: int, group_size: int, sms: int = 132) -> Int4Config:
-    """Unmeasured guesses (see the module's docstring). Decode rows: 16 x 64 tiles, K split
-    so that about two programs per SM run, the split a divisor of the K steps. 17..64 rows:
-    64 x 64 tiles; beyond: 128 x 128 with 8 warps."""
+def default_config(m: int, n: int, k: int, group_size: int, sms: int = 132,
+                   bits: int = 4) -> Int4Config:
+    """Decode rows: the best of an H100 search (benchmarks/results/h100-session45-zzz107/,
+    8B's projections): 16 x 64 tiles by slabs (where a step's words give a dot of 16) with
+    bf16's own bits, K split for about four programs per SM. Prompt rows (the op
+    dequantizes instead; `int4_matmul` only): 64 x 64 tiles up to 64 rows, 128 x 128
+    beyond."""
     block_k = block_k_for(group_size)
     if m <= DECODE_ROWS:
-        steps, tiles_n = k // block_k, cdiv(n, 64)
-        want = max(1, min(steps, cdiv(2 * sms, tiles_n)))
-        split = max(d for d in range(1, want + 1) if steps % d == 0)
-        return Int4Config(16, 64, block_k, split, num_warps=4, num_stages=4)
+        split = split_for(k // block_k, cdiv(n, 64), sms)
+        return Int4Config(16, 64, block_k, split, num_warps=4, num_stages=3, convert=2,
+                          slabs=block_k * bits // 32 >= MIN_BLOCK_K)
     if m <= 64:
         return Int4Config(64, 64, block_k, num_warps=4, num_stages=4)
     return Int4Config(128, 128, block_k, num_warps=8, num_stages=3)
@@ -357,11 +311,11 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     (m, k), n = x.shape, packed.shape[0]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count \
         if x.is_cuda else 132
-    cfg = config or default_config(m, n, k, group_size, sms)
+    cfg = config or default_config(m, n, k, group_size, sms, bits)
     if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
         raise ValueError(f"int4_matmul: block_k {cfg.block_k} must divide the group "
                          f"{group_size} and split_k {cfg.split_k} the K steps")
-    if cfg.slabs and cfg.block_k * bits // 32 * (2 if cfg.slabs == 2 else 1) < MIN_BLOCK_K:
+    if cfg.slabs and cfg.block_k * bits // 32 < MIN_BLOCK_K:
         raise ValueError(f"int4_matmul: slabs need block_k * bits / 32 >= {MIN_BLOCK_K} "
                          f"(a dot's K), got block_k {cfg.block_k}")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -376,9 +330,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         GROUP=group_size, HAS_ZERO=zero is not None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWIZZLE_M=cfg.swizzle_m,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BITS=bits,
-        CONVERT=cfg.convert, SLABS=cfg.slabs, ASM=(
-            cfg.convert == 3 and cfg.slabs == 2 and bits == 4 and x.dtype == torch.bfloat16
-            and x.is_cuda), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        CONVERT=cfg.convert, SLABS=cfg.slabs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(
@@ -417,6 +369,9 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
             x.is_cuda or interpreted(_int4_kernel)):
         if x.shape[0] > DECODE_ROWS:  # prompt rows: the weight whole, then a dense GEMM
             return F.linear(x, dequantize_packed(packed, scale, zero, group_size, bits))
+        if 0 < x.shape[0] <= int4_gemv.MAX_ROWS:  # a few rows: on the CUDA cores
+            return int4_gemv.int4_gemv(x, packed, scale, zero, group_size, bits,
+                                       block_k_for(group_size))
         return int4_matmul(x, packed, scale, zero, group_size, bits)
     w = dequantize(packed, scale, zero, group_size, bits)
     return (x.float() @ w.t()).to(x.dtype)

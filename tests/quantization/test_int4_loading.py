@@ -189,14 +189,16 @@ def test_int4_op_in_a_compiled_model(tmp_path, monkeypatch):
     from tests.conftest import hf_greedy
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
-    from loom.kernels import int4_linear
+    from loom.kernels import int4_gemv, int4_linear
     from loom.kernels.interpreter import interpreted
     if not interpreted(int4_linear._int4_kernel):
         pytest.skip("Triton's interpreter was not on when the kernel module loaded")
-    calls = []
-    real = int4_linear.int4_matmul
+    calls, gemv_calls = [], []
+    real, real_gemv = int4_linear.int4_matmul, int4_gemv.int4_gemv
     monkeypatch.setattr(int4_linear, "int4_matmul",
                         lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(int4_gemv, "int4_gemv", lambda *a, **k: gemv_calls.append(
+        a[0].shape[0]) or real_gemv(*a, **k))
     monkeypatch.setattr(int4.Int4Linear, "use_op", staticmethod(lambda x: True))
     reference = write_int4_checkpoint(make_tiny_model("qwen3", str(tmp_path / "b")),
                                       str(tmp_path / "q"), GROUP, False, ["lm_head"])
@@ -210,7 +212,8 @@ def test_int4_op_in_a_compiled_model(tmp_path, monkeypatch):
         llm.shutdown()
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 4)
-    assert calls and min(calls) <= 2 < max(calls)  # decode rows and prompt rows
+    # decode rows (two requests) on the GEMV, prompt rows on the tiled kernel
+    assert gemv_calls and max(gemv_calls) <= 2 < min(calls)
 
 
 def test_loaded_int4_experts_run_in_the_fused_moe_kernels(tmp_path, monkeypatch):
