@@ -34,7 +34,8 @@ def _gemv(x, packed, scale, zero, group, bits, config):
 def test_matches_float64(m, bits, with_zero, dtype):
     # N = 40 against BLOCK_N 16: a ragged last block; K split in 2 slices of 2 steps
     x, packed, scale, zero, q, zq = _case(m, 256, 40, 64, with_zero, dtype, bits)
-    cfg = mod.GemvConfig(block_n=16, block_k=32, split_k=2 if m % 2 else 1)
+    cfg = mod.GemvConfig(block_n=16, block_k=32, split_k=2 if m % 2 else 1,
+                         unroll=m > 2)  # unrolled steps, and a loop
     _check(_gemv(x, packed, scale, zero, 64, bits, cfg), _reference(x, q, zq, scale, 64,
                                                                      bits), dtype)
 
@@ -79,14 +80,17 @@ types = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
 for bits in (4, 8):
     for m in (1, 4):
         ptx = build(_int4_gemv_kernel, types, dict(M=m, N=4096, K=4096, GROUP=128,
-                    HAS_ZERO=True, BITS=bits, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4), 4)
-        print(bits, m, "fma.rn.f32" in ptx, "cvt.rn.f32.s32" not in ptx)
+                    HAS_ZERO=True, BITS=bits, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+                    UNROLL=m == 4, NUM_STAGES=3), 4, 3)
+        print(bits, m, "fma.rn.f32" in ptx, "cvt.rn.f32.s32" not in ptx,
+              ("cp.async" in ptx) == (m == 1))
 """
 
 
 def test_kernel_compiles_for_sm90_offline():
     """Both widths at one and four rows compile for sm_90 with Triton's own ptxas (no GPU
-    here): FMAs, and no int32-to-float conversion of the values (the bit trick)."""
+    here): FMAs, no int32-to-float conversion of the values (the bit trick), and the
+    loop's weight loads asynchronous copies (software-pipelined) unless unrolled."""
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     out = compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines()
-    assert out == [f"{bits} {m} True True" for bits in (4, 8) for m in (1, 4)], out
+    assert out == [f"{bits} {m} True True True" for bits in (4, 8) for m in (1, 4)], out
