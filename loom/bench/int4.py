@@ -121,9 +121,17 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
     us = timer.time_us(lambda: kernel.int4_linear(x, packed, scale, zero, group, bits))
     bf16_us = timer.time_us(lambda: F.linear(x, dense))
     nbytes = packed.numel() * 4 + scale.numel() * 2 + (0 if zero is None else zero.numel())
-    # Past the decode rows the op dequantizes the weight and runs the dense GEMM.
-    config = (dataclasses.asdict(kernel.default_config(m, n, k, group))
-              if m <= kernel.DECODE_ROWS else "dequantize + dense GEMM")
+    # The op's regime for m rows: the GEMV, the tensor-core tile, or past the decode rows
+    # the weight dequantized and the dense GEMM.
+    from loom.kernels import int4_gemv
+    if m <= int4_gemv.MAX_ROWS:
+        config = {"kernel": "int4_gemv", **dataclasses.asdict(int4_gemv.default_config(
+            m, n, k, kernel.block_k_for(group)))}
+    elif m <= kernel.DECODE_ROWS:
+        config = {"kernel": "int4_matmul",
+                  **dataclasses.asdict(kernel.default_config(m, n, k, group, bits=bits))}
+    else:
+        config = "dequantize + dense GEMM"
     return {"projection": name, "n": n, "k": k, "bits": bits, "batch_size": m, "us": us,
             "bf16_us": bf16_us,
             "weight_bytes": nbytes, "gbps": nbytes / us / 1e3, "config": config,
