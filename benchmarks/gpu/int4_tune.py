@@ -150,16 +150,13 @@ class Search:
 
 def gemv_grid(n, k, group, sms):
     out = []
-    for bn in (64, 128, 256):
+    for bn, warps in ((128, 4), (256, 4), (512, 4), (512, 8)):
         for bk in (32, 64, 128):
             if group % bk:
                 continue
             for w in (2, 4, 8):
                 split = split_for(k // bk, -(-n // bn), sms, w)
-                for st in (3, 4):
-                    out.append(gmod.GemvConfig(bn, bk, split, 4, st))
-                if bk == 128 and w == 4:
-                    out.append(gmod.GemvConfig(bn, bk, split, 4, 1, unroll=True))
+                out.append(gmod.GemvConfig(bn, bk, split, warps, 3))
     return list(dict.fromkeys(out))
 
 

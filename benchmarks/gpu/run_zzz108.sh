@@ -1,6 +1,7 @@
 # 1 GPU (~7 min), session 45: the int4 CUDA-core GEMV (loom/kernels/int4_gemv.py), new.
-# (Rerun after its first run: the GEMV's loop is now tl.range(num_stages), software-
-# pipelined with cp.async, where a plain range left each step waiting on its own load.)
+# Ran at 0b314fa (H200) and 220e4a3 (H100, the loop pipelined: far slower, reverted);
+# results in benchmarks/results/*-session45-zzz108-*/. Rerun it to time the final form
+# (plain range, 128 x 128 tiles, one row alone) end to end.
 # 1. tests/kernels/test_int4_gemv.py and the int4 tile's conversions on the GPU;
 # 2. int4_tune.py --stages gemv on 8B's projections: the GEMV's grid at M = 1 (2, 4) beside
 #    the tiled kernel's new default (slabs, bf16 bits: 0.17-0.30 of copy at M = 1 in

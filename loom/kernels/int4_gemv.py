@@ -2,12 +2,16 @@
 in `int4_linear`'s packed layout (int32 words, 32 / bits values each, a scale and zero
 point a group), on the CUDA cores, float32 throughout.
 
-Why not the tensor-core tile: at one row an H100 ran `int4_linear`'s split-K dot kernel
-at 0.17-0.33 of the copy rate (benchmarks/results/h100-session45-zzz107/). Each value costs
-a shift and a mask before any multiply, and the dot adds moving the values into its operand
-layout. Here each value is a shift, one LOP3 (mask, and the float32 exponent of 2^23 or'd
-in: the float 2^23 + q), one add (less 2^23 + zero: q - zero exactly) and one FMA a row,
-with no shared memory and no barriers:
+Why beside the tensor-core tile: each value costs a shift and a mask before any multiply,
+and the tile adds moving the values into the dot's operand layout. Here each value is a
+shift, a mask, an or (the float32 exponent of 2^23: the float 2^23 + q), one add (less
+2^23 + zero: q - zero exactly) and one FMA a row; the cross-thread sums wait for the end.
+On an H200 at one row it beat the tile by 8-25% on 8B's projections (qkv 19.5 us against
+21.3, gate_up 57.0 against 75.5; benchmarks/results/h200-session45-zzz108-0b314fa/), yet
+both stay at 0.12-0.26 of the copy rate; at two rows and more the tile wins, so the op
+sends it one row alone (`int4_linear.GEMV_ROWS`). The loop is a plain `range`: Triton's
+cp.async pipelining of it (`tl.range(num_stages=...)`) was up to 3.6x slower on an H100
+(benchmarks/results/h100-session45-zzz108-220e4a3/):
 
 * program (n, s) owns BLOCK_N weight rows and walks its slice of K (SPLIT_K slices) in
   BLOCK_K steps inside one group (BLOCK_K divides the group): a step loads
@@ -39,39 +43,15 @@ MAX_ROWS = 4
 
 
 @triton.jit
-def _step(acc, i, w_ptrs, x_ptr, x_cols, s_ptr, z_ptr, rows, shifts, mrows, stride_x, k0,
-          M: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr,
-          HAS_ZERO: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc + step i's products: [M_PAD, BLOCK_N, WORDS] float32 sums."""
-    MASK: tl.constexpr = (1 << BITS) - 1
-    group = (k0 + i * BLOCK_K) // GROUP
-    packed = tl.load(w_ptrs + i * (BLOCK_K * BITS // 32))
-    if HAS_ZERO:
-        z = tl.load(z_ptr + rows * GROUPS + group).to(tl.float32)
-    else:
-        z = tl.full(rows.shape, 1 << (BITS - 1), tl.float32)
-    s = tl.load(s_ptr + rows * GROUPS + group).to(tl.float32)
-    # 0x4B000000 | q is the float32 2^23 + q; less 2^23 + zero: q - zero, exact
-    bits = ((packed.to(tl.uint32, bitcast=True)[:, :, None] >> shifts) & MASK) | 0x4B000000
-    w = bits.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None, None]
-    for m in tl.static_range(M):
-        x = tl.load(x_ptr + m * stride_x + x_cols + i * BLOCK_K).to(tl.float32)
-        part = tl.sum(w * x, axis=2) * s[:, None]
-        acc += tl.where(mrows[:, None, None] == m, part[None, :, :], 0.0)
-    return acc
-
-
-@triton.jit
 def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, M: tl.constexpr,
                       N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr,
                       HAS_ZERO: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      UNROLL: tl.constexpr = False, NUM_STAGES: tl.constexpr = 3):
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
-    # UNROLL: the slice's steps unrolled (its loads free to issue together), else a loop
-    # software-pipelined NUM_STAGES deep.
     PER_WORD: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PER_WORD
+    MASK: tl.constexpr = (1 << BITS) - 1
+    MID: tl.constexpr = 1 << (BITS - 1)
     GROUPS: tl.constexpr = K // GROUP
     K_ITERS: tl.constexpr = K // BLOCK_K // SPLIT_K
     M_PAD: tl.constexpr = 1 if M == 1 else (2 if M == 2 else 4)
@@ -92,14 +72,23 @@ def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, M: tl.const
     # per row of x, weight row and word: the sums across steps are reduced over the words
     # once, at the end (no cross-thread sum, hence no barrier, in the loop)
     acc = tl.zeros((M_PAD, BLOCK_N, WORDS), dtype=tl.float32)
-    if UNROLL:
-        for i in tl.static_range(K_ITERS):
-            acc = _step(acc, i, w_ptrs, x_ptr, x_cols, s_ptr, z_ptr, rows, shifts, mrows,
-                        stride_x, k0, M, GROUP, GROUPS, HAS_ZERO, BITS, BLOCK_K)
-    else:
-        for i in tl.range(0, K_ITERS, num_stages=NUM_STAGES):
-            acc = _step(acc, i, w_ptrs, x_ptr, x_cols, s_ptr, z_ptr, rows, shifts, mrows,
-                        stride_x, k0, M, GROUP, GROUPS, HAS_ZERO, BITS, BLOCK_K)
+    for i in range(K_ITERS):
+        group = (k0 + i * BLOCK_K) // GROUP
+        packed = tl.load(w_ptrs)
+        if HAS_ZERO:
+            z = tl.load(z_ptr + rows * GROUPS + group).to(tl.float32)
+        else:
+            z = tl.full((BLOCK_N,), MID, tl.float32)
+        s = tl.load(s_ptr + rows * GROUPS + group).to(tl.float32)
+        # 0x4B000000 | q is the float32 2^23 + q; less 2^23 + zero: q - zero, exact
+        bits = ((packed.to(tl.uint32, bitcast=True)[:, :, None] >> shifts) & MASK) \
+            | 0x4B000000
+        w = bits.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None, None]
+        for m in tl.static_range(M):
+            x = tl.load(x_ptr + m * stride_x + x_cols + i * BLOCK_K).to(tl.float32)
+            part = tl.sum(w * x, axis=2) * s[:, None]
+            acc += tl.where(mrows[:, None, None] == m, part[None, :, :], 0.0)
+        w_ptrs += WORDS
     y = tl.sum(acc, axis=2)  # [M_PAD, BLOCK_N]
     out = (split * M).to(tl.int64) * N + mrows[:, None] * N + rn[None, :]
     tl.store(out_ptr + out, y.to(out_ptr.dtype.element_ty),
@@ -113,7 +102,6 @@ class GemvConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    unroll: bool = False
 
 
 def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
@@ -124,11 +112,11 @@ def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
 
 
 def default_config(m: int, n: int, k: int, block_k: int, sms: int = 132) -> GemvConfig:
-    """block_k: the K step (a divisor of the group), capped at 32 values (four words a
-    row: one 16-byte load). 256 rows a program (two a thread at four warps, sharing x's
-    registers), K split for about four programs per SM."""
-    block_k = min(block_k, 32)
-    return GemvConfig(256, block_k, split_for(k // block_k, cdiv(n, 256), sms))
+    """block_k: the K step (a divisor of the group), capped at 128 values. The best of an
+    H200 search on 8B's projections (benchmarks/results/h200-session45-zzz108-0b314fa/):
+    128 rows a program, K split for about four programs per SM."""
+    block_k = min(block_k, 128)
+    return GemvConfig(128, block_k, split_for(k // block_k, cdiv(n, 128), sms))
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -154,8 +142,8 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     launch_or_compile(_int4_gemv_kernel, (cdiv(n, cfg.block_n), split), compile_only)(
         x, packed, scale, packed if zero is None else zero, dest, x.stride(0), M=m, N=n,
         K=k, GROUP=group_size, HAS_ZERO=zero is not None, BITS=bits, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT_K=split, UNROLL=cfg.unroll, NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_K=cfg.block_k, SPLIT_K=split, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(

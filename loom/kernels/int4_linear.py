@@ -75,6 +75,9 @@ MIN_BLOCK_K = 16
 multiple of it."""
 DECODE_ROWS = 16
 """Row counts up to this take the split-K decode regime, padded to one 16-row tile."""
+GEMV_ROWS = 1
+"""Row counts up to this take `int4_gemv` (measured faster than the tile at one row, slower
+at two and four: benchmarks/results/h200-session45-zzz108-0b314fa/)."""
 
 
 @triton.jit
@@ -369,7 +372,7 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
             x.is_cuda or interpreted(_int4_kernel)):
         if x.shape[0] > DECODE_ROWS:  # prompt rows: the weight whole, then a dense GEMM
             return F.linear(x, dequantize_packed(packed, scale, zero, group_size, bits))
-        if 0 < x.shape[0] <= int4_gemv.MAX_ROWS:  # a few rows: on the CUDA cores
+        if 0 < x.shape[0] <= GEMV_ROWS:  # one row: on the CUDA cores
             return int4_gemv.int4_gemv(x, packed, scale, zero, group_size, bits,
                                        block_k_for(group_size))
         return int4_matmul(x, packed, scale, zero, group_size, bits)

@@ -34,8 +34,7 @@ def _gemv(x, packed, scale, zero, group, bits, config):
 def test_matches_float64(m, bits, with_zero, dtype):
     # N = 40 against BLOCK_N 16: a ragged last block; K split in 2 slices of 2 steps
     x, packed, scale, zero, q, zq = _case(m, 256, 40, 64, with_zero, dtype, bits)
-    cfg = mod.GemvConfig(block_n=16, block_k=32, split_k=2 if m % 2 else 1,
-                         unroll=m > 2)  # unrolled steps, and a loop
+    cfg = mod.GemvConfig(block_n=16, block_k=32, split_k=2 if m % 2 else 1)
     _check(_gemv(x, packed, scale, zero, 64, bits, cfg), _reference(x, q, zq, scale, 64,
                                                                      bits), dtype)
 
@@ -71,6 +70,9 @@ def test_default_config_splits_k_for_the_sms():
         cfg = mod.default_config(1, n, k, 128, sms=132)
         assert 128 % cfg.block_k == 0 and (k // cfg.block_k) % cfg.split_k == 0
         assert 2 * 132 <= -(-n // cfg.block_n) * cfg.split_k <= 6 * 132
+    # the H200 search's best splits for 8B's projections
+    assert [mod.default_config(1, n, k, 128).split_k for n, k in (
+        (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))] == [8, 16, 2, 16]
 
 
 _OFFLINE_COMPILE = r"""
@@ -80,17 +82,14 @@ types = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
 for bits in (4, 8):
     for m in (1, 4):
         ptx = build(_int4_gemv_kernel, types, dict(M=m, N=4096, K=4096, GROUP=128,
-                    HAS_ZERO=True, BITS=bits, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
-                    UNROLL=m == 4, NUM_STAGES=3), 4, 3)
-        print(bits, m, "fma.rn.f32" in ptx, "cvt.rn.f32.s32" not in ptx,
-              ("cp.async" in ptx) == (m == 1))
+                    HAS_ZERO=True, BITS=bits, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4), 4, 3)
+        print(bits, m, "fma.rn.f32" in ptx, "cvt.rn.f32.s32" not in ptx)
 """
 
 
 def test_kernel_compiles_for_sm90_offline():
     """Both widths at one and four rows compile for sm_90 with Triton's own ptxas (no GPU
-    here): FMAs, no int32-to-float conversion of the values (the bit trick), and the
-    loop's weight loads asynchronous copies (software-pipelined) unless unrolled."""
+    here): FMAs, and no int32-to-float conversion of the values (the bit trick)."""
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     out = compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines()
-    assert out == [f"{bits} {m} True True True" for bits in (4, 8) for m in (1, 4)], out
+    assert out == [f"{bits} {m} True True" for bits in (4, 8) for m in (1, 4)], out
