@@ -10,44 +10,41 @@ dtype; `zero` uint8 [N, K / G], or None for a zero point of 2^(bits - 1) everywh
 128). The weight is w[n, k] = (w_q[n, k] - zero[n, k // G]) * scale[n, k // G], and
 out = x @ w^T.
 
-One kernel serves every row count. A program owns a BLOCK_M x BLOCK_N output tile and walks
-its share of K in BLOCK_K steps, BLOCK_K dividing G so that a step lies in one group. Each
-step loads BLOCK_K / P words a weight row (the only weight bytes read), shifts every word
-by 0, bits, .., 32 - bits and masks the value (so an int32 word's sign does not matter),
-subtracts the zero points, and multiplies the rows of x by these small integers on the
-tensor cores with float32 sums: -15..15 for 4 bits, -255..255 for 8, exact in bfloat16
-(8 significant bits: every integer up to 256 in magnitude) and float16 (up to 2048). That
-partial tile is then multiplied by the group's scales, one float32 per column, and added to
-the float32 accumulator. Scaling before the dot would round every weight to the
-activations' dtype first; here the only roundings are the dot's float32 sums and the
-output's one cast.
+The tensor-core tile: a program owns a BLOCK_M x BLOCK_N output tile and walks its share
+of K in BLOCK_K steps, BLOCK_K dividing G so that a step lies in one group. Each step loads
+BLOCK_K / P words a weight row (the only weight bytes read), shifts and masks the values
+(so an int32 word's sign does not matter), subtracts the zero points (`_less_zeros`: by
+default bf16's own bits, 0x4300 | q being 128 + q, less 128 + zero; no int-to-float
+conversion), and multiplies the rows of x by these small integers on the tensor cores with
+float32 sums: -15..15 for 4 bits, -255..255 for 8, exact in bfloat16 (8 significant bits:
+every integer up to 256 in magnitude) and float16 (up to 2048). With `slabs` a step is P
+dots, one per value position of the words (the K sum in another order): the values stay
+in the words' layout, and x is read as one tile split in registers. That partial tile is
+then multiplied by the group's scales, one float32 per column, and added to the float32
+accumulator. Scaling before the dot would round every weight to the activations' dtype
+first; here the only roundings are the dot's float32 sums and the output's one cast.
 
-Two regimes, chosen from the row count (`default_config`), of which the op takes the first
-alone: past DECODE_ROWS it dequantizes the weight whole (`_dequant_kernel`: each value
-(w_q - zero) * scale in float32, rounded once to the activations' dtype) and multiplies by
-the dense GEMM, as vLLM's AWQ layer does from 256 rows. On an H100 (session 44,
-`benchmarks/results/h100-session44-zzz103/`) the tiled GEMM below ran prompt rows at
-0.10-0.17x bf16's speed, where the dequantize costs about the weight's bytes (half a byte
-read, two written a value) over the copy rate beside bf16's GEMM. The tiled GEMM stays,
-reachable through `int4_matmul`, for tuning:
+Three regimes, chosen by the op from the row count:
 
-* decode, 1..16 rows: the rows padded to one 16-row tensor-core tile. N / BLOCK_N programs
-  would leave most of an H200's 132 SMs idle for a small N, so K is split into SPLIT_K
-  slices (a divisor of the K steps, so no step is masked). Each slice stores its float32
-  partial tile into [SPLIT_K, M, N] and a second small kernel sums the slices in order and
-  casts. Float32 atomics into a zeroed buffer would need a memset and a cast kernel as
-  well (three launches, not two) and sum in arrival order, so the same request would
-  round differently from run to run; the partials are a few hundred KB read from L2.
-* prompts: a tiled GEMM (64 x 64 tiles up to 64 rows, 128 x 128 beyond), the programs
-  ordered so that those running together share weight and row tiles in L2 (the fp8 block
-  GEMM's `_tile`).
+* one row (GEMV_ROWS): `int4_gemv`, on the CUDA cores;
+* 2..16 rows (DECODE_ROWS): the tile, the rows padded to one 16-row tensor-core tile. N /
+  BLOCK_N programs would leave most of the 132 SMs idle for a small N, so K is split into
+  SPLIT_K slices (a divisor of the K steps, so no step is masked). Each slice stores its
+  float32 partial tile into [SPLIT_K, M, N] and a second small kernel sums the slices in
+  order and casts (deterministic, where float32 atomics would round by arrival order);
+* more rows: the weight dequantized whole (`_dequant_kernel`: each value (w_q - zero) *
+  scale in float32, rounded once) and the dense GEMM, as vLLM's AWQ layer does from 256
+  rows. The tiled GEMM (`int4_matmul` with a prompt config) lost to it at 64 and 256
+  rows on an H100 (benchmarks/results/h100-session45-zzz107-*/).
 
-These tile sizes, splits, warps and stages are guesses, not yet measured on a GPU: they
-sit in `default_config` alone, to be replaced by measured ones. K and N are constexprs (one
-compile per layer shape; the K loop's bound is then a constexpr, which Triton 3.6's
-interpreter needs); M is not. `dequantize` is the plain-torch float32 weight: the
-reference, and the path of calls the kernel does not take (a CPU tensor outside the
-interpreter, or shapes `supports` refuses): loom.quantization.int4's `dequantize`.
+`default_config`'s decode tiles are an H100 search's best (`benchmarks/gpu/int4_tune.py`).
+They still run at 0.15-0.33 of the copy rate at one row, 1.2-1.5x faster than bf16 where a
+quarter of the bytes should give ~3.5x: the unpacking's instructions and latency, not the
+bytes, bound them. K and N are constexprs (one compile per layer shape; the K loop's
+bound is then a constexpr, which Triton 3.6's interpreter needs); M is not. `dequantize`
+is the plain-torch float32 weight: the reference, and the path of calls the kernel does
+not take (a CPU tensor outside the interpreter, or shapes `supports` refuses):
+loom.quantization.int4's `dequantize`.
 """
 
 from __future__ import annotations
@@ -59,9 +56,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from loom.kernels.fp8_block_gemm import swizzled_tile
 from loom.kernels import int4_gemv
 from loom.kernels.compile_pool import launch_or_compile
+from loom.kernels.fp8_block_gemm import swizzled_tile
 from loom.kernels.host import cdiv
 from loom.kernels.int4_gemv import split_for
 from loom.kernels.interpreter import interpreted
