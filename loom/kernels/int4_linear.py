@@ -255,7 +255,7 @@ def block_k_for(group_size: int) -> int:
 
 def default_config(m: int, n: int, k: int, group_size: int, sms: int = 132,
                    bits: int = 4) -> Int4Config:
-    """Decode rows: the best of an H100 search (benchmarks/results/h100-session45-zzz107/,
+    """Decode rows: the best of an H100 search (benchmarks/results/h100-session45-zzz107-*/,
     8B's projections): 16 x 64 tiles by slabs (where a step's words give a dot of 16) with
     bf16's own bits, K split for about four programs per SM. Prompt rows (the op
     dequantizes instead; `int4_matmul` only): 64 x 64 tiles up to 64 rows, 128 x 128
