@@ -1,4 +1,6 @@
-"""One streamed request to an OpenAI-compatible server, timed on the client side.
+"""One request to an OpenAI-compatible server, timed on the client side: streamed for
+completions and chat, a single answer for embeddings (`/v1/embeddings`: its latency is
+both TTFT and E2EL, no output tokens, the input's from `usage`).
 
 A "token event" is a streamed chunk that carries generated output: for completions any chunk
 with a choice, except a bare finish marker (empty text with a finish_reason); for chat a chunk
@@ -19,7 +21,8 @@ import aiohttp
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
-ENDPOINTS = (COMPLETIONS_ENDPOINT, CHAT_ENDPOINT)
+EMBEDDINGS_ENDPOINT = "/v1/embeddings"
+ENDPOINTS = (COMPLETIONS_ENDPOINT, CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT)
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,12 @@ class RequestInput:
     chat: bool
     ignore_eos: bool
     api_key: str | None = None
+    embed: bool = False
+    """An embeddings request: the prompt is the input, nothing is generated."""
 
     def payload(self) -> dict[str, Any]:
+        if self.embed:
+            return {"model": self.model, "input": self.prompt}
         body: dict[str, Any] = {"model": self.model, "stream": True, "temperature": 0.0,
                                 "stream_options": {"include_usage": True}}
         if self.chat:
@@ -146,9 +153,25 @@ class _Stream:
             o.success = True
 
 
+def _embedded(outcome: RequestOutcome, body: Any, latency: float) -> None:
+    """An embeddings answer folded into the outcome: one embedding and the usage."""
+    outcome.ttft = outcome.latency = latency
+    data = body.get("data") if isinstance(body, dict) else None
+    if not (isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict)
+            and data[0].get("embedding")):
+        outcome.error = f"no embedding in the answer: {str(body)[:200]}"
+        return
+    usage = body.get("usage") or {}
+    if usage.get("prompt_tokens") is not None:
+        outcome.usage_prompt_tokens = int(usage["prompt_tokens"])
+        outcome.tokens_from_usage = True
+    outcome.success = True
+
+
 async def send_request(session: aiohttp.ClientSession, req: RequestInput,
                        bench_start: float) -> RequestOutcome:
-    """Stream one request; failures are recorded in the outcome, never raised."""
+    """Stream one request (or, for embeddings, read its one answer); failures are recorded
+    in the outcome, never raised."""
     outcome = RequestOutcome(prompt_len=req.prompt_len)
     sent = time.perf_counter()
     outcome.start = sent - bench_start
@@ -157,6 +180,10 @@ async def send_request(session: aiohttp.ClientSession, req: RequestInput,
         async with session.post(req.url, json=req.payload(), headers=req.headers()) as resp:
             if resp.status != 200:
                 outcome.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                return outcome
+            if req.embed:
+                body = await resp.json(content_type=None)
+                _embedded(outcome, body, time.perf_counter() - sent)
                 return outcome
             async for line in resp.content:
                 stream.feed(line, time.perf_counter())

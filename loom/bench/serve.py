@@ -3,8 +3,10 @@
 Works against any server that streams `/v1/completions` or `/v1/chat/completions` (loom, vLLM,
 ...). Requests arrive as a Poisson process at `--request-rate` (gamma with `--burstiness`),
 every one streamed; TTFT, TPOT, ITL and end-to-end latency are measured here, output tokens
-taken from the server's usage. One short request is sent first, untimed, to check the server
-answers (and to warm it).
+taken from the server's usage. `--endpoint /v1/embeddings` sends each prompt as an
+embedding input instead (an embedding model's server): request and input-token
+throughput, and end-to-end latency. One short request is sent first, untimed, to check the
+server answers (and to warm it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from loom.bench.client import (
     CHAT_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
     ENDPOINTS,
     RequestInput,
     RequestOutcome,
@@ -80,7 +83,9 @@ def add_workload_args(p: argparse.ArgumentParser, result_dir: str | None = ".") 
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ignore-eos", action="store_true",
                    help="every request generates its full output length (also sets min_tokens)")
-    g.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
+    g.add_argument("--percentile-metrics", default=None,
+                   help="comma-separated, of ttft,tpot,itl,e2el (the default; for "
+                        "/v1/embeddings e2el alone, the only one that applies)")
     g.add_argument("--metric-percentiles", default="50,90,99")
     g.add_argument("--result-dir", default=result_dir)
     g.add_argument("--plot", action="store_true", help="write a PNG of latency CDFs and tokens/s")
@@ -120,6 +125,10 @@ class ServeBenchConfig:
         unknown = set(self.percentile_metrics) - set(METRICS)
         if unknown:
             raise ValueError(f"percentile_metrics: {sorted(unknown)} not among {METRICS}")
+        if self.endpoint == EMBEDDINGS_ENDPOINT and set(self.percentile_metrics) - {"e2el"}:
+            raise ValueError(f"percentile_metrics: {EMBEDDINGS_ENDPOINT} answers once, with "
+                             "no tokens to time: e2el alone applies, got "
+                             f"{','.join(self.percentile_metrics)}")
         if any(not 0 < p < 100 for p in self.metric_percentiles):
             raise ValueError(f"metric_percentiles: each must be in (0, 100), got {self.metric_percentiles}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -134,7 +143,8 @@ class ServeBenchConfig:
             base_url=base.rstrip("/"), endpoint=ns.endpoint, model=ns.model, tokenizer=ns.tokenizer,
             dataset=dataset_config(ns, ns.num_prompts, ns.seed), request_rate=ns.request_rate,
             burstiness=ns.burstiness, max_concurrency=ns.max_concurrency, ignore_eos=ns.ignore_eos,
-            percentile_metrics=_names(ns.percentile_metrics),
+            percentile_metrics=_names(ns.percentile_metrics) if ns.percentile_metrics
+            else ("e2el",) if ns.endpoint == EMBEDDINGS_ENDPOINT else METRICS,
             metric_percentiles=_floats(ns.metric_percentiles), save_result=ns.save_result,
             result_dir=ns.result_dir, result_filename=ns.result_filename, plot=ns.plot,
             api_key=ns.api_key or os.environ.get("OPENAI_API_KEY"),
@@ -198,7 +208,8 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
         names = _request_models(model, cfg.lora_modules, len(samples), cfg.dataset.seed)
         inputs = [RequestInput(cfg.base_url + cfg.endpoint, name, s.prompt, s.prompt_len,
                                s.expected_output_len, cfg.endpoint == CHAT_ENDPOINT,
-                               cfg.ignore_eos, cfg.api_key) for s, name in zip(samples, names)]
+                               cfg.ignore_eos, cfg.api_key, cfg.endpoint == EMBEDDINGS_ENDPOINT)
+                  for s, name in zip(samples, names)]
         await _probe(session, replace(inputs[0], prompt="Hello", output_len=4))
         if cfg.after_probe is not None:
             cfg.after_probe()

@@ -80,11 +80,26 @@ def _app(state: FakeServerState) -> web.Application:
                                      status=state.models_status)
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
+    async def embeddings(request):
+        body = await request.json()
+        state.payloads.append(body)
+        if state.fail_every and len(state.payloads) % state.fail_every == 0:
+            return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        prompt_tokens = len(body["input"].split()) + 1
+        state.reported_prompt_tokens.append(prompt_tokens)
+        await asyncio.sleep(state.chunk_delay_s)
+        return web.json_response({"object": "list", "model": body["model"],
+                                  "data": [{"object": "embedding", "index": 0,
+                                            "embedding": [0.6, 0.8]}],
+                                  "usage": {"prompt_tokens": prompt_tokens,
+                                            "total_tokens": prompt_tokens}})
+
     async def version(_):
         return web.json_response({"version": "fake-1.0", "device": "test-device"})
 
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/version", version)
     return app

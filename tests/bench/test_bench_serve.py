@@ -66,6 +66,36 @@ def test_chat_endpoint_and_missing_usage_count_chunks(fake_server, llama3_tokeni
     assert all(len(r["itl_s"]) == 5 for r in result["requests"])
 
 
+def test_embeddings_endpoint_counts_inputs_and_times_whole_answers(
+        fake_server, llama3_tokenizer_dir, tmp_path, capsys):
+    """--endpoint /v1/embeddings: each prompt sent as an embedding input (no streaming, no
+    generation settings), input tokens from usage, E2EL alone timed, failures counted."""
+    server = fake_server(fail_every=5)  # the probe is request 1; requests 5 and 10 fail
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--endpoint",
+                  "/v1/embeddings", "--save-result") == 0
+    out = capsys.readouterr().out
+    block = _block(out)
+    assert block["Successful requests"] == 10 and block["Failed requests"] == 2
+    assert block["Total generated tokens"] == 0 and block["Output token throughput (tok/s)"] == 0
+    answered = [n for i, n in enumerate(server.state.reported_prompt_tokens) if i > 0]
+    assert block["Total input tokens"] == sum(answered)
+    assert "Mean E2EL (ms)" in block and "Mean TTFT (ms)" not in block
+    assert "Mean TPOT (ms)" not in block and "Note:" not in out
+    assert all(set(body) == {"model", "input"} for body in server.state.payloads)
+    result = json.loads((tmp_path / "run.json").read_text())
+    ok = [r for r in result["requests"] if r["success"]]
+    assert all(r["ttft_s"] == r["e2el_s"] > 0 and r["output_tokens"] == 0 for r in ok)
+    assert result["endpoint"] == "/v1/embeddings"
+
+
+def test_embeddings_refuse_token_timings(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
+    server = fake_server()
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--endpoint",
+                  "/v1/embeddings", "--percentile-metrics", "tpot,e2el") == 2
+    assert "e2el alone applies" in capsys.readouterr().err
+    assert not server.state.payloads  # refused before any request
+
+
 def test_failed_requests_are_counted_not_raised(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
     server = fake_server(fail_every=4)  # the probe is request 1; requests 4, 8, 12 of 13 fail
     assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--max-concurrency", "3",

@@ -44,5 +44,25 @@ def test_embeddings_of_a_bert_server(bert_dir, tmp_path):
                                        rtol=1e-4, atol=1e-5)
         assert response.usage.prompt_tokens == sum(
             len(tokenizer(t).input_ids) for t in TEXTS)
+        _bench_embeddings(server, path, tmp_path)
     finally:
         assert server.stop() == 0, server.log_tail()
+
+
+def _bench_embeddings(server, path, tmp_path):
+    """`loom bench serve --endpoint /v1/embeddings` against the real server: every request
+    answered, the input tokens the server's usage counted."""
+    import json
+
+    from loom.cli import main
+    from tests.entrypoints.conftest import API_KEY
+    assert main(["bench", "serve", "--base-url", server.url, "--api-key", API_KEY,
+                 "--endpoint", "/v1/embeddings", "--model", str(path), "--tokenizer", str(path),
+                 "--dataset-name", "random", "--random-input-len", "8", "--num-prompts", "6",
+                 "--save-result", "--result-dir", str(tmp_path),
+                 "--result-filename", "bench.json"]) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["completed"] == 6 and result["failed"] == 0
+    assert all(r["success"] and r["tokens_from_usage"] and 1 < r["input_tokens"] <= 64
+               for r in result["requests"])
+    assert result["total_input_tokens"] == sum(r["input_tokens"] for r in result["requests"])
