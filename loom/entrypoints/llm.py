@@ -226,8 +226,11 @@ class LLM(PoolingMethods):
         for prompt, p, salt, lora in zip(prompts, params, salts, loras):
             text, ids = self.processor.tokenize(prompt)
             request_id = str(next(self._ids))
-            # (the prompt truncated as truncate_prompt_tokens says)
-            ids = self.processor.process(request_id, ids, p, salt, lora).prompt_token_ids
+            # (the prompt truncated as truncate_prompt_tokens says: a text within its
+            # special tokens)
+            frame = self.processor.text_frame if text is not None else ([], [])
+            ids = self.processor.process(request_id, ids, p, salt, lora,
+                                         frame=frame).prompt_token_ids
             requests.append((request_id, text, ids, p))
         return requests
 

@@ -128,17 +128,19 @@ class Processor:
 
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams, cache_salt: str | None = None,
-                lora_request: LoRARequest | None = None, priority: int = 0) -> EngineCoreRequest:
+                lora_request: LoRARequest | None = None, priority: int = 0,
+                frame: tuple[list[int], list[int]] = ([], [])) -> EngineCoreRequest:
         """cache_salt: vLLM's; only requests with the same salt share cached prefixes.
         lora_request: the adapter it runs with (None: the base model).
-        priority: vLLM's; lower values are served first (priority scheduling only)."""
+        priority: vLLM's; lower values are served first (priority scheduling only).
+        frame: what truncate_prompt_tokens keeps (`text_frame` for a text prompt)."""
         self.check_priority(priority)
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError("cache_salt: must be a non-empty string")
         if lora_request is not None:
             self.check_lora(lora_request)
         prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
-                                           self.max_model_len)
+                                           self.max_model_len, frame)
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
         self._check_logprobs(params)
@@ -189,6 +191,13 @@ class Processor:
             if spaced[0] != alone[0] and len(spaced) == len(alone):
                 out.append(spaced)
         return out
+
+    @property
+    def text_frame(self) -> tuple[list[int], list[int]]:
+        """The special tokens the tokenizer puts around a text prompt (Llama 3's
+        <|begin_of_text|>), which truncate_prompt_tokens keeps: vLLM truncates a text as
+        the tokenizer's own left truncation does, which keeps them, and token ids plainly."""
+        return self.tokenizer.special_frame if self.tokenizer is not None else ([], [])
 
     def _encoder_frame(self) -> tuple[list[int], list[int]]:
         """An encoder's tokenizer frame, which truncation keeps (its [CLS] is what it pools);

@@ -95,6 +95,22 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(text_llm):
             PoolingParams(truncate_prompt_tokens=bad)
 
 
+def test_truncate_prompt_tokens_cuts_a_text_as_its_tokenizer_does(text_llm,
+                                                                   tiny_llama_with_tokenizer):
+    """A text prompt is cut as transformers' own left truncation cuts it (vLLM tokenizes
+    with truncation=True, max_length=k): <|begin_of_text|> kept, then the last k - 1
+    tokens; token ids are cut plainly (the test above)."""
+    import transformers as tf
+    text = "one two three four five six seven eight nine ten"
+    tok = tf.AutoTokenizer.from_pretrained(tiny_llama_with_tokenizer[0], truncation_side="left")
+    want = tok(text, truncation=True, max_length=4).input_ids
+    assert len(want) == 4 and want[0] == tok.bos_token_id
+    cut = text_llm.generate([text], SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True,
+                                                   truncate_prompt_tokens=4), use_tqdm=False)[0]
+    assert cut.prompt_token_ids == want
+    assert cut.outputs[0].token_ids == _loom(text_llm, want)
+
+
 def test_bad_words_equal_transformers_bad_words_ids(text_llm, tiny_llama_with_tokenizer):
     model = tiny_llama_with_tokenizer[1]
     ids = text_llm.get_tokenizer().encode(PROMPT)

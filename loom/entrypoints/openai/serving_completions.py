@@ -70,8 +70,9 @@ class OpenAIServingCompletion(OpenAIServing):
         generators = []
         tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.prompts])
         for i, (text, token_ids) in enumerate(tokenized):
+            frame = self.engine.processor.text_frame if text is not None else ([], [])
             kept = truncate_prompt(token_ids, body.truncate_prompt_tokens,
-                                   self.engine.max_model_len)
+                                   self.engine.max_model_len, frame)
             text, token_ids = (text, token_ids) if kept is token_ids else (None, kept)
             params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens),
                                              self.sampling_defaults)
