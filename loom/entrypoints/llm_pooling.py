@@ -95,9 +95,10 @@ class PoolingMethods:
         params = per_prompt(pooling_params, len(prompts), PoolingParams, "pooling_params")
         requests = []
         for prompt, p in zip(prompts, params):
-            _, ids = self.processor.tokenize(prompt)
+            text, ids = self.processor.tokenize(prompt)
             p = p if p.task == task else msgspec.structs.replace(p, task=task)
-            requests.append(self.processor.process_pooling(str(next(self._ids)), ids, p))
+            requests.append(self.processor.process_pooling(
+                str(next(self._ids)), ids, p, self.processor.prompt_frame(text is not None)))
         with self._abort_on_error():
             for request in requests:
                 self.engine.add_request(request)

@@ -199,6 +199,11 @@ class Processor:
         the tokenizer's own left truncation does, which keeps them, and token ids plainly."""
         return self.tokenizer.special_frame if self.tokenizer is not None else ([], [])
 
+    def prompt_frame(self, text: bool) -> tuple[list[int], list[int]]:
+        """What truncate_prompt_tokens keeps around a prompt: a text's special tokens
+        (`text_frame`); for token ids an encoder's [CLS] ... [SEP] still, else nothing."""
+        return self.text_frame if text else self._encoder_frame()
+
     def _encoder_frame(self) -> tuple[list[int], list[int]]:
         """An encoder's tokenizer frame, which truncation keeps (its [CLS] is what it pools);
         a decoder's prompts are cut plainly, as vLLM cuts token ids."""
@@ -208,16 +213,19 @@ class Processor:
         return self.tokenizer.special_frame
 
     def process_pooling(self, request_id: str, prompt_token_ids: list[int],
-                        params: PoolingParams) -> EngineCoreRequest:
+                        params: PoolingParams,
+                        frame: tuple[list[int], list[int]] | None = None) -> EngineCoreRequest:
         """An embedding request: pooling instead of sampling, so the input may fill the
-        whole context (nothing is generated after it)."""
+        whole context (nothing is generated after it). frame: what truncate_prompt_tokens
+        keeps (`prompt_frame`; None: token ids')."""
         if not isinstance(params, PoolingParams):
             raise ValueError(f"pooling_params: expected PoolingParams, got "
                              f"{type(params).__name__}")
         if self.tasks is not None:
             check_dimensions(params.dimensions, self.tasks)
-        prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
-                                           self.max_model_len, self._encoder_frame())
+        prompt_token_ids = truncate_prompt(
+            prompt_token_ids, params.truncate_prompt_tokens, self.max_model_len,
+            self.prompt_frame(False) if frame is None else frame)
         self._check_tokens(prompt_token_ids, "input", room_for_output=False)
         return EngineCoreRequest(request_id, list(prompt_token_ids), POOLING_PLACEHOLDER,
                                  time.time(), self.eos_token_id, pooling_params=params)

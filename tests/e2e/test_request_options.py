@@ -109,6 +109,9 @@ def test_truncate_prompt_tokens_cuts_a_text_as_its_tokenizer_does(text_llm,
                                                    truncate_prompt_tokens=4), use_tqdm=False)[0]
     assert cut.prompt_token_ids == want
     assert cut.outputs[0].token_ids == _loom(text_llm, want)
+    embedded = text_llm.embed([text], PoolingParams(truncate_prompt_tokens=4),
+                              use_tqdm=False)[0]
+    assert embedded.prompt_token_ids == want
 
 
 def test_bad_words_equal_transformers_bad_words_ids(text_llm, tiny_llama_with_tokenizer):

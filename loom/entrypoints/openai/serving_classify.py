@@ -10,6 +10,7 @@ from loom.entrypoints.openai.protocol_classify import (ClassificationData,
                                                        ClassificationRequest,
                                                        ClassificationResponse)
 from loom.entrypoints.openai.serving_base import OpenAIServing, gather_or_cancel, off_loop
+from loom.frontend.processor import truncate_prompt
 
 
 class OpenAIServingClassification(OpenAIServing):
@@ -20,9 +21,14 @@ class OpenAIServingClassification(OpenAIServing):
                                 f"`{model}` is one; use the base model's name", "model")
         params = body.to_pooling_params()
         request_id = self.new_id("classify")
-        tokenized = await off_loop(lambda: [self.engine.tokenize(p)[1] for p in body.inputs])
+        pairs = await off_loop(lambda: [self.engine.tokenize(p) for p in body.inputs])
+        processor = self.engine.processor
+        tokenized = [truncate_prompt(ids, params.truncate_prompt_tokens,
+                                     self.engine.max_model_len,
+                                     processor.prompt_frame(text is not None))
+                     for text, ids in pairs]
         for i, token_ids in enumerate(tokenized):  # all valid, or none runs
-            self.engine.processor.process_pooling(f"{request_id}-{i}", token_ids, params)
+            processor.process_pooling(f"{request_id}-{i}", token_ids, params)
         outputs = await gather_or_cancel([self.engine.classify(ids, params, f"{request_id}-{i}")
                                           for i, ids in enumerate(tokenized)])
         labels = self.engine.tasks.labels
