@@ -38,6 +38,8 @@ class DatasetConfig:
     random_input_len: int = 1024
     random_output_len: int = 128
     random_prefix_len: int = 0
+    random_range_ratio: float = 0.0
+    """Each random prompt's and output's length drawn uniformly from len * (1 -+ ratio)."""
     sonnet_input_len: int = 550
     sonnet_output_len: int = 150
     sonnet_prefix_len: int = 200
@@ -57,6 +59,9 @@ class DatasetConfig:
                 raise ValueError(f"{name}: must be at least 1, got {getattr(self, name)}")
         if self.random_prefix_len < 0 or self.sonnet_prefix_len < 0:
             raise ValueError("prefix lengths must be non-negative")
+        if not 0 <= self.random_range_ratio < 1:
+            raise ValueError(f"random_range_ratio: must be in [0, 1), got "
+                             f"{self.random_range_ratio}")
 
 
 def add_dataset_args(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +72,9 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--random-output-len", type=int, default=128)
     g.add_argument("--random-prefix-len", type=int, default=0,
                    help="random tokens shared by every prompt, before its own --random-input-len")
+    g.add_argument("--random-range-ratio", type=float, default=0.0,
+                   help="each prompt's and output's length drawn uniformly from "
+                        "len * (1 - ratio) .. len * (1 + ratio), as vLLM's (0: fixed)")
     g.add_argument("--sonnet-input-len", type=int, default=550)
     g.add_argument("--sonnet-output-len", type=int, default=150)
     g.add_argument("--sonnet-prefix-len", type=int, default=200)
@@ -77,7 +85,8 @@ def dataset_config(ns: argparse.Namespace, num_prompts: int, seed: int) -> Datas
     return DatasetConfig(
         name=ns.dataset_name, path=ns.dataset_path, num_prompts=num_prompts, seed=seed,
         random_input_len=ns.random_input_len, random_output_len=ns.random_output_len,
-        random_prefix_len=ns.random_prefix_len, sonnet_input_len=ns.sonnet_input_len,
+        random_prefix_len=ns.random_prefix_len, random_range_ratio=ns.random_range_ratio,
+        sonnet_input_len=ns.sonnet_input_len,
         sonnet_output_len=ns.sonnet_output_len, sonnet_prefix_len=ns.sonnet_prefix_len,
         sharegpt_output_len=ns.sharegpt_output_len)
 
@@ -115,11 +124,23 @@ def text_of_length(tokenizer: Tokenizer, rng: np.random.Generator, target: int) 
 def random_requests(cfg: DatasetConfig, tokenizer: Tokenizer,
                     rng: np.random.Generator) -> list[SampleRequest]:
     prefix = text_of_length(tokenizer, rng, cfg.random_prefix_len) if cfg.random_prefix_len else ""
+    inputs = _lengths(rng, cfg.random_input_len, cfg.random_range_ratio, cfg.num_prompts)
+    outputs = _lengths(rng, cfg.random_output_len, cfg.random_range_ratio, cfg.num_prompts)
     out = []
-    for _ in tqdm(range(cfg.num_prompts), desc="Building random prompts", leave=False, disable=None):
-        prompt = prefix + text_of_length(tokenizer, rng, cfg.random_input_len)
-        out.append(SampleRequest(prompt, count_tokens(tokenizer, prompt), cfg.random_output_len))
+    for n_in, n_out in tqdm(zip(inputs, outputs), total=cfg.num_prompts,
+                            desc="Building random prompts", leave=False, disable=None):
+        prompt = prefix + text_of_length(tokenizer, rng, n_in)
+        out.append(SampleRequest(prompt, count_tokens(tokenizer, prompt), n_out))
     return out
+
+
+def _lengths(rng: np.random.Generator, length: int, ratio: float, count: int) -> list[int]:
+    """count lengths drawn uniformly from the integers in [length * (1 - ratio),
+    length * (1 + ratio)] (at least 1); all `length` for ratio 0."""
+    if ratio == 0:
+        return [length] * count
+    low, high = max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
+    return rng.integers(low, high + 1, size=count).tolist()
 
 
 # -- sonnet ------------------------------------------------------------------------------------

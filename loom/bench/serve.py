@@ -27,6 +27,7 @@ import numpy as np
 
 from loom.bench.client import (
     CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
     EMBEDDINGS_ENDPOINT,
     ENDPOINTS,
     RequestInput,
@@ -76,7 +77,12 @@ def register(subparsers) -> None:
 def add_workload_args(p: argparse.ArgumentParser, result_dir: str | None = ".") -> None:
     """What `loom bench serve` and `loom bench sweep` share."""
     g = p.add_argument_group("workload")
-    g.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
+    g.add_argument("--backend", default=None, choices=tuple(BACKENDS),
+                   help="vLLM's names for what is sent: vllm and openai post completions, "
+                        "openai-chat chat completions, openai-embeddings embeddings "
+                        "(default: --endpoint's, else vllm)")
+    g.add_argument("--endpoint", default=None, choices=ENDPOINTS,
+                   help="the path posted to (default: --backend's, else /v1/completions)")
     g.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of the arrival gaps: 1 = Poisson, <1 burstier")
     g.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
@@ -139,17 +145,33 @@ class ServeBenchConfig:
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ServeBenchConfig:
         base = ns.base_url or f"http://{ns.host}:{ns.port}"
+        endpoint = resolve_endpoint(ns.backend, ns.endpoint)
         return cls(
-            base_url=base.rstrip("/"), endpoint=ns.endpoint, model=ns.model, tokenizer=ns.tokenizer,
+            base_url=base.rstrip("/"), endpoint=endpoint, model=ns.model, tokenizer=ns.tokenizer,
             dataset=dataset_config(ns, ns.num_prompts, ns.seed), request_rate=ns.request_rate,
             burstiness=ns.burstiness, max_concurrency=ns.max_concurrency, ignore_eos=ns.ignore_eos,
             percentile_metrics=_names(ns.percentile_metrics) if ns.percentile_metrics
-            else ("e2el",) if ns.endpoint == EMBEDDINGS_ENDPOINT else METRICS,
+            else ("e2el",) if endpoint == EMBEDDINGS_ENDPOINT else METRICS,
             metric_percentiles=_floats(ns.metric_percentiles), save_result=ns.save_result,
             result_dir=ns.result_dir, result_filename=ns.result_filename, plot=ns.plot,
             api_key=ns.api_key or os.environ.get("OPENAI_API_KEY"),
             compute_floor=ns.compute_floor, tensor_parallel_size=ns.tensor_parallel_size,
             lora_modules=tuple(ns.lora_modules or ()))
+
+
+BACKENDS = {"vllm": COMPLETIONS_ENDPOINT, "openai": COMPLETIONS_ENDPOINT,
+            "openai-chat": CHAT_ENDPOINT, "openai-embeddings": EMBEDDINGS_ENDPOINT}
+"""vLLM's `--backend` names for the APIs it shares with loom, and the path each posts to."""
+
+
+def resolve_endpoint(backend: str | None, endpoint: str | None) -> str:
+    """The path posted to: --endpoint, else --backend's; both given must agree."""
+    if backend is None:
+        return endpoint or COMPLETIONS_ENDPOINT
+    if endpoint is not None and endpoint != BACKENDS[backend]:
+        raise ValueError(f"backend: {backend} posts to {BACKENDS[backend]}, not --endpoint "
+                         f"{endpoint}; drop one of them")
+    return BACKENDS[backend]
 
 
 def _names(text: str) -> tuple[str, ...]:

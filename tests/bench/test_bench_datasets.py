@@ -53,6 +53,22 @@ def test_random_prompts_have_the_requested_length(tokenizer):
     assert [r.prompt for r in again] == [r.prompt for r in requests]  # seeded
 
 
+def test_random_range_ratio_spreads_the_lengths(tokenizer):
+    """--random-range-ratio 0.5: input and output lengths uniform over 50..150% of the
+    requested (vLLM's), each prompt as long as drawn; out of [0, 1) is refused."""
+    cfg = DatasetConfig("random", None, num_prompts=60, seed=5, random_input_len=40,
+                        random_output_len=20, random_range_ratio=0.5)
+    requests = sample_requests(cfg, tokenizer)
+    outs = [r.expected_output_len for r in requests]
+    ins = [r.prompt_len for r in requests]
+    assert min(outs) >= 10 and max(outs) <= 30 and len(set(outs)) > 8
+    assert min(ins) >= 20 - 2 and max(ins) <= 60 + 2 and len(set(ins)) > 10
+    assert abs(np.mean(outs) - 20) < 3 and abs(np.mean(ins) - 40) < 6
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="^random_range_ratio"):
+            DatasetConfig("random", None, num_prompts=1, random_range_ratio=bad)
+
+
 def test_sonnet_prompts_share_a_prefix_and_have_the_requested_length(tokenizer, verse_file):
     cfg = DatasetConfig("sonnet", verse_file, num_prompts=20, seed=1, sonnet_input_len=150,
                         sonnet_output_len=30, sonnet_prefix_len=50)

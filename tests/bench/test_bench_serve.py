@@ -88,6 +88,27 @@ def test_embeddings_endpoint_counts_inputs_and_times_whole_answers(
     assert result["endpoint"] == "/v1/embeddings"
 
 
+def test_vllm_backend_names_pick_the_endpoint(fake_server, llama3_tokenizer_dir, tmp_path,
+                                              capsys):
+    """vLLM's --backend names: openai-chat posts chat completions, openai-embeddings
+    embeddings; a --backend and an --endpoint that disagree are refused before any
+    request."""
+    server = fake_server()
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--backend",
+                  "openai-chat") == 0
+    assert "messages" in server.state.payloads[-1]
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--backend",
+                  "openai-embeddings", "--endpoint", "/v1/embeddings") == 0
+    assert set(server.state.payloads[-1]) == {"model", "input"}
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--backend", "vllm") == 0
+    assert "prompt" in server.state.payloads[-1]
+    sent = len(server.state.payloads)
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--backend", "openai-chat",
+                  "--endpoint", "/v1/completions") == 2
+    assert "openai-chat posts to /v1/chat/completions" in capsys.readouterr().err
+    assert len(server.state.payloads) == sent
+
+
 def test_embeddings_refuse_token_timings(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
     server = fake_server()
     assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--endpoint",
