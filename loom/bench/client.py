@@ -37,12 +37,14 @@ class RequestInput:
     api_key: str | None = None
     embed: bool = False
     """An embeddings request: the prompt is the input, nothing is generated."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Sampling fields sent as given (--temperature, --top-p, ...); greedy without."""
 
     def payload(self) -> dict[str, Any]:
         if self.embed:
             return {"model": self.model, "input": self.prompt}
         body: dict[str, Any] = {"model": self.model, "stream": True, "temperature": 0.0,
-                                "stream_options": {"include_usage": True}}
+                                "stream_options": {"include_usage": True}, **self.sampling}
         if self.chat:
             body["messages"] = [{"role": "user", "content": self.prompt}]
             body["max_completion_tokens"] = self.output_len

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class BenchmarkMetrics:
     token_count_source: str
     """usage (every request reported it), chunks (none did: events counted) or mixed."""
     stats: dict[str, MetricStats] = field(default_factory=dict)
+    request_goodput: float | None = None
+    """Requests per second that met every --goodput objective (None: none set)."""
 
 
 def metric_values(outcomes: Sequence[RequestOutcome]) -> dict[str, list[float]]:
@@ -65,8 +68,36 @@ def _token_source(ok: Sequence[RequestOutcome]) -> str:
     return "chunks" if from_usage == 0 else "mixed"
 
 
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def parse_goodput(items: Sequence[str]) -> dict[str, float]:
+    """vLLM's --goodput: "ttft:500" "tpot:50" "e2el:2000", milliseconds each."""
+    slos: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition(":")
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = math.nan
+        if name not in GOODPUT_METRICS or not ms > 0:
+            raise ValueError(f"goodput: {item!r} is not NAME:MILLISECONDS with NAME one of "
+                             f"{GOODPUT_METRICS} and a positive number")
+        slos[name] = ms
+    return slos
+
+
+def _good(o: RequestOutcome, slos: dict[str, float]) -> bool:
+    """Whether a successful request met every objective (a one-token output's TPOT is 0)."""
+    values = {"ttft": o.ttft, "tpot": o.tpot or 0.0, "e2el": o.latency}
+    return all(values[name] * 1e3 <= ms for name, ms in slos.items())
+
+
 def compute_metrics(outcomes: Sequence[RequestOutcome], duration_s: float,
-                    points: Sequence[float]) -> BenchmarkMetrics:
+                    points: Sequence[float],
+                    goodput: dict[str, float] | None = None) -> BenchmarkMetrics:
+    """goodput: --goodput's objectives (milliseconds); request_goodput counts the
+    successful requests that met them all."""
     ok = [o for o in outcomes if o.success]
     inputs = sum(o.input_tokens for o in ok)
     outputs = sum(o.output_tokens for o in ok)
@@ -76,7 +107,9 @@ def compute_metrics(outcomes: Sequence[RequestOutcome], duration_s: float,
         total_input_tokens=inputs, total_output_tokens=outputs,
         request_throughput=len(ok) / duration_s, output_throughput=outputs / duration_s,
         total_token_throughput=(inputs + outputs) / duration_s, token_count_source=_token_source(ok),
-        stats={name: stats_ms(values[name], points) for name in METRICS})
+        stats={name: stats_ms(values[name], points) for name in METRICS},
+        request_goodput=(sum(_good(o, goodput) for o in ok) / duration_s
+                         if goodput else None))
 
 
 def _row(label: str, value: float | int, fmt: str = ".2f") -> str:
@@ -90,9 +123,11 @@ def result_lines(m: BenchmarkMetrics, selected: Sequence[str]) -> list[str]:
              _row("Benchmark duration (s):", m.duration_s),
              _row("Total input tokens:", m.total_input_tokens, "d"),
              _row("Total generated tokens:", m.total_output_tokens, "d"),
-             _row("Request throughput (req/s):", m.request_throughput),
-             _row("Output token throughput (tok/s):", m.output_throughput),
-             _row("Total token throughput (tok/s):", m.total_token_throughput)]
+             _row("Request throughput (req/s):", m.request_throughput)]
+    if m.request_goodput is not None:
+        lines.append(_row("Request goodput (req/s):", m.request_goodput))
+    lines += [_row("Output token throughput (tok/s):", m.output_throughput),
+              _row("Total token throughput (tok/s):", m.total_token_throughput)]
     for name in selected:
         title, short = _TITLES[name]
         s = m.stats[name]

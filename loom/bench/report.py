@@ -111,7 +111,8 @@ def result_payload(run: ServeRun, floor: dict[str, Any] | None) -> dict[str, Any
     payload.update({
         "dataset": dataclasses.asdict(cfg.dataset), "request_rate": _rate(cfg.request_rate),
         "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,
-        "ignore_eos": cfg.ignore_eos, **cfg.extra_info,
+        "ignore_eos": cfg.ignore_eos, "sampling": cfg.sampling, "goodput_ms": cfg.goodput,
+        "metadata": cfg.metadata, **cfg.extra_info,
         **dataclasses.asdict(run.metrics), "compute_floor": floor,
         "requests": [request_record(o) for o in run.outcomes]})
     return payload

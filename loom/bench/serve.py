@@ -42,6 +42,8 @@ from loom.bench.datasets import (
     sample_requests,
 )
 from loom.bench.metrics import METRICS, BenchmarkMetrics, compute_metrics, print_result
+from loom.bench.serve_options import (add_request_options, goodput_objectives, metadata,
+                                      sampling_fields)
 from loom.bench.traffic import arrival_times, drive
 from loom.frontend.tokenizer import load_tokenizer
 
@@ -96,6 +98,7 @@ def add_workload_args(p: argparse.ArgumentParser, result_dir: str | None = ".") 
     g.add_argument("--result-dir", default=result_dir)
     g.add_argument("--plot", action="store_true", help="write a PNG of latency CDFs and tokens/s")
     g.add_argument("--api-key", default=None, help="bearer key (default: $OPENAI_API_KEY)")
+    add_request_options(g)
     add_dataset_args(p)
 
 
@@ -121,6 +124,11 @@ class ServeBenchConfig:
     tensor_parallel_size: int = 1
     lora_modules: tuple[str, ...] = ()
     """Adapter names; each request's `model` is one of them, drawn with the dataset's seed."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Sampling fields sent with every request (serve_options.sampling_fields)."""
+    goodput: dict[str, float] = field(default_factory=dict)
+    """Objectives in milliseconds by metric (ttft, tpot, e2el); empty: no goodput."""
+    metadata: dict[str, str] = field(default_factory=dict)
     extra_info: dict[str, Any] = field(default_factory=dict)
     """Recorded as is in the result JSON (the sweep puts its mode and rate here)."""
     after_probe: Callable[[], None] | None = None
@@ -141,6 +149,9 @@ class ServeBenchConfig:
             raise ValueError(f"max_concurrency: must be at least 1, got {self.max_concurrency}")
         if self.request_rate <= 0 or self.burstiness <= 0:
             raise ValueError("request_rate and burstiness: must be positive")
+        if self.endpoint == EMBEDDINGS_ENDPOINT and set(self.goodput) - {"e2el"}:
+            raise ValueError(f"goodput: {EMBEDDINGS_ENDPOINT} has no tokens to time: e2el "
+                             "alone applies")
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ServeBenchConfig:
@@ -156,7 +167,8 @@ class ServeBenchConfig:
             result_dir=ns.result_dir, result_filename=ns.result_filename, plot=ns.plot,
             api_key=ns.api_key or os.environ.get("OPENAI_API_KEY"),
             compute_floor=ns.compute_floor, tensor_parallel_size=ns.tensor_parallel_size,
-            lora_modules=tuple(ns.lora_modules or ()))
+            lora_modules=tuple(ns.lora_modules or ()), sampling=sampling_fields(ns),
+            goodput=goodput_objectives(ns), metadata=metadata(ns))
 
 
 BACKENDS = {"vllm": COMPLETIONS_ENDPOINT, "openai": COMPLETIONS_ENDPOINT,
@@ -230,7 +242,8 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
         names = _request_models(model, cfg.lora_modules, len(samples), cfg.dataset.seed)
         inputs = [RequestInput(cfg.base_url + cfg.endpoint, name, s.prompt, s.prompt_len,
                                s.expected_output_len, cfg.endpoint == CHAT_ENDPOINT,
-                               cfg.ignore_eos, cfg.api_key, cfg.endpoint == EMBEDDINGS_ENDPOINT)
+                               cfg.ignore_eos, cfg.api_key, cfg.endpoint == EMBEDDINGS_ENDPOINT,
+                               cfg.sampling)
                   for s, name in zip(samples, names)]
         await _probe(session, replace(inputs[0], prompt="Hello", output_len=4))
         if cfg.after_probe is not None:
@@ -239,7 +252,7 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
         offsets = arrival_times(len(inputs), cfg.request_rate, cfg.burstiness,
                                 np.random.default_rng(cfg.dataset.seed))
         outcomes, duration = await drive(session, inputs, offsets, cfg.max_concurrency)
-    metrics = compute_metrics(outcomes, duration, cfg.metric_percentiles)
+    metrics = compute_metrics(outcomes, duration, cfg.metric_percentiles, cfg.goodput)
     return ServeRun(cfg, model, tokenizer, metrics, outcomes, info)
 
 

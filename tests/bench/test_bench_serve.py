@@ -117,6 +117,62 @@ def test_embeddings_refuse_token_timings(fake_server, llama3_tokenizer_dir, tmp_
     assert not server.state.payloads  # refused before any request
 
 
+def test_sampling_fields_goodput_and_metadata(fake_server, llama3_tokenizer_dir, tmp_path,
+                                             capsys):
+    """vLLM's --temperature/--top-p/--top-k/--min-p go into every request; --goodput counts
+    the requests meeting every objective (all of them under a loose one, none under an
+    impossible one); --metadata lands in the result JSON."""
+    server = fake_server()
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--temperature", "0.7",
+                  "--top-p", "0.9", "--top-k", "20", "--min-p", "0.05", "--goodput",
+                  "e2el:60000", "ttft:60000", "--metadata", "gpu=h200", "note = a b",
+                  "--save-result") == 0
+    block = _block(capsys.readouterr().out)
+    body = server.state.payloads[-1]
+    assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"]) == (
+        0.7, 0.9, 20, 0.05)
+    assert block["Request goodput (req/s)"] == pytest.approx(
+        block["Request throughput (req/s)"], rel=1e-2)
+    result = json.loads((tmp_path / "run.json").read_text())
+    assert result["metadata"] == {"gpu": "h200", "note": "a b"}
+    assert result["goodput_ms"] == {"e2el": 60000.0, "ttft": 60000.0}
+    assert result["request_goodput"] == pytest.approx(result["request_throughput"])
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--goodput",
+                  "tpot:0.000001") == 0
+    assert _block(capsys.readouterr().out)["Request goodput (req/s)"] == 0
+    assert "temperature" in server.state.payloads[-1] and "top_p" not in server.state.payloads[-1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--goodput", "ttft"], "goodput: 'ttft' is not NAME:MILLISECONDS"),
+    (["--goodput", "itl:5"], "goodput: 'itl:5'"),
+    (["--goodput", "ttft:-1"], "goodput: 'ttft:-1'"),
+    (["--top-p", "0"], "top_p: 0.0 is out of range"),
+    (["--top-k", "0"], "top_k: 0 is out of range"),
+    (["--metadata", "novalue"], "metadata: 'novalue' is not KEY=VALUE"),
+    (["--endpoint", "/v1/embeddings", "--goodput", "ttft:5"], "e2el alone applies"),
+])
+def test_bad_request_options_are_refused(fake_server, llama3_tokenizer_dir, tmp_path, capsys,
+                                         args, message):
+    server = fake_server()
+    assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, *args) == 2
+    assert message in capsys.readouterr().err
+    assert not server.state.payloads
+
+
+def test_goodput_counts_against_known_outcomes():
+    """Each objective in milliseconds against the request's own TTFT, TPOT and E2EL; a
+    one-token output's TPOT counts as 0."""
+    outcomes = [_outcome(0.1, 1.0, 11, [0.09] * 10),   # tpot 0.09 s
+                _outcome(0.3, 0.5, 5, [0.05] * 4),     # tpot 0.05 s
+                _outcome(0.2, 0.2, 1, [])]             # one token
+    m = compute_metrics(outcomes, 2.0, [50.0], {"ttft": 250.0, "tpot": 60.0})
+    assert m.request_goodput == pytest.approx(1 / 2.0)  # only the third
+    m = compute_metrics(outcomes, 2.0, [50.0], {"e2el": 600.0})
+    assert m.request_goodput == pytest.approx(2 / 2.0)
+    assert compute_metrics(outcomes, 2.0, [50.0]).request_goodput is None
+
+
 def test_failed_requests_are_counted_not_raised(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
     server = fake_server(fail_every=4)  # the probe is request 1; requests 4, 8, 12 of 13 fail
     assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--max-concurrency", "3",
