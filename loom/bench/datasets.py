@@ -124,8 +124,8 @@ def text_of_length(tokenizer: Tokenizer, rng: np.random.Generator, target: int) 
 def random_requests(cfg: DatasetConfig, tokenizer: Tokenizer,
                     rng: np.random.Generator) -> list[SampleRequest]:
     prefix = text_of_length(tokenizer, rng, cfg.random_prefix_len) if cfg.random_prefix_len else ""
-    inputs = _lengths(rng, cfg.random_input_len, cfg.random_range_ratio, cfg.num_prompts)
-    outputs = _lengths(rng, cfg.random_output_len, cfg.random_range_ratio, cfg.num_prompts)
+    inputs = draw_lengths(rng, cfg.random_input_len, cfg.random_range_ratio, cfg.num_prompts)
+    outputs = draw_lengths(rng, cfg.random_output_len, cfg.random_range_ratio, cfg.num_prompts)
     out = []
     for n_in, n_out in tqdm(zip(inputs, outputs), total=cfg.num_prompts,
                             desc="Building random prompts", leave=False, disable=None):
@@ -134,13 +134,19 @@ def random_requests(cfg: DatasetConfig, tokenizer: Tokenizer,
     return out
 
 
-def _lengths(rng: np.random.Generator, length: int, ratio: float, count: int) -> list[int]:
+def draw_lengths(rng: np.random.Generator, length: int, ratio: float, count: int) -> list[int]:
     """count lengths drawn uniformly from the integers in [length * (1 - ratio),
-    length * (1 + ratio)] (at least 1); all `length` for ratio 0."""
+    length * (1 + ratio)] (at least 1); all `length` for ratio 0. Also `loom bench
+    throughput`'s."""
     if ratio == 0:
         return [length] * count
-    low, high = max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
+    low, high = length_bounds(length, ratio)
     return rng.integers(low, high + 1, size=count).tolist()
+
+
+def length_bounds(length: int, ratio: float) -> tuple[int, int]:
+    """The shortest and longest length `draw_lengths` draws."""
+    return max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
 
 
 # -- sonnet ------------------------------------------------------------------------------------

@@ -92,12 +92,19 @@ class OfflineBench:
 
 def _check_fits(args: argparse.Namespace, max_model_len: int) -> None:
     """Before the engine is built: a request longer than the context would only be cut
-    short, and found out after the whole run."""
-    total = args.input_len + args.output_len
+    short, and found out after the whole run. Random prompts at their longest (with
+    --random-range-ratio); a dataset's requests are checked once sampled."""
+    from loom.bench.datasets import length_bounds
+    if getattr(args, "dataset_name", "random") != "random":
+        return
+    ratio = getattr(args, "random_range_ratio", 0.0)
+    longest_in = length_bounds(args.input_len, ratio)[1]
+    longest_out = length_bounds(args.output_len, ratio)[1]
+    total = longest_in + longest_out
     if total > max_model_len:
-        raise ValueError(f"input_len + output_len: {args.input_len} + {args.output_len} = {total} "
-                         f"tokens exceed max_model_len ({max_model_len}); raise "
-                         "--max-model-len or shorten the request")
+        raise ValueError(f"input_len + output_len: {longest_in} + {longest_out} = {total} "
+                         f"tokens (at their longest) exceed max_model_len ({max_model_len}); "
+                         "raise --max-model-len or shorten the request")
 
 
 HELD_MATMUL_S = 3.0

@@ -1,9 +1,12 @@
-"""`loom bench throughput`: offline throughput, as vLLM's benchmark_throughput (random dataset).
+"""`loom bench throughput`: offline throughput, as vLLM's benchmark_throughput.
 
-All `--num-prompts` prompts of `--input-len` random token ids go to `LLM.generate` at once
-(ignore_eos, `--output-len` tokens each); the wall time of that call is the runtime. On CUDA
-the runtime is compared with the compute floor: every token (prompt and output) x 2 x
-num_params at the measured matmul rate, divided by tp (`loom.bench.floors`).
+All `--num-prompts` prompts go to `LLM.generate` at once (ignore_eos); the wall time of that
+call is the runtime. `--dataset-name random` (the default): `--input-len` random token ids
+each, `--output-len` tokens out, both spread by `--random-range-ratio`; `sharegpt`: the
+first human turn of `--dataset-path`'s conversations as text, the reply's length out (or
+`--output-len`), filtered as vLLM's benchmark filters them. On CUDA the runtime is compared
+with the compute floor: every token (prompt and output) x 2 x num_params at the measured
+matmul rate, divided by tp (`loom.bench.floors`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from loom.bench import floors
 from loom.bench.common import write_json
+from loom.bench.datasets import DatasetConfig, draw_lengths, sample_requests
 from loom.bench.step_log import StepLog, breakdown, gc_report, print_breakdown, print_gc
 from loom.bench.offline import (
     OfflineBench,
@@ -33,8 +37,15 @@ from loom.sampling_params import SamplingParams
 def register(subparsers) -> None:
     p = subparsers.add_parser("throughput", help="offline throughput of many requests at once")
     p.add_argument("--input-len", "--input_len", type=int, default=1024)
-    p.add_argument("--output-len", "--output_len", type=int, default=128)
+    p.add_argument("--output-len", "--output_len", type=int, default=None,
+                   help="tokens out of each request (default 128; sharegpt: each reply's)")
     p.add_argument("--num-prompts", "--num_prompts", type=int, default=1000)
+    p.add_argument("--dataset-name", "--dataset_name", default="random",
+                   choices=("random", "sharegpt"))
+    p.add_argument("--dataset-path", "--dataset_path", default=None,
+                   help="the ShareGPT JSON, for --dataset-name sharegpt")
+    p.add_argument("--random-range-ratio", "--random_range_ratio", type=float, default=0.0,
+                   help="random lengths drawn from len * (1 - ratio) .. len * (1 + ratio)")
     p.add_argument("--step-breakdown", action="store_true",
                    help="time every engine step and report prompt-carrying and pure decode "
                         "steps apart, each against its own floor")
@@ -48,8 +59,15 @@ def register(subparsers) -> None:
 
 
 def run_throughput(args: argparse.Namespace) -> int:
-    check_positive(input_len=args.input_len, output_len=args.output_len,
+    if args.dataset_name == "random" and args.output_len is None:
+        args.output_len = DEFAULT_OUTPUT_LEN
+    check_positive(input_len=args.input_len, output_len=args.output_len or 1,
                    num_prompts=args.num_prompts)
+    if not 0 <= args.random_range_ratio < 1:
+        raise ValueError(f"random_range_ratio: must be in [0, 1), got {args.random_range_ratio}")
+    if args.dataset_name == "sharegpt" and not args.dataset_path:
+        raise ValueError("dataset_path: --dataset-name sharegpt reads a ShareGPT JSON; pass "
+                         "--dataset-path")
     if args.profile_steps is not None:
         start, count = args.profile_steps
         check_positive(profile_steps=min(start, count))
@@ -64,9 +82,9 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     engine = bench.llm.engine
     if args.profile_steps is not None:
         engine.collective_rpc("profile_steps", *args.profile_steps, args.profile_result_dir)
-    prompts = bench.random_prompts(np.random.default_rng(args.seed), args.num_prompts,
-                                   args.input_len)
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0, top_p=1.0)
+    prompts, lengths = _requests(bench, args, np.random.default_rng(args.seed))
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0, top_p=1.0)
+              for n in lengths]
     log = None
     if args.step_breakdown:
         log = bench.llm.engine.step_observer = StepLog()
@@ -107,10 +125,40 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         print(f"Compute floor at the held matmul rate: {result['floor_held_s']:.3f} s -> "
               f"{result['runtime_ratio_to_held_floor']:.2f}x")
     if args.output_json:
-        payload = {**bench.provenance("throughput"), "input_len": args.input_len,
-                   "output_len": args.output_len, "num_prompts": args.num_prompts, **result}
+        payload = {**bench.provenance("throughput"), "dataset_name": args.dataset_name,
+                   "dataset_path": args.dataset_path, "input_len": args.input_len,
+                   "output_len": args.output_len, "random_range_ratio": args.random_range_ratio,
+                   "num_prompts": args.num_prompts, **result}
         print(f"Wrote {write_json(args.output_json, payload)}")
     return 0
+
+
+DEFAULT_OUTPUT_LEN = 128
+
+
+def _requests(bench: OfflineBench, args: argparse.Namespace, rng: np.random.Generator
+              ) -> tuple[list, list[int]]:
+    """The prompts (token ids, or ShareGPT texts) and each one's output length."""
+    if args.dataset_name == "random":
+        ratio, n = args.random_range_ratio, args.num_prompts
+        ins = draw_lengths(rng, args.input_len, ratio, n)
+        outs = draw_lengths(rng, args.output_len, ratio, n)
+        return [bench.random_prompts(rng, 1, k)[0] for k in ins], outs
+    tokenizer = bench.llm.tokenizer
+    if tokenizer is None:
+        raise ValueError("dataset_name: sharegpt prompts are text, and the model has no "
+                         "tokenizer; pass --tokenizer")
+    samples = sample_requests(DatasetConfig(
+        "sharegpt", args.dataset_path, args.num_prompts, args.seed,
+        sharegpt_output_len=args.output_len), tokenizer)
+    frame = sum(map(len, tokenizer.special_frame))
+    limit = bench.llm.processor.max_model_len
+    long = [s for s in samples if s.prompt_len + frame + s.expected_output_len > limit]
+    if long:
+        raise ValueError(f"max_model_len: {len(long)} of the {len(samples)} ShareGPT requests "
+                         f"need more than {limit} tokens (prompt and output); raise "
+                         "--max-model-len (vLLM's filter keeps up to 2048)")
+    return [s.prompt for s in samples], [s.expected_output_len for s in samples]
 
 
 def throughput_figures(bench: OfflineBench, num_requests: int, prompt_tokens: int,
