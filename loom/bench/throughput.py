@@ -44,6 +44,8 @@ def register(subparsers) -> None:
                    choices=("random", "sharegpt"))
     p.add_argument("--dataset-path", "--dataset_path", default=None,
                    help="the ShareGPT JSON, for --dataset-name sharegpt")
+    p.add_argument("--n", type=int, default=1,
+                   help="completions sampled from each prompt (SamplingParams.n)")
     p.add_argument("--random-range-ratio", "--random_range_ratio", type=float, default=0.0,
                    help="random lengths drawn from len * (1 - ratio) .. len * (1 + ratio)")
     p.add_argument("--step-breakdown", action="store_true",
@@ -62,7 +64,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     if args.dataset_name == "random" and args.output_len is None:
         args.output_len = DEFAULT_OUTPUT_LEN
     check_positive(input_len=args.input_len, output_len=args.output_len or 1,
-                   num_prompts=args.num_prompts)
+                   num_prompts=args.num_prompts, n=args.n)
     if not 0 <= args.random_range_ratio < 1:
         raise ValueError(f"random_range_ratio: must be in [0, 1), got {args.random_range_ratio}")
     if args.dataset_name == "sharegpt" and not args.dataset_path:
@@ -83,8 +85,8 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     if args.profile_steps is not None:
         engine.collective_rpc("profile_steps", *args.profile_steps, args.profile_result_dir)
     prompts, lengths = _requests(bench, args, np.random.default_rng(args.seed))
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0, top_p=1.0)
-              for n in lengths]
+    params = [SamplingParams(n=args.n, max_tokens=k, ignore_eos=True, temperature=1.0,
+                             top_p=1.0) for k in lengths]
     log = None
     if args.step_breakdown:
         log = bench.llm.engine.step_observer = StepLog()
@@ -94,7 +96,7 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
                                  lora_request=bench.lora_requests(len(prompts)))
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     result = throughput_figures(bench, len(outputs), prompt_tokens, output_tokens, elapsed)
     print_throughput(result)
     if args.profile_steps is not None:
@@ -128,7 +130,7 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         payload = {**bench.provenance("throughput"), "dataset_name": args.dataset_name,
                    "dataset_path": args.dataset_path, "input_len": args.input_len,
                    "output_len": args.output_len, "random_range_ratio": args.random_range_ratio,
-                   "num_prompts": args.num_prompts, **result}
+                   "num_prompts": args.num_prompts, "n": args.n, **result}
         print(f"Wrote {write_json(args.output_json, payload)}")
     return 0
 

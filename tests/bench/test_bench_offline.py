@@ -166,7 +166,7 @@ def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
 def test_throughput_random_range_ratio_and_sharegpt(tiny_llama_with_tokenizer, tmp_path,
                                                      capsys, monkeypatch):
     """--random-range-ratio spreads the random requests' lengths (each output as long as
-    drawn: ignore_eos); --dataset-name sharegpt sends each conversation's first human turn
+    drawn: ignore_eos; --n completions of each); --dataset-name sharegpt sends each conversation's first human turn
     as text and generates its reply's length; a ShareGPT request past max_model_len is
     refused before the run."""
     from loom.bench.datasets import count_tokens
@@ -180,6 +180,10 @@ def test_throughput_random_range_ratio_and_sharegpt(tiny_llama_with_tokenizer, t
                         "--random-range-ratio", "0.5"]) == 0
     r = json.loads(out.read_text())
     assert r["num_requests"] == 12 and r["random_range_ratio"] == 0.5
+    spread = r["output_tokens"]
+    assert main(base + ["--input-len", "10", "--output-len", "8", "--num-prompts", "12",
+                        "--random-range-ratio", "0.5", "--n", "3"]) == 0
+    assert json.loads(out.read_text())["output_tokens"] == 3 * spread  # same seed: lengths
     assert 12 * 5 <= r["prompt_tokens"] <= 12 * 15 and r["prompt_tokens"] != 120
     assert 12 * 4 <= r["output_tokens"] <= 12 * 12 and r["output_tokens"] != 96
     words = "river stone amber lantern quiet harbor silver meadow".split()
