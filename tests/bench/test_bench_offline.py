@@ -166,9 +166,9 @@ def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
 def test_throughput_random_range_ratio_and_sharegpt(tiny_llama_with_tokenizer, tmp_path,
                                                      capsys, monkeypatch):
     """--random-range-ratio spreads the random requests' lengths (each output as long as
-    drawn: ignore_eos; --n completions of each); --dataset-name sharegpt sends each conversation's first human turn
-    as text and generates its reply's length; a ShareGPT request past max_model_len is
-    refused before the run."""
+    drawn: ignore_eos; --n completions of each); --dataset-name sharegpt sends each
+    conversation's first human turn as text and generates its reply's length; a ShareGPT
+    request past max_model_len is refused before the run."""
     from loom.bench.datasets import count_tokens
     from loom.frontend.tokenizer import load_tokenizer
     path = tiny_llama_with_tokenizer[0]
