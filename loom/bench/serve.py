@@ -129,6 +129,8 @@ class ServeBenchConfig:
     goodput: dict[str, float] = field(default_factory=dict)
     """Objectives in milliseconds by metric (ttft, tpot, e2el); empty: no goodput."""
     metadata: dict[str, str] = field(default_factory=dict)
+    ready_check_timeout_s: float = 0.0
+    """How long to wait for the server to accept a connection (0: one try)."""
     extra_info: dict[str, Any] = field(default_factory=dict)
     """Recorded as is in the result JSON (the sweep puts its mode and rate here)."""
     after_probe: Callable[[], None] | None = None
@@ -168,7 +170,8 @@ class ServeBenchConfig:
             api_key=ns.api_key or os.environ.get("OPENAI_API_KEY"),
             compute_floor=ns.compute_floor, tensor_parallel_size=ns.tensor_parallel_size,
             lora_modules=tuple(ns.lora_modules or ()), sampling=sampling_fields(ns),
-            goodput=goodput_objectives(ns), metadata=metadata(ns))
+            goodput=goodput_objectives(ns), metadata=metadata(ns),
+            ready_check_timeout_s=getattr(ns, "ready_check_timeout_sec", 0.0))
 
 
 BACKENDS = {"vllm": COMPLETIONS_ENDPOINT, "openai": COMPLETIONS_ENDPOINT,
@@ -236,6 +239,7 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
     # close one under a request: building a large dataset takes longer than that.
     connector = aiohttp.TCPConnector(limit=cfg.max_concurrency or 0, keepalive_timeout=2)
     async with aiohttp.ClientSession(timeout=_TIMEOUT, connector=connector) as session:
+        await _wait_ready(session, cfg)
         model = cfg.model or await _served_model(session, cfg)
         tokenizer = cfg.tokenizer or _model_tokenizer(model)
         samples = sample_requests(cfg.dataset, load_tokenizer(tokenizer))
@@ -274,6 +278,29 @@ def _model_tokenizer(model: str) -> str:
     if found is None:
         raise ValueError(f"tokenizer: {model!r} ships no tokenizer; pass --tokenizer")
     return found
+
+
+async def _wait_ready(session: aiohttp.ClientSession, cfg: ServeBenchConfig) -> None:
+    """Until the server answers /v1/models at all (any status), for up to
+    cfg.ready_check_timeout_s: refused connections are retried each second."""
+    url = cfg.base_url + "/v1/models"
+    deadline = asyncio.get_running_loop().time() + cfg.ready_check_timeout_s
+    waiting = False
+    while True:
+        try:
+            async with session.get(url, headers=_auth(cfg)) as resp:
+                await resp.read()
+            return
+        except aiohttp.ClientConnectionError as e:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise ValueError(f"server: {cfg.base_url} accepted no connection within "
+                                 f"{cfg.ready_check_timeout_s:g} s "
+                                 f"(--ready-check-timeout-sec): {e}") from e
+            if not waiting:
+                print(f"Waiting up to {cfg.ready_check_timeout_s:g} s for {cfg.base_url} "
+                      "to accept connections ...", flush=True)
+                waiting = True
+            await asyncio.sleep(1.0)
 
 
 async def _served_model(session: aiohttp.ClientSession, cfg: ServeBenchConfig) -> str:

@@ -1,7 +1,7 @@
 """`loom bench serve`'s request and record options that vLLM's benchmark has: the sampling
 fields sent with every request (--temperature, --top-p, --top-k, --min-p), service-level
-objectives for goodput (--goodput) and free-form metadata for the result JSON
-(--metadata)."""
+objectives for goodput (--goodput), free-form metadata for the result JSON (--metadata) and
+how long to wait for a server that is still starting (--ready-check-timeout-sec)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ def add_request_options(g: argparse._ArgumentGroup) -> None:
                         "reported as request goodput, as vLLM's benchmark does")
     g.add_argument("--metadata", nargs="+", default=None, metavar="KEY=VALUE",
                    help="recorded under `metadata` in the result JSON")
+    g.add_argument("--ready-check-timeout-sec", type=float, default=600.0,
+                   help="wait up to this long for the server to accept connections (one "
+                        "started beside the benchmark may still be loading); 0: one try")
 
 
 def sampling_fields(ns: argparse.Namespace) -> dict[str, Any]:

@@ -106,12 +106,12 @@ def _app(state: FakeServerState) -> web.Application:
 
 
 class FakeServer:
-    def __init__(self, state: FakeServerState) -> None:
+    def __init__(self, state: FakeServerState, port: int = 0) -> None:
         self.state = state
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(_app(state), access_log=None)
         self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", port)
         self.loop.run_until_complete(site.start())
         port = site._server.sockets[0].getsockname()[1]
         self.base_url = f"http://127.0.0.1:{port}"
@@ -130,8 +130,8 @@ def fake_server():
     """Call with FakeServerState options; every server started is closed after the test."""
     servers: list[FakeServer] = []
 
-    def start(**options) -> FakeServer:
-        server = FakeServer(FakeServerState(**options))
+    def start(port: int = 0, **options) -> FakeServer:
+        server = FakeServer(FakeServerState(**options), port)
         servers.append(server)
         return server
     yield start

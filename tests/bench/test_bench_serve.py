@@ -173,6 +173,29 @@ def test_goodput_counts_against_known_outcomes():
     assert compute_metrics(outcomes, 2.0, [50.0]).request_goodput is None
 
 
+def test_waits_for_a_server_still_starting(fake_server, llama3_tokenizer_dir, tmp_path,
+                                          capsys):
+    """--ready-check-timeout-sec: refused connections are retried until the server comes
+    up (here 1.5 s late), and past the timeout the run ends with a named error."""
+    import socket
+    import threading
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    assert _serve(url, llama3_tokenizer_dir, tmp_path, "--ready-check-timeout-sec", "0.5") == 2
+    assert "accepted no connection within 0.5 s" in capsys.readouterr().err
+    late = threading.Timer(1.5, lambda: fake_server(port=port))
+    late.start()
+    try:
+        assert _serve(url, llama3_tokenizer_dir, tmp_path, "--ready-check-timeout-sec",
+                      "30") == 0
+    finally:
+        late.join()
+    out = capsys.readouterr().out
+    assert f"Waiting up to 30 s for {url}" in out and _block(out)["Successful requests"] == 12
+
+
 def test_failed_requests_are_counted_not_raised(fake_server, llama3_tokenizer_dir, tmp_path, capsys):
     server = fake_server(fail_every=4)  # the probe is request 1; requests 4, 8, 12 of 13 fail
     assert _serve(server.base_url, llama3_tokenizer_dir, tmp_path, "--max-concurrency", "3",
