@@ -226,11 +226,9 @@ class LLM(PoolingMethods):
         for prompt, p, salt, lora in zip(prompts, params, salts, loras):
             text, ids = self.processor.tokenize(prompt)
             request_id = str(next(self._ids))
-            # (the prompt truncated as truncate_prompt_tokens says: a text within its
-            # special tokens)
-            frame = self.processor.text_frame if text is not None else ([], [])
+            # (the prompt truncated as truncate_prompt_tokens says)
             ids = self.processor.process(request_id, ids, p, salt, lora,
-                                         frame=frame).prompt_token_ids
+                                         text=text is not None).prompt_token_ids
             requests.append((request_id, text, ids, p))
         return requests
 

@@ -97,8 +97,8 @@ class PoolingMethods:
         for prompt, p in zip(prompts, params):
             text, ids = self.processor.tokenize(prompt)
             p = p if p.task == task else msgspec.structs.replace(p, task=task)
-            requests.append(self.processor.process_pooling(
-                str(next(self._ids)), ids, p, self.processor.prompt_frame(text is not None)))
+            requests.append(self.processor.process_pooling(str(next(self._ids)), ids, p,
+                                                           text=text is not None))
         with self._abort_on_error():
             for request in requests:
                 self.engine.add_request(request)

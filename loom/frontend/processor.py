@@ -129,18 +129,17 @@ class Processor:
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams, cache_salt: str | None = None,
                 lora_request: LoRARequest | None = None, priority: int = 0,
-                frame: tuple[list[int], list[int]] = ([], [])) -> EngineCoreRequest:
+                text: bool = False) -> EngineCoreRequest:
         """cache_salt: vLLM's; only requests with the same salt share cached prefixes.
         lora_request: the adapter it runs with (None: the base model).
         priority: vLLM's; lower values are served first (priority scheduling only).
-        frame: what truncate_prompt_tokens keeps (`text_frame` for a text prompt)."""
+        text: the ids are a text prompt's (`truncate` keeps its special tokens)."""
         self.check_priority(priority)
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError("cache_salt: must be a non-empty string")
         if lora_request is not None:
             self.check_lora(lora_request)
-        prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens,
-                                           self.max_model_len, frame)
+        prompt_token_ids = self.truncate(prompt_token_ids, params.truncate_prompt_tokens, text)
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
         self._check_logprobs(params)
@@ -192,17 +191,16 @@ class Processor:
                 out.append(spaced)
         return out
 
-    @property
-    def text_frame(self) -> tuple[list[int], list[int]]:
-        """The special tokens the tokenizer puts around a text prompt (Llama 3's
-        <|begin_of_text|>), which truncate_prompt_tokens keeps: vLLM truncates a text as
-        the tokenizer's own left truncation does, which keeps them, and token ids plainly."""
-        return self.tokenizer.special_frame if self.tokenizer is not None else ([], [])
-
-    def prompt_frame(self, text: bool) -> tuple[list[int], list[int]]:
-        """What truncate_prompt_tokens keeps around a prompt: a text's special tokens
-        (`text_frame`); for token ids an encoder's [CLS] ... [SEP] still, else nothing."""
-        return self.text_frame if text else self._encoder_frame()
+    def truncate(self, token_ids: list[int], keep: int | None, text: bool) -> list[int]:
+        """truncate_prompt_tokens applied to a prompt's ids. A text prompt (text) keeps the
+        special tokens the tokenizer put around it (Llama 3's <|begin_of_text|>), as vLLM's
+        truncation through the tokenizer does; token ids are cut plainly, except that an
+        encoder's keep its [CLS] ... [SEP]."""
+        if text and self.tokenizer is not None:
+            frame = self.tokenizer.special_frame
+        else:
+            frame = self._encoder_frame()
+        return truncate_prompt(token_ids, keep, self.max_model_len, frame)
 
     def _encoder_frame(self) -> tuple[list[int], list[int]]:
         """An encoder's tokenizer frame, which truncation keeps (its [CLS] is what it pools);
@@ -213,19 +211,15 @@ class Processor:
         return self.tokenizer.special_frame
 
     def process_pooling(self, request_id: str, prompt_token_ids: list[int],
-                        params: PoolingParams,
-                        frame: tuple[list[int], list[int]] | None = None) -> EngineCoreRequest:
+                        params: PoolingParams, text: bool = False) -> EngineCoreRequest:
         """An embedding request: pooling instead of sampling, so the input may fill the
-        whole context (nothing is generated after it). frame: what truncate_prompt_tokens
-        keeps (`prompt_frame`; None: token ids')."""
+        whole context (nothing is generated after it). text: as `process`'s."""
         if not isinstance(params, PoolingParams):
             raise ValueError(f"pooling_params: expected PoolingParams, got "
                              f"{type(params).__name__}")
         if self.tasks is not None:
             check_dimensions(params.dimensions, self.tasks)
-        prompt_token_ids = truncate_prompt(
-            prompt_token_ids, params.truncate_prompt_tokens, self.max_model_len,
-            self.prompt_frame(False) if frame is None else frame)
+        prompt_token_ids = self.truncate(prompt_token_ids, params.truncate_prompt_tokens, text)
         self._check_tokens(prompt_token_ids, "input", room_for_output=False)
         return EngineCoreRequest(request_id, list(prompt_token_ids), POOLING_PLACEHOLDER,
                                  time.time(), self.eos_token_id, pooling_params=params)

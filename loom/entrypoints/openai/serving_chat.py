@@ -24,7 +24,7 @@ from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge
 from loom.entrypoints.openai.output_split import OutputSplit, SplitStream
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls
-from loom.frontend.processor import check_num_logprobs, truncate_prompt
+from loom.frontend.processor import check_num_logprobs
 from loom.outputs import CompletionOutput, PositionLogprobs
 
 
@@ -107,8 +107,9 @@ class OpenAIServingChat(OpenAIServing):
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
                                     body.continue_final_message, body.template_variables,
                                     body.chat_template)
-        prompt_ids = truncate_prompt(prompt_ids, body.truncate_prompt_tokens,
-                                     self.engine.max_model_len)
+        # a rendered chat is tokenized without added special tokens: cut plainly
+        prompt_ids = self.engine.processor.truncate(prompt_ids, body.truncate_prompt_tokens,
+                                                    False)
         params = body.to_sampling_params(self.max_tokens_for(len(prompt_ids),
                                                              body.requested_max_tokens),
                                          self.sampling_defaults)

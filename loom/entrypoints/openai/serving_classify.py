@@ -10,7 +10,6 @@ from loom.entrypoints.openai.protocol_classify import (ClassificationData,
                                                        ClassificationRequest,
                                                        ClassificationResponse)
 from loom.entrypoints.openai.serving_base import OpenAIServing, gather_or_cancel, off_loop
-from loom.frontend.processor import truncate_prompt
 
 
 class OpenAIServingClassification(OpenAIServing):
@@ -23,9 +22,7 @@ class OpenAIServingClassification(OpenAIServing):
         request_id = self.new_id("classify")
         pairs = await off_loop(lambda: [self.engine.tokenize(p) for p in body.inputs])
         processor = self.engine.processor
-        tokenized = [truncate_prompt(ids, params.truncate_prompt_tokens,
-                                     self.engine.max_model_len,
-                                     processor.prompt_frame(text is not None))
+        tokenized = [processor.truncate(ids, params.truncate_prompt_tokens, text is not None)
                      for text, ids in pairs]
         for i, token_ids in enumerate(tokenized):  # all valid, or none runs
             processor.process_pooling(f"{request_id}-{i}", token_ids, params)

@@ -17,7 +17,6 @@ from loom.entrypoints.openai.protocol_completions import (CompletionChoice, Comp
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, gather_or_cancel,
                                                   merge, off_loop, sse, sse_error,
                                                   stream_from_first)
-from loom.frontend.processor import truncate_prompt
 from loom.lora.request import LoRARequest
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
@@ -70,9 +69,8 @@ class OpenAIServingCompletion(OpenAIServing):
         generators = []
         tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.prompts])
         for i, (text, token_ids) in enumerate(tokenized):
-            frame = self.engine.processor.text_frame if text is not None else ([], [])
-            kept = truncate_prompt(token_ids, body.truncate_prompt_tokens,
-                                   self.engine.max_model_len, frame)
+            kept = self.engine.processor.truncate(token_ids, body.truncate_prompt_tokens,
+                                                  text is not None)
             text, token_ids = (text, token_ids) if kept is token_ids else (None, kept)
             params = body.to_sampling_params(self.max_tokens_for(len(token_ids), body.max_tokens),
                                              self.sampling_defaults)

@@ -10,7 +10,6 @@ from loom.entrypoints.openai.errors import APIError
 from loom.entrypoints.openai.protocol_embeddings import (EmbeddingData, EmbeddingRequest,
                                                          EmbeddingResponse, EmbeddingUsage)
 from loom.entrypoints.openai.serving_base import OpenAIServing, gather_or_cancel, off_loop
-from loom.frontend.processor import truncate_prompt
 from loom.outputs import EmbeddingRequestOutput
 
 
@@ -31,9 +30,8 @@ class OpenAIServingEmbedding(OpenAIServing):
         tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.inputs])
         processor = self.engine.processor
         for i, (text, token_ids) in enumerate(tokenized):  # all valid, or none runs
-            token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens,
-                                        self.engine.max_model_len,
-                                        processor.prompt_frame(text is not None))
+            token_ids = processor.truncate(token_ids, params.truncate_prompt_tokens,
+                                           text is not None)
             processor.process_pooling(f"{request_id}-{i}", token_ids, params)
             prompts.append(token_ids)
         outputs = await gather_or_cancel([self.engine.encode(ids, params, f"{request_id}-{i}")

@@ -32,7 +32,7 @@ from loom.entrypoints.openai.responses_stream import ResponseEvents, output_item
 from loom.entrypoints.openai.serving_base import OpenAIServing, off_loop, stream_from_first
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.tool_calls import ToolCalls
-from loom.frontend.processor import check_num_logprobs, truncate_prompt
+from loom.frontend.processor import check_num_logprobs
 from loom.outputs import RequestOutput
 from loom.sampling_params import SamplingParams
 
@@ -103,8 +103,9 @@ class OpenAIServingResponses(OpenAIServing):
                         if body.instructions else [])
         prompt_ids = await off_loop(self.chat.render, instructions + conversation, True, False,
                                     body.template_variables(), None)
-        prompt_ids = truncate_prompt(prompt_ids, body.truncate_prompt_tokens,
-                                     self.engine.max_model_len)
+        # a rendered chat is tokenized without added special tokens: cut plainly
+        prompt_ids = self.engine.processor.truncate(prompt_ids, body.truncate_prompt_tokens,
+                                                    False)
         params = body.to_sampling_params(self._max_tokens(len(prompt_ids), body.max_output_tokens),
                                          self.sampling_defaults)
         reasoning = self.chat.reasoning_parser  # as chat: none under a constraint it would eat
