@@ -8,10 +8,20 @@ same arithmetic as plain Python.
 
 from __future__ import annotations
 
+import functools
+
 
 def cdiv(a: int, b: int) -> int:
     """a / b rounded up (triton.cdiv)."""
     return -(-a // b)
+
+
+@functools.cache
+def sm_count(device) -> int:
+    """The device's streaming multiprocessors (132 on an H100 or H200), asked once: the
+    launch helpers size their K splits by it on every call."""
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def next_power_of_2(n: int) -> int:

@@ -30,13 +30,14 @@ The only roundings are float32 sums and the output's one cast.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from loom.kernels.compile_pool import launch_or_compile
-from loom.kernels.host import cdiv
+from loom.kernels.host import cdiv, sm_count
 
 MAX_ROWS = 4
 """Rows past this take the tensor-core tile: each row here costs an FMA a value."""
@@ -111,6 +112,7 @@ def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
     return max(d for d in range(1, want + 1) if steps % d == 0)
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every call of the op
 def default_config(m: int, n: int, k: int, block_k: int, sms: int = 132) -> GemvConfig:
     """block_k: the K step (a divisor of the group), capped at 128 values. The best of an
     H200 search on 8B's projections (benchmarks/results/h200-session45-zzz108-0b314fa/):
@@ -129,8 +131,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     (m, k), n = x.shape, packed.shape[0]
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"int4_gemv: takes 1..{MAX_ROWS} rows, got {m}")
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count \
-        if x.is_cuda else 132
+    sms = sm_count(x.device) if x.is_cuda else 132
     cfg = config or default_config(m, n, k, block_k, sms)
     if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
         raise ValueError(f"int4_gemv: block_k {cfg.block_k} must divide the group "

@@ -50,6 +50,7 @@ loom.quantization.int4's `dequantize`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +60,7 @@ import triton.language as tl
 from loom.kernels import int4_gemv
 from loom.kernels.compile_pool import launch_or_compile
 from loom.kernels.fp8_block_gemm import swizzled_tile
-from loom.kernels.host import cdiv
+from loom.kernels.host import cdiv, sm_count
 from loom.kernels.int4_gemv import split_for
 from loom.kernels.interpreter import interpreted
 from loom.kernels.launch import fast_launch
@@ -253,6 +254,7 @@ def block_k_for(group_size: int) -> int:
     return block_k if block_k >= MIN_BLOCK_K else 0
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every call of the op
 def default_config(m: int, n: int, k: int, group_size: int, sms: int = 132,
                    bits: int = 4) -> Int4Config:
     """Decode rows: the best of an H100 search (benchmarks/results/h100-session45-zzz107-*/,
@@ -309,8 +311,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     threads), an unwritten out returned."""
     check_bits(bits, "int4_matmul")
     (m, k), n = x.shape, packed.shape[0]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count \
-        if x.is_cuda else 132
+    sms = sm_count(x.device) if x.is_cuda else 132
     cfg = config or default_config(m, n, k, group_size, sms, bits)
     if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
         raise ValueError(f"int4_matmul: block_k {cfg.block_k} must divide the group "
