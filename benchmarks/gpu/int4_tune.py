@@ -12,7 +12,8 @@ timed (CUDA graph replays, L2 flushed: KernelTimer).
 and the three conversions at a few decode tiles; 2. the decode grid (block_n, block_k, K
 split for 1/2/4/8 waves, stages) with the best of those, at M = 1, then its best five at
 M = 16; 3. prompt tiles at M = 64, 256. `--stages gemv`: the GEMV's grid at M = 1, its
-best three at M = 2 and 4, beside the tiled kernel's default and bf16.
+best at M = 2..4, beside session 45's GEMV (benchmarks/gpu/int4_gemv_old.py), the tiled
+kernel's default and bf16.
 Prints each stage's ranking; the JSON holds every timing, the ceilings and the best
 configs. A probe for choosing the `default_config`s, not a test.
 """
@@ -36,6 +37,11 @@ from loom.kernels import int4_gemv as gmod
 from loom.kernels import int4_linear as kmod
 from loom.kernels.compile_pool import compile_pool
 from loom.quantization.int4 import dequantize
+
+try:
+    import int4_gemv_old as old_gemv  # benchmarks/gpu/, beside this script
+except ImportError:
+    old_gemv = None
 
 
 def split_for(steps: int, tiles: int, sms: int, waves: int) -> int:
@@ -98,6 +104,9 @@ class Search:
         """The kernel a config belongs to (the GEMV's or the tiled one's) on x."""
         packed, scale, zero = self.weights[name]
         g = self.args.group_size
+        if isinstance(cfg, old_gemv.GemvConfig):  # session 45's GEMV, for the A/B
+            return old_gemv.int4_gemv(x, packed, scale, zero, g, 4, cfg.block_k, config=cfg,
+                                      compile_only=compile_only)
         if isinstance(cfg, gmod.GemvConfig):
             return gmod.int4_gemv(x, packed, scale, zero, g, 4, cfg.block_k, config=cfg,
                                   compile_only=compile_only)
@@ -150,13 +159,13 @@ class Search:
 
 def gemv_grid(n, k, group, sms):
     out = []
-    for bn, warps in ((128, 4), (256, 4), (512, 4), (512, 8)):
-        for bk in (32, 64, 128):
-            if group % bk:
-                continue
-            for w in (2, 4, 8):
-                split = split_for(k // bk, -(-n // bn), sms, w)
-                out.append(gmod.GemvConfig(bn, bk, split, warps, 3))
+    for bn, warps in ((64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (512, 8)):
+        bk = min(128, group)
+        for conv in (0, 1):
+            for prefetch in (0, 1):
+                for w in (2, 4, 8):
+                    split = split_for(k // bk, -(-n // bn), sms, w)
+                    out.append(gmod.GemvConfig(bn, bk, split, warps, conv, prefetch))
     return list(dict.fromkeys(out))
 
 
@@ -211,20 +220,32 @@ def main() -> int:
 
 
 def gemv_stage(s, show):
-    """The GEMV's grid at M = 1, its best three at M = 2 and 4; the tiled kernel's default
-    at M = 1, 4, 5 and 16, and bf16's matmul, beside it."""
+    """The GEMV's grid at M = 1, its best three (and 128-row forms) at M = 2, 3, 4; session
+    45's GEMV and the tiled kernel's defaults, and bf16's matmul, beside it; the tile's
+    default at M = 1..16 (why 2..5 rows measured slower than 16)."""
     g = s.args.group_size
     for name, (n, k) in s.shapes.items():
         s.timer.spin()
         ranked = s.run(name, 1, gemv_grid(n, k, g, s.sms), "gemv")
-        show("gemv", name, 1, ranked)
-        for m in (2, 4):
-            show("gemv", name, m, s.run(name, m, [c for _, c in ranked[:3]], "gemv"), top=2)
-        for m in (1, 4, 5, 16):
+        show("gemv", name, 1, ranked, top=8)
+        for m in (2, 3, 4):
+            more = [dataclasses.replace(c, block_n=128, split_k=gmod.split_for(
+                k // c.block_k, -(-n // 128), s.sms)) for _, c in ranked[:3]]
+            show("gemv", name, m, s.run(name, m, [c for _, c in ranked[:3]] + more, "gemv"),
+                 top=3)
+        for m in (1, 2, 3, 4):
+            if old_gemv is not None and m == 1:
+                cfg = old_gemv.default_config(m, n, k, min(g, 128), s.sms)
+                show("old-gemv", name, m, s.run(name, m, [cfg], "old-gemv"), top=1)
             cfg = kmod.default_config(m, n, k, g, s.sms)
             show("tiled", name, m, s.run(name, m, [cfg], "tiled"), top=1)
         bf16, _ = s.peers(name, 1)
         print(f"  bf16 M=1 {bf16:.1f} us", flush=True)
+    for name in ("qkv_proj", "gate_up_proj"):
+        n, k = s.shapes[name]
+        for m in (5, 8, 12, 16):
+            cfg = kmod.default_config(m, n, k, g, s.sms)
+            show("tiled", name, m, s.run(name, m, [cfg], "tiled"), top=1)
 
 
 def tiled_stages(s, show, args, best):

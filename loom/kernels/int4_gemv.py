@@ -2,29 +2,28 @@
 in `int4_linear`'s packed layout (int32 words, 32 / bits values each, a scale and zero
 point a group), on the CUDA cores, float32 throughout.
 
-Why beside the tensor-core tile: each value costs a shift and a mask before any multiply,
-and the tile adds moving the values into the dot's operand layout. Here each value is a
-shift, a mask, an or (the float32 exponent of 2^23: the float 2^23 + q), one add (less
-2^23 + zero: q - zero exactly) and one FMA a row; the cross-thread sums wait for the end.
-On an H200 at one row it beat the tile by 8-25% on 8B's projections (qkv 19.5 us against
-21.3, gate_up 57.0 against 75.5; benchmarks/results/h200-session45-zzz108-0b314fa/), yet
-both stay at 0.12-0.26 of the copy rate; at two rows and more the tile wins, so the op
-sends it one row alone (`int4_linear.GEMV_ROWS`). The loop is a plain `range`: Triton's
-cp.async pipelining of it (`tl.range(num_stages=...)`) was up to 3.6x slower on an H100
-(benchmarks/results/h100-session45-zzz108-220e4a3/):
+Why beside the tensor-core tile: at one row the tile wastes 15 of its 16 rows and moves
+every value into the dot's operand layout. Here the values never leave the registers they
+were loaded into, and each costs about two instructions before its one FMA a row:
 
-* program (n, s) owns BLOCK_N weight rows and walks its slice of K (SPLIT_K slices) in
-  BLOCK_K steps inside one group (BLOCK_K divides the group): a step loads
-  [BLOCK_N, BLOCK_K / P] words, P = 32 / bits values each, and expands them to
-  [BLOCK_N, BLOCK_K / P, P] values in registers;
-* the M rows of x (M a constexpr, 1..MAX_ROWS; padded to a power of two) times those
-  values, summed over each word's P values (in one thread's registers) and times the
-  rows' group scales, go to a float32 [M, BLOCK_N, BLOCK_K / P] accumulator, summed
-  over the words once at the end: no cross-thread sum, hence no barrier, in the loop;
-* SPLIT_K > 1: float32 partials [SPLIT_K, M, N], summed in slice order by
-  `int4_linear`'s `_sum_splits_kernel` (deterministic).
+* a value q goes into a float32's mantissa under the exponent of 128, which is the float
+  128 + q exactly (4 bits: bits 16..19; 8 bits: bits 15..22, 128 + q / 2); 4 bits take
+  one `prmt` a value from words masked to one value a byte (CONV 1, CUDA only: inline
+  PTX), or a shift and one `lop3` (CONV 0: any width, and Triton's interpreter). The
+  exponent's bits come in as a runtime argument, so that ptxas folds mask and or into one
+  lop3 (two immediates would not fit one);
+* the products (128 + q) x are exact, their sums float32; the zero point and the 128 come
+  off once a word a step: sum (q - z) x = sum (128 + q) x - (128 + z) sum x, where sum x
+  is the same for every weight row. The cancellation costs ~4 of float32's 24 bits,
+  still ~2^-19 relative, far below the output's rounding in bf16/fp16.
 
-The only roundings are float32 sums and the output's one cast.
+Layout: program (n, s) owns BLOCK_N weight rows and walks its slice of K (SPLIT_K
+slices) in BLOCK_K steps inside one group; a step loads [BLOCK_N, BLOCK_K / P] words
+(P = 32 / bits values each). Each row of x has its own [BLOCK_N, BLOCK_K / P]
+accumulators (M a constexpr, 1..MAX_ROWS), summed over the words once, at the end: no
+cross-thread sum, hence no barrier, in the loop. PREFETCH 1 loads the next step's words
+before this step's arithmetic. SPLIT_K > 1: float32 partials [SPLIT_K, M, N], summed in
+slice order by `int4_linear`'s `_sum_splits_kernel` (deterministic).
 """
 
 from __future__ import annotations
@@ -41,59 +40,130 @@ from loom.kernels.host import cdiv, sm_count
 
 MAX_ROWS = 4
 """Rows past this take the tensor-core tile: each row here costs an FMA a value."""
+EXPONENT_128 = 0x43000000
+"""The float32 128.0's bits, the exponent every value is put under."""
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, M: tl.constexpr,
-                      N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr,
+def _prmt(a, b, J: tl.constexpr):
+    """Byte J of a in byte 2, under b's byte 3, above b's zero bytes 0 and 1 (`prmt`)."""
+    if J == 0:
+        out = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7044;", "=r,r,r", [a, b],
+                                        dtype=tl.uint32, is_pure=True, pack=1)
+    elif J == 1:
+        out = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7144;", "=r,r,r", [a, b],
+                                        dtype=tl.uint32, is_pure=True, pack=1)
+    elif J == 2:
+        out = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7244;", "=r,r,r", [a, b],
+                                        dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        out = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7344;", "=r,r,r", [a, b],
+                                        dtype=tl.uint32, is_pure=True, pack=1)
+    return out
+
+
+@triton.jit
+def _value(packed, lo, hi, exponent, V: tl.constexpr, BITS: tl.constexpr,
+           CONV: tl.constexpr):
+    """Value V of each word as the float32 128 + q (8 bits: 128 + q / 2)."""
+    if CONV == 1:  # 4 bits: lo / hi hold the even / odd values, one a byte
+        bits = _prmt(lo if V % 2 == 0 else hi, exponent + tl.zeros_like(lo), V // 2)
+    else:
+        POS: tl.constexpr = 16 if BITS == 4 else 15
+        MASK: tl.constexpr = ((1 << BITS) - 1) << POS
+        if V * BITS <= POS:
+            bits = ((packed << (POS - V * BITS)) & MASK) | exponent
+        else:
+            bits = ((packed >> (V * BITS - POS)) & MASK) | exponent
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_fma(p, xsum, f, x_ptrs):
+    x = tl.load(x_ptrs).to(tl.float32)
+    return p + f * x[None, :], xsum + x
+
+
+@triton.jit
+def _store_row(out_ptrs, acc, ok):
+    tl.store(out_ptrs, tl.sum(acc, axis=1).to(out_ptrs.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, exponent,
+                      M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr,
                       HAS_ZERO: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, CONV: tl.constexpr,
+                      PREFETCH: tl.constexpr):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
     PER_WORD: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PER_WORD
-    MASK: tl.constexpr = (1 << BITS) - 1
-    MID: tl.constexpr = 1 << (BITS - 1)
+    UNIT: tl.constexpr = 1.0 if BITS == 4 else 0.5  # a unit of q in the float 128 + q
     GROUPS: tl.constexpr = K // GROUP
     K_ITERS: tl.constexpr = K // BLOCK_K // SPLIT_K
-    M_PAD: tl.constexpr = 1 if M == 1 else (2 if M == 2 else 4)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, N - 1).to(tl.int64)  # clamped, not masked: only the store is
     split = tl.program_id(1)
     k0 = split * (K_ITERS * BLOCK_K)
     words = tl.arange(0, WORDS)
-    vpos = tl.arange(0, PER_WORD)
-    mrows = tl.arange(0, M_PAD)
     w_ptrs = w_ptr + rows[:, None] * (K // PER_WORD) + (k0 // PER_WORD + words)[None, :]
-    # x's step columns, value v of word j at j * P + v, as [BLOCK_N, WORDS, PER_WORD]
-    # (the same for every weight row): the weights' own shape, so that each thread holds
-    # x for exactly the words it holds, all P values in its registers
-    x_cols = (k0 + words * PER_WORD)[None, :, None] + vpos[None, None, :] \
-        + 0 * rn[:, None, None]
-    shifts = (vpos * BITS).to(tl.uint32)[None, None, :]
-    # per row of x, weight row and word: the sums across steps are reduced over the words
-    # once, at the end (no cross-thread sum, hence no barrier, in the loop)
-    acc = tl.zeros((M_PAD, BLOCK_N, WORDS), dtype=tl.float32)
+    g_ptrs = rows * GROUPS + k0 // GROUP
+    x_ptrs = x_ptr + k0 + words * PER_WORD  # value 0 of each word's columns
+    acc0 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    nxt = tl.load(w_ptrs).to(tl.uint32, bitcast=True)
     for i in range(K_ITERS):
-        group = (k0 + i * BLOCK_K) // GROUP
-        packed = tl.load(w_ptrs)
-        if HAS_ZERO:
-            z = tl.load(z_ptr + rows * GROUPS + group).to(tl.float32)
+        if PREFETCH:  # the next step's words (the first again at the last step)
+            packed = nxt
+            nxt = tl.load(w_ptrs + ((i + 1) % K_ITERS) * WORDS).to(tl.uint32, bitcast=True)
         else:
-            z = tl.full((BLOCK_N,), MID, tl.float32)
-        s = tl.load(s_ptr + rows * GROUPS + group).to(tl.float32)
-        # 0x4B000000 | q is the float32 2^23 + q; less 2^23 + zero: q - zero, exact
-        bits = ((packed.to(tl.uint32, bitcast=True)[:, :, None] >> shifts) & MASK) \
-            | 0x4B000000
-        w = bits.to(tl.float32, bitcast=True) - (8388608.0 + z)[:, None, None]
-        for m in tl.static_range(M):
-            x = tl.load(x_ptr + m * stride_x + x_cols + i * BLOCK_K).to(tl.float32)
-            part = tl.sum(w * x, axis=2) * s[:, None]
-            acc += tl.where(mrows[:, None, None] == m, part[None, :, :], 0.0)
-        w_ptrs += WORDS
-    y = tl.sum(acc, axis=2)  # [M_PAD, BLOCK_N]
-    out = (split * M).to(tl.int64) * N + mrows[:, None] * N + rn[None, :]
-    tl.store(out_ptr + out, y.to(out_ptr.dtype.element_ty),
-             mask=(mrows < M)[:, None] & (rn < N)[None, :])
+            packed = tl.load(w_ptrs + i * WORDS).to(tl.uint32, bitcast=True)
+        group = (i * BLOCK_K) // GROUP
+        if HAS_ZERO:
+            z = tl.load(z_ptr + g_ptrs + group).to(tl.float32)
+        else:
+            z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
+        c = (128.0 + z * UNIT)[:, None]
+        s = (tl.load(s_ptr + g_ptrs + group).to(tl.float32) / UNIT)[:, None]
+        lo = packed & 0x0F0F0F0F
+        hi = (packed >> 4) & 0x0F0F0F0F
+        p0 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+        p1 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+        p2 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+        p3 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+        xs0 = tl.zeros((WORDS,), dtype=tl.float32)
+        xs1 = tl.zeros((WORDS,), dtype=tl.float32)
+        xs2 = tl.zeros((WORDS,), dtype=tl.float32)
+        xs3 = tl.zeros((WORDS,), dtype=tl.float32)
+        xi = x_ptrs + i * BLOCK_K
+        for v in tl.static_range(PER_WORD):
+            f = _value(packed, lo, hi, exponent, v, BITS, CONV)
+            p0, xs0 = _row_fma(p0, xs0, f, xi + v)
+            if M > 1:
+                p1, xs1 = _row_fma(p1, xs1, f, xi + stride_x + v)
+            if M > 2:
+                p2, xs2 = _row_fma(p2, xs2, f, xi + 2 * stride_x + v)
+            if M > 3:
+                p3, xs3 = _row_fma(p3, xs3, f, xi + 3 * stride_x + v)
+        # sum (q - z) x = (sum (128 + q u) x - (128 + z u) sum x) / u
+        acc0 += (p0 - c * xs0[None, :]) * s
+        if M > 1:
+            acc1 += (p1 - c * xs1[None, :]) * s
+        if M > 2:
+            acc2 += (p2 - c * xs2[None, :]) * s
+        if M > 3:
+            acc3 += (p3 - c * xs3[None, :]) * s
+    out = out_ptr + (split * M).to(tl.int64) * N + rn
+    ok = rn < N
+    _store_row(out, acc0, ok)
+    if M > 1:
+        _store_row(out + N, acc1, ok)
+    if M > 2:
+        _store_row(out + 2 * N, acc2, ok)
+    if M > 3:
+        _store_row(out + 3 * N, acc3, ok)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +172,9 @@ class GemvConfig:
     block_k: int
     split_k: int = 1
     num_warps: int = 4
-    num_stages: int = 3
+    conv: int = 0
+    """How a value becomes a float: 0 shift and lop3; 1 prmt (4 bits, CUDA)."""
+    prefetch: int = 0
 
 
 def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
@@ -113,12 +185,15 @@ def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
 
 
 @functools.lru_cache(maxsize=1024)  # asked on every call of the op
-def default_config(m: int, n: int, k: int, block_k: int, sms: int = 132) -> GemvConfig:
-    """block_k: the K step (a divisor of the group), capped at 128 values. The best of an
-    H200 search on 8B's projections (benchmarks/results/h200-session45-zzz108-0b314fa/):
-    128 rows a program, K split for about four programs per SM."""
+def default_config(m: int, n: int, k: int, block_k: int, sms: int = 132, bits: int = 4,
+                   cuda: bool = True) -> GemvConfig:
+    """block_k: the K step (a divisor of the group), capped at 128 values. 256 rows a
+    program at one row, 128 at more (each row's accumulators take registers), K split
+    for about four programs per SM; prmt where it applies (4 bits, CUDA)."""
     block_k = min(block_k, 128)
-    return GemvConfig(128, block_k, split_for(k // block_k, cdiv(n, 128), sms))
+    block_n = 256 if m == 1 else 128
+    return GemvConfig(block_n, block_k, split_for(k // block_k, cdiv(n, block_n), sms),
+                      conv=int(bits == 4 and cuda))
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -132,19 +207,21 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"int4_gemv: takes 1..{MAX_ROWS} rows, got {m}")
     sms = sm_count(x.device) if x.is_cuda else 132
-    cfg = config or default_config(m, n, k, block_k, sms)
+    cfg = config or default_config(m, n, k, block_k, sms, bits, x.is_cuda)
     if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
         raise ValueError(f"int4_gemv: block_k {cfg.block_k} must divide the group "
                          f"{group_size} and split_k {cfg.split_k} the K steps")
+    if cfg.conv == 1 and (bits != 4 or not x.is_cuda):
+        raise ValueError("int4_gemv: conv 1 (prmt) takes 4-bit values on CUDA")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     split = cfg.split_k
     dest = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32,
                                                device=x.device)
     launch_or_compile(_int4_gemv_kernel, (cdiv(n, cfg.block_n), split), compile_only)(
-        x, packed, scale, packed if zero is None else zero, dest, x.stride(0), M=m, N=n,
-        K=k, GROUP=group_size, HAS_ZERO=zero is not None, BITS=bits, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT_K=split, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        x, packed, scale, packed if zero is None else zero, dest, x.stride(0), EXPONENT_128,
+        M=m, N=n, K=k, GROUP=group_size, HAS_ZERO=zero is not None, BITS=bits,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, CONV=cfg.conv,
+        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=1)
     if split > 1:
         block = 1024
         launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(

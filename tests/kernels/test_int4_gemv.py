@@ -31,10 +31,14 @@ def _gemv(x, packed, scale, zero, group, bits, config):
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("with_zero", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_matches_float64(m, bits, with_zero, dtype):
+@pytest.mark.parametrize("conv", [0, 1])
+def test_matches_float64(m, bits, with_zero, dtype, conv):
     # N = 40 against BLOCK_N 16: a ragged last block; K split in 2 slices of 2 steps
+    if conv and (bits != 4 or DEVICE == "cpu"):
+        pytest.skip("prmt (inline PTX) takes 4 bits, on CUDA")
     x, packed, scale, zero, q, zq = _case(m, 256, 40, 64, with_zero, dtype, bits)
-    cfg = mod.GemvConfig(block_n=16, block_k=32, split_k=2 if m % 2 else 1)
+    cfg = mod.GemvConfig(block_n=16, block_k=32, split_k=2 if m % 2 else 1, conv=conv,
+                         prefetch=m % 2)
     _check(_gemv(x, packed, scale, zero, 64, bits, cfg), _reference(x, q, zq, scale, 64,
                                                                      bits), dtype)
 
@@ -61,6 +65,8 @@ def test_refusals():
         _gemv(x, packed, scale, zero, 64, 4, mod.GemvConfig(16, 64))
     with pytest.raises(ValueError, match="must divide the group"):
         _gemv(x[:1], packed, scale, zero, 64, 4, mod.GemvConfig(16, 128))
+    with pytest.raises(ValueError, match="conv 1"):  # prmt: 4 bits only (and CUDA)
+        _gemv(x[:1], packed, scale, zero, 64, 8, mod.GemvConfig(16, 64, conv=1))
 
 
 def test_default_config_splits_k_for_the_sms():
@@ -70,26 +76,31 @@ def test_default_config_splits_k_for_the_sms():
         cfg = mod.default_config(1, n, k, 128, sms=132)
         assert 128 % cfg.block_k == 0 and (k // cfg.block_k) % cfg.split_k == 0
         assert 2 * 132 <= -(-n // cfg.block_n) * cfg.split_k <= 6 * 132
-    # the H200 search's best splits for 8B's projections
+    # about four programs per SM over 256-row blocks for 8B's projections
     assert [mod.default_config(1, n, k, 128).split_k for n, k in (
-        (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))] == [8, 16, 2, 16]
+        (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))] == [16, 32, 4, 28]
 
 
 _OFFLINE_COMPILE = r"""
-from loom.kernels.int4_gemv import _int4_gemv_kernel
+from loom.kernels.int4_gemv import EXPONENT_128, _int4_gemv_kernel
 types = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
          "out_ptr": "*fp32"}
-for bits in (4, 8):
+for bits, conv, prefetch in ((4, 0, 0), (4, 1, 1), (8, 0, 1)):
     for m in (1, 4):
         ptx = build(_int4_gemv_kernel, types, dict(M=m, N=4096, K=4096, GROUP=128,
-                    HAS_ZERO=True, BITS=bits, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4), 4, 3)
-        print(bits, m, "fma.rn.f32" in ptx, "cvt.rn.f32.s32" not in ptx)
+                    HAS_ZERO=True, BITS=bits, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
+                    CONV=conv, PREFETCH=prefetch), 4, 1)
+        print(bits, conv, m, "fma.rn.f32" in ptx,
+              not any(f"cvt.rn.f32.{t}32" in ptx for t in "su"),
+              ("prmt.b32" in ptx) == bool(conv))
 """
 
 
 def test_kernel_compiles_for_sm90_offline():
-    """Both widths at one and four rows compile for sm_90 with Triton's own ptxas (no GPU
-    here): FMAs, and no int32-to-float conversion of the values (the bit trick)."""
+    """Both widths and both conversions at one and four rows compile for sm_90 with
+    Triton's own ptxas (no GPU here): FMAs, no int-to-float conversion of the values (the
+    bit trick), prmt where asked."""
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     out = compile_for_sm90_offline(SM90_BUILD + _OFFLINE_COMPILE).splitlines()
-    assert out == [f"{bits} {m} True True" for bits in (4, 8) for m in (1, 4)], out
+    assert out == [f"{bits} {conv} {m} True True True" for bits, conv in (
+        (4, 0), (4, 1), (8, 0)) for m in (1, 4)], out
