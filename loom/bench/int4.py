@@ -124,12 +124,13 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
     # The op's regime for m rows: the GEMV, the tensor-core tile, or past the decode rows
     # the weight dequantized and the dense GEMM.
     from loom.kernels import int4_gemv
-    if m <= int4_gemv.MAX_ROWS:
+    sms = kernel.sm_count(x.device) if x.is_cuda else 132
+    if m <= kernel.GEMV_ROWS:
         config = {"kernel": "int4_gemv", **dataclasses.asdict(int4_gemv.default_config(
-            m, n, k, kernel.block_k_for(group)))}
+            m, n, k, kernel.block_k_for(group), sms, bits, x.is_cuda))}
     elif m <= kernel.DECODE_ROWS:
         config = {"kernel": "int4_matmul",
-                  **dataclasses.asdict(kernel.default_config(m, n, k, group, bits=bits))}
+                  **dataclasses.asdict(kernel.default_config(m, n, k, group, sms, bits))}
     else:
         config = "dequantize + dense GEMM"
     return {"projection": name, "n": n, "k": k, "bits": bits, "batch_size": m, "us": us,

@@ -81,12 +81,19 @@ def _value(packed, lo, hi, exponent, V: tl.constexpr, BITS: tl.constexpr,
 @triton.jit
 def _row_fma(p, xsum, f, x_ptrs):
     x = tl.load(x_ptrs).to(tl.float32)
-    return p + f * x[None, :], xsum + x
+    return p + f * x[None, :, :], xsum + x
+
+
+@triton.jit
+def _close_step(acc, p, xsum, c, s):
+    # sum (q - z) x = (sum (128 + q u) x - (128 + z u) sum x) / u, s holding the 1 / u
+    return acc + (p - c * xsum[None, :, :]) * s
 
 
 @triton.jit
 def _store_row(out_ptrs, acc, ok):
-    tl.store(out_ptrs, tl.sum(acc, axis=1).to(out_ptrs.dtype.element_ty), mask=ok)
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -96,8 +103,11 @@ def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, exponent,
                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, CONV: tl.constexpr,
                       PREFETCH: tl.constexpr):
     # SPLIT_K 1: out is [M, N] in x's dtype; else the float32 partials [SPLIT_K, M, N].
+    # A step: [BLOCK_N, GS, WG] words, GS groups (or 1, a part of one) of WG words each.
     PER_WORD: tl.constexpr = 32 // BITS
-    WORDS: tl.constexpr = BLOCK_K // PER_WORD
+    CHUNK: tl.constexpr = GROUP if BLOCK_K > GROUP else BLOCK_K  # values of one scale
+    GS: tl.constexpr = BLOCK_K // CHUNK
+    WG: tl.constexpr = CHUNK // PER_WORD
     UNIT: tl.constexpr = 1.0 if BITS == 4 else 0.5  # a unit of q in the float 128 + q
     GROUPS: tl.constexpr = K // GROUP
     K_ITERS: tl.constexpr = K // BLOCK_K // SPLIT_K
@@ -105,38 +115,40 @@ def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, exponent,
     rows = tl.minimum(rn, N - 1).to(tl.int64)  # clamped, not masked: only the store is
     split = tl.program_id(1)
     k0 = split * (K_ITERS * BLOCK_K)
-    words = tl.arange(0, WORDS)
-    w_ptrs = w_ptr + rows[:, None] * (K // PER_WORD) + (k0 // PER_WORD + words)[None, :]
-    g_ptrs = rows * GROUPS + k0 // GROUP
+    chunks = tl.arange(0, GS)
+    words = chunks[:, None] * WG + tl.arange(0, WG)[None, :]  # [GS, WG], in the step
+    w_ptrs = w_ptr + rows[:, None, None] * (K // PER_WORD) + (k0 // PER_WORD + words)[None]
+    g_ptrs = rows[:, None] * GROUPS + ((k0 + chunks * CHUNK) // GROUP)[None, :]
     x_ptrs = x_ptr + k0 + words * PER_WORD  # value 0 of each word's columns
-    acc0 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
     nxt = tl.load(w_ptrs).to(tl.uint32, bitcast=True)
     for i in range(K_ITERS):
         if PREFETCH:  # the next step's words (the first again at the last step)
             packed = nxt
-            nxt = tl.load(w_ptrs + ((i + 1) % K_ITERS) * WORDS).to(tl.uint32, bitcast=True)
+            nxt = tl.load(w_ptrs + ((i + 1) % K_ITERS) * (BLOCK_K // PER_WORD)).to(
+                tl.uint32, bitcast=True)
         else:
-            packed = tl.load(w_ptrs + i * WORDS).to(tl.uint32, bitcast=True)
+            packed = tl.load(w_ptrs + i * (BLOCK_K // PER_WORD)).to(tl.uint32, bitcast=True)
         group = (i * BLOCK_K) // GROUP
         if HAS_ZERO:
             z = tl.load(z_ptr + g_ptrs + group).to(tl.float32)
         else:
-            z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
-        c = (128.0 + z * UNIT)[:, None]
-        s = (tl.load(s_ptr + g_ptrs + group).to(tl.float32) / UNIT)[:, None]
+            z = tl.full((BLOCK_N, GS), 1 << (BITS - 1), tl.float32)
+        c = (128.0 + z * UNIT)[:, :, None]
+        s = (tl.load(s_ptr + g_ptrs + group).to(tl.float32) / UNIT)[:, :, None]
         lo = packed & 0x0F0F0F0F
         hi = (packed >> 4) & 0x0F0F0F0F
-        p0 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-        p1 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-        p2 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-        p3 = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-        xs0 = tl.zeros((WORDS,), dtype=tl.float32)
-        xs1 = tl.zeros((WORDS,), dtype=tl.float32)
-        xs2 = tl.zeros((WORDS,), dtype=tl.float32)
-        xs3 = tl.zeros((WORDS,), dtype=tl.float32)
+        p0 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
+        p1 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
+        p2 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
+        p3 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
+        xs0 = tl.zeros((GS, WG), dtype=tl.float32)
+        xs1 = tl.zeros((GS, WG), dtype=tl.float32)
+        xs2 = tl.zeros((GS, WG), dtype=tl.float32)
+        xs3 = tl.zeros((GS, WG), dtype=tl.float32)
         xi = x_ptrs + i * BLOCK_K
         for v in tl.static_range(PER_WORD):
             f = _value(packed, lo, hi, exponent, v, BITS, CONV)
@@ -147,14 +159,13 @@ def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, exponent,
                 p2, xs2 = _row_fma(p2, xs2, f, xi + 2 * stride_x + v)
             if M > 3:
                 p3, xs3 = _row_fma(p3, xs3, f, xi + 3 * stride_x + v)
-        # sum (q - z) x = (sum (128 + q u) x - (128 + z u) sum x) / u
-        acc0 += (p0 - c * xs0[None, :]) * s
+        acc0 = _close_step(acc0, p0, xs0, c, s)
         if M > 1:
-            acc1 += (p1 - c * xs1[None, :]) * s
+            acc1 = _close_step(acc1, p1, xs1, c, s)
         if M > 2:
-            acc2 += (p2 - c * xs2[None, :]) * s
+            acc2 = _close_step(acc2, p2, xs2, c, s)
         if M > 3:
-            acc3 += (p3 - c * xs3[None, :]) * s
+            acc3 = _close_step(acc3, p3, xs3, c, s)
     out = out_ptr + (split * M).to(tl.int64) * N + rn
     ok = rn < N
     _store_row(out, acc0, ok)
@@ -177,6 +188,10 @@ class GemvConfig:
     prefetch: int = 0
 
 
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
 def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
     """The largest divisor of the K steps at most `waves` programs per SM over the
     `programs` the row blocks give (at least 1)."""
@@ -187,13 +202,15 @@ def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
 @functools.lru_cache(maxsize=1024)  # asked on every call of the op
 def default_config(m: int, n: int, k: int, block_k: int, sms: int = 132, bits: int = 4,
                    cuda: bool = True) -> GemvConfig:
-    """block_k: the K step (a divisor of the group), capped at 128 values. 256 rows a
-    program at one row, 128 at more (each row's accumulators take registers), K split
-    for about four programs per SM; prmt where it applies (4 bits, CUDA)."""
+    """block_k: the K step (a divisor of the group), capped at 128 values. The best of an
+    H100 search on 8B's projections (benchmarks/results/h100-session46-zzz110-ceb5b5b/):
+    2 warps a program, 64 rows at one row of x, 128 at two (each row's accumulators take
+    registers), K split for about 8 programs per SM at one row, 4 at two; prmt where it
+    applies (4 bits, CUDA), within noise of the shift there."""
     block_k = min(block_k, 128)
-    block_n = 256 if m == 1 else 128
-    return GemvConfig(block_n, block_k, split_for(k // block_k, cdiv(n, block_n), sms),
-                      conv=int(bits == 4 and cuda))
+    block_n, waves = (64, 8) if m == 1 else (128, 4)
+    return GemvConfig(block_n, block_k, split_for(k // block_k, cdiv(n, block_n), sms, waves),
+                      num_warps=2, conv=int(bits == 4 and cuda))
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -208,9 +225,12 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"int4_gemv: takes 1..{MAX_ROWS} rows, got {m}")
     sms = sm_count(x.device) if x.is_cuda else 132
     cfg = config or default_config(m, n, k, block_k, sms, bits, x.is_cuda)
-    if group_size % cfg.block_k or (k // cfg.block_k) % cfg.split_k:
-        raise ValueError(f"int4_gemv: block_k {cfg.block_k} must divide the group "
-                         f"{group_size} and split_k {cfg.split_k} the K steps")
+    bk = cfg.block_k
+    within = group_size % bk == 0 or (bk % group_size == 0 and _pow2(group_size))
+    if not (_pow2(bk) and within and k % bk == 0 and (k // bk) % cfg.split_k == 0):
+        raise ValueError(f"int4_gemv: block_k {bk} must be a power of two dividing the "
+                         f"group {group_size} or K {k} (a multiple of a power-of-two group), "
+                         f"and split_k {cfg.split_k} the K steps")
     if cfg.conv == 1 and (bits != 4 or not x.is_cuda):
         raise ValueError("int4_gemv: conv 1 (prmt) takes 4-bit values on CUDA")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)

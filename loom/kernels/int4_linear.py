@@ -26,8 +26,8 @@ first; here the only roundings are the dot's float32 sums and the output's one c
 
 Three regimes, chosen by the op from the row count:
 
-* one row (GEMV_ROWS): `int4_gemv`, on the CUDA cores;
-* 2..16 rows (DECODE_ROWS): the tile, the rows padded to one 16-row tensor-core tile. N /
+* one or two rows (GEMV_ROWS): `int4_gemv`, on the CUDA cores;
+* 3..16 rows (DECODE_ROWS): the tile, the rows padded to one 16-row tensor-core tile. N /
   BLOCK_N programs would leave most of the 132 SMs idle for a small N, so K is split into
   SPLIT_K slices (a divisor of the K steps, so no step is masked). Each slice stores its
   float32 partial tile into [SPLIT_K, M, N] and a second small kernel sums the slices in
@@ -73,9 +73,10 @@ MIN_BLOCK_K = 16
 multiple of it."""
 DECODE_ROWS = 16
 """Row counts up to this take the split-K decode regime, padded to one 16-row tile."""
-GEMV_ROWS = 1
-"""Row counts up to this take `int4_gemv` (measured faster than the tile at one row, slower
-at two and four: benchmarks/results/h200-session45-zzz108-0b314fa/)."""
+GEMV_ROWS = 2
+"""Row counts up to this take `int4_gemv`: on an H100 it beat the tile by 7-37% at one row
+and 11-26% at two, and lost at three and four on gate_up and down
+(benchmarks/results/h100-session46-zzz110-ceb5b5b/)."""
 
 
 @triton.jit
@@ -370,7 +371,7 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
             x.is_cuda or interpreted(_int4_kernel)):
         if x.shape[0] > DECODE_ROWS:  # prompt rows: the weight whole, then a dense GEMM
             return F.linear(x, dequantize_packed(packed, scale, zero, group_size, bits))
-        if 0 < x.shape[0] <= GEMV_ROWS:  # one row: on the CUDA cores
+        if 0 < x.shape[0] <= GEMV_ROWS:  # one or two rows: on the CUDA cores
             return int4_gemv.int4_gemv(x, packed, scale, zero, group_size, bits,
                                        block_k_for(group_size))
         return int4_matmul(x, packed, scale, zero, group_size, bits)

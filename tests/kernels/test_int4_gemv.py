@@ -43,6 +43,18 @@ def test_matches_float64(m, bits, with_zero, dtype, conv):
                                                                      bits), dtype)
 
 
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block_n,block_k,split", [(8, 128, 2), (4, 256, 1)])
+def test_steps_of_several_groups(m, bits, block_n, block_k, split):
+    """A step over 2 or 4 groups (its scales and zero points a group each): K = 256 in two
+    slices of one step, or in one step."""
+    x, packed, scale, zero, q, zq = _case(m, 256, 24, 64, True, torch.bfloat16, bits)
+    cfg = mod.GemvConfig(block_n=block_n, block_k=block_k, split_k=split, prefetch=1)
+    _check(_gemv(x, packed, scale, zero, 64, bits, cfg), _reference(x, q, zq, scale, 64,
+                                                                     bits), torch.bfloat16)
+
+
 def test_every_value_and_zero_point_and_strided_rows():
     """Each 4-bit value against each zero point (the float32 bit trick's whole range), and
     rows with a stride past their width."""
@@ -63,22 +75,27 @@ def test_refusals():
     x, packed, scale, zero, _, _ = _case(5, 128, 32, 64, True, torch.bfloat16)
     with pytest.raises(ValueError, match="1..4 rows"):
         _gemv(x, packed, scale, zero, 64, 4, mod.GemvConfig(16, 64))
-    with pytest.raises(ValueError, match="must divide the group"):
-        _gemv(x[:1], packed, scale, zero, 64, 4, mod.GemvConfig(16, 128))
+    with pytest.raises(ValueError, match="must be a power of two dividing"):
+        _gemv(x[:1], packed, scale, zero, 64, 4, mod.GemvConfig(16, 96))
+    with pytest.raises(ValueError, match="must be a power of two dividing"):
+        _gemv(x[:1], packed, scale, zero, 64, 4, mod.GemvConfig(16, 256))  # K is 128
     with pytest.raises(ValueError, match="conv 1"):  # prmt: 4 bits only (and CUDA)
         _gemv(x[:1], packed, scale, zero, 64, 8, mod.GemvConfig(16, 64, conv=1))
 
 
 def test_default_config_splits_k_for_the_sms():
-    """K split so that the programs fill the SMs about four times, each split a divisor
-    of the K steps; a step within the group."""
+    """K split for about 8 programs (of 2 warps) per SM at one row, 4 at two, each split a
+    divisor of the K steps; a step within the group."""
     for n, k in ((6144, 4096), (28672, 4096), (4096, 14336)):
-        cfg = mod.default_config(1, n, k, 128, sms=132)
-        assert 128 % cfg.block_k == 0 and (k // cfg.block_k) % cfg.split_k == 0
-        assert 2 * 132 <= -(-n // cfg.block_n) * cfg.split_k <= 6 * 132
-    # about four programs per SM over 256-row blocks for 8B's projections
-    assert [mod.default_config(1, n, k, 128).split_k for n, k in (
-        (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))] == [16, 32, 4, 28]
+        for m in (1, 2):
+            cfg = mod.default_config(m, n, k, 128, sms=132)
+            assert 128 % cfg.block_k == 0 and (k // cfg.block_k) % cfg.split_k == 0
+            programs = -(-n // cfg.block_n) * cfg.split_k
+            assert 2 * 132 <= programs * m <= 12 * 132
+    # the H100 search's best splits for 8B's projections, at one row and two
+    shapes = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+    assert [mod.default_config(1, n, k, 128).split_k for n, k in shapes] == [8, 16, 2, 16]
+    assert [mod.default_config(2, n, k, 128).split_k for n, k in shapes] == [8, 16, 2, 16]
 
 
 _OFFLINE_COMPILE = r"""

@@ -204,17 +204,17 @@ def test_int4_op_in_a_compiled_model(tmp_path, monkeypatch):
                                       str(tmp_path / "q"), GROUP, False, ["lm_head"])
     llm = LLM(str(tmp_path / "q"), skip_tokenizer_init=True, dtype="float32", device="cpu",
               max_model_len=64, compilation_config=3)
-    prompts = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144]]
+    prompts = [[1, 5, 9, 33, 7, 100, 200, 3], [4, 44, 144], [8, 80, 11, 2]]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
-        assert not gemv_calls  # two requests' decode rows, and prompt rows: the tile
-        alone = llm.generate(prompts[:1], params, use_tqdm=False)  # one row: the GEMV
+        assert not gemv_calls  # three requests' decode rows, and prompt rows: the tile
+        pair = llm.generate(prompts[:2], params, use_tqdm=False)  # two rows: the GEMV
     finally:
         llm.shutdown()
-    for prompt, out in zip(prompts + prompts[:1], outs + alone):
+    for prompt, out in zip(prompts + prompts[:2], outs + pair):
         assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 4)
-    assert calls and min(calls) <= 2 < max(calls) and gemv_calls and set(gemv_calls) == {1}
+    assert calls and min(calls) == 3 < max(calls) and set(gemv_calls) == {2}
 
 
 def test_loaded_int4_experts_run_in_the_fused_moe_kernels(tmp_path, monkeypatch):
