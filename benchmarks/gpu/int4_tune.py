@@ -158,14 +158,21 @@ class Search:
 
 
 def gemv_grid(n, k, group, sms):
+    """Short steps inside a group (zzz110's grid, pruned to its good corner) and long
+    steps over several groups (each row read in 256-2048 B runs a step)."""
     out = []
-    for bn, warps in ((64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (512, 8)):
-        bk = min(128, group)
-        for conv in (0, 1):
-            for prefetch in (0, 1):
-                for w in (2, 4, 8):
-                    split = split_for(k // bk, -(-n // bn), sms, w)
-                    out.append(gmod.GemvConfig(bn, bk, split, warps, conv, prefetch))
+    forms = [(64, 128, 2), (128, 128, 2), (128, 128, 4)]
+    forms += [(bn, bk, w) for bk in (256, 512, 1024, 2048) for bn, w in (
+        (8, 1), (8, 2), (16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))]
+    for bn, bk, warps in forms:
+        if bk > group and (group & (group - 1) or bk % group) or k % bk:
+            continue
+        if bk < group and group % bk:
+            continue
+        for prefetch in (0, 1):
+            for w in (4, 8, 16):
+                split = split_for(k // bk, -(-n // bn), sms, w)
+                out.append(gmod.GemvConfig(bn, bk, split, warps, 1, prefetch))
     return list(dict.fromkeys(out))
 
 
@@ -220,7 +227,7 @@ def main() -> int:
 
 
 def gemv_stage(s, show):
-    """The GEMV's grid at M = 1, its best three (and 128-row forms) at M = 2, 3, 4; session
+    """The GEMV's grid at M = 1, its best five and the default at M = 2, 3, 4; session
     45's GEMV and the tiled kernel's defaults, and bf16's matmul, beside it; the tile's
     default at M = 1..16 (why 2..5 rows measured slower than 16)."""
     g = s.args.group_size
@@ -229,10 +236,9 @@ def gemv_stage(s, show):
         ranked = s.run(name, 1, gemv_grid(n, k, g, s.sms), "gemv")
         show("gemv", name, 1, ranked, top=8)
         for m in (2, 3, 4):
-            more = [dataclasses.replace(c, block_n=128, split_k=gmod.split_for(
-                k // c.block_k, -(-n // 128), s.sms)) for _, c in ranked[:3]]
-            show("gemv", name, m, s.run(name, m, [c for _, c in ranked[:3]] + more, "gemv"),
-                 top=3)
+            cands = [c for _, c in ranked[:5]] + [gmod.default_config(m, n, k, min(g, 128),
+                                                                      s.sms)]
+            show("gemv", name, m, s.run(name, m, list(dict.fromkeys(cands)), "gemv"), top=3)
         for m in (1, 2, 3, 4):
             if old_gemv is not None and m == 1:
                 cfg = old_gemv.default_config(m, n, k, min(g, 128), s.sms)
