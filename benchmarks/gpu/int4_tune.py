@@ -236,7 +236,7 @@ def gemv_stage(s, show):
         ranked = s.run(name, 1, gemv_grid(n, k, g, s.sms), "gemv")
         show("gemv", name, 1, ranked, top=8)
         for m in (2, 3, 4):
-            cands = [c for _, c in ranked[:5]] + [gmod.default_config(m, n, k, min(g, 128),
+            cands = [c for _, c in ranked[:5]] + [gmod.default_config(m, n, k, g, min(g, 128),
                                                                       s.sms)]
             show("gemv", name, m, s.run(name, m, list(dict.fromkeys(cands)), "gemv"), top=3)
         for m in (1, 2, 3, 4):

@@ -127,7 +127,7 @@ def _row(name, shape, m, timer, args, gen, device) -> dict[str, Any]:
     sms = kernel.sm_count(x.device) if x.is_cuda else 132
     if m <= kernel.GEMV_ROWS:
         config = {"kernel": "int4_gemv", **dataclasses.asdict(int4_gemv.default_config(
-            m, n, k, kernel.block_k_for(group), sms, bits, x.is_cuda))}
+            m, n, k, group, kernel.block_k_for(group), sms, bits, x.is_cuda))}
     elif m <= kernel.DECODE_ROWS:
         config = {"kernel": "int4_matmul",
                   **dataclasses.asdict(kernel.default_config(m, n, k, group, sms, bits))}

@@ -199,18 +199,30 @@ def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
     return max(d for d in range(1, want + 1) if steps % d == 0)
 
 
+def _step_fits(block_k: int, group: int, k: int) -> bool:
+    """Whether a K step of block_k values fits: a power of two dividing the group, or a
+    multiple of a power-of-two group, dividing K."""
+    return _pow2(block_k) and k % block_k == 0 and (
+        group % block_k == 0 or (block_k % group == 0 and _pow2(group)))
+
+
 @functools.lru_cache(maxsize=1024)  # asked on every call of the op
-def default_config(m: int, n: int, k: int, block_k: int, sms: int = 132, bits: int = 4,
-                   cuda: bool = True) -> GemvConfig:
-    """block_k: the K step (a divisor of the group), capped at 128 values. The best of an
-    H100 search on 8B's projections (benchmarks/results/h100-session46-zzz110-ceb5b5b/):
-    2 warps a program, 64 rows at one row of x, 128 at two (each row's accumulators take
-    registers), K split for about 8 programs per SM at one row, 4 at two; prmt where it
-    applies (4 bits, CUDA), within noise of the shift there."""
+def default_config(m: int, n: int, k: int, group: int, block_k: int, sms: int = 132,
+                   bits: int = 4, cuda: bool = True) -> GemvConfig:
+    """block_k: a step inside the group (a power of two dividing it). The best of two H100
+    searches on 8B's projections (benchmarks/results/h100-session46-zzz11[01]-*/): one
+    row of x on 8 weight rows a program, one warp, 256 values of a row a step (where the
+    group allows), K split for about 16 programs per SM (~10% under zzz110's best, 64
+    rows x 128 on two warps, which stays the fallback); two rows on 128 weight rows, two
+    warps, 128 a step, about 4 programs per SM (each row of x has its accumulators);
+    prmt where it applies (4 bits, CUDA), within noise of the shift there."""
     block_k = min(block_k, 128)
-    block_n, waves = (64, 8) if m == 1 else (128, 4)
+    if m == 1 and _step_fits(256, group, k):
+        block_n, block_k, warps, waves = 8, 256, 1, 16
+    else:
+        block_n, warps, waves = (64, 2, 8) if m == 1 else (128, 2, 4)
     return GemvConfig(block_n, block_k, split_for(k // block_k, cdiv(n, block_n), sms, waves),
-                      num_warps=2, conv=int(bits == 4 and cuda))
+                      num_warps=warps, conv=int(bits == 4 and cuda))
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -224,10 +236,9 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"int4_gemv: takes 1..{MAX_ROWS} rows, got {m}")
     sms = sm_count(x.device) if x.is_cuda else 132
-    cfg = config or default_config(m, n, k, block_k, sms, bits, x.is_cuda)
+    cfg = config or default_config(m, n, k, group_size, block_k, sms, bits, x.is_cuda)
     bk = cfg.block_k
-    within = group_size % bk == 0 or (bk % group_size == 0 and _pow2(group_size))
-    if not (_pow2(bk) and within and k % bk == 0 and (k // bk) % cfg.split_k == 0):
+    if not (_step_fits(bk, group_size, k) and (k // bk) % cfg.split_k == 0):
         raise ValueError(f"int4_gemv: block_k {bk} must be a power of two dividing the "
                          f"group {group_size} or K {k} (a multiple of a power-of-two group), "
                          f"and split_k {cfg.split_k} the K steps")

@@ -84,18 +84,21 @@ def test_refusals():
 
 
 def test_default_config_splits_k_for_the_sms():
-    """K split for about 8 programs (of 2 warps) per SM at one row, 4 at two, each split a
-    divisor of the K steps; a step within the group."""
+    """K split for about 16 programs (of one warp) per SM at one row, 4 (of two) at two,
+    each split a divisor of the K steps; steps that fit the group and K."""
     for n, k in ((6144, 4096), (28672, 4096), (4096, 14336)):
         for m in (1, 2):
-            cfg = mod.default_config(m, n, k, 128, sms=132)
-            assert 128 % cfg.block_k == 0 and (k // cfg.block_k) % cfg.split_k == 0
+            cfg = mod.default_config(m, n, k, 128, 128, sms=132)
+            assert mod._step_fits(cfg.block_k, 128, k) and (k // cfg.block_k) % cfg.split_k == 0
             programs = -(-n // cfg.block_n) * cfg.split_k
-            assert 2 * 132 <= programs * m <= 12 * 132
-    # the H100 search's best splits for 8B's projections, at one row and two
+            assert 2 * 132 <= programs * cfg.num_warps * m <= 32 * 132
+    # the H100 searches' best forms for 8B's projections, at one row and two
     shapes = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
-    assert [mod.default_config(1, n, k, 128).split_k for n, k in shapes] == [8, 16, 2, 16]
-    assert [mod.default_config(2, n, k, 128).split_k for n, k in shapes] == [8, 16, 2, 16]
+    assert [mod.default_config(1, n, k, 128, 128).split_k for n, k in shapes] == [2, 4, 1, 4]
+    assert [mod.default_config(2, n, k, 128, 128).split_k for n, k in shapes] == [8, 16, 2, 16]
+    # a group of 96 (a step of 32 inside it) or K not a multiple of 256: the 128-row form
+    assert mod.default_config(1, 6144, 4032, 96, 32) == mod.GemvConfig(64, 32, 9, 2, 1)
+    assert mod.default_config(1, 6144, 4224, 128, 128).block_k == 128
 
 
 _OFFLINE_COMPILE = r"""
