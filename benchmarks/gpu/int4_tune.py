@@ -12,8 +12,8 @@ timed (CUDA graph replays, L2 flushed: KernelTimer).
 and the three conversions at a few decode tiles; 2. the decode grid (block_n, block_k, K
 split for 1/2/4/8 waves, stages) with the best of those, at M = 1, then its best five at
 M = 16; 3. prompt tiles at M = 64, 256. `--stages gemv`: the GEMV's grid at M = 1, its
-best at M = 2..4, beside session 45's GEMV (benchmarks/gpu/int4_gemv_old.py), the tiled
-kernel's default and bf16.
+best at M = 2..4, beside the tiled kernel's default and bf16 (session 46 ran it beside
+session 45's GEMV, since removed: benchmarks/results/h100-session46-zzz11[01]-*/).
 Prints each stage's ranking; the JSON holds every timing, the ceilings and the best
 configs. A probe for choosing the `default_config`s, not a test.
 """
@@ -37,11 +37,6 @@ from loom.kernels import int4_gemv as gmod
 from loom.kernels import int4_linear as kmod
 from loom.kernels.compile_pool import compile_pool
 from loom.quantization.int4 import dequantize
-
-try:
-    import int4_gemv_old as old_gemv  # benchmarks/gpu/, beside this script
-except ImportError:
-    old_gemv = None
 
 
 def split_for(steps: int, tiles: int, sms: int, waves: int) -> int:
@@ -104,9 +99,6 @@ class Search:
         """The kernel a config belongs to (the GEMV's or the tiled one's) on x."""
         packed, scale, zero = self.weights[name]
         g = self.args.group_size
-        if isinstance(cfg, old_gemv.GemvConfig):  # session 45's GEMV, for the A/B
-            return old_gemv.int4_gemv(x, packed, scale, zero, g, 4, cfg.block_k, config=cfg,
-                                      compile_only=compile_only)
         if isinstance(cfg, gmod.GemvConfig):
             return gmod.int4_gemv(x, packed, scale, zero, g, 4, cfg.block_k, config=cfg,
                                   compile_only=compile_only)
@@ -227,8 +219,8 @@ def main() -> int:
 
 
 def gemv_stage(s, show):
-    """The GEMV's grid at M = 1, its best five and the default at M = 2, 3, 4; session
-    45's GEMV and the tiled kernel's defaults, and bf16's matmul, beside it; the tile's
+    """The GEMV's grid at M = 1, its best five and the default at M = 2, 3, 4; the tiled
+    kernel's default and bf16's matmul beside it; the tile's
     default at M = 1..16 (why 2..5 rows measured slower than 16)."""
     g = s.args.group_size
     for name, (n, k) in s.shapes.items():
@@ -240,9 +232,6 @@ def gemv_stage(s, show):
                                                                       s.sms)]
             show("gemv", name, m, s.run(name, m, list(dict.fromkeys(cands)), "gemv"), top=3)
         for m in (1, 2, 3, 4):
-            if old_gemv is not None and m == 1:
-                cfg = old_gemv.default_config(m, n, k, min(g, 128), s.sms)
-                show("old-gemv", name, m, s.run(name, m, [cfg], "old-gemv"), top=1)
             cfg = kmod.default_config(m, n, k, g, s.sms)
             show("tiled", name, m, s.run(name, m, [cfg], "tiled"), top=1)
         bf16, _ = s.peers(name, 1)

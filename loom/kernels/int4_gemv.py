@@ -1,6 +1,6 @@
-"""The integer-weight GEMV for one to four rows (decode at small batch): y = x @ w^T with w
-in `int4_linear`'s packed layout (int32 words, 32 / bits values each, a scale and zero
-point a group), on the CUDA cores, float32 throughout.
+"""The integer-weight GEMV for one to four rows (decode at small batch; the op sends it one
+and two): y = x @ w^T with w in `int4_linear`'s packed layout (int32 words, 32 / bits
+values each, a scale and zero point a group), on the CUDA cores, float32 throughout.
 
 Why beside the tensor-core tile: at one row the tile wastes 15 of its 16 rows and moves
 every value into the dot's operand layout. Here the values never leave the registers they
@@ -18,12 +18,20 @@ were loaded into, and each costs about two instructions before its one FMA a row
   still ~2^-19 relative, far below the output's rounding in bf16/fp16.
 
 Layout: program (n, s) owns BLOCK_N weight rows and walks its slice of K (SPLIT_K
-slices) in BLOCK_K steps inside one group; a step loads [BLOCK_N, BLOCK_K / P] words
-(P = 32 / bits values each). Each row of x has its own [BLOCK_N, BLOCK_K / P]
-accumulators (M a constexpr, 1..MAX_ROWS), summed over the words once, at the end: no
-cross-thread sum, hence no barrier, in the loop. PREFETCH 1 loads the next step's words
-before this step's arithmetic. SPLIT_K > 1: float32 partials [SPLIT_K, M, N], summed in
-slice order by `int4_linear`'s `_sum_splits_kernel` (deterministic).
+slices) in BLOCK_K steps: inside one group, or over GS whole groups (then each row is
+read in longer runs, which is what made the one-row default 8 rows x 256 values on one
+warp). A step loads [BLOCK_N, GS, WG] words (P = 32 / bits values each, WG words a
+scale). Each row of x has its own accumulators of that shape (M a constexpr,
+1..MAX_ROWS), summed once, at the end: no cross-thread sum, hence no barrier, in the loop.
+PREFETCH 1 loads the next step's words before this step's arithmetic (no gain measured).
+SPLIT_K > 1: float32 partials [SPLIT_K, M, N], summed in slice order by `int4_linear`'s
+`_sum_splits_kernel` (deterministic).
+
+On an H100 (benchmarks/results/h100-session46-zzz11[012]-*/) one row takes 0.65-0.79x
+session 45's GEMV's time (which had a shared-memory layout change and ten barriers a
+step), 0.23-0.52 of the copy rate; the search's landscape was flat in the instructions
+(prmt or shift within noise), so what bounds it now is the loads' latency and locality,
+not the arithmetic.
 """
 
 from __future__ import annotations
