@@ -147,7 +147,7 @@ def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, stride_x, exponent,
             z = tl.full((BLOCK_N, GS), 1 << (BITS - 1), tl.float32)
         c = (128.0 + z * UNIT)[:, :, None]
         s = (tl.load(s_ptr + g_ptrs + group).to(tl.float32) / UNIT)[:, :, None]
-        lo = packed & 0x0F0F0F0F
+        lo = packed & 0x0F0F0F0F  # prmt's sources (CONV 1; unused, so dropped, else)
         hi = (packed >> 4) & 0x0F0F0F0F
         p0 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)
         p1 = tl.zeros((BLOCK_N, GS, WG), dtype=tl.float32)

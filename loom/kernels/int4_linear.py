@@ -74,9 +74,9 @@ multiple of it."""
 DECODE_ROWS = 16
 """Row counts up to this take the split-K decode regime, padded to one 16-row tile."""
 GEMV_ROWS = 2
-"""Row counts up to this take `int4_gemv`: on an H100 it beat the tile by 7-37% at one row
-and 11-26% at two, and lost at three and four on gate_up and down
-(benchmarks/results/h100-session46-zzz110-ceb5b5b/)."""
+"""Row counts up to this take `int4_gemv`: on an H100 it took 26-48% less time than the
+tile at one row and 9-26% at two, and lost at three and four on gate_up and down
+(benchmarks/results/h100-session46-zzz11[012]-*/)."""
 
 
 @triton.jit
