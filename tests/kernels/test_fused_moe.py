@@ -229,7 +229,8 @@ for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
     # Qwen3-30B-A3B's experts; a chunk wider than the intermediate size (one masked pass)
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):
         cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_N=block_n, BLOCK_K=block_k,
-                    NUM_STAGES=stages, QUANT=0, GROUP_N=1, GROUP_K=1, K_PARTS=1, HAS_ZERO=0)
+                    NUM_STAGES=stages, QUANT=0, GROUP_N=1, GROUP_K=1, K_PARTS=1, HAS_ZERO=0,
+                    CONV=0)
         names = list(fn.arg_names)
         sig = {n: "constexpr" if n in cons else pointers[n] for n in names}
         src = ASTSource(fn=fn, signature=sig,

@@ -299,7 +299,7 @@ for quant, groups in ((1, (1, 1)), (2, (128, 128))):
         parts = block_k // groups[1] if quant == 2 else 1
         for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
             cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_N=block_n, BLOCK_K=block_k,
-                        NUM_STAGES=stages, K_PARTS=parts, **q)
+                        NUM_STAGES=stages, K_PARTS=parts, CONV=0, **q)
             build(fn, types, cons, warps=4)
             print("ok", fn.__name__, quant, block_k)
 """

@@ -324,16 +324,18 @@ for quant, zero in ((3, 0), (3, 1), (4, 0), (4, 1)):
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):
         for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
             cons = dict(TOP_K=8, HIDDEN=2048, INTER=768, BLOCK_N=block_n, BLOCK_K=block_k,
-                        NUM_STAGES=stages, K_PARTS=block_k // 128, **q)
+                        NUM_STAGES=stages, K_PARTS=block_k // 128, CONV=1, **q)
             ptx = build(fn, types, cons, 4, stages, aligned=["stride_we", "stride_se"])
-            print("gemv", quant, fn.__name__, zero, block_k, "ld.local" not in ptx)
+            print("gemv", quant, fn.__name__, zero, block_k, "ld.local" not in ptx,
+                  ("prmt.b32" in ptx) == (quant == 3), "cvt.rn.f32.s32" not in ptx)
 """
 
 
 def test_int4_kernels_compile_for_sm90_offline():
     """The grouped GEMM (pointer loads and TMA tiles of the packed words, products on the
-    tensor cores) and the GEMV at the tuned tables' chunks (nothing spilled) build for
-    Hopper, int4 and 8-bit (QUANT 3 and 4), with and without zero points."""
+    tensor cores) and the GEMV at the tuned tables' chunks (nothing spilled; int4 values by
+    prmt, no int-to-float conversions) build for Hopper, int4 and 8-bit (QUANT 3 and 4),
+    with and without zero points."""
     from tests.triton_interpreter import SM90_BUILD, compile_for_sm90_offline
     out = compile_for_sm90_offline(SM90_BUILD + _INT4_OFFLINE_COMPILE).splitlines()
     gemm = [line for line in out if line.startswith("gemm")]
@@ -341,5 +343,5 @@ def test_int4_kernels_compile_for_sm90_offline():
     assert len(gemm) == 16 and all(line.endswith(("True False", "True True")) for line in gemm)
     assert [line.split()[-1] for line in gemm] == ["False", "False", "True", "True"] * 4
     assert [line.split()[1] for line in gemm] == ["3"] * 8 + ["4"] * 8
-    assert len(gemv) == 16 and all(line.endswith("True") for line in gemv), out
+    assert len(gemv) == 16 and all(line.endswith("True True True") for line in gemv), out
     assert [line.split()[1] for line in gemv] == ["3"] * 8 + ["4"] * 8
