@@ -265,6 +265,28 @@ def test_a_dropped_stream_aborts_its_request(parsing_server):
     assert [i["engine_unfinished"] for i in info.values()] == [0], info
 
 
+@pytest.mark.parametrize("server", ["mp"], indirect=True)
+def test_auto_truncation_keeps_the_prompts_tail(server, tiny_chat_model):
+    """truncation "auto" (vLLM's): a rendered prompt past the context keeps its last
+    max_model_len - max_output_tokens tokens, the tail of transformers' rendering, and
+    answers as /v1/completions does from exactly those tokens."""
+    import transformers as tf
+    client, model = server.client(), _model(server)
+    text = "hi " * MAX_MODEL_LEN
+    got = client.responses.create(model=model, input=text, truncation="auto",
+                                  max_output_tokens=4, temperature=0)
+    keep = MAX_MODEL_LEN - 4
+    assert got.truncation == "auto" and got.usage.input_tokens == keep, got.usage
+    _, rendered = _hf_prompt_tokens(tiny_chat_model, [{"role": "user", "content": text}])
+    ids = tf.AutoTokenizer.from_pretrained(tiny_chat_model)(
+        rendered, add_special_tokens=False)["input_ids"]
+    assert len(ids) > MAX_MODEL_LEN
+    want = client.completions.create(model=model, prompt=ids[-keep:], max_tokens=4,
+                                     temperature=0)
+    assert got.output_text == want.choices[0].text
+    # without it, the same input is refused (ERRORS' too-long)
+
+
 ERRORS = [
     # (id, body, status, param)
     ("unknown-model", {"model": "gpt-9"}, 404, "model"),
@@ -281,6 +303,8 @@ ERRORS = [
     ("unknown-previous", {"previous_response_id": "resp_nothing"}, 404, "previous_response_id"),
     ("too-long", {"input": "hi " * MAX_MODEL_LEN}, 400, "input"),
     ("negative-max-output", {"max_output_tokens": -1}, 400, "max_output_tokens"),
+    ("auto-truncation-no-room", {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN},
+     400, "max_output_tokens"),
 ]
 
 

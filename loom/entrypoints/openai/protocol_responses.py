@@ -3,10 +3,13 @@ extensions, mapped onto what a chat request runs with (messages, tools in chat's
 tool_choice, structured output, SamplingParams). The response objects and stream events are
 in `protocol_responses_output`.
 
+`truncation: "auto"` is vLLM's: a rendered prompt past the context keeps its last
+max_model_len - max_output_tokens tokens (all but one, max_output_tokens unset).
+
 What loom cannot do is refused with a 400 naming the field, never ignored: built-in tools
 (web_search, file_search, mcp, ...), `background`, `prompt` templates, `conversation`,
-`truncation: "auto"`, `include` values other than `message.output_text.logprobs`, and
-chat's fields that have no Responses meaning (`n`, beam search, `prompt_logprobs`).
+`include` values other than `message.output_text.logprobs`, and chat's fields that have
+no Responses meaning (`n`, beam search, `prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ class ResponsesRequest(SamplingFields):
     metadata: dict[str, str] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
     max_tool_calls: int | None = Field(None, ge=1)
     """Echoed: it bounds built-in tool calls, which loom does not have."""
@@ -108,9 +111,6 @@ class ResponsesRequest(SamplingFields):
         if isinstance(data, dict) and data.get("n") == 1:
             data = {k: v for k, v in data.items() if k != "n"}
         refuse_extensions(data, _REFUSED)
-        if isinstance(data, dict) and data.get("truncation") == "auto":
-            raise ValueError("truncation: \"auto\" is not supported by loom (a prompt that "
-                             "does not fit is a 400)")
         tools = data.get("tools") if isinstance(data, dict) else None
         for i, tool in enumerate(tools if isinstance(tools, list) else []):
             kind = tool.get("type") if isinstance(tool, dict) else None

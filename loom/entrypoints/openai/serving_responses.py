@@ -106,6 +106,9 @@ class OpenAIServingResponses(OpenAIServing):
         # a rendered chat is tokenized without added special tokens: cut plainly
         prompt_ids = self.engine.processor.truncate(prompt_ids, body.truncate_prompt_tokens,
                                                     False)
+        if body.truncation == "auto":
+            prompt_ids = self.engine.processor.truncate(
+                prompt_ids, self._auto_keep(body.max_output_tokens), False)
         params = body.to_sampling_params(self._max_tokens(len(prompt_ids), body.max_output_tokens),
                                          self.sampling_defaults)
         reasoning = self.chat.reasoning_parser  # as chat: none under a constraint it would eat
@@ -144,6 +147,16 @@ class OpenAIServingResponses(OpenAIServing):
                     f" This server keeps no responses: start it with {ENV}=1.")
             raise APIError(404, f"Response with id '{response_id}' not found.{hint}", param)
         return entry
+
+    def _auto_keep(self, max_output_tokens: int | None) -> int:
+        """truncation "auto" (vLLM's): the input tokens kept, the context less the output
+        asked for (one token where none is asked)."""
+        keep = self.engine.max_model_len - (max_output_tokens or 1)
+        if keep < 1:
+            raise APIError(400, f"max_output_tokens {max_output_tokens} leaves no room for "
+                                f"the input in max_model_len {self.engine.max_model_len} "
+                                "(truncation: \"auto\")", "max_output_tokens")
+        return keep
 
     def _max_tokens(self, prompt_tokens: int, requested: int | None) -> int:
         """As vLLM: max_output_tokens within what the context leaves, unset: all of it (or
@@ -249,4 +262,4 @@ class OpenAIServingResponses(OpenAIServing):
             top_p=run.params.top_p, text=(body.text or TextConfig()).model_dump(
                 by_alias=True, exclude_none=True), tool_choice=body.tool_choice,
             tools=[t.model_dump() for t in body.tools], top_logprobs=body.top_logprobs,
-            user=body.user)
+            truncation=body.truncation or "disabled", user=body.user)
