@@ -62,6 +62,9 @@ def _configs():
         "llama_mqa": lambda: tf.LlamaConfig(**dict(TINY, num_key_value_heads=1)),
         "qwen2": lambda: tf.Qwen2Config(**TINY),
         "qwen3": lambda: tf.Qwen3Config(**TINY),
+        # YaRN over a 128-token pretraining length: vLLM's context 128 x 4
+        "qwen3_yarn": lambda: tf.Qwen3Config(**TINY, rope_scaling={
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}),
         "qwen3_moe": lambda: tf.Qwen3MoeConfig(**TINY, num_experts=8, num_experts_per_tok=2,
                                                moe_intermediate_size=32, norm_topk_prob=True,
                                                mlp_only_layers=[1]),

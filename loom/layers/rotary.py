@@ -1,5 +1,5 @@
-"""Rotary position embeddings (rotate-half layout), with Llama 3 frequency scaling and
-per-frequency divisors (LongRoPE's factors)."""
+"""Rotary position embeddings (rotate-half layout), with Llama 3's, linear and YaRN
+frequency scaling and per-frequency divisors (LongRoPE's factors)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,28 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(mid, smoothed, out)
 
 
+def _yarn_inv_freq(pos_freqs: torch.Tensor, head_dim: int, base: float,
+                   scaling: dict) -> torch.Tensor:
+    """YaRN (`arch_rope.yarn_scaling`'s dict): the frequencies that turn fewer than
+    beta_slow times over the pretraining length are interpolated (divided by the factor),
+    those that turn more than beta_fast times kept, a linear ramp over the dimensions
+    between."""
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+
+    def dim_at(turns: float) -> float:  # the dimension that turns `turns` times
+        return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_at(scaling["beta_fast"]), dim_at(scaling["beta_slow"])
+    if scaling["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp
+    return 1.0 / (factor * pos_freqs) * (1 - kept) + 1.0 / pos_freqs * kept
+
+
 def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None,
                      divisors: Sequence[float] | None) -> torch.Tensor:
     # float32 throughout, as the reference implementation computes it, so positions agree bitwise-close.
@@ -43,7 +65,10 @@ def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None,
         return _llama3_inv_freq(inv_freq, scaling)
     if kind == "linear":
         return inv_freq / scaling["factor"]
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn_inv_freq(base ** exponents, head_dim, base, scaling)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3, "
+                     "yarn, longrope)")
 
 
 class RotaryEmbedding(nn.Module):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from loom.models.arch_rope import (LongRope, first, local_rope_theta, long_rope, rope,
-                                   rope_layers, sliding_layers, sliding_window)
+                                   rope_layers, scaled_context, sliding_layers,
+                                   sliding_window)
 from loom.models.modernbert_config import MODERNBERT, modernbert_config
 from loom.models.seq_cls_config import classifier_from_token, from_token_labels
 
@@ -294,8 +295,10 @@ class ModelArch:
     @property
     def context_len(self) -> int:
         """The longest sequence loom runs: the model's context (sliding windows are
-        honoured, so they no longer cap it)."""
-        return self.max_position_embeddings - self.position_offset
+        honoured, so they no longer cap it); under YaRN, as vLLM derives it, the
+        pretraining length times the factor."""
+        return (scaled_context(self.rope_scaling) or self.max_position_embeddings) \
+            - self.position_offset
 
     @property
     def fused_checkpoint(self) -> bool:

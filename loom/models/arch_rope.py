@@ -32,7 +32,45 @@ def rope(cfg: dict[str, Any], architecture: str) -> tuple[float, dict | None]:
         or _DEFAULT_ROPE_THETA.get(architecture, 10000.0)
     if scaling is None and params.get("rope_type", "default") != "default":
         scaling = params
+    if rope_kind(scaling) == "yarn":
+        scaling = yarn_scaling(cfg, scaling)
     return float(theta), scaling
+
+
+def yarn_scaling(cfg: dict[str, Any], scaling: dict) -> dict:
+    """YaRN's rope_scaling with transformers' defaults filled in: the pretraining length
+    (a config-level original_max_position_embeddings first, as Phi-3 keeps it, else
+    rope_scaling's, else max_position_embeddings), the factor (else the context's stretch
+    over that length), cos and sin's attention_factor (else 0.1 ln(factor) + 1, or the
+    ratio of that at mscale and at mscale_all_dim where both are set), beta_fast 32,
+    beta_slow 1 and a truncated correction range."""
+    max_pos = first(cfg, "max_position_embeddings", default=2048)
+    original = first(cfg, "original_max_position_embeddings", default=None) \
+        or first(scaling, "original_max_position_embeddings", default=max_pos)
+    factor = first(scaling, "factor", default=max_pos / original)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+                     if mscale and mscale_all else _yarn_mscale(factor))
+    return {**scaling, "rope_type": "yarn", "factor": float(factor),
+            "original_max_position_embeddings": int(original),
+            "attention_factor": float(attention),
+            "beta_fast": float(scaling.get("beta_fast") or 32),
+            "beta_slow": float(scaling.get("beta_slow") or 1),
+            "truncate": bool(scaling.get("truncate", True))}
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def scaled_context(scaling: dict | None) -> int | None:
+    """The context a YaRN-scaled model runs, as vLLM derives it: the pretraining length
+    times the factor (None for other kinds: the config's max_position_embeddings)."""
+    if rope_kind(scaling) != "yarn":
+        return None
+    return int(scaling["original_max_position_embeddings"] * scaling["factor"])
 
 
 def rope_kind(scaling: dict | None) -> str:

@@ -19,6 +19,7 @@ from loom.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, Ro
 from loom.layers.norm import QKNorm, RMSNorm
 from loom.layers.rotary import RotaryEmbedding
 from loom.models.arch import ModelArch
+from loom.models.arch_rope import rope_kind
 from loom.models.weights import load_named_weights
 
 logger = logging.getLogger(__name__)
@@ -145,9 +146,12 @@ def make_rotary(arch: ModelArch, max_model_len: int) -> RotaryEmbedding:
         raise ValueError(f"partial_rotary_factor {arch.partial_rotary_factor}: rotary "
                          "embedding over part of each head is not supported")
     rope = arch.long_rope
-    if rope is None:
-        return RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
-                               arch.rope_scaling)
+    if rope is None:  # YaRN's context may pass max_position_embeddings (`context_len`)
+        scaling = arch.rope_scaling or {}
+        return RotaryEmbedding(arch.head_dim, max(arch.max_position_embeddings, max_model_len),
+                               arch.rope_theta, arch.rope_scaling,
+                               magnitude=scaling.get("attention_factor", 1.0)
+                               if rope_kind(scaling) == "yarn" else 1.0)
     long = max_model_len > rope.original_max_position_embeddings
     if long:
         logger.info("rope_scaling: LongRoPE's long factors for every sequence, since "

@@ -307,3 +307,38 @@ def test_modernbert_hub_config_reads_as_transformers_5_reads_it():
     assert arch.rms_norm_eps == reference.norm_eps and arch.head_dim == 16
     with pytest.raises(ValueError, match="norm_bias: ModernBERT with biases"):
         ModelArch.from_hf_config({**hub, "norm_bias": True})
+
+
+YARN = [
+    {"factor": 4.0, "original_max_position_embeddings": 128},  # Qwen3's form
+    {"factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
+     "beta_slow": 2.0, "truncate": False},
+    {"factor": 40.0, "original_max_position_embeddings": 8, "mscale": 1.0,
+     "mscale_all_dim": 0.707},  # DeepSeek's: attention factor from both mscales
+    {"factor": 2.0, "original_max_position_embeddings": 256, "attention_factor": 1.3},
+]
+
+
+@pytest.mark.parametrize("scaling", YARN, ids=["qwen3", "betas-untruncated", "mscales",
+                                               "attention-factor"])
+def test_yarn_frequencies_and_scale_equal_transformers(scaling):
+    """YaRN's rotary frequencies and cos/sin factor against transformers' own
+    (`ROPE_INIT_FUNCTIONS["yarn"]`), and the context vLLM derives (pretraining length
+    times the factor)."""
+    import transformers as tf
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from loom.layers.rotary import RotaryEmbedding, _scaled_inv_freq
+    from tests.conftest import TINY
+    config = tf.Qwen3Config(**TINY, rope_scaling={"rope_type": "yarn", **scaling})
+    want, want_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    arch = ModelArch.from_hf_config({**config.to_dict(),
+                                     "architectures": ["Qwen3ForCausalLM"]})
+    got = _scaled_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling, None)
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+    assert arch.rope_scaling["attention_factor"] == pytest.approx(want_factor, rel=1e-12)
+    assert arch.context_len == int(scaling["original_max_position_embeddings"]
+                                   * scaling["factor"])
+    table = RotaryEmbedding(arch.head_dim, 8, arch.rope_theta, arch.rope_scaling,
+                            magnitude=want_factor).cos_sin_cache
+    assert table[0, 0] == pytest.approx(want_factor)  # cos(0), times the factor
