@@ -91,6 +91,10 @@ def _metadata(w: gguf.GGUFWriter, config: dict, kind: str) -> None:
     if rope.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "yarn":  # as llama.cpp's converter writes Qwen's
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if kind == "phi3":
         original = config["original_max_position_embeddings"]
         w.add_rope_scaling_orig_ctx_len(original)

@@ -17,7 +17,7 @@ from tests.models.gguf_convert import convert
 
 LONG_PROMPTS = (5, 17, 200)
 """Llama 3's rope scaling slows only the low frequencies: it shows over longer prompts."""
-FACTORY_KINDS = ["llama_tied", "qwen2", "qwen3", "mixtral", "phi3"]
+FACTORY_KINDS = ["llama_tied", "qwen2", "qwen3", "qwen3_yarn", "mixtral", "phi3"]
 
 
 def _tiny(config, path):
