@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from loom.kernels.host import cdiv
+from loom.kernels.host import cdiv, is_power_of_2
 
 MAX_M = 16
 """Most rows per call: one tensor-core tile's worth (`use_dot` pads the rows to 16), so
@@ -33,10 +33,6 @@ class GemvConfig:
                 f"{' dot' if self.use_dot else ''}{split}")
 
 
-def _pow2(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
 def default_config(m: int, n: int, k: int) -> GemvConfig:
     """A starting point, not a measured table: 16-row blocks, 256-wide chunks, and a split
     of K when the row blocks alone would give fewer than two programs per H200 SM."""
@@ -52,7 +48,7 @@ def default_config(m: int, n: int, k: int) -> GemvConfig:
 def _check_config(cfg: GemvConfig, k: int) -> None:
     # A slice of K past its end (split_k * block_k not dividing K) is masked: correct,
     # only a wasted program; the benchmark keeps to dividing splits.
-    if not (_pow2(cfg.block_n) and _pow2(cfg.block_k)):
+    if not (is_power_of_2(cfg.block_n) and is_power_of_2(cfg.block_k)):
         raise ValueError(f"gemv: block_n and block_k must be powers of two, got {cfg}")
     if cfg.use_dot and (cfg.block_n < 16 or cfg.block_k < 16):
         raise ValueError(f"gemv: use_dot needs block_n >= 16 and block_k >= 16, got {cfg}")

@@ -24,6 +24,10 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def is_power_of_2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n, 0 for n = 0 (triton.next_power_of_2 for n >= 0)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0

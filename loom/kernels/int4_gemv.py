@@ -25,7 +25,7 @@ scale). Each row of x has its own accumulators of that shape (M a constexpr,
 1..MAX_ROWS), summed once, at the end: no cross-thread sum, hence no barrier, in the loop.
 PREFETCH 1 loads the next step's words before this step's arithmetic (no gain measured).
 SPLIT_K > 1: float32 partials [SPLIT_K, M, N], summed in slice order by `int4_linear`'s
-`_sum_splits_kernel` (deterministic).
+`sum_splits` (deterministic).
 
 On an H100 (benchmarks/results/h100-session46-zzz11[012]-*/) one row takes 0.65-0.79x
 session 45's GEMV's time (which had a shared-memory layout change and ten barriers a
@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from loom.kernels.compile_pool import launch_or_compile
-from loom.kernels.host import cdiv, sm_count
+from loom.kernels.host import cdiv, is_power_of_2, sm_count
 
 MAX_ROWS = 4
 """Rows past this take the tensor-core tile: each row here costs an FMA a value."""
@@ -196,10 +196,6 @@ class GemvConfig:
     prefetch: int = 0
 
 
-def _pow2(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
 def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
     """The largest divisor of the K steps at most `waves` programs per SM over the
     `programs` the row blocks give (at least 1)."""
@@ -210,8 +206,8 @@ def split_for(steps: int, programs: int, sms: int, waves: int = 4) -> int:
 def _step_fits(block_k: int, group: int, k: int) -> bool:
     """Whether a K step of block_k values fits: a power of two dividing the group, or a
     multiple of a power-of-two group, dividing K."""
-    return _pow2(block_k) and k % block_k == 0 and (
-        group % block_k == 0 or (block_k % group == 0 and _pow2(group)))
+    return is_power_of_2(block_k) and k % block_k == 0 and (
+        group % block_k == 0 or (block_k % group == 0 and is_power_of_2(group)))
 
 
 @functools.lru_cache(maxsize=1024)  # asked on every call of the op
@@ -239,7 +235,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     """x [M <= MAX_ROWS, K] @ w^T for `int4_linear.supports`' arguments, x's dtype out;
     block_k: the K step where no config is given (a power of two dividing the group).
     compile_only: compiled on `compile_pool`'s threads, nothing run."""
-    from loom.kernels.int4_linear import _sum_splits_kernel
+    from loom.kernels.int4_linear import split_partials, sum_splits
     (m, k), n = x.shape, packed.shape[0]
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"int4_gemv: takes 1..{MAX_ROWS} rows, got {m}")
@@ -254,15 +250,11 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         raise ValueError("int4_gemv: conv 1 (prmt) takes 4-bit values on CUDA")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     split = cfg.split_k
-    dest = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32,
-                                               device=x.device)
+    dest = split_partials(out, split)
     launch_or_compile(_int4_gemv_kernel, (cdiv(n, cfg.block_n), split), compile_only)(
         x, packed, scale, packed if zero is None else zero, dest, x.stride(0), EXPONENT_128,
         M=m, N=n, K=k, GROUP=group_size, HAS_ZERO=zero is not None, BITS=bits,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, CONV=cfg.conv,
         PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=1)
-    if split > 1:
-        block = 1024
-        launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(
-            dest, out, m * n, SPLIT_K=split, BLOCK=block, num_warps=4)
+    sum_splits(dest, out, compile_only)
     return out

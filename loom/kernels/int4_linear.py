@@ -324,8 +324,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     if m == 0:
         return out
     split = cfg.split_k
-    dest = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32,
-                                               device=x.device)
+    dest = split_partials(out, split)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), split)
     launch_or_compile(_int4_kernel, grid, compile_only)(
         x, packed, scale, packed if zero is None else zero, dest, m, x.stride(0), N=n, K=k,
@@ -333,11 +332,25 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWIZZLE_M=cfg.swizzle_m,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BITS=bits,
         CONVERT=cfg.convert, SLABS=cfg.slabs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if split > 1:
-        block = 1024
-        launch_or_compile(_sum_splits_kernel, (cdiv(m * n, block),), compile_only)(
-            dest, out, m * n, SPLIT_K=split, BLOCK=block, num_warps=4)
+    sum_splits(dest, out, compile_only)
     return out
+
+
+def split_partials(out: torch.Tensor, split: int) -> torch.Tensor:
+    """Where a split-K launch writes: out itself (one slice), else float32 partials
+    [split, M, N] for `sum_splits`."""
+    return out if split == 1 else torch.empty(split, *out.shape, dtype=torch.float32,
+                                               device=out.device)
+
+
+def sum_splits(dest: torch.Tensor, out: torch.Tensor, compile_only: bool = False) -> None:
+    """`split_partials`' partials summed into out in slice order (`_sum_splits_kernel`:
+    deterministic); nothing where the launch wrote out itself."""
+    if dest is out:
+        return
+    block = 1024
+    launch_or_compile(_sum_splits_kernel, (cdiv(out.numel(), block),), compile_only)(
+        dest, out, out.numel(), SPLIT_K=dest.shape[0], BLOCK=block, num_warps=4)
 
 
 def dequantize_packed(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
