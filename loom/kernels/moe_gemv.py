@@ -46,8 +46,6 @@ from loom.kernels.int4_gemv import EXPONENT_128, _value
 from loom.kernels.int4_linear import _x_slabs
 from loom.kernels.moe_quant import ExpertQuant, WeightQuant
 
-_EXPONENT_128 = tl.constexpr(EXPONENT_128)  # read inside the kernels
-
 
 @triton.jit
 def _chunk_sums(w, a, s_ptrs, QUANT: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -84,13 +82,14 @@ def _int_slabs(a, K_PARTS: tl.constexpr, BLOCK_K: tl.constexpr, PACK: tl.constex
 @triton.jit
 def _int_chunk(w, xs, xsum, s_ptrs, z_ptrs, k0, QUANT: tl.constexpr, BLOCK_N: tl.constexpr,
                K_PARTS: tl.constexpr, GROUP_K: tl.constexpr, K_GROUPS: tl.constexpr,
-               HAS_ZERO: tl.constexpr, stride_sk, CONV: tl.constexpr):
+               HAS_ZERO: tl.constexpr, stride_sk, exponent, CONV: tl.constexpr):
     """One K chunk of int4 (QUANT 3) or 8-bit (QUANT 4) words w [BLOCK_N, BLOCK_K / PACK]
     against the activations' slabs (`_int_slabs`), as float32 per row, part and word: the
     caller sums them once, after its loop. Each part lies within one group: its values as
     the floats 128 + q u (int4_gemv's `_value`), their products summed, less (128 + z u)
     times the sum of the activations, over u, times the group's scale (z_ptrs: zero points
-    at the scale's strides; none: 8, or 128)."""
+    at the scale's strides; none: 8, or 128). exponent: float32 128.0's bits, a runtime
+    value so that the shift path's mask and or fold into one lop3."""
     BITS: tl.constexpr = 4 if QUANT == 3 else 8
     PACK: tl.constexpr = 32 // BITS
     WPP: tl.constexpr = w.shape[1] // K_PARTS
@@ -101,7 +100,7 @@ def _int_chunk(w, xs, xsum, s_ptrs, z_ptrs, k0, QUANT: tl.constexpr, BLOCK_N: tl
     hi = (words >> 4) & 0x0F0F0F0F
     p = tl.zeros([BLOCK_N, K_PARTS, WPP], tl.float32)
     for v in tl.static_range(PACK):
-        p += _value(words, lo, hi, _EXPONENT_128, v, BITS, CV) * xs[v][None, :, :]
+        p += _value(words, lo, hi, exponent, v, BITS, CV) * xs[v][None, :, :]
     kb = (k0 + tl.arange(0, K_PARTS) * (WPP * PACK)) // GROUP_K
     kb_ok = (kb < K_GROUPS)[None, :]
     s = tl.load(s_ptrs[:, None] + kb[None, :] * stride_sk, mask=kb_ok, other=0.0)
@@ -116,11 +115,11 @@ def _int_chunk(w, xs, xsum, s_ptrs, z_ptrs, k0, QUANT: tl.constexpr, BLOCK_N: tl
 
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we, s_ptr, stride_se,
-                         stride_sn, stride_sk, z_ptr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr,
-                         INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         NUM_STAGES: tl.constexpr, QUANT: tl.constexpr, GROUP_N: tl.constexpr,
-                         GROUP_K: tl.constexpr, K_PARTS: tl.constexpr, HAS_ZERO: tl.constexpr,
-                         CONV: tl.constexpr = 0):
+                         stride_sn, stride_sk, z_ptr, exponent, TOP_K: tl.constexpr,
+                         HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, QUANT: tl.constexpr,
+                         GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, K_PARTS: tl.constexpr,
+                         HAS_ZERO: tl.constexpr, CONV: tl.constexpr = 0):
     # QUANT: 0 unquantized, 1 an fp8 scale per row, 2 per block, 3 int4 (4: 8-bit integers)
     # with a scale (and zero point, z_ptr) per group (s_ptr: loom/kernels/moe_quant.py);
     # CONV 1: int4 values by prmt (CUDA; int4_gemv's `_value`)
@@ -157,10 +156,10 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we, s_ptr, s
             xs, xsum = _int_slabs(x, K_PARTS, BLOCK_K, PACK)
             int_gate += _int_chunk(gate, xs, xsum, s_ptr + s_gate, z_ptr + s_gate,
                                    i * BLOCK_K, QUANT, BLOCK_N, K_PARTS, GROUP_K, K_GROUPS,
-                                   HAS_ZERO, stride_sk, CONV)
+                                   HAS_ZERO, stride_sk, exponent, CONV)
             int_up += _int_chunk(up, xs, xsum, s_ptr + s_up, z_ptr + s_up, i * BLOCK_K, QUANT,
                                  BLOCK_N, K_PARTS, GROUP_K, K_GROUPS, HAS_ZERO, stride_sk,
-                                 CONV)
+                                 exponent, CONV)
         else:
             acc_gate += _chunk_sums(gate, x, s_ptr + s_gate, QUANT, BLOCK_N, K_PARTS,
                                     i * BLOCK_K, GROUP_K, K_GROUPS, stride_sk)
@@ -179,7 +178,8 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, inter_ptr, ids_ptr, stride_we, s_ptr, s
 
 @triton.jit
 def _down_gemv_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr, stride_we,
-                      s_ptr, stride_se, stride_sn, stride_sk, z_ptr, TOP_K: tl.constexpr,
+                      s_ptr, stride_se, stride_sn, stride_sk, z_ptr, exponent,
+                      TOP_K: tl.constexpr,
                       HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, QUANT: tl.constexpr,
                       GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, K_PARTS: tl.constexpr,
@@ -214,7 +214,7 @@ def _down_gemv_kernel(inter_ptr, w2_ptr, out_ptr, ids_ptr, topk_weights_ptr, str
             xs, xsum = _int_slabs(a, K_PARTS, BLOCK_K, PACK)
             acc_int += _int_chunk(w, xs, xsum, s_ptr + s_rows, z_ptr + s_rows, k0, QUANT,
                                   BLOCK_N, K_PARTS, GROUP_K, K_GROUPS, HAS_ZERO, stride_sk,
-                                  CONV)
+                                  exponent, CONV)
         else:
             part = _chunk_sums(w, a, s_ptr + s_rows, QUANT, BLOCK_N, K_PARTS, k0, GROUP_K,
                                K_GROUPS, stride_sk)
@@ -250,10 +250,12 @@ def moe_gemv_launches(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     out = torch.empty_like(hidden)
     gate_up = (_gate_up_gemv_kernel, (num_tokens * top_k, cdiv(inter, block_n)),
                (hidden.contiguous(), w13, inter_buf, ids, w13.stride(0),
-                *quant.w13.pointer_args(w13)), {**kwargs, **_quant_kwargs(quant.w13, block_k)})
+                *quant.w13.pointer_args(w13), EXPONENT_128),
+               {**kwargs, **_quant_kwargs(quant.w13, block_k)})
     down = (_down_gemv_kernel, (num_tokens, cdiv(hidden_size, block_n)),
             (inter_buf, w2, out, ids, topk_weights.contiguous(), w2.stride(0),
-             *quant.w2.pointer_args(w2)), {**kwargs, **_quant_kwargs(quant.w2, block_k)})
+             *quant.w2.pointer_args(w2), EXPONENT_128),
+            {**kwargs, **_quant_kwargs(quant.w2, block_k)})
     return [gate_up, down], out
 
 

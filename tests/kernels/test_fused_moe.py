@@ -224,7 +224,7 @@ from loom.kernels.moe_gemv import _down_gemv_kernel, _gate_up_gemv_kernel
 pointers = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "inter_ptr": "*bf16", "w2_ptr": "*bf16",
             "out_ptr": "*bf16", "ids_ptr": "*i64", "topk_weights_ptr": "*fp32",
             "s_ptr": "*fp32", "z_ptr": "*u8", "stride_we": "i32", "stride_se": "i32",
-            "stride_sn": "i32", "stride_sk": "i32"}
+            "stride_sn": "i32", "stride_sk": "i32", "exponent": "i32"}
 for fn in (_gate_up_gemv_kernel, _down_gemv_kernel):
     # Qwen3-30B-A3B's experts; a chunk wider than the intermediate size (one masked pass)
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):

@@ -293,7 +293,7 @@ for quant, groups in ((1, (1, 1)), (2, (128, 128))):
             print("ok", fn.__name__, quant, tma)
     types = {"x_ptr": "*bf16", "w13_ptr": "*fp8e4nv", "inter_ptr": "*bf16",
              "w2_ptr": "*fp8e4nv", "out_ptr": "*bf16", "ids_ptr": "*i64",
-             "topk_weights_ptr": "*fp32", "s_ptr": "*fp32", "z_ptr": "*u8"}
+             "topk_weights_ptr": "*fp32", "s_ptr": "*fp32", "z_ptr": "*u8", "exponent": "i32"}
     # the H200 table's decode chunks: 512 and 1024 columns, four and eight blocks wide
     for block_n, block_k, stages in ((8, 512, 3), (4, 1024, 2)):
         parts = block_k // groups[1] if quant == 2 else 1
