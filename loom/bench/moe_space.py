@@ -84,13 +84,14 @@ def fits(config: dict[str, int], elem_size: int = 2) -> bool:
     return smem <= SMEM_LIMIT and acc <= ACC_PER_THREAD_LIMIT
 
 
-def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
+def search_space(shape: MoeShape, num_tokens: int,
+                 bytes_per_weight: float = 2) -> list[dict[str, int]]:
     """The first pass's configs for M = num_tokens, all with GROUP_M = 1, by rows per
     expert: a row block never spans two experts, so tall blocks only pay off when each
     expert has many rows, and decode is a weight stream, where narrow column tiles make
     more programs and deep K tiles keep more loads in flight. From 128 rows an expert
     (prompt sizes), each config also with TMA = 1. Where the tokens leave each expert two
-    rows or fewer, also the GEMV kernels (gemv_space)."""
+    rows or fewer, also the GEMV kernels (gemv_space, for weights of bytes_per_weight)."""
     per_expert = num_tokens * shape.top_k / shape.num_experts
     if per_expert < 2:
         space = [(16,), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 5)]
@@ -110,16 +111,22 @@ def search_space(shape: MoeShape, num_tokens: int) -> list[dict[str, int]]:
                                                   c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 64)]
     if per_expert >= 128:  # prompt sizes, compute-bound: also each tile through TMA
         configs += [{**c, "TMA": 1} for c in configs]
-    return configs + (gemv_space() if per_expert <= 2 else [])
+    return configs + (gemv_space(bytes_per_weight) if per_expert <= 2 else [])
 
 
-def gemv_space() -> list[dict[str, int]]:
+def gemv_space(bytes_per_weight: float = 2) -> list[dict[str, int]]:
     """loom/kernels/moe_gemv.py's configs: a few rows per program streamed in long K chunks
-    (the dense GEMV's winners at batch 1 had 8 rows and 1024 columns), at most 8192 weights
-    a chunk so that each thread's share stays in registers."""
-    return [tile_config(16, bn, bk, 1, w, s, gemv=1)
-            for bn, bk, w, s in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (2, 3, 4))
-            if bn * bk <= 8192]
+    (the dense GEMV's winners at batch 1 had 8 rows and 1024 columns), each thread's share
+    of a chunk at most 128 bytes of weights so that it stays in registers (bf16 at 4 warps:
+    8192 values), and at least a 4-byte word. From one warp: packed int4 weights take
+    wide chunks on few threads (int4_gemv's one-row winner: 8 x 256 on one warp)."""
+    configs = []
+    for bn, bk, w, s in itertools.product((4, 8, 16, 32), (256, 512, 1024), (1, 2, 4, 8),
+                                          (2, 3, 4)):
+        per_thread = bn * bk * bytes_per_weight / (32 * w)
+        if 4 <= per_thread <= 128:
+            configs.append(tile_config(16, bn, bk, 1, w, s, gemv=1))
+    return configs
 
 
 def group_variants(shape: MoeShape, num_tokens: int,

@@ -76,7 +76,7 @@ class Bench:
     def search_space(self, num_tokens: int) -> list[dict[str, int]]:
         """The first pass's configs; for packed integer experts without the grouped-GEMM
         tiles whose BLOCK_K a group caps (they would run as the capped ones: timed twice)."""
-        space = search_space(self.shape, num_tokens)
+        space = search_space(self.shape, num_tokens, self.bytes_per_weight)
         if "group_size" not in self.quant:
             return space
         step = self.quant["group_size"] & -self.quant["group_size"]

@@ -56,7 +56,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     None for 128. bits other than 4 or 8: a ValueError; group_size None: each weight's group
     its K (words * 32 / bits) over its scale's width.
     Tiles: `config` (see get_config; None looks up a tuned one), then any of block_m ...
-    tma given here on top.
+    tma given here on top (block_m, group_m or tma without gemv: the grouped GEMM).
     """
     num_tokens, hidden_size = hidden.shape
     quant = expert_quant(w13, w2, w13_scale, w2_scale, weight_block, w13_zero, w2_zero,
@@ -70,6 +70,8 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  "GROUP_M": group_m, "num_warps": num_warps, "num_stages": num_stages,
                  "GEMV": gemv, "TMA": tma}
     given = {k: v for k, v in overrides.items() if v is not None}
+    if gemv is None and given.keys() & {"BLOCK_M", "GROUP_M", "TMA"}:
+        given["GEMV"] = 0  # the grouped GEMM's own knobs ask for it
     if given:  # checked together: BLOCK_N's least value depends on GEMV
         cfg = normalize_config({**cfg, **given})
     return _fused_moe(hidden, w13, w2, topk_weights, topk_ids, cfg, quant)

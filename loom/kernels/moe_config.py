@@ -39,7 +39,21 @@ _ALIASES = {"BLOCK_SIZE_M": "BLOCK_M", "BLOCK_SIZE_N": "BLOCK_N", "BLOCK_SIZE_K"
 
 def default_config(num_tokens: int, top_k: int, num_experts: int,
                    dtype: torch.dtype) -> dict[str, int]:
-    """The tiles used where no tuned config applies."""
+    """The launch used where no tuned config applies: where the tokens leave each expert half
+    a row or less (decode), the GEMV kernels, 8 rows by 512 columns a chunk (the shipped
+    H200 tables pick them up to there; on an untuned H100 the grouped GEMM's 16-row tiles
+    made Qwen3-30B-A3B's int4 decode 4.9x its floor, h100-session47-zzz113); else the
+    grouped GEMM's tiles (`gemm_defaults`)."""
+    if 2 * num_tokens * top_k <= num_experts:
+        return {**gemm_defaults(num_tokens, top_k, num_experts, dtype), "BLOCK_N": 8,
+                "BLOCK_K": 512, "GEMV": 1}
+    return gemm_defaults(num_tokens, top_k, num_experts, dtype)
+
+
+def gemm_defaults(num_tokens: int, top_k: int, num_experts: int,
+                  dtype: torch.dtype) -> dict[str, int]:
+    """The grouped GEMM's built-in tiles; they also fill the keys a given or tuned config
+    leaves out (one without GEMV means the grouped GEMM)."""
     # fp32 takes exact FMA dots whose operands need far more registers: halve the tile
     # (the sizes that ptxas compiles without spills for sm_90).
     tile = 32 if dtype == torch.float32 else 64
@@ -170,10 +184,12 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, inter: int,
         if chosen:  # files tuned before the GEMV kernels existed mean the grouped GEMM
             chosen.setdefault("GEMV", 0)
             chosen.setdefault("TMA", 0)
+    if not chosen:
+        return default_config(num_tokens, top_k, num_experts, dtype)
     if len(chosen) < len(CONFIG_KEYS):
         # Only when needed: under torch.compile the default BLOCK_M adds range guards of
         # its own, which a complete tuned config should not bring along.
-        chosen = {**default_config(num_tokens, top_k, num_experts, dtype), **chosen}
+        chosen = {**gemm_defaults(num_tokens, top_k, num_experts, dtype), **chosen}
     return chosen
 
 

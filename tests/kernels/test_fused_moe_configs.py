@@ -86,14 +86,25 @@ def test_configs_match_reference(config):
                                atol=1e-4, rtol=1e-4)
 
 
-def test_default_config_is_the_former_fixed_tiles():
-    assert mc.default_config(1, 8, 128, torch.bfloat16) == {
-        "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
-        "num_stages": 3, "GEMV": 0, "TMA": 0}
+def test_default_config_decode_takes_the_gemv():
+    # half a row an expert or less: the GEMV kernels; more: the former fixed tiles
+    gemm = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
+            "num_stages": 3, "GEMV": 0, "TMA": 0}
+    for tokens in (1, 8):
+        assert mc.default_config(tokens, 8, 128, torch.bfloat16) == {
+            **gemm, "BLOCK_N": 8, "BLOCK_K": 512, "GEMV": 1}
+    assert mc.default_config(9, 8, 128, torch.bfloat16) == gemm
     assert mc.default_config(1025, 8, 128, torch.bfloat16)["BLOCK_M"] == 64
     assert mc.default_config(512, 8, 128, torch.float16)["BLOCK_M"] == 32
     fp32 = mc.default_config(4, 2, 8, torch.float32)
-    assert (fp32["BLOCK_N"], fp32["BLOCK_K"]) == (32, 32)
+    assert (fp32["BLOCK_N"], fp32["BLOCK_K"], fp32["GEMV"]) == (32, 32, 0)
+
+
+def test_a_partial_config_fills_in_the_grouped_gemm():
+    """A config without GEMV means the grouped GEMM, even at decode sizes."""
+    got = mc.get_config(1, 8, 128, 768, torch.bfloat16, "cpu", config={"BLOCK_N": 32})
+    assert got == {**mc.gemm_defaults(1, 8, 128, torch.bfloat16), "BLOCK_N": 32}
+    assert got["GEMV"] == 0
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -152,7 +163,7 @@ def test_single_entry_file(tmp_path, monkeypatch):
     (tmp_path / mc.config_file_name(4, 48, torch.float32, "cpu")).write_text(
         json.dumps({"64": {"BLOCK_M": 32}}))
     # Keys a file leaves out come from the defaults.
-    assert lookup(1) == {**mc.default_config(1, 2, 4, torch.float32), "BLOCK_M": 32}
+    assert lookup(1) == {**mc.gemm_defaults(1, 2, 4, torch.float32), "BLOCK_M": 32}
 
 
 def test_no_file_means_the_defaults(config_dir):

@@ -277,6 +277,7 @@ def test_bench_int4_experts_and_grid():
     class Fake:
         shape = MoeShape(hidden=2048, inter=768, num_experts=128, top_k=8)
         quant = {"group_size": 128}
+        bytes_per_weight = 0.5 + 3 / 128
     space = bench.Bench.search_space(Fake(), 1)
     assert space and all(c["GEMV"] or c["BLOCK_K"] <= 128 for c in space)
     assert {c["GEMV"] for c in space} == {0, 1}

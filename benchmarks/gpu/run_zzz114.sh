@@ -1,0 +1,38 @@
+# 1 GPU (~9 min), session 47: the fused MoE at decode sizes after run_zzz113 (the integer
+# GEMV 2.8-3.9x faster than its former form on an H100) showed that an untuned GPU never
+# reached it: without a table the defaults took the grouped GEMM's 16-row tiles (Qwen3-30B-A3B
+# GPTQ-Int4 decode at batch 1: 4.343 ms/token, 4.89x its floor). Now the defaults take the
+# GEMV where the tokens leave each expert half a row or less, and the tuner's GEMV grid has
+# 1-8 warps with chunks sized per weight bytes (int4 chunks up to 32768 values).
+# 1. Qwen3 int4 decode at batch 1 with the new defaults (no table on an H100);
+# 2. `loom bench moe --weight-dtype int4` at 1-16 tokens, defaults, then --tune into a copy
+#    of the tables ($R/cfg); the same for bf16 experts;
+# 3. Qwen3 int4 and bf16 decode at batch 1 with the tuned tables.
+source benchmarks/gpu/env.sh; R=$OUT/zzz114; mkdir -p $R/cfg
+GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
+cp loom/kernels/configs/*.json $R/cfg/
+L="--load-format dummy --num-iters-warmup 2 --num-iters 4 --input-len 128 --output-len 128 --batch-size 1"
+q3() {  # q3 NAME MODEL DEADLINE [CONFIG_DIR]
+  LOOM_MOE_CONFIG_DIR=$4 timeout $(left $3) $LOOM bench latency --model $2 $L \
+    --output-json $R/q3-$1.json > $R/q3-$1.log 2>&1
+  echo "q3-$1 rc $?: $(grep -E '^Decode|fused_moe' $R/q3-$1.log | cut -c1-170 | tr '\n' ' ')"
+  stamp q3-$1
+}
+q3 int4-default qwen3-30b-a3b-gptq-int4 80
+B="1 2 4 8 16"
+for w in int4 auto; do
+  timeout $(left 150) $LOOM bench moe --weight-dtype $w --batch-sizes $B \
+    --output-json $R/moe-$w-default.json > $R/moe-$w-default.log 2>&1
+  echo "moe $w default rc $?"; grep -E "^(M=|configs:)" $R/moe-$w-default.log | cut -c1-170
+  stamp moe-$w-default
+done
+for w in int4 auto; do
+  [ $w = int4 ] && end=330 || end=470
+  timeout $(left $end) $LOOM bench moe --weight-dtype $w --tune --batch-sizes $B \
+    --save-dir $R/cfg --output-json $R/tune-$w.json > $R/tune-$w.log 2>&1
+  echo "tune $w rc $?"; grep -E "^(M=|compil|Wrote)" $R/tune-$w.log | cut -c1-200
+  stamp tune-$w
+done
+q3 int4-tuned qwen3-30b-a3b-gptq-int4 530 $R/cfg
+q3 bf16-tuned qwen3-30b-a3b 590 $R/cfg
+for f in $R/*.log; do grep -v -E "it/s\]|s/it\]" $f > $f.tmp; mv $f.tmp $f; done
