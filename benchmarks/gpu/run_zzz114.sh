@@ -7,13 +7,14 @@
 # 1. Qwen3 int4 decode at batch 1 with the new defaults (no table on an H100);
 # 2. `loom bench moe --weight-dtype int4` at 1-16 tokens, defaults, then --tune into a copy
 #    of the tables ($R/cfg); the same for bf16 experts;
-# 3. Qwen3 int4 and bf16 decode at batch 1 with the tuned tables.
+# 3. Qwen3 int4 and bf16 decode at batch 1 with the tuned tables (int4 profiled: int4 decode
+#    at 4.343 ms/token was no faster than bf16's 4.18 on an H100 in run_zzz30).
 source benchmarks/gpu/env.sh; R=$OUT/zzz114; mkdir -p $R/cfg
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
 cp loom/kernels/configs/*.json $R/cfg/
 L="--load-format dummy --num-iters-warmup 2 --num-iters 4 --input-len 128 --output-len 128 --batch-size 1"
-q3() {  # q3 NAME MODEL DEADLINE [CONFIG_DIR]
-  LOOM_MOE_CONFIG_DIR=$4 timeout $(left $3) $LOOM bench latency --model $2 $L \
+q3() {  # q3 NAME MODEL DEADLINE [CONFIG_DIR [FLAGS]]
+  LOOM_MOE_CONFIG_DIR=$4 timeout $(left $3) $LOOM bench latency --model $2 $L $5 \
     --output-json $R/q3-$1.json > $R/q3-$1.log 2>&1
   echo "q3-$1 rc $?: $(grep -E '^Decode|fused_moe' $R/q3-$1.log | cut -c1-170 | tr '\n' ' ')"
   stamp q3-$1
@@ -33,6 +34,7 @@ for w in int4 auto; do
   echo "tune $w rc $?"; grep -E "^(M=|compil|Wrote)" $R/tune-$w.log | cut -c1-200
   stamp tune-$w
 done
-q3 int4-tuned qwen3-30b-a3b-gptq-int4 530 $R/cfg
+q3 int4-tuned qwen3-30b-a3b-gptq-int4 530 $R/cfg "--profile --profile-result-dir $R/prof"
+grep -A36 "^Profile of one" $R/q3-int4-tuned.log | cut -c1-190; rm -rf $R/prof
 q3 bf16-tuned qwen3-30b-a3b 590 $R/cfg
 for f in $R/*.log; do grep -v -E "it/s\]|s/it\]" $f > $f.tmp; mv $f.tmp $f; done
