@@ -65,6 +65,10 @@ def _configs():
         # YaRN over a 128-token pretraining length: vLLM's context 128 x 4
         "qwen3_yarn": lambda: tf.Qwen3Config(**TINY, rope_scaling={
             "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}),
+        # dynamic NTK over a 32-token pretraining length: vLLM's context 32 x 2, one base
+        "llama_dynamic": lambda: tf.LlamaConfig(**dict(TINY, max_position_embeddings=32),
+                                                rope_scaling={"rope_type": "dynamic",
+                                                              "factor": 2.0}),
         "qwen3_moe": lambda: tf.Qwen3MoeConfig(**TINY, num_experts=8, num_experts_per_tok=2,
                                                moe_intermediate_size=32, norm_topk_prob=True,
                                                mlp_only_layers=[1]),

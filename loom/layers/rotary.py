@@ -67,8 +67,12 @@ def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None,
         return inv_freq / scaling["factor"]
     if kind == "yarn":
         return _yarn_inv_freq(base ** exponents, head_dim, base, scaling)
+    if kind == "dynamic":  # `arch_rope.dynamic_scaling`: the base at the scaled context
+        factor = scaling["factor"]
+        return 1.0 / (base * (factor * factor - factor + 1) ** (head_dim / (head_dim - 2))) \
+            ** exponents
     raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3, "
-                     "yarn, longrope)")
+                     "dynamic, yarn, longrope)")
 
 
 class RotaryEmbedding(nn.Module):

@@ -295,8 +295,8 @@ class ModelArch:
     @property
     def context_len(self) -> int:
         """The longest sequence loom runs: the model's context (sliding windows are
-        honoured, so they no longer cap it); under YaRN, as vLLM derives it, the
-        pretraining length times the factor."""
+        honoured, so they no longer cap it); under YaRN or dynamic NTK, as vLLM derives
+        it, the pretraining length times the factor."""
         return (scaled_context(self.rope_scaling) or self.max_position_embeddings) \
             - self.position_offset
 

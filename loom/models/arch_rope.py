@@ -34,7 +34,25 @@ def rope(cfg: dict[str, Any], architecture: str) -> tuple[float, dict | None]:
         scaling = params
     if rope_kind(scaling) == "yarn":
         scaling = yarn_scaling(cfg, scaling)
+    if rope_kind(scaling) == "dynamic":
+        scaling = dynamic_scaling(cfg, scaling)
     return float(theta), scaling
+
+
+def dynamic_scaling(cfg: dict[str, Any], scaling: dict) -> dict:
+    """Dynamic NTK's rope_scaling, as vLLM runs it: one base for every sequence, the one
+    transformers computes for a sequence of the whole scaled context (the pretraining
+    length, max_position_embeddings, times the factor); transformers grows the base with
+    each sequence past the pretraining length, which a KV cache of keys rotated once can't.
+    Its alpha form (Hunyuan's) is refused by name."""
+    if "alpha" in scaling:
+        raise ValueError("rope_scaling: dynamic NTK with alpha is not supported (factor is)")
+    factor = scaling.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
+        raise ValueError(f"rope_scaling: dynamic NTK needs a factor >= 1, got {factor!r}")
+    return {**scaling, "rope_type": "dynamic", "factor": float(factor),
+            "original_max_position_embeddings":
+                int(first(cfg, "max_position_embeddings", default=2048))}
 
 
 def yarn_scaling(cfg: dict[str, Any], scaling: dict) -> dict:
@@ -66,9 +84,10 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def scaled_context(scaling: dict | None) -> int | None:
-    """The context a YaRN-scaled model runs, as vLLM derives it: the pretraining length
-    times the factor (None for other kinds: the config's max_position_embeddings)."""
-    if rope_kind(scaling) != "yarn":
+    """The context a YaRN- or dynamic-NTK-scaled model runs, as vLLM derives it: the
+    pretraining length times the factor (None for other kinds: the config's
+    max_position_embeddings)."""
+    if rope_kind(scaling) not in ("yarn", "dynamic"):
         return None
     return int(scaling["original_max_position_embeddings"] * scaling["factor"])
 

@@ -48,6 +48,23 @@ def test_greedy_tokens_and_logprobs_match_transformers(kind, tiny_model_factory)
     _check_against_transformers(_llm(path, max_logprobs=-1), hf, _prompts())
 
 
+def test_dynamic_ntk_matches_transformers_at_the_scaled_context(tiny_model_factory):
+    """Dynamic NTK: loom keeps one base, the one transformers grows to for a sequence of the
+    whole scaled context (32 x 2 tokens). transformers, once it has seen such a sequence,
+    keeps that base for shorter ones past 32 tokens: its greedy tokens and logprobs are
+    the reference. Before that forward it runs these prompts on other bases, beyond the
+    tolerance (the comparison can fail)."""
+    path, hf = tiny_model_factory("llama_dynamic")
+    prompts = _prompts(3, lengths=(40, 35))
+    llm = _llm(path, max_model_len=None, max_logprobs=-1)
+    assert llm.processor.max_model_len == 64
+    fresh = hf_last_logprobs(hf, prompts[0])
+    with torch.no_grad():
+        hf(torch.zeros(1, 64, dtype=torch.long))  # transformers' base grows to 64 tokens'
+    assert not torch.allclose(fresh, hf_last_logprobs(hf, prompts[0]), atol=1e-3)
+    _check_against_transformers(llm, hf, prompts)
+
+
 @pytest.mark.parametrize("scalar, llama_value", [
     ("embedding_multiplier", 1.0), ("residual_multiplier", 1.0),
     ("attention_multiplier", 16 ** -0.5), ("logits_scaling", 1.0)])

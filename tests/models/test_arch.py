@@ -342,3 +342,36 @@ def test_yarn_frequencies_and_scale_equal_transformers(scaling):
     table = RotaryEmbedding(arch.head_dim, 8, arch.rope_theta, arch.rope_scaling,
                             magnitude=want_factor).cos_sin_cache
     assert table[0, 0] == pytest.approx(want_factor)  # cos(0), times the factor
+
+
+@pytest.mark.parametrize("factor, head_dim", [(2.0, 16), (4.0, 64), (1.5, 128)])
+def test_dynamic_ntk_base_is_transformers_at_the_scaled_context(factor, head_dim):
+    """Dynamic NTK as vLLM runs it: one set of frequencies, transformers' own
+    (`ROPE_INIT_FUNCTIONS["dynamic"]`) for a sequence as long as the scaled context, which
+    is max_position_embeddings times the factor."""
+    import transformers as tf
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from loom.layers.rotary import _scaled_inv_freq
+    from tests.conftest import TINY
+    config = tf.LlamaConfig(**dict(TINY, head_dim=head_dim, max_position_embeddings=64),
+                            rope_scaling={"rope_type": "dynamic", "factor": factor})
+    want, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu", seq_len=int(64 * factor))
+    default, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu")  # within 64: the plain base
+    arch = ModelArch.from_hf_config({**config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    got = _scaled_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling, None)
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+    assert not torch.allclose(got, default.float(), rtol=1e-3)
+    assert arch.context_len == int(64 * factor)
+
+
+@pytest.mark.parametrize("scaling, message", [
+    ({"rope_type": "dynamic", "alpha": 1000.0}, "alpha is not supported"),
+    ({"type": "dynamic"}, "needs a factor >= 1, got None"),
+    ({"rope_type": "dynamic", "factor": 0.5}, "needs a factor >= 1, got 0.5")])
+def test_bad_dynamic_ntk_is_refused_by_name(scaling, message):
+    with pytest.raises(ValueError, match=message):
+        ModelArch.from_hf_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                  "num_attention_heads": 4, "num_hidden_layers": 1,
+                                  "intermediate_size": 128, "vocab_size": 256,
+                                  "rope_scaling": scaling})
