@@ -291,7 +291,7 @@ ERRORS = [
     # (id, body, status, param)
     ("unknown-model", {"model": "gpt-9"}, 404, "model"),
     ("built-in-tool", {"tools": [{"type": "web_search"}]}, 400, "tools.0.type"),
-    ("background", {"background": True}, 400, "background"),
+    ("background-unstored", {"background": True, "store": False}, 400, "background"),
     ("item-reference", {"input": [{"type": "item_reference", "id": "x"}]}, 400, "input.0.type"),
     ("image", {"input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x"}]}]}, 400, "input.0.content.0.type"),

@@ -184,8 +184,9 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
             request, state.responses.create(body, trace_headers(request)))
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str, stream: bool = False) -> Response:
-        return await state.responses.retrieve(response_id, stream)
+    async def retrieve_response(response_id: str, stream: bool = False,
+                                starting_after: int | None = None) -> Response:
+        return await state.responses.retrieve(response_id, stream, starting_after)
 
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(response_id: str) -> Response:

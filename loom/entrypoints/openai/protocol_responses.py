@@ -7,7 +7,7 @@ in `protocol_responses_output`.
 max_model_len - max_output_tokens tokens (all but one, max_output_tokens unset).
 
 What loom cannot do is refused with a 400 naming the field, never ignored: built-in tools
-(web_search, file_search, mcp, ...), `background`, `prompt` templates, `conversation`,
+(web_search, file_search, mcp, ...), `prompt` templates, `conversation`,
 `include` values other than `message.output_text.logprobs`, and chat's fields that have
 no Responses meaning (`n`, beam search, `prompt_logprobs`).
 """
@@ -26,9 +26,9 @@ from loom.entrypoints.openai.tool_calls import with_tool_constraint
 from loom.sampling_params import GuidedDecodingParams, SamplingParams
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_REFUSED = ("background", "prompt", "conversation", "n", "best_of", "use_beam_search",
+_REFUSED = ("prompt", "conversation", "n", "best_of", "use_beam_search",
             "prompt_logprobs", "response_format")
-"""Fields refused when set: what loom lacks (background runs, prompt templates, the
+"""Fields refused when set: what loom lacks (prompt templates, the
 Conversations API) and chat's fields with no Responses meaning (use text.format for
 response_format)."""
 
@@ -87,6 +87,8 @@ class ResponsesRequest(SamplingFields):
     max_output_tokens: int | None = Field(None, ge=1, lt=2**31)
     previous_response_id: str | None = None
     store: bool = True
+    background: bool = False
+    """Generate it in the background (`responses_background`); it must be stored."""
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True

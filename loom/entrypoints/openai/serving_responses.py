@@ -11,12 +11,13 @@ What differs is the shape: output items, usage and OpenAI's stream events.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loom.entrypoints.openai.errors import APIError, error_info, exception_status
 from loom.entrypoints.openai.protocol_chat import ChatMessage, TokenLogprob
@@ -25,6 +26,7 @@ from loom.entrypoints.openai.protocol_responses import (ReasoningConfig, Respons
 from loom.entrypoints.openai.protocol_responses_output import (
     ErrorEvent, IncompleteDetails, LifecycleEvent, OutputItem, OutputMessage, ResponseObject,
     ResponseUsage, StreamEvent, new_item_id, sse_event)
+from loom.entrypoints.openai.responses_background import BackgroundRun
 from loom.entrypoints.openai.responses_input import to_messages
 from loom.entrypoints.openai.responses_store import ENV, ResponseStore, StoredResponse
 from loom.entrypoints.openai.output_split import OutputSplit, SplitStream
@@ -80,6 +82,8 @@ class _Run:
     store: bool
     created_at: int = field(default_factory=lambda: int(time.time()))
     out: _Output = field(default_factory=_Output)
+    error: tuple[int, str, str | None] | None = None
+    """(status, message, param) of an error after its stream began."""
 
 
 class OpenAIServingResponses(OpenAIServing):
@@ -90,6 +94,8 @@ class OpenAIServingResponses(OpenAIServing):
                          chat.prompt_tokens_details)
         self.chat = chat
         self.store = store
+        self._background: dict[str, BackgroundRun] = {}
+        """The background responses still running, by id."""
 
     async def create(self, body: ResponsesRequest,
                      trace_headers: Mapping[str, str] | None = None) -> Response:
@@ -119,24 +125,93 @@ class OpenAIServingResponses(OpenAIServing):
         run = _Run(new_item_id("resp"), model, body, params, len(prompt_ids),
                    OutputSplit(tools, reasoning), conversation,
                    body.store and self.store is not None)
+        if body.background and not run.store:
+            raise APIError(400, "background: a background response must be stored: leave "
+                                f"store on and start the server with {ENV}=1", "background")
         outputs = self.engine.generate(prompt_ids, params, run.id, trace_headers,
                                        body.cache_salt, lora_request=lora, priority=body.priority)
+        if body.background:
+            return self._start_background(run, outputs)
         if body.stream:
             return await self._stream(run, outputs)
         return await self._whole(run, outputs)
 
-    async def retrieve(self, response_id: str, stream: bool = False) -> Response:
+    async def retrieve(self, response_id: str, stream: bool = False,
+                       starting_after: int | None = None) -> Response:
         entry = self._stored(response_id, "response_id")
-        if stream:
-            raise APIError(400, "stream: only a background response can be streamed again, "
-                                "and loom runs none", "stream")
-        return JSONResponse(entry.response.model_dump(mode="json"))
+        if not stream:
+            return JSONResponse(entry.response.model_dump(mode="json"))
+        if not entry.response.background:
+            raise APIError(400, "stream: only a background response can be streamed again",
+                           "stream")
+        run = self._background.get(response_id)
+        if run is not None:
+            return StreamingResponse(run.follow(starting_after), media_type="text/event-stream")
+        final = LifecycleEvent(type=f"response.{entry.response.status}",
+                               response=entry.response)  # it has ended: its final state
+        return StreamingResponse(iter([sse_event(final)]), media_type="text/event-stream")
 
     async def cancel(self, response_id: str) -> Response:
-        self._stored(response_id, "response_id")
-        # As vLLM: only a background response (queued or in progress) can be cancelled, and
-        # every response loom stores has finished.
-        raise APIError(400, "Cannot cancel a synchronous response.", "response_id")
+        """As OpenAI: a running background response stops (cancelled); one that has ended
+        is returned as it is; a synchronous one is a 400 (vLLM's message)."""
+        entry = self._stored(response_id, "response_id")
+        run = self._background.get(response_id)
+        if run is not None:
+            run.task.cancel()
+            await asyncio.gather(run.task, return_exceptions=True)
+            entry = self._stored(response_id, "response_id")
+        elif not entry.response.background:
+            raise APIError(400, "Cannot cancel a synchronous response.", "response_id")
+        return JSONResponse(entry.response.model_dump(mode="json"))
+
+    def _start_background(self, run: _Run, outputs: AsyncIterator[RequestOutput]) -> Response:
+        """Store the response queued and generate it in a task of its own; answer with the
+        queued response, or (stream) with its events as they come."""
+        background = BackgroundRun()
+        self._put_state(run, "queued")
+        self._background[run.id] = background
+        background.task = asyncio.get_running_loop().create_task(
+            self._run_background(run, outputs, background))
+        if run.body.stream:
+            return StreamingResponse(background.follow(), media_type="text/event-stream")
+        return JSONResponse(self.store.get(run.id).response.model_dump(mode="json"))
+
+    async def _run_background(self, run: _Run, outputs: AsyncIterator[RequestOutput],
+                              background: BackgroundRun) -> None:
+        try:
+            try:
+                first = await anext(outputs)
+            except BaseException:
+                await outputs.aclose()
+                raise
+            self._put_state(run, "in_progress")
+            async for event in self._events(run, first, outputs):
+                background.add(event)
+            if run.error is not None:
+                self._put_state(run, "failed", run.error)
+        except asyncio.CancelledError:
+            self._put_state(run, "cancelled")
+        except Exception as e:  # noqa: BLE001 - refused before it began: failed, said in-band
+            run.error = exception_status(e)
+            self._put_state(run, "failed", run.error)
+            background.add(sse_event(ErrorEvent(
+                sequence_number=len(background.events), code=error_info(run.error[0], "").type,
+                message=run.error[1], param=run.error[2])))
+        finally:
+            background.close()
+            self._background.pop(run.id, None)
+
+    def _put_state(self, run: _Run, status: str,
+                   error: tuple[int, str, str | None] | None = None) -> None:
+        """Store a background response's state, unless it has already ended (its final
+        response stored)."""
+        entry = self.store.get(run.id)
+        if entry is not None and entry.response.status not in ("queued", "in_progress"):
+            return
+        response = self._response(run, status, [], None)
+        if error is not None:
+            response.error = {"code": error_info(error[0], "").type, "message": error[1]}
+        self.store.put(StoredResponse.of(response, run.conversation))
 
     def _stored(self, response_id: str | None, param: str) -> StoredResponse | None:
         if response_id is None:
@@ -211,7 +286,7 @@ class OpenAIServingResponses(OpenAIServing):
             kind = f"response.{response.status}"
             yield sse_event(events.event(LifecycleEvent, kind, response=response))
         except Exception as e:  # noqa: BLE001 - the status is sent; say what went wrong in-band
-            status, message, param = exception_status(e)
+            status, message, param = run.error = exception_status(e)
             yield sse_event(events.event(ErrorEvent, "error", code=error_info(status, "").type,
                                          message=message, param=param))
 
@@ -250,7 +325,8 @@ class OpenAIServingResponses(OpenAIServing):
         """The response object: its output, and the request's settings as OpenAI echoes them."""
         body = run.body
         return ResponseObject(
-            id=run.id, created_at=run.created_at, status=status, model=run.model, output=items,
+            id=run.id, created_at=run.created_at, status=status, background=body.background,
+            model=run.model, output=items,
             usage=usage, incomplete_details=(IncompleteDetails(reason="max_output_tokens")
                                              if status == "incomplete" else None),
             instructions=body.instructions, max_output_tokens=body.max_output_tokens,
