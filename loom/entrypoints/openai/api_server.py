@@ -346,6 +346,7 @@ async def serve(options: ServerOptions, sock: socket.socket,
     try:
         await server.serve(sockets=[sock])
     finally:
+        await state.responses.stop_background()
         await engine.close()
         if tracer is not None:
             tracer.shutdown()  # flushes the spans still batched

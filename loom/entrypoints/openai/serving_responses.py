@@ -164,6 +164,13 @@ class OpenAIServingResponses(OpenAIServing):
             raise APIError(400, "Cannot cancel a synchronous response.", "response_id")
         return JSONResponse(entry.response.model_dump(mode="json"))
 
+    async def stop_background(self) -> None:
+        """At shutdown: the background responses still running end cancelled."""
+        tasks = [run.task for run in self._background.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def _start_background(self, run: _Run, outputs: AsyncIterator[RequestOutput]) -> Response:
         """Store the response queued and generate it in a task of its own; answer with the
         queued response, or (stream) with its events as they come."""
