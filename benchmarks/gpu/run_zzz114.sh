@@ -8,7 +8,8 @@
 # 2. `loom bench moe --weight-dtype int4` at 1-16 tokens, defaults, then --tune into a copy
 #    of the tables ($R/cfg) (bf16 left for a later run: device time was short);
 # 3. Qwen3 int4 decode at batch 1 with the tuned table, profiled: int4 decode at 4.343
-#    ms/token was no faster than bf16's 4.18 on an H100 in run_zzz30.
+#    ms/token was no faster than bf16's 4.18 on an H100 in run_zzz30; then bf16 experts on
+#    the new defaults (an H100 has no bf16 table either).
 source benchmarks/gpu/env.sh; R=$OUT/zzz114; mkdir -p $R/cfg
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
 cp loom/kernels/configs/*.json $R/cfg/
@@ -35,4 +36,5 @@ for w in int4; do
 done
 q3 int4-tuned qwen3-30b-a3b-gptq-int4 400 $R/cfg "--profile --profile-result-dir $R/prof"
 grep -A36 "^Profile of one" $R/q3-int4-tuned.log | cut -c1-190; rm -rf $R/prof
+q3 bf16-default qwen3-30b-a3b 470  # bf16 experts on the new defaults (GEMV at decode)
 for f in $R/*.log; do grep -v -E "it/s\]|s/it\]" $f > $f.tmp; mv $f.tmp $f; done
