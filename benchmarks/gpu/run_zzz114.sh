@@ -23,18 +23,18 @@ q3() {  # q3 NAME MODEL DEADLINE [CONFIG_DIR [FLAGS]]
 q3 int4-default qwen3-30b-a3b-gptq-int4 80
 B="1 2 4 8 16"
 for w in int4; do
-  timeout $(left 120) $LOOM bench moe --weight-dtype $w --batch-sizes $B \
+  timeout $(left 115) $LOOM bench moe --weight-dtype $w --batch-sizes $B \
     --output-json $R/moe-$w-default.json > $R/moe-$w-default.log 2>&1
   echo "moe $w default rc $?"; grep -E "^(M=|configs:)" $R/moe-$w-default.log | cut -c1-170
   stamp moe-$w-default
 done
 for w in int4; do
-  timeout $(left 310) $LOOM bench moe --weight-dtype $w --tune --batch-sizes $B \
+  timeout $(left 280) $LOOM bench moe --weight-dtype $w --tune --batch-sizes $B \
     --save-dir $R/cfg --output-json $R/tune-$w.json > $R/tune-$w.log 2>&1
   echo "tune $w rc $?"; grep -E "^(M=|compil|Wrote)" $R/tune-$w.log | cut -c1-200
   stamp tune-$w
 done
-q3 int4-tuned qwen3-30b-a3b-gptq-int4 400 $R/cfg "--profile --profile-result-dir $R/prof"
+q3 int4-tuned qwen3-30b-a3b-gptq-int4 360 $R/cfg "--profile --profile-result-dir $R/prof"
 grep -A36 "^Profile of one" $R/q3-int4-tuned.log | cut -c1-190; rm -rf $R/prof
-q3 bf16-default qwen3-30b-a3b 470  # bf16 experts on the new defaults (GEMV at decode)
+q3 bf16-default qwen3-30b-a3b 415  # bf16 experts on the new defaults (GEMV at decode)
 for f in $R/*.log; do grep -v -E "it/s\]|s/it\]" $f > $f.tmp; mv $f.tmp $f; done
