@@ -66,12 +66,13 @@ def test_the_configs_of_every_reachable_token_count(tuned, max_tokens, multiple,
 
 
 def test_untuned_shapes_take_each_default_once(tuned):
-    # E=8, top_k 2: the default BLOCK_M is 16 up to 16 rows an expert (64 tokens), 32 up
-    # to 64 (256 tokens), then 64.
+    # E=8, top_k 2: the GEMV kernels up to half a row an expert (2 tokens); then the grouped
+    # GEMM, whose default BLOCK_M is 16 up to 16 rows an expert (64 tokens), 32 up to 64
+    # (256 tokens), then 64.
     got = moe_warmup.reachable_configs(tuned.c, 1000, 1, torch.device("cpu"))
-    assert [c["BLOCK_M"] for c in got] == [16, 32, 64]
+    assert [(c["GEMV"], c["BLOCK_M"]) for c in got] == [(1, 16), (0, 16), (0, 32), (0, 64)]
     assert all(c == mc.default_config(n, 2, 8, torch.float32)
-               for c, n in zip(got, (64, 256, 1000)))
+               for c, n in zip(got, (2, 64, 256, 1000)))
 
 
 def test_each_shape_compiles_each_config_once(tuned, monkeypatch):
@@ -86,9 +87,9 @@ def test_each_shape_compiles_each_config_once(tuned, monkeypatch):
     n = moe_warmup.warm_up_moe(tuned, 300, 1, torch.device("cpu"))
     assert sorted(asked) == sorted([((4, 96, 64), 16, 1), ((4, 96, 64), 16, 0),
                                     ((4, 96, 64), 32, 0),
-                                    ((8, 64, 64), 16, 0), ((8, 64, 64), 32, 0),
-                                    ((8, 64, 64), 64, 0)])
-    assert n == 6
+                                    ((8, 64, 64), 16, 1), ((8, 64, 64), 16, 0),
+                                    ((8, 64, 64), 32, 0), ((8, 64, 64), 64, 0)])
+    assert n == 7
 
 
 def test_no_moe_layer_compiles_nothing(monkeypatch):
@@ -150,6 +151,7 @@ def test_fp8_experts_are_a_shape_of_their_own(tuned, monkeypatch):
         asked.append((hidden.dtype, w13.dtype, quant["w13_scale"] is fp8.w13_scale,
                       quant["w2_scale"] is fp8.w2_scale, cfg["GEMV"]))
     monkeypatch.setattr(fm, "compile_fused_moe", record)
-    assert moe_warmup.warm_up_moe(tuned, 32, 1, torch.device("cpu")) == 3
+    # c's untuned shape: the GEMV up to 2 tokens, then the grouped GEMM
+    assert moe_warmup.warm_up_moe(tuned, 32, 1, torch.device("cpu")) == 4
     assert (torch.float32, torch.float8_e4m3fn, True, True, 1) in asked  # TABLE's key 1
-    assert sum(dtype == torch.float32 for _, dtype, *_ in asked) == 2
+    assert sum(dtype == torch.float32 for _, dtype, *_ in asked) == 3
