@@ -1,6 +1,7 @@
 """vLLM's server flags that `vllm serve` command lines carry: --response-role, --root-path,
 --disable-fastapi-docs, --enable-server-load-tracking with GET /load,
---chat-template-content-format, and --disable-log-requests beside --enable-log-requests.
+--chat-template-content-format, --return-tokens-as-token-ids, and --disable-log-requests
+beside --enable-log-requests.
 Flags are checked in this process; one in-process server shows them served."""
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ def test_server_flags_reach_the_api_server_options(monkeypatch):
     options = _options(monkeypatch)
     assert (options.response_role, options.root_path, options.fastapi_docs,
             options.server_load_tracking, options.chat_template_content_format,
-            options.log_requests) == ("assistant", "", True, False, "auto", False)
+            options.log_requests, options.return_tokens_as_token_ids) == (
+        "assistant", "", True, False, "auto", False, False)
     options = _options(monkeypatch, "--response-role", "bot", "--root-path", "/llm/",
                        "--disable-fastapi-docs", "--enable-server-load-tracking",
-                       "--chat-template-content-format", "openai", "--disable-log-requests")
+                       "--chat-template-content-format", "openai", "--disable-log-requests",
+                       "--return-tokens-as-token-ids")
+    assert options.return_tokens_as_token_ids
     assert (options.response_role, options.root_path, options.fastapi_docs,
             options.server_load_tracking, options.chat_template_content_format,
             options.log_requests) == ("bot", "/llm", False, True, "openai", False)
@@ -75,7 +79,8 @@ EITHER_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{% if m.content is stri
 SERVED = ("--response-role", "narrator", "--root-path", "/llm", "--disable-fastapi-docs",
           "--enable-server-load-tracking", "--chat-template", EITHER_TEMPLATE,
           "--chat-template-content-format", "string", "--disable-log-requests",
-          "--override-generation-config", json.dumps({"temperature": 0, "max_new_tokens": 3}))
+          "--override-generation-config", json.dumps({"temperature": 0, "max_new_tokens": 3}),
+          "--return-tokens-as-token-ids")
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -89,12 +94,24 @@ def test_served(tiny_chat_model, tmp_path):
             rendered = http.post("/detokenize", json={"tokens": http.post(
                 "/tokenize", json=CHAT).json()["tokens"]}).json()["prompt"]
             completion = http.post("/v1/completions", headers=auth, json={
-                "prompt": "Once upon", "max_tokens": None, "ignore_eos": True}).json()
+                "prompt": "Once upon", "max_tokens": None, "ignore_eos": True,
+                "logprobs": 1}).json()
+            # a request that sets return_tokens_as_token_ids false gets the tokens' text
+            texts = http.post("/v1/completions", headers=auth, json={
+                "prompt": "Once upon", "max_tokens": None, "ignore_eos": True, "logprobs": 1,
+                "return_tokens_as_token_ids": False}).json()["choices"][0]["logprobs"]
+            ids = [int(t.removeprefix("token_id:"))
+                   for t in completion["choices"][0]["logprobs"]["tokens"]]
+            pieces = [http.post("/detokenize", json={"tokens": [i]}).json()["prompt"]
+                      for i in ids]
     finally:
         assert server.stop() == 0
     assert detect_content_format(EITHER_TEMPLATE) == "openai"
     assert "<user>S:hi" in rendered, rendered  # the flag's string, not what auto detects
     assert completion["usage"]["completion_tokens"] == 3  # the overridden max_new_tokens
+    # --return-tokens-as-token-ids: each "token_id:<id>" the tokenizer's own token there
+    assert all(t.startswith("token_id:") for t in completion["choices"][0]["logprobs"]["tokens"])
+    assert pieces == texts["tokens"] and "".join(pieces) == completion["choices"][0]["text"]
     assert "Received request" not in server.log_path.read_text()
 
 

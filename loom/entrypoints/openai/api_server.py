@@ -100,6 +100,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     ssl_cert_reqs: int = 0
     enable_prompt_tokens_details: bool = False
     """usage.prompt_tokens_details.cached_tokens in responses, as vLLM's flag."""
+    return_tokens_as_token_ids: bool = False
+    """logprobs' tokens as "token_id:<id>" where a request leaves it unset (vLLM's flag)."""
     lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
     """--lora-modules: adapters a request's `model` may name, ids 1, 2, ... in this order."""
     runtime_lora_updating: bool = False
@@ -326,8 +328,10 @@ async def serve(options: ServerOptions, sock: socket.socket,
                              trust_request_chat_template=options.trust_request_chat_template,
                              response_role=options.response_role,
                              content_format=options.chat_template_content_format)
-    state = ServerState(options, engine, metrics, models,
-                        OpenAIServingCompletion(engine, models, defaults, details), chat,
+    completion = OpenAIServingCompletion(engine, models, defaults, details)
+    for serving in (chat, completion):  # the Responses API's logprobs are chat's
+        serving.tokens_as_ids = options.return_tokens_as_token_ids
+    state = ServerState(options, engine, metrics, models, completion, chat,
                         OpenAIServingEmbedding(engine, models),
                         OpenAIServingResponses(chat, store_from_env()),
                         OpenAIServingScore(engine, models),

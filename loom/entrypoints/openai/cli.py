@@ -50,6 +50,9 @@ def register(subparsers) -> None:
                    help="TLS: whether client certificates are required (Python's ssl.CERT_*)")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage says how many prompt tokens came from the prefix cache")
+    g.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="logprobs name their tokens \"token_id:<id>\" unless a request sets "
+                        "return_tokens_as_token_ids (vLLM's)")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a chat request bring its own chat_template (a template is code)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -174,7 +177,8 @@ def run_serve(args: argparse.Namespace) -> int:
         allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
         ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
         ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
-        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 

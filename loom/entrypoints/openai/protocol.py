@@ -239,8 +239,9 @@ class SamplingFields(RequestBody, GuidedFields):
     """vLLM's: beam search over n beams (`loom.beam_search`); whole responses only."""
     length_penalty: Float = 1.0
     """Beam search's: beams rank by cum_logprob / length ** length_penalty."""
-    return_tokens_as_token_ids: bool = False
-    """vLLM's: logprobs name their tokens "token_id:<id>" (text need not round-trip)."""
+    return_tokens_as_token_ids: bool | None = None
+    """vLLM's: logprobs name their tokens "token_id:<id>" (text need not round-trip); unset:
+    the server's --return-tokens-as-token-ids."""
     user: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0)
     """vLLM's: the top logprobs at each prompt position (and the prompt token's own)."""

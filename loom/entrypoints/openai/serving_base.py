@@ -100,10 +100,15 @@ class OpenAIServing:
                                 "completion). Please reduce the prompt or max_tokens.", "max_tokens")
         return requested
 
+    tokens_as_ids: bool = False
+    """--return-tokens-as-token-ids: what a request that leaves return_tokens_as_token_ids
+    unset gets."""
+
     def token_text(self, token_id: int, logprobs: PositionLogprobs | None = None,
-                   as_id: bool = False) -> str:
-        """A logprob entry's token; as_id: vLLM's return_tokens_as_token_ids spelling."""
-        if as_id:
+                   as_id: bool | None = None) -> str:
+        """A logprob entry's token; as_id: vLLM's return_tokens_as_token_ids spelling (None:
+        the server's default)."""
+        if self.tokens_as_ids if as_id is None else as_id:
             return f"token_id:{token_id}"
         entry = logprobs.get(token_id) if logprobs else None
         if entry is not None and entry.decoded_token is not None:
@@ -120,7 +125,8 @@ class OpenAIServing:
             return None
         return [None if p is None else
                 {t: PromptLogprob(logprob=lp.logprob, rank=lp.rank,
-                                  decoded_token=self.token_text(t, p)) for t, lp in p.items()}
+                                  decoded_token=self.token_text(t, p, False))
+                 for t, lp in p.items()}
                 for p in positions]
 
 

@@ -227,13 +227,14 @@ class OpenAIServingChat(OpenAIServing):
                 for t, p in zip(delta.token_ids, delta.logprobs)]
 
     def _token_logprob(self, token_id: int, position: PositionLogprobs, top_n: int,
-                       as_ids: bool) -> TokenLogprob:
+                       as_ids: bool | None) -> TokenLogprob:
         ranked = sorted(position, key=lambda t: -position[t].logprob)[:top_n]
         chosen = self._top(token_id, position, as_ids)
         return TokenLogprob(token=chosen.token, logprob=chosen.logprob, bytes=chosen.bytes,
                             top_logprobs=[self._top(t, position, as_ids) for t in ranked])
 
-    def _top(self, token_id: int, position: PositionLogprobs, as_ids: bool) -> TopLogprob:
+    def _top(self, token_id: int, position: PositionLogprobs,
+             as_ids: bool | None) -> TopLogprob:
         text = self.token_text(token_id, position, as_ids)
         return TopLogprob(token=text, logprob=position[token_id].logprob,
                           bytes=list(text.encode("utf-8")))

@@ -207,7 +207,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return list(prompt_logprobs[:len(prompt.token_ids)])
 
     def _logprobs(self, token_ids: list[int], positions: list, offset: int,
-                  as_ids: bool) -> CompletionLogprobs:
+                  as_ids: bool | None) -> CompletionLogprobs:
         out = CompletionLogprobs()
         for token_id, position in zip(token_ids, positions):
             token = self.token_text(token_id, position, as_ids)
