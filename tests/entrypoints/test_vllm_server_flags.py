@@ -1,7 +1,7 @@
 """vLLM's server flags that `vllm serve` command lines carry: --response-role, --root-path,
 --disable-fastapi-docs, --enable-server-load-tracking with GET /load,
---chat-template-content-format, --return-tokens-as-token-ids, and --disable-log-requests
-beside --enable-log-requests.
+--chat-template-content-format, --return-tokens-as-token-ids, --enable-force-include-usage,
+and --disable-log-requests beside --enable-log-requests.
 Flags are checked in this process; one in-process server shows them served."""
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ def test_server_flags_reach_the_api_server_options(monkeypatch):
     options = _options(monkeypatch)
     assert (options.response_role, options.root_path, options.fastapi_docs,
             options.server_load_tracking, options.chat_template_content_format,
-            options.log_requests, options.return_tokens_as_token_ids) == (
-        "assistant", "", True, False, "auto", False, False)
+            options.log_requests, options.return_tokens_as_token_ids,
+            options.force_include_usage) == ("assistant", "", True, False, "auto", False, False,
+                                             False)
     options = _options(monkeypatch, "--response-role", "bot", "--root-path", "/llm/",
                        "--disable-fastapi-docs", "--enable-server-load-tracking",
                        "--chat-template-content-format", "openai", "--disable-log-requests",
-                       "--return-tokens-as-token-ids")
-    assert options.return_tokens_as_token_ids
+                       "--return-tokens-as-token-ids", "--enable-force-include-usage")
+    assert options.return_tokens_as_token_ids and options.force_include_usage
     assert (options.response_role, options.root_path, options.fastapi_docs,
             options.server_load_tracking, options.chat_template_content_format,
             options.log_requests) == ("bot", "/llm", False, True, "openai", False)
@@ -80,7 +81,7 @@ SERVED = ("--response-role", "narrator", "--root-path", "/llm", "--disable-fasta
           "--enable-server-load-tracking", "--chat-template", EITHER_TEMPLATE,
           "--chat-template-content-format", "string", "--disable-log-requests",
           "--override-generation-config", json.dumps({"temperature": 0, "max_new_tokens": 3}),
-          "--return-tokens-as-token-ids")
+          "--return-tokens-as-token-ids", "--enable-force-include-usage")
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -104,6 +105,9 @@ def test_served(tiny_chat_model, tmp_path):
                    for t in completion["choices"][0]["logprobs"]["tokens"]]
             pieces = [http.post("/detokenize", json={"tokens": [i]}).json()["prompt"]
                       for i in ids]
+            streams = [_last_chunk(http, auth, path, body) for path, body in (
+                ("/v1/completions", {"prompt": "Once upon", "max_tokens": None}),
+                ("/v1/chat/completions", CHAT))]
     finally:
         assert server.stop() == 0
     assert detect_content_format(EITHER_TEMPLATE) == "openai"
@@ -112,7 +116,19 @@ def test_served(tiny_chat_model, tmp_path):
     # --return-tokens-as-token-ids: each "token_id:<id>" the tokenizer's own token there
     assert all(t.startswith("token_id:") for t in completion["choices"][0]["logprobs"]["tokens"])
     assert pieces == texts["tokens"] and "".join(pieces) == completion["choices"][0]["text"]
+    # --enable-force-include-usage: streams that did not ask end with usage all the same
+    for last in streams:
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3, last
     assert "Received request" not in server.log_path.read_text()
+
+
+def _last_chunk(http: httpx.Client, auth: dict, path: str, body: dict) -> dict:
+    """The last chunk of a stream that sets no stream_options."""
+    body = {**body, "stream": True, "ignore_eos": True}
+    with http.stream("POST", path, headers=auth, json=body) as stream:
+        chunks = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]"
+    return json.loads(chunks[-2])
 
 
 def _check_root_path_and_docs(http: httpx.Client, auth: dict) -> None:

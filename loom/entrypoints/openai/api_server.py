@@ -102,6 +102,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """usage.prompt_tokens_details.cached_tokens in responses, as vLLM's flag."""
     return_tokens_as_token_ids: bool = False
     """logprobs' tokens as "token_id:<id>" where a request leaves it unset (vLLM's flag)."""
+    force_include_usage: bool = False
+    """--enable-force-include-usage: every completions / chat stream ends with usage."""
     lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
     """--lora-modules: adapters a request's `model` may name, ids 1, 2, ... in this order."""
     runtime_lora_updating: bool = False
@@ -331,6 +333,7 @@ async def serve(options: ServerOptions, sock: socket.socket,
     completion = OpenAIServingCompletion(engine, models, defaults, details)
     for serving in (chat, completion):  # the Responses API's logprobs are chat's
         serving.tokens_as_ids = options.return_tokens_as_token_ids
+        serving.force_include_usage = options.force_include_usage
     state = ServerState(options, engine, metrics, models, completion, chat,
                         OpenAIServingEmbedding(engine, models),
                         OpenAIServingResponses(chat, store_from_env()),

@@ -50,6 +50,9 @@ def register(subparsers) -> None:
                    help="TLS: whether client certificates are required (Python's ssl.CERT_*)")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage says how many prompt tokens came from the prefix cache")
+    g.add_argument("--enable-force-include-usage", action="store_true",
+                   help="end every stream with a usage chunk, as stream_options' "
+                        "include_usage asks (vLLM's)")
     g.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="logprobs name their tokens \"token_id:<id>\" unless a request sets "
                         "return_tokens_as_token_ids (vLLM's)")
@@ -178,7 +181,8 @@ def run_serve(args: argparse.Namespace) -> int:
         ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
         ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-        return_tokens_as_token_ids=args.return_tokens_as_token_ids)
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        force_include_usage=args.enable_force_include_usage)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 

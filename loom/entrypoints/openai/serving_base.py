@@ -103,6 +103,9 @@ class OpenAIServing:
     tokens_as_ids: bool = False
     """--return-tokens-as-token-ids: what a request that leaves return_tokens_as_token_ids
     unset gets."""
+    force_include_usage: bool = False
+    """--enable-force-include-usage: every stream ends with a usage chunk, as if it had asked
+    for one (stream_options.include_usage)."""
 
     def token_text(self, token_id: int, logprobs: PositionLogprobs | None = None,
                    as_id: bool | None = None) -> str:

@@ -193,7 +193,7 @@ class OpenAIServingChat(OpenAIServing):
                             choice = self._stream_choice(chat, delta, streams[delta.index])
                             yield self._chunk(chat, choice, completion_tokens)
                     item = await anext(outputs, None)
-            if chat.body.include_usage:
+            if chat.body.include_usage or self.force_include_usage:
                 yield sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
                                               choices=[], usage=_usage(chat, completion_tokens)))
         except Exception as e:  # noqa: BLE001 - the status is sent; say what went wrong in-band

@@ -158,7 +158,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     for chunk in self._chunks(request, choices, *item):
                         yield chunk
                     item = await anext(outputs, None)
-            if request.body.include_usage:
+            if request.body.include_usage or self.force_include_usage:
                 yield sse(CompletionResponse(id=request.id, created=request.created,
                                              model=request.model, choices=[],
                                              usage=self._usage(request, choices)))
