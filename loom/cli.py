@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from loom.cli_config import expand_config
+
 
 def _generate_parser(sub) -> None:
     from loom.engine.arg_utils import EngineArgs
@@ -86,7 +88,13 @@ def _optional_commands():
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        argv = expand_config(list(sys.argv[1:] if argv is None else argv), parser)
+    except ValueError as e:
+        print(f"loom: error: {e}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except ValueError as e:

@@ -106,6 +106,9 @@ class EngineArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
         g = parser.add_argument_group("engine")
+        g.add_argument("--config", metavar="FILE", default=None,
+                       help="a YAML file of this command's options by name (vLLM's), read "
+                            "before the command line, whose flags win (loom/cli_config.py)")
         g.add_argument("--model", default=None, help="model directory, .gguf file, config.json "
                        "or shipped config name (default: the demo SmolLM2-135M-Instruct)")
         g.add_argument("--tokenizer", default=None)

@@ -160,3 +160,49 @@ def _check_load_and_role(http: httpx.Client, auth: dict) -> None:
     reply = http.post("/v1/chat/completions", headers=auth,
                       json={**CHAT, "add_generation_prompt": False}).json()
     assert reply["choices"][0]["message"]["role"] == "user"
+
+
+# -- --config FILE ---------------------------------------------------------------------------
+def _served_with(monkeypatch, *argv: str):
+    from loom.cli import main
+    from loom.entrypoints.openai import launcher
+    seen = {}
+    monkeypatch.setattr(launcher, "run_server", lambda options, config, inproc: seen.update(
+        options=options, config=config))
+    main(list(argv))
+    return seen["options"], seen["config"]
+
+
+def test_config_file_options_under_the_command_line(monkeypatch, tmp_path):
+    """vLLM's --config: a YAML file's options by name (either spelling), read before the
+    command line, whose flags win; false for a --no- flag, lists to several values, a
+    mapping as JSON, `model` for the positional."""
+    path = tmp_path / "serve.yaml"
+    path.write_text("model: llama-3.1-8b\nload_format: dummy\ndevice: cpu\n"
+                    "max_model_len: 512\nenable-prefix-caching: false\n"
+                    "served_model_name: [a, b]\ncompilation_config: {level: 0}\n"
+                    "disable_fastapi_docs: true\nenable_force_include_usage: false\n")
+    options, config = _served_with(monkeypatch, "serve", "--config", str(path),
+                                   "--max-model-len", "256")
+    assert (config.model.model, config.model.max_model_len, config.cache.enable_prefix_caching,
+            config.compilation.level) == ("llama-3.1-8b", 256, False, 0)
+    assert (options.served_model_names, options.fastapi_docs,
+            options.force_include_usage) == (["a", "b"], False, False)
+    # the positional MODEL over the file's
+    _, config = _served_with(monkeypatch, "serve", "qwen3-30b-a3b", f"--config={path}")
+    assert (config.model.model, config.model.max_model_len) == ("qwen3-30b-a3b", 512)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("max_model_len: 512\nwarp_speed: 9\n",
+     "config: 'warp_speed' is not an option of loom serve"),
+    ("- max_model_len\n", "must hold a mapping of options, got list"),
+    ("max_model_len: [1\n", "is not valid YAML"),
+    (None, "config: cannot read"),
+])
+def test_bad_config_files_are_one_line_errors(capsys, tmp_path, text, message):
+    path = tmp_path / "serve.yaml"
+    if text is not None:
+        path.write_text(text)
+    err = _main_error(capsys, "serve", "--config", str(path))
+    assert message in err.splitlines()[-1], err
