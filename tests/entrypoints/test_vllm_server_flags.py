@@ -1,7 +1,7 @@
 """vLLM's server flags that `vllm serve` command lines carry: --response-role, --root-path,
 --disable-fastapi-docs, --enable-server-load-tracking with GET /load,
 --chat-template-content-format, --return-tokens-as-token-ids, --enable-force-include-usage,
-and --disable-log-requests beside --enable-log-requests.
+--enable-request-id-headers, and --disable-log-requests beside --enable-log-requests.
 Flags are checked in this process; one in-process server shows them served."""
 
 from __future__ import annotations
@@ -34,13 +34,15 @@ def test_server_flags_reach_the_api_server_options(monkeypatch):
     assert (options.response_role, options.root_path, options.fastapi_docs,
             options.server_load_tracking, options.chat_template_content_format,
             options.log_requests, options.return_tokens_as_token_ids,
-            options.force_include_usage) == ("assistant", "", True, False, "auto", False, False,
-                                             False)
+            options.force_include_usage, options.request_id_headers) == (
+        "assistant", "", True, False, "auto", False, False, False, False)
     options = _options(monkeypatch, "--response-role", "bot", "--root-path", "/llm/",
                        "--disable-fastapi-docs", "--enable-server-load-tracking",
                        "--chat-template-content-format", "openai", "--disable-log-requests",
-                       "--return-tokens-as-token-ids", "--enable-force-include-usage")
+                       "--return-tokens-as-token-ids", "--enable-force-include-usage",
+                       "--enable-request-id-headers")
     assert options.return_tokens_as_token_ids and options.force_include_usage
+    assert options.request_id_headers
     assert (options.response_role, options.root_path, options.fastapi_docs,
             options.server_load_tracking, options.chat_template_content_format,
             options.log_requests) == ("bot", "/llm", False, True, "openai", False)
@@ -81,7 +83,8 @@ SERVED = ("--response-role", "narrator", "--root-path", "/llm", "--disable-fasta
           "--enable-server-load-tracking", "--chat-template", EITHER_TEMPLATE,
           "--chat-template-content-format", "string", "--disable-log-requests",
           "--override-generation-config", json.dumps({"temperature": 0, "max_new_tokens": 3}),
-          "--return-tokens-as-token-ids", "--enable-force-include-usage")
+          "--return-tokens-as-token-ids", "--enable-force-include-usage",
+          "--enable-request-id-headers")
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -105,6 +108,7 @@ def test_served(tiny_chat_model, tmp_path):
                    for t in completion["choices"][0]["logprobs"]["tokens"]]
             pieces = [http.post("/detokenize", json={"tokens": [i]}).json()["prompt"]
                       for i in ids]
+            _check_request_ids(http, auth)
             streams = [_last_chunk(http, auth, path, body) for path, body in (
                 ("/v1/completions", {"prompt": "Once upon", "max_tokens": None}),
                 ("/v1/chat/completions", CHAT))]
@@ -120,6 +124,20 @@ def test_served(tiny_chat_model, tmp_path):
     for last in streams:
         assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3, last
     assert "Received request" not in server.log_path.read_text()
+
+
+def _check_request_ids(http: httpx.Client, auth: dict) -> None:
+    """--enable-request-id-headers: a request's own X-Request-Id comes back, on answers,
+    streams and refusals alike; one that sent none gets a fresh one each time."""
+    mine = {**auth, "X-Request-Id": "my-id-7"}
+    assert http.get("/v1/models", headers=mine).headers["x-request-id"] == "my-id-7"
+    refused = http.get("/v1/models", headers={"X-Request-Id": "no-key"})
+    assert (refused.status_code, refused.headers["x-request-id"]) == (401, "no-key")
+    body = {**CHAT, "stream": True, "max_tokens": 2}
+    with http.stream("POST", "/v1/chat/completions", headers=mine, json=body) as stream:
+        assert stream.headers["x-request-id"] == "my-id-7"
+    fresh = {http.get("/health").headers["x-request-id"] for _ in range(2)}
+    assert len(fresh) == 2 and all(len(i) == 32 for i in fresh)
 
 
 def _last_chunk(http: httpx.Client, auth: dict, path: str, body: dict) -> dict:

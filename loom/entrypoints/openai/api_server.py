@@ -28,7 +28,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from loom import __version__, envs
 from loom.entrypoints.openai.errors import error_response, install_exception_handlers
 from loom.entrypoints.openai.metrics import ServerMetrics
-from loom.entrypoints.openai.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from loom.entrypoints.openai.middleware import (APIKeyMiddleware, BodySizeLimitMiddleware,
+                                                RequestIdHeaderMiddleware)
 from loom.entrypoints.openai.protocol import (LoadLoRAAdapterRequest, ModelList,
                                               UnloadLoRAAdapterRequest)
 from loom.entrypoints.openai.protocol_completions import CompletionRequest
@@ -104,6 +105,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """logprobs' tokens as "token_id:<id>" where a request leaves it unset (vLLM's flag)."""
     force_include_usage: bool = False
     """--enable-force-include-usage: every completions / chat stream ends with usage."""
+    request_id_headers: bool = False
+    """--enable-request-id-headers: X-Request-Id on every response."""
     lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
     """--lora-modules: adapters a request's `model` may name, ids 1, 2, ... in this order."""
     runtime_lora_updating: bool = False
@@ -152,6 +155,8 @@ def build_app(state: ServerState) -> FastAPI:
     if options.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=options.api_key)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=options.max_body_bytes)
+    if options.request_id_headers:  # on every answer, refusals included
+        app.add_middleware(RequestIdHeaderMiddleware)
     # Outermost: a browser's preflight carries no API key.
     app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins,
                        allow_methods=options.allowed_methods,

@@ -50,6 +50,9 @@ def register(subparsers) -> None:
                    help="TLS: whether client certificates are required (Python's ssl.CERT_*)")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage says how many prompt tokens came from the prefix cache")
+    g.add_argument("--enable-request-id-headers", action="store_true",
+                   help="X-Request-Id on every response: the request's own, else a fresh "
+                        "one (vLLM's)")
     g.add_argument("--enable-force-include-usage", action="store_true",
                    help="end every stream with a usage chunk, as stream_options' "
                         "include_usage asks (vLLM's)")
@@ -182,7 +185,8 @@ def run_serve(args: argparse.Namespace) -> int:
         ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-        force_include_usage=args.enable_force_include_usage)
+        force_include_usage=args.enable_force_include_usage,
+        request_id_headers=args.enable_request_id_headers)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 

@@ -1,9 +1,11 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware, so `receive` reaches the handlers untouched
-and a client's disconnect is still seen): the API key and the request-body size cap."""
+and a client's disconnect is still seen): the API key, the request-body size cap and the
+X-Request-Id response header."""
 
 from __future__ import annotations
 
 import hmac
+import uuid
 
 from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
@@ -71,3 +73,25 @@ class BodySizeLimitMiddleware:
                     raise HTTPException(413, f"request body over the limit of {self.max_bytes} bytes")
             return message
         return counted
+
+
+class RequestIdHeaderMiddleware:
+    """--enable-request-id-headers (vLLM's): every response carries X-Request-Id, the
+    request's own where it sent one, else a fresh one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", request_id)]}
+            await send(message)
+        await self.app(scope, receive, send_with_id)
