@@ -75,6 +75,13 @@ class Server:
     log_path: Path
     verify: bool | ssl.SSLContext = True
     """httpx's verify: for a TLS server, a context trusting its certificate."""
+    uds: str | None = None
+    """--uds: the Unix domain socket it serves on (the url's host and port are then nominal)."""
+
+    def http(self, **kwargs) -> httpx.Client:
+        transport = httpx.HTTPTransport(uds=self.uds) if self.uds else None
+        return httpx.Client(base_url=self.url, verify=self.verify, transport=transport,
+                            **kwargs)
 
     @property
     def url(self) -> str:
@@ -100,9 +107,9 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2,
-                             verify=self.verify).status_code == 200:
-                    return
+                with self.http(timeout=2) as http:
+                    if http.get("/health").status_code == 200:
+                        return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)  # polling an external process; nothing to wait on instead
@@ -137,7 +144,8 @@ def start_server(model: str, mode: str, log_dir: Path, extra_env: dict | None = 
     args = list(extra_args)
     verify = (ssl.create_default_context(cafile=args[args.index("--ssl-certfile") + 1])
               if "--ssl-certfile" in args else True)
-    server = Server(mode, proc, port, log_path, verify)
+    uds = args[args.index("--uds") + 1] if "--uds" in args else None
+    server = Server(mode, proc, port, log_path, verify, uds)
     try:
         server.wait_ready()
     except BaseException:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 
 import httpx
@@ -88,3 +90,33 @@ def test_tls(tiny_chat_model, tmp_path, capsys):
     finally:
         assert server.stop() == 0
     assert f"at https://127.0.0.1:{server.port}" in server.log_path.read_text()
+
+
+def test_uds(tiny_chat_model, tmp_path, capsys, llm):
+    """--uds (vLLM's): served on a Unix domain socket, the same answers as offline; a stale
+    socket file is replaced, any other file refused; the socket goes with the server."""
+    from loom import SamplingParams
+    from tests.test_cli import _main_error
+    taken = tmp_path / "taken"
+    taken.write_text("not a socket")
+    assert "uds: " + str(taken) + " exists and is not a socket" in _main_error(
+        capsys, "serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu",
+        "--uds", str(taken))
+    path = str(tmp_path / "loom.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)  # an earlier server's, left behind
+    stale.close()
+    server = start_server(tiny_chat_model, "mp", tmp_path, extra_args=("--uds", path))
+    try:
+        with server.http(timeout=60, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            got = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5,
+                                                     "temperature": 0, "ignore_eos": True})
+        with pytest.raises(httpx.HTTPError):  # nothing on the TCP port
+            httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=2)
+    finally:
+        assert server.stop() == 0
+    want = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                        use_tqdm=False)[0].outputs[0].text
+    assert got.json()["choices"][0]["text"] == want
+    assert f"at unix:{path}" in server.log_path.read_text()
+    assert not os.path.exists(path)

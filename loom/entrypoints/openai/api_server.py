@@ -107,6 +107,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """--enable-force-include-usage: every completions / chat stream ends with usage."""
     request_id_headers: bool = False
     """--enable-request-id-headers: X-Request-Id on every response."""
+    uds: str | None = None
+    """--uds: serve on this Unix domain socket; host and port unused."""
     lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
     """--lora-modules: adapters a request's `model` may name, ids 1, 2, ... in this order."""
     runtime_lora_updating: bool = False
@@ -352,9 +354,10 @@ async def serve(options: ServerOptions, sock: socket.socket,
         ssl_cert_reqs=options.ssl_cert_reqs))
     engine.start()
     scheme = "https" if options.ssl_certfile else "http"
-    logger.info("API server %d serving %s at %s://%s:%d", os.getpid(),
-                ", ".join([*names, *models.adapters]), scheme,
-                options.host, options.port)
+    where = (f"unix:{options.uds}" if options.uds
+             else f"{scheme}://{options.host}:{options.port}")
+    logger.info("API server %d serving %s at %s", os.getpid(),
+                ", ".join([*names, *models.adapters]), where)
     try:
         await server.serve(sockets=[sock])
     finally:

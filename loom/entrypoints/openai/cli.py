@@ -33,6 +33,8 @@ def register(subparsers) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--uds", default=None, metavar="PATH",
+                   help="serve on this Unix domain socket instead of --host/--port (vLLM's)")
     g.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $LOOM_API_KEY)")
     g.add_argument("--served-model-name", nargs="+", default=None,
@@ -186,7 +188,7 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         force_include_usage=args.enable_force_include_usage,
-        request_id_headers=args.enable_request_id_headers)
+        request_id_headers=args.enable_request_id_headers, uds=args.uds)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 

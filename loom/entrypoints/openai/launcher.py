@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -51,8 +52,11 @@ _API_STOP_TIMEOUT_S = 15.0
 def run_server(options: ServerOptions, config: EngineConfig, inproc: bool) -> int:
     """Serve until stopped. A stop asked for (Ctrl-C, SIGTERM), even while the engine is
     still starting, stops the engine core and its workers and returns 0 with one log line."""
-    sock = bind_socket(options.host, options.port)
-    options = msgspec.structs.replace(options, port=sock.getsockname()[1])
+    if options.uds:
+        sock = bind_unix_socket(options.uds)
+    else:
+        sock = bind_socket(options.host, options.port)
+        options = msgspec.structs.replace(options, port=sock.getsockname()[1])
     previous = _stop_signals_interrupt()
     try:
         return _run(options, sock, config, inproc)
@@ -64,6 +68,9 @@ def run_server(options: ServerOptions, config: EngineConfig, inproc: bool) -> in
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+        if options.uds:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(options.uds)
 
 
 def _stop_signals_interrupt() -> dict:
@@ -113,6 +120,22 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise ValueError(f"port: cannot bind {host}:{port}: {e.strerror}") from None
+    return sock
+
+
+def bind_unix_socket(path: str) -> socket.socket:
+    """--uds: a Unix domain socket at path; a socket file left there by an earlier server is
+    replaced, anything else there is refused."""
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise ValueError(f"uds: {path} exists and is not a socket")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"uds: cannot bind {path}: {e.strerror}") from None
     return sock
 
 
