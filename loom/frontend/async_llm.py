@@ -145,10 +145,15 @@ class AsyncLLM:
             for child_id, child_params in children:
                 self.client.send(self.processor.process(child_id, prompt_ids, child_params,
                                                         cache_salt, lora_request, priority))
+            said = (self._request_logger if self._request_logger is not None
+                    and self._request_logger.log_outputs else None)
+            outputs: dict[int, tuple[str, list[int]]] = {}
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
                     raise item
+                if said is not None:
+                    _log_outputs(said, item, outputs)
                 yield item
                 if item.finished:
                     return
@@ -338,3 +343,14 @@ class AsyncLLM:
                 future.set_exception(EngineDeadError(reason))
         if self._on_dead is not None:
             self._on_dead(reason)
+
+
+def _log_outputs(said: RequestLogger, item: RequestOutput,
+                 outputs: dict[int, tuple[str, list[int]]]) -> None:
+    """--enable-log-outputs: gather each completion's deltas; log it once it finishes."""
+    for delta in item.outputs:
+        text, ids = outputs.get(delta.index, ("", []))
+        outputs[delta.index] = (text + delta.text, ids + list(delta.token_ids))
+        if delta.finish_reason is not None:
+            said.log_output(item.request_id, delta.index, *outputs.pop(delta.index),
+                            delta.finish_reason)

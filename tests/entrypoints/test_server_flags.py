@@ -1,5 +1,5 @@
 """`loom serve` with vLLM's --generation-config vllm, --max-logprobs, --enable-log-requests,
---max-log-len and --uvicorn-log-level, in one served process (the engine core its own); and
+--enable-log-outputs, --max-log-len and --uvicorn-log-level, in one served process (the engine core its own); and
 with TLS (--ssl-keyfile/--ssl-certfile), spoken to by the official openai client."""
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import pytest
 from tests.entrypoints.conftest import API_KEY, start_server
 
 FLAGS = ("--generation-config", "vllm", "--max-logprobs", "2", "--enable-log-requests",
-         "--max-log-len", "8", "--uvicorn-log-level", "warning")
+         "--max-log-len", "8", "--uvicorn-log-level", "warning", "--enable-log-outputs")
 PROMPT = "Once upon a time, in a land far away"
 CHAT = {"messages": [{"role": "user", "content": "a"}]}
+GENERATED = re.compile(r"Generated response (cmpl-\S+) \(completion 0\): output: (.*), "
+                       r"output_token_ids: \[(.*)\], finish_reason: length$")
 RECEIVED = re.compile(r"Received request (cmpl-\S+): prompt: (.*), params: SamplingParams\(.*\), "
                       r"prompt_token_ids: \[(.*)\]$")
 
@@ -34,9 +36,10 @@ def test_served_flags(tiny_chat_model, tmp_path):
     try:
         with httpx.Client(base_url=server.url, timeout=60,
                           headers={"Authorization": f"Bearer {API_KEY}"}) as http:
-            texts = {http.post("/v1/completions", json={
+            texts_all = [http.post("/v1/completions", json={
                 "prompt": PROMPT, "max_tokens": 6, "seed": seed, "ignore_eos": True,
-            }).json()["choices"][0]["text"] for seed in (1, 2, 3)}
+            }).json()["choices"][0]["text"] for seed in (1, 2, 3)]
+            texts = set(texts_all)
             too_many = http.post("/v1/completions", json={"prompt": "a", "logprobs": 3})
             chat_too_many = http.post("/v1/chat/completions", json={
                 **CHAT, "logprobs": True, "top_logprobs": 3})
@@ -55,6 +58,7 @@ def test_served_flags(tiny_chat_model, tmp_path):
         error = response.json()["error"]
         assert error["param"] == field and "max_logprobs (2)" in error["message"], error
     assert allowed.status_code == 200, allowed.text
+    allowed_text = allowed.json()["choices"][0]["text"]
     log = server.log_path.read_text()
     received = [RECEIVED.search(line) for line in log.splitlines() if "Received request" in line]
     # One line per completion that reached the engine (the four refused never did), as vLLM
@@ -63,6 +67,14 @@ def test_served_flags(tiny_chat_model, tmp_path):
     prompt, ids = ast.literal_eval(received[0].group(2)), received[0].group(3).split(", ")
     assert prompt == PROMPT[:8] and len(ids) == 8, received[0].group(0)
     assert "Started server process" not in log  # uvicorn at warning
+    # --enable-log-outputs: each finished completion's text and ids, cut to --max-log-len
+    generated = [GENERATED.search(line) for line in log.splitlines()
+                 if "Generated response" in line]
+    assert len(generated) == 4 and all(generated), log
+    said = [ast.literal_eval(g.group(2)) for g in generated]
+    assert sorted(said) == sorted([t[:8] for t in texts_all] + [allowed_text[:8]]), said
+    assert sorted(len(g.group(3).split(", ")) for g in generated) == [1, 6, 6, 6]
+    assert {g.group(1) for g in generated} == {r.group(1) for r in received}
 
 
 def test_tls(tiny_chat_model, tmp_path, capsys):

@@ -65,6 +65,8 @@ def test_log_requests_flags_agree(monkeypatch, flags, logged):
      "enable_log_requests: give --enable-log-requests or --disable-log-requests, not both"),
     (["--no-enable-log-requests", "--no-disable-log-requests"], "enable_log_requests: give "),
     (["--root-path", "llm"], "root_path: must start with '/', got 'llm'"),
+    (["--enable-log-outputs"], "enable_log_outputs: --enable-log-outputs needs "
+                               "--enable-log-requests"),
     (["--chat-template-content-format", "xml"],
      "argument --chat-template-content-format: invalid choice: 'xml'"),
 ])

@@ -109,6 +109,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """--enable-request-id-headers: X-Request-Id on every response."""
     uds: str | None = None
     """--uds: serve on this Unix domain socket; host and port unused."""
+    log_outputs: bool = False
+    """--enable-log-outputs: with log_requests, each finished generation logged too."""
     lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
     """--lora-modules: adapters a request's `model` may name, ids 1, 2, ... in this order."""
     runtime_lora_updating: bool = False
@@ -321,7 +323,8 @@ async def serve(options: ServerOptions, sock: socket.socket,
         loop.call_later(linger, setattr, server, "should_exit", True)
 
     tracer = _make_tracer(options)
-    request_logger = (RequestLogger(tokenizer, options.max_log_len) if options.log_requests
+    request_logger = (RequestLogger(tokenizer, options.max_log_len, options.log_outputs)
+                      if options.log_requests
                       else None)
     engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer, request_logger)
     names = options.served_model_names

@@ -84,6 +84,9 @@ def register(subparsers) -> None:
                    "(--no-disable-log-requests: --enable-log-requests)")
     g.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=None,
                    help="log one INFO line per request: its id, sampling params and prompt")
+    g.add_argument("--enable-log-outputs", action="store_true",
+                   help="with --enable-log-requests, also one INFO line per finished "
+                        "generation: its text, token ids and finish reason (vLLM's)")
     g.add_argument("--max-log-len", type=int, default=None,
                    help="with --enable-log-requests, log at most this many characters and "
                         "token ids of each prompt (default: all of it)")
@@ -188,7 +191,8 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         force_include_usage=args.enable_force_include_usage,
-        request_id_headers=args.enable_request_id_headers, uds=args.uds)
+        request_id_headers=args.enable_request_id_headers, uds=args.uds,
+        log_outputs=args.enable_log_outputs)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
@@ -202,7 +206,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("max_request_body_bytes: must be positive")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"max_log_len: must be non-negative, got {args.max_log_len}")
-    _log_requests(args)
+    if args.enable_log_outputs and not _log_requests(args):
+        raise ValueError("enable_log_outputs: --enable-log-outputs needs --enable-log-requests")
     _root_path(args.root_path)
     _check_ssl(args)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
