@@ -1,5 +1,6 @@
 """`loom serve` with vLLM's --generation-config vllm, --max-logprobs, --enable-log-requests,
---enable-log-outputs, --max-log-len and --uvicorn-log-level, in one served process (the engine core its own); and
+--enable-log-outputs, --max-log-len and --uvicorn-log-level, in one served process (the
+engine core its own); and
 with TLS (--ssl-keyfile/--ssl-certfile), spoken to by the official openai client."""
 
 from __future__ import annotations
