@@ -143,8 +143,16 @@ class CacheConfig:
     """The KV cache's element type, one of KV_CACHE_DTYPES (vLLM's --kv-cache-dtype). fp8
     halves the cache's bytes: twice the tokens in the same memory, and half the reads of a
     decode's attention; the model computes in its own dtype either way."""
+    num_gpu_blocks_override: int | None = None
+    """vLLM's: this many KV blocks, whatever the memory budget allowed (to test preemption
+    with a small cache, say)."""
 
     def __post_init__(self) -> None:
+        blocks = self.num_gpu_blocks_override
+        _check(blocks is None or (isinstance(blocks, int) and not isinstance(blocks, bool)
+                                  and blocks > 0),
+               "num_gpu_blocks_override: must be a positive integer, got "
+               f"{self.num_gpu_blocks_override!r}")
         _check(self.cache_dtype in KV_CACHE_DTYPES,
                f"kv_cache_dtype: {self.cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         _check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,

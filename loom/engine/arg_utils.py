@@ -43,6 +43,8 @@ class EngineArgs:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    """vLLM's: the KV cache's block count, whatever the memory allowed."""
     max_num_seqs: int | None = None
     """None: by device (`SchedulerConfig`), vLLM's defaults."""
     max_num_batched_tokens: int | None = None
@@ -116,6 +118,9 @@ class EngineArgs:
         g.add_argument("--max-model-len", type=int, default=None)
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
         g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+        g.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                       help="this many KV-cache blocks, whatever the memory budget allowed "
+                            "(vLLM's; on the CPU too)")
         g.add_argument("--max-num-seqs", type=int, default=None,
                        help="default: 1024 on GPUs with at least 70 GiB (A100s excepted), "
                        "else 256; at most --max-num-batched-tokens")
@@ -248,7 +253,8 @@ class EngineArgs:
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
                               self.kv_cache_memory_bytes, self.enable_prefix_caching,
-                              self.kv_cache_dtype),
+                              self.kv_cache_dtype,
+                              num_gpu_blocks_override=self.num_gpu_blocks_override),
             scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                                       self.async_scheduling, usage_context,
                                       self.kv_headroom_tokens,

@@ -138,12 +138,19 @@ class EngineCore:
 
     def _init_kv_cache(self) -> int:
         num_blocks = self.executor.determine_num_blocks()
+        override = self.config.cache.num_gpu_blocks_override
+        if override is not None:
+            logger.info("KV cache: %d blocks as --num-gpu-blocks-override asks (the memory "
+                        "budget allowed %d)", override, num_blocks)
+            num_blocks = override
         block_size = self.config.cache.block_size
         if num_blocks * block_size < self.max_model_len:
             raise ValueError(
                 f"the KV cache holds {num_blocks * block_size} tokens, fewer than max_model_len "
-                f"({self.max_model_len}); raise --gpu-memory-utilization / "
-                f"--kv-cache-memory-bytes or lower --max-model-len")
+                f"({self.max_model_len}); raise "
+                + ("--num-gpu-blocks-override" if override is not None else
+                   "--gpu-memory-utilization / --kv-cache-memory-bytes")
+                + " or lower --max-model-len")
         self.executor.initialize_cache(num_blocks)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); max concurrency %.1fx at %d "
                     "tokens per request", num_blocks, block_size, num_blocks * block_size,

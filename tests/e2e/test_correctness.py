@@ -138,9 +138,9 @@ def test_windows_across_chunks_and_cached_prefixes(kind, tiny_model_factory):
 @pytest.mark.parametrize("engine_kwargs", [
     dict(enable_prefix_caching=False),
     dict(max_num_batched_tokens=16),                       # chunked prefill
-    # preemption: admitting as vLLM does (no headroom) runs out of blocks mid-decode
-    dict(kv_cache_memory_bytes=2 * 2 * 16 * 2 * 16 * 4 * 20, max_model_len=160,
-         kv_headroom_tokens=0),
+    # preemption: admitting as vLLM does (no headroom) runs out of blocks mid-decode (20
+    # blocks, as vLLM's --num-gpu-blocks-override is used to test it)
+    dict(num_gpu_blocks_override=20, max_model_len=160, kv_headroom_tokens=0),
 ], ids=["no-prefix-cache", "chunked-prefill", "preemption"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "gemma2"])
 def test_greedy_identity_under_scheduling_pressure(kind, engine_kwargs, tiny_model_factory,
@@ -159,7 +159,8 @@ def test_greedy_identity_under_scheduling_pressure(kind, engine_kwargs, tiny_mod
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20)
     kv = llm.engine.get_kv_info()
     assert kv["num_free_blocks"] == kv["num_blocks"]
-    assert bool(preemptions) == ("kv_cache_memory_bytes" in engine_kwargs)
+    assert (kv["num_blocks"] == 20) == bool(preemptions) == (
+        "num_gpu_blocks_override" in engine_kwargs)
 
 
 def test_prefix_cache_hits_and_same_tokens(tiny_model_factory):

@@ -180,3 +180,23 @@ def test_model_config_checks_its_new_fields():
     with pytest.raises(ValueError, match="^tokenizer_mode: "):
         ModelConfig("m", tokenizer_mode="slow")
     assert ModelConfig("m", hf_overrides='{"a": 1}').hf_overrides == {"a": 1}
+
+
+# -- --num-gpu-blocks-override ----------------------------------------------------------------
+def test_num_gpu_blocks_override_reaches_the_cache_config():
+    """(The KV cache it sizes, preempting when full, is tested in test_correctness.)"""
+    assert _parsed("--num-gpu-blocks-override", "20").create_engine_config(
+        ).cache.num_gpu_blocks_override == 20
+    assert _config().cache.num_gpu_blocks_override is None
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="num_gpu_blocks_override: must be a positive"):
+            _config(num_gpu_blocks_override=bad)
+
+
+def test_too_few_override_blocks_name_the_flag(tiny_model_factory):
+    from loom import LLM
+    path, _ = tiny_model_factory("llama")
+    with pytest.raises(ValueError, match="raise --num-gpu-blocks-override or lower "
+                                         "--max-model-len"):
+        LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=160,
+            num_gpu_blocks_override=2)
