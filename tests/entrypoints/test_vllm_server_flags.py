@@ -135,11 +135,24 @@ def _check_request_ids(http: httpx.Client, auth: dict) -> None:
     assert http.get("/v1/models", headers=mine).headers["x-request-id"] == "my-id-7"
     refused = http.get("/v1/models", headers={"X-Request-Id": "no-key"})
     assert (refused.status_code, refused.headers["x-request-id"]) == (401, "no-key")
-    body = {**CHAT, "stream": True, "max_tokens": 2}
-    with http.stream("POST", "/v1/chat/completions", headers=mine, json=body) as stream:
-        assert stream.headers["x-request-id"] == "my-id-7"
     fresh = {http.get("/health").headers["x-request-id"] for _ in range(2)}
     assert len(fresh) == 2 and all(len(i) == 32 for i in fresh)
+    # vLLM's ids: the header, else the body's request_id, is the response id's base; a
+    # second request on an id still running is a 400 naming it, the first unharmed
+    completion = {"prompt": "Once upon", "max_tokens": 2}
+    assert http.post("/v1/completions", headers=auth, json={
+        **completion, "request_id": "body-1"}).json()["id"] == "cmpl-body-1"
+    assert http.post("/v1/completions", headers=mine, json={
+        **completion, "request_id": "body-1"}).json()["id"] == "cmpl-my-id-7"
+    body = {**CHAT, "stream": True, "max_tokens": 200, "ignore_eos": True}
+    with http.stream("POST", "/v1/chat/completions", headers=mine, json=body) as stream:
+        assert stream.headers["x-request-id"] == "my-id-7"
+        lines = stream.iter_lines()
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        again = http.post("/v1/chat/completions", headers=mine, json=CHAT)
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert first["id"] == "chatcmpl-my-id-7" and rest[-1] == "data: [DONE]"
+    assert again.status_code == 400 and "chatcmpl-my-id-7" in again.json()["error"]["message"]
 
 
 def _last_chunk(http: httpx.Client, auth: dict, path: str, body: dict) -> dict:

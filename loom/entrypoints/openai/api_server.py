@@ -182,13 +182,15 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         require(tasks, "generate", "Completions API")
         return await run_unless_disconnected(
-            request, state.completions.create(body, trace_headers(request)))
+            request, state.completions.create(body, trace_headers(request),
+                                              request.headers.get("x-request-id")))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         require(tasks, "generate", "Chat Completions API")
         return await run_unless_disconnected(
-            request, state.chat.create(body, trace_headers(request)))
+            request, state.chat.create(body, trace_headers(request),
+                                       request.headers.get("x-request-id")))
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:

@@ -122,6 +122,8 @@ class ChatTemplateFields(OpenAIModel):
 
 class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    """vLLM's: the id's base (`cmpl-<it>`, `chatcmpl-<it>`); an X-Request-Id header wins."""
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

@@ -18,6 +18,8 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    """vLLM's: the id's base (`cmpl-<it>`, `chatcmpl-<it>`); an X-Request-Id header wins."""
 
     @field_validator("prompt", mode="before")
     @classmethod

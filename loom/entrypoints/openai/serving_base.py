@@ -76,8 +76,10 @@ class OpenAIServing:
         return self.resolve_model(model)[0]
 
     @staticmethod
-    def new_id(prefix: str) -> str:
-        return f"{prefix}-{uuid.uuid4().hex}"
+    def new_id(prefix: str, base: str | None = None) -> str:
+        """A response's id: prefix-base, a fresh uuid where no base is given (vLLM's: a
+        request's request_id or X-Request-Id header)."""
+        return f"{prefix}-{base or uuid.uuid4().hex}"
 
     def max_tokens_for(self, num_prompt_tokens: int, requested: int | None) -> int:
         """The request's max_tokens; a 400 when prompt + output cannot fit the context.

@@ -97,7 +97,9 @@ class OpenAIServingChat(OpenAIServing):
         return self.response_role if body.add_generation_prompt else body.messages[-1].role
 
     async def create(self, body: ChatCompletionRequest,
-                     trace_headers: Mapping[str, str] | None = None) -> Response:
+                     trace_headers: Mapping[str, str] | None = None,
+                     header_id: str | None = None) -> Response:
+        """header_id: the request's X-Request-Id header, the id's base before request_id."""
         model, lora = self.resolve_model(body.model)
         # Before the Processor's own check, which would name SamplingParams' "logprobs".
         check_num_logprobs("top_logprobs", body.top_logprobs, self.engine.processor.max_logprobs)
@@ -119,7 +121,7 @@ class OpenAIServingChat(OpenAIServing):
         reasoning = self.reasoning_parser
         if params.guided_decoding is not None and reasoning and reasoning.opened_by_template:
             reasoning = None
-        chat = _Chat(self.new_id("chatcmpl"), model, int(time.time()), body, prompt_ids,
+        chat = _Chat(self.new_id("chatcmpl", header_id or body.request_id), model, int(time.time()), body, prompt_ids,
                      OutputSplit(tools, reasoning), 0 if self.prompt_tokens_details else None)
         if tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the parser reads the call markers

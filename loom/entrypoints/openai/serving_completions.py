@@ -63,9 +63,12 @@ class _Request:
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, body: CompletionRequest,
-                     trace_headers: Mapping[str, str] | None = None) -> Response:
+                     trace_headers: Mapping[str, str] | None = None,
+                     header_id: str | None = None) -> Response:
+        """header_id: the request's X-Request-Id header, the id's base before request_id."""
         model, lora = self.resolve_model(body.model)
-        request = _Request(self.new_id("cmpl"), model, int(time.time()), body, [], lora)
+        request = _Request(self.new_id("cmpl", header_id or body.request_id), model,
+                           int(time.time()), body, [], lora)
         generators = []
         tokenized = await off_loop(lambda: [self.engine.tokenize(p) for p in body.prompts])
         for i, (text, token_ids) in enumerate(tokenized):
