@@ -40,6 +40,29 @@ def test_chat_equals_llm_chat_streamed_or_not(server, llm):
     assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
 
 
+def test_echo_puts_the_continued_message_first(server, llm):
+    """vLLM's echo: a continued final message's text starts the reply (streamed too); the
+    continuation is what LLM.chat writes. A user's message before an assistant's reply is
+    not echoed (the roles differ)."""
+    client = server.client()
+    messages = [{"role": "user", "content": "Tell a story."},
+                {"role": "assistant", "content": [{"type": "text", "text": "Once"},
+                                                  {"type": "text", "text": "upon"}]}]
+    kwargs = dict(model=_model(server), messages=messages, max_tokens=5, temperature=0,
+                  extra_body={"ignore_eos": True, "echo": True, "add_generation_prompt": False,
+                              "continue_final_message": True})
+    expected = llm.chat(messages, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                        use_tqdm=False, add_generation_prompt=False,
+                        continue_final_message=True)[0].outputs[0].text
+    whole = client.chat.completions.create(**kwargs)
+    assert whole.choices[0].message.content == "Once\nupon" + expected
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Once\nupon" + expected
+    plain = client.chat.completions.create(**{**kwargs, "messages": messages[:1],
+                                              "extra_body": {"ignore_eos": True, "echo": True}})
+    assert not plain.choices[0].message.content.startswith("Tell a story.")
+
+
 def test_chat_n2_logprobs_and_stop(server, llm):
     client = server.client()
     response = client.chat.completions.create(

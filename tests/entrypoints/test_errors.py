@@ -119,8 +119,6 @@ PARAM_CASES = [
     ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "chat_template": "{{ messages }}"}, "chat_template"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True},
-     "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "tool_choice": "required"}, "tool_choice"),
     # Tools default to tool_choice "auto", which needs --enable-auto-tool-choice.

@@ -124,6 +124,9 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     request_id: str | None = Field(None, min_length=1, max_length=256)
     """vLLM's: the id's base (`cmpl-<it>`, `chatcmpl-<it>`); an X-Request-Id header wins."""
+    echo: bool = False
+    """vLLM's: the reply's content starts with the last message's where their roles agree
+    (a continued final message, say)."""
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -136,7 +139,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     @model_validator(mode="before")
     @classmethod
     def _refuse_chat_extensions(cls, data: Any) -> Any:
-        refuse_extensions(data, ("echo", "mm_processor_kwargs"))
+        refuse_extensions(data, ("mm_processor_kwargs",))
         return data
 
     @model_validator(mode="after")

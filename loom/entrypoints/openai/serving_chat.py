@@ -96,6 +96,14 @@ class OpenAIServingChat(OpenAIServing):
         last message, whose role the reply keeps."""
         return self.response_role if body.add_generation_prompt else body.messages[-1].role
 
+    def _echoed(self, body: ChatCompletionRequest) -> str:
+        """vLLM's echo: the last message's text (parts joined by newlines) where its role is
+        the reply's, put before the reply's content; else nothing."""
+        last = body.messages[-1]
+        if not body.echo or last.role != self._role(body):
+            return ""
+        return "\n".join(last.texts())
+
     async def create(self, body: ChatCompletionRequest,
                      trace_headers: Mapping[str, str] | None = None,
                      header_id: str | None = None) -> Response:
@@ -121,15 +129,16 @@ class OpenAIServingChat(OpenAIServing):
         reasoning = self.reasoning_parser
         if params.guided_decoding is not None and reasoning and reasoning.opened_by_template:
             reasoning = None
-        chat = _Chat(self.new_id("chatcmpl", header_id or body.request_id), model, int(time.time()), body, prompt_ids,
-                     OutputSplit(tools, reasoning), 0 if self.prompt_tokens_details else None)
+        chat = _Chat(self.new_id("chatcmpl", header_id or body.request_id), model,
+                     int(time.time()), body, prompt_ids, OutputSplit(tools, reasoning),
+                     0 if self.prompt_tokens_details else None)
         if tools.keeps_special_tokens:
             params.skip_special_tokens = False  # the parser reads the call markers
         if body.use_beam_search:
             beams = await self.beam_search(prompt_ids, body.beam_search_params(params.max_tokens),
                                            chat.id, lora, body.cache_salt, body.priority)
-            choices = [ChatChoice(index=k, message=ChatMessageOut(role=self._role(body),
-                                                                  content=beam.text),
+            choices = [ChatChoice(index=k, message=ChatMessageOut(
+                role=self._role(body), content=self._echoed(body) + beam.text),
                                   finish_reason=beam.finish_reason)
                        for k, beam in enumerate(beams)]
             generated = sum(len(b.tokens) - len(prompt_ids) for b in beams)
@@ -162,7 +171,9 @@ class OpenAIServingChat(OpenAIServing):
         for i in range(n):
             thinking, content, calls, reason = chat.split_whole(
                 texts[i], finish[i].finish_reason if finish[i] else None)
-            message = ChatMessageOut(role=self._role(chat.body), content=content,
+            echoed = self._echoed(chat.body)
+            message = ChatMessageOut(role=self._role(chat.body),
+                                     content=echoed + (content or "") if echoed else content,
                                      reasoning=thinking,
                                      tool_calls=[ToolCallOut.of(c) for c in calls] or None)
             choices.append(ChatChoice(
@@ -182,9 +193,13 @@ class OpenAIServingChat(OpenAIServing):
         completion_tokens = 0
         streams = [chat.split.stream() for _ in range(chat.body.n)]
         try:
+            echoed = self._echoed(chat.body)
             for i in range(chat.body.n):  # the role first, as OpenAI streams it
                 yield self._chunk(chat, ChatStreamChoice(
                     index=i, delta=DeltaMessage(role=self._role(chat.body), content="")), 0)
+                if echoed:  # then what echo puts before the reply
+                    yield self._chunk(chat, ChatStreamChoice(
+                        index=i, delta=DeltaMessage(content=echoed)), 0)
             async with aclosing(outputs):
                 item = first
                 while item is not None:
