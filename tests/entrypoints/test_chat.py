@@ -40,6 +40,7 @@ def test_chat_equals_llm_chat_streamed_or_not(server, llm):
     assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
 
 
+@pytest.mark.parametrize("server", ["inproc"], indirect=True)
 def test_echo_puts_the_continued_message_first(server, llm):
     """vLLM's echo: a continued final message's text starts the reply (streamed too); the
     continuation is what LLM.chat writes. A user's message before an assistant's reply is

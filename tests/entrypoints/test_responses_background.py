@@ -78,6 +78,7 @@ def test_background_stream_resumes_and_cancels(parsing_server):
     assert _engine_idle(parsing_server)
 
 
+@pytest.mark.parametrize("server", ["inproc"], indirect=True)
 def test_background_needs_the_store(server):
     client = server.client()
     with pytest.raises(openai.BadRequestError, match="LOOM_ENABLE_RESPONSES_API_STORE") as e:
