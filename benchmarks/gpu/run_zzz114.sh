@@ -1,3 +1,4 @@
+# Not run in session 47 (failed starts spent its device time): run it first next session.
 # 1 GPU (~3 min), session 47: the fused MoE at decode sizes after run_zzz113 (the integer
 # GEMV 2.8-3.9x faster than its former form on an H100) showed that an untuned GPU never
 # reached it: without a table the defaults took the grouped GEMM's 16-row tiles (Qwen3-30B-A3B
