@@ -39,6 +39,11 @@ from loom.outputs import RequestOutput
 from loom.sampling_params import SamplingParams
 
 
+def _error_code(status: int) -> str:
+    """The OpenAI error type of an HTTP status: a failed response's error code."""
+    return error_info(status, "").type
+
+
 @dataclass
 class _Output:
     """What a response's request generated so far."""
@@ -175,13 +180,13 @@ class OpenAIServingResponses(OpenAIServing):
         """Store the response queued and generate it in a task of its own; answer with the
         queued response, or (stream) with its events as they come."""
         background = BackgroundRun()
-        self._put_state(run, "queued")
+        queued = self._put_state(run, "queued")
         self._background[run.id] = background
         background.task = asyncio.get_running_loop().create_task(
             self._run_background(run, outputs, background))
         if run.body.stream:
             return StreamingResponse(background.follow(), media_type="text/event-stream")
-        return JSONResponse(self.store.get(run.id).response.model_dump(mode="json"))
+        return JSONResponse(queued.model_dump(mode="json"))
 
     async def _run_background(self, run: _Run, outputs: AsyncIterator[RequestOutput],
                               background: BackgroundRun) -> None:
@@ -202,23 +207,24 @@ class OpenAIServingResponses(OpenAIServing):
             run.error = exception_status(e)
             self._put_state(run, "failed", run.error)
             background.add(sse_event(ErrorEvent(
-                sequence_number=len(background.events), code=error_info(run.error[0], "").type,
+                sequence_number=len(background.events), code=_error_code(run.error[0]),
                 message=run.error[1], param=run.error[2])))
         finally:
             background.close()
             self._background.pop(run.id, None)
 
     def _put_state(self, run: _Run, status: str,
-                   error: tuple[int, str, str | None] | None = None) -> None:
-        """Store a background response's state, unless it has already ended (its final
-        response stored)."""
+                   error: tuple[int, str, str | None] | None = None) -> ResponseObject | None:
+        """Store a background response's state and return it, unless it has already ended
+        (its final response stored: None)."""
         entry = self.store.get(run.id)
         if entry is not None and entry.response.status not in ("queued", "in_progress"):
-            return
+            return None
         response = self._response(run, status, [], None)
         if error is not None:
-            response.error = {"code": error_info(error[0], "").type, "message": error[1]}
+            response.error = {"code": _error_code(error[0]), "message": error[1]}
         self.store.put(StoredResponse.of(response, run.conversation))
+        return response
 
     def _stored(self, response_id: str | None, param: str) -> StoredResponse | None:
         if response_id is None:
@@ -294,7 +300,7 @@ class OpenAIServingResponses(OpenAIServing):
             yield sse_event(events.event(LifecycleEvent, kind, response=response))
         except Exception as e:  # noqa: BLE001 - the status is sent; say what went wrong in-band
             status, message, param = run.error = exception_status(e)
-            yield sse_event(events.event(ErrorEvent, "error", code=error_info(status, "").type,
+            yield sse_event(events.event(ErrorEvent, "error", code=_error_code(status),
                                          message=message, param=param))
 
     def _step(self, run: _Run, output: RequestOutput, stream: SplitStream,
