@@ -336,16 +336,16 @@ async def serve(options: ServerOptions, sock: socket.socket,
     if defaults:
         logger.info("sampling defaults from generation_config.json: %s", defaults)
     details = options.enable_prompt_tokens_details
-    chat = OpenAIServingChat(engine, models, defaults, details,
+    # The Responses API's logprobs and usage are chat's.
+    shared = dict(tokens_as_ids=options.return_tokens_as_token_ids,
+                  force_include_usage=options.force_include_usage)
+    chat = OpenAIServingChat(engine, models, defaults, details, **shared,
                              tool_call_parser=options.tool_call_parser,
                              reasoning_parser=options.reasoning_parser,
                              trust_request_chat_template=options.trust_request_chat_template,
                              response_role=options.response_role,
                              content_format=options.chat_template_content_format)
-    completion = OpenAIServingCompletion(engine, models, defaults, details)
-    for serving in (chat, completion):  # the Responses API's logprobs are chat's
-        serving.tokens_as_ids = options.return_tokens_as_token_ids
-        serving.force_include_usage = options.force_include_usage
+    completion = OpenAIServingCompletion(engine, models, defaults, details, **shared)
     state = ServerState(options, engine, metrics, models, completion, chat,
                         OpenAIServingEmbedding(engine, models),
                         OpenAIServingResponses(chat, store_from_env()),

@@ -41,10 +41,17 @@ async def off_loop(fn: Callable[..., _T], *args) -> _T:
 class OpenAIServing:
     def __init__(self, engine: AsyncLLM, models: ServingModels | list[str],
                  sampling_defaults: dict | None = None,
-                 prompt_tokens_details: bool = False) -> None:
+                 prompt_tokens_details: bool = False, *, tokens_as_ids: bool = False,
+                 force_include_usage: bool = False) -> None:
         self.engine = engine
         self.prompt_tokens_details = prompt_tokens_details
         """--enable-prompt-tokens-details: usage says how many prompt tokens were cached."""
+        self.tokens_as_ids = tokens_as_ids
+        """--return-tokens-as-token-ids: what a request that leaves return_tokens_as_token_ids
+        unset gets."""
+        self.force_include_usage = force_include_usage
+        """--enable-force-include-usage: every stream ends with a usage chunk, as if it had
+        asked for one (stream_options.include_usage)."""
         self.models = models if isinstance(models, ServingModels) else ServingModels(models)
         """The base model's names and the LoRA adapters', shared by all endpoints."""
         self.tokenizer = engine.tokenizer
@@ -101,13 +108,6 @@ class OpenAIServing:
                                 f"({num_prompt_tokens} in the prompt, {requested} for the "
                                 "completion). Please reduce the prompt or max_tokens.", "max_tokens")
         return requested
-
-    tokens_as_ids: bool = False
-    """--return-tokens-as-token-ids: what a request that leaves return_tokens_as_token_ids
-    unset gets."""
-    force_include_usage: bool = False
-    """--enable-force-include-usage: every stream ends with a usage chunk, as if it had asked
-    for one (stream_options.include_usage)."""
 
     def token_text(self, token_id: int, logprobs: PositionLogprobs | None = None,
                    as_id: bool | None = None) -> str:
