@@ -1,4 +1,4 @@
-"""`loom generate | serve | bench ...`: the command line, vLLM's flags where they exist."""
+"""`loom generate | serve | run-batch | bench ...`: the command line, vLLM's flags."""
 
 from __future__ import annotations
 
@@ -79,10 +79,11 @@ def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
 
 
 def _optional_commands():
-    """Subcommands that live beside their code (serve, bench)."""
+    """Subcommands that live beside their code (serve, run-batch, bench)."""
     from loom.bench.cli import register as bench
     from loom.entrypoints.openai.cli import register as serve
-    return [serve, bench]
+    from loom.entrypoints.openai.run_batch import register as run_batch
+    return [serve, run_batch, bench]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -314,8 +314,6 @@ async def serve(options: ServerOptions, sock: socket.socket,
                 make_client: Callable[[], EngineCoreClient],
                 make_server: Callable[[uvicorn.Config], uvicorn.Server] = uvicorn.Server) -> int:
     """Serve until stopped; returns the exit code (1 once the engine has died)."""
-    tokenizer = _load_tokenizer(options)
-    metrics = ServerMetrics(options.served_model_names[0])
     loop = asyncio.get_running_loop()
     server: uvicorn.Server | None = None
 
@@ -324,13 +322,38 @@ async def serve(options: ServerOptions, sock: socket.socket,
         logger.error("engine dead (%s); /health answers 503, exiting in %.1f s", reason, linger)
         loop.call_later(linger, setattr, server, "should_exit", True)
 
+    state, tracer = build_state(options, make_client, on_dead)
+    server = make_server(uvicorn.Config(
+        build_app(state), loop="none", lifespan="off", log_config=None,
+        log_level=options.uvicorn_log_level, access_log=options.access_log,
+        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, ssl_keyfile=options.ssl_keyfile,
+        ssl_certfile=options.ssl_certfile, ssl_ca_certs=options.ssl_ca_certs,
+        ssl_cert_reqs=options.ssl_cert_reqs))
+    state.engine.start()
+    scheme = "https" if options.ssl_certfile else "http"
+    where = (f"unix:{options.uds}" if options.uds
+             else f"{scheme}://{options.host}:{options.port}")
+    logger.info("API server %d serving %s at %s", os.getpid(),
+                ", ".join([*options.served_model_names, *state.models.adapters]), where)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await close_state(state, tracer)
+    return 1 if state.engine.errored else 0
+
+
+def build_state(options: ServerOptions, make_client: Callable[[], EngineCoreClient],
+                on_dead: Callable[[str], None]):
+    """The engine client and every endpoint's serving object (not started), and the tracer
+    (None without tracing); `loom serve` and `loom run-batch` alike."""
+    tokenizer = _load_tokenizer(options)
+    metrics = ServerMetrics(options.served_model_names[0])
     tracer = _make_tracer(options)
     request_logger = (RequestLogger(tokenizer, options.max_log_len, options.log_outputs)
                       if options.log_requests
                       else None)
     engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer, request_logger)
-    names = options.served_model_names
-    models = ServingModels(names, options.model, options.lora_modules)
+    models = ServingModels(options.served_model_names, options.model, options.lora_modules)
     defaults = generation_defaults(options.model, options.generation_config,
                                    options.override_generation_config)
     if defaults:
@@ -351,26 +374,15 @@ async def serve(options: ServerOptions, sock: socket.socket,
                         OpenAIServingResponses(chat, store_from_env()),
                         OpenAIServingScore(engine, models),
                         OpenAIServingClassification(engine, models))
-    server = make_server(uvicorn.Config(
-        build_app(state), loop="none", lifespan="off", log_config=None,
-        log_level=options.uvicorn_log_level, access_log=options.access_log,
-        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, ssl_keyfile=options.ssl_keyfile,
-        ssl_certfile=options.ssl_certfile, ssl_ca_certs=options.ssl_ca_certs,
-        ssl_cert_reqs=options.ssl_cert_reqs))
-    engine.start()
-    scheme = "https" if options.ssl_certfile else "http"
-    where = (f"unix:{options.uds}" if options.uds
-             else f"{scheme}://{options.host}:{options.port}")
-    logger.info("API server %d serving %s at %s", os.getpid(),
-                ", ".join([*names, *models.adapters]), where)
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        await state.responses.stop_background()
-        await engine.close()
-        if tracer is not None:
-            tracer.shutdown()  # flushes the spans still batched
-    return 1 if engine.errored else 0
+    return state, tracer
+
+
+async def close_state(state: ServerState, tracer) -> None:
+    """Stop what build_state made: background responses, the engine client, the tracer."""
+    await state.responses.stop_background()
+    await state.engine.close()
+    if tracer is not None:
+        tracer.shutdown()  # flushes the spans still batched
 
 
 def _load_tokenizer(options: ServerOptions) -> Tokenizer | None:

@@ -37,10 +37,6 @@ def register(subparsers) -> None:
                    help="serve on this Unix domain socket instead of --host/--port (vLLM's)")
     g.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $LOOM_API_KEY)")
-    g.add_argument("--served-model-name", nargs="+", default=None,
-                   help="name(s) clients use for the model; the first is reported in responses")
-    g.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template, or a file holding one; overrides the model's")
     for flag in ("--allowed-origins", "--allowed-methods", "--allowed-headers"):
         g.add_argument(flag, type=_json_list, default=["*"],
                        help="CORS: a JSON list (default [\"*\"], as vLLM)")
@@ -50,11 +46,44 @@ def register(subparsers) -> None:
     g.add_argument("--ssl-ca-certs", default=None, help="TLS: CA certificates for clients")
     g.add_argument("--ssl-cert-reqs", type=int, default=0,
                    help="TLS: whether client certificates are required (Python's ssl.CERT_*)")
-    g.add_argument("--enable-prompt-tokens-details", action="store_true",
-                   help="usage says how many prompt tokens came from the prefix cache")
     g.add_argument("--enable-request-id-headers", action="store_true",
                    help="X-Request-Id on every response: the request's own, else a fresh "
                         "one (vLLM's)")
+    g.add_argument("--api-server-count", type=int, default=1,
+                   help="API server processes sharing the port (and the one engine core)")
+    g.add_argument("--disable-uvicorn-access-log", action="store_true")
+    g.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS,
+                   help="the level of uvicorn's own log lines")
+    g.add_argument("--max-request-body-bytes", type=int, default=10 * 1024 * 1024)
+    g.add_argument("--root-path", default="",
+                   help="the path prefix a proxy serves the API under (FastAPI's root_path)")
+    g.add_argument("--disable-fastapi-docs", action="store_true",
+                   help="serve no /docs, /redoc or /openapi.json")
+    g.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="count the generation requests in flight here, for GET /load")
+    g.add_argument("--otlp-traces-endpoint", default=None,
+                   help="OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) that "
+                        "gets one `llm_request` span per request (default: "
+                        f"${OTEL_TRACES_ENV}); needs pip install 'loom[tracing]'")
+    add_frontend_flags(p.add_argument_group("frontend (also `loom run-batch`'s)"))
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=run_serve)
+
+
+def add_frontend_flags(g) -> None:
+    """The flags of how requests become prompts and answers, which `loom run-batch` shares."""
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients use for the model; the first is reported in responses")
+    g.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one; overrides the model's")
+    g.add_argument("--response-role", default="assistant",
+                   help="the role of the reply to a chat request with add_generation_prompt")
+    g.add_argument("--chat-template-content-format", default="auto", choices=CONTENT_FORMATS,
+                   help="a message's content in the chat template: string (text parts joined "
+                   "by newlines), openai (a list of parts); auto: openai if the template "
+                   "loops over a message's content, else string (vLLM's detection)")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage says how many prompt tokens came from the prefix cache")
     g.add_argument("--enable-force-include-usage", action="store_true",
                    help="end every stream with a usage chunk, as stream_options' "
                         "include_usage asks (vLLM's)")
@@ -74,11 +103,8 @@ def register(subparsers) -> None:
                         "qwen3 (<think>...</think> first), deepseek_r1 (thinking until </think>)")
     g.add_argument("--disable-frontend-multiprocessing", action="store_true",
                    help="run the engine core in the API server process")
-    g.add_argument("--api-server-count", type=int, default=1,
-                   help="API server processes sharing the port (and the one engine core)")
     g.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic engine stats line")
-    g.add_argument("--disable-uvicorn-access-log", action="store_true")
     g.add_argument("--disable-log-requests", action=argparse.BooleanOptionalAction,
                    default=None, help="vLLM's older flag: no request logging, the default "
                    "(--no-disable-log-requests: --enable-log-requests)")
@@ -90,35 +116,10 @@ def register(subparsers) -> None:
     g.add_argument("--max-log-len", type=int, default=None,
                    help="with --enable-log-requests, log at most this many characters and "
                         "token ids of each prompt (default: all of it)")
-    g.add_argument("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS,
-                   help="the level of uvicorn's own log lines")
-    g.add_argument("--max-request-body-bytes", type=int, default=10 * 1024 * 1024)
     g.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                    help="LoRA adapters to serve (with --enable-lora), each a name=path or vLLM's "
                         "JSON '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; "
                         "a request's `model` names one to run with it")
-    _add_vllm_server_flags(g)
-    g.add_argument("--otlp-traces-endpoint", default=None,
-                   help="OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) that "
-                        "gets one `llm_request` span per request (default: "
-                        f"${OTEL_TRACES_ENV}); needs pip install 'loom[tracing]'")
-    EngineArgs.add_cli_args(p)
-    p.set_defaults(func=run_serve)
-
-
-def _add_vllm_server_flags(g) -> None:
-    g.add_argument("--response-role", default="assistant",
-                   help="the role of the reply to a chat request with add_generation_prompt")
-    g.add_argument("--chat-template-content-format", default="auto", choices=CONTENT_FORMATS,
-                   help="a message's content in the chat template: string (text parts joined "
-                   "by newlines), openai (a list of parts); auto: openai if the template "
-                   "loops over a message's content, else string (vLLM's detection)")
-    g.add_argument("--root-path", default="",
-                   help="the path prefix a proxy serves the API under (FastAPI's root_path)")
-    g.add_argument("--disable-fastapi-docs", action="store_true",
-                   help="serve no /docs, /redoc or /openapi.json")
-    g.add_argument("--enable-server-load-tracking", action="store_true",
-                   help="count the generation requests in flight here, for GET /load")
 
 
 def _check_ssl(args: argparse.Namespace) -> None:
@@ -154,46 +155,56 @@ def run_serve(args: argparse.Namespace) -> int:
     from loom.entrypoints.openai.launcher import run_server
     _check(args)
     traces_endpoint = _traces_endpoint(args)
-    if args.model_tag is not None:
+    config, frontend = frontend_setup(args, "api_server")
+    options = ServerOptions(
+        **frontend, runtime_lora_updating=_runtime_lora_updating(args),
+        host=args.host, port=args.port, api_key=args.api_key or envs.api_key(),
+        access_log=not args.disable_uvicorn_access_log,
+        uvicorn_log_level=args.uvicorn_log_level, root_path=_root_path(args.root_path),
+        fastapi_docs=not args.disable_fastapi_docs,
+        server_load_tracking=args.enable_server_load_tracking,
+        max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
+        otlp_traces_endpoint=traces_endpoint,
+        allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
+        ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
+        request_id_headers=args.enable_request_id_headers, uds=args.uds)
+    return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
+
+
+def frontend_setup(args: argparse.Namespace, context: str) -> tuple[EngineConfig, dict]:
+    """The engine's config from the command line, and ServerOptions' fields that
+    `add_frontend_flags` sets. What the frontend reads of the model (the generation config,
+    the tokenizer and chat template, LoRA adapters) is checked now, so that a bad one is one
+    line before the model loads."""
+    check_frontend(args)
+    if getattr(args, "model_tag", None) is not None:
         args.model = args.model_tag
-    config = EngineArgs.from_cli_args(args).create_engine_config("api_server")
+    config = EngineArgs.from_cli_args(args).create_engine_config(context)
     if args.disable_frontend_multiprocessing:
         config.parallel.check_one_engine("--disable-frontend-multiprocessing")
-    # Read once here, so that a bad --generation-config is one line before the model loads.
     generation_defaults(config.model.model, config.model.generation_config,
                         config.model.override_generation_config)
     tokenizer = served_tokenizer(config.model)
     _check_tokenizer(tokenizer, args.chat_template, config.model.model)
     served_names = _served_names(args, config.model.model)
-    options = ServerOptions(
+    return config, dict(
         model=config.model.model, served_model_names=served_names,
         lora_modules=_lora_modules(args.lora_modules, served_names, config),
-        runtime_lora_updating=_runtime_lora_updating(args),
-        tokenizer=tokenizer, host=args.host, port=args.port, chat_template=args.chat_template,
-        api_key=args.api_key or envs.api_key(),
-        log_stats=not args.disable_log_stats, access_log=not args.disable_uvicorn_access_log,
-        uvicorn_log_level=args.uvicorn_log_level, log_requests=_log_requests(args),
+        tokenizer=tokenizer, chat_template=args.chat_template,
+        log_stats=not args.disable_log_stats, log_requests=_log_requests(args),
         max_log_len=args.max_log_len, generation_config=config.model.generation_config,
         override_generation_config=config.model.override_generation_config,
-        response_role=args.response_role, root_path=_root_path(args.root_path),
+        response_role=args.response_role,
         chat_template_content_format=args.chat_template_content_format,
-        fastapi_docs=not args.disable_fastapi_docs,
-        server_load_tracking=args.enable_server_load_tracking,
-        max_body_bytes=args.max_request_body_bytes, api_server_count=args.api_server_count,
-        otlp_traces_endpoint=traces_endpoint,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
         reasoning_parser=args.reasoning_parser,
         trust_request_chat_template=args.trust_request_chat_template,
-        allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
-        allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
-        ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
-        ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         force_include_usage=args.enable_force_include_usage,
-        request_id_headers=args.enable_request_id_headers, uds=args.uds,
         log_outputs=args.enable_log_outputs)
-    return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -204,19 +215,23 @@ def _check(args: argparse.Namespace) -> None:
                          "process; drop --disable-frontend-multiprocessing")
     if args.max_request_body_bytes < 1:
         raise ValueError("max_request_body_bytes: must be positive")
+    _root_path(args.root_path)
+    _check_ssl(args)
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"port: must be 0-65535, got {args.port}")
+
+
+def check_frontend(args: argparse.Namespace) -> None:
+    """`add_frontend_flags`' flags, checked before anything loads."""
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"max_log_len: must be non-negative, got {args.max_log_len}")
     if args.enable_log_outputs and not _log_requests(args):
         raise ValueError("enable_log_outputs: --enable-log-outputs needs --enable-log-requests")
-    _root_path(args.root_path)
-    _check_ssl(args)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
                          f"({', '.join(sorted(TOOL_PARSERS))})")
     if args.lora_modules and not args.enable_lora:
         raise ValueError("lora_modules: --lora-modules needs --enable-lora")
-    if not 0 <= args.port < 65536:
-        raise ValueError(f"port: must be 0-65535, got {args.port}")
 
 
 def _log_requests(args: argparse.Namespace) -> bool:

@@ -30,7 +30,7 @@ import socket
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
 import msgspec
 import uvicorn
@@ -97,6 +97,34 @@ def _run(options: ServerOptions, sock: socket.socket, config: EngineConfig, inpr
     finally:
         for engine in engines:
             engine.stop()
+
+
+def run_with_engine(config: EngineConfig, log_stats: bool, inproc: bool,
+                    main: Callable[[Callable[[], EngineCoreClient]], Coroutine[None, None, int]],
+                    name: str) -> int:
+    """Run main(make_client) on uvloop beside the engine core (a thread of this process with
+    inproc, else its own process, or one per -dp replica): `loom run-batch`'s frontend, one
+    without a socket. Ctrl-C or SIGTERM, start-up included, stops the engine; then 130."""
+    previous = _stop_signals_interrupt()
+    engines: list[EngineProcess] = []
+    try:
+        if inproc:
+            make_client = functools.partial(InprocClient, config, log_stats)
+        else:
+            engines = EngineProcess.start_all(config, log_stats)
+            endpoints = [engine.endpoint for engine in engines]
+            make_client = functools.partial(engine_client, endpoints, 0)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(main(make_client))
+    except KeyboardInterrupt as e:
+        how = "SIGTERM" if isinstance(e, _Terminated) else "Ctrl-C"
+        logger.info("%s interrupted by %s; the engine is stopped", name, how)
+        return 130
+    finally:
+        for engine in engines:
+            engine.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def engine_client(endpoints: list[EngineEndpoint], index: int) -> EngineCoreClient:
