@@ -45,6 +45,9 @@ LINES = [
 ]
 
 
+NOT_UTF8 = b'{"custom_id": "\xff"}\n'
+
+
 def _greedy(path: str, ids: list[int], n: int = 8) -> str:
     import torch
     import transformers as tf
@@ -57,7 +60,7 @@ def _greedy(path: str, ids: list[int], n: int = 8) -> str:
 @pytest.fixture(scope="module")
 def batch(tiny_chat_model, tmp_path_factory):
     where = tmp_path_factory.mktemp("run-batch")
-    (where / "in.jsonl").write_text("\n".join(LINES) + "\n")
+    (where / "in.jsonl").write_bytes(("\n".join(LINES) + "\n").encode() + NOT_UTF8)
     rc = main(["run-batch", "-i", str(where / "in.jsonl"), "-o", str(where / "out.jsonl"),
                "--model", tiny_chat_model, "--disable-frontend-multiprocessing", *FLAGS])
     results = [json.loads(line) for line in (where / "out.jsonl").read_text().splitlines()]
@@ -70,7 +73,7 @@ def test_answers_equal_transformers_and_parse_as_openai_types(batch, tiny_chat_m
     from openai.types.chat import ChatCompletion
     rc, results = batch
     assert rc == 0
-    assert len(results) == len(LINES) - 1  # one line each, in order, the blank one skipped
+    assert len(results) == len(LINES)  # one line each, in order, the blank one skipped
     chat, completion = results[0], results[1]
     assert chat["custom_id"] == "chat" and chat["error"] is None
     assert chat["response"]["status_code"] == 200
@@ -84,14 +87,14 @@ def test_answers_equal_transformers_and_parse_as_openai_types(batch, tiny_chat_m
     assert text == _greedy(tiny_chat_model, tokenizer(PROMPT)["input_ids"])
     embedding = CreateEmbeddingResponse.model_validate(results[8]["response"]["body"])
     assert results[8]["custom_id"] == "embed" and len(embedding.data[0].embedding) == 64
-    n2 = ChatCompletion.model_validate(results[-1]["response"]["body"])
-    assert results[-1]["custom_id"] == "chat-n2" and len(n2.choices) == 2
+    n2 = ChatCompletion.model_validate(results[-2]["response"]["body"])
+    assert results[-2]["custom_id"] == "chat-n2" and len(n2.choices) == 2
     assert len({r["id"] for r in results}) == len(results)
 
 
 def test_each_bad_line_is_refused_on_its_own(batch):
     _, results = batch
-    refused = {i: r for i, r in enumerate(results[2:-1], 2)}
+    refused = dict(enumerate(results))
     expect = {  # index: (custom_id, status, what the message says)
         2: (None, 400, "line 4: not JSON"),
         3: ("bad-max-tokens", 400, "max_tokens"),
@@ -100,6 +103,7 @@ def test_each_bad_line_is_refused_on_its_own(batch):
         6: ("stream", 400, "cannot stream"),
         7: ("chat", 400, "'chat' (line 9) is an earlier line's"),
         9: (None, 400, "custom_id: line 11 needs"),
+        11: (None, 400, "line 13: not UTF-8"),
     }
     for i, (custom_id, status, says) in expect.items():
         record = refused[i]

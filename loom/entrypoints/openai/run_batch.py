@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 import httpx
 
@@ -95,11 +95,13 @@ def run_batch_command(args: argparse.Namespace) -> int:
         code = run_with_engine(config, options.log_stats, args.disable_frontend_multiprocessing,
                                main, "run-batch")
         if code == 0:
-            code = sink.publish()
+            return sink.publish()
+        if _is_url(sink.path):
+            logger.warning("results not uploaded; those written are in %s", sink.local)
         return code
 
 
-async def _run(options, make_client, source: TextIO, out: TextIO, max_in_flight: int,
+async def _run(options, make_client, source: BinaryIO, out: TextIO, max_in_flight: int,
                metrics_at: tuple[str, int] | None) -> int:
     from loom.entrypoints.openai.api_server import build_app, build_state, close_state
     state, tracer = build_state(options, make_client,
@@ -134,7 +136,7 @@ class _Request:
     body: dict
 
 
-async def run_batch(app, source: TextIO, out: TextIO, max_in_flight: int) -> BatchCounts:
+async def run_batch(app, source: BinaryIO, out: TextIO, max_in_flight: int) -> BatchCounts:
     """Answer every request line of source through the ASGI app; write one result line each
     to out, in source's order."""
     from tqdm import tqdm
@@ -177,15 +179,19 @@ async def run_batch(app, source: TextIO, out: TextIO, max_in_flight: int) -> Bat
     return counts
 
 
-def _lines(source: TextIO) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each non-blank line."""
-    for number, text in enumerate(source, 1):
-        if text.strip():
-            yield number, text
+def _lines(source: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each non-blank line."""
+    for number, line in enumerate(source, 1):
+        if line.strip():
+            yield number, line
 
 
-def _parse(number: int, text: str, seen: set[str]) -> _Request | dict:
+def _parse(number: int, line: bytes, seen: set[str]) -> _Request | dict:
     """The request on one line, or the result line refusing it."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _refused(None, f"line {number}: not UTF-8 ({e.reason} at byte {e.start})")
     try:
         item = json.loads(text)
     except ValueError as e:
@@ -266,21 +272,21 @@ def _is_url(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def _input_file(path: str) -> Iterator[TextIO]:
+def _input_file(path: str) -> Iterator[BinaryIO]:
     """The input, open for reading; a URL is fetched whole into a temporary file first."""
     if not _is_url(path):
         try:
-            f = open(path, encoding="utf-8")
+            f = open(path, "rb")
         except OSError as e:
             raise ValueError(f"input_file: cannot read {path}: {e.strerror}") from None
         with f:
             yield f
         return
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as f:
+    with tempfile.TemporaryFile("w+b") as f:
         try:
             with httpx.stream("GET", path, follow_redirects=True, timeout=60) as response:
                 response.raise_for_status()
-                for chunk in response.iter_text():
+                for chunk in response.iter_bytes():
                     f.write(chunk)
         except httpx.HTTPError as e:
             raise ValueError(f"input_file: cannot fetch {path}: {e}") from None
