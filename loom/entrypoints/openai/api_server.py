@@ -2,9 +2,9 @@
 
 Routes: /v1/completions, /v1/chat/completions, /v1/responses (and GET /v1/responses/{id},
 POST /v1/responses/{id}/cancel), /v1/embeddings, /classify, /score and /rerank (vLLM's, also
-under /v1/ and /v2/rerank; `routes_pooling`), /v1/models, /health, /version,
-/tokenize, /detokenize, /metrics, /load (and /_loom/introspect for tests, with
-LOOM_TEST_INTROSPECTION=1;
+under /v1/ and /v2/rerank; `routes_pooling`), /v1/models, /health (and SageMaker's /ping),
+/invocations (SageMaker's: the route a body's fields name), /version, /tokenize,
+/detokenize, /metrics, /load (and /_loom/introspect for tests, with LOOM_TEST_INTROSPECTION=1;
 /v1/load_lora_adapter and /v1/unload_lora_adapter with LOOM_ALLOW_RUNTIME_LORA_UPDATING).
 This module, like everything the API process imports, stays torch-free.
 """
@@ -12,6 +12,7 @@ This module, like everything the API process imports, stays torch-free.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ from loom import __version__, envs
 from loom.entrypoints.openai.errors import error_response, install_exception_handlers
 from loom.entrypoints.openai.metrics import ServerMetrics
 from loom.entrypoints.openai.middleware import (APIKeyMiddleware, BodySizeLimitMiddleware,
+                                                InvocationsMiddleware,
                                                 RequestIdHeaderMiddleware)
 from loom.entrypoints.openai.protocol import (LoadLoRAAdapterRequest, ModelList,
                                               UnloadLoRAAdapterRequest)
@@ -41,6 +43,7 @@ from loom.entrypoints.openai.routes_pooling import add_pooling_routes, require
 from loom.entrypoints.openai.serving_base import off_loop, run_unless_disconnected
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_responses import ResponsesRequest
+from loom.entrypoints.openai.protocol_score import SCORE_PAIRS
 from loom.entrypoints.openai.responses_store import store_from_env
 from loom.entrypoints.openai.serving_responses import OpenAIServingResponses
 from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -158,6 +161,8 @@ def build_app(state: ServerState) -> FastAPI:
     add_server_load(app, options.server_load_tracking)
     if options.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=options.api_key)
+    app.add_middleware(InvocationsMiddleware, route=functools.partial(invocation_route,
+                                                                      state.engine.tasks))
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=options.max_body_bytes)
     if options.request_id_headers:  # on every answer, refusals included
         app.add_middleware(RequestIdHeaderMiddleware)
@@ -167,6 +172,30 @@ def build_app(state: ServerState) -> FastAPI:
                        allow_headers=options.allowed_headers,
                        allow_credentials=options.allow_credentials)
     return app
+
+
+def invocation_route(tasks, body) -> str:
+    """Where SageMaker's /invocations sends a body, by its fields, as vLLM tries its request
+    types: chat, completions, embeddings, classification, score, rerank."""
+    if not isinstance(body, dict):
+        raise ValueError(f"the body must be a JSON object, got {type(body).__name__}")
+    pools = "embed" if tasks.supports("embed") else "classify"
+    if "messages" in body:
+        return "/v1/chat/completions" if tasks.supports("generate") else _POOL_PATHS[pools]
+    if "prompt" in body:
+        return "/v1/completions"
+    if "input" in body:
+        return _POOL_PATHS[pools]
+    if "query" in body and "documents" in body:
+        return "/rerank"
+    if any(first in body for first, _ in SCORE_PAIRS):
+        return "/score"
+    raise ValueError("no route takes this body: it needs messages (chat), prompt "
+                     "(completions), input (embeddings or classification), text_1 and text_2 "
+                     "or another of score's pairs (score), or query and documents (rerank)")
+
+
+_POOL_PATHS = {"embed": "/v1/embeddings", "classify": "/classify"}
 
 
 def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -218,6 +247,8 @@ def _add_server_routes(app: FastAPI, state: ServerState) -> None:
     engine = state.engine
 
     @app.get("/health")
+    @app.get("/ping")
+    @app.post("/ping")
     async def health() -> Response:
         try:
             await engine.check_health()

@@ -1,10 +1,11 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware, so `receive` reaches the handlers untouched
-and a client's disconnect is still seen): the API key, the request-body size cap and the
-X-Request-Id response header."""
+and a client's disconnect is still seen): the API key, the request-body size cap, the
+X-Request-Id response header and SageMaker's /invocations."""
 
 from __future__ import annotations
 
 import hmac
+import json
 import uuid
 
 from starlette._utils import get_route_path
@@ -95,3 +96,44 @@ class RequestIdHeaderMiddleware:
                 message = {**message, "headers": [*headers, (b"x-request-id", request_id)]}
             await send(message)
         await self.app(scope, receive, send_with_id)
+
+
+class InvocationsMiddleware:
+    """SageMaker's POST /invocations (vLLM's): the body goes to the route its fields name,
+    which checks and answers it as if it had been sent there (the API key included, since
+    this runs outside that check). `route(body)` returns the path, or raises ValueError."""
+
+    def __init__(self, app: ASGIApp, route) -> None:
+        self.app = app
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] != "POST"
+                or get_route_path(scope) != "/invocations"):
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            path = self.route(json.loads(body))
+        except ValueError as e:
+            await _send_error(send, 400, f"invocations: {e}")
+            return
+        prefix = scope["path"][:-len("/invocations")]
+        scope = {**scope, "path": prefix + path, "raw_path": (prefix + path).encode()}
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.app(scope, replay, send)
