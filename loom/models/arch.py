@@ -295,10 +295,12 @@ class ModelArch:
     @property
     def context_len(self) -> int:
         """The longest sequence loom runs: the model's context (sliding windows are
-        honoured, so they no longer cap it); under YaRN or dynamic NTK, as vLLM derives
-        it, the pretraining length times the factor."""
-        return (scaled_context(self.rope_scaling) or self.max_position_embeddings) \
-            - self.position_offset
+        honoured, so they no longer cap it); under YaRN, dynamic NTK or linear scaling, as
+        vLLM derives it, the pretraining length times the factor (not Gemma 3's, whose
+        max_position_embeddings is already the scaled context, as vLLM notes)."""
+        scaled = (None if self.architecture.startswith("Gemma3")
+                  else scaled_context(self.rope_scaling, self.max_position_embeddings))
+        return (scaled or self.max_position_embeddings) - self.position_offset
 
     @property
     def fused_checkpoint(self) -> bool:

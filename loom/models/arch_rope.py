@@ -83,11 +83,14 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def scaled_context(scaling: dict | None) -> int | None:
-    """The context a YaRN- or dynamic-NTK-scaled model runs, as vLLM derives it: the
-    pretraining length times the factor (None for other kinds: the config's
-    max_position_embeddings)."""
-    if rope_kind(scaling) not in ("yarn", "dynamic"):
+def scaled_context(scaling: dict | None, max_position_embeddings: int) -> int | None:
+    """The context a YaRN-, dynamic-NTK- or linearly scaled model runs, as vLLM derives it:
+    the pretraining length (linear's: max_position_embeddings) times the factor (None for
+    other kinds: the config's max_position_embeddings)."""
+    kind = rope_kind(scaling)
+    if kind == "linear":
+        return int(max_position_embeddings * float(scaling.get("factor", 1.0)))
+    if kind not in ("yarn", "dynamic"):
         return None
     return int(scaling["original_max_position_embeddings"] * scaling["factor"])
 

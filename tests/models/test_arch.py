@@ -344,6 +344,17 @@ def test_yarn_frequencies_and_scale_equal_transformers(scaling):
     assert table[0, 0] == pytest.approx(want_factor)  # cos(0), times the factor
 
 
+def test_linear_scaling_context_is_vllms():
+    """vLLM's derived context under linear rope scaling: max_position_embeddings times the
+    factor, except Gemma 3's, already the scaled one."""
+    linear = {"rope_type": "linear", "factor": 4.0}
+    assert _arch("LlamaForCausalLM", rope_scaling=linear).context_len == 4 * 4096
+    assert _arch("LlamaForCausalLM", rope_scaling={"type": "linear", "factor": 2}
+                 ).context_len == 2 * 4096
+    gemma3 = _arch("Gemma3ForCausalLM", sliding_window=512, rope_scaling={**linear, "factor": 8})
+    assert gemma3.context_len == 4096
+
+
 @pytest.mark.parametrize("factor, head_dim", [(2.0, 16), (4.0, 64), (1.5, 128)])
 def test_dynamic_ntk_base_is_transformers_at_the_scaled_context(factor, head_dim):
     """Dynamic NTK as vLLM runs it: one set of frequencies, transformers' own
