@@ -1,4 +1,4 @@
-"""`loom generate | serve | run-batch | bench ...`: the command line, vLLM's flags."""
+"""`loom generate | serve | run-batch | chat | complete | bench ...`: vLLM's commands."""
 
 from __future__ import annotations
 
@@ -79,11 +79,12 @@ def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
 
 
 def _optional_commands():
-    """Subcommands that live beside their code (serve, run-batch, bench)."""
+    """Subcommands that live beside their code (serve, run-batch, chat, complete, bench)."""
     from loom.bench.cli import register as bench
+    from loom.entrypoints.cli_client import register as clients
     from loom.entrypoints.openai.cli import register as serve
     from loom.entrypoints.openai.run_batch import register as run_batch
-    return [serve, run_batch, bench]
+    return [serve, run_batch, clients, bench]
 
 
 def main(argv: list[str] | None = None) -> int:
