@@ -54,9 +54,14 @@ class BeamSearchOutput:
     """The beam_width best, best first."""
 
 
-def check_width(params: BeamSearchParams, max_logprobs: int, field: str) -> None:
+def check_width(params: BeamSearchParams, max_logprobs: int, field: str,
+                logprobs_mode: str = "raw_logprobs") -> None:
     """A round asks for 2 x beam_width logprobs: beyond the engine's max_logprobs, say so
-    in the beam search's own terms (vLLM has the same bound)."""
+    in the beam search's own terms (vLLM has the same bound); an engine reporting logits
+    instead (--logprobs-mode) cannot rank beams."""
+    if logprobs_mode.endswith("logits"):
+        raise ValueError(f"{field}: beam search ranks beams by their logprobs, and this "
+                         f"engine reports logits (--logprobs-mode {logprobs_mode})")
     if 2 * params.beam_width > max_logprobs:
         raise ValueError(f"{field}: a beam width of {params.beam_width} asks for "
                          f"{2 * params.beam_width} logprobs a round, more than max_logprobs "

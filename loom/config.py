@@ -35,6 +35,7 @@ unscaled (vLLM's k_scale = v_scale = 1.0), saturated at the format's largest fin
 
 
 TOKENIZER_MODES = ("auto", "hf")
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 """vLLM's --tokenizer-mode values loom runs: both mean the tokenizer.json that the
 `tokenizers` library reads (vLLM's "hf": the Hugging Face fast tokenizer, which "auto" picks
 for every model loom serves)."""
@@ -77,6 +78,12 @@ class ModelConfig:
     max_logprobs: int = 20
     """The most top logprobs a request may ask for at each position (logprobs, prompt
     logprobs, chat's top_logprobs); -1: the whole vocabulary. vLLM's default (OpenAI's)."""
+    logprobs_mode: str = "raw_logprobs"
+    """vLLM's --logprobs-mode, what logprobs (and prompt logprobs) hold: raw_logprobs (the
+    model's own distribution, vLLM's default), raw_logits, or processed_logprobs /
+    processed_logits (after everything the sampler applies: grammar, allowed tokens,
+    logit_bias, penalties, min_tokens, temperature, top-k, top-p, min-p). A prompt has no
+    sampling: its logprobs are the raw ones (logits in either logits mode)."""
     hf_overrides: dict[str, Any] = field(default_factory=dict)
     """vLLM's --hf-overrides: keys set over the model's config.json (a GGUF file's config
     too) before anything reads it, each replacing the file's value whole; a nested config
@@ -115,6 +122,8 @@ class ModelConfig:
         _check(type(self.max_logprobs) is int and self.max_logprobs >= -1,
                f"max_logprobs: must be an integer >= -1 (-1: the whole vocabulary), got "
                f"{self.max_logprobs!r}")
+        _check(self.logprobs_mode in LOGPROBS_MODES, f"logprobs_mode: {self.logprobs_mode!r} "
+                                                     f"is not one of {LOGPROBS_MODES}")
         name = str(self.dtype).removeprefix("torch.")
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(name, name))
         _check(self.dtype in DTYPES, f"dtype: {self.dtype!r} is not one of {DTYPES} "
@@ -335,3 +344,8 @@ class EngineConfig:
     """Speculative decoding (vLLM's --speculative-config); None: off."""
     lora: LoRAConfig | None = None
     """LoRA adapters (vLLM's --enable-lora); None: requests may not name one."""
+
+    def __post_init__(self) -> None:
+        _check(self.speculative is None or self.model.logprobs_mode == "raw_logprobs",
+               f"logprobs_mode: {self.model.logprobs_mode!r} is not supported with "
+               "speculative decoding (its verified drafts report raw_logprobs)")

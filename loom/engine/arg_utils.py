@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from loom.config import (CONVERTS, DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES,
-                         LOAD_FORMATS, RUNNERS, SCHEDULING_POLICIES,
+                         LOAD_FORMATS, LOGPROBS_MODES, RUNNERS, SCHEDULING_POLICIES,
                          CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
                          LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from loom.speculative_config import SpeculativeConfig
@@ -72,6 +72,8 @@ class EngineArgs:
     """ModelConfig.generation_config: "auto", "vllm" or a directory."""
     max_logprobs: int = 20
     """ModelConfig.max_logprobs; -1: the whole vocabulary."""
+    logprobs_mode: str = "raw_logprobs"
+    """ModelConfig.logprobs_mode: what logprobs hold (raw or processed logprobs or logits)."""
     quantization: str | None = None
     """ModelConfig.quantization: None, "fp8", "experts_int8", or one of the checkpoint
     formats in QUANTIZATIONS."""
@@ -168,6 +170,10 @@ class EngineArgs:
         g.add_argument("--max-logprobs", type=int, default=20,
                        help="the most top logprobs a request may ask for at each position "
                        "(logprobs, top_logprobs, prompt logprobs); -1: the whole vocabulary")
+        g.add_argument("--logprobs-mode", default="raw_logprobs", choices=LOGPROBS_MODES,
+                       help="what logprobs hold: the model's raw logprobs (default) or logits, "
+                       "or processed ones, after the sampler's penalties, temperature, "
+                       "top-k/top-p and masks (prompt logprobs stay raw)")
         g.add_argument("-q", "--quantization", default=None,
                        help="fp8: quantize the weights to fp8 at load (W8A8, a scale per output "
                        "channel, activations per token); fp8 or compressed-tensors: the "
@@ -244,7 +250,8 @@ class EngineArgs:
                             dtype=self.dtype, max_model_len=self.max_model_len,
                             load_format=self.load_format, seed=self.seed,
                             generation_config=self.generation_config,
-                            max_logprobs=self.max_logprobs, quantization=self.quantization,
+                            max_logprobs=self.max_logprobs, logprobs_mode=self.logprobs_mode,
+                            quantization=self.quantization,
                             hf_overrides=self.hf_overrides or {},
                             pooler_config=self._pooler_config(),
                             override_generation_config=self.override_generation_config or {},

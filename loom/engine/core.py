@@ -281,7 +281,8 @@ class EngineCore:
         return {"vocab_size": self.vocab_size, "max_model_len": self.max_model_len,
                 "eos_token_id": self.eos_token_id, "max_logprobs": self.max_logprobs,
                 "lora": self.lora_info,
-                "scheduling_policy": self.config.scheduler.scheduling_policy}
+                "scheduling_policy": self.config.scheduler.scheduling_policy,
+                "logprobs_mode": self.config.model.logprobs_mode}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

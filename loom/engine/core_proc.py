@@ -112,7 +112,8 @@ def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connect
                                                     info["eos_token_id"], kv["num_blocks"],
                                                     kv["block_size"], info["max_logprobs"],
                                                     info["lora"],
-                                                    info["scheduling_policy"], core.tasks)))
+                                                    info["scheduling_policy"], core.tasks,
+                                                    info["logprobs_mode"])))
         ready.close()
     except OSError:
         # The launcher died while this engine started: nobody will connect. Stop in order.

@@ -227,6 +227,8 @@ class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     """SchedulerConfig.scheduling_policy: the frontend refuses priorities under fcfs."""
     tasks: ModelTasks = GENERATIVE
     """What the model serves; the API server routes and refuses by it."""
+    logprobs_mode: str = "raw_logprobs"
+    """ModelConfig.logprobs_mode: beam search, which ranks by logprobs, refuses logits."""
 
 
 EngineStartup = EngineReady | EngineDead

@@ -42,6 +42,7 @@ class LLM(PoolingMethods):
         config.parallel.check_one_engine("LLM")
         # Before the model loads: a bad generation_config is an error in a moment.
         self.default_sampling_params = _default_params(config.model)
+        self.logprobs_mode = config.model.logprobs_mode
         self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)
         self.engine = EngineCore(config)
         self.tasks = self.engine.tasks
@@ -111,7 +112,7 @@ class LLM(PoolingMethods):
         one token for every live beam of every prompt; lora_request as generate's."""
         self._check_open()
         self.require("generate", "LLM.beam_search()")
-        check_width(params, self.processor.max_logprobs, "beam_width")
+        check_width(params, self.processor.max_logprobs, "beam_width", self.logprobs_mode)
         eos = self.processor.eos_token_id
         prompts = prompt_list(prompts)
         loras = _loras_per_prompt(lora_request, len(prompts))

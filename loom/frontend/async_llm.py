@@ -84,6 +84,7 @@ class AsyncLLM:
         self.vocab_size = info.vocab_size
         self.tasks = info.tasks
         """What the model serves (`loom.tasks`); the server routes by it."""
+        self.logprobs_mode = info.logprobs_mode
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
                                    info.eos_token_id, info.max_logprobs, info.lora,
                                    info.scheduling_policy, info.tasks)

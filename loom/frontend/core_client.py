@@ -69,7 +69,8 @@ class InprocClient(EngineCoreClient):
         info, kv = self.core.get_model_info(), self.core.get_kv_info()
         self.info = EngineReady(info["vocab_size"], info["max_model_len"], info["eos_token_id"],
                                 kv["num_blocks"], kv["block_size"], info["max_logprobs"],
-                                info["lora"], info["scheduling_policy"], self.core.tasks)
+                                info["lora"], info["scheduling_policy"], self.core.tasks,
+                                info["logprobs_mode"])
         self.inputs: queue.SimpleQueue[ClientInput] = queue.SimpleQueue()
         self._log_stats = log_stats
         self._thread: threading.Thread | None = None

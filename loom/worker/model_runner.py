@@ -63,7 +63,7 @@ class ModelRunner:
                         "unscaled, saturated at +-%g", str(self.kv_dtype).removeprefix("torch."),
                         str(self.dtype).removeprefix("torch."), torch.finfo(self.kv_dtype).max)
         self.backend = select_backend(device)
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.model.logprobs_mode)
         self.requests = RequestStates(config.scheduler.max_num_seqs,
                                       config.model.max_model_len or self.arch.context_len,
                                       self.block_size)
@@ -375,8 +375,8 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[torch.as_tensor(rows, device=self.device)])
             if not self.is_driver:
                 continue
-            tensors = compute_prompt_logprobs(logits.float(), torch.as_tensor(next_ids, device=self.device),
-                                              num_top)
+            tensors = compute_prompt_logprobs(logits, torch.as_tensor(next_ids, device=self.device),
+                                              num_top, self.sampler.logprobs_mode)
             out[req_id] = tensors.to_structs([num_top] * len(rows))
         return out
 

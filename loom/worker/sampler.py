@@ -1,7 +1,8 @@
 """The sampler: penalties, min-tokens masking, greedy or filtered random choice, logprobs.
 
 Order of one step:
-  1. logprobs of the raw model distribution (vLLM's default), before anything below;
+  1. logprobs of the raw model distribution (vLLM's default), before anything below (or
+     the raw logits; under a processed logprobs_mode, the values after step 3's filters);
   2. guided decoding: tokens the row's grammar forbids go to -inf;
      repetition / presence / frequency penalties, then min_tokens masking of stop ids;
   3. greedy rows: argmax of the penalized logits;
@@ -53,27 +54,41 @@ class SamplerOutput:
 
 
 class Sampler(nn.Module):
+    def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
+        super().__init__()
+        self.logprobs_mode = logprobs_mode
+        """ModelConfig.logprobs_mode: what the reported logprobs hold."""
+
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
-        raw_logprobs = None
-        if metadata.max_num_logprobs is not None:
-            raw_logprobs = logits.log_softmax(dim=-1)
+        wanted = metadata.max_num_logprobs is not None
+        mode = self.logprobs_mode
+        reported = None
+        if wanted and mode.startswith("raw"):
+            reported = logits.log_softmax(dim=-1) if mode == "raw_logprobs" else logits.clone()
         logits = apply_grammar(logits, metadata)
         logits = apply_token_maps(logits, metadata)
         logits = apply_penalties(logits, metadata)
         logits = apply_min_tokens(logits, metadata)
-        sampled = _sample(logits, metadata)
-        if raw_logprobs is None:
+        if wanted and not mode.startswith("raw"):
+            sampled, processed = _sample_processed(logits, metadata)
+            reported = processed.log_softmax(dim=-1) if mode == "processed_logprobs" else processed
+        else:
+            sampled = _sample(logits, metadata)
+        if reported is None:
             return SamplerOutput(sampled, None)
-        return SamplerOutput(sampled, gather_logprobs(raw_logprobs, sampled,
+        return SamplerOutput(sampled, gather_logprobs(reported, sampled,
                                                       metadata.max_num_logprobs))
 
 
 def compute_prompt_logprobs(
-    logits: torch.Tensor, next_token_ids: torch.Tensor, num_top: int
+    logits: torch.Tensor, next_token_ids: torch.Tensor, num_top: int, mode: str = "raw_logprobs"
 ) -> LogprobsTensors:
-    """Logprobs of each prompt position's next token ([T, V] logits, [T] token ids)."""
-    return gather_logprobs(logits.float().log_softmax(dim=-1), next_token_ids, num_top)
+    """Logprobs of each prompt position's next token ([T, V] logits, [T] token ids): raw,
+    a prompt having no sampling (logits under either logits mode)."""
+    logits = logits.float()
+    values = logits if mode.endswith("logits") else logits.log_softmax(dim=-1)
+    return gather_logprobs(values, next_token_ids, num_top)
 
 
 def gather_logprobs(
@@ -174,6 +189,26 @@ def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
 
 def _random_sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return exponential_race(filtered_probs(logits, md), md)
+
+
+def _sample_processed(logits: torch.Tensor,
+                      md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same draw as `_sample` (its general path), and the logits it was drawn from: a
+    greedy row's as penalised; a random row's after temperature, top-k and top-p, with
+    what min-p drops at -inf (vLLM's processed values)."""
+    if md.all_greedy:
+        return logits.argmax(dim=-1), logits
+    greedy = None if md.all_random else logits.argmax(dim=-1)
+    processed = logits.clone() if greedy is not None else None
+    probs = filtered_probs(logits, md)  # `logits` now temperature-scaled and filtered
+    if not md.no_min_p:
+        logits.masked_fill_(probs == 0, float("-inf"))
+    if processed is not None:  # a greedy row keeps its penalised logits (temperature 1)
+        logits = torch.where(md.greedy_mask.unsqueeze(-1), processed, logits)
+    sampled = exponential_race(probs, md)
+    if greedy is not None:
+        sampled = torch.where(md.greedy_mask, greedy, sampled)
+    return sampled, logits
 
 
 def filtered_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

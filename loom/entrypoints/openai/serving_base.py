@@ -66,7 +66,8 @@ class OpenAIServing:
         with the request's adapter, cache salt and priority)."""
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
-        check_width(params, self.engine.processor.max_logprobs, "use_beam_search")
+        check_width(params, self.engine.processor.max_logprobs, "use_beam_search",
+                    self.engine.logprobs_mode)
         generate = functools.partial(self.engine.generate, cache_salt=cache_salt,
                                      lora_request=lora_request, priority=priority)
         return await beam_search_async(generate, prompt_ids, params,
