@@ -173,3 +173,31 @@ def test_bad_flags_are_one_line_before_the_model_loads(flags, says, tiny_chat_mo
     assert main(["run-batch", *argv, "--model", tiny_chat_model, *FLAGS]) == 2
     err = capsys.readouterr().err
     assert "loom run-batch: error: " in err and says in err, err
+
+
+def test_lines_stay_in_order_and_a_route_that_raises_gets_its_own(tmp_path):
+    """run_batch over a bare app: a slow first answer holds the later ones back until it is
+    written; a route that raises answers 500 on its own line."""
+    import asyncio
+    import io
+
+    from fastapi import FastAPI
+
+    from loom.entrypoints.openai.run_batch import run_batch
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(body: dict) -> dict:
+        if body["prompt"] == "boom":
+            raise RuntimeError("boom")
+        await asyncio.sleep(0.2 if body["prompt"] == "slow" else 0)
+        return {"id": body["prompt"]}
+
+    lines = [_line(p, "/v1/completions", {"prompt": p}) for p in ("slow", "boom", "fast")]
+    out = io.StringIO()
+    counts = asyncio.run(run_batch(app, io.BytesIO("\n".join(lines).encode()), out, 4))
+    results = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["custom_id"] for r in results] == ["slow", "boom", "fast"]
+    assert [r["response"]["status_code"] for r in results] == [200, 500, 200]
+    assert results[0]["response"]["request_id"] == "slow" and results[1]["error"]["error"]
+    assert (counts.total, counts.ok) == (3, 2)

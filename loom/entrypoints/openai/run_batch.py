@@ -144,7 +144,8 @@ async def run_batch(app, source: BinaryIO, out: TextIO, max_in_flight: int) -> B
     writer = _OrderedWriter(out)
     slots = asyncio.Semaphore(max_in_flight)
     tasks: set[asyncio.Task] = set()
-    transport = httpx.ASGITransport(app=app)
+    # A route that raises still answers 500 (its handler's), and the line says so.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     bar = tqdm(desc="Running batch", unit="req", mininterval=1.0)
 
     def done(index: int, record: dict) -> None:
@@ -154,9 +155,14 @@ async def run_batch(app, source: BinaryIO, out: TextIO, max_in_flight: int) -> B
 
     async def answer(index: int, request: _Request) -> None:
         try:
-            done(index, await _post(client, request))
+            record = await _post(client, request)
+        except Exception as e:  # noqa: BLE001 - its line must still be written, in order
+            logger.exception("run-batch: request %r failed", request.custom_id)
+            record = _result(request.custom_id, 500, error=json.loads(
+                error_body(500, f"internal error: {type(e).__name__}: {e}")))
         finally:
             slots.release()
+        done(index, record)
 
     async with httpx.AsyncClient(transport=transport, base_url="http://run-batch",
                                  timeout=None) as client:
