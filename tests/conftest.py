@@ -88,6 +88,9 @@ def _configs():
         "mistral_window": lambda: tf.MistralConfig(**TINY, sliding_window=16),
         # Gemma's window in layer 0, layer 1 global; query_pre_attn_scalar and softcaps
         # small enough to change the outputs.
+        # Gemma (1): multi-query, as the 2B; its legacy "gelu", read as the tanh one.
+        "gemma": lambda: tf.GemmaConfig(**dict(TINY, num_key_value_heads=1), pad_token_id=0,
+                                        hidden_act="gelu"),
         "gemma2": lambda: tf.Gemma2Config(**TINY, pad_token_id=0, sliding_window=16,
                                           query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                                           final_logit_softcapping=3.0),

@@ -82,13 +82,20 @@ _ROBERTA = ("RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification
             "XLMRobertaForSequenceClassification")
 
 
+def _hidden_act(cfg: dict[str, Any], architecture: str) -> str:
+    act = first(cfg, "hidden_activation", "hidden_act", default="silu")
+    if architecture == "GemmaForCausalLM" and act == "gelu":
+        return "gelu_pytorch_tanh"  # the releases' legacy name, as transformers reads it
+    return act
+
+
 def is_encoder(architecture: str) -> bool:
     return architecture in ENCODERS
 
 
 BASE_MODELS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
                "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM",
-               "Gemma2Model": "Gemma2ForCausalLM"}
+               "GemmaModel": "GemmaForCausalLM", "Gemma2Model": "Gemma2ForCausalLM"}
 """A decoder saved without its LM head (transformers' base model class), as embedding
 models ship (e5-mistral, bge-multilingual-gemma2) -> the causal LM whose layers it has."""
 
@@ -233,7 +240,7 @@ class ModelArch:
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
-            hidden_act=first(cfg, "hidden_activation", "hidden_act", default="silu"),
+            hidden_act=_hidden_act(cfg, archs[0]),
             embedding_multiplier=float(first(cfg, "embedding_multiplier", default=1.0)),
             residual_multiplier=float(first(cfg, "residual_multiplier", default=1.0)),
             attention_multiplier=_attention_multiplier(cfg, archs[0]),

@@ -1,8 +1,9 @@
-"""Gemma 2 and Gemma 3 (text only: Gemma3ForCausalLM, the 1B model or a text checkpoint):
-Llama's projections with Gemma's own parts.
+"""Gemma, Gemma 2 and Gemma 3 (text only: Gemma3ForCausalLM, the 1B model or a text
+checkpoint): Llama's projections with Gemma's own parts.
 
-- RMSNorms whose weights are offsets from one (`GemmaRMSNorm`), four a layer: after
-  attention and around the MLP as well as before attention.
+- RMSNorms whose weights are offsets from one (`GemmaRMSNorm`); Gemma 2 and 3 have four a
+  layer, after attention and around the MLP as well as before attention; Gemma (1) has
+  Llama's two, before attention and before the MLP.
 - Embeddings scaled by sqrt(hidden_size), rounded to the model's dtype first as
   transformers does; the LM head tied to them.
 - A gated MLP with tanh-approximated GELU; the softmax scale from query_pre_attn_scalar.
@@ -88,8 +89,28 @@ class GemmaDecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
+class Gemma1DecoderLayer(nn.Module):
+    """Gemma (1): Llama's pre-norm layer with Gemma's norms and GELU MLP."""
+
+    def __init__(self, arch: ModelArch, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = GemmaAttention(arch, layer_idx, rotary_emb, qk_norm=False)
+        self.mlp = GeluMLP(arch.hidden_size, arch.intermediate_size)
+        self.input_layernorm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual):
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
 class GemmaModel(nn.Module):
-    def __init__(self, arch: ModelArch, layers: list[GemmaDecoderLayer]) -> None:
+    def __init__(self, arch: ModelArch, layers: list[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(layers)
@@ -125,7 +146,7 @@ class Gemma2ForCausalLM(nn.Module):
         logger.info("%s: Gemma's norms run as torch ops, so sequence parallelism and the "
                     "all-reduce + norm fusion do not apply to them", arch.architecture)
 
-    def make_layer(self, arch: ModelArch, layer_idx: int) -> GemmaDecoderLayer:
+    def make_layer(self, arch: ModelArch, layer_idx: int) -> nn.Module:
         local = arch.window(layer_idx) is not None and self.local_rotary_emb is not None
         rotary = self.local_rotary_emb if local else self.rotary_emb
         return GemmaDecoderLayer(arch, layer_idx, rotary, self.qk_norm)
@@ -144,3 +165,10 @@ class Gemma2ForCausalLM(nn.Module):
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     qk_norm = True
+
+
+class GemmaForCausalLM(Gemma2ForCausalLM):
+    """Gemma (1): no windows, softcaps or query_pre_attn_scalar; two norms a layer."""
+
+    def make_layer(self, arch: ModelArch, layer_idx: int) -> nn.Module:
+        return Gemma1DecoderLayer(arch, layer_idx, self.rotary_emb)

@@ -10,7 +10,7 @@ from torch import nn
 from loom.models.arch import BASE_MODELS, ModelArch
 from loom.models.bert import (BertForSequenceClassification, BertModel,
                               RobertaForSequenceClassification)
-from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM
 from loom.models.gemma_embedding import Gemma3TextModel
 from loom.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
@@ -24,6 +24,7 @@ from loom.models.seq_cls import (LlamaForSequenceClassification, Qwen2ForSequenc
                                  Qwen3ForSequenceClassification)
 
 MODELS: dict[str, type[nn.Module]] = {
+    "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
