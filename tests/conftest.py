@@ -88,6 +88,8 @@ def _configs():
         "mistral_window": lambda: tf.MistralConfig(**TINY, sliding_window=16),
         # Gemma's window in layer 0, layer 1 global; query_pre_attn_scalar and softcaps
         # small enough to change the outputs.
+        # OLMo 2: norms after each branch, q/k norms over whole projections.
+        "olmo2": lambda: tf.Olmo2Config(**TINY, pad_token_id=0),
         # Gemma (1): multi-query, as the 2B; its legacy "gelu", read as the tanh one.
         "gemma": lambda: tf.GemmaConfig(**dict(TINY, num_key_value_heads=1), pad_token_id=0,
                                         hidden_act="gelu"),
@@ -132,11 +134,12 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     torch.manual_seed(seed)
     config = _configs()[kind]()
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if kind.startswith("gemma"):
-        # Gemma's norm weights start at zero (offsets from one): random ones test the form.
+    if kind.startswith("gemma") or kind == "olmo2":
+        # Gemma's norm weights start at zero (offsets from one), others' at one: random
+        # ones test the form (and that each loads where it belongs).
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.data.normal_(0.0, 0.3)
+                param.data.normal_(0.0 if kind.startswith("gemma") else 1.0, 0.3)
     model.save_pretrained(path)
     return model.eval()
 

@@ -262,6 +262,10 @@ class ModelArch:
         if is_encoder(self.architecture):
             raise ValueError(f"tensor_parallel_size: {self.architecture} (an encoder) runs on "
                              f"one device, got {tp}; serve replicas with -dp instead")
+        if self.architecture == "Olmo2ForCausalLM":
+            raise ValueError(f"tensor_parallel_size: {self.architecture} runs on one device "
+                             f"here, got {tp} (its q/k norms span every head, which TP would "
+                             "split); serve replicas with -dp instead")
         problems = []
         if self.num_heads % tp:
             problems.append(f"attention heads ({self.num_heads})")

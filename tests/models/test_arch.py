@@ -386,3 +386,10 @@ def test_bad_dynamic_ntk_is_refused_by_name(scaling, message):
                                   "num_attention_heads": 4, "num_hidden_layers": 1,
                                   "intermediate_size": 128, "vocab_size": 256,
                                   "rope_scaling": scaling})
+
+
+def test_olmo2_runs_on_one_device():
+    arch = _arch("Olmo2ForCausalLM")
+    arch.check_tensor_parallel(1)
+    with pytest.raises(ValueError, match="tensor_parallel_size: Olmo2ForCausalLM runs on one"):
+        arch.check_tensor_parallel(2)
