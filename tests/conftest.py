@@ -90,6 +90,13 @@ def _configs():
         # small enough to change the outputs.
         # OLMo 2: norms after each branch, q/k norms over whole projections.
         "olmo2": lambda: tf.Olmo2Config(**TINY, pad_token_id=0),
+        # OLMo 3: layer 0 in a 16-key window at the plain base, layer 1 global under YaRN.
+        "olmo3": lambda: tf.Olmo3Config(
+            **TINY, pad_token_id=0, sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"], rope_parameters={
+                "full_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
+                                   "original_max_position_embeddings": 128},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
         # Gemma (1): multi-query, as the 2B; its legacy "gelu", read as the tanh one.
         "gemma": lambda: tf.GemmaConfig(**dict(TINY, num_key_value_heads=1), pad_token_id=0,
                                         hidden_act="gelu"),
@@ -134,7 +141,7 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     torch.manual_seed(seed)
     config = _configs()[kind]()
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if kind.startswith("gemma") or kind == "olmo2":
+    if kind.startswith(("gemma", "olmo")):
         # Gemma's norm weights start at zero (offsets from one), others' at one: random
         # ones test the form (and that each loads where it belongs).
         for name, param in model.named_parameters():

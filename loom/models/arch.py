@@ -262,7 +262,7 @@ class ModelArch:
         if is_encoder(self.architecture):
             raise ValueError(f"tensor_parallel_size: {self.architecture} (an encoder) runs on "
                              f"one device, got {tp}; serve replicas with -dp instead")
-        if self.architecture == "Olmo2ForCausalLM":
+        if self.architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM"):
             raise ValueError(f"tensor_parallel_size: {self.architecture} runs on one device "
                              f"here, got {tp} (its q/k norms span every head, which TP would "
                              "split); serve replicas with -dp instead")

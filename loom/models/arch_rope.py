@@ -136,9 +136,9 @@ def long_rope(cfg: dict[str, Any], scaling: dict | None) -> LongRope | None:
 
 
 def local_rope_theta(cfg: dict[str, Any]) -> float | None:
-    """Gemma 3's rotary base for its sliding-window layers (rope_local_base_freq; in
-    transformers 5 rope_parameters' sliding_attention set), never scaled; None where every
-    layer rotates alike."""
+    """Gemma 3's (and OLMo 3's) rotary base for its sliding-window layers
+    (rope_local_base_freq; in transformers 5 rope_parameters' sliding_attention set), never
+    scaled; None where every layer rotates alike."""
     local = (cfg.get("rope_parameters") or {}).get("sliding_attention")
     if local:
         if rope_kind(local) != "default":
@@ -168,7 +168,8 @@ def sliding_window(cfg: dict[str, Any], architecture: str) -> int | None:
 
 
 _LAYER_TYPES = ("sliding_attention", "full_attention")
-_WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma3TextModel": 6}
+_WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma3TextModel": 6,
+                   "Olmo3ForCausalLM": 4}
 """Every n-th layer attends globally, the others within the window, where a config names
 no layer_types (transformers' defaults; Gemma 3 configs may say sliding_window_pattern)."""
 

@@ -1,8 +1,11 @@
-"""OLMo 2 (Olmo2ForCausalLM): Llama's projections, SiLU MLP and rotary embedding, with
+"""OLMo 2 and 3 (Olmo2ForCausalLM, Olmo3ForCausalLM): Llama's projections, SiLU MLP and
+rotary embedding, with
 
 - norms after each branch instead of before it: x + norm(attn(x)), then x + norm(mlp(x));
 - q and k each normalised over the whole projection (every head together, one weight
-  element per feature), before the rotation.
+  element per feature), before the rotation;
+- OLMo 3: three layers in four attend within a sliding window (layer_types), rotating at
+  their own base, never scaled (the full layers' may be YaRN).
 
 That q/k norm spans all heads, which tensor parallelism splits across ranks: TP=1 only
 (`ModelArch.check_tensor_parallel` refuses more before any worker starts).
@@ -57,3 +60,14 @@ class Olmo2DecoderLayer(nn.Module):
 class Olmo2ForCausalLM(LlamaForCausalLM):
     def make_layer(self, arch: ModelArch, layer_idx: int) -> nn.Module:
         return Olmo2DecoderLayer(arch, layer_idx, self.rotary_emb)
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    def make_layer(self, arch: ModelArch, layer_idx: int) -> nn.Module:
+        rotary = self.rotary_emb
+        if arch.window(layer_idx) is not None and arch.local_rope_theta is not None:
+            if getattr(self, "local_rotary_emb", None) is None:
+                self.local_rotary_emb = RotaryEmbedding(
+                    arch.head_dim, arch.max_position_embeddings, arch.local_rope_theta)
+            rotary = self.local_rotary_emb
+        return Olmo2DecoderLayer(arch, layer_idx, rotary)

@@ -17,7 +17,7 @@ from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausa
                                SmolLM3ForCausalLM)
 from loom.models.mixtral import MixtralForCausalLM
 from loom.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
-from loom.models.olmo2 import Olmo2ForCausalLM
+from loom.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from loom.models.phi3 import Phi3ForCausalLM
 from loom.models.qwen2_moe import Qwen2MoeForCausalLM
 from loom.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -34,6 +34,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
