@@ -84,6 +84,11 @@ def _configs():
         "phi3": lambda: tf.Phi3Config(**_phi3_tiny(), rope_scaling={
             "rope_type": "longrope", "short_factor": [1.0 + i / 16 for i in range(8)],
             "long_factor": [1.0 + i for i in range(8)]}),
+        # Phi-4-mini's form: 3/4 of each head rotated (12 of 16 features, 6 factors each).
+        "phi3_partial": lambda: tf.Phi3Config(**_phi3_tiny(), partial_rotary_factor=0.75,
+                                              tie_word_embeddings=True, rope_scaling={
+            "rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(6)],
+            "long_factor": [1.0 + i for i in range(6)]}),
         # Mistral v0.1's window in every layer, 16 keys: shorter than most test prompts.
         "mistral_window": lambda: tf.MistralConfig(**TINY, sliding_window=16),
         # Gemma's window in layer 0, layer 1 global; query_pre_attn_scalar and softcaps

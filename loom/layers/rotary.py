@@ -1,5 +1,8 @@
 """Rotary position embeddings (rotate-half layout), with Llama 3's, linear and YaRN
-frequency scaling and per-frequency divisors (LongRoPE's factors)."""
+frequency scaling and per-frequency divisors (LongRoPE's factors). A partial rotary
+embedding (Phi-4-mini's partial_rotary_factor) rotates each head's first rotary_dim
+features and passes the rest through: its table is rotary_dim wide, which is how every
+user of the table tells."""
 
 from __future__ import annotations
 
@@ -78,13 +81,19 @@ def _scaled_inv_freq(head_dim: int, base: float, scaling: dict | None,
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float,
                  scaling: dict | None = None, divisors: Sequence[float] | None = None,
-                 magnitude: float = 1.0) -> None:
+                 magnitude: float = 1.0, rotary_dim: int | None = None) -> None:
         """divisors: one per frequency, dividing it (LongRoPE's factors), instead of
         scaling; magnitude: a factor on cos and sin (LongRoPE's attention factor), kept in
-        the table so that every backend, fused rotary kernels included, applies it."""
+        the table so that every backend, fused rotary kernels included, applies it;
+        rotary_dim: the features of each head rotated (None: all of them), the frequencies
+        spread over those as transformers spreads them."""
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = _scaled_inv_freq(head_dim, base, scaling, divisors)
+        self.rotary_dim = rotary_dim or head_dim
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= head_dim:
+            raise ValueError(f"rotary embedding: rotary_dim {self.rotary_dim} must be even "
+                             f"and at most head_dim ({head_dim})")
+        inv_freq = _scaled_inv_freq(self.rotary_dim, base, scaling, divisors)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq.float())
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
         if magnitude != 1.0:
@@ -116,5 +125,15 @@ def _cos_sin(cos_sin_cache: torch.Tensor,
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot = 2 * cos.shape[-1]
+    if rot < x.shape[-1]:  # partial: the features past rotary_dim pass through
+        return torch.cat([_rotate(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def is_partial(model: nn.Module) -> bool:
+    """Whether any rotary embedding of model rotates only part of each head (the fused
+    rotary kernels rotate whole heads)."""
+    return any(isinstance(m, RotaryEmbedding) and m.rotary_dim < m.head_dim
+               for m in model.modules())

@@ -141,17 +141,15 @@ def make_rotary(arch: ModelArch, max_model_len: int) -> RotaryEmbedding:
     grows past that length. A KV cache keeps keys rotated once, so loom takes one list for
     every sequence: the short one when max_model_len fits in the pretraining length (what
     transformers computes for all of them), else the long one (what it computes for the
-    sequences beyond it)."""
-    if arch.partial_rotary_factor != 1.0:
-        raise ValueError(f"partial_rotary_factor {arch.partial_rotary_factor}: rotary "
-                         "embedding over part of each head is not supported")
+    sequences beyond it). A partial_rotary_factor rotates that share of each head."""
+    rotary_dim = int(arch.head_dim * arch.partial_rotary_factor)
     rope = arch.long_rope
     if rope is None:  # YaRN's context may pass max_position_embeddings (`context_len`)
         scaling = arch.rope_scaling or {}
         return RotaryEmbedding(arch.head_dim, max(arch.max_position_embeddings, max_model_len),
                                arch.rope_theta, arch.rope_scaling,
                                magnitude=scaling.get("attention_factor", 1.0)
-                               if rope_kind(scaling) == "yarn" else 1.0)
+                               if rope_kind(scaling) == "yarn" else 1.0, rotary_dim=rotary_dim)
     long = max_model_len > rope.original_max_position_embeddings
     if long:
         logger.info("rope_scaling: LongRoPE's long factors for every sequence, since "
@@ -161,7 +159,7 @@ def make_rotary(arch: ModelArch, max_model_len: int) -> RotaryEmbedding:
                     rope.original_max_position_embeddings, rope.original_max_position_embeddings)
     return RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
                            divisors=rope.long_factor if long else rope.short_factor,
-                           magnitude=rope.attention_factor)
+                           magnitude=rope.attention_factor, rotary_dim=rotary_dim)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -16,6 +16,7 @@ from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.engine.protocol import Logprobs
 from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
+from loom.layers.rotary import is_partial
 from loom.compilation.backend import CompiledForward
 from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
@@ -152,7 +153,12 @@ class ModelRunner:
             logger.info("all-reduces up to %d bytes: one-shot over symmetric memory; larger: NCCL",
                         envs.symm_all_reduce_max_bytes())
         # Before compiling: the traced graph keeps or leaves out the rotary kernels for good.
-        set_fused_rope(self.model, self.backend.fuses_rope)
+        fuse_rope = self.backend.fuses_rope
+        if fuse_rope and is_partial(self.model):
+            logger.info("partial rotary embedding: q and k rotate in the model's graph, not "
+                        "in the attention backend's cache-write kernel (whole heads only)")
+            fuse_rope = False
+        set_fused_rope(self.model, fuse_rope)
         self.forward = CompiledForward(self.model, cfg.compilation, cfg.enforce_eager, tp_size)
         if self.forward.level > 0:
             start = time.perf_counter()

@@ -1,7 +1,7 @@
 """What `ModelArch` reads from the configs of Mixtral, Qwen2-MoE, Mistral, Phi-3, Gemma,
 Granite and Granite MoE (which layers attend within a sliding window, Gemma 3's two rotary
-bases, Granite's four scalars), and what loom refuses (partial rotary embedding, multimodal
-configs); no engine runs here."""
+bases, Granite's four scalars), and what loom refuses (multimodal configs); no engine runs
+here."""
 
 from __future__ import annotations
 
@@ -152,11 +152,15 @@ def test_long_rope_table_equals_transformers():
         torch.testing.assert_close(ours, torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1))
 
 
-def test_partial_rotary_embedding_is_refused():
+def test_partial_rotary_embedding_rotates_that_share_of_each_head():
+    """Phi-4-mini's 0.75 of 16 features: a 12-wide table (its outputs against transformers
+    in tests/e2e/test_correctness.py); a share that is not a whole number of pairs is
+    refused by name."""
     from loom.models.llama import make_rotary
-    arch = _arch("Phi3ForCausalLM", partial_rotary_factor=0.75)
-    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
-        make_rotary(arch, 4096)
+    rotary = make_rotary(_arch("Phi3ForCausalLM", partial_rotary_factor=0.75), 4096)
+    assert rotary.rotary_dim == 12 and rotary.cos_sin_cache.shape == (4096, 12)
+    with pytest.raises(ValueError, match="rotary_dim 11 must be even"):
+        make_rotary(_arch("Phi3ForCausalLM", partial_rotary_factor=0.6875), 4096)
 
 
 GRANITE = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
