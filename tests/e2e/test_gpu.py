@@ -22,8 +22,9 @@ def _tokens(path: str, **kwargs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "qwen2_moe", "phi3", "mistral_window",
-                                  "gemma2", "gemma3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "qwen2_moe", "phi3", "phi3_partial",
+                                  "mistral_window", "gemma", "gemma2", "gemma3", "olmo2",
+                                  "olmo3"])
 @pytest.mark.parametrize("compilation", [
     dict(enforce_eager=True), dict(compilation_config={"level": 0}), dict(),
     dict(compilation_config={"level": 3}),
