@@ -93,6 +93,8 @@ def _configs():
         "mistral_window": lambda: tf.MistralConfig(**TINY, sliding_window=16),
         # Gemma's window in layer 0, layer 1 global; query_pre_attn_scalar and softcaps
         # small enough to change the outputs.
+        # GLM-4: four norms a layer, half of each head rotated in interleaved pairs.
+        "glm4": lambda: tf.Glm4Config(**TINY, pad_token_id=0),
         # OLMo 2: norms after each branch, q/k norms over whole projections.
         "olmo2": lambda: tf.Olmo2Config(**TINY, pad_token_id=0),
         # OLMo 3: layer 0 in a 16-key window at the plain base, layer 1 global under YaRN.
@@ -146,12 +148,14 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     torch.manual_seed(seed)
     config = _configs()[kind]()
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if kind.startswith(("gemma", "olmo")):
-        # Gemma's norm weights start at zero (offsets from one), others' at one: random
-        # ones test the form (and that each loads where it belongs).
+    if kind.startswith(("gemma", "olmo", "glm")):
+        # Gemma's norm weights start at zero (offsets from one), others' at one, biases at
+        # zero: random ones test the form (and that each loads where it belongs).
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.data.normal_(0.0 if kind.startswith("gemma") else 1.0, 0.3)
+            elif name.endswith(".bias"):
+                param.data.normal_(0.0, 0.3)
     model.save_pretrained(path)
     return model.eval()
 

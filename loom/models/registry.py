@@ -17,6 +17,7 @@ from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausa
                                SmolLM3ForCausalLM)
 from loom.models.mixtral import MixtralForCausalLM
 from loom.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
+from loom.models.glm4 import Glm4ForCausalLM
 from loom.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from loom.models.phi3 import Phi3ForCausalLM
 from loom.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -28,6 +29,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
