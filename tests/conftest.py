@@ -93,6 +93,9 @@ def _configs():
         "mistral_window": lambda: tf.MistralConfig(**TINY, sliding_window=16),
         # Gemma's window in layer 0, layer 1 global; query_pre_attn_scalar and softcaps
         # small enough to change the outputs.
+        # Seed-OSS: biases on q/k/v, on o_proj (its own flag) and on the MLP.
+        "seed_oss": lambda: tf.SeedOssConfig(**TINY, pad_token_id=0, attention_bias=True,
+                                             attention_out_bias=True, mlp_bias=True),
         # GLM-4: four norms a layer, half of each head rotated in interleaved pairs.
         "glm4": lambda: tf.Glm4Config(**TINY, pad_token_id=0),
         # OLMo 2: norms after each branch, q/k norms over whole projections.
@@ -148,7 +151,7 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     torch.manual_seed(seed)
     config = _configs()[kind]()
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if kind.startswith(("gemma", "olmo", "glm")):
+    if kind.startswith(("gemma", "olmo", "glm", "seed")):
         # Gemma's norm weights start at zero (offsets from one), others' at one, biases at
         # zero: random ones test the form (and that each loads where it belongs).
         for name, param in model.named_parameters():

@@ -142,6 +142,10 @@ class ModelArch:
     dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    attention_out_bias: bool | None = None
+    """Seed-OSS's: o_proj's own bias flag (None: attention_bias, where q/k/v carry none)."""
+    mlp_bias: bool = False
+    """Biases on gate, up and down (Llama's mlp_bias, Seed-OSS's)."""
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -221,6 +225,9 @@ class ModelArch:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False))
             or is_base_model(archs[0]) or is_encoder(archs[0]),
             attention_bias=bool(cfg.get("attention_bias", False)),
+            attention_out_bias=(None if cfg.get("attention_out_bias") is None
+                                else bool(cfg["attention_out_bias"])),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
             dtype=first(cfg, "torch_dtype", "dtype"), bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
             num_experts=experts, num_experts_per_tok=first(cfg, "num_experts_per_tok", default=0),

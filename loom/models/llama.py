@@ -27,12 +27,13 @@ logger = logging.getLogger(__name__)
 
 class MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int,
-                 reduce_results: bool = True) -> None:
+                 reduce_results: bool = True, bias: bool = False) -> None:
         """reduce_results=False: this rank's partial sum, for a caller that adds it to
         another before one all-reduce (Qwen2-MoE's shared expert)."""
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size,
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2,
+                                                       bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias,
                                            reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,11 +184,14 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.tie_weights(self.model.embed_tokens)
 
     def attn_opts(self) -> dict:
+        o_bias = self.arch.attention_out_bias
+        if o_bias is None:
+            o_bias = self.arch.attention_bias and not self.qkv_bias
         return dict(rotary_emb=self.rotary_emb, qkv_bias=self.qkv_bias or self.arch.attention_bias,
-                    o_bias=self.arch.attention_bias and not self.qkv_bias, qk_norm=self.qk_norm)
+                    o_bias=o_bias, qk_norm=self.qk_norm)
 
     def make_mlp(self, arch: ModelArch, layer_idx: int) -> nn.Module:
-        return MLP(arch.hidden_size, arch.intermediate_size)
+        return MLP(arch.hidden_size, arch.intermediate_size, bias=arch.mlp_bias)
 
     def make_layer(self, arch: ModelArch, layer_idx: int) -> DecoderLayer:
         return DecoderLayer(arch, layer_idx, self.make_mlp(arch, layer_idx), **self.attn_opts())

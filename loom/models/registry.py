@@ -42,6 +42,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "SeedOssForCausalLM": LlamaForCausalLM,  # Llama's, with its three bias flags
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     # Encoders: embeddings only (`loom.models.bert`).
     "BertModel": BertModel,
