@@ -96,6 +96,9 @@ def _configs():
         # Seed-OSS: biases on q/k/v, on o_proj (its own flag) and on the MLP.
         "seed_oss": lambda: tf.SeedOssConfig(**TINY, pad_token_id=0, attention_bias=True,
                                              attention_out_bias=True, mlp_bias=True),
+        # ERNIE 4.5 (0.3B's form): use_bias on every projection, interleaved rotary pairs.
+        "ernie4_5": lambda: tf.Ernie4_5Config(**TINY, pad_token_id=0, use_bias=True,
+                                              tie_word_embeddings=True),
         # GLM-4: four norms a layer, half of each head rotated in interleaved pairs.
         "glm4": lambda: tf.Glm4Config(**TINY, pad_token_id=0),
         # OLMo 2: norms after each branch, q/k norms over whole projections.
@@ -151,7 +154,7 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     torch.manual_seed(seed)
     config = _configs()[kind]()
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if kind.startswith(("gemma", "olmo", "glm", "seed")):
+    if kind.startswith(("gemma", "olmo", "glm", "seed", "ernie")):
         # Gemma's norm weights start at zero (offsets from one), others' at one, biases at
         # zero: random ones test the form (and that each loads where it belongs).
         for name, param in model.named_parameters():

@@ -42,9 +42,10 @@ def model_targets(arch) -> dict[str, list[int]]:
     [out, in] of its full (unsharded) weight: attention, and the MLPs of dense layers
     (not experts, routed or shared), named as the base model names them (Phi-3's fused
     qkv_proj and gate_up_proj)."""
-    if arch.architecture == "Glm4ForCausalLM":
-        raise ValueError("lora_request: LoRA adapters on GLM-4 are not supported (its q/k rows "
-                         "are reordered as they load, which an adapter's would need too)")
+    if arch.interleaved_rope:
+        raise ValueError(f"lora_request: LoRA adapters on {arch.architecture} are not supported "
+                         "(its q/k rows are reordered as they load, which an adapter's would "
+                         "need too)")
     q, kv, h = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.hidden_size
     i = arch.intermediate_size
     if arch.fused_checkpoint:

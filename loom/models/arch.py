@@ -224,10 +224,11 @@ class ModelArch:
             # A base model has no LM head: the (never applied) head shares the embeddings.
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False))
             or is_base_model(archs[0]) or is_encoder(archs[0]),
-            attention_bias=bool(cfg.get("attention_bias", False)),
-            attention_out_bias=(None if cfg.get("attention_out_bias") is None
-                                else bool(cfg["attention_out_bias"])),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            # ERNIE 4.5's use_bias: one flag for every projection
+            attention_bias=bool(first(cfg, "attention_bias", "use_bias", default=False)),
+            attention_out_bias=(None if first(cfg, "attention_out_bias", "use_bias") is None
+                                else bool(first(cfg, "attention_out_bias", "use_bias"))),
+            mlp_bias=bool(first(cfg, "mlp_bias", "use_bias", default=False)),
             dtype=first(cfg, "torch_dtype", "dtype"), bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
             num_experts=experts, num_experts_per_tok=first(cfg, "num_experts_per_tok", default=0),
@@ -319,6 +320,11 @@ class ModelArch:
         scaled = (None if self.architecture.startswith("Gemma3")
                   else scaled_context(self.rope_scaling, self.max_position_embeddings))
         return (scaled or self.max_position_embeddings) - self.position_offset
+
+    @property
+    def interleaved_rope(self) -> bool:
+        """Its rotary pairs are interleaved features (`loom.models.interleaved_rope`)."""
+        return self.architecture in ("Glm4ForCausalLM", "Ernie4_5ForCausalLM")
 
     @property
     def fused_checkpoint(self) -> bool:

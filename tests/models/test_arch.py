@@ -402,5 +402,5 @@ def test_olmo2_runs_on_one_device():
 def test_glm4_refuses_adapters():
     """GLM-4's q/k rows are reordered as they load; an adapter's would need the same."""
     from loom.lora.adapter import model_targets
-    with pytest.raises(ValueError, match="LoRA adapters on GLM-4 are not supported"):
+    with pytest.raises(ValueError, match="LoRA adapters on Glm4ForCausalLM are not supported"):
         model_targets(_arch("Glm4ForCausalLM", head_dim=16, partial_rotary_factor=0.5))
