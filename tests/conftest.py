@@ -101,6 +101,9 @@ def _configs():
                                               tie_word_embeddings=True),
         # GLM-4: four norms a layer, half of each head rotated in interleaved pairs.
         "glm4": lambda: tf.Glm4Config(**TINY, pad_token_id=0),
+        # EXAONE 4.0: layer 0 windowed with RoPE, layer 1 global without (NoPE).
+        "exaone4": lambda: tf.Exaone4Config(**TINY, pad_token_id=0, sliding_window=16,
+                                            layer_types=["sliding_attention", "full_attention"]),
         # OLMo 2: norms after each branch, q/k norms over whole projections.
         "olmo2": lambda: tf.Olmo2Config(**TINY, pad_token_id=0),
         # OLMo 3: layer 0 in a 16-key window at the plain base, layer 1 global under YaRN.
@@ -154,7 +157,7 @@ def make_tiny_model(kind: str, path: str, seed: int = 0):
     torch.manual_seed(seed)
     config = _configs()[kind]()
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if kind.startswith(("gemma", "olmo", "glm", "seed", "ernie")):
+    if kind.startswith(("gemma", "olmo", "glm", "seed", "ernie", "exaone")):
         # Gemma's norm weights start at zero (offsets from one), others' at one, biases at
         # zero: random ones test the form (and that each loads where it belongs).
         for name, param in model.named_parameters():

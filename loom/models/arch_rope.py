@@ -169,7 +169,7 @@ def sliding_window(cfg: dict[str, Any], architecture: str) -> int | None:
 
 _LAYER_TYPES = ("sliding_attention", "full_attention")
 _WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma3TextModel": 6,
-                   "Olmo3ForCausalLM": 4}
+                   "Olmo3ForCausalLM": 4, "Exaone4ForCausalLM": 4}
 """Every n-th layer attends globally, the others within the window, where a config names
 no layer_types (transformers' defaults; Gemma 3 configs may say sliding_window_pattern)."""
 
@@ -189,8 +189,11 @@ def sliding_layers(cfg: dict[str, Any], architecture: str, num_layers: int,
     layers = range(num_layers)
     if rope_layers is not None:
         return tuple(i for i in layers if not rope_layers[i])
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, str) and pattern:  # EXAONE 4's "LLLG": L local, G global, repeated
+        return tuple(i for i in layers if pattern[i % len(pattern)] == "L")
     if architecture in _WINDOW_PATTERN:
-        every = cfg.get("sliding_window_pattern") or _WINDOW_PATTERN[architecture]
+        every = pattern or _WINDOW_PATTERN[architecture]
         return tuple(i for i in layers if (i + 1) % every)
     window_layers = cfg.get("max_window_layers", 28)
     if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):

@@ -1,5 +1,6 @@
-"""OLMo 2 and 3 (Olmo2ForCausalLM, Olmo3ForCausalLM): Llama's projections, SiLU MLP and
-rotary embedding, with
+"""OLMo 2 and 3 (Olmo2ForCausalLM, Olmo3ForCausalLM), and EXAONE 4.0 (Exaone4ForCausalLM:
+the same layers with per-head q/k norms): Llama's projections, SiLU MLP and rotary
+embedding, with
 
 - norms after each branch instead of before it: x + norm(attn(x)), then x + norm(mlp(x));
 - q and k each normalised over the whole projection (every head together, one weight
@@ -42,9 +43,9 @@ class Olmo2Attention(SelfAttention):
 
 
 class Olmo2DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, arch: ModelArch, self_attn: nn.Module) -> None:
         super().__init__()
-        self.self_attn = Olmo2Attention(arch, layer_idx, rotary_emb)
+        self.self_attn = self_attn
         self.mlp = MLP(arch.hidden_size, arch.intermediate_size)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
@@ -59,7 +60,7 @@ class Olmo2DecoderLayer(nn.Module):
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
     def make_layer(self, arch: ModelArch, layer_idx: int) -> nn.Module:
-        return Olmo2DecoderLayer(arch, layer_idx, self.rotary_emb)
+        return Olmo2DecoderLayer(arch, Olmo2Attention(arch, layer_idx, self.rotary_emb))
 
 
 class Olmo3ForCausalLM(Olmo2ForCausalLM):
@@ -70,4 +71,15 @@ class Olmo3ForCausalLM(Olmo2ForCausalLM):
                 self.local_rotary_emb = RotaryEmbedding(
                     arch.head_dim, arch.max_position_embeddings, arch.local_rope_theta)
             rotary = self.local_rotary_emb
-        return Olmo2DecoderLayer(arch, layer_idx, rotary)
+        return Olmo2DecoderLayer(arch, Olmo2Attention(arch, layer_idx, rotary))
+
+
+class Exaone4ForCausalLM(LlamaForCausalLM):
+    """EXAONE 4.0: OLMo 2's post-branch norms with Qwen3's per-head q/k norms; under a
+    sliding window, the windowed layers rotate and the global ones do not (NoPE)."""
+
+    def make_layer(self, arch: ModelArch, layer_idx: int) -> nn.Module:
+        nope = arch.sliding_window is not None and arch.window(layer_idx) is None
+        attn = SelfAttention(arch, layer_idx, None if nope else self.rotary_emb,
+                             qkv_bias=False, o_bias=False, qk_norm=True)
+        return Olmo2DecoderLayer(arch, attn)

@@ -19,7 +19,7 @@ from loom.models.mixtral import MixtralForCausalLM
 from loom.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
 from loom.models.glm4 import Glm4ForCausalLM
 from loom.models.interleaved_rope import Ernie4_5ForCausalLM
-from loom.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
+from loom.models.olmo2 import Exaone4ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM
 from loom.models.phi3 import Phi3ForCausalLM
 from loom.models.qwen2_moe import Qwen2MoeForCausalLM
 from loom.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -29,6 +29,7 @@ from loom.models.seq_cls import (LlamaForSequenceClassification, Qwen2ForSequenc
 MODELS: dict[str, type[nn.Module]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,

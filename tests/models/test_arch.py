@@ -74,6 +74,9 @@ def test_sliding_window(cfg, window):
     ("Qwen2ForCausalLM", {"use_sliding_window": True, "max_window_layers": 2}, [2, 3]),
     ("Qwen2MoeForCausalLM", {"use_sliding_window": True, "max_window_layers": 3}, [0, 2]),
     ("Phi3ForCausalLM", {}, [0, 1, 2, 3]),
+    ("Olmo3ForCausalLM", {}, [0, 1, 2]),                            # 3 local to 1 global
+    ("Exaone4ForCausalLM", {}, [0, 1, 2]),
+    ("Exaone4ForCausalLM", {"sliding_window_pattern": "LG"}, [0, 2]),  # its string form
 ])
 def test_which_layers_slide(architecture, cfg, sliding):
     arch = _arch(architecture, sliding_window=512, **cfg)
