@@ -99,6 +99,8 @@ def _configs():
         # ERNIE 4.5 (0.3B's form): use_bias on every projection, interleaved rotary pairs.
         "ernie4_5": lambda: tf.Ernie4_5Config(**TINY, pad_token_id=0, use_bias=True,
                                               tie_word_embeddings=True),
+        # Arcee (AFM-4.5B): a non-gated ReLU-squared MLP.
+        "arcee": lambda: tf.ArceeConfig(**TINY, pad_token_id=0),
         # GLM-4: four norms a layer, half of each head rotated in interleaved pairs.
         "glm4": lambda: tf.Glm4Config(**TINY, pad_token_id=0),
         # EXAONE 4.0: layer 0 windowed with RoPE, layer 1 global without (NoPE).

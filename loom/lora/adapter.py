@@ -54,6 +54,8 @@ def model_targets(arch) -> dict[str, list[int]]:
     else:
         attn = {"q_proj": [q, h], "k_proj": [kv, h], "v_proj": [kv, h], "o_proj": [h, q]}
         mlp = {"gate_proj": [i, h], "up_proj": [i, h], "down_proj": [h, i]}
+        if not arch.gated_mlp:  # a lone up_proj takes no adapter here
+            mlp = {"down_proj": [h, i]}
     out = {}
     for i in range(arch.num_layers):
         out.update({f"model.layers.{i}.self_attn.{p}": s for p, s in attn.items()})

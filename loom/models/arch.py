@@ -322,6 +322,11 @@ class ModelArch:
         return (scaled or self.max_position_embeddings) - self.position_offset
 
     @property
+    def gated_mlp(self) -> bool:
+        """gate and up projections (False: Arcee's lone up_proj)."""
+        return self.architecture != "ArceeForCausalLM"
+
+    @property
     def interleaved_rope(self) -> bool:
         """Its rotary pairs are interleaved features (`loom.models.interleaved_rope`)."""
         return self.architecture in ("Glm4ForCausalLM", "Ernie4_5ForCausalLM")

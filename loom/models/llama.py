@@ -15,7 +15,8 @@ from torch import nn
 
 from loom.layers.attention import Attention
 from loom.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from loom.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from loom.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear,
+                                QKVParallelLinear, RowParallelLinear)
 from loom.layers.norm import QKNorm, RMSNorm
 from loom.layers.rotary import RotaryEmbedding
 from loom.models.arch import ModelArch
@@ -39,6 +40,21 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+class UpDownMLP(nn.Module):
+    """A non-gated MLP, down(act(up(x))): Arcee's, with ReLU squared."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str,
+                 bias: bool = False) -> None:
+        super().__init__()
+        if act != "relu2":
+            raise ValueError(f"hidden_act: {act!r} is not supported in a non-gated MLP (relu2)")
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.relu(self.up_proj(x)).square())
 
 
 class SelfAttention(nn.Module):
@@ -212,6 +228,14 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
+
+
+class ArceeForCausalLM(LlamaForCausalLM):
+    """Arcee (AFM-4.5B): Llama's, with a non-gated ReLU-squared MLP."""
+
+    def make_mlp(self, arch: ModelArch, layer_idx: int) -> nn.Module:
+        return UpDownMLP(arch.hidden_size, arch.intermediate_size, arch.hidden_act,
+                         bias=arch.mlp_bias)
 
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):

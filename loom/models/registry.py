@@ -13,8 +13,8 @@ from loom.models.bert import (BertForSequenceClassification, BertModel,
 from loom.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM
 from loom.models.gemma_embedding import Gemma3TextModel
 from loom.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
-from loom.models.llama import (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-                               SmolLM3ForCausalLM)
+from loom.models.llama import (ArceeForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM,
+                               Qwen3ForCausalLM, SmolLM3ForCausalLM)
 from loom.models.mixtral import MixtralForCausalLM
 from loom.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
 from loom.models.glm4 import Glm4ForCausalLM
@@ -28,6 +28,7 @@ from loom.models.seq_cls import (LlamaForSequenceClassification, Qwen2ForSequenc
 
 MODELS: dict[str, type[nn.Module]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
+    "ArceeForCausalLM": ArceeForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,

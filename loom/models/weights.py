@@ -102,6 +102,8 @@ def _paired(name: str, tensor: torch.Tensor, params: dict, pairs: Fp8Dequantizer
     an fp8 weight outside the fp8 linear layers waits for its scale (or a scale for its
     weight). What it loads is the tensor, or an fp8 weight paired with its scale."""
     target, shard = _target(name, int4_experts)
+    if target not in params and shard is not None and name in params:
+        target, shard = name, None  # a projection of its own here (Arcee's lone up_proj)
     if target not in params and pairs.is_scale(name):
         # the scale of an fp8 weight outside the fp8 linear layers (an MoE expert's)
         tensor = pairs.add_scale(name, tensor)

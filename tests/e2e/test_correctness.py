@@ -13,7 +13,7 @@ from tests.conftest import hf_greedy, hf_last_logprobs
 KINDS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_yarn", "qwen3_moe", "mixtral",
          "qwen2_moe", "phi3", "phi3_partial", "mistral_window", "gemma", "gemma2", "gemma3",
          "granite", "granite_moe", "smollm3", "olmo2", "olmo3", "glm4", "seed_oss", "ernie4_5",
-         "exaone4"]
+         "exaone4", "arcee"]
 NEW_TOKENS = 12
 
 

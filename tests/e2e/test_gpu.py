@@ -24,7 +24,8 @@ def _tokens(path: str, **kwargs) -> list[list[int]]:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "qwen2_moe", "phi3", "phi3_partial",
                                   "mistral_window", "gemma", "gemma2", "gemma3", "olmo2",
-                                  "olmo3", "glm4", "seed_oss", "ernie4_5", "exaone4"])
+                                  "olmo3", "glm4", "seed_oss", "ernie4_5", "exaone4",
+                                  "arcee"])
 @pytest.mark.parametrize("compilation", [
     dict(enforce_eager=True), dict(compilation_config={"level": 0}), dict(),
     dict(compilation_config={"level": 3}),

@@ -20,7 +20,8 @@ from tests.lora_util import make_adapter
 
 ARCH = SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=8, hidden_size=32,
                        intermediate_size=48, num_layers=2, is_moe_layer=lambda i: i == 1,
-                       fused_checkpoint=False)
+                       fused_checkpoint=False, interleaved_rope=False, gated_mlp=True,
+                       architecture="LlamaForCausalLM")
 TARGETS = model_targets(ARCH)
 
 

@@ -407,3 +407,12 @@ def test_glm4_refuses_adapters():
     from loom.lora.adapter import model_targets
     with pytest.raises(ValueError, match="LoRA adapters on Glm4ForCausalLM are not supported"):
         model_targets(_arch("Glm4ForCausalLM", head_dim=16, partial_rotary_factor=0.5))
+
+
+def test_arcee_adapters_leave_its_lone_up_proj():
+    """Arcee's MLP is up_proj then down_proj: adapters may target down_proj, not up_proj
+    (loom's adapter slices are for gate_up_proj's halves)."""
+    from loom.lora.adapter import model_targets
+    targets = model_targets(_arch("ArceeForCausalLM"))
+    mlp = {name.rsplit(".", 1)[1] for name in targets if ".mlp." in name}
+    assert mlp == {"down_proj"}
