@@ -136,8 +136,9 @@ class _Files(http.server.BaseHTTPRequestHandler):
 
 
 def test_urls_in_and_out_with_the_engine_in_its_own_process(batch, tiny_chat_model, tmp_path):
-    """The default (engine core process) reading and writing over HTTP; its answers are the
-    in-process run's (greedy)."""
+    """The default (engine core process) reading and writing over HTTP, its metrics served;
+    its answers are the in-process run's (greedy)."""
+    from tests.entrypoints.conftest import free_port
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -146,6 +147,7 @@ def test_urls_in_and_out_with_the_engine_in_its_own_process(batch, tiny_chat_mod
         proc = subprocess.run(
             [sys.executable, "-m", "loom.cli", "run-batch", "-i", f"{base}/in.jsonl",
              "-o", f"{base}/out.jsonl", "--output-tmp-dir", str(tmp_path),
+             "--enable-metrics", "--url", "127.0.0.1", "--port", str(free_port()),
              "--model", tiny_chat_model, *FLAGS],
             capture_output=True, text=True, timeout=300, env={**os.environ})
     finally:
@@ -156,6 +158,7 @@ def test_urls_in_and_out_with_the_engine_in_its_own_process(batch, tiny_chat_mod
     for got, want in zip(results, batch[1][:2]):
         assert got["response"]["body"]["choices"] == want["response"]["body"]["choices"]
     assert os.listdir(tmp_path) == []  # the local copy is gone once uploaded
+    assert "metrics at http://127.0.0.1:" in proc.stderr
 
 
 @pytest.mark.parametrize("flags, says", [

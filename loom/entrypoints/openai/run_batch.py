@@ -106,18 +106,25 @@ async def _run(options, make_client, source: BinaryIO, out: TextIO, max_in_fligh
     from loom.entrypoints.openai.api_server import build_app, build_state, close_state
     state, tracer = build_state(options, make_client,
                                 lambda reason: logger.error("engine dead (%s)", reason))
-    if metrics_at is not None:
-        from prometheus_client import start_http_server
-        start_http_server(metrics_at[1], metrics_at[0], registry=state.metrics.registry)
-        logger.info("metrics at http://%s:%d/metrics", *metrics_at)
     state.engine.start()
     try:
+        if metrics_at is not None:
+            _serve_metrics(state.metrics.registry, *metrics_at)
         counts = await run_batch(build_app(state), source, out, max_in_flight)
     finally:
         await close_state(state, tracer)
     logger.info("run-batch: %d requests in %.1f s: %d answered, %d refused or failed",
                 counts.total, counts.seconds, counts.ok, counts.total - counts.ok)
     return 1 if state.engine.errored else 0
+
+
+def _serve_metrics(registry, host: str, port: int) -> None:
+    from prometheus_client import start_http_server
+    try:
+        start_http_server(port, host, registry=registry)
+    except OSError as e:
+        raise ValueError(f"port: cannot serve metrics at {host}:{port}: {e.strerror}") from None
+    logger.info("metrics at http://%s:%d/metrics", host, port)
 
 
 # -- the batch itself ------------------------------------------------------------------------
