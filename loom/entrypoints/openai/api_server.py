@@ -18,7 +18,6 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import msgspec
 import uvicorn
@@ -28,7 +27,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from loom import __version__, envs
 from loom.entrypoints.openai.errors import error_response, install_exception_handlers
-from loom.entrypoints.openai.metrics import ServerMetrics
 from loom.entrypoints.openai.middleware import (APIKeyMiddleware, BodySizeLimitMiddleware,
                                                 InvocationsMiddleware,
                                                 RequestIdHeaderMiddleware)
@@ -39,23 +37,15 @@ from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, Detoke
                                                    DetokenizeResponse, TokenizeRequest,
                                                    TokenizeResponse)
 from loom.entrypoints.openai.server_load import add_server_load
+from loom.entrypoints.openai.server_state import ServerState, build_state, close_state
 from loom.entrypoints.openai.routes_pooling import add_pooling_routes, require
 from loom.entrypoints.openai.serving_base import off_loop, run_unless_disconnected
-from loom.entrypoints.openai.serving_chat import OpenAIServingChat
 from loom.entrypoints.openai.protocol_responses import ResponsesRequest
 from loom.entrypoints.openai.protocol_score import SCORE_PAIRS
-from loom.entrypoints.openai.responses_store import store_from_env
-from loom.entrypoints.openai.serving_responses import OpenAIServingResponses
-from loom.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from loom.entrypoints.openai.serving_models import LoRAModule, ServingModels
-from loom.entrypoints.openai.serving_classify import OpenAIServingClassification
-from loom.entrypoints.openai.serving_score import OpenAIServingScore
-from loom.frontend.async_llm import AsyncLLM, EngineDeadError
+from loom.entrypoints.openai.serving_models import LoRAModule
+from loom.frontend.async_llm import EngineDeadError
 from loom.frontend.core_client import EngineCoreClient, InprocClient
-from loom.frontend.request_logger import RequestLogger
-from loom.frontend.tokenizer import Tokenizer, load_tokenizer
-from loom.models.loader import generation_config_dir, generation_defaults
+from loom.frontend.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -130,20 +120,6 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """/docs, /redoc and /openapi.json (off with --disable-fastapi-docs)."""
     server_load_tracking: bool = False
     """Count requests in flight for GET /load (--enable-server-load-tracking)."""
-
-
-@dataclass
-class ServerState:
-    options: ServerOptions
-    engine: AsyncLLM
-    metrics: ServerMetrics
-    models: ServingModels
-    completions: OpenAIServingCompletion
-    chat: OpenAIServingChat
-    embeddings: OpenAIServingEmbedding
-    responses: OpenAIServingResponses
-    scores: OpenAIServingScore
-    classify: OpenAIServingClassification
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -371,60 +347,3 @@ async def serve(options: ServerOptions, sock: socket.socket,
     finally:
         await close_state(state, tracer)
     return 1 if state.engine.errored else 0
-
-
-def build_state(options: ServerOptions, make_client: Callable[[], EngineCoreClient],
-                on_dead: Callable[[str], None]):
-    """The engine client and every endpoint's serving object (not started), and the tracer
-    (None without tracing); `loom serve` and `loom run-batch` alike."""
-    tokenizer = _load_tokenizer(options)
-    metrics = ServerMetrics(options.served_model_names[0])
-    tracer = _make_tracer(options)
-    request_logger = (RequestLogger(tokenizer, options.max_log_len, options.log_outputs)
-                      if options.log_requests
-                      else None)
-    engine = AsyncLLM(make_client(), tokenizer, metrics, on_dead, tracer, request_logger)
-    models = ServingModels(options.served_model_names, options.model, options.lora_modules)
-    defaults = generation_defaults(options.model, options.generation_config,
-                                   options.override_generation_config)
-    if defaults:
-        logger.info("sampling defaults from generation_config.json: %s", defaults)
-    details = options.enable_prompt_tokens_details
-    # The Responses API's logprobs and usage are chat's.
-    shared = dict(tokens_as_ids=options.return_tokens_as_token_ids,
-                  force_include_usage=options.force_include_usage)
-    chat = OpenAIServingChat(engine, models, defaults, details, **shared,
-                             tool_call_parser=options.tool_call_parser,
-                             reasoning_parser=options.reasoning_parser,
-                             trust_request_chat_template=options.trust_request_chat_template,
-                             response_role=options.response_role,
-                             content_format=options.chat_template_content_format)
-    completion = OpenAIServingCompletion(engine, models, defaults, details, **shared)
-    state = ServerState(options, engine, metrics, models, completion, chat,
-                        OpenAIServingEmbedding(engine, models),
-                        OpenAIServingResponses(chat, store_from_env()),
-                        OpenAIServingScore(engine, models),
-                        OpenAIServingClassification(engine, models))
-    return state, tracer
-
-
-async def close_state(state: ServerState, tracer) -> None:
-    """Stop what build_state made: background responses, the engine client, the tracer."""
-    await state.responses.stop_background()
-    await state.engine.close()
-    if tracer is not None:
-        tracer.shutdown()  # flushes the spans still batched
-
-
-def _load_tokenizer(options: ServerOptions) -> Tokenizer | None:
-    if options.tokenizer is None:
-        return None
-    return load_tokenizer(options.tokenizer, chat_template=options.chat_template,
-                          generation_config=generation_config_dir(options.generation_config))
-
-
-def _make_tracer(options: ServerOptions):
-    if options.otlp_traces_endpoint is None:
-        return None
-    from loom.tracing import RequestTracer  # OpenTelemetry only when asked for
-    return RequestTracer(options.otlp_traces_endpoint, options.served_model_names[0])

@@ -25,7 +25,7 @@ from loom.entrypoints.openai.serving_embedding import encode_base64
 from loom.tasks import unsupported
 
 if TYPE_CHECKING:
-    from loom.entrypoints.openai.api_server import ServerState
+    from loom.entrypoints.openai.server_state import ServerState
 
 
 def require(tasks: ModelTasks, task: str, api: str) -> None:

@@ -103,7 +103,8 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
 async def _run(options, make_client, source: BinaryIO, out: TextIO, max_in_flight: int,
                metrics_at: tuple[str, int] | None) -> int:
-    from loom.entrypoints.openai.api_server import build_app, build_state, close_state
+    from loom.entrypoints.openai.api_server import build_app
+    from loom.entrypoints.openai.server_state import build_state, close_state
     state, tracer = build_state(options, make_client,
                                 lambda reason: logger.error("engine dead (%s)", reason))
     state.engine.start()
