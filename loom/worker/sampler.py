@@ -58,19 +58,20 @@ class Sampler(nn.Module):
         super().__init__()
         self.logprobs_mode = logprobs_mode
         """ModelConfig.logprobs_mode: what the reported logprobs hold."""
+        self._raw = logprobs_mode.startswith("raw")
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         wanted = metadata.max_num_logprobs is not None
         mode = self.logprobs_mode
         reported = None
-        if wanted and mode.startswith("raw"):
+        if wanted and self._raw:
             reported = logits.log_softmax(dim=-1) if mode == "raw_logprobs" else logits.clone()
         logits = apply_grammar(logits, metadata)
         logits = apply_token_maps(logits, metadata)
         logits = apply_penalties(logits, metadata)
         logits = apply_min_tokens(logits, metadata)
-        if wanted and not mode.startswith("raw"):
+        if wanted and not self._raw:
             sampled, processed = _sample_processed(logits, metadata)
             reported = processed.log_softmax(dim=-1) if mode == "processed_logprobs" else processed
         else:
