@@ -113,7 +113,7 @@ class ModelConfig:
                "tokenizer.json with the `tokenizers` library (the fast tokenizer): use "
                f"{' or '.join(TOKENIZER_MODES)}")
         _check(self.runner in RUNNERS, f"runner: {self.runner!r} is not one of {RUNNERS} "
-               "(loom's speculative decoding is n-gram lookup: it runs no draft model)")
+               "(a draft model is named in --speculative-config, not served by itself)")
         _check(self.convert in CONVERTS, f"convert: {self.convert!r} is not one of {CONVERTS} "
                "(loom serves no reward models)")
         _check(isinstance(self.generation_config, str) and bool(self.generation_config),
@@ -349,3 +349,8 @@ class EngineConfig:
         _check(self.speculative is None or self.model.logprobs_mode == "raw_logprobs",
                f"logprobs_mode: {self.model.logprobs_mode!r} is not supported with "
                "speculative decoding (its verified drafts report raw_logprobs)")
+        _check(self.speculative is None or self.speculative.method != "draft_model"
+               or self.parallel.tensor_parallel_size == 1,
+               "speculative_config: method draft_model is not implemented with "
+               f"tensor_parallel_size {self.parallel.tensor_parallel_size} (loom runs the "
+               "draft model beside an unsharded target only; n-gram lookup takes any TP)")

@@ -1,4 +1,5 @@
-"""`SpeculativeConfig`: vLLM's `--speculative-config` (n-gram prompt lookup only).
+"""`SpeculativeConfig`: vLLM's `--speculative-config`: n-gram prompt lookup, or a smaller
+draft model of the same tokenizer.
 
 Nothing here imports torch, so the API server can validate the flag without it.
 """
@@ -11,9 +12,8 @@ from dataclasses import dataclass
 from loom.config_checks import check as _check
 from loom.config_checks import from_dict as _from_dict
 
-METHODS = ("ngram",)
-VLLM_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp",
-                "mtp", "suffix")
+METHODS = ("ngram", "draft_model")
+VLLM_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "mtp", "suffix")
 """vLLM's other proposers: named in the error, so that a user knows they are not here."""
 
 DEFAULT_LOOKUP = 5
@@ -26,19 +26,26 @@ class SpeculativeConfig:
     """Draft tokens proposed per step for each request (required)."""
     method: str | None = None
     """The proposer: "ngram" (prompt lookup: the tokens that followed the latest n-gram's
-    first earlier occurrence in the request's own prompt and output)."""
+    first earlier occurrence in the request's own prompt and output), or "draft_model"
+    (`model`'s greedy tokens; `loom.worker.drafter`)."""
     prompt_lookup_max: int | None = None
     """Longest n-gram matched; tried first. Defaults to prompt_lookup_min, or 5."""
     prompt_lookup_min: int | None = None
     """Shortest n-gram matched. Defaults to prompt_lookup_max, or 5."""
     model: str | None = None
-    """vLLM's older spelling of the method: "[ngram]" (or "ngram")."""
+    """draft_model: the draft model (a path or a shipped config, as `--model` takes it);
+    also vLLM's older spelling of the method: "[ngram]" (or "ngram"), and any other value
+    without a method means draft_model."""
+    draft_tensor_parallel_size: int | None = None
+    """The draft model's TP size: 1 (loom runs it on the driver's GPU alone)."""
 
     def __post_init__(self) -> None:
         method = self.method
         if method is None and self.model is not None:
-            method = str(self.model).strip("[]")
-        _check(method is not None, "speculative_config.method: required (supported: ngram)")
+            spelled = str(self.model).strip("[]")
+            method = spelled if spelled == "ngram" else "draft_model"
+        _check(method is not None, "speculative_config.method: required (supported: "
+                                   f"{', '.join(METHODS)})")
         _check(method not in VLLM_METHODS,
                f"speculative_config.method: {method!r} is not implemented by loom; supported: "
                f"{', '.join(METHODS)}")
@@ -48,6 +55,9 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         _check(type(k) is int and k >= 1, "speculative_config.num_speculative_tokens: required, "
                                           f"a positive integer, got {k!r}")
+        if method == "draft_model":
+            self._check_draft()
+            return
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
             _check(value is None or (type(value) is int and value >= 1),
@@ -58,6 +68,23 @@ class SpeculativeConfig:
                             f"prompt_lookup_max ({high})")
         object.__setattr__(self, "prompt_lookup_min", low)
         object.__setattr__(self, "prompt_lookup_max", high)
+
+    def _check_draft(self) -> None:
+        _check(isinstance(self.model, str) and bool(self.model),
+               "speculative_config.model: required for method draft_model (the draft "
+               "model's path)")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            _check(getattr(self, name) is None,
+                   f"speculative_config.{name}: is an n-gram setting, not draft_model's")
+        tp = self.draft_tensor_parallel_size
+        _check(tp is None or tp == 1, "speculative_config.draft_tensor_parallel_size: loom "
+                                      f"runs the draft model on one GPU (1), got {tp!r}")
+
+    @property
+    def lookahead(self) -> int:
+        """KV slots past a step's tokens that its drafts are written into (a draft model
+        computes its drafts' KV; n-gram lookup computes none)."""
+        return self.num_speculative_tokens if self.method == "draft_model" else 0
 
     @classmethod
     def parse(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:

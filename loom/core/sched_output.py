@@ -71,6 +71,8 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_logprobs: dict[str, list[Logprobs]] = {}
     """Speculative decoding: the logprobs of each token a drafting request output this step
     (for it, in place of its `logprobs` entry)."""
+    draft_token_ids: dict[str, list[int]] = {}
+    """A draft model's proposals for each request's next step (`loom.worker.drafter`)."""
     lora_errors: dict[int, str] = {}
     """LoRA adapters of this step that could not be loaded (id -> why): their rows ran
     without them (`lora.manager`), so the scheduler ends their requests with the error."""

@@ -165,8 +165,11 @@ class Scheduler:
                 i += 1  # nothing to compute until update_from_output appends
                 continue
             drafts = self.spec.drafts(request, num_new, step.budget) if self.spec else []
-            new_block_ids = (self.kv_cache_manager.allocate_slots(request, 1 + len(drafts))
-                             if drafts else None)
+            # A draft model writes its next drafts' KV past this step's tokens: room for them.
+            extra = len(drafts) + min(self.spec.lookahead if self.spec else 0, max(
+                0, self.max_model_len - request.num_computed_tokens - num_new - len(drafts)))
+            new_block_ids = (self.kv_cache_manager.allocate_slots(request, num_new + extra)
+                             if extra else None)
             if new_block_ids is None:  # no drafts, or no room for them: one token
                 drafts, new_block_ids = [], self._allocate_or_preempt(request, num_new, step)
             if new_block_ids is None:
@@ -203,7 +206,7 @@ class Scheduler:
         must not be able to end it."""
         if not self.config.async_scheduling or request.grammar is not None:
             return False
-        if self._verifying:
+        if self._verifying or (self.spec is not None and not self.spec.runs_ahead):
             return False  # (its own step in flight may add an unknown number of tokens)
         p = request.sampling_params
         # min_tokens masks stop tokens until enough are out: only then does it need counts.
@@ -313,6 +316,8 @@ class Scheduler:
             if rid in drafted:
                 self.spec.on_output(request, drafted[rid], runner_output.sampled_token_ids[i])
             new_token_ids = self._append_tokens(request, runner_output.sampled_token_ids[i])
+            if rid in runner_output.draft_token_ids:
+                self.spec.proposed(request, runner_output.draft_token_ids[rid])
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:
                 outputs.append(self._make_output(request, new_token_ids, prompt_logprobs,

@@ -18,6 +18,11 @@ Requests whose sampling reads anything beyond the filtered distribution (penalti
 maps, bad words, grammars, pending min_tokens) decode one token at a time, as without
 speculation. A seeded request draws each output token from a generator seeded by the
 token's index, drafted or not, so its tokens do not depend on the batch.
+
+A draft model (`loom.worker.drafter`) proposes on the worker, once a step's tokens are
+read back: the scheduler takes those proposals for the request's next step. They follow
+its last known token, so a draft model's requests never run ahead, and each decode
+allocates `lookahead` KV slots past its tokens, where the drafter writes its drafts' KV.
 """
 
 from __future__ import annotations
@@ -35,14 +40,26 @@ class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.lookahead = config.lookahead
+        self.runs_ahead = config.method == "ngram"
+        """Whether a request may be scheduled with its last token in flight (n-gram drafts
+        guess at it; a draft model's proposals need it read back)."""
+        self.proposer = (NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+                         if config.method == "ngram" else None)
+        self._proposed: dict[str, tuple[int, list[int]]] = {}
+        """Draft model: request id -> (its token count when proposed, the proposals)."""
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * self.k
         self._totals = [0, 0, 0]
         """(verified steps, draft tokens, accepted tokens) since start, never reset."""
-        logger.info("speculative decoding: %s, %d tokens (n-grams of %d..%d); while a step "
-                    "verifies drafts, no request runs ahead of it", config.method, self.k,
-                    config.prompt_lookup_min, config.prompt_lookup_max)
+        if self.proposer is not None:
+            logger.info("speculative decoding: %s, %d tokens (n-grams of %d..%d); while a "
+                        "step verifies drafts, no request runs ahead of it", config.method,
+                        self.k, config.prompt_lookup_min, config.prompt_lookup_max)
+        else:
+            logger.info("speculative decoding: draft model %s, %d tokens; no request runs "
+                        "ahead of its step (the next drafts follow its tokens)", config.model,
+                        self.k)
 
     @staticmethod
     def speculates(request: Request) -> bool:
@@ -66,7 +83,14 @@ class SpecDecoder:
             room = min(room, request.max_tokens - request.num_output_tokens - lag - 1)
         if room <= 0 or not self.speculates(request):
             return []
+        if self.proposer is None:  # a draft model's, made after the request's last token
+            num_tokens, proposals = self._proposed.get(request.request_id, (-1, []))
+            return proposals[:room] if num_tokens == request.num_tokens and not lag else []
         return self.proposer.propose(request.request_id, request.all_token_ids, room + lag)[lag:]
+
+    def proposed(self, request: Request, token_ids: list[int]) -> None:
+        """A draft model's proposals after the request's known tokens (its step read back)."""
+        self._proposed[request.request_id] = (request.num_tokens, token_ids)
 
     def on_output(self, request: Request, drafted: int, sampled: list[int]) -> None:
         """A step that verified `drafted` drafts came back: count it, and step
@@ -87,7 +111,9 @@ class SpecDecoder:
         return tuple(self._totals)
 
     def drop(self, request_id: str) -> None:
-        self.proposer.drop(request_id)
+        self._proposed.pop(request_id, None)
+        if self.proposer is not None:
+            self.proposer.drop(request_id)
 
     def take_stats(self) -> dict:
         """Counters since the last call, as SchedulerStats' spec_* fields."""

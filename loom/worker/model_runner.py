@@ -31,6 +31,7 @@ from loom.worker.model_loader import load_model, resolve_kv_cache_dtype
 from loom.worker.moe_warmup import warm_up_moe
 from loom.models.st_dense import dense_modules
 from loom.worker.device_setup import resolved_for_device, select_backend
+from loom.worker.drafter import make_drafter
 from loom.worker.pooler import Pooler
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
@@ -80,6 +81,8 @@ class ModelRunner:
         FULL_AND_PIECEWISE)."""
         self._pending: PendingTokens | None = None
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
+        self.drafter = make_drafter(config, self.arch.vocab_size, self.requests.tokens.shape[1],
+                                    device, self.backend)
 
     # KV cache sizing -------------------------------------------------------------------
     @property
@@ -91,7 +94,8 @@ class ModelRunner:
     def kv_block_bytes(self) -> int:
         attn = self.model.model.layers[0].self_attn.attn
         per_token = 2 * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
-        return per_token * self.block_size * self.arch.num_layers
+        return per_token * self.block_size * self.arch.num_layers + (
+            self.drafter.kv_block_bytes if self.drafter is not None else 0)
 
     def determine_num_blocks(self) -> int:
         if self.encoder:  # the scheduler's bookkeeping only: room for every request
@@ -137,6 +141,8 @@ class ModelRunner:
             raise ValueError(f"kv_cache_memory_bytes: {num_blocks} blocks of KV cache "
                              f"({num_blocks * self.kv_block_bytes / 2**30:.1f} GiB) cannot be "
                              f"allocated on {self.device}: {e}") from None
+        if self.drafter is not None:
+            self.drafter.initialize_cache(num_blocks)
         self._compile_and_capture()
         capture_pieces(self)
         if self.device.type == "cuda":  # from here on, a Triton compile stalls a step: say so
@@ -289,6 +295,8 @@ class ModelRunner:
                             [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)],
                             batch.sample_rows)
         handle.layer_clock, handle.lora_errors = clock, lora_errors
+        if self.drafter is not None:  # it drafts from each step's first position on
+            handle.draft_from = [r.num_computed_tokens for r in reqs]
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             num = len(batch.sample_rows)  # then the drafts' rows

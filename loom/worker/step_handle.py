@@ -40,6 +40,8 @@ class StepHandle:
         self.layer_clock = None
         """LOOM_LAYER_TIMES: the step's per-layer clock, reported once it has run."""
         self.lora_errors: dict[int, str] = {}
+        self.draft_from: list[int] | None = None
+        """A draft model's: each request's first position this step (`Drafter.propose`)."""
 
     @classmethod
     def done(cls, output: ModelRunnerOutput) -> StepHandle:
@@ -82,6 +84,11 @@ class StepHandle:
                 logprobs[i] = struct
         if not self._runner.is_driver:
             return ModelRunnerOutput()
+        drafts = {}
+        if self.draft_from is not None:
+            drafts = self._runner.drafter.propose(
+                states, reqs, self.draft_from,
+                [p + len(t) for p, t in zip(self._positions, sampled)], sampled)
         per_token = {}
         if self.draft_logprobs is not None:
             per_token = {reqs[i].req_id: lps for i, lps in logprob_lists(
@@ -89,7 +96,7 @@ class StepHandle:
         return ModelRunnerOutput(req_ids=[r.req_id for r in reqs], sampled_token_ids=sampled,
                                  logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
                                  pooled=self.pooled, spec_logprobs=per_token,
-                                 lora_errors=self.lora_errors)
+                                 draft_token_ids=drafts, lora_errors=self.lora_errors)
 
 
 _READBACK = PinnedRing(4, torch.int64)

@@ -34,6 +34,16 @@ def test_shipped_configs(name, total_b, layers, experts):
         assert offline_tokenizer(name, None) == (None, True)
 
 
+def test_the_draft_models_config():
+    """Llama 3.2 1B (speculative decoding's draft for the 8B): 1.24B parameters, the LM
+    head tied to the embedding, the 8B's vocabulary."""
+    arch = ModelArch.from_hf_config(shipped_hf_config("llama-3.2-1b"))
+    assert (arch.num_layers, arch.head_dim, arch.num_kv_heads, arch.vocab_size) == \
+        (16, 64, 8, 128256)
+    assert arch.tie_word_embeddings and arch.rope_scaling["factor"] == 32.0
+    assert floors.param_counts(arch).total / 1e9 == pytest.approx(1.24, abs=0.01)
+
+
 def test_the_issue_floors_for_llama_8b(llama3_tokenizer_dir):
     arch = ModelArch.from_hf_config(shipped_hf_config("llama-3.1-8b"))
     assert floors.decode_bytes(arch, 2, 1) / 1e9 == pytest.approx(16.06, abs=0.01)

@@ -83,3 +83,36 @@ def test_nothing_runs_ahead_while_a_step_verifies_drafts():
     assert sched.schedule().num_scheduled_tokens == {}
     sched.update_from_output(ahead, execute(ahead, computed))
     assert set(sched.schedule().num_scheduled_tokens) == {"loop", "other"}
+
+
+def test_a_draft_models_proposals_follow_its_last_step_with_room_for_their_kv():
+    """A draft model proposes on the worker (`ModelRunnerOutput.draft_token_ids`): the next
+    decode verifies them, within max_tokens, and allocates k slots past its tokens for the
+    drafter's next drafts; its requests never run ahead, and proposals made for other
+    tokens are not taken."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
+                      CacheConfig(block_size=4), 64, 256,
+                      SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=3))
+    request = add(sched, "other", 4, max_tokens=9)
+    computed: dict[str, int] = {}
+    out = sched.schedule()
+    assert sched.schedule().num_scheduled_tokens == {}  # nothing runs ahead
+    result = execute(out, computed)
+    result.draft_token_ids = {"other": [script("other", 5), script("other", 6), 0]}
+    sched.update_from_output(out, result)
+    out = sched.schedule()
+    assert out.cached_reqs[0].spec_token_ids == result.draft_token_ids["other"]
+    # 5 tokens + 3 drafts computed, then 3 slots for the drafter: 11 tokens, 3 blocks.
+    assert sched.kv_cache_manager.num_blocks_of("other") == 3
+    sched.update_from_output(out, execute(out, computed))  # the third draft is rejected
+    assert request.output_token_ids == [script("other", p) for p in range(4, 8)]
+    stale = sched.schedule()  # the proposals were for tokens now known: none taken
+    assert stale.cached_reqs[0].spec_token_ids == []
+    result = execute(stale, computed)
+    result.draft_token_ids = {"other": [script("other", p) for p in range(9, 12)]}
+    sched.update_from_output(stale, result)
+    out = sched.schedule()  # 5 of 9 tokens out: 3 drafts and the token after fit
+    assert out.cached_reqs[0].spec_token_ids == result.draft_token_ids["other"]
+    sched.update_from_output(out, execute(out, computed))
+    assert request.output_token_ids == [script("other", p) for p in range(4, 13)]
+    assert request.is_finished

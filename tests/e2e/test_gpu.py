@@ -130,6 +130,27 @@ def test_gpu_spec_decode_equals_cpu(compilation, tiny_model_factory):
 
 
 @pytest.mark.parametrize("compilation", [{}, {"cudagraph_mode": "FULL"}], ids=["default", "full"])
+def test_gpu_draft_model_equals_cpu(compilation, tiny_model_factory):
+    """A draft model (the target itself) drafting on the device beside the target's graphs:
+    the CPU's greedy tokens, its drafts accepted (the drafter's paged KV right)."""
+    from tests.e2e.test_spec_decode import _prompts as spec_prompts
+    path, _ = tiny_model_factory("llama")
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    out, totals = [], []
+    for device, extra in (("cpu", {}), ("cuda", {"compilation_config": compilation})):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device=device,
+                  dtype="float32", speculative_config=spec, **extra)
+        out.append([o.outputs[0].token_ids
+                    for o in llm.generate(spec_prompts(), params, use_tqdm=False)])
+        totals.append(llm.engine.scheduler.spec.totals())
+        llm.shutdown()
+    assert out[1] == out[0]
+    # (The target's graphs and the eager drafter round apart: a near-tie may flip.)
+    assert totals[1][1] > 0 and totals[1][2] >= 0.95 * totals[1][1]
+
+
+@pytest.mark.parametrize("compilation", [{}, {"cudagraph_mode": "FULL"}], ids=["default", "full"])
 def test_gpu_lora_equals_cpu(compilation, tiny_model_factory, tmp_path):
     """A batch mixing the base model and two adapters (compiled pieces, decode graphs and,
     under FULL, mixed graphs all reading the per-token slot mask) gives the CPU's tokens."""

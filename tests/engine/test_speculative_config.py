@@ -24,7 +24,8 @@ def test_defaults_and_spellings():
 
 @pytest.mark.parametrize("value,message", [
     ('{"method": "eagle", "num_speculative_tokens": 2}',
-     "speculative_config.method: 'eagle' is not implemented by loom; supported: ngram"),
+     "speculative_config.method: 'eagle' is not implemented by loom; supported: ngram, "
+     "draft_model"),
     ({"method": "bogus", "num_speculative_tokens": 2}, "speculative_config.method: 'bogus'"),
     ({"num_speculative_tokens": 2}, "speculative_config.method: required"),
     ({"method": "ngram"}, "speculative_config.num_speculative_tokens: required"),
@@ -34,8 +35,8 @@ def test_defaults_and_spellings():
       "prompt_lookup_max": 2}, "prompt_lookup_min (4) must not exceed prompt_lookup_max (2)"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": "3"},
      "speculative_config.prompt_lookup_max: must be a positive integer, got '3'"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1},
-     "speculative_config: unknown field(s) ['draft_tensor_parallel_size']"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_model_path": "x"},
+     "speculative_config: unknown field(s) ['draft_model_path']"),
     ("{not json", "speculative_config: not valid JSON"),
     ("[1]", "speculative_config: expected a JSON object, got list"),
 ])

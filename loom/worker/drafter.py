@@ -1,0 +1,177 @@
+"""A draft model's proposals for speculative decoding (vLLM's method "draft_model").
+
+The draft model keeps a paged KV cache of its own laid out like the target's: the same
+block ids and slots, so one block table serves both, and a prefix-cache hit holds both
+models' KV (the drafter computes every token the target keeps, in the same step).
+
+Once a step's tokens are read back, the drafter runs its model eagerly:
+  1. one forward over each request's tokens of the step that the target kept (drafts
+     past the first rejection are not) and, where the request sampled, the token it
+     sampled: their draft KV is written, and the last row's logits give the first draft;
+  2. then one-token forwards, each feeding the draft before it and taking the next.
+A draft is the draft model's argmax: a point mass, which `spec_verify` accepts or redraws
+so that every output token is still drawn from the target. Drafts' KV goes into the
+slots past the request's tokens, allocated for it by the scheduler
+(`SpeculativeConfig.lookahead`); a request with fewer free slots gets fewer drafts. The
+next step recomputes those positions in the target, and its drafter rewrites their KV
+with the tokens kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+import torch
+
+from loom.attention.backend import AttentionBackend, AttentionMetadata
+from loom.config import EngineConfig, ModelConfig
+from loom.forward_context import ForwardContext, forward_context
+from loom.layers.attention import set_fused_rope
+from loom.layers.rotary import is_partial
+
+logger = logging.getLogger(__name__)
+
+
+def make_drafter(config: EngineConfig, target_vocab: int, max_model_len: int,
+                 device: torch.device, backend: AttentionBackend) -> Drafter | None:
+    """The config's draft model, or None where it names none."""
+    spec = config.speculative
+    if spec is None or spec.method != "draft_model":
+        return None
+    return Drafter(config, target_vocab, max_model_len, device, backend)
+
+
+class Drafter:
+    def __init__(self, config: EngineConfig, target_vocab: int, max_model_len: int,
+                 device: torch.device, backend: AttentionBackend) -> None:
+        from loom.worker.model_loader import load_model
+        spec = config.speculative
+        self.k = spec.num_speculative_tokens
+        self.device, self.backend = device, backend
+        self.block_size = config.cache.block_size
+        # As vLLM's: the target's dtype and load format (dummy weights draft dummy ones).
+        draft = ModelConfig(model=spec.model, dtype=config.model.dtype,
+                            max_model_len=max_model_len, seed=config.model.seed,
+                            load_format=config.model.load_format)
+        start = time.perf_counter()
+        try:
+            self.model, arch, self.dtype = load_model(
+                dataclasses.replace(config, model=draft, speculative=None, lora=None), device)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"speculative_config.model: {spec.model!r}: {e}") from None
+        if arch.context_len < max_model_len:
+            raise ValueError(f"speculative_config.model: the draft model's context "
+                             f"({arch.context_len} tokens) is shorter than max_model_len "
+                             f"({max_model_len}); lower max_model_len")
+        self.vocab = min(arch.vocab_size, target_vocab)
+        """Drafts are taken from the ids both vocabularies hold (sizes differ by padding)."""
+        set_fused_rope(self.model, backend.fuses_rope and not is_partial(self.model))
+        self.num_layers = arch.num_layers
+        self.kv_dtype = self.dtype
+        self.kv_caches: list[torch.Tensor] = []
+        logger.info("draft model %s (%s, %s) loaded in %.1f s; it runs eagerly, %d drafts a "
+                    "step", arch.architecture, self.dtype, device, time.perf_counter() - start,
+                    self.k)
+
+    @property
+    def _attn(self):
+        return self.model.model.layers[0].self_attn.attn
+
+    @property
+    def kv_block_bytes(self) -> int:
+        attn = self._attn
+        return (2 * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
+                * self.block_size * self.num_layers)
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        attn = self._attn
+        shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                          for _ in range(self.num_layers)]
+
+    @torch.inference_mode()
+    def propose(self, states, reqs: list, starts: list[int], ends: list[int],
+                sampled: list[list[int]]) -> dict[str, list[int]]:
+        """Drafts for each request that sampled a token this step (request id -> ids).
+        starts / ends: per request, the position of its first token this step and the one
+        past its last (its sampled tokens included, already in `states`' table)."""
+        jobs, room = [], []
+        for r, s, e, out in zip(reqs, starts, ends, sampled):
+            if states.get(r.req_id) is not r or len(r.token_ids) < e or e <= s:
+                continue  # dropped or re-sent since its step was launched
+            slots = len(r.block_ids) * self.block_size
+            # Its sampled token is fed at e - 1 and each draft but the last after it: each
+            # needs a slot (the scheduler allocated `lookahead` past the step's tokens).
+            n = min(self.k, slots - e + 1) if out else 0
+            jobs.append((r, s, e if n > 0 or not out else e - 1))
+            room.append(max(n, 0))
+        jobs = [(r, s, e) for r, s, e in jobs if e > s]  # (a lone unfed sampled token)
+        if not jobs or not any(room):
+            self._feed(states, jobs)
+            return {}
+        hidden, qstart, ends_a, rows = self._feed(states, jobs)
+        take = np.flatnonzero(np.asarray(room) > 0)
+        n = np.asarray(room)[take]
+        cur = self._argmax(hidden[torch.as_tensor(qstart[1:][take] - 1, device=self.device)])
+        out = torch.full((len(take), self.k), -1, dtype=torch.long, device=self.device)
+        out[:, 0] = cur
+        active, pos = np.arange(len(take)), ends_a[take]  # the first draft's position
+        for j in range(1, int(n.max())):
+            keep = n[active] > j
+            if not keep.all():
+                cur = cur[torch.as_tensor(np.flatnonzero(keep), device=self.device)]
+                active = active[keep]
+            at = pos[active] + j - 1  # draft j is fed here
+            hidden = self._forward(states, rows[take[active]], at, np.arange(len(active) + 1),
+                                   at + 1, cur)
+            cur = self._argmax(hidden)
+            out[torch.as_tensor(active, device=self.device), j] = cur
+        table = out.tolist()
+        return {jobs[i][0].req_id: table[t][:n[t]] for t, i in enumerate(take.tolist())}
+
+    def _feed(self, states, jobs: list) -> tuple:
+        """Write the draft KV of each job's tokens [start, end); return the hidden states,
+        query starts, ends and table rows."""
+        rows = np.asarray([r.row for r, _, _ in jobs], dtype=np.int64)
+        starts = np.asarray([s for _, s, _ in jobs], dtype=np.int64)
+        ends = np.asarray([e for _, _, e in jobs], dtype=np.int64)
+        counts = ends - starts
+        req_of_row = np.repeat(np.arange(len(jobs)), counts)
+        qstart = np.concatenate([[0], np.cumsum(counts)])
+        positions = np.arange(qstart[-1]) - qstart[req_of_row] + starts[req_of_row]
+        ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
+        if not len(jobs):
+            return None, qstart, ends, rows
+        hidden = self._forward(states, rows, positions, qstart, ends,
+                               torch.as_tensor(ids, device=self.device))
+        return hidden, qstart, ends, rows
+
+    def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)[:, :self.vocab].argmax(dim=-1)
+
+    def _forward(self, states, rows: np.ndarray, positions: np.ndarray, qstart: np.ndarray,
+                 seq_lens: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
+        """One eager forward of the draft model over the paged cache: rows (of `states`'
+        block table) with queries at qstart and lengths seq_lens."""
+        req_of_row = np.repeat(np.arange(len(rows)), np.diff(qstart))
+        width = -(-int(seq_lens.max()) // self.block_size)
+        table = states.blocks[rows, :width]
+        slots = (table[req_of_row, positions // self.block_size] * self.block_size
+                 + positions % self.block_size)
+        dev = self.device
+
+        def put(a, dtype=torch.int64):
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)
+        qstart32, seq32 = qstart.astype(np.int32), seq_lens.astype(np.int32)
+        meta = AttentionMetadata(
+            num_actual_tokens=int(qstart[-1]), num_reqs=len(rows),
+            max_query_len=int(np.diff(qstart).max()), max_seq_len=int(seq_lens.max()),
+            query_start_loc=put(qstart32, torch.int32), seq_lens=put(seq32, torch.int32),
+            block_table=put(table, torch.int32), slot_mapping=put(slots),
+            query_start_loc_cpu=torch.from_numpy(qstart32),
+            seq_lens_cpu=torch.from_numpy(seq32))
+        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+            return self.model(ids, put(positions))

@@ -1,0 +1,154 @@
+"""Speculative decoding with a draft model (vLLM's method "draft_model").
+
+Whatever the draft model proposes, greedy outputs equal transformers'. The sharp check of
+the drafter's own KV cache is a draft that is the target itself: its argmax is the
+target's, so every draft must be accepted, and one wrong key or value (a position the
+drafter skipped, a slot past the block table, a prefix-cache hit whose draft KV was never
+written, a preempted request's stale drafts) shows as a rejection."""
+
+from __future__ import annotations
+
+import pytest
+
+from loom import LLM, SamplingParams
+from loom.core.spec_decode import SpecDecoder
+from tests.conftest import TINY, hf_greedy
+from tests.e2e.test_spec_decode import _greedy, _prompts
+
+
+def _spec(draft: str, k: int = 3) -> dict:
+    return {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+
+
+def _llm(path: str, draft: str, **kwargs) -> LLM:
+    kwargs.setdefault("max_model_len", 256)
+    return LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
+               speculative_config=_spec(draft, kwargs.pop("k", 3)), **kwargs)
+
+
+@pytest.fixture
+def verified(monkeypatch):
+    """[steps, drafts, accepted] over every verified step of the test."""
+    totals = [0, 0, 0]
+    original = SpecDecoder.on_output
+
+    def on_output(self, request, drafted, sampled):
+        totals[0] += 1
+        totals[1] += drafted
+        totals[2] += len(sampled) - 1
+        return original(self, request, drafted, sampled)
+    monkeypatch.setattr(SpecDecoder, "on_output", on_output)
+    return totals
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory):
+    """A tiny Qwen3 of other random weights whose vocabulary is padded past the target's
+    (drafts must still be ids the target holds)."""
+    import torch
+    import transformers as tf
+    torch.manual_seed(1)
+    path = str(tmp_path_factory.mktemp("draft-qwen3"))
+    tf.AutoModelForCausalLM.from_config(tf.Qwen3Config(**dict(TINY, vocab_size=320)),
+                                        dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    {}, dict(async_scheduling=False), dict(max_num_batched_tokens=16, k=4),
+    # blocks run out mid-decode (each block holds both models' KV): requests are preempted
+    dict(kv_cache_memory_bytes=2 * 2 * 2 * 16 * 2 * 16 * 4 * 14, max_model_len=160,
+         kv_headroom_tokens=0),
+], ids=["default", "sync", "small-budget", "preemption"])
+def test_a_draft_of_the_target_itself_is_always_accepted(engine_kwargs, tiny_model_factory,
+                                                         verified, monkeypatch):
+    from loom.core.scheduler import Scheduler
+    preempted, preempt = [], Scheduler._preempt
+    monkeypatch.setattr(Scheduler, "_preempt",
+                        lambda self, req: (preempted.append(req.request_id), preempt(self, req)))
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()
+    llm = _llm(path, path, **engine_kwargs)
+    outs = llm.generate(prompts, _greedy(40), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 40)
+    steps, drafted, accepted = verified
+    assert steps > 0 and drafted > steps and accepted == drafted
+    assert bool(preempted) == ("kv_cache_memory_bytes" in engine_kwargs)
+    if engine_kwargs:
+        return
+    # Again: the prompts now hit the prefix cache, whose blocks hold the draft's KV too.
+    again = llm.generate(prompts, _greedy(40), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in outs]
+    assert all(o.num_cached_tokens > 0 for o in again if len(o.prompt_token_ids) > 16)
+    assert verified[2] == verified[1] > drafted
+
+
+def test_outputs_end_where_they_would_without_drafts(tiny_model_factory, verified):
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()[4:]
+    refs = [hf_greedy(hf, p, 40) for p in prompts]
+    llm = _llm(path, path, k=4)
+    for n in (1, 2, 3, 6):
+        outs = llm.generate(prompts, _greedy(n), use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == [r[:n] for r in refs]
+    for prompt, ref in zip(prompts, refs):  # a stop token among accepted drafts
+        stop = ref[30]
+        out = llm.generate([prompt], _greedy(40, stop_token_ids=[stop]), use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == ref[:ref.index(stop) + 1]
+        assert out.outputs[0].finish_reason == "stop"
+    # max_model_len ends a request mid-draft; the drafts' slots never pass the table.
+    out = _llm(path, path, max_model_len=60, k=4).generate(
+        [prompts[0]], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True),
+        use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == refs[0][:60 - len(prompts[0])]
+    assert verified[2] == verified[1] > 0
+
+
+def test_another_draft_model_changes_no_greedy_token(tiny_model_factory, other_draft, verified):
+    """A Qwen3 drafting for a Llama: its drafts are mostly rejected, the outputs are the
+    target's; random sampling, logprobs and penalties run beside it."""
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()
+    llm = _llm(path, other_draft, k=4)
+    outs = llm.generate(prompts, _greedy(30, logprobs=2), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 30)
+        assert len(out.outputs[0].logprobs) == 30
+    assert verified[1] > 0
+    mixed = [SamplingParams(temperature=0.8, seed=3, max_tokens=30, ignore_eos=True, n=2),
+             _greedy(30, repetition_penalty=1.3)]
+    outs = llm.generate(prompts[:2], mixed, use_tqdm=False)
+    assert all(len(c.token_ids) == 30 and max(c.token_ids) < 256
+               for o in outs for c in o.outputs)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ({"method": "draft_model", "num_speculative_tokens": 2},
+     "speculative_config.model: required for method draft_model"),
+    ({"model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+     "speculative_config.prompt_lookup_max: is an n-gram setting, not draft_model's"),
+    ({"model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
+     "draft_tensor_parallel_size: loom runs the draft model on one GPU (1), got 2"),
+])
+def test_config_errors_name_the_field(spec, message):
+    from loom.engine.arg_utils import EngineArgs
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        EngineArgs(model="llama-3.1-8b", speculative_config=spec).create_engine_config()
+
+
+def test_engine_errors_name_the_draft(tiny_model_factory, tmp_path):
+    from loom.engine.arg_utils import EngineArgs
+    from loom.speculative_config import SpeculativeConfig
+    assert SpeculativeConfig.parse({"model": "/d", "num_speculative_tokens": 2}).method == \
+        "draft_model"
+    with pytest.raises(ValueError, match="draft_model is not implemented with "
+                                         "tensor_parallel_size 2"):
+        EngineArgs(model="llama-3.1-8b", tensor_parallel_size=2,
+                   speculative_config=_spec("llama-3.1-8b")).create_engine_config()
+    path, _ = tiny_model_factory("llama")
+    with pytest.raises(ValueError, match=f"speculative_config.model: '{tmp_path}/none'"):
+        _llm(path, f"{tmp_path}/none")
+    with pytest.raises(ValueError, match=r"the draft model's context \(512 tokens\) is "
+                                         r"shorter than max_model_len \(1024\)"):
+        _llm(path, path, max_model_len=1024, hf_overrides={"max_position_embeddings": 2048})
