@@ -62,6 +62,9 @@ class Drafter:
                 dataclasses.replace(config, model=draft, speculative=None, lora=None), device)
         except (OSError, ValueError) as e:
             raise ValueError(f"speculative_config.model: {spec.model!r}: {e}") from None
+        if getattr(self.model, "is_encoder", False) or not hasattr(self.model, "compute_logits"):
+            raise ValueError(f"speculative_config.model: {spec.model!r} ({arch.architecture}) "
+                             "is not a causal LM: a draft model must generate")
         if arch.context_len < max_model_len:
             raise ValueError(f"speculative_config.model: the draft model's context "
                              f"({arch.context_len} tokens) is shorter than max_model_len "

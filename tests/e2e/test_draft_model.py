@@ -149,6 +149,15 @@ def test_engine_errors_name_the_draft(tiny_model_factory, tmp_path):
     path, _ = tiny_model_factory("llama")
     with pytest.raises(ValueError, match=f"speculative_config.model: '{tmp_path}/none'"):
         _llm(path, f"{tmp_path}/none")
+    import torch
+    import transformers as tf
+    torch.manual_seed(0)
+    bert = tmp_path / "bert"
+    tf.BertModel(tf.BertConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                               num_hidden_layers=1, num_attention_heads=4,
+                               max_position_embeddings=512)).save_pretrained(bert)
+    with pytest.raises(ValueError, match="is not a causal LM: a draft model must generate"):
+        _llm(path, str(bert))
     with pytest.raises(ValueError, match=r"the draft model's context \(512 tokens\) is "
                                          r"shorter than max_model_len \(1024\)"):
         _llm(path, path, max_model_len=1024, hf_overrides={"max_position_embeddings": 2048})

@@ -1,11 +1,14 @@
 """`loom serve --speculative-config`: greedy answers through the official openai client equal
-the offline engine's without drafts, and /metrics counts the drafts as vLLM names them."""
+the offline engine's without drafts, and /metrics counts the drafts as vLLM names them
+(n-gram lookup, and a draft model: the served model drafting for itself, every draft kept)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
+import pytest
 
 from loom import SamplingParams
 from tests.entrypoints.conftest import start_server
@@ -21,9 +24,12 @@ def _counter(metrics: str, name: str) -> float:
     return float(found.group(1))
 
 
-def test_served_with_ngram_drafts(tiny_chat_model, llm, tmp_path):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_served_with_drafts(method, tiny_chat_model, llm, tmp_path):
+    spec = SPEC if method == "ngram" else json.dumps(
+        {"model": tiny_chat_model, "num_speculative_tokens": 3})
     server = start_server(tiny_chat_model, "mp", tmp_path,
-                          extra_args=("--speculative-config", SPEC))
+                          extra_args=("--speculative-config", spec))
     try:
         client = server.client()
         texts = [client.completions.create(model=client.models.list().data[0].id, prompt=p,
@@ -43,4 +49,6 @@ def test_served_with_ngram_drafts(tiny_chat_model, llm, tmp_path):
     drafted = _counter(metrics, "spec_decode_num_draft_tokens")
     accepted = _counter(metrics, "spec_decode_num_accepted_tokens")
     assert drafts > 0 and drafted >= drafts and 0 <= accepted <= drafted, metrics
+    if method == "draft_model":
+        assert accepted == drafted
     assert "loom:spec_decode_num_accepted_tokens_per_pos_total" in metrics
