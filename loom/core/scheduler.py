@@ -165,9 +165,8 @@ class Scheduler:
                 i += 1  # nothing to compute until update_from_output appends
                 continue
             drafts = self.spec.drafts(request, num_new, step.budget) if self.spec else []
-            # A draft model writes its next drafts' KV past this step's tokens: room for them.
-            extra = len(drafts) + min(self.spec.lookahead if self.spec else 0, max(
-                0, self.max_model_len - request.num_computed_tokens - num_new - len(drafts)))
+            extra = len(drafts) + self._lookahead(
+                request, request.num_computed_tokens + num_new + len(drafts))
             new_block_ids = (self.kv_cache_manager.allocate_slots(request, num_new + extra)
                              if extra else None)
             if new_block_ids is None:  # no drafts, or no room for them: one token
@@ -182,6 +181,14 @@ class Scheduler:
             step.cached_tokens[rid] = num_new
             step.budget -= num_new
             i += 1
+
+    def _lookahead(self, request: Request, end: int) -> int:
+        """KV slots past a step's tokens (which end at `end`) for a draft model's drafts,
+        where the step samples: its drafter writes their KV there (none past
+        max_model_len)."""
+        if self.spec is None or not self.spec.lookahead or end < request.num_tokens:
+            return 0
+        return min(self.spec.lookahead, max(0, self.max_model_len - end))
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              step: _Step) -> list[int] | None:
@@ -251,7 +258,10 @@ class Scheduler:
             num_new = min(request.num_tokens - num_hit, step.budget)
             if self.whole_prompts and num_new < request.num_tokens - num_hit:
                 break  # the next step has room: nothing behind it jumps the queue
-            if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
+            extra = self._lookahead(request, num_hit + num_new)
+            if (self.kv_cache_manager.allocate_slots(request, num_new + extra, hit_blocks) is None
+                    and (not extra or self.kv_cache_manager.allocate_slots(
+                        request, num_new, hit_blocks) is None)):
                 break  # nothing behind it jumps the queue
             self.waiting.pop()
             self._admit(request, num_hit, num_new, step)

@@ -96,6 +96,7 @@ def test_a_draft_models_proposals_follow_its_last_step_with_room_for_their_kv():
     request = add(sched, "other", 4, max_tokens=9)
     computed: dict[str, int] = {}
     out = sched.schedule()
+    assert sched.kv_cache_manager.num_blocks_of("other") == 2  # 4 tokens, 3 slots past
     assert sched.schedule().num_scheduled_tokens == {}  # nothing runs ahead
     result = execute(out, computed)
     result.draft_token_ids = {"other": [script("other", 5), script("other", 6), 0]}
