@@ -31,6 +31,7 @@ from loom.config import EngineConfig, ModelConfig
 from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
 from loom.layers.rotary import is_partial
+from loom.worker.sampler import greedy_argmax
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,10 @@ class Drafter:
         return hidden, qstart, ends, rows
 
     def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.compute_logits(hidden)[:, :self.vocab].argmax(dim=-1)
+        logits = self.model.compute_logits(hidden)
+        if logits.shape[1] > self.vocab:
+            logits = logits[:, :self.vocab].contiguous()
+        return greedy_argmax(logits.float())  # (the sampler's kernel on CUDA)
 
     def _forward(self, states, rows: np.ndarray, positions: np.ndarray, qstart: np.ndarray,
                  seq_lens: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
