@@ -130,7 +130,11 @@ class Scheduler:
     # -- schedule ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(budget=self.config.max_num_batched_tokens)
+        # A draft model proposes once a step is read back: the next step waits for it
+        # whole, rather than split off the requests that are ready into a batch of their own.
+        waits = (self.spec is not None and not self.spec.runs_ahead
+                 and any(r.num_output_placeholders for r in self.running))
+        step = _Step(budget=0 if waits else self.config.max_num_batched_tokens)
         # While any step in flight verifies drafts, nothing runs ahead: the batch waits
         # for it whole, rather than splitting into halves that each read every weight.
         self._verifying = self.spec is not None and any(r.spec_token_ids for r in self.running)

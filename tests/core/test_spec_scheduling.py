@@ -97,12 +97,16 @@ def test_a_draft_models_proposals_follow_its_last_step_with_room_for_their_kv():
     computed: dict[str, int] = {}
     out = sched.schedule()
     assert sched.kv_cache_manager.num_blocks_of("other") == 2  # 4 tokens, 3 slots past
-    assert sched.schedule().num_scheduled_tokens == {}  # nothing runs ahead
+    late = add(sched, "late", 3)
+    # Nothing runs ahead, nor starts beside a step in flight: it joins the next one.
+    assert sched.schedule().num_scheduled_tokens == {}
     result = execute(out, computed)
     result.draft_token_ids = {"other": [script("other", 5), script("other", 6), 0]}
     sched.update_from_output(out, result)
     out = sched.schedule()
+    assert out.num_scheduled_tokens == {"other": 4, "late": 3}
     assert out.cached_reqs[0].spec_token_ids == result.draft_token_ids["other"]
+    sched.abort_requests(["late"])
     # 5 tokens + 3 drafts computed, then 3 slots for the drafter: 11 tokens, 3 blocks.
     assert sched.kv_cache_manager.num_blocks_of("other") == 3
     sched.update_from_output(out, execute(out, computed))  # the third draft is rejected
