@@ -37,7 +37,7 @@ from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logpr
                                  greedy_argmax)
 from loom.worker.spec_verify import verify_step
 from loom.worker.step_handle import StepHandle
-from loom.worker.warmup import capture_pieces, warm_up
+from loom.worker.warmup import capture_pieces, plan_pieces, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class ModelRunner:
         if cfg.enforce_eager or not cuda_graphs_on(self.device):
             return
         if cfg.compilation.piece_graphs:
-            self._plan_pieces()
+            self.piece_sizes = plan_pieces(self)
         sizes = self.decode_graph_sizes()
         mixed = self.mixed_graph_sizes(sizes)
         if (line := mode_line(cfg.compilation.cudagraph_mode, mixed)) is not None:
@@ -228,32 +228,6 @@ class ModelRunner:
                 f"{setting}: the decode batches' CUDA graphs (sizes {sizes[0]}..{sizes[-1]}) "
                 f"ran out of GPU memory beside a {kv_gib:.1f} GiB KV cache; lower it, capture "
                 "fewer sizes (cudagraph_capture_sizes) or pass --enforce-eager") from None
-
-    def _plan_pieces(self) -> None:
-        cfg = self.config
-        pieces = piecewise_sizes(cfg.scheduler.max_num_batched_tokens)
-        if cfg.compilation.cudagraph_mode == "PIECEWISE" and \
-                cfg.compilation.cudagraph_capture_sizes is not None:
-            pieces = sorted({_round_up(s, self.token_multiple)
-                             for s in cfg.compilation.cudagraph_capture_sizes})
-            if not pieces:
-                logger.info("cudagraph_mode PIECEWISE with no cudagraph_capture_sizes: no batch "
-                            "replays CUDA graphs")
-                return
-        if not self.forward.capture_pieces_at(pieces):
-            logger.info("cudagraph_mode %s: piecewise CUDA graphs need level 3 with the graph "
-                        "split at attention (here level %d%s); %s", cfg.compilation.cudagraph_mode,
-                        self.forward.level, ", one whole graph" if self.forward.level == 3 else "",
-                        "batches of more tokens replay no CUDA graphs"
-                        if cfg.compilation.cudagraph_mode == "FULL" else
-                        "only decode batches replay CUDA graphs" if cfg.compilation.decode_graphs
-                        else "no batch replays CUDA graphs")
-            return
-        # compile_sizes in that range are padding targets too: their static graphs.
-        self.piece_sizes = sorted(set(pieces).union(
-            s for s in cfg.compilation.compile_sizes if s <= pieces[-1]))
-        logger.info("piecewise CUDA graphs: batches of up to %d tokens that no decode graph "
-                    "takes are padded to %s tokens", pieces[-1], self.piece_sizes)
 
     @property
     def token_multiple(self) -> int:

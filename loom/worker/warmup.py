@@ -28,6 +28,7 @@ from loom.forward_context import ForwardContext, forward_context
 from loom.kernels.compile_pool import compile_pool
 from loom.kernels.host import next_power_of_2
 from loom.sampling_params import SamplingParams
+from loom.worker.cuda_graph import piecewise_sizes
 from loom.worker.sampler import SamplingMetadata
 
 logger = logging.getLogger(__name__)
@@ -199,6 +200,37 @@ class _Phases:
 
     def __str__(self) -> str:
         return ", ".join(f"{name} {s:.1f}" for name, s in self.seconds.items()) + " s"
+
+
+def plan_pieces(runner) -> list[int]:
+    """The token counts batches are padded up to for piecewise CUDA graphs (the runner's
+    piece_sizes; [] where none are captured, said in one line)."""
+    cfg = runner.config
+    pieces = piecewise_sizes(cfg.scheduler.max_num_batched_tokens)
+    multiple = runner.token_multiple
+    if cfg.compilation.cudagraph_mode == "PIECEWISE" and \
+            cfg.compilation.cudagraph_capture_sizes is not None:
+        pieces = sorted({-(-s // multiple) * multiple
+                         for s in cfg.compilation.cudagraph_capture_sizes})
+        if not pieces:
+            logger.info("cudagraph_mode PIECEWISE with no cudagraph_capture_sizes: no batch "
+                        "replays CUDA graphs")
+            return []
+    if not runner.forward.capture_pieces_at(pieces):
+        logger.info("cudagraph_mode %s: piecewise CUDA graphs need level 3 with the graph "
+                    "split at attention (here level %d%s); %s", cfg.compilation.cudagraph_mode,
+                    runner.forward.level, ", one whole graph" if runner.forward.level == 3
+                    else "", "batches of more tokens replay no CUDA graphs"
+                    if cfg.compilation.cudagraph_mode == "FULL" else
+                    "only decode batches replay CUDA graphs" if cfg.compilation.decode_graphs
+                    else "no batch replays CUDA graphs")
+        return []
+    # compile_sizes in that range are padding targets too: their static graphs.
+    sizes = sorted(set(pieces).union(s for s in cfg.compilation.compile_sizes
+                                     if s <= pieces[-1]))
+    logger.info("piecewise CUDA graphs: batches of up to %d tokens that no decode graph "
+                "takes are padded to %s tokens", pieces[-1], sizes)
+    return sizes
 
 
 @torch.inference_mode()
