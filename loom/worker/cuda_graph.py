@@ -86,8 +86,11 @@ def mixed_sizes(piece_sizes: list[int], decode_sizes: list[int]) -> list[int]:
 class CUDAGraphRunner:
     def __init__(self, forward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
                  sizes: list[int], max_blocks_per_req: int, max_model_len: int,
-                 device: torch.device, mixed: list[int] = (), max_num_seqs: int = 0) -> None:
+                 device: torch.device, mixed: list[int] = (), max_num_seqs: int = 0,
+                 name: str = "") -> None:
+        """name: whose graphs, in the log line (the target's: none)."""
         self.forward, self.backend, self.kv_caches = forward, backend, kv_caches
+        self.name = f"{name}: " if name else ""
         self.sizes = sorted(set(sizes))
         self.mixed_sizes = sorted(set(mixed))
         """Token counts of the mixed graphs (cudagraph_mode FULL); none otherwise."""
@@ -152,8 +155,8 @@ class CUDAGraphRunner:
         slowest = max(took, key=took.get)
         mixed = (f" and {len(self.mixed_graphs)} of mixed batches ({self.mixed_sizes[0]}.."
                  f"{self.mixed_sizes[-1]} tokens)" if self.mixed_graphs else "")
-        logger.info("captured %d CUDA graphs (decode batch sizes %d..%d)%s in %.1f s (the "
-                    "slowest, batch %d: %.2f s; the fastest %.2f s)", len(self.graphs),
+        logger.info("%scaptured %d CUDA graphs (decode batch sizes %d..%d)%s in %.1f s (the "
+                    "slowest, batch %d: %.2f s; the fastest %.2f s)", self.name, len(self.graphs),
                     self.sizes[0], self.sizes[-1], mixed, time.perf_counter() - start,
                     slowest, took[slowest], min(took.values()))
 

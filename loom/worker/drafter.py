@@ -8,7 +8,8 @@ Once a step's tokens are read back, the drafter runs its model eagerly:
   1. one forward over each request's tokens of the step that the target kept (drafts
      past the first rejection are not) and, where the request sampled, the token it
      sampled: their draft KV is written, and the last row's logits give the first draft;
-  2. then one-token forwards, each feeding the draft before it and taking the next.
+  2. then one-token forwards, each feeding the draft before it and taking the next
+     (replayed from CUDA graphs at the target's decode batch sizes, where it has them).
 A draft is the draft model's argmax: a point mass, which `spec_verify` accepts or redraws
 so that every output token is still drawn from the target. Drafts' KV goes into the
 slots past the request's tokens, allocated for it by the scheduler
@@ -31,6 +32,8 @@ from loom.config import EngineConfig, ModelConfig
 from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
 from loom.layers.rotary import is_partial
+from loom.worker.cuda_graph import CUDAGraphRunner
+from loom.worker.input_batch import StepBatch
 from loom.worker.sampler import greedy_argmax
 
 logger = logging.getLogger(__name__)
@@ -76,9 +79,9 @@ class Drafter:
         self.num_layers = arch.num_layers
         self.kv_dtype = self.dtype
         self.kv_caches: list[torch.Tensor] = []
-        logger.info("draft model %s (%s, %s) loaded in %.1f s; it runs eagerly, %d drafts a "
-                    "step", arch.architecture, self.dtype, device, time.perf_counter() - start,
-                    self.k)
+        self.graphs: CUDAGraphRunner | None = None
+        logger.info("draft model %s (%s, %s) loaded in %.1f s; %d drafts a step", arch.architecture,
+                    self.dtype, device, time.perf_counter() - start, self.k)
 
     @property
     def _attn(self):
@@ -95,6 +98,16 @@ class Drafter:
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
                           for _ in range(self.num_layers)]
+
+    def capture(self, sizes: list[int], max_model_len: int) -> None:
+        """Capture the one-token forwards in CUDA graphs at the target's decode batch sizes
+        (none: they run eagerly): eagerly, each is hundreds of launches."""
+        if not sizes:
+            return
+        self.graphs = CUDAGraphRunner(self.model.forward, self.backend, self.kv_caches, sizes,
+                                      -(-max_model_len // self.block_size), max_model_len,
+                                      self.device, name="draft model")
+        self.graphs.capture()
 
     @torch.inference_mode()
     def propose(self, states, reqs: list, starts: list[int], ends: list[int],
@@ -180,5 +193,9 @@ class Drafter:
             block_table=put(table, torch.int32), slot_mapping=put(slots),
             query_start_loc_cpu=torch.from_numpy(qstart32),
             seq_lens_cpu=torch.from_numpy(seq32))
+        batch = StepBatch(ids, put(positions), meta, [], None)
+        size = self.graphs.padded_size(batch) if self.graphs is not None else None
+        if size is not None:
+            return self.graphs.run(batch, size)
         with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
-            return self.model(ids, put(positions))
+            return self.model(batch.input_ids, batch.positions)

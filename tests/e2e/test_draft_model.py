@@ -161,3 +161,37 @@ def test_engine_errors_name_the_draft(tiny_model_factory, tmp_path):
     with pytest.raises(ValueError, match=r"the draft model's context \(512 tokens\) is "
                                          r"shorter than max_model_len \(1024\)"):
         _llm(path, path, max_model_len=1024, hf_overrides={"max_position_embeddings": 2048})
+
+
+def test_the_drafts_one_token_forwards_replay_cuda_graphs(tiny_model_factory, verified,
+                                                         monkeypatch, caplog):
+    """Where the target captures decode graphs, the drafter captures its one-token forwards
+    at the same sizes (played on the CPU by test_full_graphs' stand-in graph): padded
+    batches of proposing requests replay them, and every draft is still accepted."""
+    import logging
+
+    import torch
+
+    from loom.worker import drafter, model_runner
+    from tests.worker.test_full_graphs import _capturing, _Graph, _Runner
+    monkeypatch.setattr(model_runner, "cuda_graphs_on", lambda device: True)
+    monkeypatch.setattr(model_runner.ModelRunner, "decode_graph_sizes", lambda self: [1, 2, 4, 8])
+    for module in (model_runner, drafter):
+        monkeypatch.setattr(module, "CUDAGraphRunner", _Runner)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", _capturing)
+    caplog.set_level(logging.INFO, logger="loom")
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()
+    llm = _llm(path, path, compilation_config={"level": 0}, k=4)
+    outs = llm.generate(prompts, _greedy(30), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 30)
+    assert verified[2] == verified[1] > verified[0]
+    graphs = llm.engine.executor.worker.model_runner.drafter.graphs
+    assert sorted(graphs.graphs) == [1, 2, 4, 8]
+    assert "draft model: captured 4 CUDA graphs (decode batch sizes 1..8)" in caplog.text
+    replays = {size: g.replays for size, (g, _) in graphs.graphs.items()}
+    assert replays[8] > 0 and sum(replays.values()) >= 3 * verified[0] // len(prompts)
