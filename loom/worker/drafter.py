@@ -125,11 +125,13 @@ class Drafter:
             n = min(self.k, slots - e + 1) if out else 0
             jobs.append((r, s, e if n > 0 or not out else e - 1))
             room.append(max(n, 0))
-        jobs = [(r, s, e) for r, s, e in jobs if e > s]  # (a lone unfed sampled token)
-        if not jobs or not any(room):
-            self._feed(states, jobs)
+        kept = [i for i, (_, s, e) in enumerate(jobs) if e > s]  # (a lone unfed token: none)
+        jobs, room = [jobs[i] for i in kept], [room[i] for i in kept]
+        if not jobs:
             return {}
         hidden, qstart, ends_a, rows = self._feed(states, jobs)
+        if not any(room):
+            return {}
         take = np.flatnonzero(np.asarray(room) > 0)
         n = np.asarray(room)[take]
         cur = self._argmax(hidden[torch.as_tensor(qstart[1:][take] - 1, device=self.device)])
@@ -160,8 +162,6 @@ class Drafter:
         qstart = np.concatenate([[0], np.cumsum(counts)])
         positions = np.arange(qstart[-1]) - qstart[req_of_row] + starts[req_of_row]
         ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
-        if not len(jobs):
-            return None, qstart, ends, rows
         hidden = self._forward(states, rows, positions, qstart, ends,
                                torch.as_tensor(ids, device=self.device))
         return hidden, qstart, ends, rows
@@ -174,8 +174,9 @@ class Drafter:
 
     def _forward(self, states, rows: np.ndarray, positions: np.ndarray, qstart: np.ndarray,
                  seq_lens: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
-        """One eager forward of the draft model over the paged cache: rows (of `states`'
-        block table) with queries at qstart and lengths seq_lens."""
+        """One forward of the draft model over the paged cache (a decode graph's replay
+        where one holds it, else eager): rows (of `states`' block table) with queries at
+        qstart and lengths seq_lens."""
         req_of_row = np.repeat(np.arange(len(rows)), np.diff(qstart))
         width = -(-int(seq_lens.max()) // self.block_size)
         table = states.blocks[rows, :width]
