@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 
 from loom import LLM, SamplingParams
-from loom.core.spec_decode import SpecDecoder
 from tests.conftest import TINY, hf_greedy
 from tests.e2e.test_spec_decode import _greedy, _prompts
 
@@ -24,21 +23,6 @@ def _llm(path: str, draft: str, **kwargs) -> LLM:
     kwargs.setdefault("max_model_len", 256)
     return LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
                speculative_config=_spec(draft, kwargs.pop("k", 3)), **kwargs)
-
-
-@pytest.fixture
-def verified(monkeypatch):
-    """[steps, drafts, accepted] over every verified step of the test."""
-    totals = [0, 0, 0]
-    original = SpecDecoder.on_output
-
-    def on_output(self, request, drafted, sampled):
-        totals[0] += 1
-        totals[1] += drafted
-        totals[2] += len(sampled) - 1
-        return original(self, request, drafted, sampled)
-    monkeypatch.setattr(SpecDecoder, "on_output", on_output)
-    return totals
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import random
 import pytest
 
 from loom import LLM, SamplingParams
-from loom.core.spec_decode import SpecDecoder
 from tests.conftest import hf_greedy
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
@@ -33,21 +32,6 @@ def _llm(path: str, **kwargs) -> LLM:
 
 def _greedy(max_tokens: int, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
-
-
-@pytest.fixture
-def verified(monkeypatch):
-    """[steps, drafts, accepted] over every verified step of the test."""
-    totals = [0, 0, 0]
-    original = SpecDecoder.on_output
-
-    def on_output(self, request, drafted, sampled):
-        totals[0] += 1
-        totals[1] += drafted
-        totals[2] += len(sampled) - 1
-        return original(self, request, drafted, sampled)
-    monkeypatch.setattr(SpecDecoder, "on_output", on_output)
-    return totals
 
 
 @pytest.mark.parametrize("engine_kwargs", [
