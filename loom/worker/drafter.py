@@ -32,6 +32,7 @@ from loom.config import EngineConfig, ModelConfig
 from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
 from loom.layers.rotary import is_partial
+from loom.pinned import upload
 from loom.worker.cuda_graph import CUDAGraphRunner
 from loom.worker.input_batch import StepBatch
 from loom.worker.sampler import greedy_argmax
@@ -138,16 +139,18 @@ class Drafter:
         out = torch.full((len(take), self.k), -1, dtype=torch.long, device=self.device)
         out[:, 0] = cur
         active, pos = np.arange(len(take)), ends_a[take]  # the first draft's position
+        active_d = None  # (all rows, until some run out of room)
         for j in range(1, int(n.max())):
             keep = n[active] > j
             if not keep.all():
                 cur = cur[torch.as_tensor(np.flatnonzero(keep), device=self.device)]
                 active = active[keep]
+                active_d = torch.as_tensor(active, device=self.device)
             at = pos[active] + j - 1  # draft j is fed here
             hidden = self._forward(states, rows[take[active]], at, np.arange(len(active) + 1),
                                    at + 1, cur)
             cur = self._argmax(hidden)
-            out[torch.as_tensor(active, device=self.device), j] = cur
+            out[slice(None) if active_d is None else active_d, j] = cur
         table = out.tolist()
         return {jobs[i][0].req_id: table[t][:n[t]] for t, i in enumerate(take.tolist())}
 
@@ -162,8 +165,7 @@ class Drafter:
         qstart = np.concatenate([[0], np.cumsum(counts)])
         positions = np.arange(qstart[-1]) - qstart[req_of_row] + starts[req_of_row]
         ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
-        hidden = self._forward(states, rows, positions, qstart, ends,
-                               torch.as_tensor(ids, device=self.device))
+        hidden = self._forward(states, rows, positions, qstart, ends, ids)
         return hidden, qstart, ends, rows
 
     def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -173,28 +175,29 @@ class Drafter:
         return greedy_argmax(logits.float())  # (the sampler's kernel on CUDA)
 
     def _forward(self, states, rows: np.ndarray, positions: np.ndarray, qstart: np.ndarray,
-                 seq_lens: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
+                 seq_lens: np.ndarray, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
         """One forward of the draft model over the paged cache (a decode graph's replay
         where one holds it, else eager): rows (of `states`' block table) with queries at
-        qstart and lengths seq_lens."""
+        qstart and lengths seq_lens; ids on the host, or the drafts before on the device.
+        The host arrays go up in one copy from pinned memory, which does not wait for the
+        forwards before it."""
         req_of_row = np.repeat(np.arange(len(rows)), np.diff(qstart))
         width = -(-int(seq_lens.max()) // self.block_size)
         table = states.blocks[rows, :width]
         slots = (table[req_of_row, positions // self.block_size] * self.block_size
                  + positions % self.block_size)
-        dev = self.device
-
-        def put(a, dtype=torch.int64):
-            return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=dev)
         qstart32, seq32 = qstart.astype(np.int32), seq_lens.astype(np.int32)
+        host = [positions.astype(np.int64), slots, qstart32, seq32, table.astype(np.int32)]
+        on_host = isinstance(ids, np.ndarray)
+        positions_d, slots_d, qstart_d, seq_d, table_d, *ids_d = upload(
+            host + ([ids] if on_host else []), self.device)
         meta = AttentionMetadata(
             num_actual_tokens=int(qstart[-1]), num_reqs=len(rows),
             max_query_len=int(np.diff(qstart).max()), max_seq_len=int(seq_lens.max()),
-            query_start_loc=put(qstart32, torch.int32), seq_lens=put(seq32, torch.int32),
-            block_table=put(table, torch.int32), slot_mapping=put(slots),
-            query_start_loc_cpu=torch.from_numpy(qstart32),
+            query_start_loc=qstart_d, seq_lens=seq_d, block_table=table_d,
+            slot_mapping=slots_d, query_start_loc_cpu=torch.from_numpy(qstart32),
             seq_lens_cpu=torch.from_numpy(seq32))
-        batch = StepBatch(ids, put(positions), meta, [], None)
+        batch = StepBatch(ids_d[0] if on_host else ids, positions_d, meta, [], None)
         size = self.graphs.padded_size(batch) if self.graphs is not None else None
         if size is not None:
             return self.graphs.run(batch, size)
