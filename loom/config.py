@@ -349,8 +349,3 @@ class EngineConfig:
         _check(self.speculative is None or self.model.logprobs_mode == "raw_logprobs",
                f"logprobs_mode: {self.model.logprobs_mode!r} is not supported with "
                "speculative decoding (its verified drafts report raw_logprobs)")
-        _check(self.speculative is None or self.speculative.method != "draft_model"
-               or self.parallel.tensor_parallel_size == 1,
-               "speculative_config: method draft_model is not implemented with "
-               f"tensor_parallel_size {self.parallel.tensor_parallel_size} (loom runs the "
-               "draft model beside an unsharded target only; n-gram lookup takes any TP)")

@@ -7,6 +7,7 @@ filled once per process by `init_distributed` and emptied by `destroy_distribute
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -55,6 +56,21 @@ def get_group(name: str) -> GroupCoordinator:
 
 def get_tp_group() -> GroupCoordinator:
     return get_group("tp")
+
+
+@contextlib.contextmanager
+def tp_alone():
+    """Within it, this rank is a TP group of its own: a model built and run here is whole
+    and calls no collective (the driver's draft model beside a sharded target)."""
+    saved = _GROUPS.get("tp")
+    _GROUPS["tp"] = GroupCoordinator("tp", 0, 1, None)
+    try:
+        yield
+    finally:
+        if saved is None:
+            _GROUPS.pop("tp", None)
+        else:
+            _GROUPS["tp"] = saved
 
 
 def enable_symmetric_memory(name: str) -> None:

@@ -1,6 +1,7 @@
 """A draft model's proposals for speculative decoding (vLLM's method "draft_model").
 
-The draft model keeps a paged KV cache of its own laid out like the target's: the same
+The draft model runs whole on the driver rank (under TP too: its proposals are the step's)
+and keeps a paged KV cache of its own laid out like the target's: the same
 block ids and slots, so one block table serves both, and a prefix-cache hit holds both
 models' KV (the drafter computes every token the target keeps, in the same step).
 
@@ -29,6 +30,7 @@ import torch
 
 from loom.attention.backend import AttentionBackend, AttentionMetadata
 from loom.config import EngineConfig, ModelConfig
+from loom.distributed.parallel_state import tp_alone
 from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
 from loom.layers.rotary import is_partial
@@ -41,10 +43,13 @@ logger = logging.getLogger(__name__)
 
 
 def make_drafter(config: EngineConfig, target_vocab: int, max_model_len: int,
-                 device: torch.device, backend: AttentionBackend) -> Drafter | None:
-    """The config's draft model, or None where it names none."""
+                 device: torch.device, backend: AttentionBackend,
+                 is_driver: bool = True) -> Drafter | None:
+    """The config's draft model, or None where it names none. Only the driver rank drafts
+    (its proposals are the step's): under TP it holds the whole draft model beside its
+    shard of the target, and the other ranks hold none."""
     spec = config.speculative
-    if spec is None or spec.method != "draft_model":
+    if spec is None or spec.method != "draft_model" or not is_driver:
         return None
     return Drafter(config, target_vocab, max_model_len, device, backend)
 
@@ -63,8 +68,10 @@ class Drafter:
                             load_format=config.model.load_format)
         start = time.perf_counter()
         try:
-            self.model, arch, self.dtype = load_model(
-                dataclasses.replace(config, model=draft, speculative=None, lora=None), device)
+            with tp_alone():  # whole on the driver, whatever the target's TP size
+                self.model, arch, self.dtype = load_model(
+                    dataclasses.replace(config, model=draft, speculative=None, lora=None),
+                    device)
         except (OSError, ValueError) as e:
             raise ValueError(f"speculative_config.model: {spec.model!r}: {e}") from None
         if getattr(self.model, "is_encoder", False) or not hasattr(self.model, "compute_logits"):
@@ -108,7 +115,8 @@ class Drafter:
         self.graphs = CUDAGraphRunner(self.model.forward, self.backend, self.kv_caches, sizes,
                                       -(-max_model_len // self.block_size), max_model_len,
                                       self.device, name="draft model")
-        self.graphs.capture()
+        with tp_alone():
+            self.graphs.capture()
 
     @torch.inference_mode()
     def propose(self, states, reqs: list, starts: list[int], ends: list[int],
@@ -116,6 +124,10 @@ class Drafter:
         """Drafts for each request that sampled a token this step (request id -> ids).
         starts / ends: per request, the position of its first token this step and the one
         past its last (its sampled tokens included, already in `states`' table)."""
+        with tp_alone():
+            return self._propose(states, reqs, starts, ends, sampled)
+
+    def _propose(self, states, reqs, starts, ends, sampled) -> dict[str, list[int]]:
         jobs, room = [], []
         for r, s, e, out in zip(reqs, starts, ends, sampled):
             if states.get(r.req_id) is not r or len(r.token_ids) < e or e <= s:

@@ -82,7 +82,7 @@ class ModelRunner:
         self._pending: PendingTokens | None = None
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
         self.drafter = make_drafter(config, self.arch.vocab_size, self.requests.tokens.shape[1],
-                                    device, self.backend)
+                                    device, self.backend, is_driver)
 
     # KV cache sizing -------------------------------------------------------------------
     @property

@@ -89,6 +89,23 @@ def test_outputs_end_where_they_would_without_drafts(tiny_model_factory, verifie
     assert verified[2] == verified[1] > 0
 
 
+def test_tensor_parallel_target_with_a_whole_draft_on_the_driver(tiny_model_factory,
+                                                                  verified):
+    """TP=2 on gloo: the driver rank holds the whole draft model (no collective of its
+    own) beside its shard of the target; the other rank holds none and follows the
+    verified tokens. Every draft of the target's own weights is kept."""
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()[3:]
+    llm = _llm(path, path, tensor_parallel_size=2)
+    try:
+        outs = llm.generate(prompts, _greedy(30), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 30)
+    assert verified[2] == verified[1] > verified[0]
+
+
 def test_another_draft_model_changes_no_greedy_token(tiny_model_factory, other_draft, verified):
     """A Qwen3 drafting for a Llama: its drafts are mostly rejected, the outputs are the
     target's; random sampling, logprobs and penalties run beside it."""
@@ -122,14 +139,9 @@ def test_config_errors_name_the_field(spec, message):
 
 
 def test_engine_errors_name_the_draft(tiny_model_factory, tmp_path):
-    from loom.engine.arg_utils import EngineArgs
     from loom.speculative_config import SpeculativeConfig
     assert SpeculativeConfig.parse({"model": "/d", "num_speculative_tokens": 2}).method == \
         "draft_model"
-    with pytest.raises(ValueError, match="draft_model is not implemented with "
-                                         "tensor_parallel_size 2"):
-        EngineArgs(model="llama-3.1-8b", tensor_parallel_size=2,
-                   speculative_config=_spec("llama-3.1-8b")).create_engine_config()
     path, _ = tiny_model_factory("llama")
     with pytest.raises(ValueError, match=f"speculative_config.model: '{tmp_path}/none'"):
         _llm(path, f"{tmp_path}/none")
