@@ -9,8 +9,10 @@ Once a step's tokens are read back, the drafter runs its model eagerly:
   1. one forward over each request's tokens of the step that the target kept (drafts
      past the first rejection are not) and, where the request sampled, the token it
      sampled: their draft KV is written, and the last row's logits give the first draft;
-  2. then one-token forwards, each feeding the draft before it and taking the next
-     (replayed from CUDA graphs at the target's decode batch sizes, where it has them).
+  2. then one-token forwards, each feeding the draft before it and taking the next.
+Where the target has decode graphs, both replay CUDA graphs (the first a mixed graph
+holding up to MIXED_MAX tokens); eagerly, one forward of a 16-layer draft was most of a
+~24 ms step (run_zzz116, H100).
 A draft is the draft model's argmax: a point mass, which `spec_verify` accepts or redraws
 so that every output token is still drawn from the target. Drafts' KV goes into the
 slots past the request's tokens, allocated for it by the scheduler
@@ -35,11 +37,16 @@ from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
 from loom.layers.rotary import is_partial
 from loom.pinned import upload
-from loom.worker.cuda_graph import CUDAGraphRunner
+from loom.worker.cuda_graph import CUDAGraphRunner, piecewise_sizes
 from loom.worker.input_batch import StepBatch
 from loom.worker.sampler import greedy_argmax
 
 logger = logging.getLogger(__name__)
+
+
+MIXED_MAX = 512
+"""The largest mixed graph of kept tokens captured: a prompt's first forward, or a batch of
+more than ~85 requests at k = 4, runs eagerly (its launches spread over more tokens)."""
 
 
 def make_drafter(config: EngineConfig, target_vocab: int, max_model_len: int,
@@ -107,14 +114,17 @@ class Drafter:
         self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
                           for _ in range(self.num_layers)]
 
-    def capture(self, sizes: list[int], max_model_len: int) -> None:
-        """Capture the one-token forwards in CUDA graphs at the target's decode batch sizes
-        (none: they run eagerly): eagerly, each is hundreds of launches."""
+    def capture(self, sizes: list[int], max_model_len: int, max_num_seqs: int) -> None:
+        """Capture CUDA graphs (none: every forward runs eagerly, each hundreds of launches):
+        the one-token forwards at the target's decode batch sizes, and the forwards over a
+        step's kept tokens (2 to k + 2 a request) in mixed graphs of up to
+        (k + 2) x the largest of those sizes, at most MIXED_MAX tokens."""
         if not sizes:
             return
+        mixed = [s for s in piecewise_sizes(min((self.k + 2) * max(sizes), MIXED_MAX)) if s > 1]
         self.graphs = CUDAGraphRunner(self.model.forward, self.backend, self.kv_caches, sizes,
                                       -(-max_model_len // self.block_size), max_model_len,
-                                      self.device, name="draft model")
+                                      self.device, mixed, max_num_seqs, name="draft model")
         with tp_alone():
             self.graphs.capture()
 
@@ -210,8 +220,10 @@ class Drafter:
             slot_mapping=slots_d, query_start_loc_cpu=torch.from_numpy(qstart32),
             seq_lens_cpu=torch.from_numpy(seq32))
         batch = StepBatch(ids_d[0] if on_host else ids, positions_d, meta, [], None)
-        size = self.graphs.padded_size(batch) if self.graphs is not None else None
-        if size is not None:
-            return self.graphs.run(batch, size)
+        if self.graphs is not None:
+            if (size := self.graphs.padded_size(batch)) is not None:
+                return self.graphs.run(batch, size)
+            if (size := self.graphs.mixed_size(batch)) is not None:
+                return self.graphs.run_mixed(batch, size)
         with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
             return self.model(batch.input_ids, batch.positions)

@@ -162,8 +162,9 @@ def test_engine_errors_name_the_draft(tiny_model_factory, tmp_path):
 def test_the_drafts_one_token_forwards_replay_cuda_graphs(tiny_model_factory, verified,
                                                          monkeypatch, caplog):
     """Where the target captures decode graphs, the drafter captures its one-token forwards
-    at the same sizes (played on the CPU by test_full_graphs' stand-in graph): padded
-    batches of proposing requests replay them, and every draft is still accepted."""
+    at the same sizes, and its forwards over a step's kept tokens in mixed graphs (played on
+    the CPU by test_full_graphs' stand-in graph): padded batches replay them, and every
+    draft is still accepted."""
     import logging
 
     import torch
@@ -187,7 +188,11 @@ def test_the_drafts_one_token_forwards_replay_cuda_graphs(tiny_model_factory, ve
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 30)
     assert verified[2] == verified[1] > verified[0]
     graphs = llm.engine.executor.worker.model_runner.drafter.graphs
-    assert sorted(graphs.graphs) == [1, 2, 4, 8]
-    assert "draft model: captured 4 CUDA graphs (decode batch sizes 1..8)" in caplog.text
+    # The kept tokens' forwards: up to (k + 2) x 8 = 48 tokens, in mixed graphs to 64.
+    assert sorted(graphs.graphs) == [1, 2, 4, 8] and sorted(graphs.mixed_graphs) == [8, 16, 32, 64]
+    assert "draft model: captured 4 CUDA graphs (decode batch sizes 1..8) and 4 of mixed " \
+        "batches (8..64 tokens)" in caplog.text
     replays = {size: g.replays for size, (g, _) in graphs.graphs.items()}
     assert replays[8] > 0 and sum(replays.values()) >= 3 * verified[0] // len(prompts)
+    mixed = sum(g.replays for g, _ in graphs.mixed_graphs.values())
+    assert mixed >= verified[0] // len(prompts)  # each decode step's first draft forward
