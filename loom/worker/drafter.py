@@ -11,8 +11,9 @@ Once a step's tokens are read back, the drafter runs its model eagerly:
      sampled: their draft KV is written, and the last row's logits give the first draft;
   2. then one-token forwards, each feeding the draft before it and taking the next.
 Where the target has decode graphs, both replay CUDA graphs (the first a mixed graph
-holding up to MIXED_MAX tokens); eagerly, one forward of a 16-layer draft was most of a
-~24 ms step (run_zzz116, H100).
+holding up to MIXED_MAX tokens): eagerly, a 16-layer draft's forward is hundreds of
+launches from Python (run_zzz116, H100: the drafter and verify step together cost ~23 ms a
+step more than a plain decode while that first forward ran eagerly).
 A draft is the draft model's argmax: a point mass, which `spec_verify` accepts or redraws
 so that every output token is still drawn from the target. Drafts' KV goes into the
 slots past the request's tokens, allocated for it by the scheduler
