@@ -130,10 +130,7 @@ class Scheduler:
     # -- schedule ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        # A draft model proposes once a step is read back: the next step waits for it
-        # whole, rather than split off the requests that are ready into a batch of their own.
-        waits = (self.spec is not None and not self.spec.runs_ahead
-                 and any(r.num_output_placeholders for r in self.running))
+        waits = self.spec is not None and self.spec.waits_for_step(self.running)
         step = _Step(budget=0 if waits else self.config.max_num_batched_tokens)
         # While any step in flight verifies drafts, nothing runs ahead: the batch waits
         # for it whole, rather than splitting into halves that each read every weight.
@@ -187,12 +184,7 @@ class Scheduler:
             i += 1
 
     def _lookahead(self, request: Request, end: int) -> int:
-        """KV slots past a step's tokens (which end at `end`) for a draft model's drafts,
-        where the step samples: its drafter writes their KV there (none past
-        max_model_len)."""
-        if self.spec is None or not self.spec.lookahead or end < request.num_tokens:
-            return 0
-        return min(self.spec.lookahead, max(0, self.max_model_len - end))
+        return self.spec.lookahead_slots(request, end) if self.spec is not None else 0
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              step: _Step) -> list[int] | None:

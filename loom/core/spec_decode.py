@@ -88,6 +88,20 @@ class SpecDecoder:
             return proposals[:room] if num_tokens == request.num_tokens and not lag else []
         return self.proposer.propose(request.request_id, request.all_token_ids, room + lag)[lag:]
 
+    def lookahead_slots(self, request: Request, end: int) -> int:
+        """KV slots past a step's tokens (which end at `end`) for a draft model's drafts,
+        where the step samples: its drafter writes their KV there (none past
+        max_model_len)."""
+        if not self.lookahead or end < request.num_tokens:
+            return 0
+        return min(self.lookahead, max(0, self.max_model_len - end))
+
+    def waits_for_step(self, running: list[Request]) -> bool:
+        """Whether nothing may be scheduled now: a draft model proposes once a step is read
+        back, so the next step waits for it whole rather than split off the requests that
+        are ready into a batch of their own."""
+        return not self.runs_ahead and any(r.num_output_placeholders for r in running)
+
     def proposed(self, request: Request, token_ids: list[int]) -> None:
         """A draft model's proposals after the request's known tokens (its step read back)."""
         self._proposed[request.request_id] = (request.num_tokens, token_ids)
