@@ -36,6 +36,7 @@ from loom.config import EngineConfig, ModelConfig
 from loom.distributed.parallel_state import tp_alone
 from loom.forward_context import ForwardContext, forward_context
 from loom.layers.attention import set_fused_rope
+from loom.kernels.host import cdiv
 from loom.layers.rotary import is_partial
 from loom.pinned import upload
 from loom.worker.cuda_graph import CUDAGraphRunner, piecewise_sizes
@@ -70,6 +71,7 @@ class Drafter:
         self.k = spec.num_speculative_tokens
         self.device, self.backend = device, backend
         self.block_size = config.cache.block_size
+        self.max_model_len = max_model_len
         # As vLLM's: the target's dtype and load format (dummy weights draft dummy ones).
         draft = ModelConfig(model=spec.model, dtype=config.model.dtype,
                             max_model_len=max_model_len, seed=config.model.seed,
@@ -93,7 +95,6 @@ class Drafter:
         """Drafts are taken from the ids both vocabularies hold (sizes differ by padding)."""
         set_fused_rope(self.model, backend.fuses_rope and not is_partial(self.model))
         self.num_layers = arch.num_layers
-        self.kv_dtype = self.dtype
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: CUDAGraphRunner | None = None
         logger.info("draft model %s (%s, %s) loaded in %.1f s; %d drafts a step", arch.architecture,
@@ -106,16 +107,16 @@ class Drafter:
     @property
     def kv_block_bytes(self) -> int:
         attn = self._attn
-        return (2 * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
+        return (2 * attn.num_kv_heads * attn.head_dim * self.dtype.itemsize
                 * self.block_size * self.num_layers)
 
     def initialize_cache(self, num_blocks: int) -> None:
         attn = self._attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                           for _ in range(self.num_layers)]
 
-    def capture(self, sizes: list[int], max_model_len: int, max_num_seqs: int) -> None:
+    def capture(self, sizes: list[int], max_num_seqs: int) -> None:
         """Capture CUDA graphs (none: every forward runs eagerly, each hundreds of launches):
         the one-token forwards at the target's decode batch sizes, and the forwards over a
         step's kept tokens (2 to k + 2 a request) in mixed graphs of up to
@@ -124,7 +125,8 @@ class Drafter:
             return
         mixed = [s for s in piecewise_sizes(min((self.k + 2) * max(sizes), MIXED_MAX)) if s > 1]
         self.graphs = CUDAGraphRunner(self.model.forward, self.backend, self.kv_caches, sizes,
-                                      -(-max_model_len // self.block_size), max_model_len,
+                                      cdiv(self.max_model_len, self.block_size),
+                                      self.max_model_len,
                                       self.device, mixed, max_num_seqs, name="draft model")
         with tp_alone():
             self.graphs.capture()
@@ -205,7 +207,7 @@ class Drafter:
         The host arrays go up in one copy from pinned memory, which does not wait for the
         forwards before it."""
         req_of_row = np.repeat(np.arange(len(rows)), np.diff(qstart))
-        width = -(-int(seq_lens.max()) // self.block_size)
+        width = cdiv(int(seq_lens.max()), self.block_size)
         table = states.blocks[rows, :width]
         slots = (table[req_of_row, positions // self.block_size] * self.block_size
                  + positions % self.block_size)

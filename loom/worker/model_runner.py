@@ -146,8 +146,7 @@ class ModelRunner:
         self._compile_and_capture()
         if self.drafter is not None and not self.config.enforce_eager \
                 and cuda_graphs_on(self.device):
-            self.drafter.capture(self.decode_graph_sizes(), self.requests.tokens.shape[1],
-                                 self.config.scheduler.max_num_seqs)
+            self.drafter.capture(self.decode_graph_sizes(), self.config.scheduler.max_num_seqs)
         capture_pieces(self)
         if self.device.type == "cuda":  # from here on, a Triton compile stalls a step: say so
             jit_watch.arm()

@@ -26,7 +26,7 @@ from loom.attention.backend import AttentionMetadata
 from loom.compilation import piece_graph
 from loom.forward_context import ForwardContext, forward_context
 from loom.kernels.compile_pool import compile_pool
-from loom.kernels.host import next_power_of_2
+from loom.kernels.host import cdiv, next_power_of_2
 from loom.sampling_params import SamplingParams
 from loom.worker.cuda_graph import piecewise_sizes
 from loom.worker.sampler import SamplingMetadata
@@ -210,7 +210,7 @@ def plan_pieces(runner) -> list[int]:
     multiple = runner.token_multiple
     if cfg.compilation.cudagraph_mode == "PIECEWISE" and \
             cfg.compilation.cudagraph_capture_sizes is not None:
-        pieces = sorted({-(-s // multiple) * multiple
+        pieces = sorted({cdiv(s, multiple) * multiple
                          for s in cfg.compilation.cudagraph_capture_sizes})
         if not pieces:
             logger.info("cudagraph_mode PIECEWISE with no cudagraph_capture_sizes: no batch "
