@@ -8,3 +8,12 @@ T0=$(date +%s)
 stamp() { echo "=== $(( $(date +%s) - T0 ))s: $*"; }
 left() { echo $(( $1 - ($(date +%s) - T0) )); }  # seconds left until $1 s after the start
 quiet() { grep -v -E "^(INFO|DEBUG)|it/s\]|s/it\]" ; }
+# lat NAME MODEL DEADLINE [FLAGS...]: `loom bench latency` with the script's $L flags, its JSON
+# and log in $R, cut off DEADLINE s after the start; prints its summary lines.
+lat() {
+  local name=$1 model=$2 deadline=$3; shift 3
+  timeout $(left $deadline) $LOOM bench latency --model $model $L "$@" \
+    --output-json $R/$name.json > $R/$name.log 2>&1
+  echo "$name rc $?: $(grep -E '^(Avg|Decode|Speculative)' $R/$name.log | cut -c1-160 | tr '\n' ' ')"
+  stamp $name
+}

@@ -15,13 +15,6 @@ timeout $(left 120) python3 -m pytest -q -m gpu tests/e2e/test_gpu.py -p no:cach
 echo "gpu tests rc $?"; tail -6 $R/gpu-tests.log | cut -c1-200
 stamp gpu-tests
 L="--load-format dummy --num-iters-warmup 2 --num-iters 4 --input-len 128 --output-len 128 --batch-size 1 --temperature 0"
-lat() {  # lat NAME MODEL DEADLINE [FLAGS...]
-  local name=$1 model=$2 deadline=$3; shift 3
-  timeout $(left $deadline) $LOOM bench latency --model $model $L "$@" \
-    --output-json $R/$name.json > $R/$name.log 2>&1
-  echo "$name rc $?: $(grep -E '^(Avg|Decode|Speculative)' $R/$name.log | cut -c1-160 | tr '\n' ' ')"
-  stamp $name
-}
 D4='{"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4}'
 lat llama8b-alone llama-3.1-8b 200
 lat llama8b-draft1b llama-3.1-8b 290 --speculative-config "$D4"

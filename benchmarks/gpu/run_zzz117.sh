@@ -12,13 +12,6 @@ source benchmarks/gpu/env.sh; R=$OUT/zzz117; mkdir -p $R/prof
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
 L="--load-format dummy --num-iters-warmup 2 --num-iters 4 --input-len 128 --output-len 128 --batch-size 1 --temperature 0"
 D4='{"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4}'
-lat() {  # lat NAME MODEL DEADLINE [FLAGS...]
-  local name=$1 model=$2 deadline=$3; shift 3
-  timeout $(left $deadline) $LOOM bench latency --model $model $L "$@" \
-    --output-json $R/$name.json > $R/$name.log 2>&1
-  echo "$name rc $?: $(grep -E '^(Decode|Speculative)' $R/$name.log | cut -c1-160 | tr '\n' ' ')"
-  stamp $name
-}
 lat llama8b-alone llama-3.1-8b 90
 lat llama8b-draft1b llama-3.1-8b 190 --speculative-config "$D4"
 lat llama8b-draft1b-full llama-3.1-8b 300 --speculative-config "$D4" -O '{"cudagraph_mode": "FULL"}'
