@@ -143,7 +143,9 @@ def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str
         return args.compilation_config
     sizes = (args.batch_size,) if args.output_len > 1 else ()
     spec = SpeculativeConfig.parse(args.speculative_config)
-    if spec is not None and sizes:  # its verify steps: k + 1 tokens a request
+    if spec is not None and sizes and config.cudagraph_mode == "FULL":
+        # its verify steps, k + 1 tokens a request (FULL_AND_PIECEWISE sizes their graphs
+        # from the decode batch's)
         sizes = (args.batch_size, args.batch_size * (spec.num_speculative_tokens + 1))
     prompt = args.batch_size * args.input_len
     if config.cudagraph_mode == "FULL" and prompt <= FULL_PROMPT_MAX:

@@ -68,27 +68,40 @@ def piecewise_sizes(max_num_batched_tokens: int) -> list[int]:
     return sizes
 
 
-def mixed_sizes(piece_sizes: list[int], decode_sizes: list[int]) -> list[int]:
-    """The token counts of cudagraph_mode FULL's mixed graphs: those other batches are
-    padded to (`piecewise_sizes`), up to the first that holds the largest decode size, as
-    vLLM's FULL captures every batch of up to its largest capture size."""
+def mixed_sizes(piece_sizes: list[int], decode_sizes: list[int],
+                verify_query: int | None = None) -> list[int]:
+    """The token counts of the mixed graphs: those other batches are padded to
+    (`piecewise_sizes`), up to the first that holds the largest decode size, as vLLM's FULL
+    captures every batch of up to its largest capture size. With verify_query (the verify
+    steps' graphs under FULL_AND_PIECEWISE), up to the first that holds that many tokens for
+    each request of the largest decode batch, at most VERIFY_MAX."""
     if not decode_sizes:
         return []
+    top = max(decode_sizes) if verify_query is None else \
+        min(max(decode_sizes) * verify_query, VERIFY_MAX)
     sizes = []
     for size in piece_sizes:
         if size > 1:
             sizes.append(size)
-        if size >= max(decode_sizes):
+        if size >= top:
             break
     return sizes
+
+
+VERIFY_MAX = 512
+"""The most tokens of FULL_AND_PIECEWISE's verify-step graphs: as many as FULL's mixed graphs
+take by default; larger verify steps replay the pieces."""
 
 
 class CUDAGraphRunner:
     def __init__(self, forward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
                  sizes: list[int], max_blocks_per_req: int, max_model_len: int,
                  device: torch.device, mixed: list[int] = (), max_num_seqs: int = 0,
-                 name: str = "") -> None:
-        """name: whose graphs, in the log line (the target's: none)."""
+                 name: str = "", max_query: int | None = None) -> None:
+        """name: whose graphs, in the log line (the target's: none). max_query: the longest
+        query of a request the mixed graphs take (None: any; a verify step's 1 + k under
+        FULL_AND_PIECEWISE, as vLLM's uniform-decode full graphs)."""
+        self.max_query = max_query
         self.forward, self.backend, self.kv_caches = forward, backend, kv_caches
         self.name = f"{name}: " if name else ""
         self.sizes = sorted(set(sizes))
@@ -190,6 +203,7 @@ class CUDAGraphRunner:
         meta = batch.attn_metadata
         size = next((s for s in self.mixed_sizes if s >= meta.num_actual_tokens), None)
         if size is None or meta.num_reqs > self.mixed_reqs(size) or \
+                (self.max_query is not None and meta.max_query_len > self.max_query) or \
                 meta.block_table.shape[1] > self.block_table.shape[1] or \
                 not self.backend.fits_one_launch(meta):
             return None

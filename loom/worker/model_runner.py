@@ -194,7 +194,7 @@ class ModelRunner:
         self.graph_runner = CUDAGraphRunner(
             self.forward, self.backend, self.kv_caches, list(sizes),
             -(-max_len // self.block_size), max_len, self.device, mixed,
-            cfg.scheduler.max_num_seqs)
+            cfg.scheduler.max_num_seqs, max_query=self.verify_query)
         self._capture_decode_graphs()
 
     def decode_graph_sizes(self) -> list[int]:
@@ -208,12 +208,22 @@ class ModelRunner:
         return sorted({_round_up(s, self.token_multiple) for s in sizes})
 
     def mixed_graph_sizes(self, decode_sizes: list[int]) -> list[int]:
-        """cudagraph_mode FULL's mixed-batch graphs, by token count ([] in other modes)."""
-        if self.config.compilation.cudagraph_mode != "FULL":
+        """The mixed-batch graphs, by token count: cudagraph_mode FULL's, and the verify
+        steps' under FULL_AND_PIECEWISE with drafts (`verify_query`); [] otherwise."""
+        if self.config.compilation.cudagraph_mode != "FULL" and self.verify_query is None:
             return []
         pieces = piecewise_sizes(self.config.scheduler.max_num_batched_tokens)
         return mixed_sizes(sorted({_round_up(s, self.token_multiple) for s in pieces}),
-                           decode_sizes)
+                           decode_sizes, self.verify_query)
+
+    @property
+    def verify_query(self) -> int | None:
+        """Under FULL_AND_PIECEWISE with speculative decoding, a verify step's 1 + k tokens a
+        request: the longest query its mixed graphs take (None: no such graphs)."""
+        spec = self.config.speculative
+        if spec is None or self.config.compilation.cudagraph_mode != "FULL_AND_PIECEWISE":
+            return None
+        return spec.num_speculative_tokens + 1
 
     def _capture_decode_graphs(self) -> None:
         """Capture the decode graphs. They take their memory after the KV cache was sized,

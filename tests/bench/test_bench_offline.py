@@ -306,9 +306,10 @@ def test_latency_captures_only_the_graph_it_replays(capsys):
     if torch.cuda.is_available():
         assert sizes(None, device="cuda") == (4,)  # unset: 3 on CUDA
     assert "capturing batch sizes 4 only" in capsys.readouterr().out
-    # Speculative decoding's verify steps: k + 1 tokens a request
+    # Speculative decoding's verify steps, k + 1 tokens a request: FULL_AND_PIECEWISE
+    # sizes their graphs from the decode batch; FULL needs their size among its own
     spec = '{"method": "ngram", "num_speculative_tokens": 4}'
-    assert sizes('{"level":3}', spec=spec) == (4, 20)
+    assert sizes('{"level":3}', spec=spec) == (4,)
     assert sizes('{"level":3,"cudagraph_mode":"FULL"}', spec=spec) == (4, 20, 64)
     capsys.readouterr()
     # FULL: the prompt step's tokens too, so that its mixed graph exists (up to 512)

@@ -180,6 +180,10 @@ def test_the_drafts_one_token_forwards_replay_cuda_graphs(tiny_model_factory, ve
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", _capturing)
     caplog.set_level(logging.INFO, logger="loom")
+    queries, run_mixed = [], _Runner.run_mixed
+    monkeypatch.setattr(_Runner, "run_mixed", lambda self, batch, size: (
+        queries.append((self.name, batch.attn_metadata.max_query_len)),
+        run_mixed(self, batch, size))[1])
     path, hf = tiny_model_factory("llama")
     prompts = _prompts()
     llm = _llm(path, path, compilation_config={"level": 0}, k=4)
@@ -196,3 +200,11 @@ def test_the_drafts_one_token_forwards_replay_cuda_graphs(tiny_model_factory, ve
     assert replays[8] > 0 and sum(replays.values()) >= 3 * verified[0] // len(prompts)
     mixed = sum(g.replays for g, _ in graphs.mixed_graphs.values())
     assert mixed >= verified[0] // len(prompts)  # each decode step's first draft forward
+    # The target's verify steps (1 + k = 5 tokens a request) replay whole-forward graphs
+    # under the default FULL_AND_PIECEWISE, as vLLM's uniform-decode ones; its prompt
+    # steps (longer queries) do not.
+    target = llm.engine.executor.worker.model_runner.graph_runner
+    assert sorted(target.mixed_graphs) == [8, 16, 32, 64]  # 8 requests x 5 tokens: 40
+    verify = [q for name, q in queries if not name]
+    assert len(verify) >= verified[0] // len(prompts) and max(verify) == 5
+    assert sum(g.replays for g, _ in target.mixed_graphs.values()) == len(verify)

@@ -119,6 +119,15 @@ def test_other_modes_capture_no_mixed_graphs(tiny_model_factory, monkeypatch):
     assert cuda_graph.mixed_sizes([8, 16, 32, 64], [1, 20]) == [8, 16, 32]  # holds 20
     assert cuda_graph.mixed_sizes([8, 16, 32], [1, 2, 100]) == [8, 16, 32]
     assert cuda_graph.mixed_sizes([8, 16], []) == []
+    # With drafts (k = 3), FULL_AND_PIECEWISE's verify steps: 4 tokens a request
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+              speculative_config=spec, compilation_config={"level": 0})
+    runner = llm.engine.executor.worker.model_runner
+    assert runner.verify_query == 4
+    assert runner.mixed_graph_sizes([1, 2, 4]) == [8, 16]
+    assert runner.mixed_graph_sizes([1, 2, 4, 512]) == cuda_graph.piecewise_sizes(512)
+    assert runner.mixed_graph_sizes([]) == []
 
 
 def test_mixed_graphs_hold_what_fits(tiny_model_factory):
@@ -149,5 +158,8 @@ def test_mixed_graphs_hold_what_fits(tiny_model_factory):
     assert size([1] * 9, [3] * 9) == 16  # 9 requests: more than the 8-token graph holds
     assert size([1] * 11 + [5], [3] * 11 + [5]) is None  # more than max_num_seqs
     assert size([5], [200]) is None  # a block table wider than the graph's
+    runner.max_query = 4  # FULL_AND_PIECEWISE's verify graphs (k = 3)
+    assert size([4, 4, 1], [9, 30, 5]) == 16 and size([5, 3], [5, 3]) is None
+    runner.max_query = None
     backend.fits = False
     assert size([5, 3], [5, 3]) is None
