@@ -155,12 +155,12 @@ class Drafter:
         jobs, room = [jobs[i] for i in kept], [room[i] for i in kept]
         if not jobs:
             return {}
-        hidden, qstart, ends_a, rows = self._feed(states, jobs)
-        if not any(room):
-            return {}
         take = np.flatnonzero(np.asarray(room) > 0)
+        hidden, ends_a, rows = self._feed(states, jobs, take)
+        if not take.size:
+            return {}
         n = np.asarray(room)[take]
-        cur = self._argmax(hidden[torch.as_tensor(qstart[1:][take] - 1, device=self.device)])
+        cur = self._argmax(hidden)
         out = torch.full((len(take), self.k), -1, dtype=torch.long, device=self.device)
         out[:, 0] = cur
         active, pos = np.arange(len(take)), ends_a[take]  # the first draft's position
@@ -168,9 +168,8 @@ class Drafter:
         for j in range(1, int(n.max())):
             keep = n[active] > j
             if not keep.all():
-                cur = cur[torch.as_tensor(np.flatnonzero(keep), device=self.device)]
-                active = active[keep]
-                active_d = torch.as_tensor(active, device=self.device)
+                keep_d, active_d = upload([np.flatnonzero(keep), active[keep]], self.device)
+                cur, active = cur[keep_d], active[keep]
             at = pos[active] + j - 1  # draft j is fed here
             hidden = self._forward(states, rows[take[active]], at, np.arange(len(active) + 1),
                                    at + 1, cur)
@@ -179,9 +178,9 @@ class Drafter:
         table = out.tolist()
         return {jobs[i][0].req_id: table[t][:n[t]] for t, i in enumerate(take.tolist())}
 
-    def _feed(self, states, jobs: list) -> tuple:
-        """Write the draft KV of each job's tokens [start, end); return the hidden states,
-        query starts, ends and table rows."""
+    def _feed(self, states, jobs: list, take: np.ndarray) -> tuple:
+        """Write the draft KV of each job's tokens [start, end); return the hidden states of
+        the last token of the jobs `take` indexes, and every job's end and table row."""
         rows = np.asarray([r.row for r, _, _ in jobs], dtype=np.int64)
         starts = np.asarray([s for _, s, _ in jobs], dtype=np.int64)
         ends = np.asarray([e for _, _, e in jobs], dtype=np.int64)
@@ -190,8 +189,8 @@ class Drafter:
         qstart = np.concatenate([[0], np.cumsum(counts)])
         positions = np.arange(qstart[-1]) - qstart[req_of_row] + starts[req_of_row]
         ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
-        hidden = self._forward(states, rows, positions, qstart, ends, ids)
-        return hidden, qstart, ends, rows
+        hidden = self._forward(states, rows, positions, qstart, ends, ids, qstart[1:][take] - 1)
+        return hidden, ends, rows
 
     def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.compute_logits(hidden)
@@ -200,12 +199,14 @@ class Drafter:
         return greedy_argmax(logits.float())  # (the sampler's kernel on CUDA)
 
     def _forward(self, states, rows: np.ndarray, positions: np.ndarray, qstart: np.ndarray,
-                 seq_lens: np.ndarray, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
+                 seq_lens: np.ndarray, ids: np.ndarray | torch.Tensor,
+                 out_rows: np.ndarray | None = None) -> torch.Tensor:
         """One forward of the draft model over the paged cache (a decode graph's replay
         where one holds it, else eager): rows (of `states`' block table) with queries at
         qstart and lengths seq_lens; ids on the host, or the drafts before on the device.
-        The host arrays go up in one copy from pinned memory, which does not wait for the
-        forwards before it."""
+        Its hidden states, or only those at out_rows. The host arrays go up in one copy
+        from pinned memory, which does not wait for the forwards before it (a host array
+        made a device tensor directly would)."""
         req_of_row = np.repeat(np.arange(len(rows)), np.diff(qstart))
         width = cdiv(int(seq_lens.max()), self.block_size)
         table = states.blocks[rows, :width]
@@ -214,19 +215,24 @@ class Drafter:
         qstart32, seq32 = qstart.astype(np.int32), seq_lens.astype(np.int32)
         host = [positions.astype(np.int64), slots, qstart32, seq32, table.astype(np.int32)]
         on_host = isinstance(ids, np.ndarray)
-        positions_d, slots_d, qstart_d, seq_d, table_d, *ids_d = upload(
-            host + ([ids] if on_host else []), self.device)
+        extra = ([ids] if on_host else []) + ([out_rows] if out_rows is not None else [])
+        positions_d, slots_d, qstart_d, seq_d, table_d, *extra_d = upload(host + extra,
+                                                                          self.device)
         meta = AttentionMetadata(
             num_actual_tokens=int(qstart[-1]), num_reqs=len(rows),
             max_query_len=int(np.diff(qstart).max()), max_seq_len=int(seq_lens.max()),
             query_start_loc=qstart_d, seq_lens=seq_d, block_table=table_d,
             slot_mapping=slots_d, query_start_loc_cpu=torch.from_numpy(qstart32),
             seq_lens_cpu=torch.from_numpy(seq32))
-        batch = StepBatch(ids_d[0] if on_host else ids, positions_d, meta, [], None)
+        hidden = self._run(StepBatch(extra_d[0] if on_host else ids, positions_d, meta, [],
+                                     None))
+        return hidden if out_rows is None else hidden[extra_d[-1]]
+
+    def _run(self, batch: StepBatch) -> torch.Tensor:
         if self.graphs is not None:
             if (size := self.graphs.padded_size(batch)) is not None:
                 return self.graphs.run(batch, size)
             if (size := self.graphs.mixed_size(batch)) is not None:
                 return self.graphs.run_mixed(batch, size)
-        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+        with forward_context(ForwardContext(batch.attn_metadata, self.kv_caches, self.backend)):
             return self.model(batch.input_ids, batch.positions)
