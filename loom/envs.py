@@ -220,6 +220,13 @@ def async_tp_impl() -> str:
 ASYNC_TP_IMPLS = ("symm_mem", "p2p", "overlap")
 
 
+def torch_profiler_with_stack() -> bool:
+    """LOOM_TORCH_PROFILER_WITH_STACK=1 (vLLM's VLLM_TORCH_PROFILER_WITH_STACK): the
+    profiler of `loom bench ... --profile` records Python frames too (a larger, slower
+    trace; `benchmarks/gpu/trace_gaps.py` sums the GPU's idle time by them)."""
+    return _flag("LOOM_TORCH_PROFILER_WITH_STACK")
+
+
 def layer_times() -> bool:
     """LOOM_LAYER_TIMES=1: for every step run eagerly on CUDA, log each layer's host time
     beside its GPU time (CUDA events at each attention call), to tell a host-bound step

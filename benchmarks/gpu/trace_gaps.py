@@ -7,11 +7,17 @@ the host launched that kernel (near 0: the GPU waited for the host) and the host
 launched it. Host ops before the first launch and after the last kernel are listed too.
 
     python3 trace_gaps.py PROFILE_DIR [--top N] [--json OUT]
+
+Where the trace holds Python frames (`LOOM_TORCH_PROFILER_WITH_STACK=1`), the GPU's idle
+time is also summed by what the host was running then: sampled every 10 us of each gap,
+the innermost three of loom's own frames.
 """
 import argparse
 import bisect
 import glob
+import heapq
 import json
+from collections import defaultdict
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -44,6 +50,30 @@ def top_level(host: list, lo: float, hi: float, n: int) -> list:
     return [(e["name"][:70], round(e["ts"] - lo, 1), round(e["dur"], 1)) for e in inside[:n]]
 
 
+def idle_by_frames(path: str, gaps: list, step_us: float = 10.0) -> list:
+    """(ms, loom frames) of the GPU's idle time, by the host's innermost loom frames."""
+    with open(path) as f:
+        frames = sorted(((e["ts"], e["ts"] + e["dur"], e["name"]) for e in json.load(f)[
+            "traceEvents"] if e.get("ph") == "X" and e.get("cat") == "python_function"
+            and "loom/" in e.get("name", "")), key=lambda e: e[0])
+    if not frames:
+        return []
+    points = sorted(at + step_us * (i + 0.5) for dur, at, _, _ in gaps
+                    for i in range(max(1, int(dur // step_us))))
+    total: dict[str, float] = defaultdict(float)
+    active: list = []  # heap of (end, start, name)
+    i = 0
+    for t in points:
+        while i < len(frames) and frames[i][0] <= t:
+            heapq.heappush(active, (frames[i][1], frames[i][0], frames[i][2]))
+            i += 1
+        while active and active[0][0] < t:
+            heapq.heappop(active)
+        chain = [name.split("loom/", 1)[1] for _, _, name in sorted(active, key=lambda a: a[1])]
+        total[" > ".join(chain[-3:]) or "(no loom frame)"] += step_us / 1e3
+    return sorted(((round(ms, 2), name) for name, ms in total.items()), reverse=True)
+
+
 def analyse(path: str, top: int) -> dict:
     gpu, host, launches = load(path)
     starts = [e["ts"] for e in host]
@@ -71,7 +101,8 @@ def analyse(path: str, top: int) -> dict:
         "idle_between_kernels_us": round(last - first - busy, 1), "gaps": len(gaps),
         "largest_gaps": rows,
         "host_before_first_kernel": top_level(host, window[0], first, top),
-        "host_after_last_kernel": top_level(host, last, window[1], top)}
+        "host_after_last_kernel": top_level(host, last, window[1], top),
+        "idle_by_frames": idle_by_frames(path, gaps)[:25]}
 
 
 def main() -> None:
@@ -91,6 +122,10 @@ def main() -> None:
         for g in r["largest_gaps"]:
             print(f"    {g['at_us']:>10} {g['gap_us']:>8} {g['launched_us_after_gap_start']!s:>8}"
                   f"  {g['by'][:40]:40} {g['after']}")
+        if r["idle_by_frames"]:
+            print("  GPU idle by the host's innermost loom frames (ms, frames):")
+            for ms, name in r["idle_by_frames"]:
+                print(f"    {ms:8.2f}  {name[-150:]}")
         for key in ("host_before_first_kernel", "host_after_last_kernel"):
             print(f"  {key} (name, offset, dur):")
             for row in r[key]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from loom import envs
 from loom.config import EngineConfig
 from loom.core.sched_output import SchedulerOutput
 from loom.distributed.ops import tp_all_reduce
@@ -118,7 +119,8 @@ class Worker:
             return _write_host_profile(prof, Path(out_dir) / f"host-rank{self.rank}.txt")
         if action == "start":
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-            self._profiler = torch_profile(activities=activities)
+            self._profiler = torch_profile(activities=activities,
+                                           with_stack=envs.torch_profiler_with_stack())
             self._profiler.start()
             return None
         if action != "stop" or getattr(self, "_profiler", None) is None or out_dir is None:

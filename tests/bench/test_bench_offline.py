@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,6 +89,8 @@ def test_tp_prefill_prints_all_reduce_time_and_target(tiny, tmp_path, capsys, mo
 def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys, monkeypatch, tp):
     profile_dir = tmp_path / "prof"
     out = tmp_path / "l.json"
+    if tp == 1:  # and its Python frames, as vLLM's VLLM_TORCH_PROFILER_WITH_STACK
+        monkeypatch.setenv("LOOM_TORCH_PROFILER_WITH_STACK", "1")
     assert _latency(tiny, out, monkeypatch, "--output-len", "3", "-tp", str(tp),
                     "--profile", "--profile-result-dir", str(profile_dir)) == 0
     text = capsys.readouterr().out
@@ -103,6 +106,19 @@ def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys,
         trace = json.loads((profile_dir / f"trace-rank{rank}.json").read_text())
         assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
         assert "Self CPU" in (profile_dir / f"ops-rank{rank}.txt").read_text()
+        frames = [e for e in trace["traceEvents"] if e.get("cat") == "python_function"]
+        assert bool(frames) == (tp == 1)
+    if tp == 1:  # trace_gaps sums a (here made-up) idle span by the loom frames then running
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "trace_gaps", Path(__file__).parents[2] / "benchmarks/gpu/trace_gaps.py")
+        trace_gaps = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(trace_gaps)
+        step = max(frames, key=lambda e: e["dur"] * ("model_runner.py" in e["name"]))
+        idle = trace_gaps.idle_by_frames(str(profile_dir / "trace-rank0.json"),
+                                         [(step["dur"], step["ts"], None, None)])
+        assert idle and any("worker/model_runner.py" in name for _, name in idle)
+        assert sum(ms for ms, _ in idle) == pytest.approx(step["dur"] / 1e3, abs=0.02)
 
 
 def test_host_profile_names_the_model_runner_on_every_rank(tiny, tmp_path, capsys, monkeypatch):
