@@ -19,10 +19,11 @@ maps, bad words, grammars, pending min_tokens) decode one token at a time, as wi
 speculation. A seeded request draws each output token from a generator seeded by the
 token's index, drafted or not, so its tokens do not depend on the batch.
 
-A draft model (`loom.worker.drafter`) proposes on the worker, once a step's tokens are
-read back: the scheduler takes those proposals for the request's next step. They follow
-its last known token, so a draft model's requests never run ahead, and each decode
-allocates `lookahead` KV slots past its tokens, where the drafter writes its drafts' KV.
+A draft model (`loom.worker.drafter`) proposes on the worker, behind each step's kernels,
+and its drafts are read back with the step's tokens: the scheduler takes those proposals
+for the request's next step. They follow its last known token, so a draft model's
+requests never run ahead, and each decode allocates `lookahead` KV slots past its tokens,
+where the drafter writes its drafts' KV.
 """
 
 from __future__ import annotations

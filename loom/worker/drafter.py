@@ -5,15 +5,22 @@ and keeps a paged KV cache of its own laid out like the target's: the same
 block ids and slots, so one block table serves both, and a prefix-cache hit holds both
 models' KV (the drafter computes every token the target keeps, in the same step).
 
-Once a step's tokens are read back, the drafter runs its model eagerly:
-  1. one forward over each request's tokens of the step that the target kept (drafts
-     past the first rejection are not) and, where the request sampled, the token it
-     sampled: their draft KV is written, and the last row's logits give the first draft;
-  2. then one-token forwards, each feeding the draft before it and taking the next.
+The drafter's forwards are queued right behind each step's own kernels (`launch`), before
+anything is read back, so the host prepares them while the device runs the target, and a
+step's drafts come back in the same copy as its tokens (as vLLM's padded drafter batch):
+  1. one forward over each request's tokens of the step and, where it samples, one slot
+     more: the token it sampled is put, on the device, right after its accepted drafts
+     (their number is known there only). Its draft KV is written, and that token's row
+     gives the first draft. The rejected drafts' KV, written past it, is rewritten before
+     anything attends to it: by the draft forwards below, or by the next step's feed,
+     which starts at that token's successor;
+  2. then k - 1 one-token forwards, each feeding the draft before it at the next
+     position (positions and slots computed on the device) and taking the next.
 Where the target has decode graphs, both replay CUDA graphs (the first a mixed graph
 holding up to MIXED_MAX tokens): eagerly, a 16-layer draft's forward is hundreds of
-launches from Python (run_zzz116, H100: the drafter and verify step together cost ~23 ms a
-step more than a plain decode while that first forward ran eagerly).
+launches from Python. Run after the read-back instead, the drafter left the device idle
+while the host prepared each forward: the 1B drafting for itself took ~9.5 ms a step of
+~6.5 ms of kernels (run_zzz118, H100).
 A draft is the draft model's argmax: a point mass, which `spec_verify` accepts or redraws
 so that every output token is still drawn from the target. Drafts' KV goes into the
 slots past the request's tokens, allocated for it by the scheduler
@@ -47,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 
 MIXED_MAX = 512
-"""The largest mixed graph of kept tokens captured: a prompt's first forward, or a batch of
+"""The largest mixed graph of a step's fed tokens captured: a prompt's first forward, or a batch of
 more than ~85 requests at k = 4, runs eagerly (its launches spread over more tokens)."""
 
 
@@ -119,7 +126,7 @@ class Drafter:
     def capture(self, sizes: list[int], max_num_seqs: int) -> None:
         """Capture CUDA graphs (none: every forward runs eagerly, each hundreds of launches):
         the one-token forwards at the target's decode batch sizes, and the forwards over a
-        step's kept tokens (2 to k + 2 a request) in mixed graphs of up to
+        step's tokens and the sampled one (2 to k + 2 a request) in mixed graphs of up to
         (k + 2) x the largest of those sizes, at most MIXED_MAX tokens."""
         if not sizes:
             return
@@ -132,65 +139,83 @@ class Drafter:
             self.graphs.capture()
 
     @torch.inference_mode()
-    def propose(self, states, reqs: list, starts: list[int], ends: list[int],
-                sampled: list[list[int]]) -> dict[str, list[int]]:
-        """Drafts for each request that sampled a token this step (request id -> ids).
-        starts / ends: per request, the position of its first token this step and the one
-        past its last (its sampled tokens included, already in `states`' table)."""
+    def launch(self, states, reqs: list, counts: list[int], batch: StepBatch,
+               tokens: torch.Tensor | None) -> torch.Tensor | None:
+        """Queue the draft model's forwards for a step right behind the step's own kernels,
+        before anything is read back (module docstring). reqs, counts: the step's requests
+        (their num_computed_tokens still the step's first position) and scheduled tokens;
+        tokens: each sampling request's tokens on the device, [S] or (with drafts) [S, K + 1]
+        with -1 past them. Returns [S, k] drafts on the device, -1 past each request's room;
+        None where no request samples."""
         with tp_alone():
-            return self._propose(states, reqs, starts, ends, sampled)
+            return self._launch(states, reqs, counts, batch, tokens)
 
-    def _propose(self, states, reqs, starts, ends, sampled) -> dict[str, list[int]]:
-        jobs, room = [], []
-        for r, s, e, out in zip(reqs, starts, ends, sampled):
-            if states.get(r.req_id) is not r or len(r.token_ids) < e or e <= s:
-                continue  # dropped or re-sent since its step was launched
-            slots = len(r.block_ids) * self.block_size
-            # Its sampled token is fed at e - 1 and each draft but the last after it: each
-            # needs a slot (the scheduler allocated `lookahead` past the step's tokens).
-            n = min(self.k, slots - e + 1) if out else 0
-            jobs.append((r, s, e if n > 0 or not out else e - 1))
-            room.append(max(n, 0))
-        kept = [i for i, (_, s, e) in enumerate(jobs) if e > s]  # (a lone unfed token: none)
-        jobs, room = [jobs[i] for i in kept], [room[i] for i in kept]
-        if not jobs:
-            return {}
-        take = np.flatnonzero(np.asarray(room) > 0)
-        hidden, ends_a, rows = self._feed(states, jobs, take)
-        if not take.size:
-            return {}
-        n = np.asarray(room)[take]
-        cur = self._argmax(hidden)
-        out = torch.full((len(take), self.k), -1, dtype=torch.long, device=self.device)
-        out[:, 0] = cur
-        active, pos = np.arange(len(take)), ends_a[take]  # the first draft's position
-        active_d = None  # (all rows, until some run out of room)
-        for j in range(1, int(n.max())):
-            keep = n[active] > j
-            if not keep.all():
-                keep_d, active_d = upload([np.flatnonzero(keep), active[keep]], self.device)
-                cur, active = cur[keep_d], active[keep]
-            at = pos[active] + j - 1  # draft j is fed here
-            hidden = self._forward(states, rows[take[active]], at, np.arange(len(active) + 1),
-                                   at + 1, cur)
-            cur = self._argmax(hidden)
-            out[slice(None) if active_d is None else active_d, j] = cur
-        table = out.tolist()
-        return {jobs[i][0].req_id: table[t][:n[t]] for t, i in enumerate(take.tolist())}
+    def _launch(self, states, reqs, counts, batch, tokens) -> torch.Tensor | None:
+        bs, n_req = self.block_size, len(reqs)
+        counts = np.asarray(counts, dtype=np.int64)
+        starts = np.asarray([r.num_computed_tokens for r in reqs], dtype=np.int64)
+        limit = np.minimum([len(r.block_ids) * bs for r in reqs], self.max_model_len)
+        sampling = np.asarray(batch.sample_rows, dtype=np.int64)
+        drafted = batch.spec.counts if batch.spec is not None else np.zeros(len(sampling),
+                                                                             np.int64)
+        # Each sampling request's feed has one slot more, for the token it samples (where
+        # its blocks hold that position: else it has no room to draft anyway).
+        extra = np.zeros(n_req, dtype=np.int64)
+        extra[sampling] = starts[sampling] + counts[sampling] < limit[sampling]
+        fed = counts + extra
+        fq = np.concatenate([[0], np.cumsum(fed)])
+        req_of = np.repeat(np.arange(n_req), fed)
+        at = np.arange(fq[-1]) - fq[req_of]
+        qstart = batch.attn_metadata.query_start_loc_cpu.numpy()
+        src = np.where(at < counts[req_of], qstart[req_of] + at, 0)
+        rows = np.asarray([r.row for r in reqs], dtype=np.int64)
+        # The sampled token's place in the feed, less the accepted drafts (known on the
+        # device only), and the place past the request's feed (a row for nothing).
+        base = fq[sampling] + counts[sampling] - drafted
+        ends = fq[sampling + 1]
+        first = starts[sampling] + counts[sampling] - drafted  # its position, likewise
+        table_s = states.blocks[rows[sampling], :cdiv(int(limit.max()), bs)].astype(np.int32)
+        meta, positions_d, (src_d, base_d, ends_d, first_d, limit_d, table_d) = self._prepare(
+            states, rows, starts[req_of] + at, fq, starts + fed,
+            [np.append(src, 0), base, ends, first, limit[sampling], table_s])
+        ids = batch.input_ids[src_d]  # (and a last row for nothing)
+        total = int(fq[-1])
+        if tokens is None:
+            self._run(StepBatch(ids[:total], positions_d, meta, [], None))
+            return None
+        tokens = tokens.reshape(len(sampling), -1)
+        kept = (tokens >= 0).sum(dim=1) - 1  # accepted drafts
+        place = base_d + kept
+        place = torch.where(place < ends_d, place, total)
+        ids[place] = tokens.gather(1, kept.unsqueeze(1)).squeeze(1)
+        hidden = self._run(StepBatch(ids[:total], positions_d, meta, [], None))
+        out = torch.empty((len(sampling), self.k), dtype=torch.long, device=self.device)
+        out[:, 0] = cur = self._argmax(hidden[place.clamp(max=total - 1)])
+        # Draft j is fed at first + kept + j, where the request's blocks hold it; a row past
+        # its room attends to one key of its first block and writes nothing.
+        last = first_d + kept  # the sampled token's position
+        room = (limit_d - last).clamp(min=0, max=self.k)
+        j = torch.arange(1, self.k, device=self.device).unsqueeze(1)
+        live = j < room
+        pos = torch.where(live, last + j, 0)
+        block = table_d[torch.arange(len(sampling), device=self.device), pos // bs]
+        slots = torch.where(live, block * bs + pos % bs, -1)
+        seq = (pos + 1).to(torch.int32)
+        qs = torch.arange(len(sampling) + 1, dtype=torch.int32, device=self.device)
+        for step in range(self.k - 1):
+            meta = self._one_token_meta(len(sampling), qs, seq[step], table_d, slots[step])
+            out[:, step + 1] = cur = self._argmax(self._run(StepBatch(cur, pos[step], meta,
+                                                                     [], None)))
+        return torch.where(torch.arange(self.k, device=self.device) < room.unsqueeze(1), out, -1)
 
-    def _feed(self, states, jobs: list, take: np.ndarray) -> tuple:
-        """Write the draft KV of each job's tokens [start, end); return the hidden states of
-        the last token of the jobs `take` indexes, and every job's end and table row."""
-        rows = np.asarray([r.row for r, _, _ in jobs], dtype=np.int64)
-        starts = np.asarray([s for _, s, _ in jobs], dtype=np.int64)
-        ends = np.asarray([e for _, _, e in jobs], dtype=np.int64)
-        counts = ends - starts
-        req_of_row = np.repeat(np.arange(len(jobs)), counts)
-        qstart = np.concatenate([[0], np.cumsum(counts)])
-        positions = np.arange(qstart[-1]) - qstart[req_of_row] + starts[req_of_row]
-        ids = states.tokens[rows[req_of_row], positions].astype(np.int64)
-        hidden = self._forward(states, rows, positions, qstart, ends, ids, qstart[1:][take] - 1)
-        return hidden, ends, rows
+    def _one_token_meta(self, n: int, qs, seq_lens, table, slots) -> AttentionMetadata:
+        """A one-token forward's metadata, known on the device only: a graph's (fixed-shape,
+        its bounds the model's) whether or not a graph replays it."""
+        return AttentionMetadata(
+            num_actual_tokens=n, num_reqs=n, max_query_len=1, max_seq_len=self.max_model_len,
+            query_start_loc=qs, seq_lens=seq_lens, block_table=table, slot_mapping=slots,
+            query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.ones(n, dtype=torch.int32), fixed_shape=True)
 
     def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.compute_logits(hidden)
@@ -198,15 +223,13 @@ class Drafter:
             logits = logits[:, :self.vocab].contiguous()
         return greedy_argmax(logits.float())  # (the sampler's kernel on CUDA)
 
-    def _forward(self, states, rows: np.ndarray, positions: np.ndarray, qstart: np.ndarray,
-                 seq_lens: np.ndarray, ids: np.ndarray | torch.Tensor,
-                 out_rows: np.ndarray | None = None) -> torch.Tensor:
-        """One forward of the draft model over the paged cache (a decode graph's replay
-        where one holds it, else eager): rows (of `states`' block table) with queries at
-        qstart and lengths seq_lens; ids on the host, or the drafts before on the device.
-        Its hidden states, or only those at out_rows. The host arrays go up in one copy
-        from pinned memory, which does not wait for the forwards before it (a host array
-        made a device tensor directly would)."""
+    def _prepare(self, states, rows: np.ndarray, positions: np.ndarray, qstart: np.ndarray,
+                 seq_lens: np.ndarray, extra: list[np.ndarray]) -> tuple:
+        """A forward's metadata over the paged cache: rows (of `states`' block table) with
+        queries at qstart and lengths seq_lens. Returns it, the positions and the `extra`
+        arrays on the device: every host array goes up in one copy from pinned memory, which
+        does not wait for the forwards before it (a host array made a device tensor
+        directly would)."""
         req_of_row = np.repeat(np.arange(len(rows)), np.diff(qstart))
         width = cdiv(int(seq_lens.max()), self.block_size)
         table = states.blocks[rows, :width]
@@ -214,8 +237,6 @@ class Drafter:
                  + positions % self.block_size)
         qstart32, seq32 = qstart.astype(np.int32), seq_lens.astype(np.int32)
         host = [positions.astype(np.int64), slots, qstart32, seq32, table.astype(np.int32)]
-        on_host = isinstance(ids, np.ndarray)
-        extra = ([ids] if on_host else []) + ([out_rows] if out_rows is not None else [])
         positions_d, slots_d, qstart_d, seq_d, table_d, *extra_d = upload(host + extra,
                                                                           self.device)
         meta = AttentionMetadata(
@@ -224,9 +245,7 @@ class Drafter:
             query_start_loc=qstart_d, seq_lens=seq_d, block_table=table_d,
             slot_mapping=slots_d, query_start_loc_cpu=torch.from_numpy(qstart32),
             seq_lens_cpu=torch.from_numpy(seq32))
-        hidden = self._run(StepBatch(extra_d[0] if on_host else ids, positions_d, meta, [],
-                                     None))
-        return hidden if out_rows is None else hidden[extra_d[-1]]
+        return meta, positions_d, extra_d
 
     def _run(self, batch: StepBatch) -> torch.Tensor:
         if self.graphs is not None:

@@ -282,8 +282,7 @@ class ModelRunner:
                             [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)],
                             batch.sample_rows)
         handle.layer_clock, handle.lora_errors = clock, lora_errors
-        if self.drafter is not None:  # it drafts from each step's first position on
-            handle.draft_from = [r.num_computed_tokens for r in reqs]
+        tokens = None
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             num = len(batch.sample_rows)  # then the drafts' rows
@@ -297,9 +296,12 @@ class ModelRunner:
             tokens = self._share_tokens(tokens, batch.sampled_shape)
             self._pending = (tokens if tokens.dim() == 1 else tokens[:, 0],
                              {reqs[i].req_id: k for k, i in enumerate(batch.sample_rows)})
-            handle.read_back(tokens)
         else:
             self._pending = None
+        drafts = None if self.drafter is None else \
+            self.drafter.launch(self.requests, reqs, counts, batch, tokens)  # behind the step
+        if tokens is not None:
+            handle.read_back(tokens, drafts)
         if self.is_driver:
             handle.pooled = self._pool(reqs, batch, hidden)
         handle.prompt_logprobs = self._prompt_logprobs(batch, hidden)

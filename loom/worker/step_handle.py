@@ -40,8 +40,8 @@ class StepHandle:
         self.layer_clock = None
         """LOOM_LAYER_TIMES: the step's per-layer clock, reported once it has run."""
         self.lora_errors: dict[int, str] = {}
-        self.draft_from: list[int] | None = None
-        """A draft model's: each request's first position this step (`Drafter.propose`)."""
+        self._draft_width = 0
+        """A draft model's: the drafts read back beside each row's tokens (`read_back`)."""
 
     @classmethod
     def done(cls, output: ModelRunnerOutput) -> StepHandle:
@@ -49,9 +49,13 @@ class StepHandle:
         handle._output = output
         return handle
 
-    def read_back(self, tokens: torch.Tensor) -> None:
+    def read_back(self, tokens: torch.Tensor, drafts: torch.Tensor | None = None) -> None:
         """Start copying the sampled tokens to the host behind the step's kernels: [R], or
-        [R, K + 1] under speculative decoding (each row's tokens, then -1s)."""
+        [R, K + 1] under speculative decoding (each row's tokens, then -1s); a draft
+        model's drafts for each row's next step ([R, k], -1 past them) in the same copy."""
+        if drafts is not None:
+            tokens = torch.cat([tokens.reshape(len(drafts), -1), drafts], dim=1)
+            self._draft_width = drafts.shape[1]
         if tokens.device.type != "cuda":
             self._tokens = tokens
             return
@@ -74,6 +78,12 @@ class StepHandle:
                 logger.info("%s", line)
         tokens = self._tokens.tolist() if self._tokens is not None else []
         states, reqs = self._runner.requests, self._reqs
+        drafts = {}
+        if self._draft_width:  # each row: its tokens, then its drafts
+            width = self._draft_width
+            drafts = {reqs[i].req_id: [t for t in row[-width:] if t >= 0]
+                      for i, row in zip(self._rows, tokens) if row[-width] >= 0}
+            tokens = [row[:-width] for row in tokens]
         sampled: list[list[int]] = [[] for _ in reqs]
         for i, token in zip(self._rows, tokens):
             sampled[i] = [t for t in token if t >= 0] if isinstance(token, list) else [token]
@@ -84,11 +94,6 @@ class StepHandle:
                 logprobs[i] = struct
         if not self._runner.is_driver:
             return ModelRunnerOutput()
-        drafts = {}
-        if self.draft_from is not None:
-            drafts = self._runner.drafter.propose(
-                states, reqs, self.draft_from,
-                [p + len(t) for p, t in zip(self._positions, sampled)], sampled)
         per_token = {}
         if self.draft_logprobs is not None:
             per_token = {reqs[i].req_id: lps for i, lps in logprob_lists(

@@ -129,9 +129,12 @@ def test_gpu_spec_decode_equals_cpu(compilation, tiny_model_factory):
     assert accepted[1] > 0
 
 
-@pytest.mark.parametrize("compilation", [{}, {"cudagraph_mode": "FULL"}], ids=["default", "full"])
+@pytest.mark.parametrize("compilation", [{}, {"cudagraph_mode": "FULL"},
+                                         {"cudagraph_mode": "NONE"}],
+                         ids=["default", "full", "no-graphs"])
 def test_gpu_draft_model_equals_cpu(compilation, tiny_model_factory):
-    """A draft model (the target itself) drafting on the device beside the target's graphs:
+    """A draft model (the target itself) drafting on the device beside the target's graphs
+    (or, with none, its one-token forwards eager from metadata known on the device only):
     the CPU's greedy tokens, its drafts accepted (the drafter's paged KV right)."""
     from tests.e2e.test_spec_decode import _prompts as spec_prompts
     path, _ = tiny_model_factory("llama")
