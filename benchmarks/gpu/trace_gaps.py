@@ -9,8 +9,8 @@ launched it. Host ops before the first launch and after the last kernel are list
     python3 trace_gaps.py PROFILE_DIR [--top N] [--json OUT]
 
 Where the trace holds Python frames (`LOOM_TORCH_PROFILER_WITH_STACK=1`), the GPU's idle
-time is also summed by what the host was running then: sampled every 10 us of each gap,
-the innermost three of loom's own frames.
+time is also summed by what the host was running then: sampled at most 10 us apart in each
+gap (each sample weighing its share of the gap), the innermost three of loom's own frames.
 """
 import argparse
 import bisect
@@ -58,19 +58,21 @@ def idle_by_frames(path: str, gaps: list, step_us: float = 10.0) -> list:
             and "loom/" in e.get("name", "")), key=lambda e: e[0])
     if not frames:
         return []
-    points = sorted(at + step_us * (i + 0.5) for dur, at, _, _ in gaps
-                    for i in range(max(1, int(dur // step_us))))
+    points = []  # (time, weight): samples at most step_us apart, each gap's own length
+    for dur, at, _, _ in gaps:
+        n = max(1, int(dur // step_us))
+        points += [(at + dur * (i + 0.5) / n, dur / n) for i in range(n)]
     total: dict[str, float] = defaultdict(float)
     active: list = []  # heap of (end, start, name)
     i = 0
-    for t in points:
+    for t, weight in sorted(points):
         while i < len(frames) and frames[i][0] <= t:
             heapq.heappush(active, (frames[i][1], frames[i][0], frames[i][2]))
             i += 1
         while active and active[0][0] < t:
             heapq.heappop(active)
         chain = [name.split("loom/", 1)[1] for _, _, name in sorted(active, key=lambda a: a[1])]
-        total[" > ".join(chain[-3:]) or "(no loom frame)"] += step_us / 1e3
+        total[" > ".join(chain[-3:]) or "(no loom frame)"] += weight / 1e3
     return sorted(((round(ms, 2), name) for name, ms in total.items()), reverse=True)
 
 
