@@ -53,11 +53,11 @@ _ALIGN = 256
 variant per pointer alignment (a step with a new mix would recompile), and Inductor copies
 graph inputs that are less aligned than its example inputs."""
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
-_STAGING = PinnedRing(16, torch.uint8, min_numel=1 << 16)
-"""Shared by a step's input upload, its mixed-step index upload and a draft model's forwards
-(one a draft): at two uploads a step and at most three steps in flight, or a draft model's
-step (never beside another) of up to 14 drafts, the copy sixteen uploads back preceded the
-oldest of them."""
+_STAGING = PinnedRing(8, torch.uint8, min_numel=1 << 16)
+"""Shared by a step's input upload, its mixed-step index upload and a draft model's (one a
+step): at two uploads a step and at most three steps in flight, or three for a draft
+model's step (never beside another), the copy eight uploads back preceded the oldest of
+them."""
 
 
 def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
