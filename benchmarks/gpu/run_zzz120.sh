@@ -8,8 +8,9 @@
 #    splits), whatever the context: Qwen3-30B-A3B int4 decode at 128 -> 128 spent 0.55 of
 #    its 2.95 ms a token in `_decode_split_kernel` + `_sum_splits_kernel` (run_zzz114).
 #    LOOM_DECODE_SPLITS forces the count: 2 and 8 against the default on Qwen3 int4, 2 on
-#    the 8B (one run each: rerun alternated where a difference shows). If fewer splits win at short contexts, decode graphs by context
-#    bucket (or a device-side split count) is the change to make.
+#    the 8B (one run each: rerun alternated where a difference shows). If fewer splits win
+#    at short contexts, decode graphs by context bucket (or a device-side split count) is
+#    the change to make.
 source benchmarks/gpu/env.sh; R=/tmp/zzz120; mkdir -p $R/prof
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
 pack() { for f in "$@"; do grep -v -E "it/s\]|s/it\]" $R/$f > $R/$f.tmp 2>/dev/null && mv $R/$f.tmp $R/$f; done
