@@ -346,6 +346,11 @@ class EngineConfig:
     """LoRA adapters (vLLM's --enable-lora); None: requests may not name one."""
 
     def __post_init__(self) -> None:
+        draft_tp, tp = (self.speculative and self.speculative.draft_tensor_parallel_size,
+                        self.parallel.tensor_parallel_size)
+        _check(draft_tp in (None, 1, tp),
+               f"speculative_config.draft_tensor_parallel_size: 1 (the whole draft model on "
+               f"the driver's GPU) or the target's tensor_parallel_size ({tp}), got {draft_tp}")
         _check(self.speculative is None or self.model.logprobs_mode == "raw_logprobs",
                f"logprobs_mode: {self.model.logprobs_mode!r} is not supported with "
                "speculative decoding (its verified drafts report raw_logprobs)")

@@ -37,7 +37,9 @@ class SpeculativeConfig:
     also vLLM's older spelling of the method: "[ngram]" (or "ngram"), and any other value
     without a method means draft_model."""
     draft_tensor_parallel_size: int | None = None
-    """The draft model's TP size: 1 (loom runs it on the driver's GPU alone)."""
+    """The draft model's TP size: 1 (the default: whole on the driver's GPU beside its shard
+    of the target), or the target's tensor_parallel_size (sharded like the target, every
+    rank drafting; `EngineConfig` checks it)."""
 
     def __post_init__(self) -> None:
         method = self.method
@@ -77,14 +79,19 @@ class SpeculativeConfig:
             _check(getattr(self, name) is None,
                    f"speculative_config.{name}: is an n-gram setting, not draft_model's")
         tp = self.draft_tensor_parallel_size
-        _check(tp is None or tp == 1, "speculative_config.draft_tensor_parallel_size: loom "
-                                      f"runs the draft model on one GPU (1), got {tp!r}")
+        _check(tp is None or (type(tp) is int and tp >= 1),
+               f"speculative_config.draft_tensor_parallel_size: a positive integer, got {tp!r}")
 
     @property
     def lookahead(self) -> int:
         """KV slots past a step's tokens that its drafts are written into (a draft model
         computes its drafts' KV; n-gram lookup computes none)."""
         return self.num_speculative_tokens if self.method == "draft_model" else 0
+
+    @property
+    def sharded_draft(self) -> bool:
+        """Whether the draft model is sharded over the TP ranks (draft TP above 1)."""
+        return (self.draft_tensor_parallel_size or 1) > 1
 
     @classmethod
     def parse(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:

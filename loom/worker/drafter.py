@@ -1,7 +1,8 @@
 """A draft model's proposals for speculative decoding (vLLM's method "draft_model").
 
-The draft model runs whole on the driver rank (under TP too: its proposals are the step's)
-and keeps a paged KV cache of its own laid out like the target's: the same
+The draft model runs whole on the driver rank (under TP too: its proposals are the step's),
+or, with draft_tensor_parallel_size the target's, sharded like it on every rank. It keeps a
+paged KV cache of its own laid out like the target's: the same
 block ids and slots, so one block table serves both, and a prefix-cache hit holds both
 models' KV (the drafter computes every token the target keeps, in the same step).
 
@@ -31,6 +32,7 @@ with the tokens kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -61,11 +63,14 @@ more than ~85 requests at k = 4, runs eagerly (its launches spread over more tok
 def make_drafter(config: EngineConfig, target_vocab: int, max_model_len: int,
                  device: torch.device, backend: AttentionBackend,
                  is_driver: bool = True) -> Drafter | None:
-    """The config's draft model, or None where it names none. Only the driver rank drafts
-    (its proposals are the step's): under TP it holds the whole draft model beside its
-    shard of the target, and the other ranks hold none."""
+    """The config's draft model, or None where it names none. By default only the driver
+    rank drafts (its proposals are the step's): under TP it holds the whole draft model
+    beside its shard of the target, and the other ranks hold none. With
+    draft_tensor_parallel_size the target's, every rank holds its shard of the draft too,
+    and all run it together (the LM head's logits are gathered: each rank's drafts are
+    the same)."""
     spec = config.speculative
-    if spec is None or spec.method != "draft_model" or not is_driver:
+    if spec is None or spec.method != "draft_model" or not (is_driver or spec.sharded_draft):
         return None
     return Drafter(config, target_vocab, max_model_len, device, backend)
 
@@ -79,13 +84,16 @@ class Drafter:
         self.device, self.backend = device, backend
         self.block_size = config.cache.block_size
         self.max_model_len = max_model_len
+        self._group = contextlib.nullcontext if spec.sharded_draft else tp_alone
+        """Where the draft model is built and run: the target's TP group, or a group of one
+        (whole on the driver, whatever the target's TP size)."""
         # As vLLM's: the target's dtype and load format (dummy weights draft dummy ones).
         draft = ModelConfig(model=spec.model, dtype=config.model.dtype,
                             max_model_len=max_model_len, seed=config.model.seed,
                             load_format=config.model.load_format)
         start = time.perf_counter()
         try:
-            with tp_alone():  # whole on the driver, whatever the target's TP size
+            with self._group():
                 self.model, arch, self.dtype = load_model(
                     dataclasses.replace(config, model=draft, speculative=None, lora=None),
                     device)
@@ -135,7 +143,7 @@ class Drafter:
                                       cdiv(self.max_model_len, self.block_size),
                                       self.max_model_len,
                                       self.device, mixed, max_num_seqs, name="draft model")
-        with tp_alone():
+        with self._group():
             self.graphs.capture()
 
     @torch.inference_mode()
@@ -147,7 +155,7 @@ class Drafter:
         tokens: each sampling request's tokens on the device, [S] or (with drafts) [S, K + 1]
         with -1 past them. Returns [S, k] drafts on the device, -1 past each request's room;
         None where no request samples."""
-        with tp_alone():
+        with self._group():
             return self._launch(states, reqs, counts, batch, tokens)
 
     def _launch(self, states, reqs, counts, batch, tokens) -> torch.Tensor | None:

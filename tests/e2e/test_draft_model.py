@@ -89,16 +89,24 @@ def test_outputs_end_where_they_would_without_drafts(tiny_model_factory, verifie
     assert verified[2] == verified[1] > 0
 
 
-def test_tensor_parallel_target_with_a_whole_draft_on_the_driver(tiny_model_factory,
-                                                                  verified):
-    """TP=2 on gloo: the driver rank holds the whole draft model (no collective of its
-    own) beside its shard of the target; the other rank holds none and follows the
-    verified tokens. Every draft of the target's own weights is kept."""
+@pytest.mark.parametrize("draft_tp", [None, 2], ids=["whole-on-driver", "sharded"])
+def test_tensor_parallel_target_with_its_draft(draft_tp, tiny_model_factory, verified):
+    """TP=2 on gloo. By default the driver rank holds the whole draft model (no collective
+    of its own) beside its shard of the target, and the other rank holds none and follows
+    the verified tokens; with draft_tensor_parallel_size 2 each rank holds a shard of the
+    draft too, and both run it. Every draft of the target's own weights is kept."""
     path, hf = tiny_model_factory("llama")
     prompts = _prompts()[3:]
-    llm = _llm(path, path, tensor_parallel_size=2)
+    # A block of one rank's target shard: K and V x 1 KV head x 16 x 4 bytes x 16 tokens x
+    # 2 layers. The driver adds its draft's: a shard (the same), or the whole (twice it).
+    shard = 2 * 1 * 16 * 4 * 16 * 2
+    budget = 40 * 2 * shard
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
+              max_model_len=256, tensor_parallel_size=2, kv_cache_memory_bytes=budget,
+              speculative_config=dict(_spec(path), draft_tensor_parallel_size=draft_tp))
     try:
         outs = llm.generate(prompts, _greedy(30), use_tqdm=False)
+        assert llm.engine.num_blocks == budget // (shard * (2 if draft_tp else 3))
     finally:
         llm.shutdown()
     for prompt, out in zip(prompts, outs):
@@ -130,7 +138,10 @@ def test_another_draft_model_changes_no_greedy_token(tiny_model_factory, other_d
     ({"model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
      "speculative_config.prompt_lookup_max: is an n-gram setting, not draft_model's"),
     ({"model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
-     "draft_tensor_parallel_size: loom runs the draft model on one GPU (1), got 2"),
+     "speculative_config.draft_tensor_parallel_size: 1 (the whole draft model on the "
+     "driver's GPU) or the target's tensor_parallel_size (1), got 2"),
+    ({"model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 0},
+     "speculative_config.draft_tensor_parallel_size: a positive integer, got 0"),
 ])
 def test_config_errors_name_the_field(spec, message):
     from loom.engine.arg_utils import EngineArgs
