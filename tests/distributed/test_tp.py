@@ -131,3 +131,28 @@ def test_tp2_equals_tp1_on_gpu(kind, tiny_model_factory):
         results.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)])
         llm.shutdown()
     assert results[0] == results[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("draft_tp", [1, 2], ids=["whole-on-driver", "sharded"])
+def test_tp2_draft_model_on_gpu(draft_tp, tiny_model_factory):
+    """A TP=2 target drafting for itself on two GPUs, the draft whole on the driver or
+    sharded beside the target (its graphs and collectives in the same group): TP=1's
+    greedy tokens, nearly every draft kept."""
+    path, _ = tiny_model_factory("llama")
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 3,
+            "draft_tensor_parallel_size": draft_tp}
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    results, totals = [], None
+    for tp in (1, 2):
+        llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cuda", max_model_len=128,
+                  tensor_parallel_size=tp, kv_cache_memory_bytes=1 << 28,
+                  speculative_config=spec if tp == 2 else None)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outs])
+        if tp == 2:
+            totals = llm.engine.scheduler.spec.totals()
+        llm.shutdown()
+    assert results[0] == results[1]
+    assert totals[1] > 0 and totals[2] >= 0.95 * totals[1]
