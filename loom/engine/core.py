@@ -225,20 +225,30 @@ class EngineCore:
         launched first (up to the executor's max_steps_in_flight), so the device never waits
         for this host work."""
         outputs, self._pending = self._pending, []
+        ahead = self.config.scheduler.async_scheduling
         if not self._in_flight and self.scheduler.has_unfinished_requests():
             self._launch(self.scheduler.schedule())
-        while (self.config.scheduler.async_scheduling
-               and 0 < len(self._in_flight) < self.executor.max_steps_in_flight
+        while (ahead and 0 < len(self._in_flight) < self.executor.max_steps_in_flight
                and self.scheduler.has_unfinished_requests()):
-            ahead = self.scheduler.schedule()
-            if not ahead.is_empty or ahead.finished_req_ids:
-                self._launch(ahead)
-            if ahead.is_empty:
+            if not self._launch_ahead():
                 break
         if self._in_flight:
             outputs += self._collect_one()
+            if ahead and not self._in_flight and self.scheduler.has_unfinished_requests():
+                # Nothing ran ahead of this step (a draft model's requests wait for each
+                # read-back): launch the next one now, so that the device runs it while
+                # this step's outputs are processed and sent.
+                self._launch_ahead()
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
                                  scheduler_stats=self.scheduler.make_stats())
+
+    def _launch_ahead(self) -> bool:
+        """Schedule and launch a step before the last one's outputs are processed; False
+        where nothing could be scheduled."""
+        step = self.scheduler.schedule()
+        if not step.is_empty or step.finished_req_ids:
+            self._launch(step)
+        return not step.is_empty
 
     def _collect_one(self) -> list[EngineCoreOutput]:
         scheduler_output, step = self._in_flight.popleft()

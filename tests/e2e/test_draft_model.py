@@ -114,6 +114,28 @@ def test_tensor_parallel_target_with_its_draft(draft_tp, tiny_model_factory, ver
     assert verified[2] == verified[1] > verified[0]
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_the_next_step_is_launched_before_a_steps_outputs_return(async_scheduling,
+                                                                 tiny_model_factory,
+                                                                 monkeypatch):
+    """A draft model's requests never run ahead of a step, so under async scheduling the
+    engine launches the next one as soon as a step is collected, before its outputs are
+    returned and processed; without async scheduling, never."""
+    from loom.engine.core import EngineCore
+    in_flight, step = [], EngineCore.step
+    monkeypatch.setattr(EngineCore, "step", lambda self: (
+        out := step(self), in_flight.append((len(self._in_flight),
+                                             self.scheduler.has_unfinished_requests())))[0])
+    path, hf = tiny_model_factory("llama")
+    prompts = _prompts()[:2]
+    llm = _llm(path, path, async_scheduling=async_scheduling)
+    outs = llm.generate(prompts, _greedy(20), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20)
+    busy = [n for n, unfinished in in_flight if unfinished]
+    assert len(busy) > 3 and set(busy) == ({1} if async_scheduling else {0})
+
+
 def test_another_draft_model_changes_no_greedy_token(tiny_model_factory, other_draft, verified):
     """A Qwen3 drafting for a Llama: its drafts are mostly rejected, the outputs are the
     target's; random sampling, logprobs and penalties run beside it."""
