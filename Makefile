@@ -22,7 +22,7 @@ install: venv
 	$(BIN)/pip install -q --no-deps $(DEMO)
 
 test: install
-	$(BIN)/python -m pytest -q -x --durations=15
+	$(BIN)/python -m pytest -q -x --durations=40
 
 serve: install
 	$(BIN)/loom serve --host 127.0.0.1 --port 8000
