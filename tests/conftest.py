@@ -200,12 +200,19 @@ def tiny_model_factory(tmp_path_factory):
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy tokens after prompt_ids. Kept on the model per prompt, length,
+    dtype and device: the session's tiny models serve many tests the same prompts."""
     import torch
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=None, pad_token_id=0,
-                             min_new_tokens=max_new_tokens)
-    return out[0, len(prompt_ids):].tolist()
+    key = (tuple(prompt_ids), max_new_tokens, model.dtype, str(model.device))
+    cache = model.__dict__.setdefault("_hf_greedy", {})
+    if key not in cache:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt_ids], device=model.device),
+                                 max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0,
+                                 min_new_tokens=max_new_tokens)
+        cache[key] = out[0, len(prompt_ids):].tolist()
+    return list(cache[key])
 
 
 def hf_last_logprobs(model, prompt_ids: list[int]):
