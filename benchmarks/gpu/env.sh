@@ -17,3 +17,9 @@ lat() {
   echo "$name rc $?: $(grep -E '^(Avg|Decode|Speculative)' $R/$name.log | cut -c1-160 | tr '\n' ' ')"
   stamp $name
 }
+# pack FILE...: files of $R (progress bars dropped) appended to $OUT/<$R's name>.tar, one run
+# at a time: at most 8 files come back from a call, and a cut-off call keeps what it packed.
+pack() {
+  for f in "$@"; do grep -v -E "it/s\]|s/it\]" $R/$f > $R/$f.tmp 2>/dev/null && mv $R/$f.tmp $R/$f; done
+  tar -rf $OUT/$(basename $R).tar -C $R "$@" 2>/dev/null
+}

@@ -7,8 +7,6 @@
 # (default, FULL, and no graphs: the eager one-token forwards from device-only metadata).
 source benchmarks/gpu/env.sh; R=/tmp/zzz119; mkdir -p $R
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
-pack() { for f in "$@"; do grep -v -E "it/s\]|s/it\]" $R/$f > $R/$f.tmp 2>/dev/null && mv $R/$f.tmp $R/$f; done
-         tar -rf $OUT/zzz119.tar -C $R "$@" 2>/dev/null; }
 L="--load-format dummy --num-iters-warmup 2 --num-iters 4 --input-len 128 --output-len 128 --batch-size 1 --temperature 0"
 D4='{"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4}'
 lat llama8b-draft1b llama-3.1-8b 100 --speculative-config "$D4"

@@ -15,8 +15,6 @@
 #    change to make.
 source benchmarks/gpu/env.sh; R=/tmp/zzz120; mkdir -p $R/prof
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
-pack() { for f in "$@"; do grep -v -E "it/s\]|s/it\]" $R/$f > $R/$f.tmp 2>/dev/null && mv $R/$f.tmp $R/$f; done
-         tar -rf $OUT/zzz120.tar -C $R "$@" 2>/dev/null; }
 L="--load-format dummy --num-iters-warmup 2 --num-iters 4 --input-len 128 --output-len 128 --batch-size 1 --temperature 0"
 D4='{"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4}'
 lat llama8b-draft1b llama-3.1-8b 90 --speculative-config "$D4"

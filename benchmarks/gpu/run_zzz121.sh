@@ -9,8 +9,6 @@
 #    waiting at its next collective; sharded: 1.24 GB a rank, plus 16 all-reduces each).
 source benchmarks/gpu/env.sh; R=/tmp/zzz121; mkdir -p $R
 nvidia-smi -L
-pack() { for f in "$@"; do grep -v -E "it/s\]|s/it\]" $R/$f > $R/$f.tmp 2>/dev/null && mv $R/$f.tmp $R/$f; done
-         tar -rf $OUT/zzz121.tar -C $R "$@" 2>/dev/null; }
 timeout $(left 150) python3 -m pytest -q -m gpu tests/distributed/test_tp.py -p no:cacheprovider \
   -k "draft_model" > $R/gpu-tests.log 2>&1
 echo "gpu tests rc $?"; tail -3 $R/gpu-tests.log | cut -c1-200; pack gpu-tests.log; stamp gpu-tests
