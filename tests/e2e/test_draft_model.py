@@ -234,8 +234,8 @@ def test_the_drafts_one_token_forwards_replay_cuda_graphs(tiny_model_factory, ve
     mixed = sum(g.replays for g, _ in graphs.mixed_graphs.values())
     assert mixed >= verified[0] // len(prompts)  # each decode step's first draft forward
     # The target's verify steps (1 + k = 5 tokens a request) replay whole-forward graphs
-    # under the default FULL_AND_PIECEWISE, as vLLM's uniform-decode ones; its prompt
-    # steps (longer queries) do not.
+    # under the default FULL_AND_PIECEWISE, as vLLM's uniform-decode ones (that longer
+    # queries do not is test_full_graphs' test_mixed_graphs_hold_what_fits).
     target = llm.engine.executor.worker.model_runner.graph_runner
     assert sorted(target.mixed_graphs) == [8, 16, 32, 64]  # 8 requests x 5 tokens: 40
     verify = [q for name, q in queries if not name]
