@@ -209,21 +209,20 @@ class Drafter:
         block = table_d[torch.arange(len(sampling), device=self.device), pos // bs]
         slots = torch.where(live, block * bs + pos % bs, -1)
         seq = (pos + 1).to(torch.int32)
-        qs = torch.arange(len(sampling) + 1, dtype=torch.int32, device=self.device)
+        # Known on the device only: a graph's metadata (fixed-shape, its bounds the model's),
+        # whether or not a graph replays it.
+        n = len(sampling)
+        one_token = AttentionMetadata(
+            num_actual_tokens=n, num_reqs=n, max_query_len=1, max_seq_len=self.max_model_len,
+            query_start_loc=torch.arange(n + 1, dtype=torch.int32, device=self.device),
+            seq_lens=None, block_table=table_d, slot_mapping=None,  # (each forward's own)
+            query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.ones(n, dtype=torch.int32), fixed_shape=True)
         for step in range(self.k - 1):
-            meta = self._one_token_meta(len(sampling), qs, seq[step], table_d, slots[step])
+            meta = dataclasses.replace(one_token, seq_lens=seq[step], slot_mapping=slots[step])
             out[:, step + 1] = cur = self._argmax(self._run(StepBatch(cur, pos[step], meta,
                                                                      [], None)))
         return torch.where(torch.arange(self.k, device=self.device) < room.unsqueeze(1), out, -1)
-
-    def _one_token_meta(self, n: int, qs, seq_lens, table, slots) -> AttentionMetadata:
-        """A one-token forward's metadata, known on the device only: a graph's (fixed-shape,
-        its bounds the model's) whether or not a graph replays it."""
-        return AttentionMetadata(
-            num_actual_tokens=n, num_reqs=n, max_query_len=1, max_seq_len=self.max_model_len,
-            query_start_loc=qs, seq_lens=seq_lens, block_table=table, slot_mapping=slots,
-            query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32),
-            seq_lens_cpu=torch.ones(n, dtype=torch.int32), fixed_shape=True)
 
     def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.compute_logits(hidden)
