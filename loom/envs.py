@@ -255,6 +255,13 @@ def fast_launch() -> bool:
     return _on_unless_zero("LOOM_FAST_LAUNCH")
 
 
+def short_query_decode() -> bool:
+    """LOOM_SHORT_QUERY_DECODE (on unless 0): queries of a few tokens (a speculative
+    step's verify, up to `triton_backend.SHORT_QUERY_TOKENS`) take the split-K decode
+    kernel; 0 gives them the varlen prefill kernel, as before, for comparing."""
+    return _on_unless_zero("LOOM_SHORT_QUERY_DECODE")
+
+
 def pdl() -> bool:
     """LOOM_PDL=1: loom's decode kernels (GEMV, decode attention, all-reduce + norm) launch
     with programmatic dependent launch on sm_90+ GPUs (loom/kernels/pdl.py). Off by

@@ -1,6 +1,7 @@
 """A mixed step's requests split by kind for the Triton backend: its decodes (a query of one
 token) go to the split-K decode kernel and its prompt chunks to the varlen kernel, each over a
-device list of request indices, uploaded once per step."""
+device list of request indices, uploaded once per step. Queries of a few tokens (a speculative
+step's verify) take the split-K kernel too (`short_query_tokens`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loom.attention.backend import AttentionMetadata
+from loom.attention.backend import PLAIN, AttentionMetadata, ScoreOpts
+from loom.kernels.host import next_power_of_2
 from loom.pinned import upload
+
+
+SHORT_QUERY_TOKENS = 8
+SHORT_QUERY_ELEMENTS = 64 * 128
+"""Queries of up to SHORT_QUERY_TOKENS tokens (a speculative step's verify: 1 + k) take the
+split-K decode kernel, its tile's rows their tokens x the GQA group (each padded to a power
+of two), while those rows x the head dim stay within SHORT_QUERY_ELEMENTS (the decode tile's
+registers). The varlen kernel gave such a query one program per KV head, each reading all
+its keys alone: 8 programs at batch 1 of Llama-3.1-8B."""
+
+
+def short_query_tokens(max_query_len: int, group: int, head_dim: int,
+                       opts: ScoreOpts = PLAIN) -> int | None:
+    """The decode kernel's q_tokens (`paged_decode`) for queries of at most max_query_len
+    tokens where it takes them (SHORT_QUERY_TOKENS; not in a layer with a sliding window);
+    else None."""
+    q_tokens = next_power_of_2(max_query_len)
+    if opts.sliding_window is not None or q_tokens > SHORT_QUERY_TOKENS or \
+            q_tokens * next_power_of_2(group) * head_dim > SHORT_QUERY_ELEMENTS:
+        return None
+    return q_tokens
 
 
 @dataclass(frozen=True)

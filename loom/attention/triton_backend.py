@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from loom import envs
 from loom.attention.backend import PLAIN, AttentionBackend, AttentionMetadata, ScoreOpts
-from loom.attention.mixed_split import MixedSplit, by_kind, split_by_query_len, splits_mixed
+from loom.attention.mixed_split import (MixedSplit, by_kind, short_query_tokens,
+                                        split_by_query_len, splits_mixed)
+from loom.attention.sdpa import SDPA_BUCKET, round_up, sdpa_causal
 from loom.attention.torch_native import gather_kv
 from loom.kernels.compile_pool import compile_pool
 from loom.kernels.kv_write import write_kv_cache
@@ -72,14 +73,6 @@ class TritonTiles:
     envs.SDPA_MIN_TOKENS). Below, the paged kernel's one launch beats SDPA's host work."""
 
 
-SDPA_BUCKET = 512
-"""SDPA runs each request at its length rounded up to a multiple of this. cuDNN builds an
-execution graph per new shape: 42-65 ms (run_zzt, H200), paid by the first step of every new
-prompt length. Rounded, the lengths are few enough to build them all at start-up
-(warm_up_sdpa). Exact: the padding keys come after every real query, so causality masks
-them, and the padding queries' rows are dropped."""
-
-
 class TritonBackend(AttentionBackend):
     name = "triton"
     fuses_rope = True
@@ -110,6 +103,7 @@ class TritonBackend(AttentionBackend):
         """`compiling_decodes`' variants, until the next pure decode compiles them."""
         self._told_no_sdpa = False
         """Whether the log has said that a layer's ScoreOpts kept a prefill from SDPA."""
+        self._short_query_decode = envs.short_query_decode()
         self._fused_rope_off = envs.decode_rope_unfused()
         if self._fused_rope_off:
             logger.info("LOOM_DECODE_ROPE_UNFUSED: decode steps rotate and write the KV cache "
@@ -213,6 +207,16 @@ class TritonBackend(AttentionBackend):
 
     def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
                  req_index=None, packed=False, opts: ScoreOpts = PLAIN) -> None:
+        q_tokens = self._short_query_decode and short_query_tokens(
+            max_query_len, query.shape[1] // kv_cache.shape[3], query.shape[2], opts)
+        if q_tokens:
+            # A graph's request slots outnumber its requests of max_query_len tokens: split
+            # as for those.
+            split_reqs = (min(num_reqs, max(1, meta.num_actual_tokens // max_query_len))
+                          if meta.fixed_shape else num_reqs)
+            self._decode(query, kv_cache, meta, scale, out, num_reqs, meta.max_seq_len,
+                         req_index, opts=opts, q_tokens=q_tokens, split_reqs=split_reqs)
+            return
         block_m, block_n, warps, stages = self.prefill_tiles(query.shape[2], query.dtype)
         tile_starts = (self._tile_starts(meta, prefill_block_q(
             block_m, query.shape[1] // kv_cache.shape[3])) if packed else None)
@@ -224,16 +228,20 @@ class TritonBackend(AttentionBackend):
                       softcap=opts.softcap)
 
     def _decode(self, query, kv_cache, meta, scale, out, num_reqs=None, max_seq_len=None,
-                req_index=None, new_tokens=None, opts: ScoreOpts = PLAIN) -> None:
-        """All the batch's requests (a pure decode), or those req_index names; new_tokens:
-        see paged_decode."""
+                req_index=None, new_tokens=None, opts: ScoreOpts = PLAIN,
+                q_tokens: int = 1, split_reqs: int | None = None) -> None:
+        """All the batch's requests (a pure decode), or those req_index names; new_tokens,
+        q_tokens: see paged_decode. split_reqs: the requests the splits are chosen for
+        (num_reqs). Queries of several tokens take the narrow batches' 4-warp tiles (their
+        rows would crowd 2 warps' registers)."""
         num_reqs = meta.num_reqs if num_reqs is None else num_reqs
         max_seq_len = meta.max_seq_len if max_seq_len is None else max_seq_len
+        split_reqs = num_reqs if split_reqs is None else split_reqs
         if opts.sliding_window is not None:  # the splits divide the window's keys only
             max_seq_len = min(max_seq_len, opts.sliding_window)
-        tiles = self.decode_tiles(num_reqs, kv_cache.shape[3], query.shape[2], query.dtype,
-                                  kv_cache.dtype)
-        splits = self.decode_splits(num_reqs, kv_cache.shape[3], max_seq_len, tiles,
+        tiles = self.decode_tiles(num_reqs if q_tokens == 1 else 1, kv_cache.shape[3],
+                                  query.shape[2], query.dtype, kv_cache.dtype)
+        splits = self.decode_splits(split_reqs, kv_cache.shape[3], max_seq_len, tiles,
                                     kv_cache.dtype)
 
         def launch(block_n, num_warps, num_stages, num_splits, compile_only=False):
@@ -241,8 +249,8 @@ class TritonBackend(AttentionBackend):
                          meta.seq_lens, num_reqs, scale, num_splits, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, req_index=req_index,
                          new_tokens=new_tokens, compile_only=compile_only,
-                         window=opts.sliding_window, softcap=opts.softcap)
-        if self._compile_decodes and req_index is None:
+                         window=opts.sliding_window, softcap=opts.softcap, q_tokens=q_tokens)
+        if self._compile_decodes and req_index is None and q_tokens == 1:
             variants, self._compile_decodes = self._compile_decodes, []
             with compile_pool(len(variants)):  # side by side, nothing run
                 for variant in variants:
@@ -266,10 +274,8 @@ class TritonBackend(AttentionBackend):
         """Splits per (request, KV head) of a decode batch in `tiles` whose longest context
         (or, in a CUDA graph, the model's length) is max_seq_len. 2-warp tiles over an
         8-bit cache (wide batches, `decode_tiles`), bound by their instructions, aim at
-        ~1024 programs in up to 8 splits, not 264 in up to 32: at 16 requests of 8192
-        tokens the kernel took 118.7 against 146.0 us for 3 splits, though the engine's
-        step did not shorten (run_zzz52/54; docs/performance.md, session 28).
-        LOOM_DECODE_SPLITS overrides this."""
+        ~1024 programs in up to 8 splits, not 264 in up to 32 (docs/performance.md,
+        session 28). LOOM_DECODE_SPLITS overrides this."""
         if self.forced_decode_splits is not None:
             return self.forced_decode_splits
         if self.tiles.num_splits:
@@ -283,23 +289,20 @@ class TritonBackend(AttentionBackend):
     def decode_tiles(self, num_reqs: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> DecodeTiles:
         """The split-K decode kernel's tiles for queries of `dtype` over a cache of
-        `cache_dtype` (None: the same).
+        `cache_dtype` (None: the same), each choice measured with `loom bench attention
+        --tune` and end to end (docs/performance.md, sessions 27 and 28).
 
         16-bit keys of up to 128 dims: 128 keys a tile, three stages deep, at any batch
-        (`loom bench attention --tune` on an H200, Llama-3.1-8B heads: 1.04x at 430
-        requests x 1280 tokens; at batch 1 and 4, 4096 and 8192 tokens, 17.3 / 33.0 / 22.7
-        / 50.7 us against 17.3 / 39.5 / 26.4 / 62.1 for the 64-key two-stage tiles that
-        narrow batches took before, run_zzz47, and 7.7 against 8.4 us at 128 tokens,
-        run_zzz43). Over an 8-bit cache, batches that alone give the GPU enough (request,
-        KV head) programs take 64 keys three deep on 2 warps (run_zzz46, 1150 tokens: 802
-        against 850 us or more for any 4-warp tile at 872 requests, 462 against 484 at
-        484; 8B throughput's decode-only steps 12.80 against 13.74 s, run_zzz47): the
-        kernel is bound by its instructions there (fp8 conversions, the GQA group padded
-        to 16 rows), and half the warps a program let twice the programs share an SM.
-        Narrower ones take 128 keys two deep on 4 warps (8B decode at batch 4 after
-        8192-token prompts: 5.88 against 6.21 ms/token, run_zzz51). Otherwise (fp32, head dim 256)
-        about 16 KB of keys a tile, two stages. LOOM_DECODE_TILES overrides all of this
-        (and LOOM_DECODE_SPLITS the splits, `decode_splits`)."""
+        (1.04x at 430 requests x 1280 tokens; 0.81x-0.87x the 64-key two-stage tiles at
+        batch 1 and 4 of 4096 and 8192 tokens). Over an 8-bit cache, batches that alone give
+        the GPU enough (request, KV head) programs take 64 keys three deep on 2 warps: the
+        kernel is bound by its instructions there (fp8 conversions, the GQA group padded to
+        16 rows), and half the warps a program let twice the programs share an SM (8B
+        throughput's decode-only steps 12.80 against 13.74 s). Narrower ones take 128 keys
+        two deep on 4 warps (8B decode at batch 4 after 8192-token prompts: 0.95x).
+        Otherwise (fp32, head dim 256) about 16 KB of keys a tile, two stages.
+        LOOM_DECODE_TILES overrides all of this (and LOOM_DECODE_SPLITS the splits,
+        `decode_splits`)."""
         if self.forced_decode_tiles is not None:
             return self.forced_decode_tiles
         elem = dtype.itemsize
@@ -367,32 +370,9 @@ class TritonBackend(AttentionBackend):
         lengths run."""
         if not self.tiles.sdpa_max_reqs or max_tokens < max(self.sdpa_min_tokens, 1):
             return []
-        lengths = list(range(SDPA_BUCKET, _round_up(max_tokens, SDPA_BUCKET) + 1, SDPA_BUCKET))
+        lengths = list(range(SDPA_BUCKET, round_up(max_tokens, SDPA_BUCKET) + 1, SDPA_BUCKET))
         for n in lengths:
             q = torch.zeros(n, num_heads, head_dim, dtype=dtype, device=device)
             kv = torch.zeros(n, num_kv_heads, head_dim, dtype=dtype, device=device)
             sdpa_causal(q, kv, kv, scale)
         return lengths
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float) -> torch.Tensor:
-    """Causal GQA attention of one request through SDPA: q [L, H, D], k and v [L, H_kv, D]
-    (any strides and dtype; cast to q's) -> [L, H, D]. Copied into zero-padded contiguous
-    buffers of SDPA_BUCKET-rounded length: one layout and few shapes for cuDNN's graphs."""
-    n = q.shape[0]
-    padded = _round_up(n, SDPA_BUCKET)
-    bufs = []
-    for t in (q, k, v):
-        buf = torch.empty(padded, *t.shape[1:], dtype=q.dtype, device=q.device)
-        buf[:n] = t
-        buf[n:].zero_()
-        # 4-D [1, heads, seq, dim]: the flash kernels take only batched inputs; 3-D falls
-        # back to the math kernel, which materialises the whole score matrix.
-        bufs.append(buf.transpose(0, 1)[None])
-    out = F.scaled_dot_product_attention(*bufs, is_causal=True, scale=scale, enable_gqa=True)
-    return out[0].transpose(0, 1)[:n]

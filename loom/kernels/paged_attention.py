@@ -59,11 +59,13 @@ def attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v
                  stride_cblk, stride_cslot, scale_log2, window, cap_log2,
                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FULL: tl.constexpr = False,
-                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False):
+                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+                 EMPTY_ROWS: tl.constexpr = False):
     """One step of online softmax over keys [start, start + BLOCK_N). FULL: every key of
     the tile exists and every row sees it (no masks; CAUSAL and WINDOW are then ignored).
     WINDOW (with CAUSAL): row r sees only keys after q_pos[r] - window, so a row may see
-    none of a tile, or of all tiles so far. SOFTCAP: scores are softcapped, scale_log2
+    none of a tile, or of all tiles so far. EMPTY_ROWS: so may a row without a window (a
+    split of keys after its causal limit). SOFTCAP: scores are softcapped, scale_log2
     then being scale / softcap and cap_log2 softcap * log2(e) (`score_args`)."""
     k_pos = start + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
@@ -92,7 +94,10 @@ def attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, block_row_ptr, k_base, v
         # in its first tile, so m_new is finite from then on and exp2(-inf - m_new) is a
         # clean 0.
         s = tl.where(visible, s, float("-inf"))
-    p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, WINDOW)
+    if WINDOW:
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, True)
+    else:
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, EMPTY_ROWS)
     v_ptrs = v_base + off[:, None] + dims[None, :]
     if FULL:
         v = tl.load(v_ptrs)

@@ -1,6 +1,7 @@
-"""Split-K flash-decoding over the paged KV cache (one query token per request), the decode
-half of `paged_attention.py`: one kernel over (request, KV head, split) that can also rotate,
-normalise and cache the step's new tokens itself, and merges its splits itself.
+"""Split-K flash-decoding over the paged KV cache (one query token per request, or a
+speculative verify's few), the decode half of `paged_attention.py`: one kernel over
+(request, KV head, split) that can also rotate, normalise and cache the step's new tokens
+itself, and merges its splits itself.
 
 The merge is a "fixup", as the GEMV's (`gemv.py`, split_mode "fixup"): each split stores its
 float32 partials (running max, sum and output of its GROUP query heads), bumps its (request,
@@ -135,7 +136,7 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr, HAS_REQ_INDEX: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, SAT: tl.constexpr = 0.0, F16_DOT: tl.constexpr = False,
     PDL: tl.constexpr = False, QK_NORM: tl.constexpr = False, SPLITS_PAD: tl.constexpr = 1,
-    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, Q_TOKENS: tl.constexpr = 1,
 ):
     # grid: (request, kv head, split). Each split covers a slice (a multiple of BLOCK_N
     # keys) of this request's own keys, so the grid does not depend on sequence lengths
@@ -152,6 +153,11 @@ def _decode_split_kernel(
     # q and k are RMS-normalised per head first (Qwen3's q_norm / k_norm). WINDOW: the
     # query sees only the last `window` keys; the splits divide those alone, so every key
     # a split reads is seen (no mask) and no program reads the keys before them.
+    # Q_TOKENS > 1: a request's query is up to Q_TOKENS tokens (a speculative step's
+    # verify), the rows of a tile its tokens x the GQA group (GROUP_PAD rows in all), each
+    # token seeing the keys up to its own position; a split may then hold keys after some
+    # rows' last, so those rows see none of it (m = -inf, l = 0: weight 0 in the merge).
+    MULTI: tl.constexpr = Q_TOKENS > 1
     if PDL:  # launched early (loom/kernels/pdl.py): every input is a predecessor's output
         pdl.wait_then_release()
     slot = tl.program_id(0)
@@ -161,7 +167,8 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     q_start = tl.load(query_start_ptr + req)
-    if tl.load(query_start_ptr + req + 1) == q_start:
+    q_len = tl.load(query_start_ptr + req + 1) - q_start
+    if q_len == 0:
         return
     seq_len = tl.load(seq_lens_ptr + req)
     first_key = seq_len * 0
@@ -173,11 +180,23 @@ def _decode_split_kernel(
     if lo >= hi:  # past the request's keys: no partials, no arrival (not one of n_active)
         return
 
-    g = tl.arange(0, GROUP_PAD)
-    head = kv_head * GROUP + g
-    g_ok = g < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :]
+    if MULTI:
+        G_P2: tl.constexpr = _next_power_of_2(GROUP)
+        r = tl.arange(0, GROUP_PAD)
+        tok = r // G_P2
+        g = r % G_P2
+        g_ok = (g < GROUP) & (tok < q_len)
+        q_row = ((q_start + tok).to(tl.int64) * stride_qt)[:, None]
+        o_rows = ((q_start + tok).to(tl.int64) * stride_ot)[:, None]
+    else:
+        g = tl.arange(0, GROUP_PAD)
+        tok = 0
+        g_ok = g < GROUP
+        q_row = q_start.to(tl.int64) * stride_qt
+        o_rows = q_start.to(tl.int64) * stride_ot
+    head = kv_head * GROUP + g
+    q_off = q_row + head[:, None] * stride_qh + dims[None, :]
     k_base = cache_ptr + kv_head * stride_chead
     if ROPE:
         cos_sin_row = cos_sin_ptr + tl.load(positions_ptr + q_start).to(tl.int64) * stride_pos
@@ -204,13 +223,16 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     block_row_ptr = block_table_ptr + req.to(tl.int64) * stride_bt
+    q_pos = m_i  # unread by a one-token query (not CAUSAL)
+    if MULTI:
+        q_pos = seq_len - q_len + tok
     for start in range(lo, hi, BLOCK_N):
         acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, start, hi, m_i, block_row_ptr, k_base,
+            q, acc, m_i, l_i, start, hi, q_pos, block_row_ptr, k_base,
             k_base + stride_plane, stride_cblk, stride_cslot, scale_log2, window, cap_log2,
-            False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, False, False, SOFTCAP)
+            MULTI, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, False, False, SOFTCAP, MULTI)
     o_row = q_start.to(tl.int64) * stride_ot
-    o_off = o_row + head[:, None] * stride_oh + dims[None, :]
+    o_off = o_rows + head[:, None] * stride_oh + dims[None, :]
     if DIRECT:
         _store_normalised(out_ptr, o_off, acc, l_i, g_ok[:, None])
     else:
@@ -219,8 +241,9 @@ def _decode_split_kernel(
         if n_active == 1:
             _store_normalised(out_ptr, o_off, acc, l_i, g_ok[:, None])
         else:
-            first_part = (slot.to(tl.int64) * num_heads + kv_head * GROUP) * num_splits
-            part = first_part + g * num_splits + split
+            first_part = (slot.to(tl.int64) * Q_TOKENS * num_heads + kv_head * GROUP) * \
+                num_splits
+            part = first_part + (tok * num_heads + g) * num_splits + split
             tl.store(part_m_ptr + part, m_i, mask=g_ok)
             tl.store(part_l_ptr + part, l_i, mask=g_ok)
             tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
@@ -231,9 +254,17 @@ def _decode_split_kernel(
             count = count_ptr + slot * tl.num_programs(1) + kv_head
             arrived = tl.atomic_add(count, 1, sem="acq_rel")
             if arrived == n_active - 1:
-                _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, o_row,
-                              first_part, n_active, num_splits, stride_oh, kv_head * GROUP,
-                              GROUP, SPLITS_PAD, HEAD_DIM)
+                if MULTI:  # token by token: all its rows at once crowd the registers
+                    for t in range(q_len):
+                        _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+                                      o_row + t * stride_ot,
+                                      first_part + t * num_heads * num_splits, n_active,
+                                      num_splits, stride_oh, kv_head * GROUP, GROUP,
+                                      SPLITS_PAD, HEAD_DIM)
+                else:
+                    _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, o_row,
+                                  first_part, n_active, num_splits, stride_oh,
+                                  kv_head * GROUP, GROUP, SPLITS_PAD, HEAD_DIM)
                 tl.store(count, 0)  # ready for the next launch (or graph replay)
 
 
@@ -299,8 +330,10 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                  req_index: torch.Tensor | None = None,
                  new_tokens: NewTokens | None = None, compile_only: bool = False,
-                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """Split-K flash-decoding: one query token per request, attending to all its keys.
+                 window: int | None = None, softcap: float | None = None,
+                 q_tokens: int = 1) -> torch.Tensor:
+    """Split-K flash-decoding: one query token per request (up to q_tokens, below),
+    attending to all its keys.
 
     The grid depends on (num_reqs, num_kv_heads, num_splits) only; pass a fixed num_splits
     when capturing CUDA graphs. One launch a layer: the last split of a (request, KV head)
@@ -321,6 +354,11 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     compile_only: compile the kernel these arguments need and run nothing (inside
     compile_pool, on its threads). window, softcap: `ScoreOpts`' (the splits then divide
     the window's keys, not the whole context).
+
+    q_tokens (a power of two): queries of up to this many tokens, each attending causally
+    (a speculative step's verify: the varlen kernel gives such a query one program per KV
+    head, reading every key alone; here the splits share them). Neither with new_tokens
+    nor with a window.
     """
     group, num_kv_heads = check_heads(query, kv_cache)
     check_req_index(req_index, num_reqs)
@@ -328,12 +366,17 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     rope = new_tokens is not None
     if rope and req_index is not None:
         raise ValueError("paged_decode: new_tokens with req_index is not supported")
+    if q_tokens < 1 or q_tokens & (q_tokens - 1):
+        raise ValueError(f"paged_decode: q_tokens {q_tokens} must be a power of two")
+    if q_tokens > 1 and (rope or window is not None):
+        raise ValueError("paged_decode: queries of several tokens take neither new_tokens "
+                         "nor a window")
     key, value, positions, cos_sin_cache, slot_mapping, qk_norm = _new_token_args(
         new_tokens, query, kv_cache, query_start_loc)
     q_norm, k_norm, norm_eps = check_qk_norm(qk_norm, query, key, "paged_decode")
     direct = num_splits == 1
     use_pdl = pdl.enabled(query.device)
-    part_m, part_l, part_acc = _partials(query, out, num_reqs, num_splits)
+    part_m, part_l, part_acc = _partials(query, out, num_reqs * q_tokens, num_splits)
     # One split needs no counters: an int32 placeholder keeps the argument's type.
     counters = seq_lens if direct else arrival.counters(query.device, num_reqs * num_kv_heads,
                                                         "paged_decode")
@@ -345,12 +388,13 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *cache_strides(kv_cache),
         block_table.stride(0), GROUP=group,
-        GROUP_PAD=max(MIN_DOT_ROWS, next_power_of_2(group)), HEAD_DIM=head_dim,
+        GROUP_PAD=max(MIN_DOT_ROWS, q_tokens * next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_N=block_n, PRECISION=precision(query.dtype),
         HAS_REQ_INDEX=req_index is not None, DIRECT=direct, ROPE=rope,
         SAT=saturation(kv_cache) if rope else 0.0, F16_DOT=f16_dot(query, kv_cache),
         PDL=use_pdl, QK_NORM=qk_norm is not None,
         SPLITS_PAD=1 if direct else next_power_of_2(num_splits),
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl, **switches,
+        Q_TOKENS=q_tokens, num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
+        **switches,
     )
     return out

@@ -131,9 +131,12 @@ class CUDAGraphRunner:
         return min(size, self.max_num_seqs) if self.max_num_seqs else size
 
     def _mixed_metadata(self, size: int) -> AttentionMetadata:
+        # A verify graph's queries are at most max_query tokens: the Triton backend gives
+        # such short ones the split-K decode kernel.
         reqs = self.mixed_reqs(size)
         return AttentionMetadata(
-            num_actual_tokens=size, num_reqs=reqs, max_query_len=size,
+            num_actual_tokens=size, num_reqs=reqs,
+            max_query_len=min(size, self.max_query or size),
             max_seq_len=self.max_model_len, query_start_loc=self.mixed_starts[:reqs + 1],
             seq_lens=self.seq_lens[:reqs], block_table=self.block_table[:reqs],
             slot_mapping=self.slot_mapping[:size],

@@ -123,6 +123,29 @@ def test_prompt_chunks_alone_take_one_unindexed_launch(monkeypatch):
 
 
 @cpu_only
+@pytest.mark.parametrize("min_decodes", [1, 16], ids=["split", "one-kind-launch"])
+def test_short_queries_take_the_split_k_kernel(min_decodes, monkeypatch):
+    """A verify step's queries of a few tokens (eagerly run, no graph) take the split-K
+    decode kernel at q_tokens, beside its decodes (split off: request-indexed launches) or
+    with them in one launch; a window layer keeps the varlen kernel (its splits divide the
+    last token's window only)."""
+    monkeypatch.setenv("LOOM_MIXED_SPLIT_MIN_DECODES", str(min_decodes))
+    calls = _spy_kernels(monkeypatch)
+    q_lens, s_lens = [1, 5, 1, 3, 2], [40, 30, 17, 60, 9]
+    check_backend(make_batch(q_lens, s_lens, 8, 2, 32, 16, pad=1), SPLIT_TILES, 1e-4, 1e-4)
+    assert [c["kernel"] for c in calls] == ["paged_decode"] * (2 if min_decodes == 1 else 1)
+    short = calls[-1]
+    assert short["q_tokens"] == 8 and short["window"] is None
+    assert short["index"] == ([1, 3, 4] if min_decodes == 1 else None)
+    from loom.attention.backend import ScoreOpts
+    calls.clear()
+    batch = make_batch(q_lens, s_lens, 8, 2, 32, 16, pad=1)
+    TritonBackend(SPLIT_TILES).forward(batch.query, batch.kv_cache, batch.meta, 1.0,
+                                       opts=ScoreOpts(sliding_window=16))
+    assert calls[-1]["kernel"] == "paged_prefill"
+
+
+@cpu_only
 @pytest.mark.parametrize("case", SPLIT.values(), ids=SPLIT.keys())
 def test_indexed_kernels_write_only_their_requests(case):
     """Each entry point over a non-contiguous subset, into a NaN-poisoned output: the

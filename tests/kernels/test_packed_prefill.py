@@ -55,26 +55,38 @@ def check_fixed_shape(batch: Batch, num_reqs: int, tiles: TritonTiles, atol, rto
                                                             meta, scale), ref_out)
 
 
-FIXED = {  # (batch, requests in the graph): decodes, chunks after context, fresh prompts
-    "mixed-gqa4-d64-b16": (MIXED["gqa4-d64-b16"], 7),
-    "mixed-gqa8-d128-b32": (MIXED["gqa8-d128-b32"], 2),
-    "prefill-gqa4-d64-b16-pad40": (([19, 6], [19, 6], 4, 1, 64, 16, 40), 5),
-    "decodes-gqa4-d64-b32": (DECODE["gqa4-d64-b32"], 16),
+FIXED = {  # (batch, requests in the graph, the split-K launch's q_tokens or None): decodes,
+    # chunks after context, fresh prompts; a graph of at most 8 tokens holds queries of at
+    # most 8 (a verify's few), which the split-K decode kernel takes
+    "mixed-gqa4-d64-b16": (MIXED["gqa4-d64-b16"], 7, None),
+    "mixed-gqa8-d128-b32": (MIXED["gqa8-d128-b32"], 2, 8),
+    "prefill-gqa4-d64-b16-pad40": (([19, 6], [19, 6], 4, 1, 64, 16, 40), 5, None),
+    "decodes-gqa4-d64-b32": (DECODE["gqa4-d64-b32"], 16, 4),
+    "verify-gqa4-d64-b16": (([3, 1, 2], [50, 33, 140], 8, 2, 64, 16, 2), 6, 8),
 }
 
 
 @cpu_only
 @pytest.mark.parametrize("case", FIXED.values(), ids=FIXED.keys())
-def test_fixed_shape_batches_take_one_packed_launch(case, monkeypatch):
-    """A CUDA graph's batch of any kind, with requests and rows to spare: one packed
-    prefill launch for all of it (decodes included), whatever the host-side values say."""
-    (q_lens, s_lens, h, hkv, d, bs, pad), num_reqs = case
+def test_fixed_shape_batches_take_one_launch(case, monkeypatch):
+    """A CUDA graph's batch of any kind, with requests and rows to spare: one launch for
+    all of it (decodes included), whatever the host-side values say. The packed prefill
+    launch, or where the graph's queries are short, the split-K decode kernel's over every
+    request slot (LOOM_SHORT_QUERY_DECODE=0: the packed prefill's)."""
+    (q_lens, s_lens, h, hkv, d, bs, pad), num_reqs, q_tokens = case
     calls = _spy_kernels(monkeypatch)
-    check_fixed_shape(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), num_reqs,
-                      CPU_TILES, 1e-4, 1e-4)
-    (call,) = calls
-    assert call["kernel"] == "paged_prefill" and call["num_reqs"] == num_reqs
-    assert call["packed_tokens"] == sum(q_lens) + pad
+    for short in ("1", "0"):
+        monkeypatch.setenv("LOOM_SHORT_QUERY_DECODE", short)
+        calls.clear()
+        check_fixed_shape(make_batch(q_lens, s_lens, h, hkv, d, bs, pad=pad), num_reqs,
+                          CPU_TILES, 1e-4, 1e-4)
+        (call,) = calls
+        assert call["num_reqs"] == num_reqs and call["req_index"] is None
+        if q_tokens and short == "1":
+            assert call["kernel"] == "paged_decode" and call["q_tokens"] == q_tokens
+        else:
+            assert call["kernel"] == "paged_prefill"
+            assert call["packed_tokens"] == sum(q_lens) + pad
 
 
 def test_packed_grid_refuses_a_request_index():

@@ -20,7 +20,8 @@ POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16", "part_m_
             "count_ptr": "*i32", "tile_start_ptr": "*i32"}
 UNALIGNED = {"stride_bt", "num_splits", "num_heads", "window"}  # not specialised (or not x16)
 # Compile-time flags the launchers always pass; a test variant may override them.
-DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False, "QK_NORM": False, "SEARCH_STEPS": 0}
+DEFAULTS = {"F16_DOT": False, "SAT": 0.0, "PDL": False, "QK_NORM": False, "SEARCH_STEPS": 0,
+            "Q_TOKENS": 1}
 
 
 def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
@@ -61,7 +62,8 @@ def build(fn, cons, warps, indexed, stages=2, cache="*bf16"):
         + (f"_p{cons['SPLITS_PAD']}" if cons.get("SPLITS_PAD", 1) > 1 else "") \
         + ("_fp8" if cache != "*bf16" else "") \
         + ("_packed" if cons.get("SEARCH_STEPS") else "") \
-        + ("_window" if cons.get("WINDOW") else "") + ("_softcap" if cons.get("SOFTCAP") else "")
+        + ("_window" if cons.get("WINDOW") else "") + ("_softcap" if cons.get("SOFTCAP") else "") \
+        + (f"_q{cons['Q_TOKENS']}" if cons.get("Q_TOKENS", 1) > 1 else "")
     print("ok", name, cons["HEAD_DIM"], indexed, loads)
 
 
@@ -119,6 +121,20 @@ build(_prefill_kernel, dict(GROUP=2, GROUP_PAD=2, HEAD_DIM=256, BLOCK_SIZE=16, B
 build(_decode_split_kernel, dict(GROUP=2, GROUP_PAD=16, HEAD_DIM=256, BLOCK_SIZE=16,
                                  BLOCK_N=32, PRECISION="tf32", DIRECT=False, ROPE=True,
                                  SPLITS_PAD=8, WINDOW=True, SOFTCAP=True), 4, False, 2)
+# a verify's queries of up to 8 tokens (rows: tokens x the GQA group), the backend's 4-warp
+# tiles: 16-bit keys, with and without a request index (an eager mixed step's split); a group
+# of 8 (Qwen3-30B-A3B: 64 rows) in one split; an 8-bit cache's narrow tiles
+for indexed in (False, True):
+    build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=32, HEAD_DIM=128, BLOCK_SIZE=16,
+                                     BLOCK_N=128, PRECISION="tf32", DIRECT=False, ROPE=False,
+                                     SPLITS_PAD=32, Q_TOKENS=8), 4, indexed, 3)
+build(_decode_split_kernel, dict(GROUP=8, GROUP_PAD=64, HEAD_DIM=128, BLOCK_SIZE=16,
+                                 BLOCK_N=128, PRECISION="tf32", DIRECT=True, ROPE=False,
+                                 SPLITS_PAD=1, Q_TOKENS=8), 4, False, 3)
+build(_decode_split_kernel, dict(GROUP=4, GROUP_PAD=32, HEAD_DIM=128, BLOCK_SIZE=16,
+                                 BLOCK_N=128, PRECISION="tf32", DIRECT=False, ROPE=False,
+                                 F16_DOT=True, SPLITS_PAD=8, Q_TOKENS=8), 4, False, 2,
+      cache="*fp8e4nv")
 # the widest merge: 32 splits of a group of 8 heads of 256 dims (the backend's 32-key tile)
 build(_decode_split_kernel, dict(GROUP=8, GROUP_PAD=16, HEAD_DIM=256, BLOCK_SIZE=16,
                                  BLOCK_N=32, PRECISION="tf32", DIRECT=False, ROPE=False,
@@ -133,7 +149,7 @@ def test_compiles_for_sm90_offline():
     from tests.triton_interpreter import compile_for_sm90_offline
     stdout = compile_for_sm90_offline(_OFFLINE_COMPILE)
     lines = [line.split() for line in stdout.splitlines() if line.startswith("ok")]
-    assert len(lines) == 25
+    assert len(lines) == 29
     loads = {(name, int(dim), flag == "True"): int(n) for _, name, dim, flag, n in lines}
     for name, dim, indexed in loads:
         if indexed:

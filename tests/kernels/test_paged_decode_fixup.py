@@ -46,13 +46,13 @@ def _decode_batch(q_lens=None, seq_lens=SEQ_LENS, pad=1, heads=4):
     return batch
 
 
-def _run(batch, splits, req_index=None, num_reqs=None):
+def _run(batch, splits, req_index=None, num_reqs=None, **kwargs):
     """paged_decode into a NaN-poisoned output."""
     m = batch.meta
     out = torch.full_like(batch.query, float("nan"))
     paged_decode(batch.query, batch.kv_cache, out, m.block_table, m.query_start_loc,
                  m.seq_lens, m.num_reqs if num_reqs is None else num_reqs,
-                 batch.query.shape[-1] ** -0.5, splits, BLOCK_N, req_index=req_index)
+                 batch.query.shape[-1] ** -0.5, splits, BLOCK_N, req_index=req_index, **kwargs)
     return out
 
 
@@ -158,3 +158,47 @@ def test_an_empty_request_writes_nothing(index):
         torch.testing.assert_close(out[:2], ref[:2], atol=1e-4, rtol=1e-4)
         assert bool(out[2].isnan().all()), "an empty request wrote the padding row"
         assert int(counters.count_nonzero()) == 0
+
+
+# Queries of several tokens (a verify's): a fresh prompt of 3, 5 tokens after 35 cached and 8
+# after 122. With 8 splits the last request's last split holds keys 128-129, which its first
+# rows (positions 122-127) do not see: their partials there are empty.
+MULTI_Q_LENS = [3, 5, 8]
+
+
+@cpu_only
+@pytest.mark.parametrize("splits, index, heads, scale",
+                         [(8, None, 4, 1.0), (1, None, 4, 1.0), (3, None, 6, 1.0),
+                          (32, [2, 0], 4, 1.0), (8, None, 4, 60.0)],
+                         ids=["8-splits", "one-split", "group-of-3", "subset-index",
+                              "large-scores"])
+def test_queries_of_several_tokens_attend_causally(splits, index, heads, scale):
+    """Each token of a query sees the keys up to its own position, as the reference's
+    causal attention: rows of GQA group x token, a split past some rows' last key merged
+    with weight 0 for them (NaN partials elsewhere would show), queries 60 times larger
+    still rescaled; every counter back to 0, other requests' rows and the padding left."""
+    batch = _decode_batch(q_lens=MULTI_Q_LENS, heads=heads)
+    batch.query.mul_(scale)
+    _, ref = reference(batch, batch.query.shape[-1] ** -0.5)
+    counters = _counters()
+    counters.zero_()
+    req_index = None if index is None else torch.tensor(index, dtype=torch.int32)
+    out = _run(batch, splits, req_index, None if index is None else len(index), q_tokens=8)
+    starts = batch.meta.query_start_loc.tolist()
+    mine = torch.zeros(out.shape[0], dtype=torch.bool)
+    for i in range(len(SEQ_LENS)) if index is None else index:
+        mine[starts[i]:starts[i + 1]] = True
+    torch.testing.assert_close(out[mine], ref[mine], atol=1e-4, rtol=1e-4)
+    assert bool(out[~mine].isnan().all()), "rows of other requests or padding were written"
+    assert int(counters.count_nonzero()) == 0
+
+
+@cpu_only
+def test_several_token_queries_are_refused_what_they_cannot_take():
+    """q_tokens is a power of two, and queries of several tokens take no new tokens to
+    rotate and no window."""
+    batch = _decode_batch(q_lens=MULTI_Q_LENS)
+    with pytest.raises(ValueError, match="q_tokens 6 must be a power of two"):
+        _run(batch, 8, q_tokens=6)
+    with pytest.raises(ValueError, match="take neither new_tokens nor a window"):
+        _run(batch, 8, q_tokens=8, window=16)

@@ -81,7 +81,7 @@ for direct, rope in ((True, True), (False, False)):
                                      BLOCK_N=64, PRECISION="tf32", HAS_REQ_INDEX=False,
                                      DIRECT=direct, ROPE=rope, SAT=0.0, F16_DOT=False,
                                      PDL=True, QK_NORM=False,
-                                     SPLITS_PAD=1 if direct else 8))
+                                     SPLITS_PAD=1 if direct else 8, Q_TOKENS=1))
 for push in (False, True):
     build(_all_reduce_add_rms_norm_kernel, dict(N=4096, BLOCK=4096, WORLD=2, MAX_ROWS=8,
                                                 PUSH=push, SLOT=8 * 16384, PDL=True), warps=8)

@@ -49,7 +49,7 @@ def _record_sdpa(monkeypatch):
         seen.append(tuple((t.shape, t.stride(), t.dtype) for t in args[:3])
                     + (kwargs["scale"], kwargs["is_causal"]))
         return real(*args, **kwargs)
-    monkeypatch.setattr(tb.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     return seen
 
 

@@ -158,8 +158,11 @@ def test_mixed_graphs_hold_what_fits(tiny_model_factory):
     assert size([1] * 9, [3] * 9) == 16  # 9 requests: more than the 8-token graph holds
     assert size([1] * 11 + [5], [3] * 11 + [5]) is None  # more than max_num_seqs
     assert size([5], [200]) is None  # a block table wider than the graph's
+    assert runner._mixed_metadata(16).max_query_len == 16
     runner.max_query = 4  # FULL_AND_PIECEWISE's verify graphs (k = 3)
     assert size([4, 4, 1], [9, 30, 5]) == 16 and size([5, 3], [5, 3]) is None
+    # ... whose attention is told its queries' bound, not the graph's tokens
+    assert runner._mixed_metadata(16).max_query_len == 4
     runner.max_query = None
     backend.fits = False
     assert size([5, 3], [5, 3]) is None
