@@ -257,7 +257,7 @@ def fast_launch() -> bool:
 
 def short_query_decode() -> bool:
     """LOOM_SHORT_QUERY_DECODE (on unless 0): queries of a few tokens (a speculative
-    step's verify, up to `triton_backend.SHORT_QUERY_TOKENS`) take the split-K decode
+    step's verify, up to `mixed_split.SHORT_QUERY_TOKENS`) take the split-K decode
     kernel; 0 gives them the varlen prefill kernel, as before, for comparing."""
     return _on_unless_zero("LOOM_SHORT_QUERY_DECODE")
 
