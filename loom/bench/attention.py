@@ -20,6 +20,10 @@ head_dim) comes from `--model`. Each shape is one layer's attention in one step:
   whole batch (`single_launch` in the JSON), which the backend takes below
   LOOM_MIXED_SPLIT_MIN_DECODES decodes where no decode reads LOOM_MIXED_SPLIT_MIN_CONTEXT
   tokens (`split_by_default` says which it takes).
+- `--mode verify`: B requests of --query-len tokens each (a speculative step's 1 + k) after
+  context_len cached tokens: the backend's path (the split-K decode kernel at q_tokens,
+  `mixed_split.short_query_tokens`) and, beside it, the one paged_prefill launch it took
+  before (`single_launch`; `LOOM_SHORT_QUERY_DECODE=0`).
 
 Every shape gets fresh inputs: a random cache of exactly the blocks the requests need, handed
 out in a shuffled order (a real cache's blocks are not contiguous), and random queries. Each
@@ -64,7 +68,7 @@ from loom.bench.attention_variants import (
     recorded_launches, single_launch_call, tune)
 from loom.bench.attention_workload import (AttentionShape, Step, attention_shape, decode_step,
                                            make_inputs, mixed_step, reference, step_bytes,
-                                           step_flops)
+                                           step_flops, verify_step)
 from loom.bench.common import command_line, git_commit, now_iso, write_json
 from loom.bench.kernel_timing import KernelTimer
 from loom.config import KV_CACHE_DTYPES
@@ -86,9 +90,11 @@ def register(subparsers) -> None:
                         "config.json (default llama-3.1-8b)")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
                    help="each rank holds heads / TP query heads and KV heads / TP (at least 1)")
-    p.add_argument("--mode", choices=("decode", "prefill", "mixed"), default="decode",
+    p.add_argument("--mode", choices=("decode", "prefill", "mixed", "verify"),
+                   default="decode",
                    help="decode: B one-token queries; prefill: prompt chunks alone; mixed: "
-                        "the decodes beside prompt chunks")
+                        "the decodes beside prompt chunks; verify: B queries of --query-len "
+                        "tokens (speculative decoding)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES),
                    help="decoding requests per step")
     p.add_argument("--context-lens", type=int, nargs="+", default=list(DEFAULT_CONTEXT_LENS),
@@ -97,6 +103,8 @@ def register(subparsers) -> None:
                    help="prefill, mixed: prompt-chunk tokens in the step")
     p.add_argument("--chunk-len", type=int, default=1024,
                    help="prefill, mixed: tokens per prompt chunk (the last takes the remainder)")
+    p.add_argument("--query-len", type=int, default=5,
+                   help="verify mode: each request's query tokens (1 + num_speculative_tokens)")
     p.add_argument("--chunk-context", type=int, nargs="+", default=[0],
                    help="prefill, mixed: tokens already cached before each chunk (0: whole "
                         "prompts); one shape per value")
@@ -161,6 +169,7 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
                                            backend.mixed_split_min_context) is not None
     if args.mode == "mixed":  # the split path whatever the step (the single launch beside)
         backend.mixed_split_min_decodes = 1
+    single_beside = args.mode in ("mixed", "verify")
     call = backend_call(backend, inputs)
     with recorded_launches() as launches:
         err = checked(call, ref, dtype, f"the backend's {args.mode} path")
@@ -175,6 +184,10 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
         row["prompt_chunks"] = [{"query_len": q, "seq_len": s} for q, s in chunks]
     if args.mode == "mixed":
         row["split_by_default"] = splits_by_default
+    if args.mode == "verify":  # the requests, and the tokens cached before their queries
+        row["batch_size"] = len(step.seq_lens)
+        row["context_len"] = step.seq_lens[0] - step.query_lens[0]
+    if single_beside:
         single, config = single_launch_call(backend, inputs)
         single_err = checked(single, ref, dtype, "the single paged_prefill launch")
         single_us = timer.time_us(single)
@@ -190,8 +203,10 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
 
 
 def _fmt_launch(launch: dict[str, Any]) -> str:
-    keys = ("block_m", "block_n", "num_splits", "num_warps", "num_stages", "mask_all")
-    tiles = " ".join(f"{k}={launch[k]}" for k in keys if k in launch)
+    keys = ("block_m", "block_n", "num_splits", "num_warps", "num_stages", "mask_all",
+            "q_tokens")
+    tiles = " ".join(f"{k}={launch[k]}" for k in keys
+                     if k in launch and (k != "q_tokens" or launch[k] > 1))
     return f"{launch['kernel'].removeprefix('paged_')}({tiles})"
 
 
@@ -203,9 +218,10 @@ def _line(row: dict[str, Any]) -> str:
     text = (f"B={row['batch_size']:>5} ctx={row['context_len']:>6}  {timing(row)}  "
             f"{' + '.join(_fmt_launch(c) for c in row['launches'])}")
     if "single_launch" in row:
-        text += (f"\n{'':>19}single launch {timing(row['single_launch'])} "
-                 f"(the split path: {row['speedup_over_single_launch']:.2f}x as fast; the "
-                 f"backend takes {'the split' if row['split_by_default'] else 'one launch'})")
+        taken = ("" if "split_by_default" not in row else "; the backend takes "
+                 + ("the split" if row["split_by_default"] else "one launch"))
+        text += (f"\n{'':>19}single launch {timing(row['single_launch'])} (the "
+                 f"{row['mode']} path: {row['speedup_over_single_launch']:.2f}x as fast{taken})")
     if "tuned" in row:
         t = row["tuned"]
         kernel = "prefill" if "block_m" in t["config"] else "decode"
@@ -235,12 +251,16 @@ def _validate(args: argparse.Namespace) -> None:
             raise ValueError(f"{name}: must be positive, got {values}")
     if args.num_iters < 1 or args.num_iters_warmup < 0:
         raise ValueError("num_iters must be positive and num_iters_warmup >= 0")
-    if args.mode != "decode" and (args.prompt_tokens < 2 or args.chunk_len < 2
+    from loom.attention.mixed_split import SHORT_QUERY_TOKENS
+    if args.mode == "verify" and not 2 <= args.query_len <= SHORT_QUERY_TOKENS:
+        raise ValueError(f"verify: query_len must be 2 to {SHORT_QUERY_TOKENS} tokens (1 + "
+                         f"num_speculative_tokens), got {args.query_len}")
+    if args.mode in ("mixed", "prefill") and (args.prompt_tokens < 2 or args.chunk_len < 2
                                   or args.prompt_tokens % args.chunk_len == 1
                                   or not args.chunk_context or min(args.chunk_context) < 0):
         raise ValueError(f"{args.mode}: prompt_tokens, chunk_len and the last chunk must be at "
                          "least 2 tokens (a chunk of one token is a decode), chunk_context >= 0")
-    if args.tune and args.mode == "mixed":
+    if args.tune and args.mode in ("mixed", "verify"):
         raise ValueError("tune: sweeps one kernel's tiles; run it with --mode decode or prefill")
     if args.block_size is not None and (args.block_size < 1
                                         or args.block_size & (args.block_size - 1)):
@@ -307,9 +327,11 @@ def run_attention(args: argparse.Namespace) -> int:
     decode_shapes = (dict.fromkeys(args.context_lens), dict.fromkeys(args.batch_sizes))
     if args.mode == "prefill":  # no decodes: the batch and context flags do not apply
         decode_shapes = ((0,), (0,))
-    chunk_contexts = (0,) if args.mode == "decode" else dict.fromkeys(args.chunk_context)
+    chunk_contexts = ((0,) if args.mode in ("decode", "verify")
+                      else dict.fromkeys(args.chunk_context))
     for ctx, batch, chunk_context in itertools.product(*decode_shapes, chunk_contexts):
         step = (decode_step(batch, ctx) if args.mode == "decode" else
+                verify_step(batch, ctx, args.query_len) if args.mode == "verify" else
                 mixed_step(batch, ctx, args.prompt_tokens, args.chunk_len, chunk_context))
         try:
             row = run_shape(step, shape, args, env, timer)

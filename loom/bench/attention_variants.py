@@ -42,7 +42,8 @@ def recorded_launches() -> Iterator[list[dict[str, Any]]]:
     from loom.kernels.paged_attention import paged_prefill
     from loom.kernels.paged_decode import paged_decode
     entry = {"paged_decode": paged_decode, "paged_prefill": paged_prefill}
-    tiles = {"paged_decode": ("num_reqs", "block_n", "num_splits", "num_warps", "num_stages"),
+    tiles = {"paged_decode": ("num_reqs", "block_n", "num_splits", "num_warps", "num_stages",
+                              "q_tokens"),
              "paged_prefill": ("num_reqs", "max_query_len", "block_m", "block_n", "num_warps",
                                "num_stages")}
     calls: list[dict[str, Any]] = []

@@ -58,6 +58,12 @@ def decode_step(batch_size: int, context_len: int) -> Step:
     return Step((1,) * batch_size, (context_len,) * batch_size)
 
 
+def verify_step(batch_size: int, context_len: int, query_len: int) -> Step:
+    """A speculative verify step: each request's query_len tokens (1 + k) after context_len
+    cached ones."""
+    return Step((query_len,) * batch_size, (context_len + query_len,) * batch_size)
+
+
 def mixed_step(batch_size: int, context_len: int, prompt_tokens: int, chunk_len: int,
                chunk_context: int) -> Step:
     """The decodes first, then the prompt chunks (as the scheduler orders a step)."""

@@ -117,6 +117,32 @@ def test_mixed_times_the_split_path_and_the_single_launch(model, tmp_path, monke
             "paged_prefill", b + 2, 16)
 
 
+def test_verify_times_the_split_k_path_and_the_single_launch(model, tmp_path, monkeypatch,
+                                                             fake_ceilings):
+    """B queries of 1 + k tokens after context: the backend's split-K decode launch at
+    q_tokens beside the varlen launch it took before, both checked and judged by the
+    recomputed bytes and FLOPs."""
+    out = tmp_path / "verify.json"
+    assert _run(monkeypatch, "--model", model, "--mode", "verify", "--batch-sizes", "1", "3",
+                "--context-lens", "20", "--query-len", "5", "--output-json", str(out)) == 0
+    r = json.loads(out.read_text())
+    assert [(row["batch_size"], row["context_len"]) for row in r["rows"]] == [(1, 20), (3, 20)]
+    for row, b in zip(r["rows"], (1, 3)):
+        flops = b * 4 * HEADS * HEAD_DIM * (5 * 20 + 5 * 6 // 2)
+        assert row["num_tokens"] == 5 * b and row["flops"] == flops
+        assert row["bytes"] == b * _kv_bytes(25) + _q_out_bytes(5 * b)
+        floor_us = (row["bytes"] / 1e9 + flops / 2e9) * 1e6
+        single = row["single_launch"]
+        for timed in (row, single):
+            assert timed["us"] > 0 and timed["max_rel_error"] <= 1e-4
+            assert timed["floor_us"] == pytest.approx(floor_us)
+        (launch,) = row["launches"]
+        assert (launch["kernel"], launch["num_reqs"], launch["indexed"], launch["q_tokens"]) \
+            == ("paged_decode", b, False, 8)
+        (old,) = single["launches"]
+        assert (old["kernel"], old["num_reqs"], old["max_query_len"]) == ("paged_prefill", b, 5)
+
+
 def test_tune_sweeps_the_grid_and_checks_its_winner(model, tmp_path, monkeypatch):
     out = tmp_path / "tune.json"
     assert _run(monkeypatch, "--model", model, "--batch-sizes", "3", "--context-lens", "33",
@@ -198,6 +224,7 @@ def test_without_a_gpu_or_the_interpreter_it_says_so(model, monkeypatch, capsys)
 
 @pytest.mark.parametrize("flags, message", [
     (["--mode", "mixed", "--tune"], "tune: sweeps one kernel's tiles"),
+    (["--mode", "verify", "--query-len", "9"], "verify: query_len must be 2 to 8 tokens"),
     (["--mode", "prefill", "--chunk-len", "1"], "prefill: prompt_tokens, chunk_len"),
     (["--batch-sizes", "0"], "batch_sizes: must be positive"),
     (["--block-size", "24"], "block_size: must be a positive power of two"),
