@@ -255,7 +255,7 @@ def _decode_split_kernel(
             arrived = tl.atomic_add(count, 1, sem="acq_rel")
             if arrived == n_active - 1:
                 if MULTI:  # token by token: all its rows at once crowd the registers
-                    for t in range(q_len):
+                    for t in range(tl.minimum(q_len, Q_TOKENS)):  # (no partials past it)
                         _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
                                       o_row + t * stride_ot,
                                       first_part + t * num_heads * num_splits, n_active,
