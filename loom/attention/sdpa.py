@@ -6,16 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loom.kernels.host import round_up
+
 SDPA_BUCKET = 512
 """SDPA runs each request at its length rounded up to a multiple of this. cuDNN builds an
 execution graph per new shape: 42-65 ms (run_zzt, H200), paid by the first step of every new
 prompt length. Rounded, the lengths are few enough to build them all at start-up
 (warm_up_sdpa). Exact: the padding keys come after every real query, so causality masks
 them, and the padding queries' rows are dropped."""
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -27,9 +27,10 @@ from loom import envs
 from loom.attention.backend import PLAIN, AttentionBackend, AttentionMetadata, ScoreOpts
 from loom.attention.mixed_split import (MixedSplit, by_kind, short_query_tokens,
                                         split_by_query_len, splits_mixed)
-from loom.attention.sdpa import SDPA_BUCKET, round_up, sdpa_causal
+from loom.attention.sdpa import SDPA_BUCKET, sdpa_causal
 from loom.attention.torch_native import gather_kv
 from loom.kernels.compile_pool import compile_pool
+from loom.kernels.host import round_up
 from loom.kernels.kv_write import write_kv_cache
 from loom.kernels.paged_attention import packed_tile_starts, paged_prefill, prefill_block_q
 from loom.kernels.paged_decode import NewTokens, default_num_splits, paged_decode
@@ -207,6 +208,8 @@ class TritonBackend(AttentionBackend):
 
     def _prefill(self, query, kv_cache, meta, scale, out, num_reqs, max_query_len,
                  req_index=None, packed=False, opts: ScoreOpts = PLAIN) -> None:
+        """Queries of several tokens: the varlen kernel, or where they are all short (a
+        verify's, `short_query_tokens`) the split-K decode kernel at q_tokens."""
         q_tokens = self._short_query_decode and short_query_tokens(
             max_query_len, query.shape[1] // kv_cache.shape[3], query.shape[2], opts)
         if q_tokens:

@@ -16,6 +16,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple`."""
+    return cdiv(n, multiple) * multiple
+
+
 @functools.cache
 def sm_count(device) -> int:
     """The device's streaming multiprocessors (132 on an H100 or H200), asked once: the

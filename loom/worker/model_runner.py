@@ -22,6 +22,7 @@ from loom import envs, heap
 from loom.distributed.ops import init_small_all_reduce
 from loom.distributed.parallel_state import enable_symmetric_memory, get_tp_group
 from loom.kernels import jit_watch
+from loom.kernels.host import round_up
 from loom.lora.manager import make_lora_manager
 from loom.worker.cuda_graph import CUDAGraphRunner, mixed_sizes, mode_line, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
@@ -100,7 +101,7 @@ class ModelRunner:
     def determine_num_blocks(self) -> int:
         if self.encoder:  # the scheduler's bookkeeping only: room for every request
             length = self.config.model.max_model_len or self.arch.context_len
-            return _round_up(length, self.block_size) // self.block_size \
+            return round_up(length, self.block_size) // self.block_size \
                 * self.config.scheduler.max_num_seqs
         budget = self.config.cache.kv_cache_memory_bytes
         if budget is None:
@@ -117,7 +118,7 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward at the largest batch, attention skipped, to measure activation memory."""
-        n = _round_up(self.config.scheduler.max_num_batched_tokens, self.token_multiple)
+        n = round_up(self.config.scheduler.max_num_batched_tokens, self.token_multiple)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         positions = torch.zeros(n, dtype=torch.long, device=self.device)
         with forward_context(ForwardContext(None, self.kv_caches, self.backend)):
@@ -175,7 +176,7 @@ class ModelRunner:
             logger.info("torch.compile level %d: %.1f s", self.forward.level,
                         time.perf_counter() - start)
         if self.device.type == "cuda":  # the fused MoE's Triton kernels, every config
-            warm_up_moe(self.model, _round_up(cfg.scheduler.max_num_batched_tokens,
+            warm_up_moe(self.model, round_up(cfg.scheduler.max_num_batched_tokens,
                                               self.token_multiple),
                         self.token_multiple, self.device)
         if self.backend.name == "triton":  # JIT kernels: compile them before serving
@@ -205,7 +206,7 @@ class ModelRunner:
             return []
         sizes = cfg.compilation.capture_sizes(cfg.scheduler.max_num_seqs)
         # Every forward runs a multiple of the TP size; a graph of 1 would never replay.
-        return sorted({_round_up(s, self.token_multiple) for s in sizes})
+        return sorted({round_up(s, self.token_multiple) for s in sizes})
 
     def mixed_graph_sizes(self, decode_sizes: list[int]) -> list[int]:
         """The mixed-batch graphs, by token count: cudagraph_mode FULL's, and the verify
@@ -213,7 +214,7 @@ class ModelRunner:
         if self.config.compilation.cudagraph_mode != "FULL" and self.verify_query is None:
             return []
         pieces = piecewise_sizes(self.config.scheduler.max_num_batched_tokens)
-        return mixed_sizes(sorted({_round_up(s, self.token_multiple) for s in pieces}),
+        return mixed_sizes(sorted({round_up(s, self.token_multiple) for s in pieces}),
                            decode_sizes, self.verify_query)
 
     @property
@@ -387,8 +388,4 @@ class ModelRunner:
 def cuda_graphs_on(device: torch.device) -> bool:
     """Whether CUDA graphs can be captured here (CPU tests patch it, with a stand-in graph)."""
     return device.type == "cuda"
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
