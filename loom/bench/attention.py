@@ -174,8 +174,11 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
     with recorded_launches() as launches:
         err = checked(call, ref, dtype, f"the backend's {args.mode} path")
     us = timer.time_us(call)
+    # verify: its requests, and the tokens cached before their queries
+    batch, context = ((len(step.seq_lens), step.seq_lens[0] - step.query_lens[0])
+                      if args.mode == "verify" else (num_decodes, step.seq_lens[0]))
     row: dict[str, Any] = {
-        "mode": args.mode, "batch_size": num_decodes, "context_len": step.seq_lens[0],
+        "mode": args.mode, "batch_size": batch, "context_len": context,
         "num_tokens": step.num_tokens, "bytes": nbytes, "flops": flops,
         **_figures(us, nbytes, flops, env["ceilings"]), "launches": launches,
         "max_rel_error": err, "timed_with": timer.method}
@@ -184,9 +187,6 @@ def run_shape(step: Step, shape: AttentionShape, args: argparse.Namespace, env: 
         row["prompt_chunks"] = [{"query_len": q, "seq_len": s} for q, s in chunks]
     if args.mode == "mixed":
         row["split_by_default"] = splits_by_default
-    if args.mode == "verify":  # the requests, and the tokens cached before their queries
-        row["batch_size"] = len(step.seq_lens)
-        row["context_len"] = step.seq_lens[0] - step.query_lens[0]
     if single_beside:
         single, config = single_launch_call(backend, inputs)
         single_err = checked(single, ref, dtype, "the single paged_prefill launch")

@@ -181,6 +181,7 @@ def _decode_split_kernel(
         return
 
     dims = tl.arange(0, HEAD_DIM)
+    o_row = q_start.to(tl.int64) * stride_ot
     if MULTI:
         G_P2: tl.constexpr = _next_power_of_2(GROUP)
         r = tl.arange(0, GROUP_PAD)
@@ -194,7 +195,7 @@ def _decode_split_kernel(
         tok = 0
         g_ok = g < GROUP
         q_row = q_start.to(tl.int64) * stride_qt
-        o_rows = q_start.to(tl.int64) * stride_ot
+        o_rows = o_row
     head = kv_head * GROUP + g
     q_off = q_row + head[:, None] * stride_qh + dims[None, :]
     k_base = cache_ptr + kv_head * stride_chead
@@ -231,7 +232,6 @@ def _decode_split_kernel(
             q, acc, m_i, l_i, start, hi, q_pos, block_row_ptr, k_base,
             k_base + stride_plane, stride_cblk, stride_cslot, scale_log2, window, cap_log2,
             MULTI, HEAD_DIM, BLOCK_SIZE, BLOCK_N, PRECISION, False, False, SOFTCAP, MULTI)
-    o_row = q_start.to(tl.int64) * stride_ot
     o_off = o_rows + head[:, None] * stride_oh + dims[None, :]
     if DIRECT:
         _store_normalised(out_ptr, o_off, acc, l_i, g_ok[:, None])
