@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from loom.bench import floors
 from loom.bench.common import percentiles, write_json
+from loom.bench.step_log import StepLog, decode_step_times
 from loom.bench.offline import (
     OfflineBench,
     add_offline_args,
@@ -99,9 +100,10 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     spec = bench.llm.engine.scheduler.spec
     before = spec.totals() if spec is not None else None
-    main = measure(bench, args, args.output_len, rng)
+    log = StepLog() if spec is not None else None
+    main = measure(bench, args, args.output_len, rng, log)
     print_series(main)
-    drafts = spec_summary(before, spec.totals()) if spec is not None else None
+    drafts = spec_summary(before, spec.totals(), log) if spec is not None else None
     prefill = measure(bench, args, 1, rng) if args.decode_split else None
     print_ceilings(bench.ceilings)
     ratios = latency_floors(bench, args, main, prefill)
@@ -119,15 +121,24 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     return 0
 
 
-def spec_summary(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict:
+def spec_summary(before: tuple[int, int, int], after: tuple[int, int, int],
+                 log: StepLog | None = None) -> dict:
     """Speculative decoding over the main series (warm-up included): verified steps,
-    drafted and accepted tokens, and the mean tokens a verified step produced."""
+    drafted and accepted tokens, and the mean tokens a verified step produced; with the
+    timed iterations' step log, the wall time of a verify step and of a plain decode
+    (`step_log.decode_step_times`), each step by itself: latency / verified steps would
+    count the plain decodes before the first draft as verify steps."""
     steps, drafted, accepted = (a - b for a, b in zip(after, before))
     mean = 1 + accepted / steps if steps else None
     print(f"Speculative decoding: {steps} verified steps, {accepted} of {drafted} draft tokens "
           f"accepted; mean acceptance length {mean if mean is None else round(mean, 3)}")
+    times = decode_step_times(log.steps) if log is not None else {}
+    if times:
+        print("  a step, median (p10-p90; timed iterations): " + "; ".join(
+            f"{kind} {t['median_ms']:.3f} ms ({t['p10_ms']:.3f}-{t['p90_ms']:.3f}, "
+            f"{t['steps']} steps)" for kind, t in times.items()))
     return {"verified_steps": steps, "draft_tokens": drafted, "accepted_tokens": accepted,
-            "mean_acceptance_length": mean}
+            "mean_acceptance_length": mean, "step_ms": times}
 
 
 def only_the_replayed_graph(args: argparse.Namespace) -> CompilationConfig | str | int | None:
@@ -166,7 +177,9 @@ sizes stop at 512 too)."""
 
 
 def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,
-            rng: np.random.Generator) -> Series:
+            rng: np.random.Generator, log: StepLog | None = None) -> Series:
+    """The series' latencies; `log`, if given, is told of every step of the timed iterations
+    (not the warm-up's)."""
     params = SamplingParams(max_tokens=output_len, ignore_eos=True,
                             temperature=args.temperature, top_p=1.0)
 
@@ -182,7 +195,16 @@ def measure(bench: OfflineBench, args: argparse.Namespace, output_len: int,
     tag = f"output_len={output_len}"
     for _ in tqdm(range(args.num_iters_warmup), desc=f"Warmup ({tag})"):
         once()
-    latencies = [once() for _ in tqdm(range(args.num_iters), desc=f"Profiling iterations ({tag})")]
+    if log is not None:
+        bench.llm.engine.step_observer = log
+        log.start()
+    try:
+        latencies = [once() for _ in tqdm(range(args.num_iters),
+                                          desc=f"Profiling iterations ({tag})")]
+    finally:
+        if log is not None:
+            log.stop()
+            bench.llm.engine.step_observer = None
     return Series(output_len, latencies)
 
 

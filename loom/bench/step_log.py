@@ -30,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from loom.bench import floors
 from loom.models.arch import ModelArch
 
@@ -45,12 +47,14 @@ class Step:
     """Sum of those requests' context lengths: the KV cache rows the step reads for them."""
     attention_pairs: int
     """(query, key) pairs of the prompt chunks' causal attention."""
+    draft_tokens: int = 0
+    """Speculative decoding: the drafts the step verified (0: a plain decode or prompt step)."""
 
 
 class StepLog:
     def __init__(self) -> None:
         self.steps: list[Step] = []
-        self._launched: deque[tuple[int, int, int, int]] = deque()
+        self._launched: deque[tuple[int, int, int, int, int]] = deque()
         self._last = self._start = time.perf_counter()
         self.first_launch_s: float | None = None
         """Seconds from start() to the first step's launch: the requests' intake."""
@@ -105,13 +109,27 @@ class StepLog:
                 prompt += n
                 before = computed - n
                 pairs += n * before + n * (n + 1) // 2
-        self._launched.append((prompt, decode, context, pairs))
+        self._launched.append((prompt, decode, context, pairs, sum(drafted.values())))
 
     def collected(self) -> None:
         now = time.perf_counter()
-        prompt, decode, context, pairs = self._launched.popleft()
-        self.steps.append(Step(now - self._last, prompt, decode, context, pairs))
+        self.steps.append(Step(now - self._last, *self._launched.popleft()))
         self._last = now
+
+
+def decode_step_times(steps: list[Step]) -> dict[str, dict[str, float]]:
+    """Median, 10th and 90th percentile milliseconds of the steps without prompt tokens,
+    by kind: "decode" (no drafts) and "verify" (drafts verified). Under async scheduling a
+    plain decode runs ahead of its predecessor, so its time is its device time; nothing runs
+    ahead of a verify step, so its time also holds the host work the device waited for."""
+    kinds: dict[str, list[float]] = {}
+    for step in steps:
+        if not step.prompt_tokens:
+            kinds.setdefault("verify" if step.draft_tokens else "decode", []).append(
+                step.seconds * 1e3)
+    return {kind: {"steps": len(ms), "median_ms": statistics.median(ms),
+                   "p10_ms": float(np.percentile(ms, 10)), "p90_ms": float(np.percentile(ms, 90))}
+            for kind, ms in sorted(kinds.items())}
 
 
 def _heap_census(top: int = 8) -> dict[str, Any]:
