@@ -158,6 +158,21 @@ def decode_splits() -> int | None:
     return value
 
 
+DECODE_MIN_SPLIT = 0
+"""LOOM_DECODE_MIN_SPLIT's default: no floor on a split's keys beyond one tile."""
+
+
+def decode_min_split() -> int:
+    """LOOM_DECODE_MIN_SPLIT=N: each split of a split-K decode covers at least N keys
+    (rounded up to its tile), so a short context takes fewer splits than the launch's,
+    and one, merging nothing, where it fits one. Default DECODE_MIN_SPLIT."""
+    value = _optional_int("LOOM_DECODE_MIN_SPLIT")
+    if value is not None and value < 0:
+        raise ValueError(f"LOOM_DECODE_MIN_SPLIT: expected a key count of 0 or more, "
+                         f"got {value}")
+    return DECODE_MIN_SPLIT if value is None else value
+
+
 def mixed_split_min_decodes() -> int:
     """LOOM_MIXED_SPLIT_MIN_DECODES: a mixed step (prompt chunks beside one-token decodes)
     sends its decodes to the split-K decode kernel and its chunks to the varlen kernel in

@@ -23,7 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from loom.attention.backend import AttentionMetadata  # noqa: E402
 from loom.attention.torch_native import TorchNativeBackend  # noqa: E402
-from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
+from loom.attention.triton_backend import DecodeTiles, TritonBackend, TritonTiles  # noqa: E402
 from loom.kernels.kv_write import write_kv_cache  # noqa: E402
 from loom.kernels.paged_attention import paged_prefill  # noqa: E402
 from loom.kernels.paged_decode import _decode_split_kernel, paged_decode  # noqa: E402
@@ -298,6 +298,28 @@ def test_wide_decode_batches_over_an_8bit_cache_take_two_warps(monkeypatch):
     for bad in ("0", "33", "x"):
         monkeypatch.setenv("LOOM_DECODE_SPLITS", bad)
         with pytest.raises(ValueError, match="LOOM_DECODE_SPLITS"):
+            TritonBackend()
+
+
+@cpu_only
+def test_a_split_length_floor_reaches_the_kernel_and_caps_the_splits(monkeypatch):
+    """LOOM_DECODE_MIN_SPLIT: the backend hands it to every decode launch and chooses no more
+    splits than a context of that many keys a split fills (8 of 128 keys at 1000 tokens,
+    2 of 512); the outputs stay the reference's. Refused when negative or not a number."""
+    from tests.kernels.test_kv_cache_fp8 import check
+    tiles = (128, 4, 2)
+    assert TritonBackend().decode_splits(1, 8, 1000, DecodeTiles(*tiles), torch.bfloat16) == 8
+    monkeypatch.setenv("LOOM_DECODE_MIN_SPLIT", "512")
+    backend = TritonBackend()
+    assert backend.decode_splits(1, 8, 1000, DecodeTiles(*tiles), torch.bfloat16) == 2
+    calls = _spy_kernels(monkeypatch)
+    batch = make_batch([1, 1], [600, 70], 8, 4, 64, 16, dtype=torch.float16)
+    check(batch, torch.float16, backend, atol=2e-3, rtol=2e-3)
+    (call,) = calls
+    assert call["min_split"] == 512 and call["num_splits"] == 2
+    for bad in ("-1", "x"):
+        monkeypatch.setenv("LOOM_DECODE_MIN_SPLIT", bad)
+        with pytest.raises(ValueError, match="LOOM_DECODE_MIN_SPLIT"):
             TritonBackend()
 
 
