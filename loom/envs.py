@@ -158,19 +158,20 @@ def decode_splits() -> int | None:
     return value
 
 
-DECODE_MIN_SPLIT = 0
-"""LOOM_DECODE_MIN_SPLIT's default: no floor on a split's keys beyond one tile."""
+DECODE_ONE_SPLIT_KEYS = 0
+"""LOOM_DECODE_ONE_SPLIT_KEYS' default: every context splits as the launch's count says."""
 
 
-def decode_min_split() -> int:
-    """LOOM_DECODE_MIN_SPLIT=N: each split of a split-K decode covers at least N keys
-    (rounded up to its tile), so a short context takes fewer splits than the launch's,
-    and one, merging nothing, where it fits one. Default DECODE_MIN_SPLIT."""
-    value = _optional_int("LOOM_DECODE_MIN_SPLIT")
+def decode_one_split_keys() -> int:
+    """LOOM_DECODE_ONE_SPLIT_KEYS=N: a split-K decode attends a request of at most N keys in
+    one split, which writes its output itself (no partials, no merge), whatever the launch's
+    split count (a CUDA graph's is max_model_len's); longer ones split as before. Default
+    DECODE_ONE_SPLIT_KEYS."""
+    value = _optional_int("LOOM_DECODE_ONE_SPLIT_KEYS")
     if value is not None and value < 0:
-        raise ValueError(f"LOOM_DECODE_MIN_SPLIT: expected a key count of 0 or more, "
+        raise ValueError(f"LOOM_DECODE_ONE_SPLIT_KEYS: expected a key count of 0 or more, "
                          f"got {value}")
-    return DECODE_MIN_SPLIT if value is None else value
+    return DECODE_ONE_SPLIT_KEYS if value is None else value
 
 
 def mixed_split_min_decodes() -> int:

@@ -302,24 +302,27 @@ def test_wide_decode_batches_over_an_8bit_cache_take_two_warps(monkeypatch):
 
 
 @cpu_only
-def test_a_split_length_floor_reaches_the_kernel_and_caps_the_splits(monkeypatch):
-    """LOOM_DECODE_MIN_SPLIT: the backend hands it to every decode launch and chooses no more
-    splits than a context of that many keys a split fills (8 of 128 keys at 1000 tokens,
-    2 of 512); the outputs stay the reference's. Refused when negative or not a number."""
+def test_one_split_keys_reach_the_kernel_and_a_short_batch_takes_one_split(monkeypatch):
+    """LOOM_DECODE_ONE_SPLIT_KEYS: the backend hands it to every decode launch, and a batch
+    whose longest request is no longer launches one split (none longer: the count as
+    before); the outputs stay the reference's. Refused when negative or not a number."""
     from tests.kernels.test_kv_cache_fp8 import check
-    tiles = (128, 4, 2)
-    assert TritonBackend().decode_splits(1, 8, 1000, DecodeTiles(*tiles), torch.bfloat16) == 8
-    monkeypatch.setenv("LOOM_DECODE_MIN_SPLIT", "512")
+    tiles = DecodeTiles(128, 4, 2)
+    assert TritonBackend().decode_splits(1, 8, 500, tiles, torch.bfloat16) == 4
+    monkeypatch.setenv("LOOM_DECODE_ONE_SPLIT_KEYS", "512")
     backend = TritonBackend()
-    assert backend.decode_splits(1, 8, 1000, DecodeTiles(*tiles), torch.bfloat16) == 2
+    assert backend.decode_splits(1, 8, 500, tiles, torch.bfloat16) == 1
+    assert backend.decode_splits(1, 8, 1000, tiles, torch.bfloat16) == 8
     calls = _spy_kernels(monkeypatch)
-    batch = make_batch([1, 1], [600, 70], 8, 4, 64, 16, dtype=torch.float16)
-    check(batch, torch.float16, backend, atol=2e-3, rtol=2e-3)
-    (call,) = calls
-    assert call["min_split"] == 512 and call["num_splits"] == 2
+    for lens, splits in (([600, 70], 5), ([300, 70], 1)):
+        batch = make_batch([1, 1], lens, 8, 4, 64, 16, dtype=torch.float16)
+        check(batch, torch.float16, backend, atol=2e-3, rtol=2e-3)
+        (call,) = calls
+        assert (call["one_split"], call["num_splits"]) == (512, splits)
+        calls.clear()
     for bad in ("-1", "x"):
-        monkeypatch.setenv("LOOM_DECODE_MIN_SPLIT", bad)
-        with pytest.raises(ValueError, match="LOOM_DECODE_MIN_SPLIT"):
+        monkeypatch.setenv("LOOM_DECODE_ONE_SPLIT_KEYS", bad)
+        with pytest.raises(ValueError, match="LOOM_DECODE_ONE_SPLIT_KEYS"):
             TritonBackend()
 
 

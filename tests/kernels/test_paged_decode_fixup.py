@@ -142,27 +142,27 @@ def test_one_and_several_active_splits_rotating_the_new_tokens(splits):
 
 
 @cpu_only
-@pytest.mark.parametrize("min_split", [48, 33], ids=["48", "33-rounded-up"])
-def test_a_split_length_floor_leaves_short_contexts_fewer_splits(min_split):
-    """min_split 48 keys (33 rounds up to the 16-key tiles' 48) of 8 splits: the 40-key
-    request fits one split and writes its own output, leaving its counters alone (set to 7
-    here: any split that counted on them would merge at the wrong time); the 130-key one
-    takes 3 splits of 48, not 5 of 32, merged over NaN-poisoned partials; its counters come
-    back to 0. Queries of several tokens take the same floor."""
+@pytest.mark.parametrize("one_split", [40, 100])
+def test_short_contexts_take_one_split_whatever_the_launch_has(one_split):
+    """one_split 40 (inclusive) or 100 keys, 8 splits: the 40-key request is attended by one
+    split, which writes its output itself and leaves its counters alone (set to 7 here: any
+    split that counted on them would merge at the wrong time); the 130-key one still takes
+    5 splits of 32, merged over NaN-poisoned partials, its counters back to 0. Queries of
+    several tokens take the same rule."""
     batch = _decode_batch()
     n = batch.meta.num_actual_tokens
     _, ref = reference(batch, batch.query.shape[-1] ** -0.5)
     counters = _counters()
     counters.zero_()
     counters[2:4] = 7  # slot 1's two KV heads
-    out = _run(batch, 8, min_split=min_split)
+    out = _run(batch, 8, one_split=one_split)
     torch.testing.assert_close(out[:n], ref[:n], atol=1e-4, rtol=1e-4)
     assert counters.tolist()[:6] == [0, 0, 7, 7, 0, 0]
     counters.zero_()
     multi = _decode_batch(q_lens=MULTI_Q_LENS)
     _, ref = reference(multi, multi.query.shape[-1] ** -0.5)
     n = multi.meta.num_actual_tokens
-    out = _run(multi, 8, q_tokens=8, min_split=min_split)
+    out = _run(multi, 8, q_tokens=8, one_split=one_split)
     torch.testing.assert_close(out[:n], ref[:n], atol=1e-4, rtol=1e-4)
     assert int(counters.count_nonzero()) == 0
 
