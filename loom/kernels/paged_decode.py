@@ -37,34 +37,7 @@ from loom.kernels.kv_write import check_slot_layout, saturation, to_cache
 from loom.kernels.paged_attention import (MIN_DOT_ROWS, attend_tile, cache_strides,
                                           check_heads, check_req_index, dot_dtype, f16_dot,
                                           precision, score_args)
-from loom.kernels.rope_kv_write import check_qk_norm, rms_scale
-
-
-@triton.jit
-def _rotate_half(x_ptr, offs, dims, ok, cos_sin_row, norm_ptr, norm_eps,
-                 HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
-    """Rotary (rotate-half) of the rows at x_ptr + offs [R, HEAD_DIM] at one position, as
-    rope_kv_write computes it: float32 products and sums, rounded to the input's dtype.
-    Element d pairs with d + D/2 (or d - D/2): x * cos - partner * sin below the half,
-    x * cos + partner * sin above it. NORM: each row is first RMS-normalised with the
-    weights at norm_ptr (a per-head q/k norm), as rope_kv_write does it."""
-    half: tl.constexpr = HEAD_DIM // 2
-    low = dims < half
-    freq = tl.where(low, dims, dims - half)
-    cos = tl.load(cos_sin_row + freq)[None, :]
-    sin = tl.load(cos_sin_row + half + freq)[None, :]
-    sign = tl.where(low, -1.0, 1.0)[None, :]
-    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    partner = tl.where(low, dims + half, dims - half)
-    xp = tl.load(x_ptr + offs - dims[None, :] + partner[None, :], mask=ok,
-                 other=0.0).to(tl.float32)
-    if NORM:
-        elem = x_ptr.dtype.element_ty
-        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + norm_eps)[:, None]
-        every = tl.full([1, HEAD_DIM], 1, tl.int1)
-        x = rms_scale(x, rstd, norm_ptr, dims[None, :], every, elem)
-        xp = rms_scale(xp, rstd, norm_ptr, partner[None, :], every, elem)
-    return (x * cos + (sign * xp) * sin).to(x_ptr.dtype.element_ty)
+from loom.kernels.rope_kv_write import check_qk_norm, rotate_half_rows
 
 
 @triton.jit
@@ -205,15 +178,15 @@ def _decode_split_kernel(
     k_base = cache_ptr + kv_head * stride_chead
     if ROPE:
         cos_sin_row = cos_sin_ptr + tl.load(positions_ptr + q_start).to(tl.int64) * stride_pos
-        q = _rotate_half(q_ptr, q_off, dims, g_ok[:, None], cos_sin_row, q_norm_ptr, norm_eps,
-                         HEAD_DIM, QK_NORM)
+        q = rotate_half_rows(q_ptr, q_off, dims, g_ok[:, None], cos_sin_row, q_norm_ptr,
+                             norm_eps, HEAD_DIM, QK_NORM)
         new_slot = tl.load(slot_mapping_ptr + q_start)
         if (lo <= seq_len - 1) & (seq_len - 1 < hi) & (new_slot >= 0):
             row = q_start.to(tl.int64)
             one = tl.full([1], 1, tl.int1)
-            key = _rotate_half(k_ptr, (row * stride_kt + kv_head * stride_kh + dims)[None, :],
-                               dims, one[:, None], cos_sin_row, k_norm_ptr, norm_eps,
-                               HEAD_DIM, QK_NORM)
+            key = rotate_half_rows(k_ptr, (row * stride_kt + kv_head * stride_kh + dims)[None, :],
+                                   dims, one[:, None], cos_sin_row, k_norm_ptr, norm_eps,
+                                   HEAD_DIM, QK_NORM)
             value = tl.load(v_ptr + row * stride_vt + kv_head * stride_vh + dims)
             dst = k_base + new_slot.to(tl.int64) * stride_cslot + dims
             elem = cache_ptr.dtype.element_ty

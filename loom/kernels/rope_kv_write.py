@@ -32,6 +32,34 @@ def rms_scale(x, rstd, w_ptr, w_off, w_ok, elem: tl.constexpr):
 
 
 @triton.jit
+def rotate_half_rows(x_ptr, offs, dims, ok, cos_sin_row, norm_ptr, norm_eps,
+                     HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
+    """Rotary (rotate-half) of the rows at x_ptr + offs [R, HEAD_DIM] at one position, for
+    the decode kernel's fused rotary, as _rope_kv_write_kernel computes it: float32
+    products and sums, rounded to the input's dtype. Element d pairs with d + D/2 (or
+    d - D/2): x * cos - partner * sin below the half, x * cos + partner * sin above it.
+    NORM: each row is first RMS-normalised with the weights at norm_ptr (a per-head q/k
+    norm), as the kernel below does it."""
+    half: tl.constexpr = HEAD_DIM // 2
+    low = dims < half
+    freq = tl.where(low, dims, dims - half)
+    cos = tl.load(cos_sin_row + freq)[None, :]
+    sin = tl.load(cos_sin_row + half + freq)[None, :]
+    sign = tl.where(low, -1.0, 1.0)[None, :]
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    partner = tl.where(low, dims + half, dims - half)
+    xp = tl.load(x_ptr + offs - dims[None, :] + partner[None, :], mask=ok,
+                 other=0.0).to(tl.float32)
+    if NORM:
+        elem = x_ptr.dtype.element_ty
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + norm_eps)[:, None]
+        every = tl.full([1, HEAD_DIM], 1, tl.int1)
+        x = rms_scale(x, rstd, norm_ptr, dims[None, :], every, elem)
+        xp = rms_scale(xp, rstd, norm_ptr, partner[None, :], every, elem)
+    return (x * cos + (sign * xp) * sin).to(x_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _norm_halves(x1, x2, w_ptr, dim, dim_ok, eps, elem: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Per-head RMSNorm of rows held as their two halves [R, HALF_BLOCK] (lanes past the
     half are 0)."""

