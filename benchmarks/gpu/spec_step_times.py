@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, ".")
+from loom.bench.common import command_line, git_commit  # noqa: E402
 from loom.bench.offline import add_offline_args, setup_offline  # noqa: E402
 from loom.bench.step_log import StepLog  # noqa: E402
 from loom.sampling_params import SamplingParams  # noqa: E402
@@ -48,7 +49,8 @@ for _ in range(args.iters):
         kind = "decode" if step.decode_tokens == 1 else f"verify {step.decode_tokens}"
         kinds.setdefault(kind, []).append(step.seconds * 1e3)
 result = {"model": args.model, "speculative_config": args.speculative_config,
-          "device": bench.device, "ceilings": vars(bench.ceilings) if bench.ceilings else None,
+          "git_commit": git_commit(), "command": command_line(), "device": bench.device,
+          "ceilings": vars(bench.ceilings) if bench.ceilings else None,
           "tokens_out": tokens_out, "kinds": {}}
 for kind, ms in sorted(kinds.items()):
     row = {"steps": len(ms), "median_ms": statistics.median(ms), "mean_ms": statistics.fmean(ms),
