@@ -158,22 +158,6 @@ def decode_splits() -> int | None:
     return value
 
 
-DECODE_ONE_SPLIT_KEYS = 0
-"""LOOM_DECODE_ONE_SPLIT_KEYS' default: every context splits as the launch's count says."""
-
-
-def decode_one_split_keys() -> int:
-    """LOOM_DECODE_ONE_SPLIT_KEYS=N: a split-K decode attends a request of at most N keys in
-    one split, which writes its output itself (no partials, no merge), whatever the launch's
-    split count (a CUDA graph's is max_model_len's); longer ones split as before. Default
-    DECODE_ONE_SPLIT_KEYS."""
-    value = _optional_int("LOOM_DECODE_ONE_SPLIT_KEYS")
-    if value is not None and value < 0:
-        raise ValueError(f"LOOM_DECODE_ONE_SPLIT_KEYS: expected a key count of 0 or more, "
-                         f"got {value}")
-    return DECODE_ONE_SPLIT_KEYS if value is None else value
-
-
 def mixed_split_min_decodes() -> int:
     """LOOM_MIXED_SPLIT_MIN_DECODES: a mixed step (prompt chunks beside one-token decodes)
     sends its decodes to the split-K decode kernel and its chunks to the varlen kernel in

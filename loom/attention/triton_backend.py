@@ -88,7 +88,6 @@ class TritonBackend(AttentionBackend):
         forced = envs.decode_tiles()
         self.forced_decode_tiles = None if forced is None else DecodeTiles(*forced)
         self.forced_decode_splits = envs.decode_splits()
-        self.one_split_keys = envs.decode_one_split_keys()
         if forced is not None or self.forced_decode_splits is not None:
             logger.info("every decode takes %s%s (LOOM_DECODE_TILES / LOOM_DECODE_SPLITS)",
                         "the backend's tiles" if forced is None else
@@ -253,8 +252,7 @@ class TritonBackend(AttentionBackend):
                          meta.seq_lens, num_reqs, scale, num_splits, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, req_index=req_index,
                          new_tokens=new_tokens, compile_only=compile_only,
-                         window=opts.sliding_window, softcap=opts.softcap, q_tokens=q_tokens,
-                         one_split=self.one_split_keys)
+                         window=opts.sliding_window, softcap=opts.softcap, q_tokens=q_tokens)
         if self._compile_decodes and req_index is None and q_tokens == 1:
             variants, self._compile_decodes = self._compile_decodes, []
             with compile_pool(len(variants)):  # side by side, nothing run
@@ -280,14 +278,11 @@ class TritonBackend(AttentionBackend):
         (or, in a CUDA graph, the model's length) is max_seq_len. 2-warp tiles over an
         8-bit cache (wide batches, `decode_tiles`), bound by their instructions, aim at
         ~1024 programs in up to 8 splits, not 264 in up to 32 (docs/performance.md,
-        session 28). One where no request is longer than LOOM_DECODE_ONE_SPLIT_KEYS.
-        LOOM_DECODE_SPLITS overrides this."""
+        session 28). LOOM_DECODE_SPLITS overrides this."""
         if self.forced_decode_splits is not None:
             return self.forced_decode_splits
         if self.tiles.num_splits:
             return self.tiles.num_splits
-        if max_seq_len <= self.one_split_keys:  # every request in one split
-            return 1
         if cache_dtype.itemsize == 1 and tiles.num_warps == 2:
             return default_num_splits(num_reqs, num_kv_heads, max_seq_len, tiles.block_n,
                                       target_programs=WIDE_8BIT_SPLIT_PROGRAMS,

@@ -96,12 +96,12 @@ def _merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, o_row, first_pa
              (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_splits", "stride_bt", "window", "one_split"])
+@triton.jit(do_not_specialize=["num_splits", "stride_bt", "window"])
 def _decode_split_kernel(
     q_ptr, cache_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, count_ptr,
     block_table_ptr, query_start_ptr, seq_lens_ptr, req_index_ptr,
     k_ptr, v_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
-    norm_eps, scale_log2, window, cap_log2, num_heads, num_splits, one_split,
+    norm_eps, scale_log2, window, cap_log2, num_heads, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_pos, stride_plane, stride_cblk, stride_cslot, stride_chead, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -112,11 +112,10 @@ def _decode_split_kernel(
     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, Q_TOKENS: tl.constexpr = 1,
 ):
     # grid: (request, kv head, split). Each split covers a slice (a multiple of BLOCK_N
-    # keys) of this request's own keys, all of them where they are at most one_split, so
-    # the grid does not depend on sequence lengths (graph-safe); the request's n_active =
-    # cdiv(its keys, split_len) first splits hold keys, the rest exit at once. The partials
-    # and arrival counters are indexed by the program (`slot`), the batch's tensors by the
-    # request.
+    # keys) of this request's own keys, so the grid does not depend on sequence lengths
+    # (graph-safe); the request's n_active = cdiv(its keys, split_len) first splits hold
+    # keys, the rest exit at once. The partials and arrival counters are indexed by the
+    # program (`slot`), the batch's tensors by the request.
     # DIRECT (one split), or one active split: the program holds the whole softmax and
     # writes the output itself. Otherwise each active split stores its partials and bumps
     # the (slot, kv head) counter; the last to arrive merges them (SPLITS_PAD: num_splits'
@@ -148,10 +147,7 @@ def _decode_split_kernel(
     first_key = seq_len * 0
     if WINDOW:
         first_key = tl.maximum(seq_len - window, 0)
-    keys = seq_len - first_key
-    split_len = tl.cdiv(tl.cdiv(keys, num_splits), BLOCK_N) * BLOCK_N
-    if keys <= one_split:  # one split, no merge
-        split_len = tl.cdiv(keys, BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
     lo = first_key + split * split_len
     hi = tl.minimum(seq_len, lo + split_len)
     if lo >= hi:  # past the request's keys: no partials, no arrival (not one of n_active)
@@ -308,7 +304,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                  req_index: torch.Tensor | None = None,
                  new_tokens: NewTokens | None = None, compile_only: bool = False,
                  window: int | None = None, softcap: float | None = None,
-                 q_tokens: int = 1, one_split: int = 0) -> torch.Tensor:
+                 q_tokens: int = 1) -> torch.Tensor:
     """Split-K flash-decoding: one query token per request (up to q_tokens, below),
     attending to all its keys.
 
@@ -331,9 +327,6 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     compile_only: compile the kernel these arguments need and run nothing (inside
     compile_pool, on its threads). window, softcap: `ScoreOpts`' (the splits then divide
     the window's keys, not the whole context).
-
-    one_split: a request of at most this many keys is attended by one split, which writes
-    its output itself (no partials, no merge); longer ones split as num_splits says.
 
     q_tokens (a power of two): queries of up to this many tokens, each attending causally
     (a speculative step's verify: the varlen kernel gives such a query one program per KV
@@ -364,8 +357,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     launch_or_compile(_decode_split_kernel, (num_reqs, num_kv_heads, num_splits), compile_only)(
         query, kv_cache, part_m, part_l, part_acc, out, counters, block_table, query_start_loc,
         seq_lens, req_index, key, value, positions, cos_sin_cache, slot_mapping, q_norm, k_norm,
-        norm_eps, *scores, num_heads, num_splits, one_split,
-        query.stride(0), query.stride(1),
+        norm_eps, *scores, num_heads, num_splits, query.stride(0), query.stride(1),
         out.stride(0), out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *cache_strides(kv_cache),
         block_table.stride(0), GROUP=group,

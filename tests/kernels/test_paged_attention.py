@@ -23,7 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from loom.attention.backend import AttentionMetadata  # noqa: E402
 from loom.attention.torch_native import TorchNativeBackend  # noqa: E402
-from loom.attention.triton_backend import DecodeTiles, TritonBackend, TritonTiles  # noqa: E402
+from loom.attention.triton_backend import TritonBackend, TritonTiles  # noqa: E402
 from loom.kernels.kv_write import write_kv_cache  # noqa: E402
 from loom.kernels.paged_attention import paged_prefill  # noqa: E402
 from loom.kernels.paged_decode import _decode_split_kernel, paged_decode  # noqa: E402
@@ -298,31 +298,6 @@ def test_wide_decode_batches_over_an_8bit_cache_take_two_warps(monkeypatch):
     for bad in ("0", "33", "x"):
         monkeypatch.setenv("LOOM_DECODE_SPLITS", bad)
         with pytest.raises(ValueError, match="LOOM_DECODE_SPLITS"):
-            TritonBackend()
-
-
-@cpu_only
-def test_one_split_keys_reach_the_kernel_and_a_short_batch_takes_one_split(monkeypatch):
-    """LOOM_DECODE_ONE_SPLIT_KEYS: the backend hands it to every decode launch, and a batch
-    whose longest request is no longer launches one split (none longer: the count as
-    before); the outputs stay the reference's. Refused when negative or not a number."""
-    from tests.kernels.test_kv_cache_fp8 import check
-    tiles = DecodeTiles(128, 4, 2)
-    assert TritonBackend().decode_splits(1, 8, 500, tiles, torch.bfloat16) == 4
-    monkeypatch.setenv("LOOM_DECODE_ONE_SPLIT_KEYS", "512")
-    backend = TritonBackend()
-    assert backend.decode_splits(1, 8, 500, tiles, torch.bfloat16) == 1
-    assert backend.decode_splits(1, 8, 1000, tiles, torch.bfloat16) == 8
-    calls = _spy_kernels(monkeypatch)
-    for lens, splits in (([600, 70], 5), ([300, 70], 1)):
-        batch = make_batch([1, 1], lens, 8, 4, 64, 16, dtype=torch.float16)
-        check(batch, torch.float16, backend, atol=2e-3, rtol=2e-3)
-        (call,) = calls
-        assert (call["one_split"], call["num_splits"]) == (512, splits)
-        calls.clear()
-    for bad in ("-1", "x"):
-        monkeypatch.setenv("LOOM_DECODE_ONE_SPLIT_KEYS", bad)
-        with pytest.raises(ValueError, match="LOOM_DECODE_ONE_SPLIT_KEYS"):
             TritonBackend()
 
 

@@ -142,32 +142,6 @@ def test_one_and_several_active_splits_rotating_the_new_tokens(splits):
 
 
 @cpu_only
-@pytest.mark.parametrize("one_split", [40, 100])
-def test_short_contexts_take_one_split_whatever_the_launch_has(one_split):
-    """one_split 40 (inclusive) or 100 keys, 8 splits: the 40-key request is attended by one
-    split, which writes its output itself and leaves its counters alone (set to 7 here: any
-    split that counted on them would merge at the wrong time); the 130-key one still takes
-    5 splits of 32, merged over NaN-poisoned partials, its counters back to 0. Queries of
-    several tokens take the same rule."""
-    batch = _decode_batch()
-    n = batch.meta.num_actual_tokens
-    _, ref = reference(batch, batch.query.shape[-1] ** -0.5)
-    counters = _counters()
-    counters.zero_()
-    counters[2:4] = 7  # slot 1's two KV heads
-    out = _run(batch, 8, one_split=one_split)
-    torch.testing.assert_close(out[:n], ref[:n], atol=1e-4, rtol=1e-4)
-    assert counters.tolist()[:6] == [0, 0, 7, 7, 0, 0]
-    counters.zero_()
-    multi = _decode_batch(q_lens=MULTI_Q_LENS)
-    _, ref = reference(multi, multi.query.shape[-1] ** -0.5)
-    n = multi.meta.num_actual_tokens
-    out = _run(multi, 8, q_tokens=8, one_split=one_split)
-    torch.testing.assert_close(out[:n], ref[:n], atol=1e-4, rtol=1e-4)
-    assert int(counters.count_nonzero()) == 0
-
-
-@cpu_only
 @pytest.mark.parametrize("index", [None, [3, 1, 0, 2]], ids=["all", "index"])
 def test_an_empty_request_writes_nothing(index):
     """Requests with no query this step (query_start_loc equal for consecutive entries),
