@@ -36,6 +36,7 @@ import importlib.util
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,8 @@ def tune_batch(bench: Bench, num_tokens: int, bar) -> dict[str, Any]:
             final.append((bench.time_us(config), config))
         except Exception as e:  # noqa: BLE001
             skipped.append(f"{_fmt(config)}: {_skip_reason(e)}")
+    if not final:  # e.g. a launch that faulted: CUDA refuses every launch after it
+        raise ValueError(f"moe: no finalist ran at M={num_tokens}: {skipped[-3:]}")
     final.sort(key=lambda t: t[0])
     limit = MAX_REL_ERROR[str(bench.dtype).removeprefix("torch.")]
     rejected = []
@@ -196,9 +199,10 @@ def _check_args(args: argparse.Namespace) -> list[int]:
 
 
 def _tune_rows(bench: Bench, sizes: list[int],
-               elem_size: float) -> tuple[list[dict[str, Any]], float]:
+               elem_size: float) -> tuple[list[dict[str, Any]], dict[int, str], float]:
     """Search each batch size's configs (all compiled first, on every CPU); returns the
-    rows and the seconds the compile took."""
+    rows, why each size that found no config failed (the others are kept) and the seconds
+    the compile took."""
     from tqdm import tqdm
     spaces = {m: bench.search_space(m) for m in sizes}
     union = list({tuple(sorted(c.items())): c for s in spaces.values() for c in s}.values())
@@ -206,19 +210,24 @@ def _tune_rows(bench: Bench, sizes: list[int],
     print(f"compiling {len(union)} configs on {os.cpu_count()} threads...", flush=True)
     compile_s = _precompile(bench, union)
     print(f"compiled in {compile_s:.1f} s", flush=True)
-    rows = []
+    rows, failed = [], {}
     with tqdm(total=sum(len(s) for s in spaces.values()), desc="tuning",
               unit="config", dynamic_ncols=True) as bar:
         for m in sizes:
             bar.set_postfix_str(f"M={m}")
-            bench.set_batch(m)
-            best = tune_batch(bench, m, bar)
+            try:
+                bench.set_batch(m)
+                best = tune_batch(bench, m, bar)
+            except ValueError as e:
+                failed[m] = str(e)
+                bar.write(f"M={m:>6}  not tuned: {e}")
+                continue
             row = {**_row(bench, m, best["config"], best["us"], elem_size),
                    "max_rel_error": best["max_rel_error"], "searched": best["searched"],
                    "skipped": best["skipped"], "rejected": best["rejected"]}
             rows.append(row)
             bar.write(_line(row))
-    return rows, compile_s
+    return rows, failed, compile_s
 
 
 def _picked_rows(bench: Bench, sizes: list[int], elem_size: float) -> list[dict[str, Any]]:
@@ -257,12 +266,16 @@ def run_moe(args: argparse.Namespace) -> int:
           f"{args.weight_dtype}", flush=True)
     started = time.perf_counter()
     if args.tune:
-        rows, compile_s = _tune_rows(bench, sizes, elem_size)
+        rows, failed, compile_s = _tune_rows(bench, sizes, elem_size)
         save_dir = Path(args.save_dir) if args.save_dir else mc.config_dir()
-        config_file = write_json(save_dir / file_name, merged_table(save_dir / file_name, rows))
-        mc.load_config_file.cache_clear()
-        print(f"Wrote {config_file}")
+        config_file = None
+        if rows:  # the sizes tuned are kept whatever happened to the others
+            config_file = write_json(save_dir / file_name,
+                                     merged_table(save_dir / file_name, rows))
+            mc.load_config_file.cache_clear()
+            print(f"Wrote {config_file}")
     else:
+        failed = {}
         path = mc.config_dir() / file_name
         config_file = path if mc.load_config_file(str(path)) is not None else None
         print(f"configs: {config_file or 'defaults (no tuned file ' + str(path) + ')'}")
@@ -283,6 +296,11 @@ def run_moe(args: argparse.Namespace) -> int:
                    "intermediate_size_per_shard": shape.inter, "num_experts": shape.num_experts,
                    "top_k": shape.top_k, "tuned": args.tune,
                    "config_file": str(config_file) if config_file else None,
-                   "elapsed_s": elapsed, "precompile_s": compile_s, "rows": rows}
+                   "elapsed_s": elapsed, "precompile_s": compile_s, "rows": rows,
+                   "not_tuned": {str(m): why for m, why in failed.items()}}
         print(f"Wrote {write_json(args.output_json, payload)}")
+    if failed:
+        print(f"loom bench moe: no config found at M = {', '.join(map(str, failed))} (each "
+              f"reason above); those sizes keep their former entries", file=sys.stderr)
+        return 1
     return 0
