@@ -4,7 +4,7 @@
 # and 16). In the tree now; the tables before, via LOOM_MOE_CONFIG_DIR=$R/old.
 # 1. --tune at 16384 alone into the tree's table (or why it fails);
 # 2. Qwen3 throughput, 300 x 1024 -> 256, new tables against old (the MoE's prompt sizes).
-# (8B decode at batch 8 on the new GEMV rows waits for a later call: device time.)
+# (8B on the new GEMV rows: run_zzz132.)
 source benchmarks/gpu/env.sh; R=/tmp/zzz131; mkdir -p $R/old
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
 MOE="loom/kernels/configs/E=128,N=768,dtype=bfloat16,device_name=$GPU.json"
