@@ -7,6 +7,7 @@
 # (8B on the new GEMV rows: run_zzz132.)
 source benchmarks/gpu/env.sh; R=/tmp/zzz131; mkdir -p $R/old
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
+[ "$GPU" = NVIDIA_H100_80GB_HBM3 ] || { echo "for an H100: its tables are the ones measured"; exit 1; }
 MOE="loom/kernels/configs/E=128,N=768,dtype=bfloat16,device_name=$GPU.json"
 cp loom/kernels/configs/*.json $R/old/; rm -f "$R/old/$(basename "$MOE")"
 cp benchmarks/results/h100-session53-zzz130-7b13756/gemv-table-before.json \
