@@ -20,6 +20,7 @@ from loom.bench.ceilings import Ceilings
 from loom.cli import main
 from loom.config import CompilationConfig
 from loom.models.arch import ModelArch
+from tests.bench.cli_runs import latency_cli
 
 AVG = re.compile(r"^Avg latency: ([0-9.e+-]+) seconds$", re.M)
 PCT = re.compile(r"^(\d+)% percentile latency: ([0-9.e+-]+) seconds$", re.M)
@@ -28,17 +29,9 @@ THROUGHPUT = re.compile(r"^Throughput: ([0-9.]+) requests/s, ([0-9.]+) total tok
 FAKE = Ceilings(device="fake", copy_tb_per_s=1e-3, matmul_tflop_per_s=1e-3)
 
 
-def _latency(tiny: str, out_json, monkeypatch, *extra: str) -> int:
-    argv = ["bench", "latency", "--model", tiny, "--device", "cpu", "--input-len", "8",
-            "--batch-size", "2", "--num-iters", "2", "--num-iters-warmup", "1",
-            "--max-model-len", "64", "--output-json", str(out_json), *extra]
-    monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    return main(argv)
-
-
 def test_latency_prints_like_the_seed_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
     out = tmp_path / "latency.json"
-    assert _latency(tiny, out, monkeypatch, "--output-len", "4", "--decode-split") == 0
+    assert latency_cli(tiny, out, monkeypatch, "--output-len", "4", "--decode-split") == 0
     text = capsys.readouterr().out
     avg = float(AVG.search(text).group(1))
     printed = {int(p): float(v) for p, v in PCT.findall(text)}
@@ -64,9 +57,9 @@ def test_latency_prints_like_the_seed_and_writes_json(tiny, tmp_path, capsys, mo
 
 def test_tp_prefill_prints_all_reduce_time_and_target(tiny, tmp_path, capsys, monkeypatch):
     single = tmp_path / "tp1.json"
-    assert _latency(tiny, single, monkeypatch, "--output-len", "1") == 0
+    assert latency_cli(tiny, single, monkeypatch, "--output-len", "1") == 0
     out = tmp_path / "tp2.json"
-    assert _latency(tiny, out, monkeypatch, "--output-len", "1", "-tp", "2",
+    assert latency_cli(tiny, out, monkeypatch, "--output-len", "1", "-tp", "2",
                     "--reference-json", str(single)) == 0
     text = capsys.readouterr().out
     assert re.search(r"^All-reduce: 5 x [0-9.]+ us = [0-9.]+ ms per forward; target 1-GPU", text,
@@ -86,7 +79,7 @@ def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys,
     out = tmp_path / "l.json"
     if tp == 1:  # and its Python frames, as vLLM's VLLM_TORCH_PROFILER_WITH_STACK
         monkeypatch.setenv("LOOM_TORCH_PROFILER_WITH_STACK", "1")
-    assert _latency(tiny, out, monkeypatch, "--output-len", "3", "-tp", str(tp),
+    assert latency_cli(tiny, out, monkeypatch, "--output-len", "3", "-tp", str(tp),
                     "--profile", "--profile-result-dir", str(profile_dir)) == 0
     text = capsys.readouterr().out
     assert "Profile of one iteration" in text and "aten::" in text
@@ -118,7 +111,7 @@ def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys,
 
 def test_host_profile_names_the_model_runner_on_every_rank(tiny, tmp_path, capsys, monkeypatch):
     profile_dir = tmp_path / "prof"
-    assert _latency(tiny, tmp_path / "l.json", monkeypatch, "--output-len", "2", "-tp", "2",
+    assert latency_cli(tiny, tmp_path / "l.json", monkeypatch, "--output-len", "2", "-tp", "2",
                     "--profile-host", "--profile-result-dir", str(profile_dir)) == 0
     assert "host functions" in capsys.readouterr().out
     for rank in range(2):
@@ -130,7 +123,7 @@ def test_host_profile_names_the_model_runner_on_every_rank(tiny, tmp_path, capsy
 def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
     out = tmp_path / "prefill.json"
-    assert _latency(tiny, out, monkeypatch, "--output-len", "1") == 0
+    assert latency_cli(tiny, out, monkeypatch, "--output-len", "1") == 0
     assert "of the matmul ceiling" in capsys.readouterr().out
     r = json.loads(out.read_text())
     arch = ModelArch.from_hf_config(json.loads(open(f"{tiny}/config.json").read()))
@@ -141,7 +134,7 @@ def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypa
         r["floors"]["prefill_floor_s"] / r["avg_latency"])
     assert r["ceilings"]["copy_tb_per_s"] == 1e-3
 
-    assert _latency(tiny, out, monkeypatch, "--output-len", "3") == 0
+    assert latency_cli(tiny, out, monkeypatch, "--output-len", "3") == 0
     r = json.loads(out.read_text())["floors"]
     assert r["decode_ms_per_token_method"].startswith("whole request")
     floor_ms = floors.decode_bytes(arch, 4, 2) / 1e9 * 1e3  # float32 on CPU, at 1 GB/s
@@ -186,7 +179,7 @@ def test_floors_at_the_held_matmul_rate(tiny, tmp_path, capsys, monkeypatch):
     assert r["floor_held_s"] == pytest.approx(r["floor_s"] * 4 / 3)
     assert r["runtime_ratio_to_held_floor"] == pytest.approx(r["elapsed_time"] / r["floor_held_s"])
     out = tmp_path / "prefill.json"
-    assert _latency(tiny, out, monkeypatch, "--output-len", "1") == 0
+    assert latency_cli(tiny, out, monkeypatch, "--output-len", "1") == 0
     assert "of its held rate)" in capsys.readouterr().out
     f = json.loads(out.read_text())["floors"]
     assert f["prefill_fraction_of_held_ceiling"] == pytest.approx(

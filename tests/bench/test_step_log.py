@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.bench.test_bench_offline import _latency
+from tests.bench.cli_runs import latency_cli
 
 
 def test_step_log_times_the_collections_between_start_and_stop():
@@ -75,7 +75,7 @@ def test_latency_times_verify_steps_apart_from_plain_decodes(tiny, tmp_path, cap
     more than the drafts it kept)."""
     out = tmp_path / "spec.json"
     spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'
-    assert _latency(tiny, out, monkeypatch, "--output-len", "48", "--batch-size", "1",
+    assert latency_cli(tiny, out, monkeypatch, "--output-len", "48", "--batch-size", "1",
                     "--num-iters-warmup", "0", "--num-iters", "1", "--temperature", "0",
                     "--speculative-config", spec) == 0
     assert "a step, median (p10-p90; timed iterations): decode " in capsys.readouterr().out
