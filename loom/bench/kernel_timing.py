@@ -115,6 +115,11 @@ class KernelTimer:
         """A CUDA graph of fn; None (time plain launches) where capture fails and the timer
         falls back."""
         torch = self.torch
+        # Earlier calls' graphs are gone, but their private pools stay reserved until the
+        # cache is emptied, and the allocator cannot empty it during a capture: at
+        # `loom bench moe --tune` M=16384 on an 80 GB H100 the finalists' captures ran out
+        # of memory behind ~100 dead graphs (h100-session54-zzz131).
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -27,3 +27,41 @@ def test_fresh_float_tensors_are_nan_meanwhile_only():
         assert torch.empty(3, dtype=torch.int32).dtype == torch.int32  # ints untouched
     assert (torch.empty, torch.empty_like) == real
     assert median([3.0, 1.0, 2.0]) == 2.0
+
+
+def test_dead_graphs_memory_is_freed_before_each_capture():
+    """A capture cannot free the cached memory of earlier graphs' pools, so the timer empties
+    the cache before it begins one (else a tuner's hundredth capture runs out of memory)."""
+    calls = []
+
+    class Graph:
+        def capture_begin(self):
+            calls.append("capture_begin")
+
+        def capture_end(self):
+            calls.append("capture_end")
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Cuda:
+        CUDAGraph, Stream = Graph, staticmethod(lambda device: Stream())
+
+        @staticmethod
+        def empty_cache():
+            calls.append("empty_cache")
+
+        @staticmethod
+        def stream(s):
+            import contextlib
+            return contextlib.nullcontext()
+
+        @staticmethod
+        def current_stream(device):
+            return Stream()
+
+    timer = KernelTimer(torch.device("cpu"), warmup=1, iters=1)
+    timer.torch = type("FakeTorch", (), {"cuda": Cuda})
+    assert timer._capture(lambda: calls.append("fn")) is not None
+    assert calls == ["empty_cache", "capture_begin", "fn", "capture_end"]
