@@ -225,9 +225,9 @@ def _tile(block_m):
             "num_stages": 2, "GEMV": 0, "TMA": 0}
 
 
-def test_int4_experts_take_their_own_table_else_the_bf16_ones(tmp_path, monkeypatch, caplog):
-    """Looked up as dtype=int4_w4a16 first; without one the activations' dtype's tiles
-    serve, said once."""
+def test_int4_experts_take_their_own_table_else_the_defaults(tmp_path, monkeypatch, caplog):
+    """Looked up as dtype=int4_w4a16 first; without one the built-in defaults serve, not the
+    bf16 table's tiles (slower for int4 on an H100), said once."""
     import json
 
     from loom.kernels import moe_config as mc
@@ -241,11 +241,14 @@ def test_int4_experts_take_their_own_table_else_the_bf16_ones(tmp_path, monkeypa
 
     def lookup():
         return mc.get_config(16, 2, 8, 64, torch.bfloat16, "cuda", weight_dtype=int4)
+    defaults = mc.default_config(16, 2, 8, torch.bfloat16)
+    assert defaults != _tile(32)
     with caplog.at_level("INFO", logger="loom.kernels.moe_config"):
-        assert lookup() == _tile(32) and lookup() == _tile(32)
+        assert lookup() == defaults and lookup() == defaults
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "int4 experts" in lines[0] and bf16.name in lines[0]
+    assert len(lines) == 1 and "int4 experts" in lines[0] and "built-in defaults" in lines[0]
     assert "E=8,N=64,dtype=int4_w4a16,device_name=Some_GPU.json" in lines[0]
+    assert mc.get_config(16, 2, 8, 64, torch.bfloat16, "cuda") == _tile(32)  # bf16's own
     (tmp_path / mc.config_file_name(8, 64, int4, "Some_GPU")).write_text(
         json.dumps({"16": _tile(64)}))
     mc.load_config_file.cache_clear()

@@ -109,7 +109,8 @@ def test_8bit_misreadings_are_refused():
 
 def test_8bit_experts_take_their_own_table(tmp_path, monkeypatch):
     """8-bit experts' tuned file is dtype=int8_w8a16 (their int32 words would otherwise
-    read as int4's): looked up first, else the activations' table."""
+    read as int4's): looked up first, else the built-in defaults (neither int4's table nor
+    the activations')."""
     import json
 
     from loom.kernels import moe_config as mc
@@ -128,7 +129,7 @@ def test_8bit_experts_take_their_own_table(tmp_path, monkeypatch):
     def lookup():
         return mc.get_config(16, 2, 8, 64, torch.bfloat16, "cuda",
                              weight_dtype=table_dtype(words, 8))
-    assert lookup() == _tile(32)  # not int4's
+    assert lookup() == mc.default_config(16, 2, 8, torch.bfloat16)  # not int4's or bf16's
     (tmp_path / "E=8,N=64,dtype=int8_w8a16,device_name=Some_GPU.json").write_text(
         json.dumps({"16": _tile(64)}))
     mc.load_config_file.cache_clear()
