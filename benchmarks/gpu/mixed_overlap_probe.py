@@ -32,19 +32,16 @@ from loom.bench.ceilings import measure_ceilings
 from loom.bench.common import git_commit, now_iso
 from loom.bench.kernel_timing import KernelTimer
 
+from llama_layers import D, H, HID, INTER, KH, layer_weights
+
 dev = torch.device("cuda")
 ceil = measure_ceilings(dev)
 timer = KernelTimer(dev, warmup=3, iters=15)
 timer.spin(1.0)
-H, KH, D, HID, INTER = 32, 8, 128, 4096, 14336
 LAYERS, DECODES, CONTEXT = 4, 484, 1152
 dt = torch.bfloat16
 torch.manual_seed(0)
-weights = [dict(qkv=torch.randn(HID + 2 * KH * D, HID, device=dev, dtype=dt) * 0.02,
-                o=torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02,
-                gu=torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02,
-                down=torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02)
-           for _ in range(LAYERS)]
+weights = layer_weights(LAYERS, dev, dt)
 step = decode_step(DECODES, CONTEXT)
 inputs = make_inputs(step, AttentionShape(H, KH, D), 16, dt, dev, seed=1)
 backend = TritonBackend()

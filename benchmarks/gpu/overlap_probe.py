@@ -29,19 +29,17 @@ from loom.bench.common import git_commit, now_iso
 from loom.bench.kernel_timing import KernelTimer
 from loom.kernels.paged_decode import paged_decode
 
+from llama_layers import D, H, HID, INTER, KH, layer_weights
+
 dev = torch.device("cuda")
 ceil = measure_ceilings(dev)
 timer = KernelTimer(dev, warmup=3, iters=15)
 timer.spin(1.0)
-H, KH, D, HID, INTER, BS = 32, 8, 128, 4096, 14336, 16
+BS = 16
 LAYERS = 4
 dt = torch.bfloat16
 torch.manual_seed(0)
-weights = [dict(qkv=torch.randn(HID + 2 * KH * D, HID, device=dev, dtype=dt) * 0.02,
-                o=torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02,
-                gu=torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02,
-                down=torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02)
-           for _ in range(LAYERS)]
+weights = layer_weights(LAYERS, dev, dt)
 rows = []
 
 
