@@ -1,9 +1,10 @@
-# 1 GPU (~6 min), session 54, an H200. First sm_bandwidth_probe (what s SMs read of HBM, and
-# a matmul beside them: the bound on an SM partition of a mixed step), on any card. Then: Since 22aeaef int4 experts without their own table
-# take the defaults, not the bf16 table's tiles (an H100: throughput 1.24x faster, run_zzz134).
-# The same on an H200, whose int4 experts borrowed its bf16 table until then: Qwen3-30B-A3B
-# GPTQ-Int4 throughput (300 x 1024 -> 256) and decode at batch 1, the tree (defaults) against
-# the borrowing written out as an int4 table (a copy of the bf16 one).
+# 1 GPU (~6 min), session 54, an H200 (an H100 does too). First sm_bandwidth_probe: what s
+# SMs read of HBM, and a matmul beside them, the bound on an SM partition of a mixed step.
+# Then: since 22aeaef int4 experts without their own table take the defaults, not the bf16
+# table's tiles (an H100: throughput 1.24x faster, run_zzz134). The same on this card, whose
+# int4 experts borrowed its bf16 table until then: Qwen3-30B-A3B GPTQ-Int4 throughput (300 x
+# 1024 -> 256) and decode at batch 1, the tree (defaults) against the borrowing written out
+# as an int4 table (a copy of the bf16 one).
 source benchmarks/gpu/env.sh; R=/tmp/zzz135; mkdir -p $R/borrow
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))"); echo "GPU $GPU"
 timeout 90 python3 benchmarks/gpu/sm_bandwidth_probe.py $R/sm-bw.json > $R/sm-bw.log 2>&1
