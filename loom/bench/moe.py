@@ -20,8 +20,9 @@ the file's entries for other batch sizes; fused_moe looks it up (the key nearest
 call's token count wins). A batch size where no config ran, or none agreed with the
 reference, is reported with the errors that stopped it and left as it was; the sizes tuned
 are still written, and the command exits 1. Where a batch leaves each expert two rows or
-fewer, the grid also holds the GEMV kernels' configs (GEMV = 1, loom/kernels/moe_gemv.py). `--weight-dtype fp8`
-(or fp8-block) times and tunes fp8 experts (W8A16) and their `dtype=float8_e4m3fn` file;
+fewer, the grid also holds the GEMV kernels' configs (GEMV = 1, loom/kernels/moe_gemv.py).
+`--weight-dtype fp8` (or fp8-block) times and tunes fp8 experts (W8A16) and their
+`dtype=float8_e4m3fn` file;
 `--weight-dtype int4` int4 experts (W4A16: random packed weights, a scale and a zero point
 per group of 128, as AWQ / GPTQ releases hold them) and their `dtype=int4_w4a16` file
 (its grid's grouped-GEMM tiles step K by at most the group's 128 columns); `--weight-dtype

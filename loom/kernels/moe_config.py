@@ -211,13 +211,13 @@ def _table(num_experts: int, inter: int, dtype: torch.dtype,
     table = None if integer else _tuned_table(num_experts, inter, dtype, device)
     if device.type == "cuda" and (integer or table is not None):
         name = device_name(device)
-        _say_reused(config_file_name(num_experts, inter, weight_dtype, name),
-                    None if integer else config_file_name(num_experts, inter, dtype, name))
+        _say_fallback(config_file_name(num_experts, inter, weight_dtype, name),
+                      None if integer else config_file_name(num_experts, inter, dtype, name))
     return table
 
 
 @functools.cache
-def _say_reused(missing: str, used: str | None) -> None:
+def _say_fallback(missing: str, used: str | None) -> None:
     kind = next((k for k, key in (("int4", INT4_TABLE_DTYPE), ("int8", INT8_TABLE_DTYPE))
                  if key in missing), "fp8")
     logger.info("fused_moe: no tuned configs for %s experts (%s); their calls take %s",

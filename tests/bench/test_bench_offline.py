@@ -157,7 +157,8 @@ def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
     assert _throughput(tiny, out, monkeypatch, FAKE) == 0
     text = capsys.readouterr().out
     req_s, tok_s, out_s = map(float, THROUGHPUT.search(text).groups())
-    assert tok_s == pytest.approx(req_s * 12, rel=1e-3) and out_s == pytest.approx(req_s * 4, rel=1e-3)
+    assert tok_s == pytest.approx(req_s * 12, rel=1e-3)
+    assert out_s == pytest.approx(req_s * 4, rel=1e-3)
     assert "Compute floor:" in text
     r = json.loads(out.read_text())
     assert r["num_requests"] == 6 and r["prompt_tokens"] == 48 and r["output_tokens"] == 24

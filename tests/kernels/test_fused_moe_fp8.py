@@ -196,7 +196,7 @@ def test_fp8_experts_take_their_own_table_else_the_bf16_ones(tmp_path, monkeypat
     monkeypatch.setattr(mc, "device_name", lambda device: "Some_GPU")
     bf16 = tmp_path / mc.config_file_name(8, 64, torch.bfloat16, "Some_GPU")
     bf16.write_text(json.dumps({"16": _tile(32)}))
-    mc._say_reused.cache_clear()
+    mc._say_fallback.cache_clear()
 
     def lookup():
         return mc.get_config(16, 2, 8, 64, torch.bfloat16, "cuda", weight_dtype=FP8)

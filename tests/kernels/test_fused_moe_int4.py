@@ -235,7 +235,7 @@ def test_int4_experts_take_their_own_table_else_the_defaults(tmp_path, monkeypat
     monkeypatch.setattr(mc, "device_name", lambda device: "Some_GPU")
     bf16 = tmp_path / mc.config_file_name(8, 64, torch.bfloat16, "Some_GPU")
     bf16.write_text(json.dumps({"16": _tile(32)}))
-    mc._say_reused.cache_clear()
+    mc._say_fallback.cache_clear()
     int4 = mc.table_dtype(torch.zeros(8, 128, 8, dtype=torch.int32))
     assert int4 == "int4_w4a16"
 
