@@ -124,6 +124,16 @@ for cand in (Tiles(), Tiles(block_n=128, num_stages=4), Tiles(block_m=256, block
         best = (us, cand)
 tiles = best[1]
 print(f"tiles: {tiles}", flush=True)
+# and at prefill 8192's shapes (issue 3's other open target), all SMs, against cuBLAS
+for name, w in weights[0].items():
+    a = torch.randn(8192, w.shape[1], device=dev, dtype=dt)
+    cublas_us = timer.time_us(lambda: a @ w.t())
+    us = timer.time_us(lambda: persistent_mm(a, w, SMS, tiles))
+    flops = 2 * 8192 * w.numel()
+    print(f"prefill 8192 {name:4s}: cuBLAS {cublas_us:8.1f} us ({flops / cublas_us / 1e6:.0f} "
+          f"TFLOP/s), persistent {us:8.1f} ({cublas_us / us:.2f}x cuBLAS)", flush=True)
+    rows.append({"variant": f"prefill 8192 {name}", "us": us, "cublas_us": cublas_us,
+                 "flops": flops})
 
 for prompt in (2048, 4096):
     x = torch.randn(prompt + DECODES, HID, device=dev, dtype=dt)
