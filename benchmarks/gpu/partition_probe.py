@@ -16,6 +16,9 @@ Per layer, 8B shapes, LAYERS distinct layers, 484 decodes of 1152 tokens, rows t
   overlap cublas     cuBLAS GEMM chain beside the attention chain (two streams)
   overlap/sS         the GEMM chain on sms - S programs beside the attention chain; `flat`
                      drops the GEMM stream's priority
+  nano/sS            a schedule that exists: the prompt rows' GEMM chain on sms - S programs
+                     beside the decode rows' own chain (cuBLAS GEMMs, attention in line),
+                     mixed_overlap_probe's two streams with the prompt held to its SMs
 The Triton chain's output is checked against cuBLAS's. Each variant is one CUDA graph
 (KernelTimer: L2 flushed, median).
 
@@ -76,17 +79,28 @@ def attention_chain():
         backend.forward(qd, inputs.kv_cache, inputs.meta, inputs.scale)
 
 
-def overlap(x, programs, gemm_stream=fast):
+def two_streams(first, second, first_stream=fast):
+    """first() on first_stream beside second() on a low-priority one; both outputs."""
     main = torch.cuda.current_stream()
-    gemm_stream.wait_stream(main)
+    first_stream.wait_stream(main)
     slow.wait_stream(main)
-    with torch.cuda.stream(gemm_stream):
-        out = gemm_chain(x, programs)
+    with torch.cuda.stream(first_stream):
+        a = first()
     with torch.cuda.stream(slow):
-        attention_chain()
-    main.wait_stream(gemm_stream)
+        b = second()
+    main.wait_stream(first_stream)
     main.wait_stream(slow)
-    return out
+    return a, b
+
+
+def overlap(x, programs, gemm_stream=fast):
+    return two_streams(lambda: gemm_chain(x, programs), attention_chain, gemm_stream)[0]
+
+
+def nano(x, prompt, programs):
+    xp, xd = x[:prompt], x[prompt:]
+    return torch.cat(two_streams(lambda: gemm_chain(xp, programs),
+                                 lambda: gemm_chain(xd, 0, DECODES)))
 
 
 def record(prompt, name, fn, ref=None, **extra):
@@ -138,6 +152,7 @@ for name, w in weights[0].items():
 for prompt in (2048, 4096):
     x = torch.randn(prompt + DECODES, HID, device=dev, dtype=dt)
     ref = gemm_chain(x).float()
+    merged_ref = gemm_chain(x, decodes=DECODES).float()
     merged = record(prompt, "merged", lambda: gemm_chain(x, decodes=DECODES))
     record(prompt, "gemms cublas", lambda: gemm_chain(x))
     record(prompt, "attention", attention_chain)
@@ -149,6 +164,11 @@ for prompt in (2048, 4096):
     for s, stream in ((16, fast), (32, fast), (48, fast), (32, torch.cuda.Stream())):
         name = f"overlap/s{s}" + ("" if stream is fast else " flat")
         us = record(prompt, name, lambda: overlap(x, SMS - s, stream), ref, programs=SMS - s)
+        rows[-1]["ratio_to_merged"] = us / merged
+        print(f"  {us / merged:.3f}x merged", flush=True)
+    for s in (16, 32, 48):
+        us = record(prompt, f"nano/s{s}", lambda: nano(x, prompt, SMS - s), merged_ref,
+                    programs=SMS - s)
         rows[-1]["ratio_to_merged"] = us / merged
         print(f"  {us / merged:.3f}x merged", flush=True)
 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
