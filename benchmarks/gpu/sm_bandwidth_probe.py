@@ -16,6 +16,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from loom.bench.ceilings import measure_ceilings
 from loom.bench.common import git_commit, now_iso
@@ -30,6 +31,17 @@ def _read(src, out, n_blocks, ITERS: tl.constexpr, BLOCK: tl.constexpr):
         b = pid + i * programs
         offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         acc += tl.load(src + offs, mask=offs < n_blocks * BLOCK, other=0.0).to(tl.float32)
+    tl.store(out + pid, tl.sum(acc))
+
+
+@triton.jit
+def _read_tiles(desc, out, ITERS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The same read in [ROWS, COLS] tiles through a TMA descriptor, which the launch's
+    num_stages keeps several deep: more bytes in flight a program than _read's loads."""
+    pid, programs = tl.program_id(0), tl.num_programs(0)
+    acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
+    for i in range(ITERS):
+        acc += desc.load([(pid + i * programs) * ROWS, 0]).to(tl.float32)  # past the end: 0
     tl.store(out + pid, tl.sum(acc))
 
 
@@ -78,6 +90,22 @@ for s in sorted({8, 16, 24, 32, 48, 66, 99, sms}):
     print(f"{s:4d} programs: {tbps:5.2f} TB/s ({row['fraction_of_copy']:.2f} of copy); "
           f"beside {k} matmuls {both_us:9.1f} us against {us + k * mm_us:9.1f} one after "
           f"the other ({row['both_over_sequential']:.3f}x)", flush=True)
+# how many SMs a deeper reader needs to keep up with the copy: TMA tiles, a few deep
+COLS = 256
+flat = src.view(-1, COLS)
+for rows_, stages in ((64, 4), (128, 3)):
+    desc = TensorDescriptor.from_tensor(flat, [rows_, COLS])
+    for s in (8, 16, 24, 32, 48, 66, sms):
+        def read_tiles():
+            _read_tiles[(s,)](desc, out, ITERS=triton.cdiv(flat.shape[0], rows_ * s),
+                              ROWS=rows_, COLS=COLS, num_stages=stages, num_warps=8)
+        us = timer.time_us(read_tiles)
+        tbps = src.numel() * src.element_size() / us / 1e6
+        rows.append({"reader": f"tma {rows_}x{COLS}, {stages} stages", "programs": s,
+                     "read_us": us, "read_tb_per_s": tbps,
+                     "fraction_of_copy": tbps / ceil.copy_tb_per_s})
+        print(f"tma {rows_}x{COLS}x{stages} {s:4d} programs: {tbps:5.2f} TB/s "
+              f"({rows[-1]['fraction_of_copy']:.2f} of copy)", flush=True)
 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "git_commit": git_commit(), "date": now_iso(),
            "command": " ".join(["python3"] + sys.argv), "ceilings": dataclasses.asdict(ceil),
