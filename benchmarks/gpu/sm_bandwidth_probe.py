@@ -5,7 +5,9 @@ streams, because each fills the GPU. A partition would hold the GEMMs to 132 - s
 leave s to attention's KV reads. It pays only if s SMs read at a large share of the copy
 rate. Here a persistent Triton kernel of s programs (one per SM) reads a 2 GiB buffer once,
 summing it, for s from 8 to all SMs. It also times a bf16 matmul beside the kernel on
-another stream, to see what the matmul loses to the reader.
+another stream, to see what the matmul loses to the reader. Last, the same read through TMA
+tiles a few deep (more bytes in flight a program): how few SMs can keep up with the copy
+(run_zzz137: the plain reader's ~30 GB/s an SM starves attention held to a few SMs).
 
     python3 sm_bandwidth_probe.py OUT.json
 """
