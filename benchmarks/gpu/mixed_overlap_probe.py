@@ -24,7 +24,6 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from loom.attention.triton_backend import TritonBackend
 from loom.bench.attention_workload import AttentionShape, decode_step, make_inputs
@@ -32,7 +31,7 @@ from loom.bench.ceilings import measure_ceilings
 from loom.bench.common import git_commit, now_iso
 from loom.bench.kernel_timing import KernelTimer
 
-from llama_layers import D, H, HID, INTER, KH, layer_weights
+from llama_layers import D, H, HID, KH, layer_chain, layer_weights
 
 dev = torch.device("cuda")
 ceil = measure_ceilings(dev)
@@ -53,21 +52,16 @@ def attention(q):
     return backend.forward(q, inputs.kv_cache, inputs.meta, inputs.scale)
 
 
-def chain(x, decodes=0, attn=True, gemm=True):
-    """The layers over x; its last `decodes` rows also attend over the paged cache (their
-    query: the qkv GEMM's q columns), the rest pass their q columns through."""
-    for w in weights:
-        qkv = x @ w["qkv"].t() if gemm else x.repeat(1, 2)[:, :HID + 2 * KH * D]
-        q = qkv[:, :H * D]
-        if decodes and attn:
-            o = attention(q[-decodes:].reshape(decodes, H, D)).reshape(decodes, H * D)
-            q = torch.cat([q[:-decodes], o]) if decodes < len(x) else o
-        if not gemm:
-            x = q.contiguous()
-            continue
-        x = q @ w["o"].t() + x
-        gu = x @ w["gu"].t()
-        x = (F.silu(gu[:, :INTER]) * gu[:, INTER:]) @ w["down"].t()
+def chain(x, decodes=0, gemm=True):
+    """The layers over x (`layer_chain`); its last `decodes` rows also attend over the paged
+    cache in line. gemm=False: the attention alone, each layer's query a copied slice of x
+    in place of the qkv GEMM's q columns."""
+    if gemm:
+        return layer_chain(x, weights, attend=attention, decodes=decodes)
+    for _ in weights:
+        q = x.repeat(1, 2)[:, :H * D]
+        o = attention(q[-decodes:].reshape(decodes, H, D)).reshape(decodes, H * D)
+        x = (torch.cat([q[:-decodes], o]) if decodes < len(x) else o).contiguous()
     return x
 
 

@@ -29,7 +29,6 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from loom.attention.triton_backend import TritonBackend
 from loom.bench.attention_workload import AttentionShape, decode_step, make_inputs
@@ -37,7 +36,7 @@ from loom.bench.ceilings import measure_ceilings
 from loom.bench.common import git_commit, now_iso
 from loom.bench.kernel_timing import KernelTimer
 
-from llama_layers import D, H, HID, INTER, KH, layer_weights
+from llama_layers import D, H, HID, KH, layer_chain, layer_weights
 from persistent_gemm import Tiles, persistent_mm
 
 dev = torch.device("cuda")
@@ -57,26 +56,20 @@ fast, slow = torch.cuda.Stream(priority=-1), torch.cuda.Stream()
 rows, tiles = [], Tiles()
 
 
+def attend(q):
+    return backend.forward(q, inputs.kv_cache, inputs.meta, inputs.scale)
+
+
 def gemm_chain(x, programs=0, decodes=0):
     """The layers' GEMMs over x (cuBLAS where programs is 0); the last `decodes` rows also
     attend in line, as loom's merged step does."""
-    mm = (lambda a, w: a @ w.t()) if not programs else (
-        lambda a, w: persistent_mm(a, w, programs, tiles))
-    for w in weights:
-        q = mm(x, w["qkv"])[:, :H * D]
-        if decodes:
-            o = backend.forward(q[-decodes:].reshape(decodes, H, D), inputs.kv_cache,
-                                inputs.meta, inputs.scale).reshape(decodes, H * D)
-            q = torch.cat([q[:-decodes], o])
-        x = mm(q, w["o"]) + x
-        gu = mm(x, w["gu"])
-        x = mm((F.silu(gu[:, :INTER]) * gu[:, INTER:]).contiguous(), w["down"])
-    return x
+    mm = None if not programs else (lambda a, w: persistent_mm(a, w, programs, tiles))
+    return layer_chain(x, weights, mm, attend, decodes)
 
 
 def attention_chain():
     for _ in weights:
-        backend.forward(qd, inputs.kv_cache, inputs.meta, inputs.scale)
+        attend(qd)
 
 
 def two_streams(first, second, first_stream=fast):
