@@ -22,8 +22,9 @@ install: venv
 	$(BIN)/pip install -q --no-deps $(DEMO)
 
 # Two workers, one per CI core: much of a test's time is one Python thread (imports,
-# Inductor, the Triton interpreter, server start-up), so two overlap (24:12 -> 18:07 on CI's
-# host). Whole files go to one worker, so module fixtures (servers, TP workers) start once.
+# Inductor, the Triton interpreter, server start-up), so two overlap (24:12 -> 18:07 on a
+# 2-core host like CI's). Whole files go to one worker, so module fixtures (servers, TP
+# workers) start once.
 test: install
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --durations=40
 
