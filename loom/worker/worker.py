@@ -167,17 +167,23 @@ class Worker:
         self._sync()  # the window's last step must be on the device before the trace ends
         return self.profile("stop", window.out_dir)
 
-    def _watch_step(self, so: SchedulerOutput) -> None:
+    def _watch_step(self, so: SchedulerOutput) -> str | None:
+        """Counts a launch; the label of a step inside the window ("loom step N: P prompt
+        tokens + D decodes", N counted from the run's first launch), else None."""
         window = self._step_window
         window.launches += 1
         if window.launches == window.start:
             self.profile("start")
         if window.start <= window.launches < window.start + window.count:
             counts = so.num_scheduled_tokens.values()
-            window.steps.append({"prompt_tokens": sum(n for n in counts if n > 1),
-                                 "decodes": sum(1 for n in counts if n == 1)})
-        elif window.launches == window.start + window.count:
+            step = {"prompt_tokens": sum(n for n in counts if n > 1),
+                    "decodes": sum(1 for n in counts if n == 1)}
+            window.steps.append(step)
+            return (f"loom step {window.launches}: {step['prompt_tokens']} prompt tokens + "
+                    f"{step['decodes']} decodes")
+        if window.launches == window.start + window.count:
             window.table = self._stop_step_profile(window)
+        return None
 
     @staticmethod
     def get_env(name: str) -> str | None:
@@ -191,7 +197,10 @@ class Worker:
 
     def launch(self, so: SchedulerOutput) -> StepHandle:
         if self._step_window is not None and self._step_window.table is None:
-            self._watch_step(so)
+            label = self._watch_step(so)
+            if label is not None:  # the trace names each step's launches (step_trace.py)
+                with torch.profiler.record_function(label):
+                    return self.model_runner.launch(so)
         return self.model_runner.launch(so)
 
 

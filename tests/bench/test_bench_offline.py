@@ -29,6 +29,16 @@ THROUGHPUT = re.compile(r"^Throughput: ([0-9.]+) requests/s, ([0-9.]+) total tok
 FAKE = Ceilings(device="fake", copy_tb_per_s=1e-3, matmul_tflop_per_s=1e-3)
 
 
+def load_script(name: str):
+    """A script of benchmarks/gpu/ (not a package) as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).parents[2] / f"benchmarks/gpu/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_latency_prints_like_the_seed_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
     out = tmp_path / "latency.json"
     assert latency_cli(tiny, out, monkeypatch, "--output-len", "4", "--decode-split") == 0
@@ -97,11 +107,7 @@ def test_profile_writes_every_ranks_trace_and_prints_ops(tiny, tmp_path, capsys,
         frames = [e for e in trace["traceEvents"] if e.get("cat") == "python_function"]
         assert bool(frames) == (tp == 1)
     if tp == 1:  # trace_gaps sums a (here made-up) idle span by the loom frames then running
-        import importlib.util
-        spec = importlib.util.spec_from_file_location(
-            "trace_gaps", Path(__file__).parents[2] / "benchmarks/gpu/trace_gaps.py")
-        trace_gaps = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(trace_gaps)
+        trace_gaps = load_script("trace_gaps")
         step = max(frames, key=lambda e: e["dur"] * ("model_runner.py" in e["name"]))
         idle = trace_gaps.idle_by_frames(str(profile_dir / "trace-rank0.json"),
                                          [(step["dur"], step["ts"], None, None)])
@@ -311,9 +317,16 @@ def test_throughput_profiles_the_steps_asked_for_on_every_rank(tiny, tmp_path, c
     steps = json.loads(out.read_text())["profiled_steps"]
     assert [(s["prompt_tokens"], s["decodes"]) for s in steps] == launched[1:4]
     assert steps[0]["prompt_tokens"] > 0  # 48 prompt tokens at 16 a step: still prefilling
+    step_trace = load_script("step_trace")
     for rank in range(2):
         trace = json.loads((profile_dir / f"trace-rank{rank}.json").read_text())
         assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+        # each step's launch is named in the trace, with what the engine launched in it
+        named = step_trace.steps_of(str(profile_dir / f"trace-rank{rank}.json"))
+        assert [s["label"] for s in named] == [
+            f"loom step {i}: {p} prompt tokens + {d} decodes"
+            for i, (p, d) in enumerate(launched[1:4], start=2)]
+        assert all(s["host_ms"] > 0 for s in named)
 
 
 def test_throughput_profile_past_the_last_step_says_so(tiny, tmp_path, capsys, monkeypatch):
