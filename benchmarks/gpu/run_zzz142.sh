@@ -15,7 +15,9 @@ prof() {  # prof NAME DEADLINE START COUNT
   cut -c1-200 $R/$name-steps.txt
   python3 benchmarks/gpu/trace_gaps.py $R/$name --top 15 > $R/$name-gaps.txt 2>&1
   head -30 $R/$name-gaps.txt | cut -c1-200
-  (cd $R && tar -czf $name-prof.tgz $name/*.txt $name/*.json; ls -la $name-prof.tgz)
+  (cd $R && tar -czf $name-prof.tgz $name/*.txt $name/steps-rank0.json $name/trace-rank0.json \
+    && [ $(stat -c %s $name-prof.tgz) -lt 6000000 ] || tar -czf $name-prof.tgz $name/*.txt)
+  ls -la $R/$name-prof.tgz
   pack $name.json $name.log $name-steps.txt $name-gaps.txt $name-prof.tgz
   stamp $name
 }
