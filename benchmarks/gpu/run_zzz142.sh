@@ -3,7 +3,8 @@
 # H100 #4 and #21 ~0.3 s over their neighbours): 8B throughput (1000 x 1024 -> 256, no -O)
 # twice under --profile-steps, steps 1-6 then 19-23, each window read by step_trace.py (per
 # step: host launch time, runtime calls, device time by kernel) and trace_gaps.py. The
-# second run's step breakdown gives step #1 unprofiled.
+# second run's step breakdown gives step #1 unprofiled. Then, as time allows, 8B batch-1
+# decode 128 -> 128 and prefill 8192 (run_zzz138's figures, for a call on an H200).
 source benchmarks/gpu/env.sh; R=/tmp/zzz142; mkdir -p $R
 T="--model llama-3.1-8b --load-format dummy --input-len 1024 --output-len 256 --num-prompts 1000 --max-model-len 2048 --step-breakdown"
 prof() {  # prof NAME DEADLINE START COUNT
@@ -21,5 +22,9 @@ prof() {  # prof NAME DEADLINE START COUNT
   pack $name.json $name.log $name-steps.txt $name-gaps.txt $name-prof.tgz
   stamp $name
 }
-prof first 270 1 6
-prof later 540 19 5
+prof first 240 1 6
+prof later 450 19 5
+L="--load-format dummy --num-iters-warmup 2 --batch-size 1"
+lat decode llama-3.1-8b 515 --input-len 128 --output-len 128 --num-iters 5
+lat prefill8192 llama-3.1-8b 580 --input-len 8192 --output-len 1 --num-iters 10
+pack decode.json prefill8192.json decode.log prefill8192.log
