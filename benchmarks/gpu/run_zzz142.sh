@@ -11,7 +11,7 @@ prof() {  # prof NAME DEADLINE START COUNT
   local name=$1
   timeout $(left $2) $LOOM bench throughput $T --profile-steps $3 $4 --profile-result-dir $R/$name \
     --output-json $R/$name.json > $R/$name.log 2>&1
-  echo "$name rc $?"; grep -E "torch.compile level|compiled mid|^(Throughput|Compute floor|  decode only|  with prompt|    median)" $R/$name.log | cut -c1-220
+  echo "$name rc $?"; grep -E "torch.compile level|compiled while|^(Throughput|Compute floor|CUDA allocator|  decode only|  with prompt|    median|  the first)" $R/$name.log | cut -c1-220
   python3 benchmarks/gpu/step_trace.py $R/$name --top 20 > $R/$name-steps.txt 2>&1
   cut -c1-200 $R/$name-steps.txt
   python3 benchmarks/gpu/trace_gaps.py $R/$name --top 15 > $R/$name-gaps.txt 2>&1

@@ -91,10 +91,13 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
     if args.step_breakdown:
         log = bench.llm.engine.step_observer = StepLog()
         log.start()
+    allocator = engine.collective_rpc("allocator_stats")[0]
     start = time.perf_counter()
     outputs = bench.llm.generate(prompts, params, use_tqdm=True,
                                  lora_request=bench.lora_requests(len(prompts)))
     elapsed = time.perf_counter() - start
+    if allocator is not None:
+        allocator = allocator_delta(allocator, engine.collective_rpc("allocator_stats")[0])
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     result = throughput_figures(bench, len(outputs), prompt_tokens, output_tokens, elapsed)
@@ -103,6 +106,9 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         result["profiled_steps"] = print_step_profile(
             engine.collective_rpc("profile_steps_result")[0], args)
     print_ceilings(bench.ceilings)
+    result["cuda_allocator"] = allocator
+    if allocator is not None:
+        print_allocator(allocator)
     if log is not None:
         log.stop()
         bench.llm.engine.step_observer = None
@@ -179,6 +185,20 @@ def throughput_figures(bench: OfflineBench, num_requests: int, prompt_tokens: in
             "num_params": bench.arch.num_params, "tensor_parallel_size": bench.tp,
             "floor_s": floor, "runtime_ratio_to_floor": elapsed / floor if floor else None,
             "floor_held_s": held, "runtime_ratio_to_held_floor": elapsed / held if held else None}
+
+
+def allocator_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What rank 0's CUDA allocator did during the run (`Worker.allocator_stats`): counts
+    as differences, the bytes held as at the end."""
+    held = "reserved_bytes.all.current"
+    return {key: after[key] - (0 if key == held else before[key]) for key in after}
+
+
+def print_allocator(d: dict[str, int]) -> None:
+    print(f"CUDA allocator during the run (rank 0): {d['num_device_alloc']} device allocations, "
+          f"{d['num_device_free']} frees, {d['num_alloc_retries']} retries after freeing its "
+          f"cache, {d['num_ooms']} out of memory; "
+          f"{d['reserved_bytes.all.current'] / 2**30:.2f} GiB held at the end")
 
 
 def print_throughput(r: dict[str, Any]) -> None:

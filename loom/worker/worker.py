@@ -48,7 +48,7 @@ class Worker:
 
     RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env",
                              "time_all_reduce", "profile", "profile_steps",
-                             "profile_steps_result"})
+                             "profile_steps_result", "allocator_stats"})
 
     def rpc(self, method: str, args: list):
         """A call from the executor by name; only the methods listed are reachable."""
@@ -92,6 +92,19 @@ class Worker:
             tp_all_reduce(x)
         self._sync()
         return (time.perf_counter() - start) / iters
+
+    ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries",
+                          "num_ooms", "reserved_bytes.all.current")
+
+    def allocator_stats(self) -> dict[str, int] | None:
+        """This rank's CUDA caching allocator counters (None off CUDA): its device
+        allocations and frees (cudaMalloc / cudaFree: each one stalls the host, a free
+        the whole device too), its retries (an allocation that failed, so it freed every
+        cached block and tried again) and the bytes it holds."""
+        if self.device.type != "cuda":
+            return None
+        stats = torch.cuda.memory_stats(self.device)
+        return {key: int(stats.get(key, 0)) for key in self.ALLOCATOR_COUNTERS}
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -172,6 +172,22 @@ def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
     assert r["runtime_ratio_to_floor"] == pytest.approx(r["elapsed_time"] / r["floor_s"])
     assert {"device", "git_commit", "command", "engine_args", "ceilings"} <= set(r)
     assert r["floor_held_s"] is None  # FAKE has no held rate
+    assert r["cuda_allocator"] is None and "CUDA allocator" not in text  # no CUDA here
+
+
+def test_allocator_report_counts_what_the_run_did(capsys):
+    from loom.bench.throughput import allocator_delta, print_allocator
+    from loom.worker.worker import Worker
+    before = dict.fromkeys(Worker.ALLOCATOR_COUNTERS, 0) | {
+        "num_device_alloc": 40, "num_device_free": 2, "reserved_bytes.all.current": 3 << 30}
+    after = before | {"num_device_alloc": 47, "num_device_free": 5, "num_alloc_retries": 1,
+                      "reserved_bytes.all.current": 5 << 30}
+    d = allocator_delta(before, after)
+    assert d == {"num_device_alloc": 7, "num_device_free": 3, "num_alloc_retries": 1,
+                 "num_ooms": 0, "reserved_bytes.all.current": 5 << 30}
+    print_allocator(d)
+    assert "7 device allocations, 3 frees, 1 retries after freeing its cache, 0 out of " \
+        "memory; 5.00 GiB held at the end" in capsys.readouterr().out
 
 
 def test_floors_at_the_held_matmul_rate(tiny, tmp_path, capsys, monkeypatch):
