@@ -138,6 +138,13 @@ def test_bad_prompts_rejected_and_engine_keeps_serving(text_llm):
         text_llm.generate([[5] * 300], use_tqdm=False)
     with pytest.raises(ValueError, match="vocabulary"):
         text_llm.generate([[5, 10**7]], use_tqdm=False)
+    # Every bad id is named, in order, on both sides of the engine's protocol.
+    with pytest.raises(ValueError, match=r"^prompt: token id\(s\) \[-2, 10000000\] outside"):
+        text_llm.generate([[5, -2, 7, 10**7]], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^prompt: token id\(s\) \[-1, 10000000\] outside"):
+        text_llm.engine.add_request(EngineCoreRequest("y", [3, -1, 10**7], SamplingParams()))
+    with pytest.raises(ValueError, match="list of token ids"):
+        text_llm.generate([[5, 2.0]], use_tqdm=False)
     with pytest.raises(ValueError, match="empty"):
         text_llm.generate([[]], use_tqdm=False)
     with pytest.raises(ValueError, match="empty|no room"):
