@@ -1,10 +1,9 @@
-# 1 GPU (~5 min), session 57. Throughput's slow steps (session 56: step #1, 16 fresh
+# 1 GPU (~5.5 min), session 57. Throughput's slow steps (session 56: step #1, 16 fresh
 # 1024-token prompts, ~2.2x the median prompt step in every 8B run since session 15; on the
 # H100 #4 and #21 ~0.3 s over their neighbours): 8B throughput (1000 x 1024 -> 256, no -O)
 # twice under --profile-steps, steps 1-6 then 19-23, each window read by step_trace.py (per
 # step: host launch time, runtime calls, device time by kernel) and trace_gaps.py. The
-# second run's step breakdown gives step #1 unprofiled. Then, as time allows, 8B batch-1
-# decode 128 -> 128 and prefill 8192 (run_zzz138's figures, for a call on an H200).
+# second run's step breakdown gives step #1 unprofiled.
 source benchmarks/gpu/env.sh; R=/tmp/zzz142; mkdir -p $R
 T="--model llama-3.1-8b --load-format dummy --input-len 1024 --output-len 256 --num-prompts 1000 --max-model-len 2048 --step-breakdown"
 prof() {  # prof NAME DEADLINE START COUNT
@@ -22,9 +21,5 @@ prof() {  # prof NAME DEADLINE START COUNT
   pack $name.json $name.log $name-steps.txt $name-gaps.txt $name-prof.tgz
   stamp $name
 }
-prof first 240 1 6
-prof later 450 19 5
-L="--load-format dummy --num-iters-warmup 2 --batch-size 1"
-lat decode llama-3.1-8b 515 --input-len 128 --output-len 128 --num-iters 5
-lat prefill8192 llama-3.1-8b 580 --input-len 8192 --output-len 1 --num-iters 10
-pack decode.json prefill8192.json decode.log prefill8192.log
+prof first 200 1 6
+prof later 320 19 5
