@@ -117,7 +117,7 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         print_breakdown(result["step_breakdown"], elapsed)
         result["first_step_launched_s"] = log.first_launch_s
         print(f"  the first step launched {log.first_launch_s:.3f} s into the run (taking in "
-              f"the {len(prompts)} requests); step #1 ends with its results")
+              f"the {len(prompts)} requests: in no step's time)")
         result["gc"] = gc_report(log)
         print_gc(result["gc"])
         computed = sum(row["prompt_tokens"] for row in result["step_breakdown"].values())

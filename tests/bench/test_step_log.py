@@ -54,6 +54,26 @@ def test_step_log_counts_a_verify_step_as_decodes():
     assert step.draft_tokens == 3
 
 
+def test_the_first_step_is_timed_from_its_launch_not_from_the_intake(monkeypatch):
+    """Step #1's time is its own: the requests' intake before its launch is reported apart,
+    and later steps run from the read-back before them."""
+    from types import SimpleNamespace
+
+    from loom.bench import step_log
+    from loom.core.sched_output import SchedulerOutput
+    clock = iter([100.0, 105.0, 107.5, 109.0])  # start, the first launch, two read-backs
+    monkeypatch.setattr(step_log, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    out = SchedulerOutput(num_scheduled_tokens={"a": 8})
+    scheduler = SimpleNamespace(requests={"a": SimpleNamespace(num_computed_tokens=8)})
+    log = step_log.StepLog()  # starts its clock (start() would also watch the collector)
+    log.launched(out, scheduler)
+    log.launched(out, scheduler)
+    log.collected()
+    log.collected()
+    assert log.first_launch_s == 5.0
+    assert [s.seconds for s in log.steps] == [2.5, 1.5]
+
+
 def test_decode_step_times_split_plain_decodes_from_verify_steps():
     from loom.bench.step_log import Step, decode_step_times
     steps = [Step(0.050, 8, 0, 0, 36),  # the prompt's: left out
