@@ -1,0 +1,59 @@
+"""benchmarks/gpu/step_trace.py on a made-up CUDA trace: kernels belong to the step whose
+annotation holds their launch, whenever they run on the device."""
+
+from __future__ import annotations
+
+import json
+
+from tests.bench.test_bench_offline import load_script
+
+
+def _trace(tmp_path) -> str:
+    events = [
+        # two steps' launches on the host (us); step 2 is launched while step 1 runs
+        {"ph": "X", "cat": "user_annotation", "name": "loom step 1: 16 prompt tokens + 0 decodes",
+         "ts": 0, "dur": 300},
+        {"ph": "X", "cat": "user_annotation", "name": "loom step 2: 8 prompt tokens + 2 decodes",
+         "ts": 400, "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 5,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMalloc", "ts": 20, "dur": 260,
+         "args": {"correlation": 2}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 280, "dur": 5,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 410, "dur": 5,
+         "args": {"correlation": 4}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 600, "dur": 5,
+         "args": {"correlation": 5}},  # outside every step: not counted
+        # the device: step 1's kernels, then step 2's after them
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100, "dur": 200,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "attention", "ts": 350, "dur": 150,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 500, "dur": 400,
+         "args": {"correlation": 4}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 900, "dur": 50,
+         "args": {"correlation": 5}},
+    ]
+    path = tmp_path / "trace-rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return str(path)
+
+
+def test_each_step_owns_the_kernels_it_launched(tmp_path, capsys):
+    step_trace = load_script("step_trace")
+    one, two = step_trace.steps_of(_trace(tmp_path))
+    assert one["label"].startswith("loom step 1:") and two["label"].startswith("loom step 2:")
+    assert (one["host_ms"], two["host_ms"]) == (0.3, 0.1)
+    assert one["runtime"] == {"cudaLaunchKernel": 0.01, "cudaMalloc": 0.26}
+    assert dict(one["kernels"]) == {"gemm": 0.2, "attention": 0.15}
+    assert one["launches"] == 2 and one["device_ms"] == 0.35
+    assert one["span_ms"] == 0.4 and one["device_start_ms"] == 0.1  # 100 .. 500 us
+    assert dict(two["kernels"]) == {"gemm": 0.4} and two["device_start_ms"] == 0.5
+    assert two["host_start_ms"] == 0.4
+    step_trace.report([one, two], top=5)
+    table = capsys.readouterr().out
+    assert "runtime calls: cudaMalloc 0.3 ms, cudaLaunchKernel 0.0 ms" in table
+    rows = {line.split()[-1]: line.split()[:2] for line in table.splitlines()
+            if line.strip().endswith(("gemm", "attention"))}
+    assert rows == {"gemm": ["0.20", "0.40"], "attention": ["0.15", "0.00"]}
