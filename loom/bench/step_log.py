@@ -3,8 +3,9 @@
 The engine tells a `StepLog` of every step it launches (what the scheduler put in it) and
 when the step's results are back. Under async scheduling the device runs the steps back to
 back, so the time between two read-backs is the later step's device time (plus any host
-time the device waited for); the first step's from its launch. Steps are split into those with prompt tokens (prefill or
-mixed) and pure decode steps, and each class is set against its own floor:
+time the device waited for); the first step's time runs from its launch. Steps are split
+into those with prompt tokens (prefill or mixed) and pure decode steps, and each class is
+set against its own floor:
 
 Every step gets the same floor, the sum of what its kernels must do one after another (a
 step runs one kernel at a time):
