@@ -17,6 +17,7 @@ import glob
 import json
 import re
 from collections import defaultdict
+from pathlib import Path
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP = re.compile(r"^loom step (\d+): ")
@@ -91,14 +92,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json")
     args = parser.parse_args()
-    out = {}
-    for path in sorted(glob.glob(f"{args.profile_dir}/trace-rank*.json")):
-        steps = out[path.rsplit("/", 1)[-1]] = steps_of(path)
-        print(f"== {path}: {len(steps)} steps")
+    traces = sorted(glob.glob(f"{args.profile_dir}/trace-rank*.json"))
+    out = {Path(trace).name: steps_of(trace) for trace in traces}
+    for name, steps in out.items():
+        print(f"== {name}: {len(steps)} steps")
         report(steps, args.top)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

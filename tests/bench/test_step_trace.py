@@ -8,32 +8,27 @@ import json
 from tests.bench.test_bench_offline import load_script
 
 
+def _event(cat: str, name: str, ts: int, dur: int, correlation: int | None = None) -> dict:
+    args = {} if correlation is None else {"args": {"correlation": correlation}}
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **args}
+
+
 def _trace(tmp_path) -> str:
+    launch = "cudaLaunchKernel"
     events = [
         # two steps' launches on the host (us); step 2 is launched while step 1 runs
-        {"ph": "X", "cat": "user_annotation", "name": "loom step 1: 16 prompt tokens + 0 decodes",
-         "ts": 0, "dur": 300},
-        {"ph": "X", "cat": "user_annotation", "name": "loom step 2: 8 prompt tokens + 2 decodes",
-         "ts": 400, "dur": 100},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 5,
-         "args": {"correlation": 1}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMalloc", "ts": 20, "dur": 260,
-         "args": {"correlation": 2}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 280, "dur": 5,
-         "args": {"correlation": 3}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 410, "dur": 5,
-         "args": {"correlation": 4}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 600, "dur": 5,
-         "args": {"correlation": 5}},  # outside every step: not counted
+        _event("user_annotation", "loom step 1: 16 prompt tokens + 0 decodes", 0, 300),
+        _event("user_annotation", "loom step 2: 8 prompt tokens + 2 decodes", 400, 100),
+        _event("cuda_runtime", launch, 10, 5, 1),
+        _event("cuda_runtime", "cudaMalloc", 20, 260, 2),
+        _event("cuda_runtime", launch, 280, 5, 3),
+        _event("cuda_runtime", launch, 410, 5, 4),
+        _event("cuda_runtime", launch, 600, 5, 5),  # outside every step: not counted
         # the device: step 1's kernels, then step 2's after them
-        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100, "dur": 200,
-         "args": {"correlation": 1}},
-        {"ph": "X", "cat": "kernel", "name": "attention", "ts": 350, "dur": 150,
-         "args": {"correlation": 3}},
-        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 500, "dur": 400,
-         "args": {"correlation": 4}},
-        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 900, "dur": 50,
-         "args": {"correlation": 5}},
+        _event("kernel", "gemm", 100, 200, 1),
+        _event("kernel", "attention", 350, 150, 3),  # runs during step 2's launch
+        _event("kernel", "gemm", 500, 400, 4),
+        _event("kernel", "gemm", 900, 50, 5),
     ]
     path = tmp_path / "trace-rank0.json"
     path.write_text(json.dumps({"traceEvents": events}))
