@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     traces = sorted(glob.glob(f"{args.profile_dir}/trace-rank*.json"))
+    if not traces:
+        parser.error(f"no trace-rank*.json in {args.profile_dir}")
     out = {Path(trace).name: steps_of(trace) for trace in traces}
     for name, steps in out.items():
         print(f"== {name}: {len(steps)} steps")
