@@ -19,49 +19,40 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+from trace_gaps import load  # a sibling script: the trace's device ops, host ops, launches
+
 STEP = re.compile(r"^loom step (\d+): ")
 
 
 def steps_of(path: str) -> list[dict]:
-    with open(path) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    marks = sorted((e for e in events if STEP.match(e.get("name", ""))), key=lambda e: e["ts"])
+    gpu, host, launches = load(path)
+    marks = [e for e in host if STEP.match(e["name"])]  # host ops come sorted by start
     starts = [e["ts"] for e in marks]
-    steps = [{"label": e["name"], "host_ms": e["dur"] / 1e3, "runtime": defaultdict(float),
-              "kernels": defaultdict(float), "first": None, "last": None, "launches": 0}
-             for e in marks]
-
-    def owner(ts: float) -> dict | None:
-        i = bisect.bisect_right(starts, ts) - 1
-        if i >= 0 and ts <= marks[i]["ts"] + marks[i]["dur"]:
-            return steps[i]
-        return None
-
-    by_correlation = {}
-    for e in events:
-        if e.get("cat") == "cuda_runtime" and (step := owner(e["ts"])) is not None:
-            step["runtime"][e["name"]] += e["dur"] / 1e3
-            if "correlation" in e.get("args", {}):
-                by_correlation[e["args"]["correlation"]] = step
-    for e in events:
-        if e.get("cat") not in GPU_CATS:
-            continue
-        step = by_correlation.get(e.get("args", {}).get("correlation"))
-        if step is None:
-            continue
-        step["kernels"][e["name"]] += e["dur"] / 1e3
-        step["launches"] += 1
-        end = e["ts"] + e["dur"]
-        step["first"] = e["ts"] if step["first"] is None else min(step["first"], e["ts"])
-        step["last"] = end if step["last"] is None else max(step["last"], end)
+    ops: list[list[dict]] = [[] for _ in marks]
+    runtime: list[dict[str, float]] = [defaultdict(float) for _ in marks]
+    owner_of = {}  # correlation id -> the step whose launch holds that runtime call
+    for correlation, call in launches.items():
+        i = bisect.bisect_right(starts, call["ts"]) - 1
+        if i >= 0 and call["ts"] <= marks[i]["ts"] + marks[i]["dur"]:
+            runtime[i][call["name"]] += call["dur"] / 1e3
+            owner_of[correlation] = i
+    for e in gpu:
+        i = owner_of.get(e.get("args", {}).get("correlation"))
+        if i is not None:
+            ops[i].append(e)
     origin = starts[0] if starts else 0.0
-    for step, mark in zip(steps, marks):
-        step["host_start_ms"] = (mark["ts"] - origin) / 1e3
-        step["device_ms"] = sum(step["kernels"].values())
-        step["span_ms"] = (step["last"] - step["first"]) / 1e3 if step["first"] else 0.0
-        step["device_start_ms"] = (step["first"] - origin) / 1e3 if step["first"] else None
-        del step["first"], step["last"]
+    steps = []
+    for mark, calls, mine in zip(marks, runtime, ops):
+        kernels: dict[str, float] = defaultdict(float)
+        for e in mine:
+            kernels[e["name"]] += e["dur"] / 1e3
+        first = min((e["ts"] for e in mine), default=None)
+        steps.append({
+            "label": mark["name"], "host_ms": mark["dur"] / 1e3,
+            "host_start_ms": (mark["ts"] - origin) / 1e3, "runtime": calls,
+            "kernels": kernels, "launches": len(mine), "device_ms": sum(kernels.values()),
+            "span_ms": (max(e["ts"] + e["dur"] for e in mine) - first) / 1e3 if mine else 0.0,
+            "device_start_ms": None if first is None else (first - origin) / 1e3})
     return steps
 
 

@@ -30,12 +30,17 @@ FAKE = Ceilings(device="fake", copy_tb_per_s=1e-3, matmul_tflop_per_s=1e-3)
 
 
 def load_script(name: str):
-    """A script of benchmarks/gpu/ (not a package) as a module."""
+    """A script of benchmarks/gpu/ (not a package) as a module; its folder is on sys.path
+    while it loads, as when it runs, for the siblings it imports."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).parents[2] / f"benchmarks/gpu/{name}.py")
+    folder = str(Path(__file__).parents[2] / "benchmarks/gpu")
+    spec = importlib.util.spec_from_file_location(name, f"{folder}/{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
     return module
 
 
