@@ -23,3 +23,14 @@ prof() {  # prof NAME DEADLINE START COUNT
 }
 prof first 200 1 6
 [ "${FIRST_ONLY:-0}" = 1 ] || prof later 320 19 5  # FIRST_ONLY=1: a short lease
+# The slow prompt steps of every stored 8B run (H200: #21, #33, #36, #42 at ~2x the median,
+# each beside a short one, so the with-prompt total stays ~count x median) read as host
+# stalls; if the allocator counts retries above, a run on expandable segments says whether
+# they are its cache flushes.
+if [ "${FIRST_ONLY:-0}" != 1 ] && [ $(left 590) -gt 150 ]; then
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $(left 590) $LOOM bench throughput $T \
+    --output-json $R/expandable.json > $R/expandable.log 2>&1
+  echo "expandable rc $?"; grep -E "^(Throughput|CUDA allocator|  decode only|  with prompt|    median)" \
+    $R/expandable.log | cut -c1-220
+  pack expandable.json expandable.log; stamp expandable
+fi
