@@ -162,6 +162,8 @@ def step_floor_s(step: Step, arch: ModelArch, dtype_bytes: int, tp: int, ceiling
 
 SLOWEST = 5
 """Steps of each class the breakdown names, slowest first."""
+LATE = 0.5
+"""A step timed under this share of its floor was read back late (see `breakdown`)."""
 
 FLOOR_BASIS = ("per step: max(weights at the copy rate, linear FLOPs at the matmul rate) + "
                "decodes' KV at the copy rate + prompt attention FLOPs at the matmul rate")
@@ -188,12 +190,26 @@ def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
                                   "decode_tokens": s.decode_tokens} for i, s in slowest],
                "floor_s": None, "ratio_to_floor": None}
         if ceilings is not None and steps:
-            row["floor_s"] = sum(step_floor_s(s, arch, dtype_bytes, tp, ceilings,
-                                              kv_dtype_bytes) for s in steps)
+            step_floors = [step_floor_s(s, arch, dtype_bytes, tp, ceilings, kv_dtype_bytes)
+                           for s in steps]
+            row["floor_s"] = sum(step_floors)
             row["floor_basis"] = FLOOR_BASIS
             row["ratio_to_floor"] = seconds / row["floor_s"]
+            # No step runs in half its floor: one timed so was read back late, most of its
+            # device time inside the time of the step before (the host stalled between them).
+            under = sorted(((s.seconds / f, i, s, f) for (i, s), f in zip(of_class, step_floors)
+                            if s.seconds < LATE * f), key=lambda x: x[0])
+            row["late_steps"] = len(under)
+            row["latest_steps"] = [{"step": i, "seconds": s.seconds, "floor_s": f}
+                                       for _, i, s, f in under[:SLOWEST]]
         out[name] = row
     return out
+
+
+def step_table(log: StepLog) -> list[list[float]]:
+    """Every step as [seconds, prompt tokens, decode tokens], in launch order: what the
+    breakdown's totals and extremes are made of."""
+    return [[s.seconds, s.prompt_tokens, s.decode_tokens] for s in log.steps]
 
 
 def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
@@ -209,6 +225,11 @@ def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
         if r["steps"]:
             slow = ", ".join(f"#{x['step']} {x['seconds'] * 1e3:.0f} ms" for x in r["slowest_steps"])
             print(f"    median step {r['median_step_s'] * 1e3:.1f} ms; slowest: {slow}")
+        if r.get("late_steps"):
+            fast = ", ".join(f"#{x['step']} {x['seconds'] * 1e3:.0f} ms (floor "
+                             f"{x['floor_s'] * 1e3:.0f})" for x in r["latest_steps"])
+            print(f"    {r['late_steps']} read back late, in under {LATE:.0%} of their floor "
+                  f"(the step before holds their time): {fast}")
     floored = [r for r in rows.values() if r["floor_s"] is not None]
     if floored:
         total = sum(r["floor_s"] for r in floored)

@@ -22,7 +22,8 @@ import numpy as np
 from loom.bench import floors
 from loom.bench.common import write_json
 from loom.bench.datasets import DatasetConfig, draw_lengths, sample_requests
-from loom.bench.step_log import StepLog, breakdown, gc_report, print_breakdown, print_gc
+from loom.bench.step_log import (StepLog, breakdown, gc_report, print_breakdown, print_gc,
+                                  step_table)
 from loom.bench.offline import (
     OfflineBench,
     add_offline_args,
@@ -115,6 +116,7 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
                                              bench.ceilings, bench.kv_dtype_bytes)
         print_breakdown(result["step_breakdown"], elapsed)
+        result["steps"] = step_table(log)
         result["first_step_launched_s"] = log.first_launch_s
         print(f"  the first step launched {log.first_launch_s:.3f} s into the run (taking in "
               f"the {len(prompts)} requests: in no step's time)")

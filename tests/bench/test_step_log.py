@@ -104,3 +104,25 @@ def test_latency_times_verify_steps_apart_from_plain_decodes(tiny, tmp_path, cap
     assert r["verified_steps"] > 0 and times["verify"]["steps"] == r["verified_steps"]
     assert 1 + times["decode"]["steps"] + r["verified_steps"] + r["accepted_tokens"] == 48
     assert all(t["p10_ms"] <= t["median_ms"] <= t["p90_ms"] for t in times.values())
+
+
+def test_a_step_read_back_late_is_named_beside_the_slow_one_it_sits_in():
+    """Four prompt steps of 16384 tokens on Llama-3.1-8B (~0.30 s of FLOPs each at 774
+    TFLOP/s): the host stalls after #2's launch, so #2 is timed 0.6 s and #3, whose device
+    time fell inside that stall, 2 ms. Only #3 is named late, and the table holds every step."""
+    from loom.bench.ceilings import Ceilings
+    from loom.bench.common import shipped_hf_config
+    from loom.bench.step_log import Step, StepLog, breakdown, step_table
+    from loom.models.arch import ModelArch
+    arch = ModelArch.from_hf_config(shipped_hf_config("llama-3.1-8b"))
+    log = StepLog()
+    log.steps = [Step(seconds, 16384, 0, 0, 16 * 1024 * 1025 // 2)
+                 for seconds in (0.31, 0.6, 0.002, 0.31)]
+    h200 = Ceilings(device="H200", copy_tb_per_s=4.24, matmul_tflop_per_s=774.0)
+    row = breakdown(log, arch, 2, 1, h200)["with_prompt"]
+    assert row["late_steps"] == 1
+    (late,) = row["latest_steps"]
+    assert late["step"] == 3 and late["seconds"] == 0.002
+    assert late["floor_s"] == pytest.approx(2 * 7.0e9 * 16384 / 774e12, rel=0.1)
+    assert row["slowest_steps"][0]["step"] == 2
+    assert step_table(log) == [[s, 16384, 0] for s in (0.31, 0.6, 0.002, 0.31)]
