@@ -20,6 +20,9 @@ lat() {
 # pack FILE...: files of $R (progress bars dropped) appended to $OUT/<$R's name>.tar, one run
 # at a time: at most 8 files come back from a call, and a cut-off call keeps what it packed.
 pack() {
-  for f in "$@"; do grep -v -E "it/s\]|s/it\]" $R/$f > $R/$f.tmp 2>/dev/null && mv $R/$f.tmp $R/$f; done
+  for f in "$@"; do  # text only: run_zzz142's grep emptied its .tgz files
+    case $f in *.tgz|*.gz|*.tar|*.pt) continue;; esac
+    grep -v -E "it/s\]|s/it\]" $R/$f > $R/$f.tmp 2>/dev/null && mv $R/$f.tmp $R/$f
+  done
   tar -rf $OUT/$(basename $R).tar -C $R "$@" 2>/dev/null
 }

@@ -20,6 +20,9 @@ import json
 from collections import defaultdict
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+"""Host calls that launch device work: Triton kernels launch through the driver API
+(cuLaunchKernelEx); run_zzz142's prompt steps counted 136 of their ops without it."""
 
 
 def load(path: str) -> tuple[list, list, dict]:
@@ -30,7 +33,7 @@ def load(path: str) -> tuple[list, list, dict]:
                                                           "python_function")),
                   key=lambda e: e["ts"])
     launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
     return gpu, host, launches
 
 

@@ -23,12 +23,14 @@ def _trace(tmp_path) -> str:
         _event("cuda_runtime", "cudaMalloc", 20, 260, 2),
         _event("cuda_runtime", launch, 280, 5, 3),
         _event("cuda_runtime", launch, 410, 5, 4),
+        _event("cuda_driver", "cuLaunchKernelEx", 420, 5, 6),  # a Triton kernel's launch
         _event("cuda_runtime", launch, 600, 5, 5),  # outside every step: not counted
         # the device: step 1's kernels, then step 2's after them
         _event("kernel", "gemm", 100, 200, 1),
         _event("kernel", "attention", 350, 150, 3),  # runs during step 2's launch
         _event("kernel", "gemm", 500, 400, 4),
         _event("kernel", "gemm", 900, 50, 5),
+        _event("kernel", "triton_attn", 950, 30, 6),
     ]
     path = tmp_path / "trace-rank0.json"
     path.write_text(json.dumps({"traceEvents": events}))
@@ -44,11 +46,13 @@ def test_each_step_owns_the_kernels_it_launched(tmp_path, capsys):
     assert dict(one["kernels"]) == {"gemm": 0.2, "attention": 0.15}
     assert one["launches"] == 2 and one["device_ms"] == 0.35
     assert one["span_ms"] == 0.4 and one["device_start_ms"] == 0.1  # 100 .. 500 us
-    assert dict(two["kernels"]) == {"gemm": 0.4} and two["device_start_ms"] == 0.5
+    assert dict(two["kernels"]) == {"gemm": 0.4, "triton_attn": 0.03}
+    assert two["device_start_ms"] == 0.5 and two["runtime"]["cuLaunchKernelEx"] == 0.005
     assert two["host_start_ms"] == 0.4
     step_trace.report([one, two], top=5)
     table = capsys.readouterr().out
     assert "runtime calls: cudaMalloc 0.3 ms, cudaLaunchKernel 0.0 ms" in table
     rows = {line.split()[-1]: line.split()[:2] for line in table.splitlines()
-            if line.strip().endswith(("gemm", "attention"))}
-    assert rows == {"gemm": ["0.20", "0.40"], "attention": ["0.15", "0.00"]}
+            if line.strip().endswith(("gemm", "attention", "triton_attn"))}
+    assert rows == {"gemm": ["0.20", "0.40"], "attention": ["0.15", "0.00"],
+                    "triton_attn": ["0.00", "0.03"]}
