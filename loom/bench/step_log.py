@@ -196,12 +196,13 @@ def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
             row["floor_basis"] = FLOOR_BASIS
             row["ratio_to_floor"] = seconds / row["floor_s"]
             # No step runs in half its floor: one timed so was read back late, most of its
-            # device time inside the time of the step before (the host stalled between them).
-            under = sorted(((s.seconds / f, i, s, f) for (i, s), f in zip(of_class, step_floors)
-                            if s.seconds < LATE * f), key=lambda x: x[0])
-            row["late_steps"] = len(under)
-            row["latest_steps"] = [{"step": i, "seconds": s.seconds, "floor_s": f}
-                                       for _, i, s, f in under[:SLOWEST]]
+            # device time inside the time of the step before (run_zzz142: the host's launch
+            # of the next step blocked on a full launch queue until that step's own end).
+            late = sorted(((s.seconds / f, i, s, f) for (i, s), f in zip(of_class, step_floors)
+                           if s.seconds < LATE * f), key=lambda x: x[0])
+            row["late_steps"] = len(late)
+            row["late_named"] = [{"step": i, "seconds": s.seconds, "floor_s": f}
+                                 for _, i, s, f in late[:SLOWEST]]
         out[name] = row
     return out
 
@@ -227,7 +228,7 @@ def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
             print(f"    median step {r['median_step_s'] * 1e3:.1f} ms; slowest: {slow}")
         if r.get("late_steps"):
             fast = ", ".join(f"#{x['step']} {x['seconds'] * 1e3:.0f} ms (floor "
-                             f"{x['floor_s'] * 1e3:.0f})" for x in r["latest_steps"])
+                             f"{x['floor_s'] * 1e3:.0f})" for x in r["late_named"])
             print(f"    {r['late_steps']} read back late, in under {LATE:.0%} of their floor "
                   f"(the step before holds their time): {fast}")
     floored = [r for r in rows.values() if r["floor_s"] is not None]

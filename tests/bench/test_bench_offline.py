@@ -249,7 +249,7 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     assert len(table) == decode["steps"] + mixed["steps"]
     assert sum(t[1] for t in table) == 6 * 8 and sum(t[0] for t in table) == pytest.approx(
         decode["seconds"] + mixed["seconds"])
-    assert all(x["seconds"] < 0.5 * x["floor_s"] for x in mixed.get("latest_steps", []))
+    assert all(x["seconds"] < 0.5 * x["floor_s"] for x in mixed.get("late_named", []))
     gc_rows = r["gc"]
     assert set(gc_rows) == {"gen0", "gen1", "gen2", "heaps", "thresholds"}
     assert tuple(gc_rows["thresholds"]) == envs.GC_THRESHOLDS  # the engine set them

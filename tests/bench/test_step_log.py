@@ -121,7 +121,7 @@ def test_a_step_read_back_late_is_named_beside_the_slow_one_it_sits_in():
     h200 = Ceilings(device="H200", copy_tb_per_s=4.24, matmul_tflop_per_s=774.0)
     row = breakdown(log, arch, 2, 1, h200)["with_prompt"]
     assert row["late_steps"] == 1
-    (late,) = row["latest_steps"]
+    (late,) = row["late_named"]
     assert late["step"] == 3 and late["seconds"] == 0.002
     assert late["floor_s"] == pytest.approx(2 * 7.0e9 * 16384 / 774e12, rel=0.1)
     assert row["slowest_steps"][0]["step"] == 2
