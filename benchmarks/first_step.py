@@ -4,7 +4,8 @@ against the median prompt step, with the requests' intake taken out.
 Until session 57, `StepLog` timed step #1 from the start of the run, so the time to take in
 the requests (the JSON's `first_step_launched_s`) was inside step #1. This reads every
 stored run's step #1 (when it is among the five slowest prompt steps the JSON keeps), takes
-the intake out and prints its own time as a multiple of the median prompt step.
+the intake out and prints its own time as a multiple of the median prompt step. What is
+left (~1.9x) is step #2's device time, read back with step #1's (run_zzz142).
 
     python benchmarks/first_step.py [--output-json OUT]
 """

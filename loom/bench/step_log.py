@@ -3,9 +3,11 @@
 The engine tells a `StepLog` of every step it launches (what the scheduler put in it) and
 when the step's results are back. Under async scheduling the device runs the steps back to
 back, so the time between two read-backs is the later step's device time (plus any host
-time the device waited for); the first step's time runs from its launch. Steps are split
-into those with prompt tokens (prefill or mixed) and pure decode steps, and each class is
-set against its own floor:
+time the device waited for); the first step's time runs from its launch. A read-back the
+host collects late (its next launch blocked on a full launch queue: run_zzz142) moves the
+next step's device time into it: the pair reads as ~2x and ~0, which `breakdown` names.
+Steps are split into those with prompt tokens (prefill or mixed) and pure decode steps, and
+each class is set against its own floor:
 
 Every step gets the same floor, the sum of what its kernels must do one after another (a
 step runs one kernel at a time):
@@ -198,11 +200,11 @@ def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
             # No step runs in half its floor: one timed so was read back late, most of its
             # device time inside the time of the step before (run_zzz142: the host's launch
             # of the next step blocked on a full launch queue until that step's own end).
-            late = sorted(((s.seconds / f, i, s, f) for (i, s), f in zip(of_class, step_floors)
-                           if s.seconds < LATE * f), key=lambda x: x[0])
+            late = sorted(((i, s, f) for (i, s), f in zip(of_class, step_floors)
+                           if s.seconds < LATE * f), key=lambda x: x[1].seconds / x[2])
             row["late_steps"] = len(late)
             row["late_named"] = [{"step": i, "seconds": s.seconds, "floor_s": f}
-                                 for _, i, s, f in late[:SLOWEST]]
+                                 for i, s, f in late[:SLOWEST]]
         out[name] = row
     return out
 
