@@ -33,7 +33,8 @@ def first_steps() -> list[dict]:
         first = [s for s in (prompt or {}).get("slowest_steps", []) if s["step"] == 1]
         if not first:
             continue
-        own = first[0]["seconds"] - run["first_step_launched_s"]
+        # Runs with a step table (session 58 on) timed step #1 from its launch already.
+        own = first[0]["seconds"] - (0.0 if "steps" in run else run["first_step_launched_s"])
         rows.append({"file": str(path.relative_to(RESULTS)), "device": run.get("device"),
                      "model": Path(str(run.get("engine_args", {}).get("model", "?"))).name,
                      "step1_logged_s": first[0]["seconds"],
