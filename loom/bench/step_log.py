@@ -6,6 +6,10 @@ back, so the time between two read-backs is the later step's device time (plus a
 time the device waited for); the first step's time runs from its launch. A read-back the
 host collects late (its next launch blocked on a full launch queue: run_zzz142) moves the
 next step's device time into it: the pair reads as ~2x and ~0, which `breakdown` names.
+Where the worker runs in the engine's own process on CUDA (`Executor.local_device`), each
+step is instead timed on the device: a CUDA event recorded behind its kernels, the time
+from the event before (`CudaClock`), so no read-back moves time between steps; the times
+between read-backs are kept beside them.
 Steps are split into those with prompt tokens (prefill or mixed) and pure decode steps, and
 each class is set against its own floor:
 
@@ -30,7 +34,7 @@ import gc
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,8 +58,43 @@ class Step:
     """Speculative decoding: the drafts the step verified (0: a plain decode or prompt step)."""
 
 
-class StepLog:
+class CudaClock:
+    """Marks on the current CUDA stream, the one the engine's in-process worker launches
+    every step's kernels and read-back on."""
+
     def __init__(self) -> None:
+        import torch
+        self._torch = torch
+
+    def mark(self):
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, begin, end) -> float:
+        return begin.elapsed_time(end) / 1e3
+
+    def wait(self) -> None:
+        self._torch.cuda.synchronize()
+
+
+def device_clock(executor) -> CudaClock | None:
+    """A clock on the device the executor's worker runs on in this process; None for
+    worker processes (TP > 1: their streams are not this process's) and off CUDA."""
+    device = executor.local_device
+    return CudaClock() if device is not None and device.type == "cuda" else None
+
+
+class StepLog:
+    def __init__(self, clock=None) -> None:
+        """clock: None to time each step between read-backs; a `CudaClock` (or anything
+        with its mark/seconds/wait) to time it on the device."""
+        self.clock = clock
+        self.clock_name = "read-backs" if clock is None else "device events"
+        self._marks: list = []
+        self.read_back_s: list[float] = []
+        """Under a device clock, each step's time between read-backs (stop() replaces
+        the steps' seconds with their device times)."""
         self.steps: list[Step] = []
         self._launched: deque[tuple[int, int, int, int, int]] = deque()
         self._last = self._start = time.perf_counter()
@@ -70,6 +109,8 @@ class StepLog:
 
     def start(self) -> None:
         self.steps.clear()
+        self._marks.clear()
+        self.read_back_s = []
         self._launched.clear()
         self._last = self._start = time.perf_counter()
         self.first_launch_s = None
@@ -82,6 +123,15 @@ class StepLog:
     def stop(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+        if self.clock is not None and self.steps and not self.read_back_s:
+            # Steps are collected in launch order: step i ran from mark i to mark i + 1
+            # (mark 0: before the first launch). A step launched but not collected has a
+            # mark and no row.
+            self.clock.wait()
+            marks = self._marks
+            self.read_back_s = [s.seconds for s in self.steps]
+            self.steps = [replace(s, seconds=self.clock.seconds(marks[i], marks[i + 1]))
+                          for i, s in enumerate(self.steps)]
 
     def _on_gc(self, phase: str, info: dict) -> None:
         """Python's collections in this process (the engine's, where it runs here): a
@@ -101,6 +151,8 @@ class StepLog:
             # apart (until session 57 it made step #1 look ~2.2x a median prompt step).
             self._last = time.perf_counter()
             self.first_launch_s = self._last - self._start
+            if self.clock is not None:
+                self._marks.append(self.clock.mark())
         prompt = decode = context = pairs = 0
         # Speculative decoding: a decode with drafts is a decode of 1 + drafts tokens.
         drafted = {c.req_id: len(c.spec_token_ids) for c in scheduler_output.cached_reqs
@@ -116,6 +168,11 @@ class StepLog:
                 before = computed - n
                 pairs += n * before + n * (n + 1) // 2
         self._launched.append((prompt, decode, context, pairs, sum(drafted.values())))
+
+    def enqueued(self) -> None:
+        """The step just launched has all its kernels queued: its end, on a device clock."""
+        if self.clock is not None:
+            self._marks.append(self.clock.mark())
 
     def collected(self) -> None:
         now = time.perf_counter()
@@ -211,12 +268,16 @@ def breakdown(log: StepLog, arch: ModelArch, dtype_bytes: int, tp: int,
 
 def step_table(log: StepLog) -> list[list[float]]:
     """Every step as [seconds, prompt tokens, decode tokens], in launch order: what the
-    breakdown's totals and extremes are made of."""
-    return [[s.seconds, s.prompt_tokens, s.decode_tokens] for s in log.steps]
+    breakdown's totals and extremes are made of; under a device clock, with the time
+    between read-backs as a fourth column."""
+    rows = [[s.seconds, s.prompt_tokens, s.decode_tokens] for s in log.steps]
+    for row, read_back in zip(rows, log.read_back_s):
+        row.append(read_back)
+    return rows
 
 
-def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
-    print("Step breakdown (time between read-backs):")
+def print_breakdown(rows: dict[str, Any], runtime_s: float, clock: str) -> None:
+    print(f"Step breakdown (timed by {clock}):")
     for name, r in rows.items():
         line = (f"  {name.replace('_', ' ')}: {r['steps']} steps, {r['seconds']:.3f} s "
                 f"({r['seconds'] / runtime_s:.0%} of the runtime), {r['prompt_tokens']} prompt "
@@ -231,8 +292,10 @@ def print_breakdown(rows: dict[str, Any], runtime_s: float) -> None:
         if r.get("late_steps"):
             fast = ", ".join(f"#{x['step']} {x['seconds'] * 1e3:.0f} ms (floor "
                              f"{x['floor_s'] * 1e3:.0f})" for x in r["late_named"])
-            print(f"    {r['late_steps']} read back late, in under {LATE:.0%} of their floor "
-                  f"(the step before holds their time): {fast}")
+            why = ("read back late: the step before holds their time" if clock == "read-backs"
+                   else "a device clock should time none so: check the floor")
+            print(f"    {r['late_steps']} timed in under {LATE:.0%} of their floor ({why}): "
+                  f"{fast}")
     floored = [r for r in rows.values() if r["floor_s"] is not None]
     if floored:
         total = sum(r["floor_s"] for r in floored)

@@ -22,8 +22,8 @@ import numpy as np
 from loom.bench import floors
 from loom.bench.common import write_json
 from loom.bench.datasets import DatasetConfig, draw_lengths, sample_requests
-from loom.bench.step_log import (StepLog, breakdown, gc_report, print_breakdown, print_gc,
-                                  step_table)
+from loom.bench.step_log import (StepLog, breakdown, device_clock, gc_report,
+                                  print_breakdown, print_gc, step_table)
 from loom.bench.offline import (
     OfflineBench,
     add_offline_args,
@@ -90,7 +90,7 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
                              top_p=1.0) for k in lengths]
     log = None
     if args.step_breakdown:
-        log = bench.llm.engine.step_observer = StepLog()
+        log = engine.step_observer = StepLog(device_clock(engine.executor))
         log.start()
     allocator = engine.collective_rpc("allocator_stats")[0]
     start = time.perf_counter()
@@ -115,7 +115,8 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         bench.llm.engine.step_observer = None
         result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
                                              bench.ceilings, bench.kv_dtype_bytes)
-        print_breakdown(result["step_breakdown"], elapsed)
+        print_breakdown(result["step_breakdown"], elapsed, log.clock_name)
+        result["step_clock"] = log.clock_name
         result["steps"] = step_table(log)
         result["first_step_launched_s"] = log.first_launch_s
         print(f"  the first step launched {log.first_launch_s:.3f} s into the run (taking in "

@@ -270,6 +270,8 @@ class EngineCore:
         if self.step_observer is not None:
             self.step_observer.launched(scheduler_output, self.scheduler)
         self._in_flight.append((scheduler_output, self.executor.launch(scheduler_output)))
+        if self.step_observer is not None:
+            self.step_observer.enqueued()
 
     def call_utility(self, method: str, args: list) -> object:
         if method not in UTILITY_METHODS:

@@ -42,6 +42,12 @@ class Executor(abc.ABC):
         """vocab_size and max_model_len as the workers loaded them."""
         return {}
 
+    @property
+    def local_device(self):
+        """The device of a worker that runs in this process (its kernels are queued on
+        this process's streams); None where the workers are processes of their own."""
+        return None
+
 
 def make_executor(config: EngineConfig) -> Executor:
     if config.parallel.worker_processes:

@@ -45,3 +45,7 @@ class UniprocExecutor(Executor):
     @property
     def model_info(self) -> dict:
         return self.worker.model_info()
+
+    @property
+    def local_device(self) -> torch.device:
+        return self.worker.device

@@ -126,3 +126,115 @@ def test_a_step_read_back_late_is_named_beside_the_slow_one_it_sits_in():
     assert late["floor_s"] == pytest.approx(2 * 7.0e9 * 16384 / 774e12, rel=0.1)
     assert row["slowest_steps"][0]["step"] == 2
     assert step_table(log) == [[s, 16384, 0] for s in (0.31, 0.6, 0.002, 0.31)]
+
+
+class _Clock:
+    """A device clock whose marks are the numbers given, in order."""
+
+    def __init__(self, marks) -> None:
+        self._marks, self.waited = iter(marks), False
+
+    def mark(self):
+        return next(self._marks)
+
+    def seconds(self, begin, end) -> float:
+        assert self.waited  # a mark is read only after the device is done
+        return end - begin
+
+    def wait(self) -> None:
+        self.waited = True
+
+
+def test_a_device_clock_times_each_step_from_the_mark_before_it():
+    """Marks: before the first launch, then behind each step's kernels. At stop() each
+    collected step takes its device time; the time between read-backs is kept beside it,
+    and a step launched but never collected adds no row."""
+    from types import SimpleNamespace
+
+    from loom.bench.step_log import StepLog, step_table
+    from loom.core.sched_output import SchedulerOutput
+    out = SchedulerOutput(num_scheduled_tokens={"a": 8})
+    scheduler = SimpleNamespace(requests={"a": SimpleNamespace(num_computed_tokens=8)})
+    log = StepLog(_Clock([10.0, 10.4, 10.5, 11.25]))
+    assert log.clock_name == "device events"
+    for _ in range(3):
+        log.launched(out, scheduler)
+        log.enqueued()
+    log.collected()
+    log.collected()
+    wall = [s.seconds for s in log.steps]
+    log.stop()
+    assert [s.seconds for s in log.steps] == pytest.approx([0.4, 0.1])
+    assert log.read_back_s == wall
+    assert step_table(log) == [[pytest.approx(0.4), 8, 0, wall[0]],
+                               [pytest.approx(0.1), 8, 0, wall[1]]]
+    log.stop()  # a second stop changes nothing
+    assert [s.seconds for s in log.steps] == pytest.approx([0.4, 0.1])
+
+
+def test_throughput_marks_each_step_behind_its_launch(tiny, tmp_path, monkeypatch):
+    """With a device clock (an in-process CUDA worker's; faked here on the CPU), the engine
+    marks once before the first launch and once after each launch returns, so a step's
+    device time runs from behind the kernels of the step before to behind its own."""
+    import sys
+
+    from loom.bench import ceilings as ceilings_module
+    from loom.bench import throughput
+    from loom.cli import main
+    from loom.executor.uniproc import UniprocExecutor
+    from tests.bench.test_bench_offline import FAKE
+    launches, marks = [], []
+    real = UniprocExecutor.launch
+    monkeypatch.setattr(UniprocExecutor, "launch",
+                        lambda self, so: (launches.append(so), real(self, so))[1])
+
+    class Counting(_Clock):
+        def mark(self):
+            marks.append(len(launches))
+            return 0.5 * len(marks)  # every step 0.5 s on this clock
+
+    seen = []
+    monkeypatch.setattr(throughput, "device_clock",
+                        lambda executor: (seen.append(executor.local_device), Counting(()))[1])
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
+    out = tmp_path / "throughput.json"
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
+            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
+            "--max-num-batched-tokens", "16", "--step-breakdown", "--output-json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    assert main(argv) == 0
+    assert [d.type for d in seen] == ["cpu"]
+    assert marks == list(range(len(marks))) and marks[-1] == len(launches)
+    r = json.loads(out.read_text())
+    assert r["step_clock"] == "device events"
+    steps = r["steps"]
+    assert len(steps) >= 6 * 8 // 16 + 3 and all(len(row) == 4 for row in steps)
+    assert [row[0] for row in steps] == [0.5] * len(steps)
+    rows = r["step_breakdown"]
+    assert sum(row["seconds"] for row in rows.values()) == pytest.approx(0.5 * len(steps))
+    assert sum(row[3] for row in steps) == pytest.approx(r["elapsed_time"], rel=0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_throughput_times_steps_on_cuda_events(tiny, tmp_path, monkeypatch):
+    """On CUDA the worker runs in the engine's process, so steps are timed by CUDA events:
+    each positive, and together no longer than the run (they span its first launch to the
+    last step's end)."""
+    import sys
+
+    from loom.bench import ceilings as ceilings_module
+    from loom.cli import main
+    from tests.bench.test_bench_offline import FAKE
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
+    out = tmp_path / "throughput.json"
+    argv = ["bench", "throughput", "--model", tiny, "--device", "cuda", "--input-len", "64",
+            "--output-len", "16", "--num-prompts", "32", "--max-model-len", "128",
+            "--step-breakdown", "--output-json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["loom", *argv])
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert r["step_clock"] == "device events"
+    device = [row[0] for row in r["steps"]]
+    assert len(device) >= 15 and min(device) > 0
+    assert 0.3 * r["elapsed_time"] < sum(device) <= r["elapsed_time"]
