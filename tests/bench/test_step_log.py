@@ -128,6 +128,24 @@ def test_a_step_read_back_late_is_named_beside_the_slow_one_it_sits_in():
     assert step_table(log) == [[s, 16384, 0] for s in (0.31, 0.6, 0.002, 0.31)]
 
 
+def test_a_step_without_tokens_is_in_no_class():
+    """The last step of a run may only tell the workers of finished requests: no kernels,
+    so no floor. Counted as a decode it would be named late against the weights' floor."""
+    from loom.bench.ceilings import Ceilings
+    from loom.bench.common import shipped_hf_config
+    from loom.bench.step_log import Step, StepLog, breakdown, step_table
+    from loom.models.arch import ModelArch
+    arch = ModelArch.from_hf_config(shipped_hf_config("llama-3.1-8b"))
+    log = StepLog()
+    log.steps = [Step(0.03, 0, 300, 300 * 1100, 0), Step(1e-6, 0, 0, 0, 0)]
+    h100 = Ceilings(device="H100", copy_tb_per_s=3.02, matmul_tflop_per_s=785.0)
+    rows = breakdown(log, arch, 2, 1, h100)
+    assert rows["decode_only"]["steps"] == 1 and rows["with_prompt"]["steps"] == 0
+    assert rows["decode_only"]["late_steps"] == 0
+    assert rows["decode_only"]["seconds"] == 0.03
+    assert len(step_table(log)) == 2  # the table keeps every step
+
+
 class _Clock:
     """A device clock whose marks are the numbers given, in order."""
 
