@@ -50,8 +50,10 @@ def register(subparsers) -> None:
     p.add_argument("--random-range-ratio", "--random_range_ratio", type=float, default=0.0,
                    help="random lengths drawn from len * (1 - ratio) .. len * (1 + ratio)")
     p.add_argument("--step-breakdown", action="store_true",
-                   help="time every engine step and report prompt-carrying and pure decode "
-                        "steps apart, each against its own floor")
+                   help="time every engine step (by CUDA events where the worker runs in "
+                        "this process on a GPU, else between read-backs) and report "
+                        "prompt-carrying and pure decode steps apart, each against its own "
+                        "floor")
     p.add_argument("--profile-steps", type=int, nargs=2, metavar=("START", "COUNT"),
                    help="run engine steps START .. START+COUNT-1 (1-based, in launch order) "
                         "under torch.profiler on every rank: print rank 0's ops by device "
