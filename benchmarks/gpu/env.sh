@@ -26,3 +26,13 @@ pack() {
   done
   tar -rf $OUT/$(basename $R).tar -C $R "$@" 2>/dev/null
 }
+# gpu_tests NAME DEADLINE PYTEST-ARGS...: the GPU-marked tests, their log in $R/NAME.log
+# (packed), cut off DEADLINE s after the start; prints the summary and the failures.
+gpu_tests() {
+  local name=$1 deadline=$2; shift 2
+  [ $(left $deadline) -gt 20 ] || { echo "$name: no time left"; return; }
+  timeout $(left $deadline) python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > $R/$name.log 2>&1
+  echo "$name rc $?: $(tail -1 $R/$name.log | cut -c1-160)"
+  grep -E "^(FAILED|ERROR|E )" $R/$name.log | head -12 | cut -c1-220
+  pack $name.log; stamp $name
+}

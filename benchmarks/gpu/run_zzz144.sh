@@ -8,17 +8,9 @@
 # compile part also runs the step log's CUDA-event test (session 59).
 source benchmarks/gpu/env.sh; R=/tmp/zzz144; mkdir -p $R
 GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name())"); echo "GPU $GPU"
-t() {  # t NAME DEADLINE PYTEST-ARGS...: the GPU-marked tests, cut off DEADLINE s in
-  local name=$1 deadline=$2; shift 2
-  [ $(left $deadline) -gt 20 ] || { echo "$name: no time left"; return; }
-  timeout $(left $deadline) python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > $R/$name.log 2>&1
-  echo "$name rc $?: $(tail -1 $R/$name.log | cut -c1-160)"
-  grep -E "^(FAILED|ERROR|E )" $R/$name.log | head -12 | cut -c1-220
-  pack $name.log; stamp $name
-}
-t compile 90 tests/compilation/test_level3.py tests/compilation/test_piece_graph.py \
+gpu_tests compile 90 tests/compilation/test_level3.py tests/compilation/test_piece_graph.py \
   tests/worker/test_moe_warmup.py tests/worker/test_pinned.py tests/worker/test_layer_clock.py \
   tests/bench/test_step_log.py
-t features 300 tests/e2e/test_gpu.py tests/e2e/test_async_engine.py -k "not float32_equals_cpu"
-t matrix 470 tests/e2e/test_gpu.py -k "float32_equals_cpu and (llama or qwen3_moe or gemma3)"
-t quant 570 tests/e2e/test_gpu_int4.py tests/e2e/test_gpu_int8.py tests/e2e/test_gpu_encoders_gguf.py
+gpu_tests features 300 tests/e2e/test_gpu.py tests/e2e/test_async_engine.py -k "not float32_equals_cpu"
+gpu_tests matrix 470 tests/e2e/test_gpu.py -k "float32_equals_cpu and (llama or qwen3_moe or gemma3)"
+gpu_tests quant 570 tests/e2e/test_gpu_int4.py tests/e2e/test_gpu_int8.py tests/e2e/test_gpu_encoders_gguf.py

@@ -20,7 +20,7 @@ from loom.bench.ceilings import Ceilings
 from loom.cli import main
 from loom.config import CompilationConfig
 from loom.models.arch import ModelArch
-from tests.bench.cli_runs import latency_cli
+from tests.bench.cli_runs import latency_cli, throughput_cli
 
 AVG = re.compile(r"^Avg latency: ([0-9.e+-]+) seconds$", re.M)
 PCT = re.compile(r"^(\d+)% percentile latency: ([0-9.e+-]+) seconds$", re.M)
@@ -156,11 +156,7 @@ def test_latency_floor_ratios_from_the_ceilings(tiny, tmp_path, capsys, monkeypa
 def _throughput(tiny: str, out_json, monkeypatch, ceilings: Ceilings) -> int:
     """6 prompts of 8 tokens -> 4 outputs, judged by the given ceilings."""
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: ceilings)
-    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
-            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
-            "--output-json", str(out_json)]
-    monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    return main(argv)
+    return throughput_cli(tiny, out_json, monkeypatch)
 
 
 def test_throughput_prints_and_writes_json(tiny, tmp_path, capsys, monkeypatch):
@@ -221,11 +217,8 @@ def test_throughput_step_breakdown_accounts_for_every_token_and_step(tiny, tmp_p
     token, and the steps' times add up to the run."""
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
     out = tmp_path / "throughput.json"
-    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
-            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
-            "--max-num-batched-tokens", "16", "--step-breakdown", "--output-json", str(out)]
-    monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    assert main(argv) == 0
+    assert throughput_cli(tiny, out, monkeypatch, "--max-num-batched-tokens", "16",
+                          "--step-breakdown") == 0
     assert "Step breakdown" in capsys.readouterr().out
     r = json.loads(out.read_text())
     rows = r["step_breakdown"]
@@ -331,13 +324,9 @@ def test_throughput_profiles_the_steps_asked_for_on_every_rank(tiny, tmp_path, c
         launched.append(self._launched[-1][:2])  # (prompt tokens, decodes)
     monkeypatch.setattr(step_log.StepLog, "launched", record)
     out, profile_dir = tmp_path / "throughput.json", tmp_path / "prof"
-    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
-            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
-            "--max-num-batched-tokens", "16", "-tp", "2", "--step-breakdown",
-            "--profile-steps", "2", "3", "--profile-result-dir", str(profile_dir),
-            "--output-json", str(out)]
-    monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    assert main(argv) == 0
+    assert throughput_cli(tiny, out, monkeypatch, "--max-num-batched-tokens", "16", "-tp", "2",
+                          "--step-breakdown", "--profile-steps", "2", "3",
+                          "--profile-result-dir", str(profile_dir)) == 0
     text = capsys.readouterr().out
     assert re.search(r"^Profile of steps 2-4 \(\d+ prompt tokens, \d+ decodes", text, re.M)
     assert "aten::" in text

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.bench.cli_runs import latency_cli
+from tests.bench.cli_runs import latency_cli, throughput_cli
 
 
 def test_step_log_times_the_collections_between_start_and_stop():
@@ -194,11 +194,8 @@ def test_throughput_marks_each_step_behind_its_launch(tiny, tmp_path, monkeypatc
     """With a device clock (an in-process CUDA worker's; faked here on the CPU), the engine
     marks once before the first launch and once after each launch returns, so a step's
     device time runs from behind the kernels of the step before to behind its own."""
-    import sys
-
     from loom.bench import ceilings as ceilings_module
     from loom.bench import throughput
-    from loom.cli import main
     from loom.executor.uniproc import UniprocExecutor
     from tests.bench.test_bench_offline import FAKE
     launches, marks = [], []
@@ -216,11 +213,8 @@ def test_throughput_marks_each_step_behind_its_launch(tiny, tmp_path, monkeypatc
                         lambda executor: (seen.append(executor.local_device), Counting(()))[1])
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
     out = tmp_path / "throughput.json"
-    argv = ["bench", "throughput", "--model", tiny, "--device", "cpu", "--input-len", "8",
-            "--output-len", "4", "--num-prompts", "6", "--max-model-len", "64",
-            "--max-num-batched-tokens", "16", "--step-breakdown", "--output-json", str(out)]
-    monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    assert main(argv) == 0
+    assert throughput_cli(tiny, out, monkeypatch, "--max-num-batched-tokens", "16",
+                          "--step-breakdown") == 0
     assert [d.type for d in seen] == ["cpu"]
     assert marks == list(range(len(marks))) and marks[-1] == len(launches)
     r = json.loads(out.read_text())
@@ -239,18 +233,13 @@ def test_throughput_times_steps_on_cuda_events(tiny, tmp_path, monkeypatch):
     """On CUDA the worker runs in the engine's process, so steps are timed by CUDA events:
     each positive, and together no longer than the run (they span its first launch to the
     last step's end)."""
-    import sys
-
     from loom.bench import ceilings as ceilings_module
-    from loom.cli import main
     from tests.bench.test_bench_offline import FAKE
     monkeypatch.setattr(ceilings_module, "measure_ceilings", lambda device, **kw: FAKE)
     out = tmp_path / "throughput.json"
-    argv = ["bench", "throughput", "--model", tiny, "--device", "cuda", "--input-len", "64",
-            "--output-len", "16", "--num-prompts", "32", "--max-model-len", "128",
-            "--step-breakdown", "--output-json", str(out)]
-    monkeypatch.setattr(sys, "argv", ["loom", *argv])
-    assert main(argv) == 0
+    assert throughput_cli(tiny, out, monkeypatch, "--device", "cuda", "--input-len", "64",
+                          "--output-len", "16", "--num-prompts", "32", "--max-model-len",
+                          "128", "--step-breakdown") == 0
     r = json.loads(out.read_text())
     assert r["step_clock"] == "device events"
     device = [row[0] for row in r["steps"]]
