@@ -3,7 +3,8 @@
 # read ~30 GB/s an SM, so attention on a few SMs starves and an SM partition cannot pay).
 # Then issue 3's figures at HEAD, no -O (the H200's last such run was session 35's
 # run_zzz82): 8B batch-1 decode 128 -> 128, prefill 8192 (--output-len 1), throughput
-# 1000 x 1024 -> 256, each on a deadline so that a short lease keeps what finished.
+# 1000 x 1024 -> 256, each on a deadline so that a short lease keeps what finished. Since
+# session 59 the throughput's steps are timed by CUDA events (no 2x/0x read-back pairs).
 source benchmarks/gpu/env.sh; R=/tmp/zzz138; mkdir -p $R
 timeout 100 python3 benchmarks/gpu/sm_bandwidth_probe.py $R/sm-bw.json > $R/sm-bw.log 2>&1
 echo "sm-bw rc $?"; grep -v -E "^(INFO|DEBUG|\[W)" $R/sm-bw.log | tail -24; pack sm-bw.json sm-bw.log
