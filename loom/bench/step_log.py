@@ -58,6 +58,10 @@ class Step:
     """Speculative decoding: the drafts the step verified (0: a plain decode or prompt step)."""
 
 
+READ_BACKS = "read-backs"
+"""`StepLog.clock_name` without a device clock."""
+
+
 class CudaClock:
     """Marks on the current CUDA stream, the one the engine's in-process worker launches
     every step's kernels and read-back on."""
@@ -90,7 +94,6 @@ class StepLog:
         """clock: None to time each step between read-backs; a `CudaClock` (or anything
         with its mark/seconds/wait) to time it on the device."""
         self.clock = clock
-        self.clock_name = "read-backs" if clock is None else "device events"
         self._marks: list = []
         self.read_back_s: list[float] = []
         """Under a device clock, each step's time between read-backs (stop() replaces
@@ -106,6 +109,10 @@ class StepLog:
         self.gc_heaps: list[dict[str, Any]] = []
         """What the first two full collections found: objects per generation, and the
         most common types in generation 2."""
+
+    @property
+    def clock_name(self) -> str:
+        return READ_BACKS if self.clock is None else "device events"
 
     def start(self) -> None:
         self.steps.clear()
@@ -296,7 +303,7 @@ def print_breakdown(rows: dict[str, Any], runtime_s: float, clock: str) -> None:
         if r.get("late_steps"):
             fast = ", ".join(f"#{x['step']} {x['seconds'] * 1e3:.0f} ms (floor "
                              f"{x['floor_s'] * 1e3:.0f})" for x in r["late_named"])
-            why = ("read back late: the step before holds their time" if clock == "read-backs"
+            why = ("read back late: the step before holds their time" if clock == READ_BACKS
                    else "a device clock should time none so: check the floor")
             print(f"    {r['late_steps']} timed in under {LATE:.0%} of their floor ({why}): "
                   f"{fast}")

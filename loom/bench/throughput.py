@@ -114,7 +114,7 @@ def _run(bench: OfflineBench, args: argparse.Namespace) -> int:
         print_allocator(allocator)
     if log is not None:
         log.stop()
-        bench.llm.engine.step_observer = None
+        engine.step_observer = None
         result["step_breakdown"] = breakdown(log, bench.arch, bench.dtype_bytes, bench.tp,
                                              bench.ceilings, bench.kv_dtype_bytes)
         print_breakdown(result["step_breakdown"], elapsed, log.clock_name)
