@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from loom.models.loader.gguf import load_gguf
+from loom.models.loader.gguf import _Reader, load_gguf
 from tests.models.gguf_convert import llama_cpp_permute
 
 CONFIG_FIELDS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -237,3 +237,46 @@ def test_not_a_gguf_file(tmp_path: Path, content: bytes) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="missing.gguf"):
         load_gguf(str(tmp_path / "missing.gguf"))
+
+
+def _same_reading(ours: gguf.GGUFReader, theirs: gguf.GGUFReader) -> None:
+    assert list(ours.fields) == list(theirs.fields)
+    for key, want in theirs.fields.items():
+        got = ours.fields[key]
+        assert (got.offset, got.types, got.data) == (want.offset, want.types, want.data), key
+        assert len(got.parts) == len(want.parts), key
+        for a, b in zip(got.parts, want.parts):
+            assert a.dtype == b.dtype and np.array_equal(a, b), key
+        assert got.contents() == want.contents(), key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for got, want in zip(ours.tensors, theirs.tensors):
+        assert (got.tensor_type, got.data_offset, got.n_elements) == (
+            want.tensor_type, want.data_offset, want.n_elements), got.name
+        assert np.array_equal(got.shape, want.shape), got.name
+        assert got.data.dtype == want.data.dtype and np.array_equal(got.data, want.data)
+        assert not got.data.flags.writeable, got.name
+
+
+def test_fast_reader_reads_what_ggufs_reader_reads(smol_gguf: str) -> None:
+    """loom's reader (plain views of the memory map) against gguf's own on the demo model:
+    every field's parts, indices and contents, every tensor's type, shape and bytes."""
+    _same_reading(_Reader(smol_gguf, "r"), gguf.GGUFReader(smol_gguf, "r"))
+
+
+def test_fast_reader_keeps_a_big_endian_files_order(tmp_path: Path) -> None:
+    path = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian.BIG)
+    writer.add_block_count(3)
+    writer.add_float32("llama.rope.freq_base", 500000.0)
+    writer.add_token_list(["a", "bc", "déf"])
+    writer.add_tensor("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                 writer.write_tensors_to_file):
+        step()
+    writer.close()
+    ours = _Reader(str(path), "r")
+    assert ours.byte_order == "S"  # the file's order is not this machine's
+    _same_reading(ours, gguf.GGUFReader(str(path), "r"))
+    assert np.array_equal(ours.tensors[0].data, np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert ours.fields["llama.block_count"].contents() == 3
+    assert ours.fields["tokenizer.ggml.tokens"].contents() == ["a", "bc", "déf"]

@@ -40,9 +40,26 @@ def load_gguf(path: str) -> tuple[dict[str, Any], WeightIter]:
     return config, _iter_weights(tensors, names, config, arch)
 
 
+class _Reader(GGUFReader):
+    """gguf's reader, slicing a plain ndarray view of its memory map. Slices of numpy's
+    memmap subclass each run Python code (`memmap.__array_finalize__`), and the reader takes
+    ~1M of them parsing a tokenizer's ~100k strings: SmolLM2's file parsed in 1.8 s, now
+    0.55 s. Tensors' `data` come back as plain read-only views of the same mapping."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1,
+             override_order: Any = None) -> np.ndarray:
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        dtype, count = np.dtype(dtype), int(count)
+        array = plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
+        order = self.byte_order if override_order is None else override_order
+        return array.view(array.dtype.newbyteorder(order))
+
+
 def _open(path: str) -> GGUFReader:
     try:
-        return GGUFReader(path, "r")
+        return _Reader(path, "r")
     except Exception as e:  # gguf raises assorted errors (ValueError, struct.error, ...)
         raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
