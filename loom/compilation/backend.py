@@ -14,14 +14,17 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
 
 from loom.compilation import piece_graph
-from loom.compilation.pass_manager import PassManager
 from loom.config import CompilationConfig
 from loom.library import python_impl
+
+if TYPE_CHECKING:  # its import brings in Dynamo and Inductor (~1 s), which level 0 never uses
+    from loom.compilation.pass_manager import PassManager
 
 logger = logging.getLogger(__name__)
 
@@ -256,6 +259,7 @@ class CompiledForward:
                             "are off")
             self.fn = model.forward
             return
+        from loom.compilation.pass_manager import PassManager
         inductor_patches(config)  # a bad option name fails here, before any tracing
         passes = self.pass_manager = PassManager(config.pass_config, tp_size)
         forward = model.forward
