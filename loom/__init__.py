@@ -4,8 +4,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+_OUTPUTS = ("RequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
+            "ClassificationRequestOutput", "ScoringRequestOutput", "PoolingRequestOutput")
+"""`loom.outputs`' classes, exported at the top as vLLM exports them."""
 __all__ = ["LLM", "SamplingParams", "PoolingParams", "BeamSearchParams", "CompilationConfig",
-           "PassConfig", "EngineArgs", "__version__"]
+           "PassConfig", "EngineArgs", *_OUTPUTS, "__version__"]
 
 
 def __getattr__(name: str):
@@ -25,6 +28,9 @@ def __getattr__(name: str):
     if name in ("CompilationConfig", "PassConfig"):
         from loom import config
         return getattr(config, name)
+    if name in _OUTPUTS:
+        from loom import outputs
+        return getattr(outputs, name)
     if name == "EngineArgs":
         from loom.engine.arg_utils import EngineArgs
         return EngineArgs

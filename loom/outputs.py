@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -104,5 +108,21 @@ class ScoringRequestOutput:
     pair's one request, and the tokens it ran."""
     request_id: str
     outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class PoolingOutput:
+    data: torch.Tensor
+    """The pooler's output for the request's task, float32: an embedding, or class
+    probabilities (logits with use_activation False)."""
+
+
+@dataclass
+class PoolingRequestOutput:
+    """What `LLM.encode` returns per prompt (vLLM's names)."""
+    request_id: str
+    outputs: PoolingOutput
     prompt_token_ids: list[int]
     finished: bool = True

@@ -112,6 +112,8 @@ class LLM(PoolingMethods):
         one token for every live beam of every prompt; lora_request as generate's."""
         self._check_open()
         self.require("generate", "LLM.beam_search()")
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params: expected BeamSearchParams, got {type(params).__name__}")
         check_width(params, self.processor.max_logprobs, "beam_width", self.logprobs_mode)
         eos = self.processor.eos_token_id
         prompts = prompt_list(prompts)

@@ -1,24 +1,28 @@
-"""The offline `LLM`'s pooling methods, as vLLM's: embed, classify and score. Each checks
-first that the model serves its task (`loom.tasks`), with vLLM's refusal otherwise."""
+"""The offline `LLM`'s pooling methods, as vLLM's: embed, classify, score and encode. Each
+checks first that the model serves its task (`loom.tasks`), with vLLM's refusal otherwise."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import msgspec
+import torch
 from tqdm import tqdm
 
 from loom.engine.protocol import EngineCoreRequest, ModelTasks
 from loom.entrypoints.prompt_args import per_prompt, prompt_list, score_texts
 from loom.frontend.processor import PromptType
 from loom.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput,
-                          EmbeddingRequestOutput, ScoringRequestOutput)
+                          EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput,
+                          ScoringRequestOutput)
 from loom.pooling_params import PoolingParams, PoolingTask
 from loom.scoring import (check_pairing, cross_encoder_output, cross_encoder_texts,
                           finish_logits, pair_token_ids, score_pairs)
 from loom.tasks import unsupported
 
 Pooled = list[tuple[EngineCoreRequest, list[float]]]
+TOKEN_TASKS = ("encode", "token_embed", "token_classify")
+"""vLLM's token-wise pooling tasks (a vector per prompt token): not built here."""
 
 
 class PoolingMethods:
@@ -81,6 +85,26 @@ class PoolingMethods:
         return [cross_encoder_output(r.request_id, v, r.prompt_token_ids, self.tasks,
                                      r.pooling_params)
                 for r, v in self._pool(prompts, params, "score", use_tqdm)]
+
+    def encode(self, prompts: PromptType | Sequence[PromptType],
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, *,
+               use_tqdm: bool = True,
+               pooling_task: str | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's raw pooling, /pooling's offline twin: per prompt the pooler's output for
+        pooling_task as a float32 tensor, as `embed` ("embed") or `classify` ("classify")
+        computes it; None: the model's own task (classify for a classifier, else embed)."""
+        task = pooling_task or ("classify" if self.tasks.supports("classify") else "embed")
+        if task in TOKEN_TASKS:
+            raise NotImplementedError(f"pooling_task: {task!r} pools every token, and loom's "
+                                      "poolers give one vector per prompt (embed, classify)")
+        if task not in ("embed", "classify"):
+            raise ValueError(f"pooling_task: must be embed or classify (None: the model's "
+                             f"own), got {task!r}")
+        self.require(task, "LLM.encode()")
+        pooled = self._pool(prompts, pooling_params, task, use_tqdm)
+        return [PoolingRequestOutput(r.request_id, PoolingOutput(torch.tensor(
+            v if task == "embed" else finish_logits(v, self.tasks, r.pooling_params),
+            dtype=torch.float32)), r.prompt_token_ids) for r, v in pooled]
 
     def require(self, task: str, api: str) -> None:
         """vLLM's refusal (a ValueError) of a method whose task the model does not serve."""

@@ -166,6 +166,8 @@ def test_beam_search_equals_transformers(text_llm, tiny_llama_with_tokenizer):
         BeamSearchParams(beam_width=0, max_tokens=4)
     with pytest.raises(ValueError, match="^beam_width: a beam width of 11 asks for 22 logprobs"):
         text_llm.beam_search(["x"], BeamSearchParams(beam_width=11, max_tokens=2))
+    with pytest.raises(ValueError, match="^params: expected BeamSearchParams, got dict"):
+        text_llm.beam_search(["x"], {"beam_width": 2, "max_tokens": 2})
 
 
 def test_cache_salt_in_prompt_dicts(text_llm):

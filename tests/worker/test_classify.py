@@ -98,6 +98,23 @@ def test_what_a_classifier_does_not_serve_is_refused(classifier):
     assert llm.classify(PROMPTS[0], use_tqdm=False)  # and the engine still serves
 
 
+def test_encode_is_classify_as_a_tensor(classifier):
+    """vLLM's LLM.encode: a classifier's own task is classify; the data is transformers'
+    logits through the activation (or raw) as a float32 tensor."""
+    llm, hf, activation = classifier
+    expected = hf_logits(hf, PROMPTS)
+    act = (lambda x: x.softmax(-1)) if activation == "softmax" else torch.sigmoid
+    outs = llm.encode(PROMPTS, use_tqdm=False)
+    raw = llm.encode(PROMPTS, PoolingParams(use_activation=False), pooling_task="classify",
+                     use_tqdm=False)
+    for i, prompt in enumerate(PROMPTS):
+        assert outs[i].prompt_token_ids == prompt and outs[i].outputs.data.dtype == torch.float32
+        torch.testing.assert_close(outs[i].outputs.data, act(expected[i]), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(raw[i].outputs.data, expected[i], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"does not support LLM.encode\(\)"):
+        llm.encode(PROMPTS[0], pooling_task="embed")
+
+
 @pytest.fixture(scope="module")
 def cross_encoder(tiny_cross_encoder):
     path, hf, hf_tok = tiny_cross_encoder

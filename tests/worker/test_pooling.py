@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import loom
 from loom import LLM, SamplingParams
 from loom.pooling_params import PoolingParams
 from tests.conftest import hf_greedy
@@ -81,3 +82,25 @@ def test_pooling_batched_with_generation(tiny):
 def test_pooling_params_validated():
     with pytest.raises(ValueError, match="pooling_type"):
         PoolingParams(pooling_type="max")
+
+
+def test_encode_is_embed_as_a_tensor(tiny):
+    """vLLM's LLM.encode: a generative model's own task is embed; the data is transformers'
+    pooled state as a float32 tensor. Token-wise tasks are refused as not built."""
+    llm, hf = tiny
+    outs = llm.encode(PROMPTS, PoolingParams(pooling_type="mean"), use_tqdm=False)
+    named = llm.encode(PROMPTS[0], pooling_task="embed", use_tqdm=False)[0]
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.prompt_token_ids == prompt and out.finished
+        assert isinstance(out, loom.PoolingRequestOutput)  # exported as vLLM exports it
+        assert out.outputs.data.dtype == torch.float32
+        torch.testing.assert_close(out.outputs.data, hf_pooled(hf, prompt, "mean"),
+                                   atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(named.outputs.data, hf_pooled(hf, PROMPTS[0], "last"),
+                               atol=1e-4, rtol=1e-4)
+    with pytest.raises(NotImplementedError, match="pooling_task: 'token_embed'"):
+        llm.encode(PROMPTS[0], pooling_task="token_embed")
+    with pytest.raises(ValueError, match="pooling_task: must be embed or classify"):
+        llm.encode(PROMPTS[0], pooling_task="reward")
+    with pytest.raises(ValueError, match=r"does not support LLM.encode\(\)"):
+        llm.encode(PROMPTS[0], pooling_task="classify")
