@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
@@ -11,7 +12,7 @@ from loom.cli_config import expand_config
 
 def _generate_parser(sub) -> None:
     from loom.engine.arg_utils import EngineArgs
-    p = sub.add_parser("generate", help="generate text offline for one or more prompts")
+    p = sub.add_parser("generate", help=_COMMANDS["generate"][0])
     p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--chat-template", default=None,
@@ -56,15 +57,38 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each command's one-line help, and where its parser is built (a module's `register`; None:
+# here).
+_COMMANDS = {
+    "generate": ("generate text offline for one or more prompts", None),
+    "serve": ("serve a model over an OpenAI-compatible HTTP API", "loom.entrypoints.openai.cli"),
+    "run-batch": ("answer a file of OpenAI batch requests (JSONL) offline",
+                  "loom.entrypoints.openai.run_batch"),
+    "chat": ("chat with a running server's model", "loom.entrypoints.cli_client"),
+    "complete": ("complete prompts on a running server", "loom.entrypoints.cli_client"),
+    "bench": ("benchmarks: latency, throughput, serve, sweep, async-tp, moe, attention, int4, "
+              "w8a8", "loom.bench.cli"),
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given argv, only the named command's parser is whole and the
+    others are their help line (`serve` imports FastAPI, `bench` aiohttp: ~0.6 s that
+    `loom --version`, `loom chat` and `loom complete` need not spend)."""
     from loom import __version__
     parser = _Parser(prog="loom", description=__doc__)
     parser.add_argument("-v", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True,
                                 parser_class=argparse.ArgumentParser)
-    _generate_parser(sub)
-    for register in _optional_commands():
-        register(sub)
+    named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    whole = {m for c, (_, m) in _COMMANDS.items() if named is None or c == named}
+    for command, (help_line, module) in _COMMANDS.items():
+        if module not in whole:
+            sub.add_parser(command, help=help_line)
+        elif command not in sub.choices:  # a module may register several (chat, complete)
+            register = _generate_parser if module is None else (
+                importlib.import_module(module).register)
+            register(sub)
     _no_abbreviations(parser)
     return parser
 
@@ -78,21 +102,13 @@ def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
                 _no_abbreviations(child)
 
 
-def _optional_commands():
-    """Subcommands that live beside their code (serve, run-batch, chat, complete, bench)."""
-    from loom.bench.cli import register as bench
-    from loom.entrypoints.cli_client import register as clients
-    from loom.entrypoints.openai.cli import register as serve
-    from loom.entrypoints.openai.run_batch import register as run_batch
-    return [serve, run_batch, clients, bench]
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     try:
-        argv = expand_config(list(sys.argv[1:] if argv is None else argv), parser)
+        argv = expand_config(argv, parser)
     except ValueError as e:
         print(f"loom: error: {e}", file=sys.stderr)
         return 2

@@ -250,3 +250,29 @@ def test_serve_logging_and_generation_flags_errors_are_one_line(capsys, monkeypa
                       *flags)
     assert message in err.splitlines()[-1], err  # after argparse's usage lines, if any
     assert "usage:" in err or err.count("\n") == 1, err
+
+
+def _commands(parser) -> dict:
+    import argparse
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {c.dest: c.help for c in action._choices_actions}, action.choices
+
+
+def test_a_named_command_builds_only_its_own_parser():
+    """Each command's help line is its parser's own, whether built whole or not; naming one
+    builds its parser whole and leaves the others (FastAPI's and aiohttp's imports) alone."""
+    from loom.cli import build_parser
+    whole, parsers = _commands(build_parser())
+    cases = {("--version",): set(), (): set(), ("chat", "-q", "hi"): {"chat", "complete"},
+             ("complete", "--help"): {"chat", "complete"}, ("serve",): {"serve"}}
+    for argv, expected in cases.items():
+        helps, partial = _commands(build_parser(list(argv)))
+        assert helps == whole  # the same commands, in the same order, with the same lines
+        built = {c for c, child in partial.items() if len(child._actions) > 1}  # more than -h
+        assert built == expected, argv
+    assert {c for c, child in parsers.items() if len(child._actions) > 1} == set(whole)
+    code = ("import sys; from loom.cli import build_parser; build_parser(['chat', '-q', 'x']); "
+            "print(sorted(m for m in ('fastapi', 'aiohttp', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
