@@ -220,6 +220,15 @@ def async_tp_impl() -> str:
 ASYNC_TP_IMPLS = ("symm_mem", "p2p", "overlap")
 
 
+def torch_profiler_dir() -> str | None:
+    """LOOM_TORCH_PROFILER_DIR (vLLM's VLLM_TORCH_PROFILER_DIR): where `LLM.start_profile()`
+    / `stop_profile()` and the server's POST /start_profile, /stop_profile write each
+    profile (a folder per profile: every rank's torch.profiler trace and op table). Unset:
+    the calls are refused and the routes absent, as in vLLM."""
+    value = os.environ.get("LOOM_TORCH_PROFILER_DIR", "").strip()
+    return os.path.abspath(os.path.expanduser(value)) if value else None
+
+
 def torch_profiler_with_stack() -> bool:
     """LOOM_TORCH_PROFILER_WITH_STACK=1 (vLLM's VLLM_TORCH_PROFILER_WITH_STACK): the
     profiler of `loom bench ... --profile` records Python frames too (a larger, slower

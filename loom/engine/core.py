@@ -15,7 +15,7 @@ from collections import deque
 
 import msgspec
 
-from loom import heap
+from loom import envs, heap
 from loom.config import EngineConfig
 from loom.core.request import Request
 from loom.core.sched_output import SchedulerOutput
@@ -34,7 +34,7 @@ from loom.tasks import check_dimensions, classified_length, model_tasks, unsuppo
 logger = logging.getLogger(__name__)
 
 UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_num_unfinished_requests", "get_kv_info",
-                             "get_model_info"})
+                             "get_model_info", "profile"})
 
 
 def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
@@ -127,6 +127,8 @@ class EngineCore:
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         """Launched steps not yet collected, oldest first."""
+        self._profiling, self._profiles = False, 0
+        """A start_profile not yet stopped; how many profiles were written."""
         self.step_observer = None
         """A benchmark's hook (`loom.bench.step_log.StepLog`): told of every step at launch
         and when its results are back."""
@@ -280,6 +282,27 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
+
+    def profile(self, start: bool) -> str | None:
+        """vLLM's start_profile / stop_profile: torch.profiler on every rank, from a start to
+        its stop, written to a new folder under LOOM_TORCH_PROFILER_DIR; a stop returns it."""
+        out_dir = envs.torch_profiler_dir()
+        if out_dir is None:
+            raise ValueError("profile: the profiler is off; set LOOM_TORCH_PROFILER_DIR (vLLM's "
+                             "VLLM_TORCH_PROFILER_DIR) to the folder its traces go to")
+        if start == self._profiling:
+            raise ValueError("profile: " + ("a profile is already running; stop it first"
+                                            if start else "no profile is running; start one"))
+        self._profiling = start
+        if start:
+            self.collective_rpc("profile", "start")
+            return None
+        self._profiles += 1
+        folder = os.path.join(out_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}-"
+                                       f"{self._profiles}")
+        self.collective_rpc("profile", "stop", folder)
+        logger.info("torch.profiler: every rank's trace and op table written to %s", folder)
+        return folder
 
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()

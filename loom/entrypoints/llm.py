@@ -247,6 +247,18 @@ class LLM(PoolingMethods):
                 bar.update(len(ready))
         return finished
 
+    def start_profile(self) -> None:
+        """vLLM's: torch.profiler on every rank until stop_profile() (LOOM_TORCH_PROFILER_DIR
+        set, else a ValueError)."""
+        self._check_open()
+        self.engine.profile(True)
+
+    def stop_profile(self) -> str:
+        """Stop the profile and write it: every rank's Chrome trace (trace-rank*.json) and op
+        tables, in a new folder under LOOM_TORCH_PROFILER_DIR, which this returns."""
+        self._check_open()
+        return self.engine.profile(False)
+
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
 

@@ -327,8 +327,10 @@ class AsyncLLM:
         future = self._utility_calls.get(result.call_id)
         if future is None or future.done():
             return
-        if result.error is not None:
-            future.set_exception(RuntimeError(f"engine utility failed: {result.error}"))
+        if result.error is not None:  # a ValueError is the call's bad input, as it was raised
+            kind, _, message = result.error.partition(": ")
+            future.set_exception(ValueError(message) if kind == "ValueError" else
+                                 RuntimeError(f"engine utility failed: {result.error}"))
         else:
             future.set_result(result.result)
 

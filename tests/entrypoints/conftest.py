@@ -77,6 +77,8 @@ class Server:
     """httpx's verify: for a TLS server, a context trusting its certificate."""
     uds: str | None = None
     """--uds: the Unix domain socket it serves on (the url's host and port are then nominal)."""
+    profiles: Path | None = None
+    """LOOM_TORCH_PROFILER_DIR, where it was started with one."""
 
     def http(self, **kwargs) -> httpx.Client:
         transport = httpx.HTTPTransport(uds=self.uds) if self.uds else None
@@ -175,13 +177,17 @@ def llm(tiny_chat_model):
 def parsing_server(tiny_chat_model, tmp_path_factory):
     """A server that reads tool calls (hermes) and thinking (qwen3) out of its outputs,
     takes a request's own chat template, counts cached prompt tokens in usage, keeps
-    /v1/responses' stored responses and schedules by request priority."""
+    /v1/responses' stored responses, schedules by request priority and profiles (POST
+    /start_profile, /stop_profile into s.profiles)."""
+    profiles = tmp_path_factory.mktemp("profiles")
     s = start_server(tiny_chat_model, "mp", tmp_path_factory.mktemp("parsing-logs"),
-                     extra_env={"LOOM_ENABLE_RESPONSES_API_STORE": "1"},
+                     extra_env={"LOOM_ENABLE_RESPONSES_API_STORE": "1",
+                                "LOOM_TORCH_PROFILER_DIR": str(profiles)},
                      extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                                  "--reasoning-parser", "qwen3", "--trust-request-chat-template",
                                  "--enable-prompt-tokens-details",
                                  "--scheduling-policy", "priority"))
+    s.profiles = profiles
     yield s
     assert s.stop() == 0, s.log_tail()
 

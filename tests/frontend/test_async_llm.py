@@ -146,13 +146,17 @@ def test_utility_result_and_error():
         engine, client = _engine()
         ok = asyncio.ensure_future(engine.call_utility("get_num_unfinished_requests"))
         bad = asyncio.ensure_future(engine.call_utility("nope"))
+        wrong = asyncio.ensure_future(engine.call_utility("get_kv_info", 1))
         await asyncio.sleep(0)
         ids = [m.call_id for m in client.sent]
         client.deliver(EngineCoreOutputs(utility_results=[
-            UtilityResult(ids[0], 3), UtilityResult(ids[1], error="ValueError: unknown")]))
+            UtilityResult(ids[0], 3), UtilityResult(ids[1], error="ValueError: unknown: x"),
+            UtilityResult(ids[2], error="TypeError: takes 1 argument")]))
         assert await ok == 3
-        with pytest.raises(RuntimeError, match="unknown"):
+        with pytest.raises(ValueError, match="^unknown: x$"):
             await bad
+        with pytest.raises(RuntimeError, match="engine utility failed: TypeError: takes 1"):
+            await wrong
     asyncio.run(main())
 
 

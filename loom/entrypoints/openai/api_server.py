@@ -132,6 +132,8 @@ def build_app(state: ServerState) -> FastAPI:
     _add_server_routes(app, state)
     if state.options.runtime_lora_updating:
         _add_lora_routes(app, state)
+    if envs.torch_profiler_dir() is not None:
+        _add_profiler_routes(app, state)
     if envs.test_introspection():
         _add_introspection(app, state)
     add_server_load(app, options.server_load_tracking)
@@ -285,6 +287,23 @@ def _add_lora_routes(app: FastAPI, state: ServerState) -> None:
         logger.info("unloaded LoRA adapter %s", body.lora_name)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed "
                                  "successfully.")
+
+
+def _add_profiler_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's, with LOOM_TORCH_PROFILER_DIR set: torch.profiler on every engine rank from a
+    start to its stop, each profile written to a new folder there."""
+    logger.warning("torch.profiler routes on (LOOM_TORCH_PROFILER_DIR): /start_profile and "
+                   "/stop_profile, for development only")
+
+    @app.post("/start_profile")
+    async def start_profile() -> Response:
+        await state.engine.call_utility("profile", True)
+        return Response(status_code=200)
+
+    @app.post("/stop_profile")
+    async def stop_profile() -> Response:
+        await state.engine.call_utility("profile", False)
+        return Response(status_code=200)
 
 
 def _need_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer:
