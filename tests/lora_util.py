@@ -30,9 +30,22 @@ def make_adapter(base_path: str, out_dir: str, targets=ALL_TARGETS, r: int = 8,
     return model.eval()
 
 
+def poison(adapter_dir: str) -> str:
+    """Put one NaN into one of an adapter's A matrices: the frontend's check (config and
+    header) passes, the workers' load refuses it. Returns adapter_dir."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    file = os.path.join(adapter_dir, "adapter_model.safetensors")
+    tensors = load_file(file)
+    name = next(n for n in sorted(tensors) if "lora_A" in n)
+    tensors[name][0, 0] = torch.nan
+    save_file(tensors, file, metadata={"format": "pt"})
+    return adapter_dir
+
+
 def cut_short(adapter_dir: str) -> str:
-    """Cut an adapter's safetensors file just past its header: the frontend's check (config
-    and header) still passes, the workers' read of the tensors fails. Returns adapter_dir."""
+    """Cut an adapter's safetensors file just past its header: the frontend's check refuses
+    it; one it checked before reads fail in the workers. Returns adapter_dir."""
     file = os.path.join(adapter_dir, "adapter_model.safetensors")
     with open(file, "rb") as f:
         (header,) = struct.unpack("<Q", f.read(8))

@@ -161,8 +161,13 @@ def _safetensors_header(path: str, where: str) -> dict:
         with open(file, "rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(size))
-    except (OSError, ValueError, struct.error) as e:
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
+        end = max((t["data_offsets"][1] for n, t in header.items() if n != "__metadata__"),
+                  default=0)
+    except (OSError, ValueError, struct.error, KeyError, TypeError, IndexError) as e:
         raise ValueError(f"{where}: {WEIGHTS_FILE} is not a safetensors file: {e}") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{where}: {WEIGHTS_FILE} is not a safetensors file")
+    if os.path.getsize(file) < 8 + size + end:  # the header read; the tensors are not
+        raise ValueError(f"{where}: {WEIGHTS_FILE} is truncated: {os.path.getsize(file)} "
+                         f"bytes, its header needs {8 + size + end}")
     return header

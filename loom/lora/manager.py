@@ -180,6 +180,11 @@ class LoRAManager:
     def _load(self, lora: LoRARequest) -> Loaded:
         spec = read_adapter(lora, self.targets, self.config.max_lora_rank)
         tensors = load_file(os.path.join(spec.path, WEIGHTS_FILE))
+        for name, tensor in tensors.items():
+            # One NaN in a slot's weights would reach every row of a batch (the masked-out
+            # rows multiply it by zero), not only this adapter's requests.
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise ValueError(f"tensor {name!r} holds NaN or infinite values")
         out: Loaded = {}
         for name, layer in self.layers.items():
             a_list, b = [], torch.zeros(layer.out_features, spec.rank, dtype=self.dtype)

@@ -14,7 +14,7 @@ from loom import LLM, SamplingParams
 from loom.lora.adapter import WEIGHTS_FILE
 from loom.lora.request import LoRARequest
 from tests.conftest import hf_greedy
-from tests.lora_util import cut_short, make_adapter
+from tests.lora_util import cut_short, make_adapter, poison
 
 pytest.importorskip("peft")
 
@@ -257,7 +257,22 @@ def test_host_cache_evicts_and_reloads(adapters, monkeypatch):
 
 
 def _broken_copy(lora: LoRARequest, out_dir: str) -> LoRARequest:
-    return LoRARequest("broken", 3, cut_short(shutil.copytree(lora.lora_path, out_dir)))
+    """A copy with one NaN weight: the checks before the engine cannot see it (they read
+    the header only), the workers' load refuses it."""
+    return LoRARequest("broken", 3, poison(shutil.copytree(lora.lora_path, out_dir)))
+
+
+def test_a_truncated_adapter_is_refused_before_any_request_runs(adapters, tmp_path):
+    path, _, ((good, _), _) = adapters("llama")
+    cut = LoRARequest("cut", 4, cut_short(shutil.copytree(good.lora_path, str(tmp_path / "cut"))))
+    llm = _llm(path)
+    try:
+        with pytest.raises(ValueError, match=r"^lora_request 'cut' \(.*\): adapter_model."
+                                             r"safetensors is truncated: "):
+            llm.generate([_prompts()[0]] * 2, _greedy(), lora_request=[None, cut])
+        assert not llm.engine.has_unfinished_requests()
+    finally:
+        llm.shutdown()
 
 
 @pytest.mark.parametrize("engine_kwargs", [
@@ -265,9 +280,9 @@ def _broken_copy(lora: LoRARequest, out_dir: str) -> LoRARequest:
     ids=["one-rank", "tp2"])
 def test_an_adapter_that_fails_to_load_ends_only_its_requests(engine_kwargs, adapters,
                                                               tmp_path):
-    """A batch of the base model, a good adapter and one whose weights are cut short: the
-    broken adapter's requests end with an error naming it, the others as peft computes
-    them. Repaired, it loads at its next request, and the prefix-cache blocks its failed
+    """A batch of the base model, a good adapter and one with a NaN weight (which, loaded,
+    would reach every row of the batch): the broken adapter's requests end with an error
+    naming it, the others as peft computes them. Repaired, it loads at its next request, and the prefix-cache blocks its failed
     requests wrote (without the adapter) serve nothing."""
     path, hf, ((good, good_model), (source, model)) = adapters("llama")
     broken = _broken_copy(source, str(tmp_path / "broken"))
