@@ -114,7 +114,7 @@ HELD_MATMUL_S = 3.0
 def setup_offline(args: argparse.Namespace) -> OfflineBench:
     """Measure the ceilings on the idle device, then build the engine."""
     from loom.bench.ceilings import device_name, measure_ceilings
-    from loom.engine.core import resolve_max_model_len
+    from loom.models.arch import resolve_max_model_len
     from loom.entrypoints.llm import LLM
     from loom.models.loader import resolve
     from loom.quantization.config import Fp8Scheme, Int4Scheme, quant_scheme

@@ -25,7 +25,7 @@ from loom.engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCor
                                   LoRAInfo, ModelTasks)
 from loom.executor.base import make_executor
 from loom.lora.adapter import model_targets
-from loom.models.arch import ModelArch, is_encoder
+from loom.models.arch import ModelArch, is_encoder, resolve_max_model_len
 from loom.models.loader import generation_config_dir, resolve, tokenizer_path
 from loom.pooling_params import PoolingParams
 from loom.quantization.config import quant_scheme
@@ -35,17 +35,6 @@ logger = logging.getLogger(__name__)
 
 UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_num_unfinished_requests", "get_kv_info",
                              "get_model_info", "profile"})
-
-
-def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
-    """requested, or the model's limit (`ModelArch.context_len`). A sliding window does not
-    cap it: loom's attention honours windows."""
-    if requested is None:
-        return model_limit
-    if requested > model_limit:
-        raise ValueError(f"max_model_len: {requested} exceeds the model's context length "
-                         f"({model_limit})")
-    return requested
 
 
 def _check_model(config: EngineConfig) -> ModelTasks:

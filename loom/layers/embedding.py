@@ -28,6 +28,10 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if tuple(loaded.shape) != (self.vocab_size, param.shape[1]):  # as vLLM's loader
+            raise ValueError(f"{type(self).__name__}: the checkpoint's tensor is "
+                             f"{list(loaded.shape)}, the config (vocab_size, hidden_size) "
+                             f"makes it {[self.vocab_size, param.shape[1]]}")
         rows = loaded[self.start:self.start + self.shard_size]
         param.data[:rows.shape[0]].copy_(rows)
         param.data[rows.shape[0]:].zero_()

@@ -347,3 +347,14 @@ class ModelArch:
                                       + self.shared_expert_intermediate_size)
         mlp = sum(moe if self.is_moe_layer(i) else dense for i in range(self.num_layers))
         return self.num_layers * attn + mlp
+
+
+def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
+    """requested, or the model's limit (`ModelArch.context_len`). A sliding window does not
+    cap it: loom's attention honours windows."""
+    if requested is None:
+        return model_limit
+    if requested > model_limit:
+        raise ValueError(f"max_model_len: {requested} exceeds the model's context length "
+                         f"({model_limit})")
+    return requested

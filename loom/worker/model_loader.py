@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from loom.config import EngineConfig
 from loom.layers.linear import weights_on_meta
-from loom.models.arch import ModelArch
+from loom.models.arch import ModelArch, resolve_max_model_len
 from loom.models.loader import resolve
 from loom.models.loader.dummy import init_dummy_weights
 from loom.models.registry import model_class
@@ -62,8 +62,10 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     # quantize_model gives them storage in fp8, or in the model's dtype where the
     # checkpoint leaves a layer unquantized.
     deferred = weights_on_meta() if scheme is not None else contextlib.nullcontext()
+    # Before anything is sized by it (the rotary table): 10**9 would be an allocator error.
+    max_model_len = resolve_max_model_len(config.model.max_model_len, arch.context_len)
     with _default_dtype(dtype), torch.device(device), deferred:
-        model = cls(arch, max_model_len=config.model.max_model_len or arch.context_len)
+        model = cls(arch, max_model_len=max_model_len)
     if scheme is not None:
         from loom.quantization import fp8, int4
         # Dummy weights are drawn in the model's dtype and quantized like any other.

@@ -69,6 +69,35 @@ def test_hf_overrides_that_cannot_reach_the_engine_are_refused(value, message):
         _config(hf_overrides=value)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"num_attention_heads": 0}, "hf_overrides.num_attention_heads: must be a positive integer, "
+                                 "got 0"),
+    ({"hidden_size": None}, "hf_overrides.hidden_size: must be a positive integer, got None"),
+    ({"max_position_embeddings": -1}, "hf_overrides.max_position_embeddings: must be a "
+                                      "positive integer, got -1"),
+    ({"rms_norm_eps": "x"}, "hf_overrides.rms_norm_eps: must be a number (as config.json's), "
+                            "got 'x'"),
+    ({"architectures": "LlamaForCausalLM"}, "hf_overrides.architectures: must be a list"),
+    ({"rope_scaling": "x"}, "hf_overrides.rope_scaling: must be an object"),
+])
+def test_hf_overrides_of_the_wrong_kind_name_the_key(overrides, message):
+    """Each failed deep in the model's arithmetic (a ZeroDivisionError, a TypeError)."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        resolve(_config(hf_overrides=overrides).model)
+
+
+@pytest.mark.parametrize("overrides", [{"vocab_size": 10}, {"vocab_size": 300}])
+def test_an_embedding_the_overrides_resize_is_refused(tiny_model_factory, overrides):
+    """vLLM's loader checks the checkpoint's embedding against the config; loom sliced or
+    zero-padded it (a vocabulary of 10 then generated only ids 0..9)."""
+    from loom import LLM
+    path, _ = tiny_model_factory("llama")
+    with pytest.raises(ValueError, match=r"^(VocabParallelEmbedding|ParallelLMHead): the "
+                                         r"checkpoint's tensor is \[256, 64\]"):
+        LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=64,
+            hf_overrides=overrides)
+
+
 def test_hf_overrides_compute_what_transformers_computes_with_them(tiny_model_factory):
     """A new rope base and context length, offline: loom's tokens and logprobs are those of
     a transformers model built from the same overridden config, and not the file's. The

@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-from loom.engine.core import resolve_max_model_len
-from loom.models.arch import ModelArch
+from loom.models.arch import ModelArch, resolve_max_model_len
 
 BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,

@@ -55,10 +55,35 @@ def with_overrides(hf_config: dict, overrides: dict) -> dict:
     dict: the GGUF reader's is cached."""
     merged = dict(hf_config)
     for key, value in overrides.items():
+        _check_override(key, value, merged.get(key))
         nested = merged.get(key)
         is_config = isinstance(nested, dict) and "model_type" in nested
         merged[key] = _merged(nested, value) if is_config else value
     return merged
+
+
+_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+          "intermediate_size", "vocab_size", "head_dim", "max_position_embeddings")
+"""Overrides that size the model: positive integers, or the arithmetic on them fails deep."""
+
+
+def _check_override(key: str, value: object, current: object) -> None:
+    """A ValueError naming the key where an override cannot be what the config holds there:
+    a size that is not a positive integer, or a value of another kind than the file's
+    (a number for a number, a list for a list ...)."""
+    def kind(v: object) -> str:
+        if isinstance(v, bool):
+            return "a boolean"
+        return ("a number" if isinstance(v, int | float) else "a string" if isinstance(v, str)
+                else "a list" if isinstance(v, list) else "an object" if isinstance(v, dict)
+                else "null")
+    if key in _SIZES and (type(value) is not int or value < 1):
+        raise ValueError(f"hf_overrides.{key}: must be a positive integer, got {value!r}")
+    if key in ("rope_scaling", "rope_parameters") and value is not None:
+        current = current if isinstance(current, dict) else {}  # an object, or null
+    if current is not None and value is not None and kind(value) != kind(current):
+        raise ValueError(f"hf_overrides.{key}: must be {kind(current)} (as config.json's), "
+                         f"got {value!r}")
 
 
 def _merged(base: object, update: object) -> object:
