@@ -11,6 +11,7 @@ free: the offline `LLM.beam_search` and the server drive it.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -33,6 +34,14 @@ class BeamSearchParams:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):  # "no" would read as True
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or \
+                    not math.isfinite(value):
+                raise ValueError(f"{name}: must be a finite number, got {value!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature: must be non-negative, got {self.temperature}")
 

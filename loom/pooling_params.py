@@ -45,6 +45,10 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def __post_init__(self) -> None:
         check_truncation(self.truncate_prompt_tokens)
+        for name in ("normalize", "use_activation"):  # "no" would read as True
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true, false or None, got "
+                                 f"{getattr(self, name)!r}")
         if self.pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type: must be one of {', '.join(POOLING_TYPES)}, "
                              f"got {self.pooling_type!r}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,10 @@ class LLM(PoolingMethods):
                  compilation_config: CompilationConfig | dict | int | None = None,
                  skip_tokenizer_init: bool = False, chat_template: str | None = None,
                  **engine_kwargs) -> None:
+        for name, value in (("tokenizer", tokenizer), ("chat_template", chat_template)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}: must be a path (a str) or None, got "
+                                 f"{type(value).__name__}")
         args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed,
                           tensor_parallel_size=tensor_parallel_size,
                           compilation_config=compilation_config, **engine_kwargs)
@@ -48,6 +53,7 @@ class LLM(PoolingMethods):
         self.tasks = self.engine.tasks
         """What the model serves (`loom.tasks`): generate, or embed, classify, score."""
         self._shut_down = False
+        self._lock = threading.RLock()
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
                                    info["eos_token_id"], info["max_logprobs"], info["lora"],
@@ -208,16 +214,18 @@ class LLM(PoolingMethods):
         """A call that ends in an exception (Ctrl-C included) leaves no request behind: an
         interrupt between scheduling a step and collecting it would otherwise leave the
         scheduler counting a token in flight that never comes, and the next call would
-        wait for it forever (and get this call's outputs)."""
-        try:
-            yield
-        except BaseException:
+        wait for it forever (and get this call's outputs). Calls from several threads run
+        one after another: the engine's steps and outputs are one call's at a time."""
+        with self._lock:
             try:
-                self.engine.abort_all()
-            except Exception:  # noqa: BLE001 - a dead worker: the first error is the one to see
-                logger.debug("LLM: abort after an error failed too", exc_info=True)
-            self.output_processor.clear()
-            raise
+                yield
+            except BaseException:
+                try:
+                    self.engine.abort_all()
+                except Exception:  # noqa: BLE001 - a dead worker: the first error is the one
+                    logger.debug("LLM: abort after an error failed too", exc_info=True)
+                self.output_processor.clear()
+                raise
 
     def _params_per_prompt(self, params, count: int) -> list[SamplingParams]:
         if params is None:
@@ -251,16 +259,20 @@ class LLM(PoolingMethods):
         """vLLM's: torch.profiler on every rank until stop_profile() (LOOM_TORCH_PROFILER_DIR
         set, else a ValueError)."""
         self._check_open()
-        self.engine.profile(True)
+        with self._lock:
+            self.engine.profile(True)
 
     def stop_profile(self) -> str:
         """Stop the profile and write it: every rank's Chrome trace (trace-rank*.json) and op
         tables, in a new folder under LOOM_TORCH_PROFILER_DIR, which this returns."""
         self._check_open()
-        return self.engine.profile(False)
+        with self._lock:
+            return self.engine.profile(False)
 
     def reset_prefix_cache(self) -> bool:
-        return self.engine.reset_prefix_cache()
+        self._check_open()
+        with self._lock:
+            return self.engine.reset_prefix_cache()
 
     def shutdown(self) -> None:
         if not self._shut_down:

@@ -33,6 +33,9 @@ def as_list(prompts) -> list | tuple:
     return prompts
 
 
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
+
+
 def prompt_list(prompts) -> list:
     """A list of prompts, each a string or a list of token ids. Also takes one prompt alone,
     and vLLM's prompt dicts ({"prompt": text} or {"prompt_token_ids": ids}, with an
@@ -44,6 +47,10 @@ def prompt_list(prompts) -> list:
             if len(keys) != 1:
                 raise ValueError('prompts: a prompt dict needs exactly one of "prompt" and '
                                  f'"prompt_token_ids"; got keys {sorted(p)}')
+            other = sorted(set(p) - _PROMPT_KEYS, key=str)
+            if other:  # vLLM's multi_modal_data and the like: never dropped unread
+                raise ValueError(f"prompts: a prompt dict takes {', '.join(sorted(_PROMPT_KEYS))}"
+                                 f" (loom's models read text only); got {other}")
             p = p[keys.pop()]
         out.append(p)
     return out

@@ -83,7 +83,8 @@ class Processor:
                 raise ValueError("prompt: a text prompt needs a tokenizer (skip_tokenizer_init "
                                  "was set); pass token ids")
             return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                            for t in prompt):
             return None, list(prompt)
         raise ValueError("prompt: must be a string or a list of token ids")
 

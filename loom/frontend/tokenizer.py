@@ -170,7 +170,7 @@ class Tokenizer:
         except jinja2.exceptions.SecurityError:
             raise  # a hostile template is the operator's problem, not a bad request
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
-                IndexError) as e:
+                IndexError, ArithmeticError, RecursionError) as e:  # 1/0, range(10**9), a loop
             # The template is code run on the caller's messages: what breaks it (a field of
             # a type it does not expect, raise_exception) is the caller's to fix.
             raise ValueError(f"messages: the chat template refused them: "

@@ -119,6 +119,11 @@ def test_template_helpers(llama3_tokenizer: Tokenizer) -> None:
     raising = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(Exception, match="roles must alternate"):
         llama3_tokenizer.apply_chat_template(CONVERSATION, chat_template=raising)
+    # What else a template's code can raise is the caller's error too, named as such.
+    for broken in ("{{ 1 / 0 }}", "{% for i in range(10**9) %}{% endfor %}",
+                   "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"):
+        with pytest.raises(ValueError, match="^messages: the chat template refused them: "):
+            llama3_tokenizer.apply_chat_template(CONVERSATION, chat_template=broken)
     dated = llama3_tokenizer.apply_chat_template([], chat_template="{{ strftime_now('%Y') }}")
     assert dated.isdigit() and len(dated) == 4
     # Templates ship with downloaded models: no escaping the sandbox, no mutating inputs.

@@ -54,6 +54,11 @@ class ChatMessage(BaseModel):
 
 def check_chat_options(add_generation_prompt: bool, continue_final_message: bool,
                        chat_template_kwargs: dict[str, Any] | None) -> None:
+    if chat_template_kwargs is not None and not (
+            isinstance(chat_template_kwargs, dict)
+            and all(isinstance(k, str) for k in chat_template_kwargs)):
+        raise ValueError(f"chat_template_kwargs: must be a dict of variable names to values, "
+                         f"got {chat_template_kwargs!r}"[:200])
     reserved = {"messages", "add_generation_prompt", "tools"} & set(chat_template_kwargs or {})
     if reserved:
         raise ValueError(f"chat_template_kwargs: {sorted(reserved)} are set by the request "
