@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ValueError as e:
-        print(f"loom {args.command}: error: {e}", file=sys.stderr)
+        print(f"loom {args.command} {getattr(args, 'bench_command', None) or ''}".rstrip()
+              + f": error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before any engine started: nothing to stop
         print(f"loom {args.command}: interrupted", file=sys.stderr)

@@ -184,7 +184,7 @@ def test_unwritable_output_json_fails_before_the_benchmark(capsys, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     err = _main_error(capsys, "bench", "latency", "--model", "llama-3.1-8b", "--load-format",
                       "dummy", "--output-json", target)
-    assert err.startswith("loom bench: error: output_json: ") and target in err, err
+    assert err.startswith("loom bench latency: error: output_json: ") and target in err, err
     assert err.count("\n") == 1
 
 
@@ -276,3 +276,13 @@ def test_a_named_command_builds_only_its_own_parser():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_max_model_len_past_the_context_is_refused_before_the_model_is_built(
+        capsys, tiny_llama_with_tokenizer):
+    """10**12 positions would size the rotary table first (an allocator error)."""
+    path, _ = tiny_llama_with_tokenizer
+    err = _main_error(capsys, "generate", "--model", path, "--prompt", "x", "--device", "cpu",
+                      "--max-model-len", str(10**12))
+    assert "max_model_len: 1000000000000 exceeds the model's context length" in err
+    assert err.count("\n") == 1

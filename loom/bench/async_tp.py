@@ -129,6 +129,7 @@ def run_async_tp(args: argparse.Namespace) -> int:
     engine = list(args.engine_args)
     if engine and engine[0] == "--":
         engine = engine[1:]
+    check_devices(args.tensor_parallel_size, engine)
     out_dir = Path(args.result_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -148,7 +149,39 @@ def run_async_tp(args: argparse.Namespace) -> int:
     print()
     print_table(rows, variants)
     print(f"Wrote {write_json(out_dir / 'table.json', table)}")
+    runs = [run for row in rows for cell in row["cells"].values() for run in cell["runs"]]
+    if all("error" in run for run in runs):
+        print(f"loom bench async-tp: all {len(runs)} runs failed; their logs are in "
+              f"{out_dir}", file=sys.stderr)
+        return 1
     return 0
+
+
+def check_devices(tp: int, engine: list[str]) -> None:
+    """Async TP overlaps CUDA collectives: without CUDA, or with fewer GPUs than -tp, every
+    run could only fail, so refuse before any starts. Runs asked for the CPU (`-- --device
+    cpu`, gloo: as the tests run them) are let through."""
+    if _engine_device(engine) == "cpu":
+        return
+    import torch
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ValueError("async-tp: needs CUDA GPUs (async TP overlaps CUDA collectives); "
+                         "torch sees none here (`-- --device cpu` runs it on the CPU instead)")
+    if count < tp:
+        raise ValueError(f"tensor_parallel_size: needs as many CUDA GPUs, torch sees {count}, "
+                         f"got {tp}")
+
+
+def _engine_device(engine: list[str]) -> str | None:
+    """The --device among the engine flags, the last one given; None: none given."""
+    device = None
+    for i, arg in enumerate(engine):
+        if arg == "--device" and i + 1 < len(engine):
+            device = engine[i + 1]
+        elif arg.startswith("--device="):
+            device = arg.partition("=")[2]
+    return device
 
 
 def _run_one(args, engine: list[str], out_dir: Path, n: int, graph: str, v: Variant,

@@ -45,6 +45,7 @@ from loom.bench.metrics import METRICS, BenchmarkMetrics, compute_metrics, print
 from loom.bench.serve_options import (add_request_options, goodput_objectives, metadata,
                                       sampling_fields)
 from loom.bench.traffic import arrival_times, drive
+from loom.entrypoints.cli_client import check_http_url
 from loom.frontend.tokenizer import load_tokenizer
 
 _TIMEOUT = aiohttp.ClientTimeout(total=6 * 3600)
@@ -138,6 +139,7 @@ class ServeBenchConfig:
     reads the server's histograms there, so that they count the timed requests only)."""
 
     def __post_init__(self) -> None:
+        check_base_url(self.base_url)
         unknown = set(self.percentile_metrics) - set(METRICS)
         if unknown:
             raise ValueError(f"percentile_metrics: {sorted(unknown)} not among {METRICS}")
@@ -158,6 +160,7 @@ class ServeBenchConfig:
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ServeBenchConfig:
         base = ns.base_url or f"http://{ns.host}:{ns.port}"
+        check_base_url(base)  # as given (the config's own check sees it without a final /)
         endpoint = resolve_endpoint(ns.backend, ns.endpoint)
         return cls(
             base_url=base.rstrip("/"), endpoint=endpoint, model=ns.model, tokenizer=ns.tokenizer,
@@ -172,6 +175,10 @@ class ServeBenchConfig:
             lora_modules=tuple(ns.lora_modules or ()), sampling=sampling_fields(ns),
             goodput=goodput_objectives(ns), metadata=metadata(ns),
             ready_check_timeout_s=getattr(ns, "ready_check_timeout_sec", 0.0))
+
+
+def check_base_url(url: str) -> None:
+    check_http_url(url, "base_url", "http://127.0.0.1:8000")
 
 
 BACKENDS = {"vllm": COMPLETIONS_ENDPOINT, "openai": COMPLETIONS_ENDPOINT,
@@ -301,6 +308,10 @@ async def _wait_ready(session: aiohttp.ClientSession, cfg: ServeBenchConfig) -> 
                       "to accept connections ...", flush=True)
                 waiting = True
             await asyncio.sleep(1.0)
+        except aiohttp.ClientError as e:  # not a refused connection: waiting will not help
+            reason = " ".join(str(e).split())[:300]  # one line (a bad status line spans many)
+            raise ValueError(f"server: GET {url} failed: {type(e).__name__}: {reason}") \
+                from None
 
 
 async def _served_model(session: aiohttp.ClientSession, cfg: ServeBenchConfig) -> str:

@@ -66,8 +66,10 @@ def register(subparsers) -> None:
 def run_throughput(args: argparse.Namespace) -> int:
     if args.dataset_name == "random" and args.output_len is None:
         args.output_len = DEFAULT_OUTPUT_LEN
-    check_positive(input_len=args.input_len, output_len=args.output_len or 1,
-                   num_prompts=args.num_prompts, n=args.n)
+    lengths = {"input_len": args.input_len, "output_len": args.output_len}
+    if args.output_len is None:  # sharegpt without --output-len: each reply's own length
+        del lengths["output_len"]
+    check_positive(**lengths, num_prompts=args.num_prompts, n=args.n)
     if not 0 <= args.random_range_ratio < 1:
         raise ValueError(f"random_range_ratio: must be in [0, 1), got {args.random_range_ratio}")
     if args.dataset_name == "sharegpt" and not args.dataset_path:

@@ -12,8 +12,10 @@ and streams each reply as it comes; chat keeps the whole conversation. The model
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from urllib.parse import urlsplit
 
 DEFAULT_URL = "http://localhost:8000/v1"
 
@@ -58,7 +60,7 @@ def run_chat(args: argparse.Namespace) -> int:
         stream = client.chat.completions.create(model=model, messages=messages, stream=True)
         answer = _print_stream(c.choices[0].delta.content for c in stream if c.choices)
         messages.append({"role": "assistant", "content": answer})
-    return _session(args.quick, reply)
+    return _session(args, reply)
 
 
 def run_complete(args: argparse.Namespace) -> int:
@@ -70,11 +72,14 @@ def run_complete(args: argparse.Namespace) -> int:
     def reply(prompt: str) -> None:
         stream = client.completions.create(model=model, prompt=prompt, stream=True, **extra)
         _print_stream(c.choices[0].text for c in stream if c.choices)
-    return _session(args.quick, reply)
+    return _session(args, reply)
 
 
 def _connect(args: argparse.Namespace):
     """The client, and the model to ask; an unreachable server is a one-line error."""
+    check_http_url(args.url)
+    for name in ("httpx", "openai"):  # each request and retry logged at INFO: not for a client
+        logging.getLogger(name).setLevel(logging.WARNING)
     import openai
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
     client = openai.OpenAI(base_url=args.url, api_key=api_key)
@@ -83,25 +88,54 @@ def _connect(args: argparse.Namespace):
     try:
         models = client.models.list().data
     except openai.OpenAIError as e:
-        raise ValueError(f"url: cannot list the models at {args.url}: {_reason(e)}") from None
+        raise ValueError(_failure(e, args.url, None)) from None
     if not models:
         raise ValueError(f"model_name: the server at {args.url} lists no model; pass one")
     return client, models[0].id
 
 
-def _session(quick: str | None, reply) -> int:
-    """One message (quick), or a `> ` prompt until end of input; a request the server
-    refuses is one line, and the session goes on."""
+def check_http_url(url: str, field: str = "url", example: str = DEFAULT_URL) -> None:
+    """An http(s) URL with a host (and a numeric port, if any), before any request."""
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # raises ValueError where the port is not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{field}: must be an http(s) URL such as {example}, got {url!r}")
+
+
+def _session(args: argparse.Namespace, reply) -> int:
+    """One message (-q: a failure is the command's error), or a `> ` prompt until end of
+    input (a failed request is one line, and the session goes on)."""
     import openai
-    lines = [quick] if quick is not None else _prompts()
+    lines = [args.quick] if args.quick is not None else _prompts()
     for text in lines:
         try:
             reply(text)
         except openai.OpenAIError as e:
-            print(f"error: {_reason(e)}", file=sys.stderr)
-            if quick is not None:
-                return 1
+            message = _failure(e, args.url, args.model_name)
+            if args.quick is not None:
+                raise ValueError(message) from None
+            print(f"error: {message}", file=sys.stderr)
     return 0
+
+
+def _failure(e: Exception, url: str, model: str | None) -> str:
+    """One line for a failed request, naming the flag most likely at fault."""
+    import openai
+    reason = _reason(e)
+    if isinstance(e, openai.APIConnectionError):  # timeouts included
+        return f"url: cannot reach {url}: {reason}"
+    status = getattr(e, "status_code", None)
+    if status in (401, 403):
+        return f"api_key: the server at {url} refused it (HTTP {status}): {reason}"
+    if status == 404 and model is not None and model in reason:
+        return f"model_name: the server at {url} does not serve it ({reason}), got {model!r}"
+    if status == 404:
+        return f"url: {url} answered HTTP 404 (is it the API's base, e.g. .../v1?): {reason}"
+    return f"server: {url} answered" + (f" HTTP {status}" if status else "") + f": {reason}"
 
 
 def _prompts():
