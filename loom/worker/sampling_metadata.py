@@ -15,7 +15,7 @@ import torch
 from loom.sampling_params import SamplingParams
 
 _SEED_MULTIPLIER = 1_000_003
-_SEED_MODULUS = 2**63
+_MASK64 = 2**64 - 1
 
 
 def derive_seed(seed: int, num_outputs: int) -> int:
@@ -24,7 +24,16 @@ def derive_seed(seed: int, num_outputs: int) -> int:
     A function of the request alone (not of the batch or of earlier steps), so that a seeded
     request samples the same tokens alone, batched, or recomputed after preemption.
     """
-    return (seed * _SEED_MULTIPLIER + num_outputs) % _SEED_MODULUS
+    return _mix64((seed * _SEED_MULTIPLIER + num_outputs) & _MASK64)
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer, a bijection of 64-bit values whose every output bit depends
+    on every input bit: the CPU generator seeds from the low 32 bits alone, so seeds apart
+    by 2**32 (or -1 and 2**63 - 1, once reduced modulo 2**63) drew the same tokens."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 @dataclass

@@ -227,6 +227,13 @@ def test_seed_stream_depends_on_num_outputs():
     assert [_seeded_token(42, k) for k in range(16)] == stream  # e.g. recomputed after preemption
 
 
+def test_seeds_apart_by_2_to_the_32_draw_apart():
+    """Every seed SamplingParams takes (64 bits, signed) is its own stream of draws, though
+    the CPU generator reads 32 bits of its seed."""
+    for a, b in ((-1, 2**63 - 1), (1, -(2**63) + 1), (5, 5 + 2**32), (7, 7 + 2**40)):
+        assert [_seeded_token(a, k) for k in range(12)] != [_seeded_token(b, k) for k in range(12)]
+
+
 def test_unseeded_rows_stay_random_beside_seeded_ones():
     logits = torch.stack([FLAT, FLAT])
     params = [SamplingParams(seed=3), SamplingParams()]
