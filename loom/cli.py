@@ -46,15 +46,31 @@ def _run_generate(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """The root parser: vLLM's spellings of the compilation config (`-O3`,
     `-O.cudagraph_mode=NONE`, `-cc.compile_sizes+ 8` ...) become one `--compilation-config`
-    first (`engine/json_flags.py`)."""
+    first (`engine/json_flags.py`), and long flags may be written with underscores
+    (`--max_model_len`), as vLLM's parser takes them."""
 
     def parse_known_args(self, args=None, namespace=None):
         from loom.engine.json_flags import fold_compilation_flags
         try:
-            args = fold_compilation_flags(sys.argv[1:] if args is None else list(args))
+            args = fold_compilation_flags(_dashed(sys.argv[1:] if args is None else args))
         except ValueError as e:
             self.error(str(e))
         return super().parse_known_args(args, namespace)
+
+
+def _dashed(argv: list[str]) -> list[str]:
+    """`--max_model_len 8` as `--max-model-len 8`: the flag's name up to any `.` (a JSON
+    key such as `--compilation-config.cudagraph_mode` keeps its own) or `=`; nothing after a
+    bare `--`."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--":
+            break
+        if arg.startswith("--") and "_" in arg:
+            name, sep, rest = arg.partition("=")
+            head, dot, tail = name.partition(".")
+            out[i] = head.replace("_", "-") + dot + tail + sep + rest
+    return out
 
 
 # Each command's one-line help, and where its parser is built (a module's `register`; None:

@@ -286,3 +286,17 @@ def test_max_model_len_past_the_context_is_refused_before_the_model_is_built(
                       "--max-model-len", str(10**12))
     assert "max_model_len: 1000000000000 exceeds the model's context length" in err
     assert err.count("\n") == 1
+
+
+def test_long_flags_may_be_written_with_underscores():
+    """As vLLM's parser takes them; a JSON key after the flag's dot, a value after `=` and
+    whatever follows a bare `--` keep theirs."""
+    from loom.cli import _dashed, build_parser
+    assert _dashed(["serve", "--max_model_len", "8", '--hf_overrides={"a_b": 1}',
+                    "--compilation_config.cudagraph_mode=NONE", "-O.cudagraph_mode=FULL",
+                    "--", "--keep_me"]) == [
+        "serve", "--max-model-len", "8", '--hf-overrides={"a_b": 1}',
+        "--compilation-config.cudagraph_mode=NONE", "-O.cudagraph_mode=FULL", "--", "--keep_me"]
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--max_model_len", "64",
+                                      "--gpu_memory_utilization=0.5"])
+    assert (args.max_model_len, args.gpu_memory_utilization) == (64, 0.5)
