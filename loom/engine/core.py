@@ -282,11 +282,11 @@ class EngineCore:
         if start == self._profiling:
             raise ValueError("profile: " + ("a profile is already running; stop it first"
                                             if start else "no profile is running; start one"))
-        self._profiling = start
         if start:
             self.collective_rpc("profile", "start")
+            self._profiling = True
             return None
-        self._profiles += 1
+        self._profiling, self._profiles = False, self._profiles + 1  # a worker's is gone too
         folder = os.path.join(out_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}-"
                                        f"{self._profiles}")
         self.collective_rpc("profile", "stop", folder)
