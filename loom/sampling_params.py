@@ -81,7 +81,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None
-    """Number of top logprobs per sampled token (0: only the sampled token's)."""
+    """Number of top logprobs per sampled token (0: only the sampled token's; -1, vLLM's:
+    the whole vocabulary's, within the engine's max_logprobs)."""
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -206,10 +207,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             (self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}"),
-            (self.logprobs is None or self.logprobs >= 0, "logprobs",
-             f"must be non-negative, got {self.logprobs}"),
-            (self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
-             f"must be non-negative, got {self.prompt_logprobs}"),
+            (self.logprobs is None or self.logprobs >= -1, "logprobs",
+             f"must be non-negative (or -1: the whole vocabulary), got {self.logprobs}"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= -1, "prompt_logprobs",
+             f"must be non-negative (or -1: the whole vocabulary), got "
+             f"{self.prompt_logprobs}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop",
              "must be non-empty strings"),
         ]

@@ -103,6 +103,18 @@ class Processor:
             raise ValueError(f"{field}: token id(s) {bad[:5]} outside the vocabulary "
                              f"(0..{self.vocab_size - 1})")
 
+    def _whole_vocabulary(self, params: SamplingParams) -> SamplingParams:
+        """vLLM's logprobs / prompt_logprobs -1: as many as the vocabulary holds."""
+        every = {name: self.vocab_size for name in ("logprobs", "prompt_logprobs")
+                 if getattr(params, name) == -1}
+        for name in every:  # the engine's bound, said in the caller's terms
+            if self.vocab_size > self.max_logprobs:
+                raise ValueError(f"{name}: -1 asks for the whole vocabulary ({self.vocab_size} "
+                                 f"tokens), more than the engine's max_logprobs "
+                                 f"({self.max_logprobs}); start it with --max-logprobs -1 "
+                                 "(LLM(max_logprobs=-1))")
+        return params.clone(**every) if every else params
+
     def _check_logprobs(self, params: SamplingParams) -> None:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
@@ -143,6 +155,7 @@ class Processor:
         prompt_token_ids = self.truncate(prompt_token_ids, params.truncate_prompt_tokens, text)
         self._check_tokens(prompt_token_ids, "prompt", room_for_output=True)
         n = len(prompt_token_ids)
+        params = self._whole_vocabulary(params)
         self._check_logprobs(params)
         if params.bad_words:
             # The engine gets token sequences only (and converting twice adds nothing).

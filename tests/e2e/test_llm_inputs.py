@@ -8,9 +8,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from loom import LLM, BeamSearchParams, PoolingParams, SamplingParams
-from tests.conftest import hf_greedy
+from tests.conftest import hf_greedy, hf_last_logprobs
 
 N = 6
 PROMPTS = [[5, 9, 13, 2, 7], [40, 41, 42], [100, 3, 3, 3, 60, 61, 62], [8]]
@@ -71,6 +72,29 @@ def test_calls_from_several_threads_each_get_their_own_outputs(tiny):
             t.join(timeout=300)
         assert results == {0: expected[0::2], 1: expected[1::2]}
         results.clear()
+
+
+def test_logprobs_minus_one_are_the_whole_vocabulary(tiny, tiny_llama_with_tokenizer):
+    """vLLM's logprobs=-1: every token's logprob, transformers' log_softmax; beyond the
+    engine's max_logprobs (20 by default) it is refused in those terms."""
+    llm, hf = tiny
+    with pytest.raises(ValueError, match=r"^logprobs: -1 asks for the whole vocabulary "
+                                         r"\(\d+ tokens\), more than the engine's max_logprobs"):
+        llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1, logprobs=-1))
+    path, _ = tiny_llama_with_tokenizer
+    every = LLM(path, dtype="float32", device="cpu", max_model_len=64, max_logprobs=-1)
+    try:
+        out = every.generate([PROMPTS[0]], SamplingParams(max_tokens=1, temperature=0.0,
+                                                          logprobs=-1, prompt_logprobs=-1),
+                             use_tqdm=False)[0]
+    finally:
+        every.shutdown()
+    expected = hf_last_logprobs(hf, PROMPTS[0])
+    first = out.outputs[0].logprobs[0]
+    assert sorted(first) == list(range(expected.numel()))
+    got = torch.tensor([first[t].logprob for t in range(expected.numel())])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert len(out.prompt_logprobs[1]) == expected.numel()
 
 
 def test_a_shut_down_llm_refuses_every_call(tiny_llama_with_tokenizer):
