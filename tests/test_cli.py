@@ -300,3 +300,11 @@ def test_long_flags_may_be_written_with_underscores():
     args = build_parser().parse_args(["generate", "--prompt", "x", "--max_model_len", "64",
                                       "--gpu_memory_utilization=0.5"])
     assert (args.max_model_len, args.gpu_memory_utilization) == (64, 0.5)
+
+
+def test_a_block_count_too_large_to_allocate_names_its_flag(capsys, tiny_llama_with_tokenizer):
+    path, _ = tiny_llama_with_tokenizer
+    err = _main_error(capsys, "generate", "--model", path, "--prompt", "x", "--device", "cpu",
+                      "--num-gpu-blocks-override", str(10**12))
+    assert err.startswith("loom generate: error: num_gpu_blocks_override: 1000000000000 "
+                          "blocks of KV cache ("), err

@@ -139,7 +139,9 @@ class ModelRunner:
         except (RuntimeError, MemoryError) as e:  # torch's allocator says RuntimeError
             if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
                 raise
-            raise ValueError(f"kv_cache_memory_bytes: {num_blocks} blocks of KV cache "
+            field = ("num_gpu_blocks_override" if self.config.cache.num_gpu_blocks_override
+                     else "kv_cache_memory_bytes")  # the flag that asked for them
+            raise ValueError(f"{field}: {num_blocks} blocks of KV cache "
                              f"({num_blocks * self.kv_block_bytes / 2**30:.1f} GiB) cannot be "
                              f"allocated on {self.device}: {e}") from None
         if self.drafter is not None:
