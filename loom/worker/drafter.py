@@ -102,10 +102,6 @@ class Drafter:
         if getattr(self.model, "is_encoder", False) or not hasattr(self.model, "compute_logits"):
             raise ValueError(f"speculative_config.model: {spec.model!r} ({arch.architecture}) "
                              "is not a causal LM: a draft model must generate")
-        if arch.context_len < max_model_len:
-            raise ValueError(f"speculative_config.model: the draft model's context "
-                             f"({arch.context_len} tokens) is shorter than max_model_len "
-                             f"({max_model_len}); lower max_model_len")
         self.vocab = min(arch.vocab_size, target_vocab)
         """Drafts are taken from the ids both vocabularies hold (sizes differ by padding)."""
         set_fused_rope(self.model, backend.fuses_rope and not is_partial(self.model))
