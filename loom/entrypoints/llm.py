@@ -40,6 +40,9 @@ class LLM(PoolingMethods):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: must be a path (a str) or None, got "
                                  f"{type(value).__name__}")
+        if not isinstance(skip_tokenizer_init, bool):
+            raise ValueError(f"skip_tokenizer_init: must be true or false, got "
+                             f"{skip_tokenizer_init!r}")
         args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed,
                           tensor_parallel_size=tensor_parallel_size,
                           compilation_config=compilation_config, **engine_kwargs)

@@ -46,6 +46,9 @@ def _greedy() -> SamplingParams:
     (lambda llm: PoolingParams(normalize="no"), "^normalize: must be true, false or None"),
     (lambda llm: LLM(tokenizer=123), "^tokenizer: must be a path"),
     (lambda llm: LLM(chat_template=5), "^chat_template: must be a path"),
+    (lambda llm: LLM(skip_tokenizer_init="yes"), "^skip_tokenizer_init: must be true or false"),
+    (lambda llm: llm.chat([{"role": "user", "content": "hi"}], add_generation_prompt="no"),
+     "^add_generation_prompt: must be true or false"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(tiny, call, message):
     llm, _ = tiny

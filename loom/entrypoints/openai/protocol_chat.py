@@ -54,6 +54,10 @@ class ChatMessage(BaseModel):
 
 def check_chat_options(add_generation_prompt: bool, continue_final_message: bool,
                        chat_template_kwargs: dict[str, Any] | None) -> None:
+    for name, value in (("add_generation_prompt", add_generation_prompt),
+                        ("continue_final_message", continue_final_message)):
+        if not isinstance(value, bool):  # "no" would read as True
+            raise ValueError(f"{name}: must be true or false, got {value!r}")
     if chat_template_kwargs is not None and not (
             isinstance(chat_template_kwargs, dict)
             and all(isinstance(k, str) for k in chat_template_kwargs)):
