@@ -81,7 +81,14 @@ class _StartupAborted(BaseException):
     the way up may take it for a start-up failure."""
 
 
+_aborting = False
+"""Set by SIGTERM during start-up: what it raised may come back wrapped (a dataclass's
+`__set_name__` turns it into a RuntimeError mid-import) and must still stop quietly."""
+
+
 def _abort_startup(_signum, _frame) -> None:
+    global _aborting
+    _aborting = True
     raise _StartupAborted
 
 
@@ -97,6 +104,8 @@ def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connect
         from loom.engine.core import EngineCore
         core = EngineCore(config)
     except Exception as e:  # noqa: BLE001 - every startup failure is reported to the launcher
+        if _aborting:
+            raise _StartupAborted from e
         _report_failure(e, ready, encoder)
     try:
         proc = EngineCoreProc(core, input_addr, output_addr, log_stats)

@@ -73,3 +73,28 @@ def test_child_dies_with_its_killed_parent():
     if alive:
         os.kill(grandchild, signal.SIGKILL)
     assert not alive, "the child outlived its SIGKILLed parent"
+
+
+def test_a_stop_that_comes_back_wrapped_still_stops_start_up_quietly(monkeypatch):
+    """SIGTERM during start-up raises inside whatever runs, and Python may hand it back
+    wrapped (a dataclass's __set_name__ makes it a RuntimeError mid-import): the engine core
+    must still stop quietly, not report a start-up failure with its traceback."""
+    import msgspec
+    import pytest
+
+    from loom.engine import core_proc
+    from loom.engine.arg_utils import EngineArgs
+
+    def importing(_config):
+        try:
+            core_proc._abort_startup(signal.SIGTERM, None)
+        except BaseException as e:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from e
+    reported = []
+    monkeypatch.setattr("loom.engine.core.EngineCore", importing)
+    monkeypatch.setattr(core_proc, "_report_failure", lambda *a: reported.append(a))
+    monkeypatch.setattr(core_proc, "_aborting", False)
+    config = EngineArgs(model="llama-3.1-8b", load_format="dummy").create_engine_config()
+    with pytest.raises(core_proc._StartupAborted):
+        core_proc._start(msgspec.json.encode(config), "", "", None, False, 0)
+    assert reported == []
