@@ -22,6 +22,9 @@ TRUST_REMOTE_CODE_HELP = ("accepted for vLLM compatibility and ignored: loom nev
                           "tokenizers")
 
 
+SWAP_SPACE_HELP = ("accepted for vLLM compatibility (GiB of CPU memory for preempted "
+                   "requests' KV blocks): loom preempts by recomputing, as vLLM's V1 engine "
+                   "does, so none is reserved")
 CHUNKED_PREFILL_HELP = ("accepted for vLLM compatibility: loom always schedules a prompt in "
                         "chunks of at most --max-num-batched-tokens beside running decodes, as "
                         "vLLM's V1 engine; --no-enable-chunked-prefill is refused")
@@ -68,6 +71,8 @@ class EngineArgs:
     """Accepted as vLLM's, and ignored (TRUST_REMOTE_CODE_HELP)."""
     enable_chunked_prefill: bool = True
     """Accepted as vLLM's when true (CHUNKED_PREFILL_HELP); False is a ValueError."""
+    swap_space: float | None = None
+    """vLLM's CPU swap space (GiB), accepted and unused (SWAP_SPACE_HELP)."""
     generation_config: str = "auto"
     """ModelConfig.generation_config: "auto", "vllm" or a directory."""
     max_logprobs: int = 20
@@ -160,6 +165,7 @@ class EngineArgs:
                        "-O.pass_config.enable_async_tp true), list items with + "
                        "(-O.compile_sizes+ 8), and -cc for -O; all of them merge")
         g.add_argument("--trust-remote-code", action="store_true", help=TRUST_REMOTE_CODE_HELP)
+        g.add_argument("--swap-space", type=float, default=None, help=SWAP_SPACE_HELP)
         g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                        default=True, help=CHUNKED_PREFILL_HELP)
         g.add_argument("--generation-config", default="auto",
@@ -218,6 +224,13 @@ class EngineArgs:
         if not self.enable_chunked_prefill:
             raise ValueError("enable_chunked_prefill: loom always schedules prompts in chunks "
                              "of at most max_num_batched_tokens; it cannot be turned off")
+        if self.swap_space is not None:
+            if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, int | float) \
+                    or not 0 <= self.swap_space < float("inf"):
+                raise ValueError(f"swap_space: must be a non-negative number of GiB, got "
+                                 f"{self.swap_space!r}")
+            logger.info("swap_space: loom preempts by recomputing (as vLLM's V1 engine); no "
+                        "CPU swap space is reserved")
         if not (isinstance(self.gpu_memory_utilization, int | float)
                 and not isinstance(self.gpu_memory_utilization, bool)):
             raise ValueError("gpu_memory_utilization: must be a number, got "

@@ -35,7 +35,13 @@ class LLM(PoolingMethods):
                  dtype: str = "auto", seed: int = 0, tensor_parallel_size: int = 1,
                  compilation_config: CompilationConfig | dict | int | None = None,
                  skip_tokenizer_init: bool = False, chat_template: str | None = None,
-                 **engine_kwargs) -> None:
+                 disable_log_stats: bool = True, **engine_kwargs) -> None:
+        """vLLM's LLM; disable_log_stats: vLLM's, whose default (true) is what loom's offline
+        engine does (no periodic stats lines); false is refused (`loom serve` logs them)."""
+        if disable_log_stats is not True:
+            raise ValueError(f"disable_log_stats: the offline LLM logs no periodic stats "
+                             f"(loom serve does), so only true is taken, got "
+                             f"{disable_log_stats!r}")
         for name, value in (("tokenizer", tokenizer), ("chat_template", chat_template)):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: must be a path (a str) or None, got "

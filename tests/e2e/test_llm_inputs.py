@@ -47,6 +47,8 @@ def _greedy() -> SamplingParams:
     (lambda llm: LLM(tokenizer=123), "^tokenizer: must be a path"),
     (lambda llm: LLM(chat_template=5), "^chat_template: must be a path"),
     (lambda llm: LLM(skip_tokenizer_init="yes"), "^skip_tokenizer_init: must be true or false"),
+    (lambda llm: LLM(disable_log_stats=False), "^disable_log_stats: the offline LLM logs no"),
+    (lambda llm: LLM(swap_space=-1), "^swap_space: must be a non-negative number of GiB"),
     (lambda llm: llm.chat([{"role": "user", "content": "hi"}], add_generation_prompt="no"),
      "^add_generation_prompt: must be true or false"),
 ])
@@ -55,6 +57,22 @@ def test_what_cannot_be_honoured_is_refused_by_name(tiny, call, message):
     with pytest.raises(ValueError, match=message):
         call(llm)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_vllm_arguments_loom_already_honours_are_taken(tiny_llama_with_tokenizer, caplog):
+    """vLLM's disable_log_stats=True (its LLM's default) and swap_space (unused by vLLM's V1
+    engine, which preempts by recomputing, as loom does), as vLLM scripts pass them."""
+    path, hf = tiny_llama_with_tokenizer
+    with caplog.at_level("INFO", logger="loom.engine.arg_utils"):
+        llm = LLM(path, dtype="float32", device="cpu", max_model_len=64,
+                  disable_log_stats=True, swap_space=4)
+    try:
+        out = llm.generate([PROMPTS[0]], _greedy(), use_tqdm=False)[0].outputs[0].token_ids
+    finally:
+        llm.shutdown()
+    assert out == hf_greedy(hf, PROMPTS[0], N)
+    assert sum("swap_space: loom preempts by recomputing" in r.message
+               for r in caplog.records) == 1
 
 
 def test_calls_from_several_threads_each_get_their_own_outputs(tiny):
