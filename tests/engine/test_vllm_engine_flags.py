@@ -56,6 +56,10 @@ def test_hf_overrides_replace_a_value_whole_but_update_a_nested_config():
     assert merged["text_config"] == {"model_type": "llama", "hidden_size": 64,
                                      "rope_scaling": {"rope_type": "yarn", "factor": 3.0}}
     assert base["rope_scaling"]["factor"] == 8.0  # the reader's dict is untouched
+    # A number may become a list (eos_token_id takes both), a null an object.
+    assert with_overrides({"eos_token_id": 2, "rope_scaling": None},
+                          {"eos_token_id": [2, 7], "rope_scaling": {"factor": 2.0}}) == \
+        {"eos_token_id": [2, 7], "rope_scaling": {"factor": 2.0}}
 
 
 @pytest.mark.parametrize("value, message", [

@@ -69,8 +69,9 @@ _SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidd
 
 def _check_override(key: str, value: object, current: object) -> None:
     """A ValueError naming the key where an override cannot be what the config holds there:
-    a size that is not a positive integer, or a value of another kind than the file's
-    (a number for a number, a list for a list ...)."""
+    a size that is not a positive integer, a string where the file has no string, or no
+    object where it has one (rope_scaling). A number may become a list and back
+    (eos_token_id takes both)."""
     def kind(v: object) -> str:
         if isinstance(v, bool):
             return "a boolean"
@@ -81,7 +82,10 @@ def _check_override(key: str, value: object, current: object) -> None:
         raise ValueError(f"hf_overrides.{key}: must be a positive integer, got {value!r}")
     if key in ("rope_scaling", "rope_parameters") and value is not None:
         current = current if isinstance(current, dict) else {}  # an object, or null
-    if current is not None and value is not None and kind(value) != kind(current):
+    if current is None or value is None:
+        return
+    if (isinstance(value, str) and not isinstance(current, str)) or (
+            isinstance(current, dict) != isinstance(value, dict)):
         raise ValueError(f"hf_overrides.{key}: must be {kind(current)} (as config.json's), "
                          f"got {value!r}")
 
