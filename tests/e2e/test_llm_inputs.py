@@ -31,7 +31,8 @@ def _greedy() -> SamplingParams:
 
 @pytest.mark.parametrize("call, message", [
     (lambda llm: llm.generate({"prompt": "x", "multi_modal_data": {"image": "y"}}),
-     r"^prompts: a prompt dict takes cache_salt, prompt, prompt_token_ids .*\['multi_modal_data'\]"),
+     r"^prompts: a prompt dict takes cache_salt, prompt, prompt_token_ids .*"
+     r"\['multi_modal_data'\]"),
     (lambda llm: llm.generate([[True, False, 3]]), "^prompt: must be a string or a list of token"),
     (lambda llm: llm.chat([{"role": "user", "content": "hi"}], chat_template_kwargs="abc"),
      "^chat_template_kwargs: must be a dict"),

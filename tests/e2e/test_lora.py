@@ -282,8 +282,9 @@ def test_an_adapter_that_fails_to_load_ends_only_its_requests(engine_kwargs, ada
                                                               tmp_path):
     """A batch of the base model, a good adapter and one with a NaN weight (which, loaded,
     would reach every row of the batch): the broken adapter's requests end with an error
-    naming it, the others as peft computes them. Repaired, it loads at its next request, and the prefix-cache blocks its failed
-    requests wrote (without the adapter) serve nothing."""
+    naming it, the others as peft computes them. Repaired, it loads at its next request,
+    and the prefix-cache blocks its failed requests wrote (without the adapter) serve
+    nothing."""
     path, hf, ((good, good_model), (source, model)) = adapters("llama")
     broken = _broken_copy(source, str(tmp_path / "broken"))
     batch = [(p, lora) for p in _prompts()[::2] for lora in (None, good, broken)]
