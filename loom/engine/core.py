@@ -283,6 +283,13 @@ class EngineCore:
             raise ValueError("profile: " + ("a profile is already running; stop it first"
                                             if start else "no profile is running; start one"))
         if start:
+            try:  # a folder it cannot write to is said now, not after the profiled steps
+                os.makedirs(out_dir, exist_ok=True)
+                if not os.access(out_dir, os.W_OK):
+                    raise PermissionError("not writable")
+            except OSError as e:
+                raise ValueError(f"LOOM_TORCH_PROFILER_DIR: cannot write profiles to "
+                                 f"{out_dir}: {e}") from None
             self.collective_rpc("profile", "start")
             self._profiling = True
             return None

@@ -27,6 +27,10 @@ def test_llm_profiles_the_steps_between(llm, monkeypatch, tmp_path):
     monkeypatch.delenv("LOOM_TORCH_PROFILER_DIR", raising=False)
     with pytest.raises(ValueError, match="set LOOM_TORCH_PROFILER_DIR"):
         llm.start_profile()
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("LOOM_TORCH_PROFILER_DIR", str(tmp_path / "a-file"))
+    with pytest.raises(ValueError, match="^LOOM_TORCH_PROFILER_DIR: cannot write profiles to "):
+        llm.start_profile()
     monkeypatch.setenv("LOOM_TORCH_PROFILER_DIR", str(tmp_path))
     with pytest.raises(ValueError, match="^profile: no profile is running"):
         llm.stop_profile()
