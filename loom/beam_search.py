@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from loom.config_checks import check_bools
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from loom.sampling_params import SamplingParams
 
@@ -34,9 +35,8 @@ class BeamSearchParams:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        for name in ("ignore_eos", "include_stop_str_in_output"):  # "no" would read as True
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        check_bools({"ignore_eos": self.ignore_eos,
+                     "include_stop_str_in_output": self.include_stop_str_in_output})
         for name in ("temperature", "length_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or \

@@ -13,6 +13,15 @@ def check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+def check_bools(values: dict[str, Any], optional: bool = False) -> None:
+    """Each value a bool (or None, where optional): a string such as "no" is truthy, so it
+    would otherwise be read as true."""
+    for name, value in values.items():
+        if not isinstance(value, bool) and not (optional and value is None):
+            raise ValueError(f"{name}: must be true{', false or None' if optional else ' or false'}"
+                             f", got {value!r}")
+
+
 def from_dict(cls, data: dict[str, Any], where: str):
     """cls(**data), an unknown key refused with the known ones listed."""
     names = {f.name for f in dataclasses.fields(cls)}

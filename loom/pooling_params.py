@@ -13,6 +13,7 @@ from typing import Literal
 
 import msgspec
 
+from loom.config_checks import check_bools
 from loom.sampling_params import check_truncation
 
 PoolingType = Literal["last", "mean", "cls"]
@@ -45,10 +46,8 @@ class PoolingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def __post_init__(self) -> None:
         check_truncation(self.truncate_prompt_tokens)
-        for name in ("normalize", "use_activation"):  # "no" would read as True
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: must be true, false or None, got "
-                                 f"{getattr(self, name)!r}")
+        check_bools({"normalize": self.normalize, "use_activation": self.use_activation},
+                    optional=True)
         if self.pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type: must be one of {', '.join(POOLING_TYPES)}, "
                              f"got {self.pooling_type!r}")

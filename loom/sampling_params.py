@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 
+from loom.config_checks import check_bools
+
 _GREEDY_EPS = 1e-5
 _GUIDED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -139,9 +141,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                      "presence_penalty", "frequency_penalty"):
             if not is_number(getattr(self, name)):
                 raise ValueError(f"{name}: must be a number, got {getattr(self, name)!r}")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        check_bools({name: getattr(self, name) for name in
+                     ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")})
         if not isinstance(self.stop, list):
             raise ValueError(f"stop: must be a string or a list of strings, got {self.stop!r}")
         if not (isinstance(self.stop_token_ids, list)

@@ -202,6 +202,12 @@ class ModelTasks(msgspec.Struct, array_like=True, frozen=True):
         return task in self.tasks
 
     @property
+    def own_pooling_task(self) -> str:
+        """What /pooling and LLM.encode pool when the request names no task: a classifier
+        classifies, every other model embeds."""
+        return "classify" if "classify" in self.tasks else "embed"
+
+    @property
     def is_cross_encoder(self) -> bool:
         """Scored by running each pair as one sequence, not by embedding cosines."""
         return "classify" in self.tasks

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from loom.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, check_width
 from loom.config import CompilationConfig, ModelConfig
+from loom.config_checks import check_bools
 from loom.engine.arg_utils import EngineArgs
 from loom.entrypoints.llm_pooling import PoolingMethods
 from loom.entrypoints.prompt_args import as_list, per_prompt, prompt_list
@@ -46,9 +47,7 @@ class LLM(PoolingMethods):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: must be a path (a str) or None, got "
                                  f"{type(value).__name__}")
-        if not isinstance(skip_tokenizer_init, bool):
-            raise ValueError(f"skip_tokenizer_init: must be true or false, got "
-                             f"{skip_tokenizer_init!r}")
+        check_bools({"skip_tokenizer_init": skip_tokenizer_init})
         args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed,
                           tensor_parallel_size=tensor_parallel_size,
                           compilation_config=compilation_config, **engine_kwargs)

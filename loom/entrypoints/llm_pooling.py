@@ -93,7 +93,7 @@ class PoolingMethods:
         """vLLM's raw pooling, /pooling's offline twin: per prompt the pooler's output for
         pooling_task as a float32 tensor, as `embed` ("embed") or `classify` ("classify")
         computes it; None: the model's own task (classify for a classifier, else embed)."""
-        task = pooling_task or ("classify" if self.tasks.supports("classify") else "embed")
+        task = pooling_task or self.tasks.own_pooling_task
         if task in TOKEN_TASKS:
             raise NotImplementedError(f"pooling_task: {task!r} pools every token, and loom's "
                                       "poolers give one vector per prompt (embed, classify)")

@@ -107,12 +107,11 @@ class Processor:
         """vLLM's logprobs / prompt_logprobs -1: as many as the vocabulary holds."""
         every = {name: self.vocab_size for name in ("logprobs", "prompt_logprobs")
                  if getattr(params, name) == -1}
-        for name in every:  # the engine's bound, said in the caller's terms
-            if self.vocab_size > self.max_logprobs:
-                raise ValueError(f"{name}: -1 asks for the whole vocabulary ({self.vocab_size} "
-                                 f"tokens), more than the engine's max_logprobs "
-                                 f"({self.max_logprobs}); start it with --max-logprobs -1 "
-                                 "(LLM(max_logprobs=-1))")
+        if every and self.vocab_size > self.max_logprobs:  # the bound in the caller's terms
+            raise ValueError(f"{next(iter(every))}: -1 asks for the whole vocabulary "
+                             f"({self.vocab_size} tokens), more than the engine's max_logprobs "
+                             f"({self.max_logprobs}); start it with --max-logprobs -1 "
+                             "(LLM(max_logprobs=-1))")
         return params.clone(**every) if every else params
 
     def _check_logprobs(self, params: SamplingParams) -> None:

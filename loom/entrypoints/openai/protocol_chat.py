@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loom.config_checks import check_bools
 from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, PromptLogprobs,
                                               RequestBody, SamplingFields, TokenId, UsageInfo,
                                               refuse_extensions)
@@ -54,10 +55,8 @@ class ChatMessage(BaseModel):
 
 def check_chat_options(add_generation_prompt: bool, continue_final_message: bool,
                        chat_template_kwargs: dict[str, Any] | None) -> None:
-    for name, value in (("add_generation_prompt", add_generation_prompt),
-                        ("continue_final_message", continue_final_message)):
-        if not isinstance(value, bool):  # "no" would read as True
-            raise ValueError(f"{name}: must be true or false, got {value!r}")
+    check_bools({"add_generation_prompt": add_generation_prompt,
+                 "continue_final_message": continue_final_message})
     if chat_template_kwargs is not None and not (
             isinstance(chat_template_kwargs, dict)
             and all(isinstance(k, str) for k in chat_template_kwargs)):

@@ -56,7 +56,7 @@ def add_pooling_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/pooling")
     async def pooling(body: PoolingRequest, request: Request) -> PoolingResponse:
-        task = body.task or ("classify" if tasks.supports("classify") else "embed")
+        task = body.task or tasks.own_pooling_task
         require(tasks, task, "Pooling API")
         await _render_messages(state, body)
         return await run_unless_disconnected(request, _pool(state, body, task))
