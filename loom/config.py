@@ -54,10 +54,11 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp1
 @dataclass(frozen=True)
 class ModelConfig:
     model: str
-    """Path to a Hugging Face model directory, a `.gguf` file, a `config.json`, or the name
-    of a shipped benchmark config (e.g. `llama-3.1-8b`)."""
+    """Path to a Hugging Face model directory, a `.gguf` file, a `config.json`, the name
+    of a shipped benchmark config (e.g. `llama-3.1-8b`), or a Hugging Face Hub id found in
+    the local cache, which becomes its snapshot folder here (`loom.models.names`)."""
     tokenizer: str | None = None
-    """Tokenizer directory or file; defaults to the model's own."""
+    """Tokenizer directory or file (or a Hub id, as model); defaults to the model's own."""
     dtype: str = "auto"
     """Weight and activation dtype: auto (the checkpoint's, float32 on CPU), bfloat16,
     float16 or float32."""
@@ -101,6 +102,14 @@ class ModelConfig:
     """vLLM's --convert: embed serves a causal LM as an embedding model (pooling only)."""
     pooler_config: dict[str, Any] = field(default_factory=dict)
     """vLLM's --pooler-config: the server's pooling defaults (`loom.pooler_config`)."""
+    revision: str | None = None
+    """vLLM's --revision: the branch, tag or full commit id of a Hub id's cached snapshot
+    (None: main). Unused for a local path."""
+    tokenizer_revision: str | None = None
+    """vLLM's --tokenizer-revision, for a Hub id given as tokenizer (None: revision's)."""
+    download_dir: str | None = None
+    """vLLM's --download-dir: the Hugging Face cache folder Hub ids are looked up in (None:
+    huggingface_hub's default). loom never downloads into it."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model),
@@ -135,6 +144,26 @@ class ModelConfig:
         _check(self.quantization is None or self.quantization in QUANTIZATIONS,
                f"quantization: {self.quantization!r} is not supported; loom runs "
                f"{', '.join(QUANTIZATIONS)}")
+        self._resolve_names()
+
+    def _resolve_names(self) -> None:
+        """Hub ids become their cached snapshot folders, once, so that every reader (API
+        process, engine, workers) sees a path; one not in the cache stays a name, which the
+        loader refuses when it reads the model (a config built as data need not exist)."""
+        from loom.models.names import check_cache_dir, resolve_name
+        for name in ("revision", "tokenizer_revision"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, str) and bool(value)),
+                   f"{name}: must be a branch, tag or commit id, got {value!r}")
+        check_cache_dir(self.download_dir)
+        _check(self.tokenizer is None or isinstance(self.tokenizer, str),
+               f"tokenizer: must be a path or a Hugging Face Hub id, got {self.tokenizer!r}")
+        object.__setattr__(self, "model", resolve_name(self.model, self.revision,
+                                                       self.download_dir, "model"))
+        if self.tokenizer:
+            revision = self.tokenizer_revision or self.revision
+            object.__setattr__(self, "tokenizer", resolve_name(
+                self.tokenizer, revision, self.download_dir, "tokenizer", required=True))
 
 
 @dataclass(frozen=True)

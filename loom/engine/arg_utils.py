@@ -42,6 +42,13 @@ def default_model() -> str:
 class EngineArgs:
     model: str | None = None
     tokenizer: str | None = None
+    revision: str | None = None
+    """ModelConfig's: a Hub id's cached branch, tag or full commit id (None: main)."""
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
+    """ModelConfig's: the Hugging Face cache folder Hub ids are read from (never written)."""
+    code_revision: str | None = None
+    """vLLM's, accepted and unused: loom runs no code from a model's repository."""
     dtype: str = "auto"
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -118,9 +125,22 @@ class EngineArgs:
         g.add_argument("--config", metavar="FILE", default=None,
                        help="a YAML file of this command's options by name (vLLM's), read "
                             "before the command line, whose flags win (loom/cli_config.py)")
-        g.add_argument("--model", default=None, help="model directory, .gguf file, config.json "
-                       "or shipped config name (default: the demo SmolLM2-135M-Instruct)")
-        g.add_argument("--tokenizer", default=None)
+        g.add_argument("--model", default=None, help="model directory, .gguf file, config.json, "
+                       "shipped config name, or Hugging Face Hub id already in the local cache "
+                       "(default: the demo SmolLM2-135M-Instruct); never downloaded")
+        g.add_argument("--tokenizer", default=None,
+                       help="tokenizer directory, file or cached Hub id (default: the model's)")
+        g.add_argument("--revision", default=None,
+                       help="a Hub id's branch, tag or full commit id in the cache (default "
+                       "main)")
+        g.add_argument("--tokenizer-revision", default=None,
+                       help="the same for a --tokenizer Hub id (default: --revision)")
+        g.add_argument("--download-dir", default=None,
+                       help="the Hugging Face cache folder Hub ids are read from (default: "
+                       "huggingface_hub's, after HF_HOME / HF_HUB_CACHE); loom never downloads")
+        g.add_argument("--code-revision", default=None,
+                       help="accepted for vLLM compatibility and unused: loom runs no code "
+                       "from a model's repository")
         g.add_argument("--dtype", default="auto", choices=[*DTYPES, *DTYPE_ALIASES])
         g.add_argument("--max-model-len", type=int, default=None)
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -221,6 +241,9 @@ class EngineArgs:
             if value is not None and not is_int(value):
                 raise ValueError(f"{name}: must be an integer or None, got {value!r}")
         self._check_bools()
+        if self.code_revision is not None and not isinstance(self.code_revision, str):
+            raise ValueError(f"code_revision: must be a string or None, got "
+                             f"{self.code_revision!r}")
         if not self.enable_chunked_prefill:
             raise ValueError("enable_chunked_prefill: loom always schedules prompts in chunks "
                              "of at most max_num_batched_tokens; it cannot be turned off")
@@ -259,7 +282,9 @@ class EngineArgs:
             logger.warning("enforce_eager: compilation_config.level %d is overridden; the model "
                            "runs eagerly, with no CUDA graphs", compilation.level)
         model = ModelConfig(model=default_model() if self.model is None else self.model,
-                            tokenizer=self.tokenizer,
+                            tokenizer=self.tokenizer, revision=self.revision,
+                            tokenizer_revision=self.tokenizer_revision,
+                            download_dir=self.download_dir,
                             dtype=self.dtype, max_model_len=self.max_model_len,
                             load_format=self.load_format, seed=self.seed,
                             generation_config=self.generation_config,

@@ -88,11 +88,12 @@ class Drafter:
         """Where the draft model is built and run: the target's TP group, or a group of one
         (whole on the driver, whatever the target's TP size)."""
         # As vLLM's: the target's dtype and load format (dummy weights draft dummy ones).
-        draft = ModelConfig(model=spec.model, dtype=config.model.dtype,
-                            max_model_len=max_model_len, seed=config.model.seed,
-                            load_format=config.model.load_format)
         start = time.perf_counter()
         try:
+            draft = ModelConfig(model=spec.model, dtype=config.model.dtype,
+                                max_model_len=max_model_len, seed=config.model.seed,
+                                load_format=config.model.load_format,
+                                download_dir=config.model.download_dir)
             with self._group():
                 self.model, arch, self.dtype = load_model(
                     dataclasses.replace(config, model=draft, speculative=None, lora=None),

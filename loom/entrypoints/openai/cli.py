@@ -188,7 +188,7 @@ def frontend_setup(args: argparse.Namespace, context: str) -> tuple[EngineConfig
                         config.model.override_generation_config)
     tokenizer = served_tokenizer(config.model)
     _check_tokenizer(tokenizer, args.chat_template, config.model.model)
-    served_names = _served_names(args, config.model.model)
+    served_names = _served_names(args)
     return config, dict(
         model=config.model.model, served_model_names=served_names,
         lora_modules=_lora_modules(args.lora_modules, served_names, config),
@@ -325,10 +325,11 @@ def _traces_endpoint(args: argparse.Namespace) -> str | None:
     return endpoint
 
 
-def _served_names(args: argparse.Namespace, model: str) -> list[str]:
+def _served_names(args: argparse.Namespace) -> list[str]:
+    """--served-model-name, else --model as given (a Hub id, not its snapshot folder)."""
     if args.served_model_name:
         return list(args.served_model_name)
     if args.model is None:  # the demo model
         return [DEMO_SERVED_NAME]
-    return [model]
+    return [args.model]
 

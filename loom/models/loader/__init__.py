@@ -1,7 +1,8 @@
 """Find a model's config, weights and tokenizer from what the user named.
 
-`--model` may be a Hugging Face directory, a `.gguf` file, a `config.json`, or the name of
-a config shipped with loom's benchmarks (with `--load-format dummy`).
+`--model` may be a Hugging Face directory, a `.gguf` file, a `config.json`, the name of
+a config shipped with loom's benchmarks (with `--load-format dummy`), or a Hugging Face Hub
+id, which `ModelConfig` has already turned into its snapshot folder (`loom.models.names`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loom.config import ModelConfig
+from loom.models.names import NEVER_DOWNLOADED, SHIPPED_CONFIGS, missing, shipped_config
 from loom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 
 WeightIter = Iterator[tuple[str, "torch.Tensor"]]
 
@@ -32,11 +33,6 @@ class ModelSource:
     weights: Callable[[], WeightIter] | None
     """None for dummy weights."""
     tokenizer_path: str | None
-
-
-def shipped_config(name: str) -> Path | None:
-    path = SHIPPED_CONFIGS / f"{name.lower()}.json"
-    return path if path.is_file() else None
 
 
 def resolve(cfg: ModelConfig) -> ModelSource:
@@ -104,7 +100,7 @@ def _resolve(cfg: ModelConfig) -> ModelSource:
     if path.suffix == ".gguf" and path.is_file():
         raise ValueError(f"load_format: {fmt!r} does not apply to the GGUF file {cfg.model}; "
                          "use --load-format gguf (or auto)")
-    config_path = _config_path(path)
+    config_path = _config_path(path, cfg)
     hf_config = json.loads(config_path.read_text())
     tokenizer = tokenizer_path(cfg)
     if fmt == "dummy":
@@ -210,7 +206,7 @@ def tokenizer_path(cfg: ModelConfig) -> str | None:
     path = Path(cfg.model)
     if path.suffix == ".gguf":
         return str(path)
-    directory = _config_path(path).parent
+    directory = _config_path(path, cfg).parent
     return str(directory) if _has_tokenizer(directory) else None
 
 
@@ -226,7 +222,7 @@ def _gguf_source(path: Path, cfg: ModelConfig) -> ModelSource:
     return ModelSource(hf_config, "gguf", lambda: weights, cfg.tokenizer or str(path))
 
 
-def _config_path(path: Path) -> Path:
+def _config_path(path: Path, cfg: ModelConfig) -> Path:
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file():
@@ -239,7 +235,8 @@ def _config_path(path: Path) -> Path:
         return shipped
     known = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
     raise ValueError(f"model: {str(path)!r} is not a model directory, a .gguf file, a config.json "
-                     f"or a shipped config ({', '.join(known)}); models are never downloaded")
+                     f"or a shipped config ({', '.join(known)}), and "
+                     f"{missing(str(path), cfg.revision, cfg.download_dir)}; {NEVER_DOWNLOADED}")
 
 
 def _has_tokenizer(directory: Path) -> bool:
@@ -251,9 +248,9 @@ def safetensors_files(directory: Path) -> list[Path]:
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         files = [directory / n for n in names]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"model: weight files listed in {index.name} are missing: {missing}")
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise ValueError(f"model: weight files listed in {index.name} are missing: {absent}")
         return files
     files = sorted(directory.glob("*.safetensors"))
     if not files:
