@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from loom.lora.request import LoRARequest
+from loom.models.names import NEVER_DOWNLOADED, hub_shaped, missing
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -88,6 +89,9 @@ def read_adapter(request: LoRARequest, targets: dict[str, list[int]],
 
 def _read_config(path: str, where: str) -> dict:
     file = os.path.join(path, CONFIG_FILE)
+    if not os.path.exists(path) and hub_shaped(path):
+        raise ValueError(f"{where}: no such directory, and {missing(path, None, None)}; "
+                         f"{NEVER_DOWNLOADED}")
     if not os.path.isfile(file):
         raise ValueError(f"{where}: no {CONFIG_FILE} there (a PEFT LoRA adapter directory "
                          "is needed)")

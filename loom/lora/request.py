@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import msgspec
 
 
 class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to apply
-    to one request. lora_int_id identifies the adapter everywhere in the engine (cache
+    to one request; lora_path may be a Hugging Face Hub id in the local cache, as in vLLM
+    (its snapshot folder replaces it here). lora_int_id identifies the adapter everywhere in the engine (cache
     slots, prefix-cache keys): two requests with the same id must name the same adapter."""
     lora_name: str
     lora_int_id: int
@@ -21,3 +24,6 @@ class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True):
         if not isinstance(self.lora_path, str) or not self.lora_path:
             raise ValueError(f"lora_path: must name the adapter's directory, got "
                              f"{self.lora_path!r}")
+        if not os.path.exists(self.lora_path):  # a Hub id: its snapshot in the local cache
+            from loom.models.names import resolve_name
+            self.lora_path = resolve_name(self.lora_path, None, None, "lora_path")

@@ -21,10 +21,6 @@ SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "bench" / "configs"
 NEVER_DOWNLOADED = ("models are never downloaded: fetch a Hub model with `hf download` where "
                     "there is a network and copy its cache folder here")
 
-_REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
-"""A hub id's shape, `name` or `owner/name`; anything else is left to the path's error."""
-
-
 def shipped_config(name: str) -> Path | None:
     path = SHIPPED_CONFIGS / f"{name.lower()}.json"
     return path if path.is_file() else None
@@ -41,14 +37,14 @@ def resolve_name(name: str, revision: str | None, cache_dir: str | None, field: 
             logger.info("%s: %s is not a Hugging Face Hub id; revision %r is not used",
                         field, name, revision)
         return name
-    if not _hub_shaped(name):
+    if not hub_shaped(name):
         return name
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.errors import LocalEntryNotFoundError
     try:
         return snapshot_download(name, revision=revision, cache_dir=cache_dir,
                                  local_files_only=True)
-    except (HFValidationError, LocalEntryNotFoundError):
+    except LocalEntryNotFoundError:
         if required:
             raise ValueError(f"{field}: {name!r} is not a local path, and "
                              f"{missing(name, revision, cache_dir)}; {NEVER_DOWNLOADED}") from None
@@ -58,7 +54,7 @@ def resolve_name(name: str, revision: str | None, cache_dir: str | None, field: 
 def missing(name: str, revision: str | None, cache_dir: str | None) -> str:
     """Why a name that is no local path was not found, for the loader's error: what the
     Hugging Face cache lacks, when name could be a hub id."""
-    if not _hub_shaped(name):
+    if not hub_shaped(name):
         return "it is not a Hugging Face Hub id either"
     from huggingface_hub import constants
     rev = f"revision {revision!r}" if revision is not None else "its main branch"
@@ -68,8 +64,18 @@ def missing(name: str, revision: str | None, cache_dir: str | None) -> str:
             f"snapshot of it at {rev}{hint}")
 
 
-def _hub_shaped(name: str) -> bool:
-    return bool(_REPO_ID.fullmatch(name)) and Path(name).suffix not in (".gguf", ".json")
+def hub_shaped(name: str) -> bool:
+    """Whether name could be a Hub id (`name` or `owner/name`, by huggingface_hub's own
+    rule); anything else is left to the path's error."""
+    if Path(name).suffix in (".gguf", ".json"):
+        return False
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def check_cache_dir(download_dir: str | None) -> None:

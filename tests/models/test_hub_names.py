@@ -143,7 +143,10 @@ def test_missing_snapshots_are_refused_by_name(hub_cache, tmp_path):
             "branch; models are never downloaded") in message
     assert "revision 'v3'" in read(model="org/tiny", revision="v3")
     assert "full 40-character id" in read(model="org/tiny", revision=SHA_V2[:7])
-    assert "not a Hugging Face Hub id either" in read(model="a/b/c")
+    for path in ("a/b/c", "./nowhere", "/abs/nowhere"):  # huggingface_hub's rule for ids
+        assert "not a Hugging Face Hub id either" in read(model=path)
+    assert ModelConfig(model="org/tiny", tokenizer="./tok", download_dir=str(hub_cache)
+                       ).tokenizer == "./tok"  # a path: the tokenizer's loader refuses it
     with pytest.raises(ValueError, match=r"^tokenizer: 'org/none' is not a local path, and "
                        rf"the Hugging Face cache at {hub_cache} holds no snapshot"):
         ModelConfig(model="org/tiny", tokenizer="org/none", download_dir=str(hub_cache))
@@ -222,3 +225,35 @@ def test_a_draft_model_may_be_a_hub_id(hub_cache):
                        rf"{hub_cache} holds no snapshot"):
         LLM("org/tiny", speculative_config={"model": "org/none", "num_speculative_tokens": 2},
             **kwargs)
+
+
+def test_a_lora_adapter_may_be_a_hub_id(hub_cache, tmp_path, monkeypatch):
+    """As vLLM's: an adapter's Hub id is looked up in the default cache (HF_HUB_CACHE, read
+    by huggingface_hub at import, so its constant is set here); output checked against
+    peft's own model of base + adapter."""
+    import huggingface_hub
+    import torch
+
+    from loom import LLM, SamplingParams
+    from loom.lora.request import LoRARequest
+    from tests.lora_util import make_adapter
+    base = hub_cache / "models--org--tiny" / "snapshots" / SHA_MAIN
+    reference = make_adapter(str(base), str(tmp_path / "adapter"), r=8)
+    _add_snapshot(hub_cache, "org/tiny-lora", SHA_V2, tmp_path / "adapter", ("main",))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    request = LoRARequest("sql", 1, "org/tiny-lora")
+    assert request.lora_path == str(hub_cache / "models--org--tiny-lora" / "snapshots" / SHA_V2)
+    llm = LLM("org/tiny", enable_lora=True, max_lora_rank=8, skip_tokenizer_init=True,
+              device="cpu", dtype="float32", max_model_len=64, kv_cache_memory_bytes=8 << 20)
+    ids = [128000, 791, 6864, 315, 9822, 374]
+    out = llm.generate([{"prompt_token_ids": ids}],
+                       SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+                       lora_request=request, use_tqdm=False)[0]
+    with torch.no_grad():
+        ref = reference.generate(input_ids=torch.tensor([ids]), max_new_tokens=6,
+                                 min_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert list(out.outputs[0].token_ids) == ref[0, len(ids):].tolist()
+    with pytest.raises(ValueError, match=r"^lora_request 'none' \(org/none\): no such directory, "
+                       rf"and the Hugging Face cache at {hub_cache} holds no snapshot"):
+        llm.generate([{"prompt_token_ids": ids}], lora_request=LoRARequest("none", 2, "org/none"),
+                     use_tqdm=False)

@@ -234,9 +234,9 @@ def _config_path(path: Path, cfg: ModelConfig) -> Path:
     if shipped is not None:
         return shipped
     known = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json"))
-    raise ValueError(f"model: {str(path)!r} is not a model directory, a .gguf file, a config.json "
+    raise ValueError(f"model: {cfg.model!r} is not a model directory, a .gguf file, a config.json "
                      f"or a shipped config ({', '.join(known)}), and "
-                     f"{missing(str(path), cfg.revision, cfg.download_dir)}; {NEVER_DOWNLOADED}")
+                     f"{missing(cfg.model, cfg.revision, cfg.download_dir)}; {NEVER_DOWNLOADED}")
 
 
 def _has_tokenizer(directory: Path) -> bool:
