@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass, field
 
 from loom.config import (CONVERTS, DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES,
@@ -28,6 +29,24 @@ SWAP_SPACE_HELP = ("accepted for vLLM compatibility (GiB of CPU memory for preem
 CHUNKED_PREFILL_HELP = ("accepted for vLLM compatibility: loom always schedules a prompt in "
                         "chunks of at most --max-num-batched-tokens beside running decodes, as "
                         "vLLM's V1 engine; --no-enable-chunked-prefill is refused")
+
+
+_HUMAN_INT = re.compile(r"(-?\d+(?:\.\d+)?)([kmgtKMGT]?)")
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: a lowercase suffix is a power of 1000 (25.6k is
+    25600), an uppercase one a power of 1024 (whole numbers only: 16K is 16384)."""
+    match = _HUMAN_INT.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r} (e.g. 4096, 32k, 32K)")
+    number, suffix = match.groups()
+    if not suffix or suffix.isupper():
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"invalid integer: {text!r}; a fraction takes a decimal suffix (k, m, g, t)")
+        return int(number) * 1024 ** (" KMGT".index(suffix or " "))
+    return round(float(number) * 1000 ** (" kmgt".index(suffix)))
 
 
 def default_model() -> str:
@@ -142,16 +161,19 @@ class EngineArgs:
                        help="accepted for vLLM compatibility and unused: loom runs no code "
                        "from a model's repository")
         g.add_argument("--dtype", default="auto", choices=[*DTYPES, *DTYPE_ALIASES])
-        g.add_argument("--max-model-len", type=int, default=None)
+        g.add_argument("--max-model-len", type=human_int, default=None,
+                       help="tokens; as vLLM's, 32k is 32000 and 32K is 32768")
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-        g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+        g.add_argument("--kv-cache-memory-bytes", type=human_int, default=None,
+                       help="bytes of KV cache instead of --gpu-memory-utilization's share "
+                       "(8G is 8 GiB, 8g 8e9)")
         g.add_argument("--num-gpu-blocks-override", type=int, default=None,
                        help="this many KV-cache blocks, whatever the memory budget allowed "
                             "(vLLM's; on the CPU too)")
         g.add_argument("--max-num-seqs", type=int, default=None,
                        help="default: 1024 on GPUs with at least 70 GiB (A100s excepted), "
                        "else 256; at most --max-num-batched-tokens")
-        g.add_argument("--max-num-batched-tokens", type=int, default=None,
+        g.add_argument("--max-num-batched-tokens", type=human_int, default=None,
                        help="default: on GPUs with at least 70 GiB (A100s excepted) 16384 "
                        "offline and 8192 for `loom serve`; 8192 and 2048 on other GPUs; 8192 "
                        "on the CPU; at least --max-num-seqs")

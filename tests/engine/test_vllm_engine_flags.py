@@ -233,3 +233,28 @@ def test_too_few_override_blocks_name_the_flag(tiny_model_factory):
                                          "--max-model-len"):
         LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=160,
             num_gpu_blocks_override=2)
+
+
+# -- human-readable integers ------------------------------------------------------------------
+@pytest.mark.parametrize("flag, text, value", [
+    ("--max-model-len", "32k", 32000), ("--max-model-len", "32K", 32768),
+    ("--max-model-len", "25.6k", 25600), ("--max-model-len", " 4096 ", 4096),
+    ("--max-num-batched-tokens", "8K", 8192), ("--kv-cache-memory-bytes", "1G", 2**30),
+    ("--kv-cache-memory-bytes", "1.5g", 1_500_000_000), ("--kv-cache-memory-bytes", "1T", 2**40)])
+def test_size_flags_take_vllms_human_readable_integers(flag, text, value):
+    assert getattr(_parsed(flag, text), flag[2:].replace("-", "_")) == value
+
+
+@pytest.mark.parametrize("text, reason", [("1.5K", "a fraction takes a decimal suffix"),
+                                          ("32kb", "invalid integer"), ("1e3", "invalid integer"),
+                                          ("", "invalid integer")])
+def test_bad_human_readable_integers_are_one_cli_error(text, reason, capsys):
+    with pytest.raises(SystemExit):
+        _parsed("--max-model-len", text)
+    err = capsys.readouterr().err
+    assert "argument --max-model-len: " in err and reason in err and "Traceback" not in err
+
+
+def test_a_negative_length_still_names_the_field():
+    with pytest.raises(ValueError, match="^max_model_len: must be positive, got -1000"):
+        _parsed("--max-model-len=-1k").create_engine_config()
