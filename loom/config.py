@@ -292,6 +292,9 @@ class ParallelConfig:
     model on its own tensor_parallel_size devices, and spreads requests over them."""
     distributed_executor_backend: str | None = None
     """One of EXECUTOR_BACKENDS; None: uni for one rank, mp for more (as vLLM picks)."""
+    disable_custom_all_reduce: bool = False
+    """vLLM's: every TP all-reduce through NCCL, never loom's kernels over symmetric memory
+    (the one-shot all-reduce and the fused all-reduce + add + RMSNorm of decode steps)."""
 
     def __post_init__(self) -> None:
         _check(self.tensor_parallel_size > 0,

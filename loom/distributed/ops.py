@@ -21,12 +21,16 @@ FUSED_NORM_MAX_ROWS = 64
 """Batches up to this many tokens take the one-kernel all-reduce + add + RMSNorm."""
 
 
-def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.device) -> bool:
+def init_small_all_reduce(group_name: str, dtype: torch.dtype, device: torch.device,
+                          disabled: bool = False) -> bool:
     """Allocate and rendezvous the group's symmetric buffer (every rank together, before
     any CUDA graph is captured). Small all-reduces then take one kernel that reads every
     peer's buffer over NVLink (P2P, no multicast) instead of NCCL, whose ~13 us latency
-    per call dominates a decode step. Returns False where it cannot apply."""
+    per call dominates a decode step. Returns False where it cannot apply, or disabled
+    (vLLM's --disable-custom-all-reduce: every all-reduce through NCCL)."""
     from loom import envs
+    if disabled:
+        return False
     group = get_group(group_name)
     max_bytes = envs.symm_all_reduce_max_bytes()
     if (group.world_size == 1 or device.type != "cuda" or max_bytes <= 0

@@ -131,6 +131,8 @@ class EngineArgs:
     """ParallelConfig's: 1 only."""
     distributed_executor_backend: str | None = None
     """ParallelConfig's: None, "mp" or "uni"."""
+    disable_custom_all_reduce: bool = False
+    """ParallelConfig's: every all-reduce through NCCL."""
     runner: str = "auto"
     """ModelConfig.runner: auto, generate or pooling."""
     convert: str = "auto"
@@ -327,7 +329,8 @@ class EngineArgs:
                                       self.kv_headroom_tokens,
                                       self.scheduling_policy),
             parallel=ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
-                                    self.data_parallel_size, self.distributed_executor_backend),
+                                    self.data_parallel_size, self.distributed_executor_backend,
+                                    self.disable_custom_all_reduce),
             device=DeviceConfig(self.device),
             compilation=compilation,
             enforce_eager=self.enforce_eager,
@@ -389,3 +392,7 @@ def _add_vllm_model_flags(g) -> None:
     g.add_argument("--distributed-executor-backend", default=None,
                    help="mp (a worker process per rank) or uni (one rank, in the engine core); "
                    "default: uni for one rank, mp for more; ray is refused")
+    g.add_argument("--disable-custom-all-reduce", action="store_true",
+                   help="every TP all-reduce through NCCL, never loom's kernels over "
+                   "symmetric memory (vLLM's; for hosts whose GPUs cannot reach each other's "
+                   "memory)")

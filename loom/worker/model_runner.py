@@ -161,9 +161,13 @@ class ModelRunner:
         if cfg.compilation.pass_config.enable_async_tp and self.device.type == "cuda" \
                 and tp_size > 1 and not cfg.enforce_eager:
             enable_symmetric_memory("tp")
-        if init_small_all_reduce("tp", self.dtype, self.device):
+        off = cfg.parallel.disable_custom_all_reduce
+        if init_small_all_reduce("tp", self.dtype, self.device, disabled=off):
             logger.info("all-reduces up to %d bytes: one-shot over symmetric memory; larger: NCCL",
                         envs.symm_all_reduce_max_bytes())
+        elif off and tp_size > 1 and self.device.type == "cuda":
+            logger.info("disable_custom_all_reduce: every all-reduce through NCCL (no one-shot "
+                        "or fused all-reduce + norm kernels)")
         # Before compiling: the traced graph keeps or leaves out the rotary kernels for good.
         fuse_rope = self.backend.fuses_rope
         if fuse_rope and is_partial(self.model):

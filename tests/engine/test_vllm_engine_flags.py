@@ -258,3 +258,32 @@ def test_bad_human_readable_integers_are_one_cli_error(text, reason, capsys):
 def test_a_negative_length_still_names_the_field():
     with pytest.raises(ValueError, match="^max_model_len: must be positive, got -1000"):
         _parsed("--max-model-len=-1k").create_engine_config()
+
+
+# -- --disable-custom-all-reduce --------------------------------------------------------------
+def test_disable_custom_all_reduce_reaches_the_parallel_config():
+    assert _parsed("--disable-custom-all-reduce").create_engine_config(
+        ).parallel.disable_custom_all_reduce is True
+    assert _config().parallel.disable_custom_all_reduce is False
+    with pytest.raises(ValueError, match="^disable_custom_all_reduce: must be True or False"):
+        _config(disable_custom_all_reduce="no")
+
+
+def test_disabled_small_all_reduces_never_touch_the_group(monkeypatch):
+    """Disabled, no symmetric buffer is set up (the group is not even looked up), so every
+    all-reduce falls to NCCL; enabled, the same call goes on to look the group up."""
+    import torch
+
+    from loom.distributed import ops
+    looked_up = []
+
+    def lookup(name):
+        looked_up.append(name)
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(ops, "get_group", lookup)
+    assert ops.init_small_all_reduce("tp", torch.bfloat16, torch.device("cuda"),
+                                     disabled=True) is False
+    assert looked_up == []
+    with pytest.raises(RuntimeError, match="stop here"):
+        ops.init_small_all_reduce("tp", torch.bfloat16, torch.device("cuda"))
+    assert looked_up == ["tp"]
