@@ -113,7 +113,8 @@ def test_generate_and_serve_take_vllm_flags():
                               "--disable-log-requests"])
     assert arg_utils.EngineArgs.from_cli_args(args).trust_remote_code is True
     assert args.enable_chunked_prefill is True and args.disable_log_requests is True
-    assert "never runs code" in arg_utils.TRUST_REMOTE_CODE_HELP
+    from loom.engine.arg_flags import TRUST_REMOTE_CODE_HELP
+    assert "never runs code" in TRUST_REMOTE_CODE_HELP
 
 
 def test_no_chunked_prefill_is_a_cli_error(capsys):
