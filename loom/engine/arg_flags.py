@@ -108,6 +108,15 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
                    "also one key at a time (-O.cudagraph_mode=NONE, "
                    "-O.pass_config.enable_async_tp true), list items with + "
                    "(-O.compile_sizes+ 8), and -cc for -O; all of them merge")
+    g.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
+                   metavar="N", help="vLLM's: compilation_config.cudagraph_capture_sizes (the "
+                   "decode batch sizes captured as CUDA graphs)")
+    g.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
+                   help="vLLM's: compilation_config.max_cudagraph_capture_size (the default "
+                   "capture sizes stop at N)")
+    g.add_argument("--max-seq-len-to-capture", type=int, default=None, metavar="N",
+                   help="accepted for vLLM compatibility (removed from vLLM) and unused: "
+                   "loom's decode graphs take every context length")
     g.add_argument("--trust-remote-code", action="store_true", help=TRUST_REMOTE_CODE_HELP)
     g.add_argument("--swap-space", type=float, default=None, help=SWAP_SPACE_HELP)
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
@@ -149,6 +158,13 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
 
 def _add_vllm_model_flags(g) -> None:
     """vLLM's flags for the model's config and tokenizer, and for parallelism loom has not."""
+    g.add_argument("--guided-decoding-backend", default=None, metavar="NAME",
+                   help="vLLM's (auto, guidance, xgrammar, outlines, lm-format-enforcer, with "
+                   ":options): accepted; loom's structured outputs always run on llguidance")
+    g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
+                   help="vLLM's (backend, disable_fallback, disable_any_whitespace, "
+                   "disable_additional_properties): accepted; llguidance runs every backend's "
+                   "requests, compact and closed to undeclared keys")
     g.add_argument("--hf-overrides", default=None, metavar="JSON",
                    help="JSON object set over the model's config.json before loom reads it, "
                    "as vLLM's (e.g. '{\"rope_theta\": 1000000}')")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from loom.config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig,
                          LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig)
+from loom.config_checks import json_object
 from loom.engine.arg_flags import add_engine_flags
 from loom.models.demo import DEMO_INSTALL_HINT, demo_model_path
 from loom.speculative_config import SpeculativeConfig
@@ -62,6 +63,12 @@ class EngineArgs:
     device: str = "auto"
     tensor_parallel_size: int = 1
     compilation_config: CompilationConfig | dict | str | int | None = field(default=None)
+    cudagraph_capture_sizes: list[int] | None = None
+    """vLLM's: set into compilation_config (which must not give them too)."""
+    max_cudagraph_capture_size: int | None = None
+    """vLLM's: set into compilation_config (which must not give it too)."""
+    max_seq_len_to_capture: int | None = None
+    """vLLM's former flag, accepted and unused: decode graphs take every context length."""
     trust_remote_code: bool = False
     """Accepted as vLLM's, and ignored (`arg_flags.TRUST_REMOTE_CODE_HELP`)."""
     enable_chunked_prefill: bool = True
@@ -84,6 +91,10 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    guided_decoding_backend: str | None = None
+    structured_outputs_config: dict | str | None = None
+    """vLLM's structured-output backend choice, accepted (`_check_structured_outputs`):
+    loom's structured outputs always run on llguidance (vLLM's "guidance")."""
     hf_overrides: dict | str | None = None
     """ModelConfig.hf_overrides: a dict or a JSON object's text."""
     pooler_config: dict | str | None = None
@@ -127,7 +138,7 @@ class EngineArgs:
             if not is_int(getattr(self, name)):
                 raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
-                     "max_num_batched_tokens"):
+                     "max_num_batched_tokens", "max_seq_len_to_capture"):
             value = getattr(self, name)
             if value is not None and not is_int(value):
                 raise ValueError(f"{name}: must be an integer or None, got {value!r}")
@@ -168,7 +179,8 @@ class EngineArgs:
         """usage_context: "llm" (offline, benchmarks) or "api_server"; it picks the batch
         defaults, as in vLLM."""
         self._check_types()
-        compilation = CompilationConfig.parse(self.compilation_config)
+        _check_structured_outputs(self.guided_decoding_backend, self.structured_outputs_config)
+        compilation = self._with_capture_flags(CompilationConfig.parse(self.compilation_config))
         if self.enforce_eager and (compilation.level or 0) > 0:
             logger.warning("enforce_eager: compilation_config.level %d is overridden; the model "
                            "runs eagerly, with no CUDA graphs", compilation.level)
@@ -205,6 +217,23 @@ class EngineArgs:
             lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora else None)
 
+    def _with_capture_flags(self, compilation: CompilationConfig) -> CompilationConfig:
+        """--cudagraph-capture-sizes and --max-cudagraph-capture-size, vLLM's shorthands
+        for compilation_config's fields (giving one both ways is an error, as in vLLM)."""
+        given = {}
+        for name in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if getattr(compilation, name) is not None:
+                raise ValueError(f"{name}: given both by itself and in compilation_config; "
+                                 "give it once")
+            given[name] = tuple(value) if isinstance(value, list | tuple) else value
+        if self.max_seq_len_to_capture is not None:
+            logger.info("max_seq_len_to_capture: unused; loom's decode CUDA graphs take every "
+                        "context length")
+        return dataclasses.replace(compilation, **given) if given else compilation
+
     def _pooler_config(self) -> dict | str:
         if self.pooler_config is not None and self.override_pooler_config is not None:
             raise ValueError("override_pooler_config: --pooler-config is its newer name; "
@@ -223,3 +252,43 @@ class EngineArgs:
         logger.warning("task: deprecated in vLLM; --task %s is --runner %s --convert %s",
                        self.task, runner or "auto", convert or "auto")
         return {"runner": runner or self.runner, "convert": convert or self.convert}
+
+
+GUIDED_BACKENDS = ("auto", "guidance", "xgrammar", "outlines", "lm-format-enforcer")
+_SWITCHES = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
+"""vLLM's structured-output switches; loom's one behaviour is what they ask for (compact
+JSON, objects closed to undeclared keys, no fallback), so either value is accepted."""
+
+
+def _check_structured_outputs(backend: str | None, config: dict | str | None) -> None:
+    """vLLM's --guided-decoding-backend NAME[:options] and --structured-outputs-config JSON:
+    accepted where they name vLLM's backends and switches, with one line where they ask for
+    a backend other than llguidance."""
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise ValueError(f"guided_decoding_backend: must be a string, got {backend!r}")
+        name, _, options = backend.partition(":")
+        known = ("disable-any-whitespace", "no-fallback", "disable-additional-properties")
+        unknown = [o for o in options.split(",") if o and o not in known]
+        if unknown:
+            raise ValueError(f"guided_decoding_backend: unknown option(s) {unknown}; vLLM's "
+                             f"are {', '.join(known)}")
+        config = {"backend": name, **json_object(config or {}, "structured_outputs_config")}
+    elif config is None:
+        return
+    config = json_object(config, "structured_outputs_config")
+    unknown = sorted(set(config) - {"backend", *_SWITCHES})
+    if unknown:
+        raise ValueError(f"structured_outputs_config: {unknown} not supported; loom takes "
+                         f"backend and {', '.join(_SWITCHES)}")
+    name = config.get("backend", "auto")
+    if name not in GUIDED_BACKENDS:
+        raise ValueError(f"structured_outputs_config.backend: {name!r} is not one of "
+                         f"{', '.join(GUIDED_BACKENDS)}")
+    for switch in _SWITCHES:
+        if not isinstance(config.get(switch, False), bool):
+            raise ValueError(f"structured_outputs_config.{switch}: must be true or false")
+    if name not in ("auto", "guidance"):
+        logger.info("structured outputs backend %s: loom runs every constraint on llguidance "
+                    "(vLLM's \"guidance\"), with the same JSON schema, regex, choice and "
+                    "grammar requests", name)

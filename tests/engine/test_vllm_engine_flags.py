@@ -5,6 +5,7 @@ each honoured where loom can and refused by name where it cannot."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -287,3 +288,65 @@ def test_disabled_small_all_reduces_never_touch_the_group(monkeypatch):
     with pytest.raises(RuntimeError, match="stop here"):
         ops.init_small_all_reduce("tp", torch.bfloat16, torch.device("cuda"))
     assert looked_up == ["tp"]
+
+
+# -- --cudagraph-capture-sizes, --max-cudagraph-capture-size, --max-seq-len-to-capture ---------
+def test_capture_flags_set_the_compilation_config():
+    compilation = _parsed("--cudagraph-capture-sizes", "1", "2", "4", "16",
+                          "-O", '{"level": 3}').create_engine_config().compilation
+    assert compilation.cudagraph_capture_sizes == (1, 2, 4, 16) and compilation.level == 3
+    assert compilation.capture_sizes(256) == [1, 2, 4, 16]
+    compilation = _parsed("--max-cudagraph-capture-size", "24").create_engine_config(
+        ).compilation
+    assert compilation.max_cudagraph_capture_size == 24
+    assert compilation.capture_sizes(256) == [1, 2, 4, 8, 16, 24]
+    assert _config(cudagraph_capture_sizes=[8, 2]).compilation.cudagraph_capture_sizes == (8, 2)
+
+
+def test_capture_flags_given_twice_or_bad_are_refused():
+    with pytest.raises(ValueError, match="^cudagraph_capture_sizes: given both"):
+        _parsed("--cudagraph-capture-sizes", "8", "-O",
+                '{"cudagraph_capture_sizes": [4]}').create_engine_config()
+    with pytest.raises(ValueError, match="^max_cudagraph_capture_size: given both"):
+        _parsed("--max-cudagraph-capture-size", "8", "-O.max_cudagraph_capture_size=8"
+                ).create_engine_config()
+    with pytest.raises(ValueError, match="max_cudagraph_capture_size: 8 is not the largest"):
+        _parsed("--cudagraph-capture-sizes", "4", "16", "--max-cudagraph-capture-size", "8"
+                ).create_engine_config()
+    with pytest.raises(ValueError, match="cudagraph_capture_sizes"):
+        _config(cudagraph_capture_sizes=[0])
+    with pytest.raises(ValueError, match="^max_seq_len_to_capture: must be an integer"):
+        _config(max_seq_len_to_capture="8k")
+
+
+def test_max_seq_len_to_capture_is_accepted_with_one_line(caplog):
+    with caplog.at_level(logging.INFO, logger="loom.engine.arg_utils"):
+        config = _parsed("--max-seq-len-to-capture", "8192").create_engine_config()
+    assert config.compilation == _config().compilation
+    assert "max_seq_len_to_capture: unused" in caplog.text
+
+
+# -- --guided-decoding-backend, --structured-outputs-config -----------------------------------
+@pytest.mark.parametrize("flags, says", [
+    (["--guided-decoding-backend", "auto"], False),
+    (["--guided-decoding-backend", "guidance"], False),
+    (["--guided-decoding-backend", "xgrammar:disable-any-whitespace"], True),
+    (["--structured-outputs-config", '{"backend": "outlines", "disable_fallback": true}'], True),
+    (["--structured-outputs-config", '{"disable_any_whitespace": false}'], False)])
+def test_structured_output_backends_are_accepted(flags, says, caplog):
+    with caplog.at_level(logging.INFO, logger="loom.engine.arg_utils"):
+        _parsed(*flags).create_engine_config()
+    assert ("loom runs every constraint on llguidance" in caplog.text) is says
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--guided-decoding-backend", "lmfe"], "^structured_outputs_config.backend: 'lmfe' is not"),
+    (["--guided-decoding-backend", "xgrammar:fast"], r"^guided_decoding_backend: unknown option"),
+    (["--structured-outputs-config", '{"reasoning_parser": "x"}'],
+     r"^structured_outputs_config: \['reasoning_parser'\] not supported"),
+    (["--structured-outputs-config", '{"disable_fallback": "yes"}'],
+     "^structured_outputs_config.disable_fallback: must be true or false"),
+    (["--structured-outputs-config", "[1]"], "^structured_outputs_config: expected a JSON object")])
+def test_bad_structured_output_configs_name_the_field(flags, message):
+    with pytest.raises(ValueError, match=message):
+        _parsed(*flags).create_engine_config()
