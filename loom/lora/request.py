@@ -10,8 +10,9 @@ import msgspec
 class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to apply
     to one request; lora_path may be a Hugging Face Hub id in the local cache, as in vLLM
-    (its snapshot folder replaces it here). lora_int_id identifies the adapter everywhere in the engine (cache
-    slots, prefix-cache keys): two requests with the same id must name the same adapter."""
+    (its snapshot folder replaces it here). lora_int_id identifies the adapter everywhere in
+    the engine (cache slots, prefix-cache keys): two requests with the same id must name the
+    same adapter."""
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
