@@ -309,3 +309,28 @@ def test_a_block_count_too_large_to_allocate_names_its_flag(capsys, tiny_llama_w
                       "--num-gpu-blocks-override", str(10**12))
     assert err.startswith("loom generate: error: num_gpu_blocks_override: 1000000000000 "
                           "blocks of KV cache ("), err
+
+
+def _refused_flags() -> list[tuple[str, str]]:
+    from loom.engine.arg_flags import REFUSED
+    return [(flag, reason) for flags, reason in REFUSED.items() for flag in flags.split()]
+
+
+@pytest.mark.parametrize("flag, reason", _refused_flags())
+def test_vllm_flags_loom_lacks_are_refused_with_their_reason(capsys, flag, reason, tmp_path):
+    """With a value or without, underscored, or from --config's YAML: one line, the reason."""
+    err = _main_error(capsys, "serve", "m", flag, "1")
+    assert err.strip().endswith(f"loom serve: error: {flag}: {reason}"), err
+    underscored = "--" + flag[2:].replace("-", "_")
+    err = _main_error(capsys, "generate", "--prompt", "x", underscored)
+    assert f"loom generate: error: {flag}: {reason}" in err
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{flag[2:].replace('-', '_')}: true\n")
+    assert f"{flag}: {reason}" in _main_error(capsys, "serve", "m", "--config", str(config))
+
+
+def test_refused_flags_stay_out_of_the_help():
+    from loom.cli import build_parser
+    text = build_parser(["serve"])._subparsers._group_actions[0].choices["serve"].format_help()
+    assert "--max-model-len" in text
+    assert not [flag for flag, _ in _refused_flags() if flag in text]

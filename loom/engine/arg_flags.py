@@ -154,6 +154,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--max-cpu-loras", type=int, default=None,
                    help="adapters kept loaded in host memory (default: --max-loras)")
     _add_vllm_model_flags(g)
+    for flags, reason in REFUSED.items():
+        g.add_argument(*flags.split(), action=_Refused, reason=reason)
 
 
 def _add_vllm_model_flags(g) -> None:
@@ -201,3 +203,45 @@ def _add_vllm_model_flags(g) -> None:
                    help="every TP all-reduce through NCCL, never loom's kernels over "
                    "symmetric memory (vLLM's; for hosts whose GPUs cannot reach each other's "
                    "memory)")
+
+
+_MM = "loom serves text-only models (no multimodal inputs)"
+_DP_HOSTS = "loom's -dp runs every replica on this host"
+_LORA = "loom's LoRA layers take rank-r A and B over the base weights only"
+REFUSED = {
+    "--enable-expert-parallel --enable-eplb": "loom shards MoE experts by tensor parallelism "
+    "(-tp) only",
+    "--cpu-offload-gb": "loom keeps every weight on the device",
+    "--enable-sleep-mode": "not implemented by loom",
+    "--limit-mm-per-prompt --mm-processor-kwargs --disable-mm-preprocessor-cache "
+    "--mm-encoder-tp-mode": _MM,
+    "--kv-transfer-config --kv-events-config": "loom has no KV transfer between instances "
+    "(disaggregated prefill)",
+    "--headless --data-parallel-address --data-parallel-rpc-port --data-parallel-size-local "
+    "--data-parallel-start-rank": _DP_HOSTS,
+    "--attention-backend": "loom picks its attention kernels itself (Triton on CUDA, "
+    "torch-native on the CPU)",
+    "--enable-dbo": "loom has no dual-batch overlap",
+    "--num-scheduler-steps": "vLLM V0's multi-step scheduling; loom's --async-scheduling "
+    "overlaps each step's scheduling with the device instead",
+    "--preemption-mode": "loom preempts by recomputing only, as vLLM's V1 engine",
+    "--disable-sliding-window": "not implemented by loom: sliding-window models keep their "
+    "window",
+    "--enable-lora-bias --fully-sharded-loras --lora-extra-vocab-size": _LORA,
+    "--model-impl": "loom runs its own model implementations only",
+    "--calculate-kv-scales": "loom's fp8 KV cache is unscaled (k_scale = v_scale = 1.0)",
+    "--speculative-model --num-speculative-tokens": "vLLM's former spelling; use "
+    "--speculative-config '{\"model\": ..., \"num_speculative_tokens\": k}'",
+}
+"""vLLM flags loom does not implement, each refused with its reason instead of argparse's
+"unrecognized arguments"."""
+
+
+class _Refused(argparse.Action):
+    def __init__(self, option_strings, dest, reason: str, **kwargs) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs="?",
+                         default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.reason = reason
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string}: {self.reason}")
