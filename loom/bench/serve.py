@@ -47,6 +47,7 @@ from loom.bench.serve_options import (add_request_options, goodput_objectives, m
 from loom.bench.traffic import arrival_times, drive
 from loom.entrypoints.cli_client import check_http_url
 from loom.frontend.tokenizer import load_tokenizer
+from loom.models.names import resolve_name
 
 _TIMEOUT = aiohttp.ClientTimeout(total=6 * 3600)
 
@@ -59,7 +60,8 @@ def register(subparsers) -> None:
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--model", default=None, help="model name sent in requests (default: the "
                    "server's first from /v1/models); a shipped config name also picks the tokenizer")
-    g.add_argument("--tokenizer", default=None, help="tokenizer directory or .gguf for the prompts")
+    g.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory, .gguf or cached Hub id for the prompts")
     g.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME",
                    help="LoRA adapter names the server was started with (--lora-modules): "
                    "each request names one of them at random, as vLLM's benchmark")
@@ -249,7 +251,8 @@ async def _benchmark(cfg: ServeBenchConfig) -> ServeRun:
         await _wait_ready(session, cfg)
         model = cfg.model or await _served_model(session, cfg)
         tokenizer = cfg.tokenizer or _model_tokenizer(model)
-        samples = sample_requests(cfg.dataset, load_tokenizer(tokenizer))
+        samples = sample_requests(cfg.dataset, load_tokenizer(
+            resolve_name(tokenizer, None, None, "tokenizer", required=True)))
         names = _request_models(model, cfg.lora_modules, len(samples), cfg.dataset.seed)
         inputs = [RequestInput(cfg.base_url + cfg.endpoint, name, s.prompt, s.prompt_len,
                                s.expected_output_len, cfg.endpoint == CHAT_ENDPOINT,

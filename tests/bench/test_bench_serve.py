@@ -285,3 +285,20 @@ def test_lora_modules_spread_requests_over_the_adapters(fake_server, llama3_toke
                   "--lora-modules", "sql", "chat") == 0
     models = [body["model"] for body in server.state.payloads[1:]]  # after the probe
     assert len(models) == 12 and set(models) == {"sql", "chat"}
+
+
+def test_a_tokenizer_hub_id_is_read_from_the_cache(fake_server, llama3_tokenizer_dir, tmp_path,
+                                                   capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    from pathlib import Path
+
+    from tests.models.test_hub_names import SHA_MAIN, _add_snapshot
+    _add_snapshot(tmp_path / "cache", "org/tok", SHA_MAIN, Path(llama3_tokenizer_dir), ("main",))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    server = fake_server()
+    assert _serve(server.base_url, "org/tok", tmp_path) == 0
+    assert _block(capsys.readouterr().out)["Successful requests"] == 12
+    assert _serve(server.base_url, "org/none", tmp_path) == 2
+    assert ("loom bench serve: error: tokenizer: 'org/none' is not a local path, and the "
+            "Hugging Face cache") in capsys.readouterr().err

@@ -231,7 +231,7 @@ def test_a_lora_adapter_may_be_a_hub_id(hub_cache, tmp_path, monkeypatch):
     """As vLLM's: an adapter's Hub id is looked up in the default cache (HF_HUB_CACHE, read
     by huggingface_hub at import, so its constant is set here); output checked against
     peft's own model of base + adapter."""
-    import huggingface_hub
+    from huggingface_hub import constants
     import torch
 
     from loom import LLM, SamplingParams
@@ -240,7 +240,7 @@ def test_a_lora_adapter_may_be_a_hub_id(hub_cache, tmp_path, monkeypatch):
     base = hub_cache / "models--org--tiny" / "snapshots" / SHA_MAIN
     reference = make_adapter(str(base), str(tmp_path / "adapter"), r=8)
     _add_snapshot(hub_cache, "org/tiny-lora", SHA_V2, tmp_path / "adapter", ("main",))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
     request = LoRARequest("sql", 1, "org/tiny-lora")
     assert request.lora_path == str(hub_cache / "models--org--tiny-lora" / "snapshots" / SHA_V2)
     llm = LLM("org/tiny", enable_lora=True, max_lora_rank=8, skip_tokenizer_init=True,
