@@ -58,6 +58,7 @@ def test_a_template_broken_by_a_field_type_is_a_400():
     chat = object.__new__(OpenAIServingChat)
     chat.tokenizer = load_tokenizer(llama3_tokenizer_path(), chat_template=strict)
     chat.content_format = "auto"  # __init__ is skipped: no engine behind this one
+    chat.default_template_kwargs = {}
     with pytest.raises(APIError) as e:
         chat.render([ChatMessage(role="user", content="hi", turn=1)])  # an int, not a str
     assert e.value.status == 400 and e.value.param == "messages"

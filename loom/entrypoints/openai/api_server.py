@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import uvicorn
@@ -120,6 +121,11 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """/docs, /redoc and /openapi.json (off with --disable-fastapi-docs)."""
     server_load_tracking: bool = False
     """Count requests in flight for GET /load (--enable-server-load-tracking)."""
+    default_chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    """--default-chat-template-kwargs: chat template variables that a request's own
+    chat_template_kwargs override, name by name."""
+    stream_interval: int = 1
+    """--stream-interval: a streamed choice goes out every this many tokens."""
 
 
 def build_app(state: ServerState) -> FastAPI:

@@ -6,10 +6,12 @@ import argparse
 import json
 import logging
 import os
+from typing import Any
 
 from loom import envs
 from loom.engine.arg_utils import EngineArgs
 from loom.config import EngineConfig, ModelConfig
+from loom.entrypoints.openai.protocol_chat import RESERVED_TEMPLATE_VARIABLES
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.serving_models import LoRAModule, lora_requests, parse_lora_modules
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
@@ -90,6 +92,12 @@ def add_frontend_flags(g) -> None:
     g.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="logprobs name their tokens \"token_id:<id>\" unless a request sets "
                         "return_tokens_as_token_ids (vLLM's)")
+    g.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
+                   help="chat template variables for every request, under its own "
+                        "chat_template_kwargs, e.g. '{\"enable_thinking\": false}' (vLLM's)")
+    g.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                   help="stream a choice's text every N tokens (its first and last at once) "
+                        "rather than every step: less host work per token (vLLM's)")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a chat request bring its own chat_template (a template is code)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -204,7 +212,8 @@ def frontend_setup(args: argparse.Namespace, context: str) -> tuple[EngineConfig
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         force_include_usage=args.enable_force_include_usage,
-        log_outputs=args.enable_log_outputs)
+        log_outputs=args.enable_log_outputs, stream_interval=args.stream_interval,
+        default_chat_template_kwargs=default_template_kwargs(args.default_chat_template_kwargs))
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -232,6 +241,25 @@ def check_frontend(args: argparse.Namespace) -> None:
                          f"({', '.join(sorted(TOOL_PARSERS))})")
     if args.lora_modules and not args.enable_lora:
         raise ValueError("lora_modules: --lora-modules needs --enable-lora")
+    if args.stream_interval < 1:
+        raise ValueError(f"stream_interval: --stream-interval must be at least 1, got "
+                         f"{args.stream_interval}")
+    default_template_kwargs(args.default_chat_template_kwargs)
+
+
+def default_template_kwargs(value: str | None) -> dict[str, Any]:
+    """--default-chat-template-kwargs: a JSON object of template variables."""
+    flag = "default_chat_template_kwargs: --default-chat-template-kwargs"
+    try:
+        kwargs = json.loads(value) if value is not None else {}
+    except ValueError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{flag} takes a JSON object, got {value!r}"[:300])
+    reserved = sorted(set(RESERVED_TEMPLATE_VARIABLES) & set(kwargs))
+    if reserved:
+        raise ValueError(f"{flag} may not set {reserved}: each request sets them")
+    return kwargs
 
 
 def _log_requests(args: argparse.Namespace) -> bool:

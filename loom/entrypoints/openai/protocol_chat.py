@@ -53,6 +53,11 @@ class ChatMessage(BaseModel):
         return message
 
 
+RESERVED_TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "tools", "chat_template")
+"""What a request's own fields set, never chat_template_kwargs (chat_template is the
+renderer's argument, not a variable)."""
+
+
 def check_chat_options(add_generation_prompt: bool, continue_final_message: bool,
                        chat_template_kwargs: dict[str, Any] | None) -> None:
     check_bools({"add_generation_prompt": add_generation_prompt,
@@ -62,7 +67,7 @@ def check_chat_options(add_generation_prompt: bool, continue_final_message: bool
             and all(isinstance(k, str) for k in chat_template_kwargs)):
         raise ValueError(f"chat_template_kwargs: must be a dict of variable names to values, "
                          f"got {chat_template_kwargs!r}"[:200])
-    reserved = {"messages", "add_generation_prompt", "tools"} & set(chat_template_kwargs or {})
+    reserved = set(RESERVED_TEMPLATE_VARIABLES) & set(chat_template_kwargs or {})
     if reserved:
         raise ValueError(f"chat_template_kwargs: {sorted(reserved)} are set by the request "
                          "itself")

@@ -63,13 +63,15 @@ def build_state(options: ServerOptions, make_client: Callable[[], EngineCoreClie
     details = options.enable_prompt_tokens_details
     # The Responses API's logprobs and usage are chat's.
     shared = dict(tokens_as_ids=options.return_tokens_as_token_ids,
-                  force_include_usage=options.force_include_usage)
+                  force_include_usage=options.force_include_usage,
+                  stream_interval=options.stream_interval)
     chat = OpenAIServingChat(engine, models, defaults, details, **shared,
                              tool_call_parser=options.tool_call_parser,
                              reasoning_parser=options.reasoning_parser,
                              trust_request_chat_template=options.trust_request_chat_template,
                              response_role=options.response_role,
-                             content_format=options.chat_template_content_format)
+                             content_format=options.chat_template_content_format,
+                             default_template_kwargs=options.default_chat_template_kwargs)
     completion = OpenAIServingCompletion(engine, models, defaults, details, **shared)
     state = ServerState(options, engine, metrics, models, completion, chat,
                         OpenAIServingEmbedding(engine, models),

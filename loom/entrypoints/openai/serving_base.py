@@ -42,7 +42,7 @@ class OpenAIServing:
     def __init__(self, engine: AsyncLLM, models: ServingModels | list[str],
                  sampling_defaults: dict | None = None,
                  prompt_tokens_details: bool = False, *, tokens_as_ids: bool = False,
-                 force_include_usage: bool = False) -> None:
+                 force_include_usage: bool = False, stream_interval: int = 1) -> None:
         self.engine = engine
         self.prompt_tokens_details = prompt_tokens_details
         """--enable-prompt-tokens-details: usage says how many prompt tokens were cached."""
@@ -52,6 +52,9 @@ class OpenAIServing:
         self.force_include_usage = force_include_usage
         """--enable-force-include-usage: every stream ends with a usage chunk, as if it had
         asked for one (stream_options.include_usage)."""
+        self.stream_interval = stream_interval
+        """--stream-interval: a streamed choice goes out every this many tokens
+        (`stream_interval`)."""
         self.models = models if isinstance(models, ServingModels) else ServingModels(models)
         """The base model's names and the LoRA adapters', shared by all endpoints."""
         self.tokenizer = engine.tokenizer

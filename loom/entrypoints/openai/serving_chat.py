@@ -23,6 +23,7 @@ from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, merge
                                                   sse_error, stream_from_first)
 from loom.entrypoints.openai.output_split import OutputSplit, SplitStream
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
+from loom.entrypoints.openai.stream_interval import every
 from loom.entrypoints.openai.tool_calls import ToolCall, ToolCalls
 from loom.frontend.processor import check_num_logprobs
 from loom.outputs import CompletionOutput, PositionLogprobs
@@ -55,8 +56,10 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None, trust_request_chat_template: bool = False,
                  response_role: str = "assistant", content_format: str = "auto",
-                 **kwargs) -> None:
+                 default_template_kwargs: dict[str, Any] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.default_template_kwargs = dict(default_template_kwargs or {})
+        """--default-chat-template-kwargs: template variables under each request's own."""
         self.trust_request_chat_template = trust_request_chat_template
         self.response_role = response_role
         """--response-role: the reply's role when the prompt ends with the generation prompt."""
@@ -79,12 +82,14 @@ class OpenAIServingChat(OpenAIServing):
                template_variables: dict[str, Any] | None = None,
                chat_template: str | None = None) -> list[int]:
         """The prompt's token ids, exactly as `LLM.chat` builds them; template_variables:
-        more variables for the chat template (tools, chat_template_kwargs)."""
+        more variables for the chat template (tools, chat_template_kwargs), each over the
+        server's default of that name."""
         if self.tokenizer is None:
             raise APIError(400, "chat needs a tokenizer; this server has none", "messages")
+        variables = {**self.default_template_kwargs, **(template_variables or {})}
         try:
             text = render_chat(self.tokenizer, messages, add_generation_prompt,
-                               continue_final_message, chat_template, template_variables,
+                               continue_final_message, chat_template, variables,
                                self.content_format)
         except ValueError as e:  # no template, the template refused the messages, or the
             raise APIError(400, str(e), "messages") from e  # final message is not in it
@@ -145,9 +150,10 @@ class OpenAIServingChat(OpenAIServing):
             return JSONResponse(ChatCompletionResponse(
                 id=chat.id, created=chat.created, model=chat.model, choices=choices,
                 usage=UsageInfo.of(len(prompt_ids), generated)).model_dump(mode="json"))
-        outputs = merge([self.engine.generate(prompt_ids, params, chat.id, trace_headers,
-                                              body.cache_salt, lora_request=lora,
-                                              priority=body.priority)])
+        interval = self.stream_interval if body.stream else 1
+        outputs = merge([every(self.engine.generate(prompt_ids, params, chat.id, trace_headers,
+                                                    body.cache_salt, lora_request=lora,
+                                                    priority=body.priority), interval)])
         if body.stream:
             return await self._stream(chat, outputs)
         return await self._whole(chat, outputs)

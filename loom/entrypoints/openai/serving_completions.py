@@ -17,6 +17,7 @@ from loom.entrypoints.openai.protocol_completions import (CompletionChoice, Comp
 from loom.entrypoints.openai.serving_base import (SSE_DONE, OpenAIServing, gather_or_cancel,
                                                   merge, off_loop, sse, sse_error,
                                                   stream_from_first)
+from loom.entrypoints.openai.stream_interval import every
 from loom.lora.request import LoRARequest
 from loom.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
@@ -84,8 +85,10 @@ class OpenAIServingCompletion(OpenAIServing):
             generators.append((token_ids, params, f"{request.id}-{i}"))
         if body.use_beam_search:
             return await self._beam_search(request, [g[0] for g in generators])
-        outputs = merge([self.engine.generate(*g, trace_headers, body.cache_salt,
-                                              lora_request=lora, priority=body.priority)
+        interval = self.stream_interval if body.stream else 1
+        outputs = merge([every(self.engine.generate(*g, trace_headers, body.cache_salt,
+                                                    lora_request=lora, priority=body.priority),
+                               interval)
                          for g in generators])
         if body.stream:
             return await self._stream(request, outputs)

@@ -33,9 +33,10 @@ from loom.entrypoints.openai.output_split import OutputSplit, SplitStream
 from loom.entrypoints.openai.responses_stream import ResponseEvents, output_items
 from loom.entrypoints.openai.serving_base import OpenAIServing, off_loop, stream_from_first
 from loom.entrypoints.openai.serving_chat import OpenAIServingChat
+from loom.entrypoints.openai.stream_interval import Interval
 from loom.entrypoints.openai.tool_calls import ToolCalls
 from loom.frontend.processor import check_num_logprobs
-from loom.outputs import RequestOutput
+from loom.outputs import CompletionOutput, RequestOutput
 from loom.sampling_params import SamplingParams
 
 
@@ -52,16 +53,17 @@ class _Output:
     marks: list[tuple[int, int]] = field(default_factory=list)
     """(length of text, tokens so far) after each piece: where tokens end in the text."""
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    """A whole response's (a stream's go out with its text)."""
     finish_reason: str | None = None
     cached_tokens: int = 0
 
-    def add(self, output: RequestOutput, text: str, tokens: int,
-            logprobs: list[TokenLogprob]) -> None:
+    def add(self, output: RequestOutput, delta: CompletionOutput) -> None:
+        """Record one engine output's delta, as it comes (so marks are per step)."""
         self.cached_tokens = max(self.cached_tokens, output.num_cached_tokens)
-        self.text += text
-        self.tokens += tokens
+        self.text += delta.text
+        self.tokens += len(delta.token_ids)
         self.marks.append((len(self.text), self.tokens))
-        self.logprobs += logprobs
+        self.finish_reason = delta.finish_reason or self.finish_reason
 
     def tokens_within(self, end: int) -> int:
         """How many tokens make up the text's first `end` characters (0 for none)."""
@@ -96,7 +98,7 @@ class OpenAIServingResponses(OpenAIServing):
         """chat: the server's chat endpoint, whose template, tool-call parser and reasoning
         parser a response runs with; store: None unless LOOM_ENABLE_RESPONSES_API_STORE."""
         super().__init__(chat.engine, chat.models, chat.sampling_defaults,
-                         chat.prompt_tokens_details)
+                         chat.prompt_tokens_details, stream_interval=chat.stream_interval)
         self.chat = chat
         self.store = store
         self._background: dict[str, BackgroundRun] = {}
@@ -256,20 +258,13 @@ class OpenAIServingResponses(OpenAIServing):
         return default if requested is None else min(requested,
                                                      self.engine.max_model_len - prompt_tokens)
 
-    def _add(self, run: _Run, output: RequestOutput) -> list[tuple[str, bool, list]]:
-        """Record an engine output; its (text, finished, logprobs) pieces."""
-        pieces = []
-        for delta in output.outputs:
-            logprobs = self.chat.token_logprobs(delta, run.body)  # chat's, on fields both bodies have
-            run.out.add(output, delta.text, len(delta.token_ids), logprobs)
-            run.out.finish_reason = delta.finish_reason or run.out.finish_reason
-            pieces.append((delta.text, delta.finish_reason is not None, logprobs))
-        return pieces
-
     async def _whole(self, run: _Run, outputs: AsyncIterator[RequestOutput]) -> Response:
         async with aclosing(outputs):
             async for output in outputs:
-                self._add(run, output)
+                for delta in output.outputs:
+                    run.out.add(output, delta)
+                    # chat's logprobs, on fields both bodies have
+                    run.out.logprobs += self.chat.token_logprobs(delta, run.body)
         thinking, content, calls, _ = run.split.whole(run.out.text, run.out.finish_reason)
         items = output_items(thinking, content, calls, run.out.logprobs, run.out.incomplete)
         return JSONResponse(self._finish(run, items).model_dump(mode="json"))
@@ -280,6 +275,7 @@ class OpenAIServingResponses(OpenAIServing):
     async def _events(self, run: _Run, first: RequestOutput,
                       outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
         events, stream = ResponseEvents(), run.split.stream()
+        interval = Interval(self.stream_interval)
         pending: list[TokenLogprob] = []
         try:
             start = self._response(run, "in_progress", [], None)
@@ -288,7 +284,7 @@ class OpenAIServingResponses(OpenAIServing):
             async with aclosing(outputs):
                 output: RequestOutput | None = first
                 while output is not None:
-                    for event in self._step(run, output, stream, events, pending):
+                    for event in self._step(run, output, stream, events, pending, interval):
                         yield sse_event(event)
                     output = await anext(outputs, None)
             if pending and isinstance(events.current, OutputMessage):
@@ -304,12 +300,19 @@ class OpenAIServingResponses(OpenAIServing):
                                          message=message, param=param))
 
     def _step(self, run: _Run, output: RequestOutput, stream: SplitStream,
-              events: ResponseEvents, pending: list[TokenLogprob]) -> list[StreamEvent]:
-        """The events for one engine output. Logprobs go out with the text after them."""
+              events: ResponseEvents, pending: list[TokenLogprob],
+              interval: Interval) -> list[StreamEvent]:
+        """The events for one engine output (none while --stream-interval holds it back).
+        Logprobs go out with the text after them."""
         sent: list[StreamEvent] = []
-        for text, finished, logprobs in self._add(run, output):
-            pending += logprobs
-            thinking, content, calls, _ = stream.feed(text, "stop" if finished else None)
+        for delta in output.outputs:
+            run.out.add(output, delta)
+            delta = interval.take(delta)
+            if delta is None:
+                continue
+            pending += self.chat.token_logprobs(delta, run.body)
+            thinking, content, calls, _ = stream.feed(delta.text,
+                                                      "stop" if delta.finished else None)
             if thinking:
                 sent += events.reasoning(thinking)
             if content:
