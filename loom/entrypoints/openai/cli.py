@@ -98,6 +98,9 @@ def add_frontend_flags(g) -> None:
     g.add_argument("--stream-interval", type=int, default=1, metavar="N",
                    help="stream a choice's text every N tokens (its first and last at once) "
                         "rather than every step: less host work per token (vLLM's)")
+    g.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="load no tokenizer: prompts must be token ids, outputs carry ids and "
+                        "no text (vLLM's)")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a chat request bring its own chat_template (a template is code)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -194,8 +197,9 @@ def frontend_setup(args: argparse.Namespace, context: str) -> tuple[EngineConfig
         config.parallel.check_one_engine("--disable-frontend-multiprocessing")
     generation_defaults(config.model.model, config.model.generation_config,
                         config.model.override_generation_config)
-    tokenizer = served_tokenizer(config.model)
-    _check_tokenizer(tokenizer, args.chat_template, config.model.model)
+    skip = args.skip_tokenizer_init
+    tokenizer = None if skip else served_tokenizer(config.model)
+    _check_tokenizer(tokenizer, args.chat_template, config.model.model, skip)
     served_names = _served_names(args)
     return config, dict(
         model=config.model.model, served_model_names=served_names,
@@ -296,16 +300,21 @@ def served_tokenizer(model: ModelConfig) -> str | None:
     return found
 
 
-def _check_tokenizer(tokenizer: str | None, chat_template: str | None, model: str) -> None:
+def _check_tokenizer(tokenizer: str | None, chat_template: str | None, model: str,
+                     skipped: bool = False) -> None:
     """Load the tokenizer and chat template once here, so that a bad path or template is a
     one-line error now, not after the engine has loaded (and compiled) the model."""
     from loom.frontend.tokenizer import load_tokenizer
-    if tokenizer is None:
+    if skipped:
+        logger.info("skip_tokenizer_init: no tokenizer; only token-id prompts are served, and "
+                    "outputs carry no text (ask for return_token_ids)")
+    elif tokenizer is None:
         logger.warning("%s ships no tokenizer: only token-id prompts will work (pass --tokenizer)",
                        model)
+    if tokenizer is None:
         if chat_template is not None:
-            raise ValueError("chat_template: needs a tokenizer, and the model ships none; pass "
-                             "--tokenizer")
+            why = "--skip-tokenizer-init" if skipped else "the model ships none; pass --tokenizer"
+            raise ValueError(f"chat_template: needs a tokenizer ({why})")
         return
     load_tokenizer(tokenizer, chat_template=chat_template)
 
