@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from loom.config_checks import check_bools
 from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, OpenAIModel, PromptLogprobs,
@@ -148,6 +148,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     parallel_tool_calls: bool | None = None
     include_reasoning: bool = True
     """vLLM's: with a --reasoning-parser, send the thinking in `reasoning` (else drop it)."""
+    return_token_ids: StrictBool | None = None
+    """vLLM's: the rendered prompt's token ids, and each choice's raw generated ones."""
 
     @model_validator(mode="before")
     @classmethod
@@ -220,6 +222,8 @@ class ChatChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    """return_token_ids: every generated id, before thinking and tool calls are read out."""
 
 
 class ChatCompletionResponse(BaseModel):
@@ -230,6 +234,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+    """return_token_ids: the rendered prompt's ids, as the engine ran them."""
 
 
 class DeltaToolCall(BaseModel):
@@ -261,6 +267,8 @@ class ChatStreamChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    """return_token_ids: the generated ids this chunk adds."""
 
 
 class ChatCompletionChunk(BaseModel):
@@ -270,6 +278,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None
+    """return_token_ids: in each choice's first chunk only (its role), as vLLM sends it."""
 
 
 # -- /tokenize, /detokenize -----------------------------------------------------------------

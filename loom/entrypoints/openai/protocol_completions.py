@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
 
 from loom.entrypoints.openai.protocol import (MAX_LOGPROBS, PromptLogprobs, SamplingFields,
                                               TokenId, UsageInfo)
@@ -20,6 +20,8 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     request_id: str | None = Field(None, min_length=1, max_length=256)
     """vLLM's: the id's base (`cmpl-<it>`, `chatcmpl-<it>`); an X-Request-Id header wins."""
+    return_token_ids: StrictBool | None = None
+    """vLLM's: each choice carries its prompt's token ids and its own generated ones."""
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -77,6 +79,10 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+    """return_token_ids: the prompt as the engine ran it (a stream: in a choice's first chunk)."""
+    token_ids: list[int] | None = None
+    """return_token_ids: the generated ids (a stream: those this chunk adds), echo or not."""
 
 
 class CompletionResponse(BaseModel):

@@ -45,6 +45,11 @@ class _Chat:
         if self.cached_tokens is not None:
             self.cached_tokens = max(self.cached_tokens, output.num_cached_tokens)
 
+    @property
+    def prompt_ids_if_asked(self) -> list[int] | None:
+        """vLLM's return_token_ids: the prompt's ids as the engine ran them, else None."""
+        return self.prompt_ids if self.body.return_token_ids else None
+
     def split_whole(self, text: str, finish_reason: str | None
                     ) -> tuple[str | None, str | None, list[ToolCall], str | None]:
         """A finished choice's (reasoning, content, tool calls, finish reason)."""
@@ -142,14 +147,16 @@ class OpenAIServingChat(OpenAIServing):
         if body.use_beam_search:
             beams = await self.beam_search(prompt_ids, body.beam_search_params(params.max_tokens),
                                            chat.id, lora, body.cache_salt, body.priority)
+            ids = [beam.tokens[len(prompt_ids):] for beam in beams]
             choices = [ChatChoice(index=k, message=ChatMessageOut(
                 role=self._role(body), content=self._echoed(body) + beam.text),
-                                  finish_reason=beam.finish_reason)
+                                  finish_reason=beam.finish_reason,
+                                  token_ids=ids[k] if body.return_token_ids else None)
                        for k, beam in enumerate(beams)]
-            generated = sum(len(b.tokens) - len(prompt_ids) for b in beams)
             return JSONResponse(ChatCompletionResponse(
                 id=chat.id, created=chat.created, model=chat.model, choices=choices,
-                usage=UsageInfo.of(len(prompt_ids), generated)).model_dump(mode="json"))
+                usage=UsageInfo.of(len(prompt_ids), sum(map(len, ids))),
+                prompt_token_ids=chat.prompt_ids_if_asked).model_dump(mode="json"))
         interval = self.stream_interval if body.stream else 1
         outputs = merge([every(self.engine.generate(prompt_ids, params, chat.id, trace_headers,
                                                     body.cache_salt, lora_request=lora,
@@ -160,7 +167,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _whole(self, chat: _Chat, outputs: AsyncIterator) -> Response:
         n = chat.body.n
-        texts, tokens = [""] * n, [0] * n
+        texts, tokens = [""] * n, [[] for _ in range(n)]
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         finish: list[CompletionOutput | None] = [None] * n
         prompt_logprobs = None
@@ -170,7 +177,7 @@ class OpenAIServingChat(OpenAIServing):
                 prompt_logprobs = output.prompt_logprobs or prompt_logprobs
                 for delta in output.outputs:
                     texts[delta.index] += delta.text
-                    tokens[delta.index] += len(delta.token_ids)
+                    tokens[delta.index] += delta.token_ids
                     logprobs[delta.index] += self.token_logprobs(delta, chat.body)
                     finish[delta.index] = delta
         choices = []
@@ -185,11 +192,14 @@ class OpenAIServingChat(OpenAIServing):
             choices.append(ChatChoice(
                 index=i, message=message, finish_reason=reason,
                 logprobs=ChoiceLogprobs(content=logprobs[i]) if chat.body.logprobs else None,
-                stop_reason=finish[i].stop_reason if finish[i] else None))
+                stop_reason=finish[i].stop_reason if finish[i] else None,
+                token_ids=tokens[i] if chat.body.return_token_ids else None))
         response = ChatCompletionResponse(
             id=chat.id, created=chat.created, model=chat.model, choices=choices,
-            usage=_usage(chat, sum(tokens)), prompt_logprobs=self.prompt_logprobs(prompt_logprobs)
-            if chat.body.prompt_logprobs is not None else None)
+            usage=_usage(chat, sum(map(len, tokens))),
+            prompt_logprobs=self.prompt_logprobs(prompt_logprobs)
+            if chat.body.prompt_logprobs is not None else None,
+            prompt_token_ids=chat.prompt_ids_if_asked)
         return JSONResponse(response.model_dump(mode="json"))
 
     async def _stream(self, chat: _Chat, outputs: AsyncIterator) -> Response:
@@ -201,8 +211,9 @@ class OpenAIServingChat(OpenAIServing):
         try:
             echoed = self._echoed(chat.body)
             for i in range(chat.body.n):  # the role first, as OpenAI streams it
-                yield self._chunk(chat, ChatStreamChoice(
-                    index=i, delta=DeltaMessage(role=self._role(chat.body), content="")), 0)
+                role = ChatStreamChoice(index=i, delta=DeltaMessage(role=self._role(chat.body),
+                                                                    content=""))
+                yield self._chunk(chat, role, 0, chat.prompt_ids_if_asked)
                 if echoed:  # then what echo puts before the reply
                     yield self._chunk(chat, ChatStreamChoice(
                         index=i, delta=DeltaMessage(content=echoed)), 0)
@@ -233,13 +244,17 @@ class OpenAIServingChat(OpenAIServing):
                                content=None if thinking and not content else content,
                                tool_calls=[DeltaToolCall.of(c) for c in calls] or None)
         return ChatStreamChoice(index=delta.index, delta=message, logprobs=logprobs,
-                                finish_reason=reason, stop_reason=delta.stop_reason)
+                                finish_reason=reason, stop_reason=delta.stop_reason,
+                                token_ids=list(delta.token_ids) if chat.body.return_token_ids
+                                else None)
 
     @staticmethod
-    def _chunk(chat: _Chat, choice: ChatStreamChoice, completion_tokens: int) -> str:
+    def _chunk(chat: _Chat, choice: ChatStreamChoice, completion_tokens: int,
+               prompt_token_ids: list[int] | None = None) -> str:
         usage = _usage(chat, completion_tokens) if chat.body.continuous_usage else None
         return sse(ChatCompletionChunk(id=chat.id, created=chat.created, model=chat.model,
-                                       choices=[choice], usage=usage))
+                                       choices=[choice], usage=usage,
+                                       prompt_token_ids=prompt_token_ids))
 
     def token_logprobs(self, delta: CompletionOutput, body: ChatCompletionRequest
                        ) -> list[TokenLogprob]:

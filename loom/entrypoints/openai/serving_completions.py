@@ -127,7 +127,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionChoice(index=index, text=text, logprobs=logprobs,
                                 finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
                                 prompt_logprobs=self.prompt_logprobs(prompt_logprobs) if asked
-                                else None)
+                                else None, **_ids(request.body, prompt, choice.token_ids))
 
     async def _beam_search(self, request: _Request, prompts: list[list[int]]) -> Response:
         body = request.body
@@ -139,9 +139,11 @@ class OpenAIServingCompletion(OpenAIServing):
         for i, (prompt, beams) in enumerate(zip(request.prompts, results)):
             echo = self._echo_text(prompt) if body.echo else ""
             for k, beam in enumerate(beams):
-                generated += len(beam.tokens) - len(prompt.token_ids)
+                ids = beam.tokens[len(prompt.token_ids):]
+                generated += len(ids)
                 choices.append(CompletionChoice(index=i * body.n + k, text=echo + beam.text,
-                                                finish_reason=beam.finish_reason))
+                                                finish_reason=beam.finish_reason,
+                                                **_ids(body, prompt, ids)))
         usage = UsageInfo.of(sum(len(p.token_ids) for p in request.prompts), generated)
         response = CompletionResponse(id=request.id, created=request.created,
                                       model=request.model, choices=choices, usage=usage)
@@ -178,15 +180,15 @@ class OpenAIServingCompletion(OpenAIServing):
             index = i * body.n + delta.index
             choice = choices[index]
             text, token_ids, positions = delta.text, delta.token_ids, delta.logprobs or []
-            if not choice.started and body.echo:
-                prompt = request.prompts[i]
+            prompt, first = request.prompts[i], not choice.started
+            if first and body.echo:
                 text = self._echo_text(prompt) + text
                 token_ids = prompt.token_ids + token_ids
                 positions = self._prompt_positions(prompt, output.prompt_logprobs) + positions
-            choice.started = True
             choice.add(delta)
             if not text and not token_ids and delta.finish_reason is None:
                 continue
+            choice.started = True
             logprobs = None
             if body.logprobs is not None:
                 logprobs = self._logprobs(token_ids, positions, choice.text_offset,
@@ -196,7 +198,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 id=request.id, created=request.created, model=request.model,
                 choices=[CompletionChoice(index=index, text=text, logprobs=logprobs,
                                           finish_reason=delta.finish_reason,
-                                          stop_reason=delta.stop_reason)],
+                                          stop_reason=delta.stop_reason,
+                                          **_ids(body, prompt if first else None,
+                                                 delta.token_ids))],
                 usage=self._usage(request, choices) if body.continuous_usage else None))
 
     # -- pieces -------------------------------------------------------------------------------
@@ -204,7 +208,9 @@ class OpenAIServingCompletion(OpenAIServing):
     def _echo_text(self, prompt: _Prompt) -> str:
         if prompt.text is not None:
             return prompt.text
-        return self.tokenizer.decode(prompt.token_ids, skip_special_tokens=False) if self.tokenizer else ""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
 
     @staticmethod
     def _prompt_positions(prompt: _Prompt, prompt_logprobs: list | None) -> list:
@@ -234,3 +240,12 @@ class OpenAIServingCompletion(OpenAIServing):
         return UsageInfo.of(sum(len(p.token_ids) for p in request.prompts),
                             sum(len(c.token_ids) for c in choices),
                             cached if self.prompt_tokens_details else None)
+
+
+def _ids(body: CompletionRequest, prompt: _Prompt | None, generated: list[int]) -> dict:
+    """vLLM's return_token_ids fields of a choice (or chunk): the prompt's ids (None: not in
+    this chunk) and the generated ones, never the echoed prompt's."""
+    if not body.return_token_ids:
+        return {}
+    return {"prompt_token_ids": None if prompt is None else list(prompt.token_ids),
+            "token_ids": list(generated)}
