@@ -294,3 +294,20 @@ def test_tokenize_renders_messages_as_chat_does(server, tiny_chat_model):
     bad = httpx.post(f"{server.url}/tokenize", json={"messages": messages,
                                                     "chat_template": "{{ 1 }}"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template"
+
+
+def test_nulls_the_openai_spec_allows_mean_the_default(server):
+    """The openai client sends null for an argument given as None; OpenAI's spec allows it
+    for n, stream, echo and logprobs, meaning their default."""
+    client = server.client()
+    model = _model(server)
+    whole = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=3,
+                                           temperature=0, n=None, stream=None, logprobs=None)
+    plain = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=3,
+                                           temperature=0)
+    assert len(whole.choices) == 1 and whole.choices[0].logprobs is None
+    assert whole.choices[0].message.content == plain.choices[0].message.content
+    text = client.completions.create(model=model, prompt="Hi", max_tokens=2, n=None,
+                                     stream=None, echo=None, logprobs=None, temperature=0)
+    assert len(text.choices) == 1 and text.choices[0].logprobs is None
+    assert not text.choices[0].text.startswith("Hi")

@@ -204,6 +204,11 @@ class GuidedFields(OpenAIModel):
         return [(f"structured_outputs.{kind}", kind, value) for kind, value in values.items()]
 
 
+NULL_IS_DEFAULT = frozenset({"n", "stream", "echo", "logprobs"})
+"""Fields OpenAI's spec lets a request send as null, meaning their default (the openai
+client sends null for an argument given as None)."""
+
+
 class SamplingFields(RequestBody, GuidedFields):
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -250,6 +255,8 @@ class SamplingFields(RequestBody, GuidedFields):
     @classmethod
     def _refuse_extensions(cls, data: Any) -> Any:
         refuse_extensions(data, UNSUPPORTED_EXTENSIONS)
+        if isinstance(data, dict):  # OpenAI's spec: null stands for the default here
+            data = {k: v for k, v in data.items() if v is not None or k not in NULL_IS_DEFAULT}
         return data
 
     @model_validator(mode="after")
