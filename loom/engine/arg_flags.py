@@ -114,6 +114,16 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
                    help="vLLM's: compilation_config.max_cudagraph_capture_size (the default "
                    "capture sizes stop at N)")
+    g.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
+                   help="vLLM 0.10's spelling: one N is --max-cudagraph-capture-size N, "
+                   "several are --cudagraph-capture-sizes")
+    g.add_argument("--disable-cascade-attn", action="store_true",
+                   help="accepted for vLLM compatibility: loom has no cascade attention")
+    g.add_argument("--use-tqdm-on-load", action=argparse.BooleanOptionalAction, default=True,
+                   help="accepted for vLLM compatibility: loom always shows its loading bar")
+    g.add_argument("--max-parallel-loading-workers", type=int, default=None, metavar="N",
+                   help="accepted for vLLM compatibility and unused: loom loads each rank's "
+                   "shards in one pass")
     g.add_argument("--max-seq-len-to-capture", type=int, default=None, metavar="N",
                    help="accepted for vLLM compatibility (removed from vLLM) and unused: "
                    "loom's decode graphs take every context length")
@@ -230,6 +240,16 @@ REFUSED = {
     "--enable-lora-bias --fully-sharded-loras --lora-extra-vocab-size": _LORA,
     "--model-impl": "loom runs its own model implementations only",
     "--calculate-kv-scales": "loom's fp8 KV cache is unscaled (k_scale = v_scale = 1.0)",
+    "--tokenizer-pool-size --tokenizer-pool-type": "removed from vLLM; loom tokenizes in "
+    "its API server processes (--api-server-count)",
+    "--logits-processors": "loom takes no custom logits processor classes (SamplingParams' "
+    "logit_bias, allowed_token_ids and bad_words run in its sampler)",
+    "--middleware": "not implemented by loom",
+    "--max-num-partial-prefills --max-long-partial-prefills --long-prefill-token-threshold":
+    "not implemented by loom: each step serves running requests first (a decode, or a "
+    "prompt's next chunk), then admits waiting ones in queue order while tokens last",
+    "--hf-config-path --ignore-patterns --safetensors-load-strategy --lora-dtype "
+    "--enable-tokenizer-info-endpoint --tool-parser-plugin": "not implemented by loom",
     "--speculative-model --num-speculative-tokens": "vLLM's former spelling; use "
     "--speculative-config '{\"model\": ..., \"num_speculative_tokens\": k}'",
 }

@@ -67,6 +67,8 @@ class EngineArgs:
     """vLLM's: set into compilation_config (which must not give them too)."""
     max_cudagraph_capture_size: int | None = None
     """vLLM's: set into compilation_config (which must not give it too)."""
+    cuda_graph_sizes: list[int] | None = None
+    """vLLM 0.10's: one size, the largest captured; several, the sizes captured."""
     max_seq_len_to_capture: int | None = None
     """vLLM's former flag, accepted and unused: decode graphs take every context length."""
     trust_remote_code: bool = False
@@ -221,8 +223,15 @@ class EngineArgs:
         """--cudagraph-capture-sizes and --max-cudagraph-capture-size, vLLM's shorthands
         for compilation_config's fields (giving one both ways is an error, as in vLLM)."""
         given = {}
-        for name in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
-            value = getattr(self, name)
+        wanted = {"cudagraph_capture_sizes": self.cudagraph_capture_sizes,
+                  "max_cudagraph_capture_size": self.max_cudagraph_capture_size}
+        if self.cuda_graph_sizes is not None:  # vLLM 0.10's: one size is the largest
+            sizes = list(self.cuda_graph_sizes)
+            name = "max_cudagraph_capture_size" if len(sizes) == 1 else "cudagraph_capture_sizes"
+            if wanted[name] is not None:
+                raise ValueError(f"cuda_graph_sizes: {name} is given too; give one of them")
+            wanted[name] = sizes[0] if len(sizes) == 1 else sizes
+        for name, value in wanted.items():
             if value is None:
                 continue
             if getattr(compilation, name) is not None:

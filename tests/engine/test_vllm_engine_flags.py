@@ -350,3 +350,23 @@ def test_structured_output_backends_are_accepted(flags, says, caplog):
 def test_bad_structured_output_configs_name_the_field(flags, message):
     with pytest.raises(ValueError, match=message):
         _parsed(*flags).create_engine_config()
+
+
+def test_vllm_010s_cuda_graph_sizes():
+    one = _parsed("--cuda-graph-sizes", "24").create_engine_config().compilation
+    assert one.max_cudagraph_capture_size == 24 and one.cudagraph_capture_sizes is None
+    several = _parsed("--cuda-graph-sizes", "1", "8", "32").create_engine_config().compilation
+    assert several.cudagraph_capture_sizes == (1, 8, 32)
+    with pytest.raises(ValueError, match="^cuda_graph_sizes: cudagraph_capture_sizes is given"):
+        _parsed("--cuda-graph-sizes", "1", "8", "--cudagraph-capture-sizes", "4"
+                ).create_engine_config()
+    with pytest.raises(ValueError, match="^max_cudagraph_capture_size: given both"):
+        _parsed("--cuda-graph-sizes", "16", "-O", '{"max_cudagraph_capture_size": 16}'
+                ).create_engine_config()
+
+
+def test_flags_whose_request_loom_already_meets_are_accepted():
+    plain = _config()
+    for flags in (["--disable-cascade-attn"], ["--no-use-tqdm-on-load"],
+                  ["--max-parallel-loading-workers", "4"]):
+        assert _parsed(*flags).create_engine_config() == plain
