@@ -292,8 +292,8 @@ def _check_structured_outputs(backend: str | None, config: dict | str | None) ->
                          f"backend and {', '.join(_SWITCHES)}")
     name = config.get("backend", "auto")
     if name not in GUIDED_BACKENDS:
-        raise ValueError(f"structured_outputs_config.backend: {name!r} is not one of "
-                         f"{', '.join(GUIDED_BACKENDS)}")
+        where = "guided_decoding_backend" if backend else "structured_outputs_config.backend"
+        raise ValueError(f"{where}: {name!r} is not one of {', '.join(GUIDED_BACKENDS)}")
     for switch in _SWITCHES:
         if not isinstance(config.get(switch, False), bool):
             raise ValueError(f"structured_outputs_config.{switch}: must be true or false")

@@ -340,7 +340,9 @@ def test_structured_output_backends_are_accepted(flags, says, caplog):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--guided-decoding-backend", "lmfe"], "^structured_outputs_config.backend: 'lmfe' is not"),
+    (["--guided-decoding-backend", "lmfe"], "^guided_decoding_backend: 'lmfe' is not one of"),
+    (["--structured-outputs-config", '{"backend": "x"}'],
+     "^structured_outputs_config.backend: 'x' is not one of"),
     (["--guided-decoding-backend", "xgrammar:fast"], r"^guided_decoding_backend: unknown option"),
     (["--structured-outputs-config", '{"reasoning_parser": "x"}'],
      r"^structured_outputs_config: \['reasoning_parser'\] not supported"),
