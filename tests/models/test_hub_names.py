@@ -257,3 +257,18 @@ def test_a_lora_adapter_may_be_a_hub_id(hub_cache, tmp_path, monkeypatch):
                        rf"and the Hugging Face cache at {hub_cache} holds no snapshot"):
         llm.generate([{"prompt_token_ids": ids}], lora_request=LoRARequest("none", 2, "org/none"),
                      use_tqdm=False)
+
+
+def test_a_gguf_repository_asks_for_its_file(tmp_path):
+    """As vLLM: a GGUF model is named by its file (here inside a cached snapshot)."""
+    from loom.models.loader import resolve
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("model-Q8_0.gguf", "model-Q4_K_M.gguf", "README.md"):
+        (source / name).write_bytes(b"x")
+    snapshot = _add_snapshot(tmp_path / "cache", "org/m-GGUF", SHA_MAIN, source, ("main",))
+    cfg = ModelConfig(model="org/m-GGUF", download_dir=str(tmp_path / "cache"))
+    assert Path(cfg.model) == snapshot
+    with pytest.raises(ValueError, match=r"has no config.json; name one of its GGUF files: "
+                       r"model-Q4_K_M.gguf, model-Q8_0.gguf$"):
+        resolve(cfg)

@@ -226,7 +226,9 @@ def _config_path(path: Path, cfg: ModelConfig) -> Path:
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file():
-            raise ValueError(f"model: {path} has no config.json")
+            ggufs = sorted(p.name for p in path.glob("*.gguf"))
+            hint = f"; name one of its GGUF files: {', '.join(ggufs)}" if ggufs else ""
+            raise ValueError(f"model: {path} has no config.json{hint}")
         return config
     if path.is_file() and path.suffix == ".json":
         return path
