@@ -69,6 +69,11 @@ class EngineArgs:
     """vLLM's: set into compilation_config (which must not give it too)."""
     cuda_graph_sizes: list[int] | None = None
     """vLLM 0.10's: one size, the largest captured; several, the sizes captured."""
+    disable_cascade_attn: bool = False
+    use_tqdm_on_load: bool = True
+    max_parallel_loading_workers: int | None = None
+    """vLLM's three above, accepted: loom has no cascade attention, always shows its loading
+    bar and loads in one pass."""
     max_seq_len_to_capture: int | None = None
     """vLLM's former flag, accepted and unused: decode graphs take every context length."""
     trust_remote_code: bool = False
@@ -140,7 +145,8 @@ class EngineArgs:
             if not is_int(getattr(self, name)):
                 raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
-                     "max_num_batched_tokens", "max_seq_len_to_capture"):
+                     "max_num_batched_tokens", "max_seq_len_to_capture",
+                     "max_parallel_loading_workers"):
             value = getattr(self, name)
             if value is not None and not is_int(value):
                 raise ValueError(f"{name}: must be an integer or None, got {value!r}")

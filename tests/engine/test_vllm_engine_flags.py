@@ -372,3 +372,13 @@ def test_flags_whose_request_loom_already_meets_are_accepted():
     for flags in (["--disable-cascade-attn"], ["--no-use-tqdm-on-load"],
                   ["--max-parallel-loading-workers", "4"]):
         assert _parsed(*flags).create_engine_config() == plain
+
+
+def test_the_python_api_takes_them_too():
+    plain = _config()
+    assert _config(disable_cascade_attn=True, use_tqdm_on_load=False,
+                   max_parallel_loading_workers=2) == plain
+    with pytest.raises(ValueError, match="^disable_cascade_attn: must be True or False"):
+        _config(disable_cascade_attn="no")
+    with pytest.raises(ValueError, match="^max_parallel_loading_workers: must be an integer"):
+        _config(max_parallel_loading_workers="2")
