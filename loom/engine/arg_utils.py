@@ -279,6 +279,9 @@ def _check_structured_outputs(backend: str | None, config: dict | str | None) ->
     """vLLM's --guided-decoding-backend NAME[:options] and --structured-outputs-config JSON:
     accepted where they name vLLM's backends and switches, with one line where they ask for
     a backend other than llguidance."""
+    if backend is None and config is None:
+        return
+    config = json_object(config if config is not None else {}, "structured_outputs_config")
     if backend is not None:
         if not isinstance(backend, str):
             raise ValueError(f"guided_decoding_backend: must be a string, got {backend!r}")
@@ -288,10 +291,7 @@ def _check_structured_outputs(backend: str | None, config: dict | str | None) ->
         if unknown:
             raise ValueError(f"guided_decoding_backend: unknown option(s) {unknown}; vLLM's "
                              f"are {', '.join(known)}")
-        config = {"backend": name, **json_object(config or {}, "structured_outputs_config")}
-    elif config is None:
-        return
-    config = json_object(config, "structured_outputs_config")
+        config = {"backend": name, **config}
     unknown = sorted(set(config) - {"backend", *_SWITCHES})
     if unknown:
         raise ValueError(f"structured_outputs_config: {unknown} not supported; loom takes "

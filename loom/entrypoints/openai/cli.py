@@ -11,6 +11,7 @@ from typing import Any
 from loom import envs
 from loom.engine.arg_utils import EngineArgs
 from loom.config import EngineConfig, ModelConfig
+from loom.config_checks import json_object
 from loom.entrypoints.openai.protocol_chat import RESERVED_TEMPLATE_VARIABLES
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.serving_models import LoRAModule, lora_requests, parse_lora_modules
@@ -255,11 +256,9 @@ def default_template_kwargs(value: str | None) -> dict[str, Any]:
     """--default-chat-template-kwargs: a JSON object of template variables."""
     flag = "default_chat_template_kwargs: --default-chat-template-kwargs"
     try:
-        kwargs = json.loads(value) if value is not None else {}
+        kwargs = json_object(value, flag) if value is not None else {}
     except ValueError:
-        kwargs = None
-    if not isinstance(kwargs, dict):
-        raise ValueError(f"{flag} takes a JSON object, got {value!r}"[:300])
+        raise ValueError(f"{flag} takes a JSON object, got {value!r}"[:300]) from None
     reserved = sorted(set(RESERVED_TEMPLATE_VARIABLES) & set(kwargs))
     if reserved:
         raise ValueError(f"{flag} may not set {reserved}: each request sets them")
