@@ -110,6 +110,9 @@ class ModelConfig:
     download_dir: str | None = None
     """vLLM's --download-dir: the Hugging Face cache folder Hub ids are looked up in (None:
     huggingface_hub's default). loom never downloads into it."""
+    enable_sleep_mode: bool = False
+    """vLLM's --enable-sleep-mode: weights and KV cache in memory a sleep can free
+    (`loom.worker.sleep_memory`); LLM.sleep / wake_up, and the server's /sleep."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model),

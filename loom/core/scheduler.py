@@ -397,3 +397,10 @@ class Scheduler:
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
 
+    def preempt_running(self) -> None:
+        """Every running request back to waiting, recomputed when it runs again (a sleep
+        is about to discard the KV cache)."""
+        for request in reversed(self.running):
+            self._preempt(request)
+        self.running.clear()
+

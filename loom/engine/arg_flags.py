@@ -117,6 +117,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="vLLM 0.10's spelling: one N is --max-cudagraph-capture-size N, "
                    "several are --cudagraph-capture-sizes")
+    g.add_argument("--enable-sleep-mode", action="store_true",
+                   help="weights and KV cache in memory that /sleep (LOOM_SERVER_DEV_MODE=1) "
+                   "or LLM.sleep() frees and wake_up maps again at the same addresses")
     g.add_argument("--disable-cascade-attn", action="store_true",
                    help="accepted for vLLM compatibility: loom has no cascade attention")
     g.add_argument("--use-tqdm-on-load", action=argparse.BooleanOptionalAction, default=True,
@@ -222,7 +225,6 @@ REFUSED = {
     "--enable-expert-parallel --enable-eplb": "loom shards MoE experts by tensor parallelism "
     "(-tp) only",
     "--cpu-offload-gb": "loom keeps every weight on the device",
-    "--enable-sleep-mode": "not implemented by loom",
     "--limit-mm-per-prompt --mm-processor-kwargs --disable-mm-preprocessor-cache "
     "--mm-encoder-tp-mode": _MM,
     "--kv-transfer-config --kv-events-config": "loom has no KV transfer between instances "

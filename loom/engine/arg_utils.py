@@ -76,6 +76,8 @@ class EngineArgs:
     bar and loads in one pass."""
     max_seq_len_to_capture: int | None = None
     """vLLM's former flag, accepted and unused: decode graphs take every context length."""
+    enable_sleep_mode: bool = False
+    """ModelConfig.enable_sleep_mode."""
     trust_remote_code: bool = False
     """Accepted as vLLM's, and ignored (`arg_flags.TRUST_REMOTE_CODE_HELP`)."""
     enable_chunked_prefill: bool = True
@@ -204,7 +206,9 @@ class EngineArgs:
                             hf_overrides=self.hf_overrides or {},
                             pooler_config=self._pooler_config(),
                             override_generation_config=self.override_generation_config or {},
-                            tokenizer_mode=self.tokenizer_mode, **self._runner_and_convert())
+                            tokenizer_mode=self.tokenizer_mode,
+                            enable_sleep_mode=self.enable_sleep_mode,
+                            **self._runner_and_convert())
         return EngineConfig(
             model=model,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,

@@ -21,6 +21,7 @@ from loom.core.request import Request
 from loom.core.sched_output import SchedulerOutput
 from loom.core.scheduler import Scheduler
 from loom.core.structured_output import StructuredOutputManager
+from loom.engine.core_sleep import SleepMixin
 from loom.engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
                                   LoRAInfo, ModelTasks)
 from loom.executor.base import make_executor
@@ -34,7 +35,8 @@ from loom.tasks import check_dimensions, classified_length, model_tasks, unsuppo
 logger = logging.getLogger(__name__)
 
 UTILITY_METHODS = frozenset({"reset_prefix_cache", "get_num_unfinished_requests", "get_kv_info",
-                             "get_model_info", "profile"})
+                             "get_model_info", "profile", "sleep", "wake_up", "is_sleeping",
+                             "call_workers"})
 
 
 def _check_model(config: EngineConfig) -> ModelTasks:
@@ -79,7 +81,7 @@ def for_encoder(config: EngineConfig) -> EngineConfig:
         config.cache, enable_prefix_caching=False))
 
 
-class EngineCore:
+class EngineCore(SleepMixin):
     def __init__(self, config: EngineConfig) -> None:
         self.tasks = _check_model(config)
         """What the model serves (`loom.tasks`): requests for other tasks are refused."""
@@ -209,7 +211,11 @@ class EngineCore:
         self._pending = []
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
+        """Whether step() has work: none while asleep (`SleepMixin`) but steps in flight."""
+        return self._can_schedule() or bool(self._in_flight)
+
+    def _can_schedule(self) -> bool:
+        return not self._paused and self.scheduler.has_unfinished_requests()
 
     def step(self) -> EngineCoreOutputs:
         """Collect one step's outputs. Under async scheduling the next steps are scheduled and
@@ -217,15 +223,15 @@ class EngineCore:
         for this host work."""
         outputs, self._pending = self._pending, []
         ahead = self.config.scheduler.async_scheduling
-        if not self._in_flight and self.scheduler.has_unfinished_requests():
+        if not self._in_flight and self._can_schedule():
             self._launch(self.scheduler.schedule())
         while (ahead and 0 < len(self._in_flight) < self.executor.max_steps_in_flight
-               and self.scheduler.has_unfinished_requests()):
+               and self._can_schedule()):
             if not self._launch_ahead():
                 break
         if self._in_flight:
             outputs += self._collect_one()
-            if ahead and not self._in_flight and self.scheduler.has_unfinished_requests():
+            if ahead and not self._in_flight and self._can_schedule():
                 # Nothing ran ahead of this step (a draft model's requests wait for each
                 # read-back): launch the next one now, so that the device runs it while
                 # this step's outputs are processed and sent.
@@ -271,6 +277,16 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
+
+    def call_workers(self, method, args: list | tuple = (), kwargs: dict | None = None) -> list:
+        """LLM.collective_rpc / the server's /collective_rpc: a `Worker.PUBLIC_METHODS`
+        method by name, or a function run with each worker first; the results by rank. A
+        weight reload or update also resets the prefix cache (its KV came from the old
+        weights)."""
+        results = self.collective_rpc("call_function", method, list(args), kwargs or {})
+        if method in ("reload_weights", "update_weights"):
+            self.scheduler.reset_prefix_cache()
+        return results
 
     def profile(self, start: bool) -> str | None:
         """vLLM's start_profile / stop_profile: torch.profiler on every rank, from a start to

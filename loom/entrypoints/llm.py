@@ -17,6 +17,7 @@ from loom.config import CompilationConfig, ModelConfig
 from loom.config_checks import check_bools
 from loom.engine.arg_utils import EngineArgs
 from loom.entrypoints.llm_pooling import PoolingMethods
+from loom.entrypoints.llm_sleep import SleepMethods
 from loom.entrypoints.prompt_args import as_list, per_prompt, prompt_list
 from loom.engine.core import EngineCore
 from loom.frontend.output_processor import OutputKind, OutputProcessor
@@ -31,7 +32,7 @@ Message = dict[str, Any]
 logger = logging.getLogger(__name__)
 
 
-class LLM(PoolingMethods):
+class LLM(PoolingMethods, SleepMethods):
     def __init__(self, model: str | None = None, *, tokenizer: str | None = None,
                  dtype: str = "auto", seed: int = 0, tensor_parallel_size: int = 1,
                  compilation_config: CompilationConfig | dict | int | None = None,
@@ -100,6 +101,7 @@ class LLM(PoolingMethods):
         model's). priority: vLLM's, one per prompt (lower first; scheduling_policy
         "priority" only); None: all 0."""
         self._check_open()
+        self._check_awake()
         self.require("generate", "LLM.generate()")
         salts = _cache_salts(prompts)
         prompts = prompt_list(prompts)

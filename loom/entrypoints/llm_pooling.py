@@ -115,6 +115,7 @@ class PoolingMethods:
         """Run one pooling request per prompt (all checked before any is added) for task;
         each request with what its engine output pooled."""
         self._check_open()
+        self._check_awake()
         prompts = prompt_list(prompts)
         params = per_prompt(pooling_params, len(prompts), PoolingParams, "pooling_params")
         requests = []

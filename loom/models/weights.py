@@ -7,6 +7,7 @@ parameter and the shard id its weight_loader expects.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 
@@ -66,6 +67,20 @@ def checkpoint_modules(module: str) -> list[str]:
 
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_partial = False
+"""Set by `partial()`: the tensors loaded may be some of the model's (a weight update)."""
+
+
+@contextlib.contextmanager
+def partial():
+    """load_weights within the block fills the parameters it is given and leaves the rest
+    as they are (an RL trainer's update), instead of refusing an incomplete checkpoint."""
+    global _partial
+    previous, _partial = _partial, True
+    try:
+        yield
+    finally:
+        _partial = previous
 
 
 def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -92,7 +107,8 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
         loader(param, tensor, shard)
         loaded.add(target)
     pairs.check_done()
-    _check_complete(params, loaded, tied)
+    if not _partial:
+        _check_complete(params, loaded, tied)
     return loaded
 
 

@@ -122,11 +122,11 @@ class Drafter:
         return (2 * attn.num_kv_heads * attn.head_dim * self.dtype.itemsize
                 * self.block_size * self.num_layers)
 
-    def initialize_cache(self, num_blocks: int) -> None:
+    def initialize_cache(self, num_blocks: int, sleep_memory=None) -> None:
+        from loom.worker.sleep_memory import kv_zeros
         attn = self._attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                          for _ in range(self.num_layers)]
+        self.kv_caches = kv_zeros(sleep_memory, self.num_layers, shape, self.dtype, self.device)
 
     def capture(self, sizes: list[int], max_num_seqs: int) -> None:
         """Capture CUDA graphs (none: every forward runs eagerly, each hundreds of launches):

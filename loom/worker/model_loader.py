@@ -101,6 +101,30 @@ def load_model(config: EngineConfig, device: torch.device) -> tuple[nn.Module, M
     return model.eval(), arch, dtype
 
 
+def reload_weights(model: nn.Module, config: EngineConfig,
+                   weights: list[tuple[str, torch.Tensor]] | None = None) -> None:
+    """Fill the model's parameters again, in place (their memory, and every CUDA graph
+    reading it, stays): from the checkpoint (dummy weights drawn again), or the named
+    tensors given, which may be some of the model's (an RL trainer's update)."""
+    from loom.models.weights import partial
+    if quant_scheme(resolve(config.model).hf_config, config.model.quantization) is not None:
+        raise NotImplementedError("reload_weights: a quantized model's weights are built "
+                                  "while loading; loom reloads unquantized models only")
+    if hasattr(model, "after_loading"):  # it would fold an update into folded weights
+        raise NotImplementedError(f"reload_weights: {type(model).__name__} changes its "
+                                  "weights after loading; loom cannot reload them in place")
+    with torch.no_grad():
+        if weights is not None:
+            with partial():
+                model.load_weights(weights)
+            return
+        source = resolve(config.model)
+        if source.weights is None:
+            init_dummy_weights(model, config.model.seed)
+        else:
+            model.load_weights(source.weights())
+
+
 def _classifier_token_ids(path: str | None, arch: ModelArch) -> list[int]:
     """classifier_from_token's ids in the model's tokenizer."""
     from loom.frontend.tokenizer import load_tokenizer

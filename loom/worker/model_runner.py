@@ -34,6 +34,7 @@ from loom.models.st_dense import dense_modules
 from loom.worker.device_setup import resolved_for_device, select_backend
 from loom.worker.drafter import make_drafter
 from loom.worker.pooler import Pooler
+from loom.worker.sleep_memory import SleepMemory, kv_zeros
 from loom.worker.sampler import (Sampler, SamplingMetadata, compute_prompt_logprobs,
                                  greedy_argmax)
 from loom.worker.spec_verify import verify_step
@@ -84,6 +85,7 @@ class ModelRunner:
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
         self.drafter = make_drafter(config, self.arch.vocab_size, self.requests.tokens.shape[1],
                                     device, self.backend, is_driver)
+        self.sleep_memory = SleepMemory.for_runner(self) if config.model.enable_sleep_mode else None
 
     # KV cache sizing -------------------------------------------------------------------
     @property
@@ -113,7 +115,8 @@ class ModelRunner:
         self.profile_run()
         peak = torch.cuda.max_memory_allocated(self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
-        return int(total * self.config.cache.gpu_memory_utilization) - peak
+        regions = self.sleep_memory.nbytes if self.sleep_memory is not None else 0
+        return int(total * self.config.cache.gpu_memory_utilization) - peak - regions
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -134,8 +137,8 @@ class ModelRunner:
         attn = self.model.model.layers[0].self_attn.attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         try:
-            self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-                              for _ in range(self.arch.num_layers)]
+            self.kv_caches = kv_zeros(self.sleep_memory, self.arch.num_layers, shape,
+                                      self.kv_dtype, self.device)
         except (RuntimeError, MemoryError) as e:  # torch's allocator says RuntimeError
             if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
                 raise
@@ -145,7 +148,7 @@ class ModelRunner:
                              f"({num_blocks * self.kv_block_bytes / 2**30:.1f} GiB) cannot be "
                              f"allocated on {self.device}: {e}") from None
         if self.drafter is not None:
-            self.drafter.initialize_cache(num_blocks)
+            self.drafter.initialize_cache(num_blocks, self.sleep_memory)
         self._compile_and_capture()
         if self.drafter is not None and not self.config.enforce_eager \
                 and cuda_graphs_on(self.device):

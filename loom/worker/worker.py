@@ -48,13 +48,69 @@ class Worker:
 
     RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env",
                              "time_all_reduce", "profile", "profile_steps",
-                             "profile_steps_result", "allocator_stats"})
+                             "profile_steps_result", "allocator_stats", "sleep", "wake_up",
+                             "reload_weights", "update_weights", "call_function"})
+    PUBLIC_METHODS = frozenset({"sleep", "wake_up", "reload_weights", "update_weights",
+                                "model_info", "allocator_stats"})
+    """What `LLM.collective_rpc` and the server's /collective_rpc may call by name."""
 
     def rpc(self, method: str, args: list):
         """A call from the executor by name; only the methods listed are reachable."""
         if method not in self.RPC_METHODS:
             raise ValueError(f"worker rpc: unknown method {method!r}")
         return getattr(self, method)(*args)
+
+    # Sleep mode and weight updates (vLLM's) -------------------------------------------
+    def _sleep_memory(self):
+        memory = self.model_runner.sleep_memory
+        if memory is None:
+            raise ValueError("sleep mode is off: start the engine with enable_sleep_mode=True "
+                             "(--enable-sleep-mode)")
+        return memory
+
+    def _device_free(self) -> int:
+        return torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+
+    def sleep(self, tags: list[str], offload_weights: bool = True) -> int:
+        """Free the tags' memory (weights: backed up in host memory first with
+        offload_weights, else discarded but for non-parameter tensors); returns the device
+        bytes freed (0 on the CPU)."""
+        memory, before = self._sleep_memory(), self._device_free()
+        memory.sleep(set(tags), offload_weights)
+        return self._device_free() - before
+
+    def wake_up(self, tags: list[str]) -> None:
+        self._sleep_memory().wake(set(tags))
+
+    def reload_weights(self) -> None:
+        """The checkpoint's weights again, in place (after a level 2 sleep's wake-up)."""
+        from loom.worker.model_loader import reload_weights
+        self._check_weights_awake()
+        reload_weights(self.model_runner.model, self.config)
+
+    def update_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Load (checkpoint name, tensor) pairs, some or all of the model's, in place."""
+        from loom.worker.model_loader import reload_weights
+        self._check_weights_awake()
+        reload_weights(self.model_runner.model, self.config, list(weights))
+
+    def _check_weights_awake(self) -> None:
+        memory = self.model_runner.sleep_memory
+        if memory is not None and "weights" in memory.asleep():
+            raise ValueError("the weights are asleep: wake_up(tags=['weights']) first")
+
+    def call_function(self, fn, args: list, kwargs: dict):
+        """LLM.collective_rpc's call: a PUBLIC_METHODS name, or a caller's function run
+        with this worker first (pickled, from another process)."""
+        if isinstance(fn, str):
+            if fn not in self.PUBLIC_METHODS:
+                raise ValueError(f"collective_rpc.method: {fn!r} is not a worker method "
+                                 f"loom exposes; known: {', '.join(sorted(self.PUBLIC_METHODS))}")
+            return getattr(self, fn)(*args, **kwargs)
+        if isinstance(fn, bytes):
+            import pickle
+            fn = pickle.loads(fn)
+        return fn(self, *args, **kwargs)
 
     def model_info(self) -> dict:
         arch = self.model_runner.arch
