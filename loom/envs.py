@@ -38,6 +38,13 @@ def enable_responses_api_store() -> bool:
     return _flag("LOOM_ENABLE_RESPONSES_API_STORE")
 
 
+def server_dev_mode() -> bool:
+    """LOOM_SERVER_DEV_MODE=1 (vLLM's VLLM_SERVER_DEV_MODE): `loom serve` adds the
+    development routes (/sleep, /wake_up, /is_sleeping, /collective_rpc,
+    /reset_prefix_cache), which no end user should reach."""
+    return _flag("LOOM_SERVER_DEV_MODE")
+
+
 def api_key() -> str | None:
     """LOOM_API_KEY: the server's API key when --api-key is not given."""
     return os.environ.get("LOOM_API_KEY") or None

@@ -99,8 +99,10 @@ class EngineLoop:
     def _utility(self, client: int, call: UtilityCall) -> None:
         try:
             result = UtilityResult(call.call_id, self.core.call_utility(call.method, call.args))
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, NotImplementedError) as e:
             result = UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}")
+        if call.method == "sleep":
+            self._needs_step = True  # the requests it aborted: their outputs go out next
         self.send(client, EngineCoreOutputs(utility_results=[result],
                                             scheduler_stats=self._take_stats()))
 

@@ -7,7 +7,7 @@ with typed decoders: an unknown or malformed frame fails to decode, it never run
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -52,7 +52,8 @@ class UtilityCall(msgspec.Struct, tag="utility", array_like=True):
     """A call of a named EngineCore method that answers once (stats, reset_prefix_cache...)."""
     call_id: int
     method: str
-    args: list[int | float | str | bool | None] = []
+    args: list[Any] = []
+    """Plain values: scalars, and lists and dicts of them (sleep's tags, a worker call's)."""
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
@@ -120,7 +121,8 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
 
 class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):
     call_id: int
-    result: int | float | str | bool | None | dict[str, int | float | str | bool | None] = None
+    result: Any = None
+    """Plain values: scalars, and lists and dicts of them (the workers' answers)."""
     error: str | None = None
 
 

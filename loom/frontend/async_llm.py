@@ -329,7 +329,9 @@ class AsyncLLM:
             return
         if result.error is not None:  # a ValueError is the call's bad input, as it was raised
             kind, _, message = result.error.partition(": ")
-            future.set_exception(ValueError(message) if kind == "ValueError" else
+            # (a method loom lacks, such as reloading a quantized model, is bad input too)
+            future.set_exception(ValueError(message) if kind in ("ValueError",
+                                                                 "NotImplementedError") else
                                  RuntimeError(f"engine utility failed: {result.error}"))
         else:
             future.set_result(result.result)

@@ -35,6 +35,9 @@ _COMBINE: dict[str, Callable[[list[Any]], Any]] = {
     "get_num_unfinished_requests": sum,
     "reset_prefix_cache": all,
     "get_kv_info": _kv_info,
+    "sleep": sum,
+    "is_sleeping": any,
+    "call_workers": lambda results: [r for replica in results for r in replica],
 }
 """How the replicas' answers to a utility method become one; others: the first replica's
 (the model's facts, the same in each)."""

@@ -37,6 +37,7 @@ from loom.entrypoints.openai.protocol_completions import CompletionRequest
 from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, DetokenizeRequest,
                                                    DetokenizeResponse, TokenizeRequest,
                                                    TokenizeResponse)
+from loom.entrypoints.openai.routes_dev import add_dev_routes
 from loom.entrypoints.openai.server_load import add_server_load
 from loom.entrypoints.openai.server_state import ServerState, build_state, close_state
 from loom.entrypoints.openai.routes_pooling import add_pooling_routes, require
@@ -142,6 +143,8 @@ def build_app(state: ServerState) -> FastAPI:
         _add_profiler_routes(app, state)
     if envs.test_introspection():
         _add_introspection(app, state)
+    if envs.server_dev_mode():
+        add_dev_routes(app, state.engine)
     add_server_load(app, options.server_load_tracking)
     if options.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=options.api_key)
