@@ -1,4 +1,5 @@
-# 1 GPU (~4 min), session 63: sleep mode (enable_sleep_mode) on CUDA. Its memory is the
+# 1 GPU (~4 min), session 63 (run again with two level 1 cycles and host copy rates):
+# sleep mode (enable_sleep_mode) on CUDA. Its memory is the
 # driver's virtual memory API through ctypes: do the regions map, free and map again at the
 # same addresses, with CUDA graphs and compiled code intact? The GPU test, then 8B shapes.
 source benchmarks/gpu/env.sh; R=/tmp/zzz154; mkdir -p $R

@@ -54,10 +54,25 @@ def free() -> int:
     return torch.cuda.mem_get_info()[0]
 
 
+def host_copy_rates(nbytes: int = 2**30) -> dict:
+    """Bytes/s of a pinned device-to-host and host-to-device copy: the floor of a level 1
+    sleep's backup and wake-up."""
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    rates = {}
+    for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
+        dst.copy_(src)
+        rates[name] = max(nbytes / timed(dst.copy_, src) for _ in range(5))
+    return rates
+
+
 result = {"ceilings": dataclasses.asdict(ceil), "device": torch.cuda.get_device_name(),
           "model": args.model, "total_bytes": torch.cuda.mem_get_info()[1]}
 ref, result["decode_ms_before"] = tokens(), decode_ms()
-for level in (1, 2):
+result["host_copy_bytes_per_s"] = host_copy_rates()
+for level in (1, 1, 2):
+    if level == 1 and "level1_sleep_s" in result:  # the second cycle: its buffer kept
+        result["level1_first_sleep_s"] = result["level1_sleep_s"]
     before = free()
     result[f"level{level}_sleep_s"] = timed(llm.sleep, level=level)
     result[f"level{level}_freed_bytes"] = free() - before

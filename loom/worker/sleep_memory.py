@@ -105,6 +105,8 @@ class Region:
     def __init__(self, tag: str, device: torch.device, nbytes: int) -> None:
         self.tag, self.device, self.asleep = tag, device, False
         self._backup: list[tuple[int, torch.Tensor]] = []
+        self._spare: dict[tuple[int, int], torch.Tensor] = {}
+        """Host buffers of earlier sleeps, by (offset, nbytes), for the next one."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # (the runtime's context is current here)
             self._driver = _Driver(device)
@@ -143,7 +145,11 @@ class Region:
             return
         pin = self.device.type == "cuda"
         for offset, nbytes in keep:
-            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+            # Pinning 16 GB takes ~10 s (run_zzz154), the copy ~0.5: the buffer is kept
+            # for the next sleep, which pins nothing.
+            host = self._spare.pop((offset, nbytes), None)
+            if host is None:
+                host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
             host.copy_(self._bytes(offset, nbytes))
             self._backup.append((offset, host))
         if self._driver is not None:
@@ -160,6 +166,7 @@ class Region:
             self._handle = self._driver.map(self.ptr, self.nbytes)
         for offset, host in self._backup:
             self._bytes(offset, host.numel()).copy_(host)
+            self._spare[(offset, host.numel())] = host
         if self._driver is not None:
             torch.cuda.synchronize(self.device)
         self._backup, self.asleep = [], False
