@@ -298,6 +298,8 @@ class ParallelConfig:
     disable_custom_all_reduce: bool = False
     """vLLM's: every TP all-reduce through NCCL, never loom's kernels over symmetric memory
     (the one-shot all-reduce and the fused all-reduce + add + RMSNorm of decode steps)."""
+    worker_extension_cls: str = ""
+    """vLLM's: module.Class whose methods join every worker's (`loom.worker.extension`)."""
 
     def __post_init__(self) -> None:
         _check(self.tensor_parallel_size > 0,
@@ -305,6 +307,8 @@ class ParallelConfig:
         _check(self.pipeline_parallel_size == 1,
                "pipeline_parallel_size: loom has no pipeline parallelism (only 1 is accepted, "
                f"got {self.pipeline_parallel_size!r}); shard the model with -tp")
+        _check(isinstance(self.worker_extension_cls, str), "worker_extension_cls: must be "
+               f"a module.Class name, got {self.worker_extension_cls!r}")
         _check(self.data_parallel_size > 0,
                f"data_parallel_size: must be positive, got {self.data_parallel_size}")
         backend = self.distributed_executor_backend

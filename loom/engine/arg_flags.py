@@ -117,6 +117,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="vLLM 0.10's spelling: one N is --max-cudagraph-capture-size N, "
                    "several are --cudagraph-capture-sizes")
+    g.add_argument("--worker-extension-cls", default="", metavar="MODULE.CLASS",
+                   help="a class whose methods join every worker's, callable by name through "
+                   "/collective_rpc (LOOM_SERVER_DEV_MODE=1) or LLM.collective_rpc")
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="weights and KV cache in memory that /sleep (LOOM_SERVER_DEV_MODE=1) "
                    "or LLM.sleep() frees and wake_up maps again at the same addresses")

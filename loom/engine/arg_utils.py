@@ -121,6 +121,8 @@ class EngineArgs:
     distributed_executor_backend: str | None = None
     """ParallelConfig's: None, "mp" or "uni"."""
     disable_custom_all_reduce: bool = False
+    worker_extension_cls: str = ""
+    """ParallelConfig.worker_extension_cls."""
     """ParallelConfig's: every all-reduce through NCCL."""
     runner: str = "auto"
     """ModelConfig.runner: auto, generate or pooling."""
@@ -221,7 +223,8 @@ class EngineArgs:
                                       self.scheduling_policy),
             parallel=ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
                                     self.data_parallel_size, self.distributed_executor_backend,
-                                    self.disable_custom_all_reduce),
+                                    self.disable_custom_all_reduce,
+                                    self.worker_extension_cls),
             device=DeviceConfig(self.device),
             compilation=compilation,
             enforce_eager=self.enforce_eager,

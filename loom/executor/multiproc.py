@@ -135,6 +135,11 @@ class MultiprocExecutor(Executor):
     def _rpc(self, method: str, *args) -> list:
         self._broadcast(CollectiveRPC(method, list(args)))
         replies = [self._receive(STARTUP_TIMEOUT_S, RPCReply) for _ in range(self.world_size)]
+        failed = next((r.error for r in sorted(replies, key=lambda r: r.rank) if r.error), None)
+        if failed is not None:  # raised again as the rank raised it
+            kind, _, message = failed.partition(": ")
+            raise {"TypeError": TypeError, "NotImplementedError": NotImplementedError}.get(
+                kind, ValueError)(message)
         return [r.value for r in sorted(replies, key=lambda r: r.rank)]
 
     # The executor interface. ------------------------------------------------------------

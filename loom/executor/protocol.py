@@ -1,16 +1,17 @@
 """Messages between the multiprocess executor and its worker processes.
 
 Typed msgspec Structs, encoded once per step and pushed to every rank: no pickle on the
-step path. `CollectiveRPC` names a method from `Worker.RPC_METHODS`, never arbitrary code.
+step path. `CollectiveRPC` names a method from `Worker.RPC_METHODS`; the one way to run a
+caller's code, LLM.collective_rpc of a function, passes it pickled to `call_function`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
-
-Scalar = int | float | str | bool | None
 
 
 class ExecuteModel(msgspec.Struct, tag="exec", array_like=True):
@@ -25,7 +26,8 @@ class FlushOutput(msgspec.Struct, tag="flush", array_like=True):
 
 class CollectiveRPC(msgspec.Struct, tag="rpc", array_like=True):
     method: str
-    args: list[Scalar] = []
+    args: list[Any] = []
+    """Plain values (scalars, and lists and dicts of them), or bytes."""
 
 
 class ShutdownWorker(msgspec.Struct, tag="shutdown", array_like=True):
@@ -45,7 +47,10 @@ class RunnerOutput(msgspec.Struct, tag="out", array_like=True):
 
 class RPCReply(msgspec.Struct, tag="reply", array_like=True):
     rank: int
-    value: Scalar | dict[str, Scalar] = None
+    value: Any = None
+    error: str | None = None
+    """The call's ValueError, TypeError or NotImplementedError ("Kind: message"): bad input
+    to one call, not a failed rank."""
 
 
 class WorkerFailed(msgspec.Struct, tag="failed", array_like=True):

@@ -70,8 +70,11 @@ def _serve(worker, rank, commands, replies, encoder, decoder) -> None:
                 reply_output()
                 in_flight = None
         elif isinstance(command, CollectiveRPC):
-            value = worker.rpc(command.method, command.args)
-            replies.send(encoder.encode(RPCReply(rank, value)))
+            try:
+                reply = RPCReply(rank, worker.rpc(command.method, command.args))
+            except (ValueError, TypeError, NotImplementedError) as e:
+                reply = RPCReply(rank, error=f"{type(e).__name__}: {e}")
+            replies.send(encoder.encode(reply))
 
 
 def _limit_cpu_threads(config: EngineConfig) -> None:

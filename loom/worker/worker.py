@@ -35,6 +35,11 @@ class Worker:
     def __init__(self, config: EngineConfig, rank: int = 0,
                  distributed_init_method: str | None = None) -> None:
         self.rank = rank
+        self.extension_methods: frozenset[str] = frozenset()
+        """worker_extension_cls's methods, callable by name as PUBLIC_METHODS are."""
+        if config.parallel.worker_extension_cls:
+            from loom.worker.extension import extend
+            self.extension_methods = extend(self, config.parallel.worker_extension_cls)
         self.device = resolve_device(config.device.device, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -103,9 +108,10 @@ class Worker:
         """LLM.collective_rpc's call: a PUBLIC_METHODS name, or a caller's function run
         with this worker first (pickled, from another process)."""
         if isinstance(fn, str):
-            if fn not in self.PUBLIC_METHODS:
+            known = self.PUBLIC_METHODS | self.extension_methods
+            if fn not in known:
                 raise ValueError(f"collective_rpc.method: {fn!r} is not a worker method "
-                                 f"loom exposes; known: {', '.join(sorted(self.PUBLIC_METHODS))}")
+                                 f"loom exposes; known: {', '.join(sorted(known))}")
             return getattr(self, fn)(*args, **kwargs)
         if isinstance(fn, bytes):
             import pickle
