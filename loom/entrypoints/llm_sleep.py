@@ -39,9 +39,9 @@ class SleepMethods:
 
     def collective_rpc(self, method, timeout: float | None = None, args: tuple = (),
                        kwargs: dict | None = None) -> list:
-        """vLLM's: a worker method by name (sleep, wake_up, reload_weights, update_weights,
-        model_info, allocator_stats), or a function called as method(worker, *args,
-        **kwargs), on every rank; the results in rank order."""
+        """vLLM's: a worker method by name (reload_weights, update_weights, model_info,
+        allocator_stats, or worker_extension_cls's), or a function called as
+        method(worker, *args, **kwargs), on every rank; the results in rank order."""
         self._check_open()
         if timeout is not None:
             raise NotImplementedError("collective_rpc.timeout: loom waits for every rank")

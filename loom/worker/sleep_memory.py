@@ -294,6 +294,9 @@ class SleepMemory:
     def for_runner(cls, runner) -> SleepMemory:
         """A model runner's: its model's weights (and its draft model's) adopted now."""
         memory = cls(runner.device)
+        if runner.device.type == "cpu":
+            logger.info("sleep mode on the CPU: a sleep overwrites what it would free (0xFF) "
+                        "and frees nothing; the device memory it frees is CUDA's")
         drafter = getattr(runner, "drafter", None)
         memory.adopt_weights([runner.model] + ([drafter.model] if drafter is not None else []))
         return memory

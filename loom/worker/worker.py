@@ -55,9 +55,10 @@ class Worker:
                              "time_all_reduce", "profile", "profile_steps",
                              "profile_steps_result", "allocator_stats", "sleep", "wake_up",
                              "reload_weights", "update_weights", "call_function"})
-    PUBLIC_METHODS = frozenset({"sleep", "wake_up", "reload_weights", "update_weights",
-                                "model_info", "allocator_stats"})
-    """What `LLM.collective_rpc` and the server's /collective_rpc may call by name."""
+    PUBLIC_METHODS = frozenset({"reload_weights", "update_weights", "model_info",
+                                "allocator_stats"})
+    """What `LLM.collective_rpc` and the server's /collective_rpc may call by name. Not
+    sleep and wake_up: the engine must know what sleeps (LLM.sleep, /sleep)."""
 
     def rpc(self, method: str, args: list):
         """A call from the executor by name; only the methods listed are reachable."""

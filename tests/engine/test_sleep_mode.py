@@ -190,3 +190,10 @@ def test_mode_wait_finishes_them_before_sleeping(llm, tiny):
     _take(llm.engine.step().outputs, tokens, finished)
     assert list(tokens.values()) == _reference(tiny[1], PROMPTS[:2])
     assert set(finished.values()) == {FinishReason.LENGTH}
+
+
+def test_the_workers_sleep_is_the_engines_alone(llm):
+    """A worker put to sleep behind the engine's back would run steps over freed memory."""
+    with pytest.raises(ValueError, match="'sleep' is not a worker method loom exposes"):
+        llm.collective_rpc("sleep", args=(["weights"],))
+    assert llm.apply_model(_down_proj_is_nan) == [False]
