@@ -5,7 +5,7 @@ again, and each PauseMode treats the requests a sleep finds as vLLM's does."""
 import pytest
 import torch
 
-from conftest import hf_greedy, make_tiny_model
+from tests.conftest import hf_greedy, make_tiny_model
 from loom import LLM, SamplingParams
 from loom.engine.protocol import FinishReason
 

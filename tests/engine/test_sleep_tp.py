@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import hf_greedy, make_tiny_model
+from tests.conftest import hf_greedy, make_tiny_model
 from loom import LLM, SamplingParams
 
 PROMPTS = [[1, 5, 9, 20, 33, 47], [2, 7, 11, 3, 60]]
