@@ -249,12 +249,11 @@ REFUSED = {
     "its API server processes (--api-server-count)",
     "--logits-processors": "loom takes no custom logits processor classes (SamplingParams' "
     "logit_bias, allowed_token_ids and bad_words run in its sampler)",
-    "--middleware": "not implemented by loom",
     "--max-num-partial-prefills --max-long-partial-prefills --long-prefill-token-threshold":
     "not implemented by loom: each step serves running requests first (a decode, or a "
     "prompt's next chunk), then admits waiting ones in queue order while tokens last",
     "--hf-config-path --ignore-patterns --safetensors-load-strategy --lora-dtype "
-    "--enable-tokenizer-info-endpoint --tool-parser-plugin": "not implemented by loom",
+    "--tool-parser-plugin": "not implemented by loom",
     "--speculative-model --num-speculative-tokens": "vLLM's former spelling; use "
     "--speculative-config '{\"model\": ..., \"num_speculative_tokens\": k}'",
 }

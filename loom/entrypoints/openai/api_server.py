@@ -38,6 +38,7 @@ from loom.entrypoints.openai.protocol_chat import (ChatCompletionRequest, Detoke
                                                    DetokenizeResponse, TokenizeRequest,
                                                    TokenizeResponse)
 from loom.entrypoints.openai.routes_dev import add_dev_routes
+from loom.entrypoints.openai.routes_extra import add_tokenizer_info, add_user_middleware
 from loom.entrypoints.openai.server_load import add_server_load
 from loom.entrypoints.openai.server_state import ServerState, build_state, close_state
 from loom.entrypoints.openai.routes_pooling import add_pooling_routes, require
@@ -104,6 +105,11 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """--enable-request-id-headers: X-Request-Id on every response."""
     uds: str | None = None
     """--uds: serve on this Unix domain socket; host and port unused."""
+    middleware: list[str] = msgspec.field(default_factory=list)
+    """--middleware: import paths of ASGI middleware classes or async functions, added
+    outside loom's own (`routes_extra.add_user_middleware`)."""
+    tokenizer_info: bool = False
+    """--enable-tokenizer-info-endpoint: GET /tokenizer_info."""
     log_outputs: bool = False
     """--enable-log-outputs: with log_requests, each finished generation logged too."""
     lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
@@ -145,6 +151,9 @@ def build_app(state: ServerState) -> FastAPI:
         _add_introspection(app, state)
     if envs.server_dev_mode():
         add_dev_routes(app, state.engine)
+    if options.tokenizer_info:
+        add_tokenizer_info(app, options.tokenizer,
+                           lambda: getattr(state.engine.tokenizer, "chat_template", None))
     add_server_load(app, options.server_load_tracking)
     if options.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=options.api_key)
@@ -158,6 +167,7 @@ def build_app(state: ServerState) -> FastAPI:
                        allow_methods=options.allowed_methods,
                        allow_headers=options.allowed_headers,
                        allow_credentials=options.allow_credentials)
+    add_user_middleware(app, options.middleware)  # outermost, as vLLM's
     return app
 
 

@@ -62,6 +62,12 @@ def register(subparsers) -> None:
                    help="the path prefix a proxy serves the API under (FastAPI's root_path)")
     g.add_argument("--disable-fastapi-docs", action="store_true",
                    help="serve no /docs, /redoc or /openapi.json")
+    g.add_argument("--middleware", action="append", default=[], metavar="MODULE.NAME",
+                   help="an ASGI middleware class or async function (request, call_next) to "
+                   "add outside loom's own; repeatable")
+    g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="GET /tokenizer_info: the tokenizer's tokenizer_config.json and the "
+                   "chat template")
     g.add_argument("--enable-server-load-tracking", action="store_true",
                    help="count the generation requests in flight here, for GET /load")
     g.add_argument("--otlp-traces-endpoint", default=None,
@@ -181,7 +187,8 @@ def run_serve(args: argparse.Namespace) -> int:
         allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
         ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
         ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
-        request_id_headers=args.enable_request_id_headers, uds=args.uds)
+        request_id_headers=args.enable_request_id_headers, uds=args.uds,
+        middleware=args.middleware, tokenizer_info=args.enable_tokenizer_info_endpoint)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
@@ -231,6 +238,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("max_request_body_bytes: must be positive")
     _root_path(args.root_path)
     _check_ssl(args)
+    if args.middleware:  # (imported here too, so that a bad path is one line before loading)
+        from loom.entrypoints.openai.routes_extra import import_middleware
+        for path in args.middleware:
+            import_middleware(path)
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
 

@@ -1,10 +1,13 @@
-"""`loom serve --enable-sleep-mode` with LOOM_SERVER_DEV_MODE=1: vLLM's /sleep, /wake_up,
-/is_sleeping and /collective_rpc, driven with the official openai client beside them.
-A request that arrives asleep waits for the wake-up, and its answer is the offline LLM's."""
+"""The operator's side of `loom serve`, on one server: --enable-sleep-mode with
+LOOM_SERVER_DEV_MODE=1 (vLLM's /sleep, /wake_up, /is_sleeping and /collective_rpc, driven
+with the official openai client beside them: a request that arrives asleep waits for the
+wake-up, and its answer is the offline LLM's), --middleware and /tokenizer_info."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import os
 import time
 
 import pytest
@@ -20,7 +23,9 @@ MAX_TOKENS = 8
 def dev_server(tiny_chat_model, tmp_path_factory):
     s = start_server(tiny_chat_model, "mp", tmp_path_factory.mktemp("sleep-logs"),
                      extra_env={"LOOM_SERVER_DEV_MODE": "1"},
-                     extra_args=("--enable-sleep-mode",))
+                     extra_args=("--enable-sleep-mode", "--enable-tokenizer-info-endpoint",
+                                 "--middleware", "tests.entrypoints.user_middleware.stamp",
+                                 "--middleware", "tests.entrypoints.user_middleware.Stamp"))
     yield s
     assert s.stop() == 0, s.log_tail()
 
@@ -93,3 +98,37 @@ def test_bad_dev_requests_are_400s_with_an_openai_error(dev_server, expected, pa
     assert message in reply.json()["error"]["message"]
     assert not _sleeping(dev_server)
     assert _complete(dev_server) == expected  # the engine lives on, unchanged
+
+
+def test_operator_middleware_wraps_every_answer_refusals_included(dev_server):
+    with dev_server.http() as http:  # no API key: refused by loom's own middleware
+        refused = http.get("/v1/models")
+    assert refused.status_code == 401
+    assert refused.headers["x-operator-function"] == "/v1/models"
+    assert refused.headers["x-operator-class"] == "1"
+
+
+def test_tokenizer_info_is_the_tokenizers_config(dev_server, tiny_chat_model):
+    with open(os.path.join(tiny_chat_model, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    with dev_server.http(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+        info = http.get("/tokenizer_info").json()
+    with open(os.path.join(tiny_chat_model, "chat_template.jinja")) as f:
+        assert info["chat_template"] == f.read()  # (transformers' file beside the config)
+    assert info["tokenizer_class"] == config.get("tokenizer_class", "PreTrainedTokenizerFast")
+    assert {k: v for k, v in info.items() if k in config} == config
+
+
+@pytest.mark.parametrize("path, message", [
+    ("tests.entrypoints.user_middleware.missing", "cannot import "
+     "'tests.entrypoints.user_middleware.missing'"),
+    ("stamp", "must be an import path module.name, got 'stamp'"),
+    ("tests.entrypoints.user_middleware.NOT_MIDDLEWARE", "must be an ASGI middleware class or "
+     "an async function"),
+])
+def test_a_bad_middleware_path_is_one_line_before_anything_loads(capsys, path, message):
+    from loom.cli import main
+    assert main(["serve", "no-such-model", "--middleware", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("loom serve: error: middleware: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1, err
