@@ -187,6 +187,8 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None
     """vLLM's: this many KV blocks, whatever the memory budget allowed (to test preemption
     with a small cache, say)."""
+    prefix_caching_hash_algo: str = "builtin"
+    """vLLM's: builtin (Python's 64-bit hash) or sha256 (collision-resistant)."""
 
     def __post_init__(self) -> None:
         blocks = self.num_gpu_blocks_override
@@ -194,6 +196,9 @@ class CacheConfig:
                                   and blocks > 0),
                "num_gpu_blocks_override: must be a positive integer, got "
                f"{self.num_gpu_blocks_override!r}")
+        _check(self.prefix_caching_hash_algo in ("builtin", "sha256"),
+               "prefix_caching_hash_algo: must be builtin or sha256, got "
+               f"{self.prefix_caching_hash_algo!r}")
         _check(self.cache_dtype in KV_CACHE_DTYPES,
                f"kv_cache_dtype: {self.cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         _check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,

@@ -7,6 +7,8 @@ a partial block is still being written to.
 
 from __future__ import annotations
 
+import array
+import hashlib
 from collections.abc import Sequence
 
 from loom.core.block_pool import BlockPool, KVBlock
@@ -16,8 +18,24 @@ from loom.core.request import Request
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     # Python's tuple hash is fast and stable within a process, and the map never leaves
     # the engine core process. It is 64 bits and not collision-resistant: a collision
-    # would serve another prefix's KV. A cryptographic hash can replace it here alone.
+    # would serve another prefix's KV (a prompt can be crafted to): --prefix-caching-hash-
+    # algo sha256 takes `sha256_block_tokens` instead.
     return hash((parent_hash, tuple(token_ids)))
+
+
+def sha256_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    """vLLM's sha256 prefix hash: 256 bits over the parent's and the token ids' bytes."""
+    digest = hashlib.sha256(b"" if parent_hash is None else parent_hash.to_bytes(32, "little"))
+    digest.update(array.array("q", token_ids).tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+def _sha256_of(value: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(value).encode()).digest(), "little")
+
+
+HASHES = {"builtin": (hash_block_tokens, hash), "sha256": (sha256_block_tokens, _sha256_of)}
+"""--prefix-caching-hash-algo -> (a block's hash, a salt's hash)."""
 
 
 def cdiv(a: int, b: int) -> int:
@@ -25,7 +43,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 hash_algo: str = "builtin") -> None:
+        self._hash_block, self._hash_salt = HASHES[hash_algo]
         if block_size <= 0:
             raise ValueError(f"block_size: must be positive, got {block_size}")
         self.block_size = block_size
@@ -156,10 +176,11 @@ class KVCacheManager:
         """The hash chain over all full blocks of the request's known tokens."""
         hashes = self._req_hashes.setdefault(request.request_id, [])
         tokens, size = request.all_token_ids, self.block_size
-        salt = None if request.cache_salt is None else hash(("cache_salt", request.cache_salt))
+        salt = None if request.cache_salt is None else self._hash_salt(("cache_salt",
+                                                                         request.cache_salt))
         if request.lora_request is not None:  # an adapter's KV is its own
-            salt = hash(("lora", request.lora_request.lora_int_id, salt))
+            salt = self._hash_salt(("lora", request.lora_request.lora_int_id, salt))
         for i in range(len(hashes), len(tokens) // size):
             parent = hashes[-1] if hashes else salt
-            hashes.append(hash_block_tokens(parent, tokens[i * size:(i + 1) * size]))
+            hashes.append(self._hash_block(parent, tokens[i * size:(i + 1) * size]))
         return hashes

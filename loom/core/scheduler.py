@@ -56,7 +56,8 @@ class Scheduler:
         self.block_size = cache_config.block_size
         self.num_blocks = num_blocks
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching)
+                                               cache_config.enable_prefix_caching,
+                                               cache_config.prefix_caching_hash_algo)
         self.requests: dict[str, Request] = {}
         self.waiting = make_request_queue(scheduler_config.scheduling_policy)
         self.running: list[Request] = []

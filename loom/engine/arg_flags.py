@@ -72,6 +72,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--num-gpu-blocks-override", type=int, default=None,
                    help="this many KV-cache blocks, whatever the memory budget allowed "
                         "(vLLM's; on the CPU too)")
+    g.add_argument("--prefix-caching-hash-algo", default="builtin",
+                   choices=["builtin", "sha256", "sha256_cbor"],
+                   help="the prefix cache's block hash: builtin (Python's, 64 bits) or sha256 "
+                   "(collision-resistant: a crafted prompt cannot reach another's cached KV)")
     g.add_argument("--max-num-seqs", type=int, default=None,
                    help="default: 1024 on GPUs with at least 70 GiB (A100s excepted), "
                    "else 256; at most --max-num-batched-tokens")

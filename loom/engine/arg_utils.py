@@ -44,6 +44,9 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     """vLLM's: the KV cache's block count, whatever the memory allowed."""
+    prefix_caching_hash_algo: str = "builtin"
+    """CacheConfig.prefix_caching_hash_algo; vLLM's sha256_cbor is sha256 here (loom
+    publishes no KV events, the one place its CBOR encoding shows)."""
     max_num_seqs: int | None = None
     """None: by device (`SchedulerConfig`), vLLM's defaults."""
     max_num_batched_tokens: int | None = None
@@ -216,7 +219,10 @@ class EngineArgs:
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization,
                               self.kv_cache_memory_bytes, self.enable_prefix_caching,
                               self.kv_cache_dtype,
-                              num_gpu_blocks_override=self.num_gpu_blocks_override),
+                              num_gpu_blocks_override=self.num_gpu_blocks_override,
+                              prefix_caching_hash_algo={"sha256_cbor": "sha256"}.get(
+                                  self.prefix_caching_hash_algo,
+                                  self.prefix_caching_hash_algo)),
             scheduler=SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                                       self.async_scheduling, usage_context,
                                       self.kv_headroom_tokens,

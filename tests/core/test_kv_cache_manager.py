@@ -168,3 +168,21 @@ def test_cache_salt_keeps_prefixes_apart():
         assert num_hit == expected, (rid, salt)
     compute(m, req("e", tokens), 10)  # unsalted requests still share among themselves
     assert m.get_computed_blocks(req("f", tokens))[1] == 8
+
+
+def test_sha256_chains_share_prefixes_and_keep_salts_apart():
+    """--prefix-caching-hash-algo sha256: 256-bit hashes, the same sharing as builtin's."""
+    m = KVCacheManager(20, BS, enable_prefix_caching=True, hash_algo="sha256")
+    tokens = list(range(1, 11))
+    a = Request("a", tokens, SamplingParams(), cache_salt="tenant-1")
+    compute(m, a, 10)
+    assert all(0 <= h < 2**256 for h in m._req_hashes["a"])
+    assert any(h >= 2**64 for h in m._req_hashes["a"])  # not Python's 64-bit hash
+    for rid, salt, expected in (("b", "tenant-2", 0), ("c", None, 0), ("d", "tenant-1", 8)):
+        _, num_hit = m.get_computed_blocks(Request(rid, tokens, SamplingParams(),
+                                                   cache_salt=salt))
+        assert num_hit == expected, (rid, salt)
+    other = list(range(1, 9)) + [0, 0]  # the same first two blocks, then its own
+    assert m.get_computed_blocks(req("e", tokens))[1] == 0
+    compute(m, req("e", tokens), 10)
+    assert m.get_computed_blocks(req("f", other))[1] == 8

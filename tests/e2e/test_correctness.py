@@ -164,10 +164,11 @@ def test_greedy_identity_under_scheduling_pressure(kind, engine_kwargs, tiny_mod
         "num_gpu_blocks_override" in engine_kwargs)
 
 
-def test_prefix_cache_hits_and_same_tokens(tiny_model_factory):
+@pytest.mark.parametrize("hash_algo", ["builtin", "sha256"])
+def test_prefix_cache_hits_and_same_tokens(tiny_model_factory, hash_algo):
     path, hf = tiny_model_factory("llama")
     base = _prompts(seed=2, lengths=(64,))[0]
-    llm = _llm(path)
+    llm = _llm(path, prefix_caching_hash_algo=hash_algo)
     first = llm.generate([base + [5]], _greedy(), use_tqdm=False)[0]
     second = llm.generate([base + [6]], _greedy(), use_tqdm=False)[0]
     assert second.num_cached_tokens == 64

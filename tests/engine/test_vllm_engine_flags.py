@@ -382,3 +382,12 @@ def test_the_python_api_takes_them_too():
         _config(disable_cascade_attn="no")
     with pytest.raises(ValueError, match="^max_parallel_loading_workers: must be an integer"):
         _config(max_parallel_loading_workers="2")
+
+
+def test_prefix_caching_hash_algo_is_vllms():
+    assert _config().cache.prefix_caching_hash_algo == "builtin"
+    for given, used in (("sha256", "sha256"), ("sha256_cbor", "sha256")):
+        assert _config(prefix_caching_hash_algo=given).cache.prefix_caching_hash_algo == used
+    with pytest.raises(ValueError, match="prefix_caching_hash_algo: must be builtin or sha256, "
+                                         "got 'xxhash'"):
+        _config(prefix_caching_hash_algo="xxhash")
