@@ -334,3 +334,14 @@ def test_refused_flags_stay_out_of_the_help():
     text = build_parser(["serve"])._subparsers._group_actions[0].choices["serve"].format_help()
     assert "--max-model-len" in text
     assert not [flag for flag, _ in _refused_flags() if flag in text]
+
+
+def test_config_format_takes_what_loom_reads(capsys):
+    from loom.engine.arg_utils import EngineArgs
+    for value in ("auto", "hf"):
+        EngineArgs(model="llama-3.1-8b", load_format="dummy",
+                   config_format=value).create_engine_config()
+    err = _main_error(capsys, "generate", "--model", "llama-3.1-8b", "--prompt", "x",
+                      "--config-format", "mistral")
+    assert "loom generate: error: config_format: loom reads a Hugging Face config.json " \
+           "(auto, hf), not 'mistral'" in err, err

@@ -124,6 +124,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--worker-extension-cls", default="", metavar="MODULE.CLASS",
                    help="a class whose methods join every worker's, callable by name through "
                    "/collective_rpc (LOOM_SERVER_DEV_MODE=1) or LLM.collective_rpc")
+    g.add_argument("--config-format", default="auto", choices=["auto", "hf", "mistral"],
+                   help="auto and hf: the model's config.json (what loom reads); mistral's "
+                   "params.json is refused")
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="weights and KV cache in memory that /sleep (LOOM_SERVER_DEV_MODE=1) "
                    "or LLM.sleep() frees and wake_up maps again at the same addresses")
@@ -258,6 +261,12 @@ REFUSED = {
     "prompt's next chunk), then admits waiting ones in queue order while tokens last",
     "--hf-config-path --ignore-patterns --safetensors-load-strategy --lora-dtype "
     "--tool-parser-plugin": "not implemented by loom",
+    "--tokens-only": "loom has no tokens-in, tokens-out /inference/v1/generate route (vLLM's "
+    "disaggregated serving); /v1/completions takes token-id prompts",
+    "--gdn-prefill-backend": "loom runs no gated delta net (Qwen3-Next) models",
+    "--kv-sharing-fast-prefill": "loom has no cross-layer KV sharing",
+    "--collect-detailed-traces": "loom's spans are one llm_request span per request "
+    "(--otlp-traces-endpoint), without model or worker detail",
     "--speculative-model --num-speculative-tokens": "vLLM's former spelling; use "
     "--speculative-config '{\"model\": ..., \"num_speculative_tokens\": k}'",
 }

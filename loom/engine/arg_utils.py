@@ -81,6 +81,8 @@ class EngineArgs:
     """vLLM's former flag, accepted and unused: decode graphs take every context length."""
     enable_sleep_mode: bool = False
     """ModelConfig.enable_sleep_mode."""
+    config_format: str = "auto"
+    """vLLM's: auto and hf are what loom reads (config.json); mistral is refused."""
     trust_remote_code: bool = False
     """Accepted as vLLM's, and ignored (`arg_flags.TRUST_REMOTE_CODE_HELP`)."""
     enable_chunked_prefill: bool = True
@@ -158,6 +160,9 @@ class EngineArgs:
             if value is not None and not is_int(value):
                 raise ValueError(f"{name}: must be an integer or None, got {value!r}")
         self._check_bools()
+        if self.config_format not in ("auto", "hf"):
+            raise ValueError(f"config_format: loom reads a Hugging Face config.json (auto, hf), "
+                             f"not {self.config_format!r}")
         if self.code_revision is not None and not isinstance(self.code_revision, str):
             raise ValueError(f"code_revision: must be a string or None, got "
                              f"{self.code_revision!r}")

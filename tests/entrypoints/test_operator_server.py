@@ -1,7 +1,8 @@
 """The operator's side of `loom serve`, on one server: --enable-sleep-mode with
 LOOM_SERVER_DEV_MODE=1 (vLLM's /sleep, /wake_up, /is_sleeping and /collective_rpc, driven
 with the official openai client beside them: a request that arrives asleep waits for the
-wake-up, and its answer is the offline LLM's), --middleware and /tokenizer_info."""
+wake-up, and its answer is the offline LLM's), --middleware, /tokenizer_info,
+--log-error-stack and --exclude-tools-when-tool-choice-none."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def dev_server(tiny_chat_model, tmp_path_factory):
                      extra_env={"LOOM_SERVER_DEV_MODE": "1"},
                      extra_args=("--enable-sleep-mode", "--enable-tokenizer-info-endpoint",
                                  "--middleware", "tests.entrypoints.user_middleware.stamp",
-                                 "--middleware", "tests.entrypoints.user_middleware.Stamp"))
+                                 "--middleware", "tests.entrypoints.user_middleware.Stamp",
+                                 "--log-error-stack", "--trust-request-chat-template",
+                                 "--exclude-tools-when-tool-choice-none"))
     yield s
     assert s.stop() == 0, s.log_tail()
 
@@ -132,3 +135,36 @@ def test_a_bad_middleware_path_is_one_line_before_anything_loads(capsys, path, m
     err = capsys.readouterr().err
     assert err.startswith("loom serve: error: middleware: ") and message in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+TOOLS_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+                  "{% if tools %}{% for t in tools %}TOOL {{ t['function']['name'] }} "
+                  "{{ t['function']['description'] }}\n{% endfor %}{% endif %}")
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather "
+        "in a city, today and for the days to come", "parameters": {"type": "object"}}}
+
+
+def test_tool_choice_none_renders_no_tools_with_the_flag(dev_server):
+    client = dev_server.client()
+    model = client.models.list().data[0].id
+
+    def prompt_tokens(**kwargs) -> int:
+        answer = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Weather in Paris?"}],
+            max_tokens=1, extra_body={"chat_template": TOOLS_TEMPLATE}, **kwargs)
+        return answer.usage.prompt_tokens
+    plain = prompt_tokens()
+    assert prompt_tokens(tools=[TOOL], tool_choice="none") == plain
+    assert prompt_tokens(tools=[TOOL], tool_choice="required") > plain + 10
+
+
+def test_log_error_stack_logs_a_400s_stack(dev_server):
+    reply = _post(dev_server, "/sleep", params={"level": 7})
+    assert reply.status_code == 400
+    for _ in range(50):  # (the log is written by the server's process)
+        log = dev_server.log_path.read_text()
+        if "error answer 400: sleep.level" in log:
+            break
+        time.sleep(0.1)
+    tail = log[log.index("error answer 400: sleep.level"):]
+    assert "Traceback" in tail and "ValueError: sleep.level" in tail

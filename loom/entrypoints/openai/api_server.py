@@ -110,6 +110,10 @@ class ServerOptions(msgspec.Struct, frozen=True):
     outside loom's own (`routes_extra.add_user_middleware`)."""
     tokenizer_info: bool = False
     """--enable-tokenizer-info-endpoint: GET /tokenizer_info."""
+    log_error_stack: bool = False
+    """--log-error-stack: every error answer's stack trace logged, not only a 500's."""
+    exclude_tools_when_tool_choice_none: bool = False
+    """--exclude-tools-when-tool-choice-none: tool_choice "none" renders no tools."""
     log_outputs: bool = False
     """--enable-log-outputs: with log_requests, each finished generation logged too."""
     lora_modules: list[LoRAModule] = msgspec.field(default_factory=list)
@@ -140,7 +144,7 @@ def build_app(state: ServerState) -> FastAPI:
     no_docs = dict(openapi_url=None, docs_url=None, redoc_url=None)
     app = FastAPI(title="loom", version=__version__, **({} if options.fastapi_docs else no_docs))
     app.root_path = options.root_path  # as vLLM sets it: a path with or without it routes
-    install_exception_handlers(app)
+    install_exception_handlers(app, options.log_error_stack)
     _add_openai_routes(app, state)
     _add_server_routes(app, state)
     if state.options.runtime_lora_updating:

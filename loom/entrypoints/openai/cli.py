@@ -65,6 +65,8 @@ def register(subparsers) -> None:
     g.add_argument("--middleware", action="append", default=[], metavar="MODULE.NAME",
                    help="an ASGI middleware class or async function (request, call_next) to "
                    "add outside loom's own; repeatable")
+    g.add_argument("--log-error-stack", action="store_true",
+                   help="log each error answer's stack trace (a 500's always is)")
     g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                    help="GET /tokenizer_info: the tokenizer's tokenizer_config.json and the "
                    "chat template")
@@ -110,6 +112,12 @@ def add_frontend_flags(g) -> None:
                         "no text (vLLM's)")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a chat request bring its own chat_template (a template is code)")
+    g.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                   help="a chat whose tool_choice is \"none\" renders its template without "
+                   "the tools (by default they reach it, as in vLLM)")
+    g.add_argument("--expand-tools-even-if-tool-choice-none", action="store_true",
+                   help="vLLM's former flag, accepted: the tools reach the template unless "
+                   "--exclude-tools-when-tool-choice-none")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="let tool_choice \"auto\" (the default with tools) read the model's own "
                         "tool calls, with --tool-call-parser")
@@ -188,7 +196,8 @@ def run_serve(args: argparse.Namespace) -> int:
         ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
         ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         request_id_headers=args.enable_request_id_headers, uds=args.uds,
-        middleware=args.middleware, tokenizer_info=args.enable_tokenizer_info_endpoint)
+        middleware=args.middleware, tokenizer_info=args.enable_tokenizer_info_endpoint,
+        log_error_stack=args.log_error_stack)
     return run_server(options, config, inproc=args.disable_frontend_multiprocessing)
 
 
@@ -225,7 +234,8 @@ def frontend_setup(args: argparse.Namespace, context: str) -> tuple[EngineConfig
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         force_include_usage=args.enable_force_include_usage,
         log_outputs=args.enable_log_outputs, stream_interval=args.stream_interval,
-        default_chat_template_kwargs=default_template_kwargs(args.default_chat_template_kwargs))
+        default_chat_template_kwargs=default_template_kwargs(args.default_chat_template_kwargs),
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none)
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -95,7 +95,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message) + more, param
 
 
-def install_exception_handlers(app: FastAPI) -> None:
+def install_exception_handlers(app: FastAPI, log_stack: bool = False) -> None:
+    """log_stack (--log-error-stack): each error answer's stack trace is logged too."""
+    def answer(exc: Exception, status: int, message: str, param: str | None) -> JSONResponse:
+        if log_stack:
+            logger.error("error answer %d: %s", status, message, exc_info=exc)
+        return error_response(status, message, param)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
@@ -107,11 +113,11 @@ def install_exception_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api(_request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
+        return answer(exc, exc.status, exc.message, exc.param)
 
     @app.exception_handler(ValueError)
     async def _value(_request: Request, exc: ValueError) -> JSONResponse:
-        return error_response(*exception_status(exc))
+        return answer(exc, *exception_status(exc))
 
     @app.exception_handler(EngineDeadError)
     async def _dead(_request: Request, exc: EngineDeadError) -> JSONResponse:

@@ -71,7 +71,8 @@ def build_state(options: ServerOptions, make_client: Callable[[], EngineCoreClie
                              trust_request_chat_template=options.trust_request_chat_template,
                              response_role=options.response_role,
                              content_format=options.chat_template_content_format,
-                             default_template_kwargs=options.default_chat_template_kwargs)
+                             default_template_kwargs=options.default_chat_template_kwargs,
+                             exclude_tools_when_none=options.exclude_tools_when_tool_choice_none)
     completion = OpenAIServingCompletion(engine, models, defaults, details, **shared)
     state = ServerState(options, engine, metrics, models, completion, chat,
                         OpenAIServingEmbedding(engine, models),

@@ -61,8 +61,11 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None, trust_request_chat_template: bool = False,
                  response_role: str = "assistant", content_format: str = "auto",
-                 default_template_kwargs: dict[str, Any] | None = None, **kwargs) -> None:
+                 default_template_kwargs: dict[str, Any] | None = None,
+                 exclude_tools_when_none: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.exclude_tools_when_none = exclude_tools_when_none
+        """--exclude-tools-when-tool-choice-none."""
         self.default_template_kwargs = dict(default_template_kwargs or {})
         """--default-chat-template-kwargs: template variables under each request's own."""
         self.trust_request_chat_template = trust_request_chat_template
@@ -124,9 +127,11 @@ class OpenAIServingChat(OpenAIServing):
         tools = ToolCalls.for_request(body.tools, body.tool_choice, body.parallel_tool_calls,
                                       self.tool_call_parser)
         self.check_request_template(body.chat_template)
+        variables = body.template_variables
+        if self.exclude_tools_when_none and body.tool_choice == "none":
+            variables = {**variables, "tools": None}
         prompt_ids = await off_loop(self.render, body.messages, body.add_generation_prompt,
-                                    body.continue_final_message, body.template_variables,
-                                    body.chat_template)
+                                    body.continue_final_message, variables, body.chat_template)
         # a rendered chat is tokenized without added special tokens: cut plainly
         prompt_ids = self.engine.processor.truncate(prompt_ids, body.truncate_prompt_tokens,
                                                     False)
