@@ -159,6 +159,19 @@ class Region:
             self._host.fill_(0xFF)
         self.asleep = True
 
+    def __del__(self) -> None:
+        """The driver's memory goes with the region (its owner, the model runner, is
+        gone): mapped memory and the address range are released."""
+        if getattr(self, "_driver", None) is None:
+            return
+        try:
+            torch.cuda.synchronize(self.device)
+            if not self.asleep:
+                self._driver.unmap(self.ptr, self.nbytes, self._handle)
+            self._driver.free(self.ptr, self.nbytes)
+        except Exception:  # noqa: BLE001 - at interpreter exit the context may be gone
+            pass
+
     def wake(self) -> None:
         if not self.asleep:
             return

@@ -27,6 +27,7 @@ def _tokens(llm) -> list[list[int]]:
                          ids=["default", "eager", "full-graphs"])
 def test_gpu_sleep_frees_memory_and_wakes_to_the_same_tokens(compilation, tiny_model_factory):
     path, _ = tiny_model_factory("llama")
+    start = torch.cuda.mem_get_info()[0]
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device="cuda",
               enable_sleep_mode=True, kv_cache_memory_bytes=KV_BYTES, **compilation)
     try:
@@ -43,3 +44,8 @@ def test_gpu_sleep_frees_memory_and_wakes_to_the_same_tokens(compilation, tiny_m
         assert _tokens(llm) == before
     finally:
         llm.shutdown()
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+    # The regions went with the engine: the KV cache's memory is the driver's again.
+    assert torch.cuda.mem_get_info()[0] > start - KV_BYTES / 2
