@@ -1,4 +1,4 @@
-# 1 GPU (~1.5 min), session 63: sleep mode's GPU tests after 0d3a1f0.. (a region unmaps and
+# 1 GPU (~1.5 min), session 63: sleep mode's GPU tests after d294959 (a region unmaps and
 # frees its address range when its model runner goes: after LLM.shutdown the memory is the
 # driver's again).
 source benchmarks/gpu/env.sh; R=/tmp/zzz156; mkdir -p $R
