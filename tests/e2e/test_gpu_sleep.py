@@ -27,7 +27,6 @@ def _tokens(llm) -> list[list[int]]:
                          ids=["default", "eager", "full-graphs"])
 def test_gpu_sleep_frees_memory_and_wakes_to_the_same_tokens(compilation, tiny_model_factory):
     path, _ = tiny_model_factory("llama")
-    start = torch.cuda.mem_get_info()[0]
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, device="cuda",
               enable_sleep_mode=True, kv_cache_memory_bytes=KV_BYTES, **compilation)
     try:
@@ -42,10 +41,10 @@ def test_gpu_sleep_frees_memory_and_wakes_to_the_same_tokens(compilation, tiny_m
         llm.collective_rpc("reload_weights")
         llm.wake_up(tags=["kv_cache"])
         assert _tokens(llm) == before
+        running = torch.cuda.mem_get_info()[0]
     finally:
         llm.shutdown()
     import gc
     gc.collect()
-    torch.cuda.empty_cache()
     # The regions went with the engine: the KV cache's memory is the driver's again.
-    assert torch.cuda.mem_get_info()[0] > start - KV_BYTES / 2
+    assert torch.cuda.mem_get_info()[0] - running >= KV_BYTES * 0.95
