@@ -197,3 +197,17 @@ def test_the_workers_sleep_is_the_engines_alone(llm):
     with pytest.raises(ValueError, match="'sleep' is not a worker method loom exposes"):
         llm.collective_rpc("sleep", args=(["weights"],))
     assert llm.apply_model(_down_proj_is_nan) == [False]
+
+
+def test_the_regions_go_with_the_engine(tiny):
+    """On CUDA a region unmaps its memory when collected: nothing may keep it after
+    shutdown (`tests/e2e/test_gpu_sleep.py` measures the memory given back)."""
+    import gc
+    import weakref
+    llm = LLM(tiny[0], enable_sleep_mode=True, enforce_eager=True, skip_tokenizer_init=True)
+    memory = llm.engine.executor.worker.model_runner.sleep_memory
+    regions = [weakref.ref(r) for r in [memory.weights, *memory.kv]]
+    del memory
+    llm.shutdown()
+    gc.collect()
+    assert len(regions) == 2 and all(r() is None for r in regions)
