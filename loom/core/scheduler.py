@@ -22,13 +22,14 @@ from loom.config import CacheConfig, SchedulerConfig
 from loom.core.kv_cache_manager import KVCacheManager, cdiv
 from loom.core.lora_admission import LoRAAdmission
 from loom.core.request import Request, RequestStatus
+from loom.core.request_outputs import pooling_output, token_output
 from loom.core.request_queue import make_request_queue
 from loom.core.spec_decode import SpecDecoder
 from loom.core.stop_checks import check_grammar, check_stop
 from loom.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
 from loom.core.structured_output import grammar_bitmasks
-from loom.engine.protocol import EngineCoreOutput, FinishReason, Logprobs, SchedulerStats
+from loom.engine.protocol import EngineCoreOutput, SchedulerStats
 from loom.speculative_config import SpeculativeConfig
 
 
@@ -316,7 +317,7 @@ class Scheduler:
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted after it was scheduled
             if rid in runner_output.pooled:
-                outputs.append(self._finish_pooling(request, runner_output.pooled[rid]))
+                outputs.append(pooling_output(request, runner_output.pooled[rid]))
                 continue
             if runner_output.sampled_token_ids[i]:
                 request.num_output_placeholders -= 1
@@ -327,18 +328,11 @@ class Scheduler:
                 self.spec.proposed(request, runner_output.draft_token_ids[rid])
             prompt_logprobs = runner_output.prompt_logprobs.get(rid)
             if new_token_ids or prompt_logprobs or request.is_finished:
-                outputs.append(self._make_output(request, new_token_ids, prompt_logprobs,
-                                                 runner_output.logprobs_of(i, rid)))
+                outputs.append(token_output(request, new_token_ids, prompt_logprobs,
+                                            runner_output.logprobs_of(i, rid)))
         if any(r.is_finished for r in self.running):
             self._remove_finished()
         return outputs
-
-    def _finish_pooling(self, request: Request, pooled: list[float]) -> EngineCoreOutput:
-        """A pooling request ends when its prompt is computed: no tokens, only the vector."""
-        request.status = RequestStatus.FINISHED_STOPPED
-        return EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.STOP,
-                                num_cached_tokens=max(0, request.num_cached_tokens),
-                                pooled=pooled, queue_time_s=request.take_queue_time())
 
     def _append_tokens(self, request: Request, sampled: list[int]) -> list[int]:
         appended = []
@@ -350,18 +344,6 @@ class Scheduler:
                     or check_grammar(request, token_id)):
                 break
         return appended
-
-    def _make_output(self, request: Request, new_token_ids: list[int],
-                     prompt_logprobs: list[Logprobs] | None,
-                     new_logprobs: list[Logprobs] | None) -> EngineCoreOutput:
-        return EngineCoreOutput(
-            request_id=request.request_id, new_token_ids=new_token_ids,
-            new_logprobs=new_logprobs[:len(new_token_ids)] if new_logprobs else None,
-            prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
-            stop_reason=request.stop_reason, num_cached_tokens=max(0, request.num_cached_tokens),
-            queue_time_s=request.take_queue_time(),
-            prefill_time_s=request.take_prefill_time(new_token_ids),
-            error=request.grammar.error if request.grammar is not None else None)
 
     def _remove_finished(self) -> None:
         still_running = []
