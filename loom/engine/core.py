@@ -210,6 +210,11 @@ class EngineCore(SleepMixin):
             self._collect_one()
         self._pending = []
 
+    def has_pending_outputs(self) -> bool:
+        """Outputs the next step() returns without running anything (aborts, steps that a
+        worker call collected)."""
+        return bool(self._pending)
+
     def has_unfinished_requests(self) -> bool:
         """Whether step() has work: none while asleep (`SleepMixin`) but steps in flight."""
         return self._can_schedule() or bool(self._in_flight)

@@ -12,10 +12,10 @@ import queue
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from loom.engine.protocol import (AbortRequests, EngineCoreInput, EngineCoreMessage,
+from loom.engine.protocol import (CALL_ERRORS, AbortRequests, EngineCoreInput, EngineCoreMessage,
                                   EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
                                   FinishReason, SchedulerStats, Shutdown, UtilityCall,
-                                  UtilityResult)
+                                  UtilityResult, call_error)
 from loom.engine.stats_log import StatsLogger, gauges_only, merge_stats
 
 if TYPE_CHECKING:
@@ -99,10 +99,11 @@ class EngineLoop:
     def _utility(self, client: int, call: UtilityCall) -> None:
         try:
             result = UtilityResult(call.call_id, self.core.call_utility(call.method, call.args))
-        except (ValueError, TypeError, NotImplementedError) as e:
-            result = UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}")
-        if call.method == "sleep":
-            self._needs_step = True  # the requests it aborted: their outputs go out next
+        except CALL_ERRORS as e:
+            result = UtilityResult(call.call_id, error=call_error(e))
+        # Outputs a utility left (a sleep's aborts, steps collected before a worker call)
+        # go out with the next step, which must then come even if nothing else runs.
+        self._needs_step = self._needs_step or self.core.has_pending_outputs()
         self.send(client, EngineCoreOutputs(utility_results=[result],
                                             scheduler_stats=self._take_stats()))
 

@@ -119,6 +119,22 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     waiting_lora_adapters: list[str] = []
 
 
+CALL_ERRORS = (ValueError, TypeError, NotImplementedError)
+"""What a utility call or a worker RPC may raise as its caller's error (bad input, a method
+loom lacks), answered as `call_error` text; anything else is the engine's or rank's own."""
+
+
+def call_error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def raise_call_error(text: str):
+    """call_error's text raised again as its kind (ValueError where unknown)."""
+    kind, _, message = text.partition(": ")
+    raise {"TypeError": TypeError, "NotImplementedError": NotImplementedError}.get(
+        kind, ValueError)(message)
+
+
 class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):
     call_id: int
     result: Any = None

@@ -17,6 +17,7 @@ import msgspec
 import zmq
 
 from loom.config import EngineConfig
+from loom.engine.protocol import raise_call_error
 from loom.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from loom.engine.child_process import start_child
 from loom.executor.base import Executor
@@ -135,12 +136,11 @@ class MultiprocExecutor(Executor):
     def _rpc(self, method: str, *args) -> list:
         self._broadcast(CollectiveRPC(method, list(args)))
         replies = [self._receive(STARTUP_TIMEOUT_S, RPCReply) for _ in range(self.world_size)]
-        failed = next((r.error for r in sorted(replies, key=lambda r: r.rank) if r.error), None)
+        replies.sort(key=lambda r: r.rank)
+        failed = next((r.error for r in replies if r.error), None)
         if failed is not None:  # raised again as the rank raised it
-            kind, _, message = failed.partition(": ")
-            raise {"TypeError": TypeError, "NotImplementedError": NotImplementedError}.get(
-                kind, ValueError)(message)
-        return [r.value for r in sorted(replies, key=lambda r: r.rank)]
+            raise_call_error(failed)
+        return [r.value for r in replies]
 
     # The executor interface. ------------------------------------------------------------
     def determine_num_blocks(self) -> int:

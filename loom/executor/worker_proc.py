@@ -13,6 +13,7 @@ import zmq
 
 from loom.config import EngineConfig
 from loom.engine.child_process import signal_on_parent_death
+from loom.engine.protocol import CALL_ERRORS, call_error
 from loom.executor.protocol import (CollectiveRPC, ExecuteModel, FlushOutput, RPCReply,
                                     RunnerOutput, ShutdownWorker, WorkerCommand, WorkerFailed,
                                     WorkerReady)
@@ -72,8 +73,8 @@ def _serve(worker, rank, commands, replies, encoder, decoder) -> None:
         elif isinstance(command, CollectiveRPC):
             try:
                 reply = RPCReply(rank, worker.rpc(command.method, command.args))
-            except (ValueError, TypeError, NotImplementedError) as e:
-                reply = RPCReply(rank, error=f"{type(e).__name__}: {e}")
+            except CALL_ERRORS as e:
+                reply = RPCReply(rank, error=call_error(e))
             replies.send(encoder.encode(reply))
 
 

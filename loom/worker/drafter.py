@@ -51,6 +51,7 @@ from loom.pinned import upload
 from loom.worker.cuda_graph import CUDAGraphRunner, piecewise_sizes
 from loom.worker.input_batch import StepBatch
 from loom.worker.sampler import greedy_argmax
+from loom.worker.sleep_memory import kv_zeros
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,6 @@ class Drafter:
                 * self.block_size * self.num_layers)
 
     def initialize_cache(self, num_blocks: int, sleep_memory=None) -> None:
-        from loom.worker.sleep_memory import kv_zeros
         attn = self._attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_caches = kv_zeros(sleep_memory, self.num_layers, shape, self.dtype, self.device)

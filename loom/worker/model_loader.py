@@ -107,7 +107,8 @@ def reload_weights(model: nn.Module, config: EngineConfig,
     reading it, stays): from the checkpoint (dummy weights drawn again), or the named
     tensors given, which may be some of the model's (an RL trainer's update)."""
     from loom.models.weights import partial
-    if quant_scheme(resolve(config.model).hf_config, config.model.quantization) is not None:
+    source = resolve(config.model)
+    if quant_scheme(source.hf_config, config.model.quantization) is not None:
         raise NotImplementedError("reload_weights: a quantized model's weights are built "
                                   "while loading; loom reloads unquantized models only")
     if hasattr(model, "after_loading"):  # it would fold an update into folded weights
@@ -118,7 +119,6 @@ def reload_weights(model: nn.Module, config: EngineConfig,
             with partial():
                 model.load_weights(weights)
             return
-        source = resolve(config.model)
         if source.weights is None:
             init_dummy_weights(model, config.model.seed)
         else:

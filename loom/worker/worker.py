@@ -54,7 +54,7 @@ class Worker:
     RPC_METHODS = frozenset({"determine_num_blocks", "initialize_cache", "model_info", "get_env",
                              "time_all_reduce", "profile", "profile_steps",
                              "profile_steps_result", "allocator_stats", "sleep", "wake_up",
-                             "reload_weights", "update_weights", "call_function"})
+                             "call_function"})
     PUBLIC_METHODS = frozenset({"reload_weights", "update_weights", "model_info",
                                 "allocator_stats"})
     """What `LLM.collective_rpc` and the server's /collective_rpc may call by name. Not

@@ -42,6 +42,9 @@ class FakeCore:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def has_pending_outputs(self) -> bool:
+        return bool(self.pending)
+
     def step(self) -> EngineCoreOutputs:
         self.steps += 1
         if self.steps == self.fail_on_step:
@@ -59,6 +62,9 @@ class FakeCore:
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats)
 
     def call_utility(self, method: str, args: list) -> object:
+        if method == "sleep":  # as EngineCore's: ends the requests, their outputs pending
+            self.abort_requests(list(self.requests))
+            return 0
         if method != "get_num_unfinished_requests":
             raise ValueError(f"utility: unknown method {method!r}")
         return len(self.requests)
@@ -135,6 +141,28 @@ def test_utilities_answer_the_caller():
     results = [r for c, m in sent if c == 1 for r in m.utility_results]
     assert results[0].call_id == 7 and results[0].result == 0 and results[0].error is None
     assert results[1].call_id == 8 and "no_such_method" in results[1].error
+
+
+def test_outputs_a_utility_leaves_go_out_with_nothing_else_running():
+    """A sleep that aborts the requests leaves their outputs pending, and no request is
+    left to step for: the loop still steps once, so the owners hear of the abort."""
+    core = FakeCore()
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    sent: list = []
+
+    def send(client, msg):
+        sent.append((client, msg))
+        if any(o.finished for o in msg.outputs):
+            q.put((0, Shutdown()))
+    loop = EngineLoop(core, q, send, StatsLogger(10.0, enabled=False))
+    core.add_request(_request("r", max_tokens=10**9))  # added, never stepped
+    loop.owners["r"] = 1
+    q.put((0, UtilityCall(5, "sleep")))
+    thread = threading.Thread(target=loop.run)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert [o.finish_reason for o in _outputs(sent, 1)] == [FinishReason.ABORT]
 
 
 def test_stats_deltas_reach_exactly_one_client_and_end_idle():
