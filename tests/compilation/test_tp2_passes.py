@@ -33,15 +33,43 @@ def _after(graph: dict, pass_name: str) -> tuple[int, ...]:
         "symm_mem.fused_all_gather_matmul", "loom.matmul_reduce_scatter_partials"))
 
 
+# 8 tokens: the static graph (compile_sizes); 14 tokens: the dynamic graph.
+SCENARIOS = {
+    # symm_mem, fused from 1 token up by the override: 14 tokens sequence-parallel, unfused.
+    **{("symm_mem", kind): (kind, {"enable_async_tp": True}, (8, 14),
+                            {"LOOM_ASYNC_TP_MIN_TOKENS": "1", "LOOM_ASYNC_TP_IMPL": "symm_mem"})
+       for kind in ("llama", "qwen3_moe", "granite")},
+    # The tiny Qwen3-MoE has a dense layer beside its MoE one: it covers Llama's sites too.
+    ("overlap", "qwen3_moe"): ("qwen3_moe", {"enable_async_tp": True}, (8, 14),
+                               {"LOOM_ASYNC_TP_IMPL": "overlap",
+                                "LOOM_ASYNC_TP_MIN_TOKENS": "10"}),
+    ("p2p", "qwen3_moe"): ("qwen3_moe", {"enable_async_tp": True}, (8, 14),
+                           {"LOOM_ASYNC_TP_IMPL": "p2p", "LOOM_ASYNC_TP_MIN_TOKENS": "1"}),
+    # The all-reduce + norm fusion alone (no sequence parallelism): 14 tokens take the
+    # general graph's small-batch compile, 80 its other one.
+    ("fusion", "qwen3_moe"): ("qwen3_moe", {}, (8, 14, 80), {}),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tiny_model_factory, tmp_path_factory) -> dict:
+    """Every scenario's report, from one pair of TP=2 processes."""
+    keys = list(SCENARIOS)
+    scenarios = [Scenario(tiny_model_factory(kind)[0], passes, compile_sizes=[8],
+                          token_counts=counts, env=env)
+                 for kind, passes, counts, env in SCENARIOS.values()]
+    return dict(zip(keys, run_tp2(scenarios, str(tmp_path_factory.mktemp("tp2")))))
+
+
+def _outputs_kept(report: dict) -> None:
+    for n, rel in report["diffs"].items():
+        assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "granite"])
-def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, tiny_model_factory, tmp_path):
-    path, _ = tiny_model_factory(kind)
-    # 8 tokens: the static graph (compile_sizes), fused from 1 token up by the override;
-    # 14 tokens: the dynamic graph, sequence-parallel but unfused.
-    scenario = Scenario(path, {"enable_async_tp": True}, compile_sizes=[8], token_counts=(8, 14),
-                        env={"LOOM_ASYNC_TP_MIN_TOKENS": "1", "LOOM_ASYNC_TP_IMPL": "symm_mem"})
-    report = run_tp2(scenario, str(tmp_path))
+def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, reports):
+    report = reports["symm_mem", kind]
     dynamic, static = report["graphs"]
     for graph in (dynamic, static):
         assert _after(graph, "noop_elimination") == (SITES, 0, 0, 0, 0)
@@ -49,25 +77,18 @@ def test_passes_rewrite_the_traced_graphs_and_keep_outputs(kind, tiny_model_fact
     assert _after(dynamic, "norm_decomposition") == (0, SITES, SITES, 0, 0)
     fused_ag, fused_rs, ag_left, rs_left = FUSED[kind]
     assert _after(static, "norm_decomposition") == (0, rs_left, ag_left, fused_ag, fused_rs)
-    for n, rel in report["diffs"].items():
-        assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
+    _outputs_kept(report)
 
 
 @pytest.mark.slow
-# The tiny Qwen3-MoE has a dense layer beside its MoE one: it covers Llama's sites too (the
-# symm_mem test above still runs every kind).
-@pytest.mark.parametrize("kind", ["qwen3_moe"])
-def test_overlap_ops_rewrite_every_graph_and_keep_outputs(kind, tiny_model_factory, tmp_path):
+def test_overlap_ops_rewrite_every_graph_and_keep_outputs(reports):
     """LOOM_ASYNC_TP_IMPL=overlap: loom's own collective matmuls (real gloo collectives on
     the CPU, no stand-in kernels) replace the same sites in the dynamic graph as well as
     the static one, and compute what eager TP=2 does in both of their run-time branches:
     from 10 tokens up, the 8-token batch takes the plain collective and one matmul, the
     14-token one the overlapped loop."""
-    path, _ = tiny_model_factory(kind)
-    scenario = Scenario(path, {"enable_async_tp": True}, compile_sizes=[8], token_counts=(8, 14),
-                        env={"LOOM_ASYNC_TP_IMPL": "overlap", "LOOM_ASYNC_TP_MIN_TOKENS": "10"})
-    report = run_tp2(scenario, str(tmp_path))
-    fused_ag, fused_rs, ag_left, rs_left = FUSED[kind]
+    report = reports["overlap", "qwen3_moe"]
+    fused_ag, fused_rs, ag_left, rs_left = FUSED["qwen3_moe"]
     for graph in report["graphs"]:
         counts = graph["norm_decomposition"]
         assert counts["loom.all_gather_matmul.default"] == fused_ag
@@ -75,22 +96,16 @@ def test_overlap_ops_rewrite_every_graph_and_keep_outputs(kind, tiny_model_facto
         assert counts["loom.all_gather.default"] == ag_left
         assert counts["loom.reduce_scatter.default"] == rs_left
         assert counts["symm_mem.fused_all_gather_matmul.default"] == 0
-    for n, rel in report["diffs"].items():
-        assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
+    _outputs_kept(report)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["qwen3_moe"])  # a dense layer and an MoE one, as above
-def test_p2p_ops_rewrite_the_static_sites_and_keep_outputs(kind, tiny_model_factory, tmp_path):
+def test_p2p_ops_rewrite_the_static_sites_and_keep_outputs(reports):
     """LOOM_ASYNC_TP_IMPL=p2p: loom's TP=2 ops over symmetric memory take the static sites
     of PyTorch's fused ops (the MoE block reading the gathered A too); on the CPU they run
     their unpipelined fallback through gloo and compute what eager TP=2 does."""
-    path, _ = tiny_model_factory(kind)
-    scenario = Scenario(path, {"enable_async_tp": True}, compile_sizes=[8], token_counts=(8, 14),
-                        env={"LOOM_ASYNC_TP_IMPL": "p2p", "LOOM_ASYNC_TP_MIN_TOKENS": "1"})
-    report = run_tp2(scenario, str(tmp_path))
-    dynamic, static = report["graphs"]
-    fused_ag, fused_rs, ag_left, rs_left = FUSED[kind]
+    dynamic, static = reports["p2p", "qwen3_moe"]["graphs"]
+    fused_ag, fused_rs, ag_left, rs_left = FUSED["qwen3_moe"]
     counts = static["norm_decomposition"]
     assert counts["loom.all_gather_matmul_p2p.default"] == fused_ag
     assert counts["loom.matmul_reduce_scatter_partials_p2p.default"] == fused_rs
@@ -98,8 +113,24 @@ def test_p2p_ops_rewrite_the_static_sites_and_keep_outputs(kind, tiny_model_fact
         (ag_left, rs_left)
     assert counts["symm_mem.fused_all_gather_matmul.default"] == 0
     assert dynamic["norm_decomposition"]["loom.all_gather_matmul_p2p.default"] == 0
-    for n, rel in report["diffs"].items():
-        assert rel < 1e-5, f"{n} tokens: compiled TP=2 output off eager by {rel:.2e} (relative)"
+    _outputs_kept(reports["p2p", "qwen3_moe"])
+
+
+@pytest.mark.slow
+def test_all_reduce_norm_fusion_rewrites_every_residual_site_and_keeps_outputs(reports):
+    """In the graphs for batches up to 64 tokens (the static 8-token graph, and the general
+    graph's second compile for small batches) every all_reduce -> residual add -> RMSNorm
+    site becomes one `loom::all_reduce_add_rms_norm` node and the embedding's all-reduce
+    stays; the general graph for larger batches keeps them all."""
+    report = reports["fusion", "qwen3_moe"]
+
+    def total(op: str) -> int:
+        return sum(g["all_reduce_norm_fusion"][f"{op}.default"] for g in report["graphs"])
+    # Per forward: one all-reduce after the embedding (kept), two per layer (fused in the
+    # static graph and the small-batch general graph, kept in the other general graph).
+    assert total("loom.all_reduce_add_rms_norm") == 2 * 2 * LAYERS
+    assert total("loom.all_reduce") == 1 + 1 + (1 + 2 * LAYERS)
+    _outputs_kept(report)
 
 
 PROMPTS = [[random.Random(i).randrange(3, 256) for _ in range(n)]

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.multiprocessing as mp
 
-WATCHED = ("loom.all_reduce.default", "loom.all_reduce_add_rms_norm.default", "loom.all_gather.default", "loom.reduce_scatter.default",
+WATCHED = ("loom.all_reduce.default", "loom.all_reduce_add_rms_norm.default",
+           "loom.all_gather.default", "loom.reduce_scatter.default",
            "symm_mem.fused_all_gather_matmul.default",
            "symm_mem.fused_matmul_reduce_scatter.default",
            "loom.matmul_reduce_scatter_partials.default",
@@ -37,27 +38,41 @@ class Scenario:
     env: dict = field(default_factory=dict)
 
 
-def run_tp2(scenario: Scenario, out_dir: str) -> dict:
-    """Rank 0's report: {"graphs": [{pass name: op counts after it}], "diffs": {n: rel}}."""
+def run_tp2(scenarios: list[Scenario], out_dir: str) -> list[dict]:
+    """Rank 0's report for each scenario, run one after another in the same two processes
+    (spawning them, importing torch and Inductor's first compile cost more than a scenario):
+    [{"graphs": [{pass name: op counts after it}], "diffs": {n: rel}}]."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(scenario, port, out_dir), nprocs=2, join=True)
+    mp.spawn(_worker, args=(scenarios, port, out_dir), nprocs=2, join=True)
     with open(os.path.join(out_dir, "rank0.json")) as f:
         return json.load(f)
 
 
-def _worker(rank: int, scenario: Scenario, port: int, out_dir: str) -> None:
-    os.environ.update(scenario.env)
+def _worker(rank: int, scenarios: list[Scenario], port: int, out_dir: str) -> None:
     from loom.distributed.parallel_state import destroy_distributed, init_distributed
     init_distributed(2, rank, f"tcp://127.0.0.1:{port}", "gloo")
+    _register_cpu_fused_ops()
+    reports = []
     try:
-        report = _compile_and_compare(scenario)
+        for scenario in scenarios:
+            saved = {k: os.environ.get(k) for k in scenario.env}
+            os.environ.update(scenario.env)
+            try:
+                reports.append(_compile_and_compare(scenario))
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+                torch._dynamo.reset()  # no scenario's guards or cache-size count reach the next
     finally:
         destroy_distributed()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    # The report is on disk: leave without the interpreter's teardown. Once, in a clean-clone
+        json.dump(reports, f)
+    # The reports are on disk: leave without the interpreter's teardown. Once, in a clean-clone
     # CI run, a rank died with SIGABRT ("terminate called without an active exception": a
     # C++ thread still joinable when its owner was destroyed) and no Python error, most
     # likely in that teardown; it did not recur in nine runs of the test alone.
@@ -72,7 +87,6 @@ def _compile_and_compare(scenario: Scenario) -> dict:
     from loom.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
     from loom.forward_context import ForwardContext, forward_context
     from loom.worker.model_loader import load_model
-    _register_cpu_fused_ops()
     config = EngineConfig(model=ModelConfig(scenario.path, dtype="float32"),
                           parallel=ParallelConfig(2))
     model, _, _ = load_model(config, torch.device("cpu"))
