@@ -25,6 +25,21 @@ def _choose_triton_mode() -> None:
 
 _choose_triton_mode()
 
+
+def graphs_compiled_anew():
+    """A context in which Inductor compiles every graph again, so loom's passes run (and log)
+    even for a graph an earlier test compiled: its FX graph and AOT autograd caches are off.
+    Its kernel code cache stays: a kernel whose source an earlier compile produced is not
+    built by the C++ compiler again (torch's fresh_cache() rebuilt them all, ~15 s a test)."""
+    import contextlib
+
+    import torch
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+    return stack
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _no_worker_outlives_its_module():
     """Every process a test module starts through multiprocessing (TP workers, engine cores)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._inductor.utils import fresh_cache
 
 import loom.kernels.gemv_decode as gemv_module
 from loom.kernels.gemv import GemvConfig
 from loom.kernels.gemv_decode import tuned_config
 from tests.compilation.test_level3 import _tokens
+from tests.conftest import graphs_compiled_anew
 
 
 @pytest.mark.slow
@@ -46,7 +46,7 @@ def test_decode_matmuls_take_the_gemv_and_tokens_stay(tiny_model_factory, monkey
     caplog.set_level(logging.INFO, logger="loom.compilation.passes.decode_gemv")
     # A fresh Inductor cache: a graph cached by an earlier run is loaded without the pass
     # running again (so without its log line).
-    with fresh_cache():
+    with graphs_compiled_anew():
         assert _tokens(path, compilation_config={"level": 3}) == eager
     assert "matmuls take the Triton GEMV" in caplog.text
     # Each layer's down projection reads silu(gate) * up straight from gate_up's output
@@ -108,7 +108,7 @@ def test_8bit_decode_fuses_the_norm_and_silu_and_tokens_stay(weights, tiny_model
     assert any(scaled) and not any(silu) and not norm
     scaled.clear()
     caplog.set_level(logging.INFO, logger="loom.compilation.passes.decode_gemv")
-    with fresh_cache():
+    with graphs_compiled_anew():
         assert _tokens(path, **kwargs, compilation_config={"level": 3}) == eager
     fused = re.findall(r"(\d+) of them with the SiLU·mul before them", caplog.text)
     assert sum(map(int, fused)) == 2, fused

@@ -10,7 +10,6 @@ import random
 import re
 
 import pytest
-from torch._inductor.utils import fresh_cache
 
 import loom.kernels.gemv_decode as gemv_module
 from loom import LLM, SamplingParams
@@ -18,7 +17,7 @@ from loom.kernels import lora as kernels
 from loom.kernels.gemv import GemvConfig
 from loom.lora import layers
 from loom.lora.request import LoRARequest
-from tests.conftest import hf_greedy
+from tests.conftest import graphs_compiled_anew, hf_greedy
 from tests.lora_util import make_adapter
 
 pytest.importorskip("peft")
@@ -46,7 +45,7 @@ def test_decode_fusions_survive_an_adapter(tiny_model_factory, tmp_path, monkeyp
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 256) for _ in range(n)] for n in (7, 18, 5)]
     loras = [lora, None, lora]
-    with fresh_cache():  # a cached graph would load without the pass (or its log line)
+    with graphs_compiled_anew():  # a cached graph would load without the pass (or its log line)
         llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
                   max_model_len=128, max_num_batched_tokens=64, enable_lora=True,
                   max_lora_rank=8, max_loras=1, compilation_config={"level": 3})
