@@ -29,6 +29,25 @@ MODES = {
     "dp2": ["--data-parallel-size", "2"],
 }
 
+# For a module whose tests check what fields an answer carries: the engine's own process
+# ("mp", its outputs crossing ZeroMQ and msgspec) and the API server's ("inproc"). A second
+# API server or engine core forwards the same outputs unchanged; the modules that check those
+# paths (concurrency, aborts, engine death, errors, data parallelism, completions, chat) take
+# every mode.
+OUTPUT_FIELD_MODES = pytest.mark.server_modes("inproc", "mp")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A module marked `server_modes(...)` runs its `server` tests in those modes only."""
+    kept, dropped = [], []
+    for item in items:
+        marker = item.get_closest_marker("server_modes")
+        mode = getattr(getattr(item, "callspec", None), "params", {}).get("server")
+        (dropped if marker and mode and mode not in marker.args else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
 ENGINE_FLAGS = ["--dtype", "float32", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN),
                 "--kv-cache-memory-bytes", str(64 * 1024 * 1024), "--disable-uvicorn-access-log"]
 

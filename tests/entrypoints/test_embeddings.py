@@ -10,7 +10,9 @@ import numpy as np
 import openai
 import pytest
 
-from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN
+from tests.entrypoints.conftest import API_KEY, MAX_MODEL_LEN, OUTPUT_FIELD_MODES
+
+pytestmark = OUTPUT_FIELD_MODES
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TEXTS = ["The quick brown fox", "jumps over the lazy dog, twice, then sleeps."]

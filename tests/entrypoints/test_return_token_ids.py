@@ -15,7 +15,9 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from loom.cli import main
-from tests.entrypoints.conftest import API_KEY, forced, start_server
+from tests.entrypoints.conftest import API_KEY, OUTPUT_FIELD_MODES, forced, start_server
+
+pytestmark = OUTPUT_FIELD_MODES
 
 PROMPT = "The capital of France is"
 MESSAGES = [{"role": "system", "content": "You are terse."},
