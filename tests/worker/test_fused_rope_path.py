@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
 if not torch.cuda.is_available():
     patch_interpreter()
 
-NEW_TOKENS = 6
+NEW_TOKENS = 4  # three decode steps: the interpreter's cost is per kernel launch
 
 
 def _generate(path, prompts):
