@@ -14,6 +14,7 @@ from typing import Any
 from loom.compilation_config import CompilationConfig, PassConfig, compilation_dict
 from loom.config_checks import check as _check
 from loom.config_checks import json_object
+from loom.lora_config import LoRAConfig
 from loom.pooler_config import check_pooler_config
 from loom.quantization.config import QUANTIZATIONS
 from loom.speculative_config import SpeculativeConfig
@@ -346,32 +347,6 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         _check(self.device in DEVICES, f"device: {self.device!r} is not one of {DEVICES}")
-
-
-@dataclass(frozen=True)
-class LoRAConfig:
-    """LoRA adapters beside the base model (vLLM's --enable-lora): each step's requests may
-    use up to max_loras different adapters, held on the device in that many slots."""
-    max_loras: int = 1
-    """Adapters one step may use (device slots); requests with others wait their turn."""
-    max_lora_rank: int = 16
-    """The largest adapter rank accepted; every slot is this wide."""
-    max_cpu_loras: int | None = None
-    """Adapters kept loaded in host memory, ready for a slot; None: max_loras."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_loras", "max_lora_rank"):
-            value = getattr(self, name)
-            _check(type(value) is int and value > 0,
-                   f"{name}: must be a positive integer, got {value!r}")
-        _check(self.max_cpu_loras is None or (type(self.max_cpu_loras) is int
-                                              and self.max_cpu_loras >= self.max_loras),
-               f"max_cpu_loras: must be an integer >= max_loras ({self.max_loras}), got "
-               f"{self.max_cpu_loras!r}")
-
-    @property
-    def cpu_loras(self) -> int:
-        return self.max_cpu_loras or self.max_loras
 
 
 @dataclass(frozen=True)
