@@ -114,6 +114,10 @@ class ModelConfig:
     enable_sleep_mode: bool = False
     """vLLM's --enable-sleep-mode: weights and KV cache in memory a sleep can free
     (`loom.worker.sleep_memory`); LLM.sleep / wake_up, and the server's /sleep."""
+    logits_processors: tuple[Any, ...] = ()
+    """vLLM's --logits-processors: custom logits processor classes (`loom.logits_processor`),
+    or their "module.path:ClassName" names (typed Any: msgspec decodes no str | type), run
+    on every step's logits; those of installed `loom.logits_processors` entry points join."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and bool(self.model),
@@ -121,6 +125,13 @@ class ModelConfig:
         for name in ("hf_overrides", "override_generation_config", "pooler_config"):
             object.__setattr__(self, name, json_object(getattr(self, name), name))
         check_pooler_config(self.pooler_config)
+        procs = self.logits_processors
+        procs = tuple(procs) if isinstance(procs, list | tuple) else () if procs is None else procs
+        object.__setattr__(self, "logits_processors", procs)
+        _check(isinstance(procs, tuple) and all(isinstance(p, type) or (isinstance(p, str) and p)
+                                                for p in procs),
+               f"logits_processors: expected a list of classes or module.path:ClassName names, "
+               f"got {procs!r}")
         _check(self.tokenizer_mode in TOKENIZER_MODES,
                f"tokenizer_mode: {self.tokenizer_mode!r} is not supported; loom reads "
                "tokenizer.json with the `tokenizers` library (the fast tokenizer): use "
@@ -373,3 +384,7 @@ class EngineConfig:
         _check(self.speculative is None or self.model.logprobs_mode == "raw_logprobs",
                f"logprobs_mode: {self.model.logprobs_mode!r} is not supported with "
                "speculative decoding (its verified drafts report raw_logprobs)")
+        procs, pooling = self.model.logits_processors, self.model.runner == "pooling"
+        _check(not (procs and (self.speculative or pooling)),
+               "logits_processors: not supported with speculative decoding or --runner pooling "
+               "(as in vLLM)")

@@ -102,6 +102,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """vLLM's: words never generated, at the start of the text or after a space."""
     bad_words_token_ids: list[list[int]] = []
     """bad_words as token sequences (the frontend fills it from bad_words; may be given)."""
+    extra_args: dict[str, Any] | None = None
+    """vLLM's: arguments for custom logits processors (`loom.logits_processor`), which read
+    them from a request's params; `vllm_xargs` in an HTTP request. Plain values only (they
+    cross to the engine's process)."""
 
     def __post_init__(self) -> None:
         # As vLLM takes them: None for none, one string, or any sequence.
@@ -150,6 +154,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError(f"stop_token_ids: must be a list of token ids (non-negative "
                              f"integers), got {self.stop_token_ids!r}")
         self._check_token_maps(is_int, is_number)
+        if self.extra_args is not None and not (isinstance(self.extra_args, dict) and all(
+                isinstance(k, str) for k in self.extra_args)):
+            raise ValueError(f"extra_args: must be a dict with string keys, got "
+                             f"{self.extra_args!r}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed: must fit in 64 bits, got {self.seed}")
         if self.guided_decoding is None:

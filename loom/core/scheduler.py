@@ -48,9 +48,13 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int,
                  speculative: SpeculativeConfig | None = None,
-                 max_loras: int | None = None, whole_prompts: bool = False) -> None:
+                 max_loras: int | None = None, whole_prompts: bool = False,
+                 tokens_on_host: bool = False) -> None:
         """whole_prompts: a prompt is never split over steps (an encoder's attends both
-        ways); one waits for a step with room for all of it."""
+        ways); one waits for a step with room for all of it.
+        tokens_on_host: no request runs ahead of its sampled token (custom logits processors
+        read each request's output ids)."""
+        self.tokens_on_host = tokens_on_host
         # The engine passes the limits its workers chose; a bare config takes the CPU's.
         self.config = scheduler_config.resolved(None, 0)
         self.max_model_len = max_model_len
@@ -209,7 +213,7 @@ class Scheduler:
         """Whether a request whose sampled token is still in flight can be scheduled again:
         its next step must not depend on that token's value on the host, and the token
         must not be able to end it."""
-        if not self.config.async_scheduling or request.grammar is not None:
+        if not self.config.async_scheduling or request.grammar is not None or self.tokens_on_host:
             return False
         if self._verifying or (self.spec is not None and not self.spec.runs_ahead):
             return False  # (its own step in flight may add an unknown number of tokens)

@@ -127,6 +127,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--config-format", default="auto", choices=["auto", "hf", "mistral"],
                    help="auto and hf: the model's config.json (what loom reads); mistral's "
                    "params.json is refused")
+    g.add_argument("--logits-processors", nargs="+", default=None, metavar="MODULE:CLASS",
+                   help="custom logits processor classes (loom.logits_processor's interface, "
+                   "vLLM's), each module.path:ClassName; a request turns one on through "
+                   "vllm_xargs (SamplingParams.extra_args)")
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="weights and KV cache in memory that /sleep (LOOM_SERVER_DEV_MODE=1) "
                    "or LLM.sleep() frees and wake_up maps again at the same addresses")
@@ -254,8 +258,6 @@ REFUSED = {
     "--calculate-kv-scales": "loom's fp8 KV cache is unscaled (k_scale = v_scale = 1.0)",
     "--tokenizer-pool-size --tokenizer-pool-type": "removed from vLLM; loom tokenizes in "
     "its API server processes (--api-server-count)",
-    "--logits-processors": "loom takes no custom logits processor classes (SamplingParams' "
-    "logit_bias, allowed_token_ids and bad_words run in its sampler)",
     "--max-num-partial-prefills --max-long-partial-prefills --long-prefill-token-threshold":
     "not implemented by loom: each step serves running requests first (a decode, or a "
     "prompt's next chunk), then admits waiting ones in queue order while tokens last",

@@ -81,6 +81,8 @@ class EngineArgs:
     """vLLM's former flag, accepted and unused: decode graphs take every context length."""
     enable_sleep_mode: bool = False
     """ModelConfig.enable_sleep_mode."""
+    logits_processors: list[str | type] | None = None
+    """ModelConfig.logits_processors."""
     config_format: str = "auto"
     """vLLM's: auto and hf are what loom reads (config.json); mistral is refused."""
     trust_remote_code: bool = False
@@ -218,6 +220,7 @@ class EngineArgs:
                             override_generation_config=self.override_generation_config or {},
                             tokenizer_mode=self.tokenizer_mode,
                             enable_sleep_mode=self.enable_sleep_mode,
+                            logits_processors=self.logits_processors,
                             **self._runner_and_convert())
         return EngineConfig(
             model=model,

@@ -114,7 +114,8 @@ class EngineCore(SleepMixin):
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks,
                                    self.max_model_len, config.speculative,
                                    None if lora is None else lora.max_loras,
-                                   whole_prompts=self.encoder)
+                                   whole_prompts=self.encoder,
+                                   tokens_on_host=info.get("logits_processors", False))
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         """Launched steps not yet collected, oldest first."""
@@ -334,7 +335,9 @@ class EngineCore(SleepMixin):
                 "eos_token_id": self.eos_token_id, "max_logprobs": self.max_logprobs,
                 "lora": self.lora_info,
                 "scheduling_policy": self.config.scheduler.scheduling_policy,
-                "logprobs_mode": self.config.model.logprobs_mode}
+                "logprobs_mode": self.config.model.logprobs_mode,
+                "logits_processors": [p for p in self.config.model.logits_processors
+                                      if isinstance(p, str)]}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

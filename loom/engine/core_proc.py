@@ -114,15 +114,8 @@ def _start(config_json: bytes, input_addr: str, output_addr: str, ready: Connect
         raise
     # From here SIGTERM finishes the current step, then stops cleanly.
     signal.signal(signal.SIGTERM, lambda *_: proc.inputs.put((0, Shutdown())))
-    info = core.get_model_info()
-    kv = core.get_kv_info()
     try:
-        ready.send_bytes(encoder.encode(EngineReady(info["vocab_size"], info["max_model_len"],
-                                                    info["eos_token_id"], kv["num_blocks"],
-                                                    kv["block_size"], info["max_logprobs"],
-                                                    info["lora"],
-                                                    info["scheduling_policy"], core.tasks,
-                                                    info["logprobs_mode"])))
+        ready.send_bytes(encoder.encode(EngineReady.of(core)))
         ready.close()
     except OSError:
         # The launcher died while this engine started: nobody will connect. Stop in order.

@@ -253,6 +253,18 @@ class EngineReady(msgspec.Struct, tag="ready", array_like=True):
     """What the model serves; the API server routes and refuses by it."""
     logprobs_mode: str = "raw_logprobs"
     """ModelConfig.logprobs_mode: beam search, which ranks by logprobs, refuses logits."""
+    logits_processors: list[str] = []
+    """ModelConfig.logits_processors given by name: the frontend checks each request's
+    params with their classes' validate_params."""
+
+    @classmethod
+    def of(cls, core) -> EngineReady:
+        """An EngineCore's answer."""
+        info, kv = core.get_model_info(), core.get_kv_info()
+        return cls(info["vocab_size"], info["max_model_len"], info["eos_token_id"],
+                   kv["num_blocks"], kv["block_size"], info["max_logprobs"], info["lora"],
+                   info["scheduling_policy"], core.tasks, info["logprobs_mode"],
+                   info["logits_processors"])
 
 
 EngineStartup = EngineReady | EngineDead

@@ -23,6 +23,7 @@ from loom.engine.core import EngineCore
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
+from loom.logits_processor import load_classes
 from loom.models.loader import generation_config_dir, generation_defaults, tokenizer_path
 from loom.lora.request import LoRARequest
 from loom.outputs import RequestOutput
@@ -58,6 +59,7 @@ class LLM(PoolingMethods, SleepMethods):
         self.default_sampling_params = _default_params(config.model)
         self.logprobs_mode = config.model.logprobs_mode
         self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)
+        logits_processors = load_classes(config.model.logits_processors)  # before loading
         self.engine = EngineCore(config)
         self.tasks = self.engine.tasks
         """What the model serves (`loom.tasks`): generate, or embed, classify, score."""
@@ -66,7 +68,7 @@ class LLM(PoolingMethods, SleepMethods):
         info = self.engine.get_model_info()
         self.processor = Processor(self.tokenizer, info["max_model_len"], info["vocab_size"],
                                    info["eos_token_id"], info["max_logprobs"], info["lora"],
-                                   info["scheduling_policy"], self.tasks)
+                                   info["scheduling_policy"], self.tasks, logits_processors)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 

@@ -25,6 +25,7 @@ from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.request_logger import RequestLogger
 from loom.frontend.tokenizer import Tokenizer
+from loom.logits_processor import load_classes
 from loom.lora.request import LoRARequest
 from loom.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput,
                           EmbeddingRequestOutput, RequestOutput)
@@ -87,7 +88,8 @@ class AsyncLLM:
         self.logprobs_mode = info.logprobs_mode
         self.processor = Processor(tokenizer, info.max_model_len, info.vocab_size,
                                    info.eos_token_id, info.max_logprobs, info.lora,
-                                   info.scheduling_policy, info.tasks)
+                                   info.scheduling_policy, info.tasks,
+                                   load_classes(info.logits_processors))
         self.output_processor = OutputProcessor(tokenizer)
         self.streams: dict[str, _Stream] = {}
         self._pooling: dict[str, asyncio.Future] = {}

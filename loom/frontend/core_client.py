@@ -66,11 +66,7 @@ class InprocClient(EngineCoreClient):
     def __init__(self, config, log_stats: bool = True) -> None:
         from loom.engine.core import EngineCore  # torch enters this process only in this mode
         self.core = EngineCore(config)
-        info, kv = self.core.get_model_info(), self.core.get_kv_info()
-        self.info = EngineReady(info["vocab_size"], info["max_model_len"], info["eos_token_id"],
-                                kv["num_blocks"], kv["block_size"], info["max_logprobs"],
-                                info["lora"], info["scheduling_policy"], self.core.tasks,
-                                info["logprobs_mode"])
+        self.info = EngineReady.of(self.core)
         self.inputs: queue.SimpleQueue[ClientInput] = queue.SimpleQueue()
         self._log_stats = log_stats
         self._thread: threading.Thread | None = None

@@ -7,7 +7,7 @@ problem before anything reaches the engine.
 from __future__ import annotations
 
 import time
-
+from collections.abc import Sequence
 
 from loom.core.structured_output import validate_guided
 from loom.engine.protocol import EngineCoreRequest, LoRAInfo, ModelTasks
@@ -56,12 +56,16 @@ class Processor:
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int,
                  eos_token_id: int | None, max_logprobs: int | None = None,
                  lora: LoRAInfo | None = None, scheduling_policy: str = "fcfs",
-                 tasks: ModelTasks | None = None) -> None:
+                 tasks: ModelTasks | None = None,
+                 logits_processors: Sequence[type] = ()) -> None:
         """max_logprobs: resolved (never -1); None: as many as the vocabulary holds.
         tasks: the model's (`loom.tasks`), which an embedding's dimensions are checked by.
         lora: the engine's LoRA limits; None: requests may not name an adapter.
-        scheduling_policy: the engine's; under "fcfs" every request's priority is 0."""
+        scheduling_policy: the engine's; under "fcfs" every request's priority is 0.
+        logits_processors: the engine's custom processor classes, whose validate_params
+        checks each request's params."""
         self.lora = lora
+        self.logits_processors = tuple(logits_processors)
         self.tasks = tasks
         self.scheduling_policy = scheduling_policy
         self._lora_paths: dict[int, str] = {}
@@ -170,6 +174,8 @@ class Processor:
                                  f"(0..{self.vocab_size - 1})")
         if params.guided_decoding is not None:
             validate_guided(params.guided_decoding)
+        for cls in self.logits_processors:
+            cls.validate_params(params)
         if params.max_tokens is None:
             params = params.clone(max_tokens=self.max_model_len - n)
         extra = [t for t in self.extra_eos_ids if t not in params.stop_token_ids]

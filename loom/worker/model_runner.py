@@ -28,6 +28,7 @@ from loom.worker.cuda_graph import CUDAGraphRunner, mixed_sizes, mode_line, piec
 from loom.worker.layer_clock import LayerClock
 from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
                                      build_batch)
+from loom.worker.logits_processors import CustomProcessors
 from loom.worker.model_loader import load_model, resolve_kv_cache_dtype
 from loom.worker.moe_warmup import warm_up_moe
 from loom.models.st_dense import dense_modules
@@ -68,6 +69,7 @@ class ModelRunner:
                         str(self.dtype).removeprefix("torch."), torch.finfo(self.kv_dtype).max)
         self.backend = select_backend(device)
         self.sampler = Sampler(config.model.logprobs_mode)
+        self.logits_procs = CustomProcessors.make(config, device, is_driver)
         self.requests = RequestStates(config.scheduler.max_num_seqs,
                                       config.model.max_model_len or self.arch.context_len,
                                       self.block_size)
@@ -107,7 +109,8 @@ class ModelRunner:
                 * self.config.scheduler.max_num_seqs
         budget = self.config.cache.kv_cache_memory_bytes
         if budget is None:
-            budget = self._free_memory_for_kv() if self.device.type == "cuda" else CPU_DEFAULT_KV_BYTES
+            budget = (self._free_memory_for_kv() if self.device.type == "cuda"
+                      else CPU_DEFAULT_KV_BYTES)
         return max(0, budget // self.kv_block_bytes)
 
     def _free_memory_for_kv(self) -> int:
@@ -361,20 +364,12 @@ class ModelRunner:
         requested logprobs structs once the step is read back. A row samples output number
         seq_len - prompt (after any drafts, and any tokens still in flight): its seed's."""
         chosen = [reqs[i] for i in rows]
-        if not grammar_bitmask and all(r.plain_greedy for r in chosen):
+        custom = self.logits_procs.step(chosen) if self.logits_procs is not None else None
+        if not grammar_bitmask and custom is None and all(r.plain_greedy for r in chosen):
             # The common decode case needs no sampling metadata: one argmax.
             return greedy_argmax(logits), None
-        # Token histories are copied only when a penalty reads them (long prompts make
-        # these copies the largest host cost of a step).
-        history = any(r.params.uses_penalties for r in chosen)
-        meta = SamplingMetadata.build(
-            [r.params for r in chosen], [r.output_token_ids for r in chosen],
-            [r.token_ids[:r.num_prompt_tokens] if history else [] for r in chosen],
-            [r.stop_ids for r in chosen], [r.params.seed for r in chosen],
-            self.device, self.arch.vocab_size,
-            [grammar_bitmask.get(r.req_id) for r in chosen] if grammar_bitmask else None,
-            seed_index=[seq_lens[i] - reqs[i].num_prompt_tokens for i in rows]
-            if any(r.params.seed is not None for r in chosen) else None)
+        meta = SamplingMetadata.for_requests(chosen, [seq_lens[i] for i in rows], self.device,
+                                             self.arch.vocab_size, grammar_bitmask, custom)
         out = self.sampler(logits, meta)
         if out.logprobs is None:
             return out.sampled_token_ids.long(), None

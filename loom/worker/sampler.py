@@ -3,10 +3,12 @@
 Order of one step:
   1. logprobs of the raw model distribution (vLLM's default), before anything below (or
      the raw logits; under a processed logprobs_mode, the values after step 3's filters);
-  2. guided decoding: tokens the row's grammar forbids go to -inf;
-     repetition / presence / frequency penalties, then min_tokens masking of stop ids;
+  2. guided decoding: tokens the row's grammar forbids go to -inf; allowed_token_ids and
+     logit_bias; custom logits processors that may change the argmax; repetition /
+     presence / frequency penalties, then min_tokens masking of stop ids;
   3. greedy rows: argmax of the penalized logits;
-     random rows: temperature, top-k, top-p, min-p, then an exponential-race draw.
+     random rows: temperature, argmax-invariant custom processors, top-k, top-p, min-p,
+     then an exponential-race draw.
      On CUDA, a batch with no top-k/top-p/min-p and no seeded row takes loom's kernel
      instead (`loom/kernels/sampling.py`): the same draw as a Gumbel-max argmax.
 
@@ -69,6 +71,8 @@ class Sampler(nn.Module):
             reported = logits.log_softmax(dim=-1) if mode == "raw_logprobs" else logits.clone()
         logits = apply_grammar(logits, metadata)
         logits = apply_token_maps(logits, metadata)
+        if metadata.custom is not None:
+            logits = metadata.custom.apply(logits, argmax_invariant=False)
         logits = apply_penalties(logits, metadata)
         logits = apply_min_tokens(logits, metadata)
         if wanted and not self._raw:
@@ -174,7 +178,7 @@ def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     if md.all_greedy:
         return greedy_argmax(logits)
     if (md.no_top_k and md.no_top_p and md.no_min_p and not md.generators
-            and _kernel_applies(logits)):
+            and (md.custom is None or not md.custom.has_invariant) and _kernel_applies(logits)):
         # Temperature only: one Gumbel-max pass, no softmax. Seeded rows keep their own
         # generators below (their draws must not depend on the batch).
         from loom.kernels.sampling import sample_rows
@@ -216,6 +220,8 @@ def filtered_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """The random rows' distribution: temperature, top-k, top-p, then min-p (which leaves
     the row unnormalised). Rewrites `logits` in place."""
     logits.div_(md.temperature.unsqueeze(-1))
+    if md.custom is not None:  # vLLM's place for argmax-invariant processors: tempered
+        logits = md.custom.apply(logits, argmax_invariant=True)
     if not md.no_top_p:
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
     elif not md.no_top_k:

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from loom.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from loom.worker.input_batch import CachedRequestState
+    from loom.worker.logits_processors import StepProcessors
 
 _SEED_MULTIPLIER = 1_000_003
 _MASK64 = 2**64 - 1
@@ -89,6 +94,8 @@ class SamplingMetadata:
     """Flat (row, token, bias) triples of the rows' logit_bias; None when no row has one."""
     bias_cols: torch.Tensor | None = None
     bias_values: torch.Tensor | None = None
+    custom: StepProcessors | None = None
+    """The engine's custom logits processors (`loom.logits_processor`); None without any."""
 
     @property
     def no_top_k(self) -> bool:
@@ -118,6 +125,7 @@ class SamplingMetadata:
         vocab_size: int,
         grammar_bitmasks: list[bytes | None] | None = None,
         seed_index: list[int] | None = None,
+        custom: StepProcessors | None = None,
     ) -> SamplingMetadata:
         """seed_index: the output number each row samples, which seeds a seeded row's draw
         (`derive_seed`); None: the length of its output_token_ids."""
@@ -137,7 +145,27 @@ class SamplingMetadata:
                                  default=None),
             **_grammar_fields(grammar_bitmasks or [], device, vocab_size),
             **_token_map_fields(params, device, vocab_size),
+            custom=custom,
         )
+
+    @classmethod
+    def for_requests(cls, reqs: list[CachedRequestState], seq_lens: list[int],
+                     device: torch.device | str, vocab_size: int,
+                     grammar_bitmask: dict[str, bytes] | None,
+                     custom: StepProcessors | None) -> SamplingMetadata:
+        """The model runner's step: `reqs` sample in this order, each after seq_lens of its
+        tokens (output number seq_len - prompt seeds a seeded row's draw)."""
+        # Token histories are copied only when a penalty reads them (long prompts make
+        # these copies the largest host cost of a step).
+        history = any(r.params.uses_penalties for r in reqs)
+        seeded = any(r.params.seed is not None for r in reqs)
+        return cls.build(
+            [r.params for r in reqs], [r.output_token_ids for r in reqs],
+            [r.token_ids[:r.num_prompt_tokens] if history else [] for r in reqs],
+            [r.stop_ids for r in reqs], [r.params.seed for r in reqs], device, vocab_size,
+            [grammar_bitmask.get(r.req_id) for r in reqs] if grammar_bitmask else None,
+            seed_index=[n - r.num_prompt_tokens for r, n in zip(reqs, seq_lens)]
+            if seeded else None, custom=custom)
 
 
 def _mode_fields(

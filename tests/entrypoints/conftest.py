@@ -196,8 +196,8 @@ def llm(tiny_chat_model):
 def parsing_server(tiny_chat_model, tmp_path_factory):
     """A server that reads tool calls (hermes) and thinking (qwen3) out of its outputs,
     takes a request's own chat template, counts cached prompt tokens in usage, keeps
-    /v1/responses' stored responses, schedules by request priority and profiles (POST
-    /start_profile, /stop_profile into s.profiles)."""
+    /v1/responses' stored responses, schedules by request priority, profiles (POST
+    /start_profile, /stop_profile into s.profiles) and runs a custom logits processor."""
     profiles = tmp_path_factory.mktemp("profiles")
     s = start_server(tiny_chat_model, "mp", tmp_path_factory.mktemp("parsing-logs"),
                      extra_env={"LOOM_ENABLE_RESPONSES_API_STORE": "1",
@@ -205,7 +205,8 @@ def parsing_server(tiny_chat_model, tmp_path_factory):
                      extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                                  "--reasoning-parser", "qwen3", "--trust-request-chat-template",
                                  "--enable-prompt-tokens-details",
-                                 "--scheduling-policy", "priority"))
+                                 "--scheduling-policy", "priority",
+                                 "--logits-processors", "tests.engine.logits_procs:TargetToken"))
     s.profiles = profiles
     yield s
     assert s.stop() == 0, s.log_tail()

@@ -359,3 +359,32 @@ def test_priority_needs_the_priority_policy(parsing_server, server):
                                      extra_body={"priority": 1, "use_beam_search": True})
     assert fcfs.completions.create(model=model, prompt="x", max_tokens=2,
                                    extra_body={"priority": 0}).choices
+
+
+def test_vllm_xargs_reach_the_custom_logits_processor(parsing_server, server):
+    """vllm_xargs become the request's SamplingParams.extra_args, which the server's
+    --logits-processors class reads (tests/engine/logits_procs.py: TargetToken makes the
+    target the only token); its validate_params refuses bad ones with a 400."""
+    import openai
+    client, model = parsing_server.client(), server_model(parsing_server)
+    out = client.completions.create(model=model, prompt="Once upon", max_tokens=4,
+                                    extra_body={"vllm_xargs": {"target_token": 77},
+                                                "return_token_ids": True, "ignore_eos": True})
+    assert out.choices[0].token_ids == [77] * 4
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        extra_body={"vllm_xargs": {"target_token": 78}, "return_token_ids": True,
+                    "ignore_eos": True})
+    assert chat.choices[0].token_ids == [78] * 3
+    plain = client.completions.create(model=model, prompt="Once upon", max_tokens=4,
+                                      temperature=0, extra_body={"return_token_ids": True})
+    assert plain.choices[0].token_ids != [77] * 4  # others are left alone
+    for xargs, match in (({"target_token": "x"}, "target_token: must be a token id"),
+                         ({"target_token": {"a": 1}}, "vllm_xargs")):
+        with pytest.raises(openai.BadRequestError, match=match):
+            client.completions.create(model=model, prompt="x", max_tokens=2,
+                                      extra_body={"vllm_xargs": xargs})
+    # A server without processors takes vllm_xargs too (nothing reads them), as vLLM's does.
+    assert server.client().completions.create(
+        model=server_model(server), prompt="x", max_tokens=2,
+        extra_body={"vllm_xargs": {"target_token": 77}}).choices[0].finish_reason == "length"

@@ -252,6 +252,9 @@ def _check(args: argparse.Namespace) -> None:
         from loom.entrypoints.openai.routes_extra import import_middleware
         for path in args.middleware:
             import_middleware(path)
+    if getattr(args, "logits_processors", None):  # likewise
+        from loom.logits_processor import load_classes
+        load_classes(args.logits_processors)
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be 0-65535, got {args.port}")
 

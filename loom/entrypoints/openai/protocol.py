@@ -35,7 +35,7 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-UNSUPPORTED_EXTENSIONS = ("logits_processors", "vllm_xargs")
+UNSUPPORTED_EXTENSIONS = ("logits_processors",)
 """vLLM's request fields that change the output and that loom does not implement: a request
 setting one gets a 400 naming it, where ignoring it would answer something else."""
 
@@ -250,6 +250,9 @@ class SamplingFields(RequestBody, GuidedFields):
     user: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0)
     """vLLM's: the top logprobs at each prompt position (and the prompt token's own)."""
+    vllm_xargs: dict[str, str | Int64 | Float | list[str | Int64 | Float]] | None = None
+    """vLLM's: arguments for the server's custom logits processors (--logits-processors),
+    SamplingParams.extra_args."""
 
     @model_validator(mode="before")
     @classmethod
@@ -304,7 +307,7 @@ class SamplingFields(RequestBody, GuidedFields):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self._logit_bias(), allowed_token_ids=self.allowed_token_ids,
             truncate_prompt_tokens=self.truncate_prompt_tokens, bad_words=self.bad_words or [],
-            guided_decoding=self.guided_decoding(), **optional)
+            guided_decoding=self.guided_decoding(), extra_args=self.vllm_xargs, **optional)
 
     def _logit_bias(self) -> dict[int, float] | None:
         if not self.logit_bias:
