@@ -13,7 +13,7 @@ from typing import Any
 
 from loom.compilation_config import CompilationConfig, PassConfig, compilation_dict
 from loom.config_checks import check as _check
-from loom.config_checks import json_object
+from loom.config_checks import json_object, name_list
 from loom.lora_config import LoRAConfig
 from loom.pooler_config import check_pooler_config
 from loom.quantization.config import QUANTIZATIONS
@@ -41,6 +41,7 @@ LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed
 `tokenizers` library reads (vLLM's "hf": the Hugging Face fast tokenizer, which "auto" picks
 for every model loom serves)."""
 
+SAFETENSORS_LOAD_STRATEGIES = ("lazy", "eager")
 RUNNERS = ("auto", "generate", "pooling")
 """vLLM's --runner values loom runs (`loom.tasks`): auto picks by architecture."""
 CONVERTS = ("auto", "none", "embed", "classify")
@@ -111,6 +112,15 @@ class ModelConfig:
     download_dir: str | None = None
     """vLLM's --download-dir: the Hugging Face cache folder Hub ids are looked up in (None:
     huggingface_hub's default). loom never downloads into it."""
+    hf_config_path: str | None = None
+    """vLLM's --hf-config-path: the config.json read in place of the model's (a file, or a
+    directory holding one); the weights stay the model's."""
+    ignore_patterns: tuple[str, ...] = ("original/**/*",)
+    """vLLM's --ignore-patterns: weight files (paths under the model directory) never read;
+    the default skips Llama checkpoints' original/ copies."""
+    safetensors_load_strategy: str = "lazy"
+    """vLLM's: "lazy" maps each file and reads tensors as they load; "eager" reads each
+    file whole first (network filesystems, where scattered reads are slow)."""
     enable_sleep_mode: bool = False
     """vLLM's --enable-sleep-mode: weights and KV cache in memory a sleep can free
     (`loom.worker.sleep_memory`); LLM.sleep / wake_up, and the server's /sleep."""
@@ -125,13 +135,12 @@ class ModelConfig:
         for name in ("hf_overrides", "override_generation_config", "pooler_config"):
             object.__setattr__(self, name, json_object(getattr(self, name), name))
         check_pooler_config(self.pooler_config)
-        procs = self.logits_processors
-        procs = tuple(procs) if isinstance(procs, list | tuple) else () if procs is None else procs
-        object.__setattr__(self, "logits_processors", procs)
-        _check(isinstance(procs, tuple) and all(isinstance(p, type) or (isinstance(p, str) and p)
-                                                for p in procs),
-               f"logits_processors: expected a list of classes or module.path:ClassName names, "
-               f"got {procs!r}")
+        for name in ("logits_processors", "ignore_patterns"):
+            object.__setattr__(self, name, name_list(getattr(self, name), name,
+                                                     allow_types=name == "logits_processors"))
+        _check(self.safetensors_load_strategy in SAFETENSORS_LOAD_STRATEGIES,
+               f"safetensors_load_strategy: {self.safetensors_load_strategy!r} is not one of "
+               f"{SAFETENSORS_LOAD_STRATEGIES} (torchao's is not loom's)")
         _check(self.tokenizer_mode in TOKENIZER_MODES,
                f"tokenizer_mode: {self.tokenizer_mode!r} is not supported; loom reads "
                "tokenizer.json with the `tokenizers` library (the fast tokenizer): use "

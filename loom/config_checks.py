@@ -47,3 +47,16 @@ def json_object(value: Any, where: str) -> dict[str, Any]:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: must hold only JSON values ({e})") from None
+
+
+def name_list(value: Any, where: str, allow_types: bool = False) -> tuple:
+    """None, one name, or a list of non-empty names (and classes, where allow_types), as a
+    tuple: a flag's nargs list and a Python caller's list alike."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, str) else value
+    ok = isinstance(items, list | tuple) and all(
+        (isinstance(v, str) and v) or (allow_types and isinstance(v, type)) for v in items)
+    check(ok, f"{where}: expected a list of {'classes or ' if allow_types else ''}names, got "
+              f"{value!r}")
+    return tuple(items)

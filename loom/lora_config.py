@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from loom.config_checks import check as _check
 
+LORA_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -18,6 +19,9 @@ class LoRAConfig:
     """The largest adapter rank accepted; every slot is this wide."""
     max_cpu_loras: int | None = None
     """Adapters kept loaded in host memory, ready for a slot; None: max_loras."""
+    lora_dtype: str = "auto"
+    """vLLM's --lora-dtype: auto (the model's dtype) or the model's dtype by name; loom's
+    LoRA layers compute in the model's dtype, so another is refused when the model loads."""
 
     def __post_init__(self) -> None:
         for name in ("max_loras", "max_lora_rank"):
@@ -28,6 +32,8 @@ class LoRAConfig:
                                               and self.max_cpu_loras >= self.max_loras),
                f"max_cpu_loras: must be an integer >= max_loras ({self.max_loras}), got "
                f"{self.max_cpu_loras!r}")
+        _check(self.lora_dtype in LORA_DTYPES,
+               f"lora_dtype: {self.lora_dtype!r} is not one of {LORA_DTYPES}")
 
     @property
     def cpu_loras(self) -> int:

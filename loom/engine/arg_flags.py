@@ -8,6 +8,7 @@ import re
 
 from loom.config import (CONVERTS, DEVICES, DTYPE_ALIASES, DTYPES, KV_CACHE_DTYPES,
                          LOAD_FORMATS, LOGPROBS_MODES, RUNNERS, SCHEDULING_POLICIES)
+from loom.lora_config import LORA_DTYPES
 from loom.tasks import TASK_FLAG
 
 TRUST_REMOTE_CODE_HELP = ("accepted for vLLM compatibility and ignored: loom never runs code "
@@ -180,6 +181,18 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
                    help="the largest adapter rank accepted")
     g.add_argument("--max-cpu-loras", type=int, default=None,
                    help="adapters kept loaded in host memory (default: --max-loras)")
+    g.add_argument("--lora-dtype", default="auto", choices=LORA_DTYPES,
+                   help="the adapters' dtype: auto (the model's), or the model's own by name; "
+                   "loom's LoRA layers compute in the model's dtype")
+    g.add_argument("--hf-config-path", default=None, metavar="PATH",
+                   help="a config.json (or a directory holding one) read in place of the "
+                   "model's; the weights stay the model's")
+    g.add_argument("--ignore-patterns", nargs="+", default=["original/**/*"], metavar="GLOB",
+                   help="weight files (paths under the model directory) never read "
+                   "(default: original/**/*)")
+    g.add_argument("--safetensors-load-strategy", default="lazy", choices=("lazy", "eager"),
+                   help="lazy: tensors read from the mapped file as they load; eager: each "
+                   "file read whole first (network filesystems)")
     _add_vllm_model_flags(g)
     for flags, reason in REFUSED.items():
         g.add_argument(*flags.split(), action=_Refused, reason=reason)
@@ -261,8 +274,9 @@ REFUSED = {
     "--max-num-partial-prefills --max-long-partial-prefills --long-prefill-token-threshold":
     "not implemented by loom: each step serves running requests first (a decode, or a "
     "prompt's next chunk), then admits waiting ones in queue order while tokens last",
-    "--hf-config-path --ignore-patterns --safetensors-load-strategy --lora-dtype "
-    "--tool-parser-plugin": "not implemented by loom",
+    "--tool-parser-plugin": "not implemented by loom: its tool parsers are the ones "
+    "--tool-call-parser lists (loom/entrypoints/openai/tool_parsers.py), whose interface "
+    "is not vLLM's ToolParser",
     "--tokens-only": "loom has no tokens-in, tokens-out /inference/v1/generate route (vLLM's "
     "disaggregated serving); /v1/completions takes token-id prompts",
     "--gdn-prefill-backend": "loom runs no gated delta net (Qwen3-Next) models",

@@ -107,6 +107,11 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    lora_dtype: str = "auto"
+    hf_config_path: str | None = None
+    ignore_patterns: list[str] | str | None = None
+    """ModelConfig's (None: its default, original/**/*)."""
+    safetensors_load_strategy: str = "lazy"
     guided_decoding_backend: str | None = None
     structured_outputs_config: dict | str | None = None
     """vLLM's structured-output backend choice, accepted (`_check_structured_outputs`):
@@ -221,6 +226,10 @@ class EngineArgs:
                             tokenizer_mode=self.tokenizer_mode,
                             enable_sleep_mode=self.enable_sleep_mode,
                             logits_processors=self.logits_processors,
+                            hf_config_path=self.hf_config_path,
+                            safetensors_load_strategy=self.safetensors_load_strategy,
+                            **({} if self.ignore_patterns is None
+                               else {"ignore_patterns": self.ignore_patterns}),
                             **self._runner_and_convert())
         return EngineConfig(
             model=model,
@@ -243,7 +252,8 @@ class EngineArgs:
             compilation=compilation,
             enforce_eager=self.enforce_eager,
             speculative=SpeculativeConfig.parse(self.speculative_config),
-            lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+            lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras,
+                            self.lora_dtype)
             if self.enable_lora else None)
 
     def _with_capture_flags(self, compilation: CompilationConfig) -> CompilationConfig:

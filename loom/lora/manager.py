@@ -52,6 +52,10 @@ def make_lora_manager(model: nn.Module, arch, config: EngineConfig, device: torc
     max_num_batched_tokens, rounded up to the TP size or to a piecewise graph's size."""
     if config.lora is None:
         return None
+    name = str(dtype).removeprefix("torch.")
+    if config.lora.lora_dtype not in ("auto", name):
+        raise ValueError(f"lora_dtype: loom's LoRA layers compute in the model's dtype "
+                         f"({name}); give auto or {name}, got {config.lora.lora_dtype!r}")
     rows = config.scheduler.max_num_batched_tokens + 256
     return LoRAManager(model, arch, config.lora, rows, device, dtype)
 

@@ -7,6 +7,7 @@ id, which `ModelConfig` has already turned into its snapshot folder (`loom.model
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -101,14 +102,28 @@ def _resolve(cfg: ModelConfig) -> ModelSource:
         raise ValueError(f"load_format: {fmt!r} does not apply to the GGUF file {cfg.model}; "
                          "use --load-format gguf (or auto)")
     config_path = _config_path(path, cfg)
-    hf_config = json.loads(config_path.read_text())
+    hf_config = json.loads(_hf_config_file(cfg, config_path).read_text())
     tokenizer = tokenizer_path(cfg)
     if fmt == "dummy":
         return ModelSource(hf_config, "dummy", None, tokenizer)
     if fmt not in ("auto", "safetensors"):
         raise ValueError(f"load_format: {fmt!r} does not apply to {cfg.model}")
-    files = safetensors_files(config_path.parent)
-    return ModelSource(hf_config, "safetensors", lambda: iter_safetensors(files), tokenizer)
+    files = safetensors_files(config_path.parent, cfg.ignore_patterns)
+    eager = cfg.safetensors_load_strategy == "eager"
+    return ModelSource(hf_config, "safetensors", lambda: iter_safetensors(files, eager),
+                       tokenizer)
+
+
+def _hf_config_file(cfg: ModelConfig, own: Path) -> Path:
+    """--hf-config-path's config.json, else the model's own."""
+    if cfg.hf_config_path is None:
+        return own
+    path = Path(cfg.hf_config_path)
+    path = path / "config.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"hf_config_path: {cfg.hf_config_path} is neither a config.json nor "
+                         "a directory holding one")
+    return path
 
 
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -245,25 +260,43 @@ def _has_tokenizer(directory: Path) -> bool:
     return (directory / "tokenizer.json").is_file()
 
 
-def safetensors_files(directory: Path) -> list[Path]:
+def safetensors_files(directory: Path, ignore: tuple[str, ...] = ()) -> list[Path]:
+    """The checkpoint's weight files (its index's, else every *.safetensors), but those whose
+    path under `directory` matches an `ignore` pattern (--ignore-patterns, fnmatch's)."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = [n for n in names if not _ignored(n, ignore)]
         files = [directory / n for n in names]
         absent = [str(f) for f in files if not f.is_file()]
         if absent:
             raise ValueError(f"model: weight files listed in {index.name} are missing: {absent}")
         return files
-    files = sorted(directory.glob("*.safetensors"))
+    files = [f for f in sorted(directory.glob("*.safetensors"))
+             if not _ignored(f.name, ignore)]
     if not files:
         raise ValueError(f"model: no *.safetensors weight files in {directory} "
+                         f"{'but those --ignore-patterns skips ' if ignore else ''}"
                          "(use --load-format dummy for random weights)")
     return files
 
 
-def iter_safetensors(files: list[Path]) -> WeightIter:
+def _ignored(name: str, patterns: tuple[str, ...]) -> bool:
+    """fnmatch's match, where `**/` may also stand for no folder (`original/**/*` matches
+    original/consolidated.safetensors, as in a glob)."""
+    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(name, p.replace("**/", ""))
+               for p in patterns)
+
+
+def iter_safetensors(files: list[Path], eager: bool = False) -> WeightIter:
+    """Each file's tensors: mapped and read one by one, or (eager) from the file read whole
+    (--safetensors-load-strategy eager)."""
     from safetensors import safe_open
+    from safetensors.torch import load
     for file in files:
+        if eager:
+            yield from load(file.read_bytes()).items()
+            continue
         with safe_open(os.fspath(file), framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
