@@ -168,26 +168,10 @@ class ModelConfig:
         _check(self.quantization is None or self.quantization in QUANTIZATIONS,
                f"quantization: {self.quantization!r} is not supported; loom runs "
                f"{', '.join(QUANTIZATIONS)}")
-        self._resolve_names()
-
-    def _resolve_names(self) -> None:
-        """Hub ids become their cached snapshot folders, once, so that every reader (API
-        process, engine, workers) sees a path; one not in the cache stays a name, which the
-        loader refuses when it reads the model (a config built as data need not exist)."""
-        from loom.models.names import check_cache_dir, resolve_name
-        for name in ("revision", "tokenizer_revision"):
-            value = getattr(self, name)
-            _check(value is None or (isinstance(value, str) and bool(value)),
-                   f"{name}: must be a branch, tag or commit id, got {value!r}")
-        check_cache_dir(self.download_dir)
-        _check(self.tokenizer is None or isinstance(self.tokenizer, str),
-               f"tokenizer: must be a path or a Hugging Face Hub id, got {self.tokenizer!r}")
-        object.__setattr__(self, "model", resolve_name(self.model, self.revision,
-                                                       self.download_dir, "model"))
-        if self.tokenizer:
-            revision = self.tokenizer_revision or self.revision
-            object.__setattr__(self, "tokenizer", resolve_name(
-                self.tokenizer, revision, self.download_dir, "tokenizer", required=True))
+        from loom.models.names import resolved_names  # Hub ids: their cached snapshots
+        model, tokenizer = resolved_names(self)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "tokenizer", tokenizer)
 
 
 @dataclass(frozen=True)

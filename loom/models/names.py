@@ -87,3 +87,25 @@ def check_cache_dir(download_dir: str | None) -> None:
         raise ValueError(f"download_dir: {download_dir} is not a folder; loom never "
                          "downloads, so it only reads models already in it (a Hugging Face "
                          "cache)")
+
+
+def resolved_names(cfg) -> tuple[str, str | None]:
+    """A ModelConfig's model and tokenizer, Hub ids made their cached snapshot folders, once,
+    so that every reader (API process, engine, workers) sees a path; one not in the cache
+    stays a name, which the loader refuses when it reads the model (a config built as data
+    need not exist). ValueError names a bad revision, download_dir or tokenizer."""
+    for name in ("revision", "tokenizer_revision"):
+        value = getattr(cfg, name)
+        if not (value is None or (isinstance(value, str) and bool(value))):
+            raise ValueError(f"{name}: must be a branch, tag or commit id, got {value!r}")
+    check_cache_dir(cfg.download_dir)
+    if not (cfg.tokenizer is None or isinstance(cfg.tokenizer, str)):
+        raise ValueError(f"tokenizer: must be a path or a Hugging Face Hub id, got "
+                         f"{cfg.tokenizer!r}")
+    model = resolve_name(cfg.model, cfg.revision, cfg.download_dir, "model")
+    tokenizer = cfg.tokenizer
+    if tokenizer:
+        revision = cfg.tokenizer_revision or cfg.revision
+        tokenizer = resolve_name(tokenizer, revision, cfg.download_dir, "tokenizer",
+                                 required=True)
+    return model, tokenizer
