@@ -119,6 +119,9 @@ class ModelConfig:
     """vLLM's --ignore-patterns: weight files (paths under the model directory) never read;
     the default skips Llama checkpoints' original/ copies."""
     safetensors_load_strategy: str = "lazy"
+    disable_sliding_window: bool = False
+    """vLLM's: a model trained with a sliding window runs sequences no longer than it (its
+    context length becomes the window's)."""
     """vLLM's: "lazy" maps each file and reads tensors as they load; "eager" reads each
     file whole first (network filesystems, where scattered reads are slow)."""
     enable_sleep_mode: bool = False

@@ -190,6 +190,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, model_positional: bool = F
     g.add_argument("--ignore-patterns", nargs="+", default=["original/**/*"], metavar="GLOB",
                    help="weight files (paths under the model directory) never read "
                    "(default: original/**/*)")
+    g.add_argument("--disable-sliding-window", action="store_true",
+                   help="a sliding-window model runs sequences no longer than its window "
+                   "(its max model length becomes the window's), as vLLM's")
     g.add_argument("--safetensors-load-strategy", default="lazy", choices=("lazy", "eager"),
                    help="lazy: tensors read from the mapped file as they load; eager: each "
                    "file read whole first (network filesystems)")
@@ -264,8 +267,6 @@ REFUSED = {
     "--num-scheduler-steps": "vLLM V0's multi-step scheduling; loom's --async-scheduling "
     "overlaps each step's scheduling with the device instead",
     "--preemption-mode": "loom preempts by recomputing only, as vLLM's V1 engine",
-    "--disable-sliding-window": "not implemented by loom: sliding-window models keep their "
-    "window",
     "--enable-lora-bias --fully-sharded-loras --lora-extra-vocab-size": _LORA,
     "--model-impl": "loom runs its own model implementations only",
     "--calculate-kv-scales": "loom's fp8 KV cache is unscaled (k_scale = v_scale = 1.0)",

@@ -112,6 +112,7 @@ class EngineArgs:
     ignore_patterns: list[str] | str | None = None
     """ModelConfig's (None: its default, original/**/*)."""
     safetensors_load_strategy: str = "lazy"
+    disable_sliding_window: bool = False
     guided_decoding_backend: str | None = None
     structured_outputs_config: dict | str | None = None
     """vLLM's structured-output backend choice, accepted (`_check_structured_outputs`):
@@ -228,6 +229,7 @@ class EngineArgs:
                             logits_processors=self.logits_processors,
                             hf_config_path=self.hf_config_path,
                             safetensors_load_strategy=self.safetensors_load_strategy,
+                            disable_sliding_window=self.disable_sliding_window,
                             **({} if self.ignore_patterns is None
                                else {"ignore_patterns": self.ignore_patterns}),
                             **self._runner_and_convert())

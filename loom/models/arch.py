@@ -160,6 +160,8 @@ class ModelArch:
     sliding_layers: tuple[int, ...] = ()
     """The layers that attend within sliding_window (Gemma's local layers; every layer of
     Mistral v0.1 and Phi-3)."""
+    max_context: int | None = None
+    """A cap on context_len: the window, under --disable-sliding-window (`WINDOW_CAP`)."""
     local_rope_theta: float | None = None
     """The sliding layers' own rotary base, unscaled (Gemma 3); None: rope_theta's."""
     query_pre_attn_scalar: float | None = None
@@ -241,6 +243,7 @@ class ModelArch:
             shared_expert_intermediate_size=first(cfg, "shared_expert_intermediate_size",
                                                    default=0),
             sliding_window=window, long_rope=long_rope(cfg, scaling),
+            max_context=cfg.get(WINDOW_CAP),
             sliding_layers=sliding_layers(cfg, archs[0], cfg["num_hidden_layers"],
                                            rope_flags) if window else (),
             partial_rotary_factor=_partial_rotary_factor(cfg),
@@ -319,7 +322,8 @@ class ModelArch:
         max_position_embeddings is already the scaled context, as vLLM notes)."""
         scaled = (None if self.architecture.startswith("Gemma3")
                   else scaled_context(self.rope_scaling, self.max_position_embeddings))
-        return (scaled or self.max_position_embeddings) - self.position_offset
+        length = (scaled or self.max_position_embeddings) - self.position_offset
+        return min(length, self.max_context or length)
 
     @property
     def gated_mlp(self) -> bool:
@@ -349,9 +353,20 @@ class ModelArch:
         return self.num_layers * attn + mlp
 
 
+WINDOW_CAP = "loom_max_context"
+"""The config key `without_sliding_window` sets: the longest sequence, the window's length."""
+
+
+def without_sliding_window(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's --disable-sliding-window: a model with a window runs sequences no longer than
+    it, where windowed attention is full attention (its layers and rotary are unchanged)."""
+    window = ModelArch.from_hf_config(hf_config).sliding_window
+    return {**hf_config, WINDOW_CAP: window} if window else hf_config
+
+
 def resolve_max_model_len(requested: int | None, model_limit: int) -> int:
     """requested, or the model's limit (`ModelArch.context_len`). A sliding window does not
-    cap it: loom's attention honours windows."""
+    cap it (loom's attention honours windows), unless --disable-sliding-window asks."""
     if requested is None:
         return model_limit
     if requested > model_limit:

@@ -115,3 +115,26 @@ def test_the_flags_reach_the_engine_config(monkeypatch, tmp_path):
         config, ("a*", "b/**"), "eager", "bfloat16", ("tests.engine.logits_procs:TargetToken",))
     main(["serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu"])
     assert seen["config"].model.ignore_patterns == ("original/**/*",)
+
+
+def test_disable_sliding_window_caps_the_context_at_the_window(tiny_model_factory):
+    """vLLM's --disable-sliding-window: Gemma 2's window (16 tokens here) becomes its
+    context length, within which its tokens are transformers'; a model without a window is
+    left as it is."""
+    path, hf = tiny_model_factory("gemma2")
+    llm = _llm(path, max_model_len=None, disable_sliding_window=True)
+    try:
+        assert llm.engine.get_model_info()["max_model_len"] == 16
+        prompt = PROMPT + [7, 8, 9, 10, 11]
+        out = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        assert out == hf_greedy(hf, prompt, 5)
+        with pytest.raises(ValueError, match="prompt"):
+            llm.generate([PROMPT * 4], GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match="max_model_len: 64 exceeds the model's context "
+                                         "length \\(16\\)"):
+        _llm(path, max_model_len=64, disable_sliding_window=True)
+    plain = _llm(tiny_model_factory("llama")[0], max_model_len=None, disable_sliding_window=True)
+    assert plain.engine.get_model_info()["max_model_len"] == 512
+    plain.shutdown()

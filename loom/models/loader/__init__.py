@@ -42,6 +42,9 @@ def resolve(cfg: ModelConfig) -> ModelSource:
     source = _resolve(cfg)
     if cfg.hf_overrides:
         source.hf_config = with_overrides(source.hf_config, cfg.hf_overrides)
+    if cfg.disable_sliding_window:
+        from loom.models.arch import without_sliding_window
+        source.hf_config = without_sliding_window(source.hf_config)
     return source
 
 
