@@ -86,6 +86,9 @@ class CustomProcessors:
              is_driver: bool) -> CustomProcessors | None:
         """The driver's processors (only the driver samples); None when there are none."""
         classes = load_classes(config.model.logits_processors) if is_driver else []
+        if classes and config.speculative is not None:  # entry points' too (config can't)
+            raise ValueError("logits_processors: not supported with speculative decoding "
+                             f"(as in vLLM); loaded: {[c.__name__ for c in classes]}")
         return cls(classes, config, device) if classes else None
 
     def step(self, reqs: list[CachedRequestState]) -> StepProcessors:
