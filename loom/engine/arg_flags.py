@@ -275,9 +275,6 @@ REFUSED = {
     "--max-num-partial-prefills --max-long-partial-prefills --long-prefill-token-threshold":
     "not implemented by loom: each step serves running requests first (a decode, or a "
     "prompt's next chunk), then admits waiting ones in queue order while tokens last",
-    "--tool-parser-plugin": "not implemented by loom: its tool parsers are the ones "
-    "--tool-call-parser lists (loom/entrypoints/openai/tool_parsers.py), whose interface "
-    "is not vLLM's ToolParser",
     "--tokens-only": "loom has no tokens-in, tokens-out /inference/v1/generate route (vLLM's "
     "disaggregated serving); /v1/completions takes token-id prompts",
     "--gdn-prefill-backend": "loom runs no gated delta net (Qwen3-Next) models",

@@ -28,7 +28,10 @@ def dev_server(tiny_chat_model, tmp_path_factory):
                                  "--middleware", "tests.entrypoints.user_middleware.stamp",
                                  "--middleware", "tests.entrypoints.user_middleware.Stamp",
                                  "--log-error-stack", "--trust-request-chat-template",
-                                 "--exclude-tools-when-tool-choice-none"))
+                                 "--exclude-tools-when-tool-choice-none",
+                                 "--tool-parser-plugin", "tests/entrypoints/angle_parser.py",
+                                 "--enable-auto-tool-choice", "--tool-call-parser",
+                                 "angle_calls"))
     yield s
     assert s.stop() == 0, s.log_tail()
 
@@ -168,3 +171,22 @@ def test_log_error_stack_logs_a_400s_stack(dev_server):
         time.sleep(0.1)
     tail = log[log.index("error answer 400: sleep.level"):]
     assert "Traceback" in tail and "ValueError: sleep.level" in tail
+
+
+def test_a_plugins_tool_parser_reads_the_calls(dev_server):
+    """--tool-parser-plugin: the API server process ran the file, so --tool-call-parser
+    angle_calls (tests/entrypoints/angle_parser.py) reads <call> blocks, whole and streamed."""
+    from tests.entrypoints.conftest import forced
+    client = dev_server.client()
+    tools = [{"type": "function", "function": {"name": "now", "description": "The time"}}]
+    kw = dict(model=client.models.list().data[0].id, tools=tools, max_tokens=40,
+              temperature=0, messages=[{"role": "user", "content": "Time?"}],
+              extra_body=forced('Let me see.<call>{"name": "now", "arguments": {}}</call>'))
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert (whole.finish_reason, whole.message.content) == ("tool_calls", "Let me see.")
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [
+        ("now", "{}")]
+    names = [d.function.name for chunk in client.chat.completions.create(stream=True, **kw)
+             for choice in chunk.choices for d in choice.delta.tool_calls or []
+             if d.function and d.function.name]
+    assert names == ["now"]

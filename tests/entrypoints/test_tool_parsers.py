@@ -206,3 +206,38 @@ def test_auto_needs_a_parser():
         ToolCalls.for_request(TOOLS, None, None, None)
     assert ToolCalls.for_request(TOOLS, "none", None, None).mode == "none"
     assert json.loads(json.dumps(tool_schema(TOOLS, "required", None)))  # plain JSON
+
+
+PLUGIN = "tests/entrypoints/angle_parser.py"
+
+
+def test_a_tool_parser_plugin_registers_its_parser(tmp_path, capsys, monkeypatch):
+    """--tool-parser-plugin FILE (vLLM's flag; loom's parser interface): the file's
+    registered parser is a --tool-call-parser name; bad files and names are one-line CLI
+    errors. (A served one: tests/entrypoints/test_operator_server.py.)"""
+    from loom.cli import main
+    from loom.entrypoints.openai import launcher
+    from tests.test_cli import _main_error
+    plugin = PLUGIN
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    base = ["serve", "llama-3.1-8b", "--load-format", "dummy", "--device", "cpu"]
+    assert "tool_parser_plugin: no file" in _main_error(
+        capsys, *base, "--tool-parser-plugin", str(tmp_path / "nope.py"))
+    assert "failed to import: RuntimeError: boom" in _main_error(
+        capsys, *base, "--tool-parser-plugin", str(broken))
+    assert "tool_call_parser: 'angle_calls' is not one of" in _main_error(
+        capsys, *base, "--enable-auto-tool-choice", "--tool-call-parser", "angle_calls")
+    seen = {}
+    monkeypatch.setattr(launcher, "run_server",
+                        lambda options, config, inproc: seen.update(options=options))
+    main([*base, "--tool-parser-plugin", plugin, "--enable-auto-tool-choice",
+          "--tool-call-parser", "angle_calls"])
+    assert (seen["options"].tool_call_parser, seen["options"].tool_parser_plugin) == (
+        "angle_calls", plugin)
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {}}}]
+    calls = ToolCalls.for_request(tools, "auto", None, "angle_calls")
+    text = 'Checking.<call>{"name": "now", "arguments": {}}</call>'
+    content, found, reason = calls.whole(text, "stop")
+    assert (content, [c.function for c in found], reason) == (
+        "Checking.", [FunctionCall("now", "{}")], "tool_calls")

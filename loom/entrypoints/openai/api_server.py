@@ -81,6 +81,8 @@ class ServerOptions(msgspec.Struct, frozen=True):
     """OTLP/HTTP collector for one `llm_request` span per request; None: no tracing."""
     tool_call_parser: str | None = None
     """What tool_choice "auto" reads calls with (--enable-auto-tool-choice); None: refused."""
+    tool_parser_plugin: str | None = None
+    """--tool-parser-plugin: a file each API server process runs before serving."""
     reasoning_parser: str | None = None
     """How thinking is split from the answer (--reasoning-parser); None: all is content."""
     trust_request_chat_template: bool = False

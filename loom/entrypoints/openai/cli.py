@@ -15,7 +15,7 @@ from loom.config_checks import json_object
 from loom.entrypoints.openai.protocol_chat import RESERVED_TEMPLATE_VARIABLES
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.serving_models import LoRAModule, lora_requests, parse_lora_modules
-from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, load_tool_parser_plugin
 from loom.frontend.chat_content import CONTENT_FORMATS
 from loom.lora.adapter import model_targets, read_adapter
 from loom.models.arch import ModelArch
@@ -121,9 +121,14 @@ def add_frontend_flags(g) -> None:
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="let tool_choice \"auto\" (the default with tools) read the model's own "
                         "tool calls, with --tool-call-parser")
-    g.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+    g.add_argument("--tool-call-parser", default=None, metavar="NAME",
                    help="the model's tool-call syntax: hermes (Hermes, Qwen2.5, Qwen3), "
-                        "llama3_json (Llama 3.1/3.2), pythonic (Llama 3.2/4)")
+                        "llama3_json (Llama 3.1/3.2), pythonic (Llama 3.2/4), or a name "
+                        "a --tool-parser-plugin file registers")
+    g.add_argument("--tool-parser-plugin", default=None, metavar="FILE.py",
+                   help="a Python file whose classes register more tool parsers with "
+                        "loom.entrypoints.openai.tool_parsers.register_tool_parser(name) "
+                        "(loom's parser interface, not vLLM's ToolParser)")
     g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
                    help="send a reasoning model's thinking in the message's `reasoning` field: "
                         "qwen3 (<think>...</think> first), deepseek_r1 (thinking until </think>)")
@@ -228,6 +233,7 @@ def frontend_setup(args: argparse.Namespace, context: str) -> tuple[EngineConfig
         response_role=args.response_role,
         chat_template_content_format=args.chat_template_content_format,
         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+        tool_parser_plugin=args.tool_parser_plugin,
         reasoning_parser=args.reasoning_parser,
         trust_request_chat_template=args.trust_request_chat_template,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
@@ -265,6 +271,11 @@ def check_frontend(args: argparse.Namespace) -> None:
         raise ValueError(f"max_log_len: must be non-negative, got {args.max_log_len}")
     if args.enable_log_outputs and not _log_requests(args):
         raise ValueError("enable_log_outputs: --enable-log-outputs needs --enable-log-requests")
+    if args.tool_parser_plugin:
+        load_tool_parser_plugin(args.tool_parser_plugin)
+    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(f"tool_call_parser: {args.tool_call_parser!r} is not one of "
+                         f"{sorted(TOOL_PARSERS)}")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
                          f"({', '.join(sorted(TOOL_PARSERS))})")

@@ -18,6 +18,7 @@ from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.entrypoints.openai.serving_models import ServingModels
 from loom.entrypoints.openai.serving_responses import OpenAIServingResponses
 from loom.entrypoints.openai.serving_score import OpenAIServingScore
+from loom.entrypoints.openai.tool_parsers import load_tool_parser_plugin
 from loom.frontend.async_llm import AsyncLLM
 from loom.frontend.core_client import EngineCoreClient
 from loom.frontend.request_logger import RequestLogger
@@ -61,6 +62,8 @@ def build_state(options: ServerOptions, make_client: Callable[[], EngineCoreClie
     if defaults:
         logger.info("sampling defaults from generation_config.json: %s", defaults)
     details = options.enable_prompt_tokens_details
+    if options.tool_parser_plugin:  # in every API server process: its parsers register
+        load_tool_parser_plugin(options.tool_parser_plugin)
     # The Responses API's logprobs and usage are chat's.
     shared = dict(tokens_as_ids=options.return_tokens_as_token_ids,
                   force_include_usage=options.force_include_usage,

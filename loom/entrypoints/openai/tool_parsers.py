@@ -379,3 +379,36 @@ class PythonicParser:
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser, "llama3_json": Llama3JsonParser, "pythonic": PythonicParser}
+"""--tool-call-parser's names; a --tool-parser-plugin file adds its own."""
+
+
+def register_tool_parser(name: str):
+    """Class decorator for a --tool-parser-plugin file: `@register_tool_parser("mine")` makes
+    the class (ToolParser's methods: extract, content_prefix, partial_calls, and
+    keeps_special_tokens) what `--tool-call-parser mine` reads calls with."""
+    def register(cls):
+        TOOL_PARSERS[name] = cls
+        return cls
+    return register
+
+
+def load_tool_parser_plugin(path: str) -> None:
+    """Run a --tool-parser-plugin file (once per process); a ValueError names a file that
+    does not exist or fails to import."""
+    import importlib.util
+    import os
+    import sys
+    name = "loom_tool_parser_plugin_" + "".join(c if c.isalnum() else "_"
+                                                for c in os.path.abspath(path))
+    if name in sys.modules:
+        return
+    if not os.path.isfile(path):
+        raise ValueError(f"tool_parser_plugin: no file {path!r}")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise ValueError(f"tool_parser_plugin: {path} failed to import: "
+                         f"{type(e).__name__}: {e}") from None
+    sys.modules[name] = module
