@@ -15,7 +15,7 @@ from loom.config_checks import json_object
 from loom.entrypoints.openai.protocol_chat import RESERVED_TEMPLATE_VARIABLES
 from loom.entrypoints.openai.reasoning import REASONING_PARSERS
 from loom.entrypoints.openai.serving_models import LoRAModule, lora_requests, parse_lora_modules
-from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS, load_tool_parser_plugin
+from loom.entrypoints.openai.tool_parser_plugin import check_tool_parser
 from loom.frontend.chat_content import CONTENT_FORMATS
 from loom.lora.adapter import model_targets, read_adapter
 from loom.models.arch import ModelArch
@@ -125,10 +125,8 @@ def add_frontend_flags(g) -> None:
                    help="the model's tool-call syntax: hermes (Hermes, Qwen2.5, Qwen3), "
                         "llama3_json (Llama 3.1/3.2), pythonic (Llama 3.2/4), or a name "
                         "a --tool-parser-plugin file registers")
-    g.add_argument("--tool-parser-plugin", default=None, metavar="FILE.py",
-                   help="a Python file whose classes register more tool parsers with "
-                        "loom.entrypoints.openai.tool_parsers.register_tool_parser(name) "
-                        "(loom's parser interface, not vLLM's ToolParser)")
+    g.add_argument("--tool-parser-plugin", default=None, metavar="FILE.py", help="a file "
+                   "whose @register_tool_parser(name) classes (loom's interface) add names")
     g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
                    help="send a reasoning model's thinking in the message's `reasoning` field: "
                         "qwen3 (<think>...</think> first), deepseek_r1 (thinking until </think>)")
@@ -271,14 +269,8 @@ def check_frontend(args: argparse.Namespace) -> None:
         raise ValueError(f"max_log_len: must be non-negative, got {args.max_log_len}")
     if args.enable_log_outputs and not _log_requests(args):
         raise ValueError("enable_log_outputs: --enable-log-outputs needs --enable-log-requests")
-    if args.tool_parser_plugin:
-        load_tool_parser_plugin(args.tool_parser_plugin)
-    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_PARSERS:
-        raise ValueError(f"tool_call_parser: {args.tool_call_parser!r} is not one of "
-                         f"{sorted(TOOL_PARSERS)}")
-    if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise ValueError("tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser "
-                         f"({', '.join(sorted(TOOL_PARSERS))})")
+    check_tool_parser(args.tool_call_parser, args.tool_parser_plugin,
+                      args.enable_auto_tool_choice)
     if args.lora_modules and not args.enable_lora:
         raise ValueError("lora_modules: --lora-modules needs --enable-lora")
     if args.stream_interval < 1:

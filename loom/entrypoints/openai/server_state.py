@@ -18,7 +18,7 @@ from loom.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from loom.entrypoints.openai.serving_models import ServingModels
 from loom.entrypoints.openai.serving_responses import OpenAIServingResponses
 from loom.entrypoints.openai.serving_score import OpenAIServingScore
-from loom.entrypoints.openai.tool_parsers import load_tool_parser_plugin
+from loom.entrypoints.openai.tool_parser_plugin import load_tool_parser_plugin
 from loom.frontend.async_llm import AsyncLLM
 from loom.frontend.core_client import EngineCoreClient
 from loom.frontend.request_logger import RequestLogger

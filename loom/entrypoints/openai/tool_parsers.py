@@ -391,24 +391,3 @@ def register_tool_parser(name: str):
         return cls
     return register
 
-
-def load_tool_parser_plugin(path: str) -> None:
-    """Run a --tool-parser-plugin file (once per process); a ValueError names a file that
-    does not exist or fails to import."""
-    import importlib.util
-    import os
-    import sys
-    name = "loom_tool_parser_plugin_" + "".join(c if c.isalnum() else "_"
-                                                for c in os.path.abspath(path))
-    if name in sys.modules:
-        return
-    if not os.path.isfile(path):
-        raise ValueError(f"tool_parser_plugin: no file {path!r}")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        raise ValueError(f"tool_parser_plugin: {path} failed to import: "
-                         f"{type(e).__name__}: {e}") from None
-    sys.modules[name] = module
