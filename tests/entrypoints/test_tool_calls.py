@@ -99,8 +99,9 @@ def test_auto_tool_choice_flags_are_checked_at_start(capsys):
     err = _main_error(capsys, "serve", "--enable-auto-tool-choice")
     assert "tool_call_parser: --enable-auto-tool-choice needs --tool-call-parser" in err
     assert err.count("\n") == 1
-    assert "invalid choice: 'mistral'" in _main_error(capsys, "serve", "--tool-call-parser",
-                                                      "mistral")
+    # (checked after any --tool-parser-plugin has registered its parsers)
+    assert "tool_call_parser: 'mistral' is not one of ['hermes', 'llama3_json', 'pythonic']" \
+        in _main_error(capsys, "serve", "--tool-call-parser", "mistral")
 
 
 # Each parser's syntax for the same two calls, as Llama models write them.

@@ -216,7 +216,7 @@ def test_a_tool_parser_plugin_registers_its_parser(tmp_path, capsys, monkeypatch
     registered parser is a --tool-call-parser name; bad files and names are one-line CLI
     errors. (A served one: tests/entrypoints/test_operator_server.py.)"""
     from loom.cli import main
-    from loom.entrypoints.openai import launcher
+    from loom.entrypoints.openai import launcher, tool_parser_plugin, tool_parsers
     from tests.test_cli import _main_error
     plugin = PLUGIN
     broken = tmp_path / "broken.py"
@@ -228,9 +228,14 @@ def test_a_tool_parser_plugin_registers_its_parser(tmp_path, capsys, monkeypatch
         capsys, *base, "--tool-parser-plugin", str(broken))
     assert "tool_call_parser: 'angle_calls' is not one of" in _main_error(
         capsys, *base, "--enable-auto-tool-choice", "--tool-call-parser", "angle_calls")
+    assert "failed to import" in _main_error(  # not run again: the same error
+        capsys, *base, "--tool-parser-plugin", str(broken))
     seen = {}
     monkeypatch.setattr(launcher, "run_server",
                         lambda options, config, inproc: seen.update(options=options))
+    # Registered in this process: gone again after the test.
+    monkeypatch.setitem(tool_parsers.TOOL_PARSERS, "angle_calls", None)
+    monkeypatch.setattr(tool_parser_plugin, "_LOADED", {})
     main([*base, "--tool-parser-plugin", plugin, "--enable-auto-tool-choice",
           "--tool-call-parser", "angle_calls"])
     assert (seen["options"].tool_call_parser, seen["options"].tool_parser_plugin) == (
@@ -241,3 +246,9 @@ def test_a_tool_parser_plugin_registers_its_parser(tmp_path, capsys, monkeypatch
     content, found, reason = calls.whole(text, "stop")
     assert (content, [c.function for c in found], reason) == (
         "Checking.", [FunctionCall("now", "{}")], "tool_calls")
+
+
+def test_the_plugin_left_no_parser_behind():
+    """(After the plugin test, in the same process: its registration was undone.)"""
+    from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
+    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "pythonic"]

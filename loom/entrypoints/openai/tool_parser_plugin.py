@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 
 from loom.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
@@ -23,15 +22,19 @@ def check_tool_parser(name: str | None, plugin: str | None, auto_tool_choice: bo
 
 
 
+_LOADED: dict[str, object] = {}
+"""The plugin files this process ran, by absolute path, and their modules."""
+
+
 def load_tool_parser_plugin(path: str) -> None:
     """Run a --tool-parser-plugin file (once per process); a ValueError names a file that
     does not exist or fails to import."""
-    name = "loom_tool_parser_plugin_" + "".join(c if c.isalnum() else "_"
-                                                for c in os.path.abspath(path))
-    if name in sys.modules:
+    key = os.path.abspath(path)
+    if key in _LOADED:
         return
     if not os.path.isfile(path):
         raise ValueError(f"tool_parser_plugin: no file {path!r}")
+    name = "loom_tool_parser_plugin_" + "".join(c if c.isalnum() else "_" for c in key)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -39,4 +42,4 @@ def load_tool_parser_plugin(path: str) -> None:
     except Exception as e:
         raise ValueError(f"tool_parser_plugin: {path} failed to import: "
                          f"{type(e).__name__}: {e}") from None
-    sys.modules[name] = module
+    _LOADED[key] = module
