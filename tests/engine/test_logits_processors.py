@@ -191,3 +191,21 @@ def test_a_bad_processor_name_is_one_line_before_serve_loads(capsys):
     err = capsys.readouterr().err
     assert "logits_processors: 'no_such_module:X': cannot import it" in err
     assert "Traceback" not in err
+
+
+def test_tensor_parallel_processors_run_on_the_driver_rank(model):
+    """TP=2 (worker processes, gloo): the classes reach the driver rank's process pickled by
+    reference, and only it samples."""
+    path, hf = model
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
+              tensor_parallel_size=2, logits_processors=[TargetToken, CountUp])
+    try:
+        prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+        args = [{"target_token": 42}, {"count_from": 100}, None]
+        outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=5,
+                                                     ignore_eos=True, extra_args=a)
+                                      for a in args], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == [
+        [42] * 5, [100, 101, 102, 103, 104], hf_greedy(hf, prompts[2], 5)]
