@@ -148,6 +148,21 @@ def load_classes(specs: Sequence[str | type] = ()) -> list[type[LogitsProcessor]
     return unique
 
 
+def check_picklable(specs: Sequence[str | type]) -> None:
+    """Class objects that must reach other processes (TP workers) go pickled, by reference:
+    a ValueError names one that cannot (defined inside a function, say)."""
+    import pickle
+    for spec in specs:
+        if isinstance(spec, str):
+            continue
+        try:
+            pickle.dumps(spec)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise ValueError(f"logits_processors: {spec.__qualname__} cannot reach the tensor "
+                             f"parallel workers ({e}); define it at a module's top level, or "
+                             "give it as module.path:ClassName") from None
+
+
 def _resolve(spec: Any, where: str | None = None) -> type[LogitsProcessor]:
     where = where or f"logits_processors: {spec!r}"
     cls = spec

@@ -23,7 +23,7 @@ from loom.engine.core import EngineCore
 from loom.frontend.output_processor import OutputKind, OutputProcessor
 from loom.frontend.processor import Processor, PromptType
 from loom.frontend.tokenizer import Tokenizer, load_tokenizer
-from loom.logits_processor import load_classes
+from loom.logits_processor import check_picklable, load_classes
 from loom.models.loader import generation_config_dir, generation_defaults, tokenizer_path
 from loom.lora.request import LoRARequest
 from loom.outputs import RequestOutput
@@ -60,6 +60,8 @@ class LLM(PoolingMethods, SleepMethods):
         self.logprobs_mode = config.model.logprobs_mode
         self.tokenizer = None if skip_tokenizer_init else self._load_tokenizer(config, chat_template)
         logits_processors = load_classes(config.model.logits_processors)  # before loading
+        if config.parallel.tensor_parallel_size > 1:
+            check_picklable(config.model.logits_processors)
         self.engine = EngineCore(config)
         self.tasks = self.engine.tasks
         """What the model serves (`loom.tasks`): generate, or embed, classify, score."""

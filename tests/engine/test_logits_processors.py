@@ -209,3 +209,12 @@ def test_tensor_parallel_processors_run_on_the_driver_rank(model):
         llm.shutdown()
     assert [o.outputs[0].token_ids for o in outs] == [
         [42] * 5, [100, 101, 102, 103, 104], hf_greedy(hf, prompts[2], 5)]
+
+
+def test_a_class_the_tp_workers_cannot_unpickle_is_refused_by_name(model):
+    class Local(TargetToken):
+        pass
+    with pytest.raises(ValueError, match="logits_processors: .*Local cannot reach the tensor "
+                                         "parallel workers"):
+        LLM(model[0], skip_tokenizer_init=True, device="cpu", tensor_parallel_size=2,
+            logits_processors=[Local])
