@@ -48,13 +48,9 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int,
                  speculative: SpeculativeConfig | None = None,
-                 max_loras: int | None = None, whole_prompts: bool = False,
-                 tokens_on_host: bool = False) -> None:
+                 max_loras: int | None = None, whole_prompts: bool = False) -> None:
         """whole_prompts: a prompt is never split over steps (an encoder's attends both
-        ways); one waits for a step with room for all of it.
-        tokens_on_host: no request runs ahead of its sampled token (custom logits processors
-        read each request's output ids)."""
-        self.tokens_on_host = tokens_on_host
+        ways); one waits for a step with room for all of it."""
         # The engine passes the limits its workers chose; a bare config takes the CPU's.
         self.config = scheduler_config.resolved(None, 0)
         self.max_model_len = max_model_len
@@ -212,20 +208,22 @@ class Scheduler:
     def _may_run_ahead(self, request: Request) -> bool:
         """Whether a request whose sampled token is still in flight can be scheduled again:
         its next step must not depend on that token's value on the host, and the token
-        must not be able to end it."""
-        if not self.config.async_scheduling or request.grammar is not None or self.tokens_on_host:
+        must not be able to end it. (Sampling that reads the request's outputs, such as
+        penalties or custom logits processors, has the worker read its tokens in flight
+        back first: `SampledSteps.catch_up`.)"""
+        if not self.config.async_scheduling or request.grammar is not None:
             return False
         if self._verifying or (self.spec is not None and not self.spec.runs_ahead):
             return False  # (its own step in flight may add an unknown number of tokens)
         p = request.sampling_params
-        # min_tokens masks stop tokens until enough are out: only then does it need counts.
-        masks_stops = bool(p.stop_token_ids) or (request.eos_token_id is not None
-                                                 and not p.ignore_eos)
-        # Drafts made running ahead guess at tokens in flight; seeded draws follow drafts.
-        seeded_drafts = p.seed is not None and not p.greedy and self.spec is not None
-        if (p.uses_penalties or p.bad_words_token_ids or seeded_drafts
-                or (request.num_output_tokens < p.min_tokens and masks_stops)):
-            return False
+        if self.spec is not None:
+            # Drafts made running ahead guess at tokens in flight; seeded draws follow
+            # drafts; and the worker reads back early a step's first token only.
+            masks_stops = bool(p.stop_token_ids) or (request.eos_token_id is not None
+                                                     and not p.ignore_eos)
+            if (p.uses_penalties or p.bad_words_token_ids or (p.seed is not None and not p.greedy)
+                    or (request.num_output_tokens < p.min_tokens and masks_stops)):
+                return False
         num_outputs = request.num_output_tokens + request.num_output_placeholders
         if request.max_tokens is not None and num_outputs >= request.max_tokens:
             return False

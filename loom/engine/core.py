@@ -114,8 +114,7 @@ class EngineCore(SleepMixin):
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_blocks,
                                    self.max_model_len, config.speculative,
                                    None if lora is None else lora.max_loras,
-                                   whole_prompts=self.encoder,
-                                   tokens_on_host=info.get("logits_processors", False))
+                                   whole_prompts=self.encoder)
         self._pending: list[EngineCoreOutput] = []
         self._in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         """Launched steps not yet collected, oldest first."""

@@ -7,6 +7,7 @@ Python loops).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,13 @@ class CachedRequestState:
                 and not (min_tokens_pending and self.stop_ids) and p.guided_decoding is None)
 
     @property
+    def reads_outputs(self) -> bool:
+        """Whether its sampling reads its output tokens' values or count (penalties, bad
+        words, min_tokens), which must then include any still in flight."""
+        p = self.params
+        return p.uses_penalties or bool(p.bad_words_token_ids) or p.min_tokens > 0
+
+    @property
     def stop_ids(self) -> set[int]:
         """Tokens masked while fewer than min_tokens have been generated."""
         ids = set(self.params.stop_token_ids)
@@ -78,12 +86,15 @@ class RequestStates(dict[str, CachedRequestState]):
         self._free_rows = list(range(max_reqs - 1, -1, -1))
         self.num_drafting = 0
         """Requests with drafts in the step last applied (0: the batch skips that work)."""
+        self.num_reading = 0
+        """Requests whose sampling reads their outputs (0: no step needs to catch up)."""
 
     def add(self, state: CachedRequestState) -> None:
         if not self._free_rows:
             raise RuntimeError(f"more than {len(self.tokens)} running requests reached a worker")
         state.row = self._free_rows.pop()
         self[state.req_id] = state
+        self.num_reading += state.reads_outputs
         self.tokens[state.row, :len(state.token_ids)] = state.token_ids
         self.blocks[state.row, :len(state.block_ids)] = state.block_ids
 
@@ -91,6 +102,7 @@ class RequestStates(dict[str, CachedRequestState]):
         state = self.pop(req_id, None)
         if state is not None:
             self._free_rows.append(state.row)
+            self.num_reading -= state.reads_outputs
 
     def apply(self, so: SchedulerOutput) -> list[CachedRequestState]:
         """Apply one step's diff; return the scheduled requests in batch order."""
@@ -125,6 +137,40 @@ class RequestStates(dict[str, CachedRequestState]):
         if self.get(state.req_id) is state and len(state.token_ids) == position:
             self.tokens[state.row, position:position + len(token_ids)] = token_ids
             state.token_ids.extend(token_ids)
+
+
+class SampledSteps:
+    """The last few launched steps' sampled tokens, left on the device.
+
+    A request runs ahead of its sampled token (async scheduling): its next step is launched
+    before that token is read back. Where the next step's sampling reads the request's
+    outputs (penalties, bad words, min_tokens, custom logits processors), `catch_up` reads
+    the tokens in flight back first, as vLLM does. It waits only for those earlier steps,
+    which the device runs before the step being sampled, so the device keeps working."""
+
+    def __init__(self, depth: int = 2) -> None:
+        self._steps: deque = deque(maxlen=depth)
+        """(tokens [R], the step's requests, its sampling rows, each request's position of
+        its sampled token), oldest first; depth covers every step launched and unread."""
+
+    def record(self, tokens: torch.Tensor, reqs: list[CachedRequestState],
+               rows: list[int], positions: list[int]) -> None:
+        self._steps.append((tokens, reqs, rows, positions))
+
+    def catch_up(self, states: RequestStates, reqs: list[CachedRequestState],
+                 lands: list[int], every: bool) -> None:
+        """Before `reqs` sample (each its token at lands), append their tokens in flight to
+        those that read their outputs (every: all of them, for custom logits processors)."""
+        if not (every or states.num_reading):
+            return
+        ids = {id(r) for r, n in zip(reqs, lands)
+               if len(r.token_ids) < n and (every or r.reads_outputs)}
+        for tokens, reqs, rows, positions in self._steps:
+            values = None
+            for k, i in enumerate(rows):
+                if id(reqs[i]) in ids and len(reqs[i].token_ids) == positions[i]:
+                    values = tokens.tolist() if values is None else values
+                    states.append_sampled(reqs[i], positions[i], [values[k]])
 
 
 @dataclass

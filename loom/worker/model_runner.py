@@ -26,8 +26,8 @@ from loom.kernels.host import round_up
 from loom.lora.manager import make_lora_manager
 from loom.worker.cuda_graph import CUDAGraphRunner, mixed_sizes, mode_line, piecewise_sizes
 from loom.worker.layer_clock import LayerClock
-from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates, StepBatch,
-                                     build_batch)
+from loom.worker.input_batch import (CachedRequestState, PendingTokens, RequestStates,
+                                     SampledSteps, StepBatch, build_batch)
 from loom.worker.logits_processors import CustomProcessors
 from loom.worker.model_loader import load_model, resolve_kv_cache_dtype
 from loom.worker.moe_warmup import warm_up_moe
@@ -85,6 +85,7 @@ class ModelRunner:
         FULL_AND_PIECEWISE)."""
         self._pending: PendingTokens | None = None
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
+        self._sampled = SampledSteps()
         self.drafter = make_drafter(config, self.arch.vocab_size, self.requests.tokens.shape[1],
                                     device, self.backend, is_driver)
         self.sleep_memory = SleepMemory.for_runner(self) if config.model.enable_sleep_mode else None
@@ -291,16 +292,16 @@ class ModelRunner:
                 clock.mark()
         seq_lens = batch.attn_metadata.seq_lens_cpu.tolist()
         # Where each request's first sampled token goes: past its seq_len's drafts, if any.
-        handle = StepHandle(self, reqs, seq_lens if batch.spec is None else
-                            [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)],
-                            batch.sample_rows)
+        lands = (seq_lens if batch.spec is None else
+                 [n - len(r.spec_token_ids) for n, r in zip(seq_lens, reqs)])
+        handle = StepHandle(self, reqs, lands, batch.sample_rows)
         handle.layer_clock, handle.lora_errors = clock, lora_errors
         tokens = None
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()
             num = len(batch.sample_rows)  # then the drafts' rows
             tokens, handle.logprobs = (self._sample(reqs, batch.sample_rows, logits[:num],
-                                                    so.grammar_bitmask, seq_lens)
+                                                    so.grammar_bitmask, seq_lens, lands)
                                        if self.is_driver else (None, None))
             if batch.spec is not None and self.is_driver:  # [R, K + 1]: accepted drafts,
                 tokens, handle.draft_logprobs = verify_step(  # then one more
@@ -309,6 +310,7 @@ class ModelRunner:
             tokens = self._share_tokens(tokens, batch.sampled_shape)
             self._pending = (tokens if tokens.dim() == 1 else tokens[:, 0],
                              {reqs[i].req_id: k for k, i in enumerate(batch.sample_rows)})
+            self._sampled.record(self._pending[0], reqs, batch.sample_rows, lands)
         else:
             self._pending = None
         drafts = None if self.drafter is None else \
@@ -359,11 +361,14 @@ class ModelRunner:
                 out[req.req_id] = vector.tolist()
         return out
 
-    def _sample(self, reqs, rows, logits, grammar_bitmask, seq_lens):
+    def _sample(self, reqs, rows, logits, grammar_bitmask, seq_lens, lands):
         """The sampled tokens (on the device) and, for the handle, a function making the
         requested logprobs structs once the step is read back. A row samples output number
-        seq_len - prompt (after any drafts, and any tokens still in flight): its seed's."""
+        seq_len - prompt (after any drafts, and any tokens still in flight): its seed's.
+        Rows that read their outputs first read back their tokens in flight."""
         chosen = [reqs[i] for i in rows]
+        self._sampled.catch_up(self.requests, chosen, [lands[i] for i in rows],
+                               every=self.logits_procs is not None)
         custom = self.logits_procs.step(chosen) if self.logits_procs is not None else None
         if not grammar_bitmask and custom is None and all(r.plain_greedy for r in chosen):
             # The common decode case needs no sampling metadata: one argmax.

@@ -126,8 +126,7 @@ class Worker:
                 "eos_token_id": arch.eos_token_ids[0] if arch.eos_token_ids else None,
                 # the batch limits this device chose (`SchedulerConfig.resolved`)
                 "max_num_seqs": self.config.scheduler.max_num_seqs,
-                "max_num_batched_tokens": self.config.scheduler.max_num_batched_tokens,
-                "logits_processors": self.model_runner.logits_procs is not None}
+                "max_num_batched_tokens": self.config.scheduler.max_num_batched_tokens}
 
     def time_all_reduce(self, num_tokens: int, iters: int, in_graph: bool = False) -> float:
         """Seconds per TP all-reduce of a [num_tokens, hidden] activation in the model's

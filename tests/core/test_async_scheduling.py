@@ -12,6 +12,7 @@ import pytest
 
 from loom.config import CacheConfig, SchedulerConfig
 from loom.core.scheduler import Scheduler
+from loom.speculative_config import SpeculativeConfig
 from tests.core.scheduler_fakes import BS, FakeWorker, add, run_to_end
 
 
@@ -76,21 +77,31 @@ def test_pipelined_run_emits_what_a_synchronous_run_does(depth):
     assert by_request(outputs) == expected
     assert expected[1]["b"] == "stop" and len(expected[0]["a"]) == 6
     assert pipelined.kv_cache_manager.num_free_blocks == 64
-    # Decodes really ran ahead (and never the requests that need host tokens; a seeded
-    # one's draw needs only its output count).
-    assert ahead == {"a", "b", "c", "min", "seeded"}  # "min" once its min_tokens are out
+    # Decodes really ran ahead, all of them: a seeded one's draw needs only its output
+    # count, and the worker reads back the tokens in flight of those whose sampling reads
+    # their outputs (penalties, min_tokens) before they sample.
+    assert ahead == {"a", "b", "c", "pen", "min", "seeded"}
     sync_again = make(async_scheduling=False)
     scenario(sync_again)
     assert run_pipelined(sync_again, FakeWorker())[1] == set()
 
 
 @pytest.mark.parametrize("params", [dict(repetition_penalty=1.2), dict(presence_penalty=0.5),
-                                    dict(min_tokens=4, stop_token_ids=[5])])
-def test_requests_that_need_host_tokens_wait_for_the_update(params):
+                                    dict(min_tokens=4, stop_token_ids=[5]),
+                                    dict(bad_words_token_ids=[[4, 5]])])
+def test_requests_that_read_their_outputs_run_ahead_without_drafts_only(params):
     sched = make(async_scheduling=True)
     add(sched, "a", [1, 2, 3], max_tokens=8, **params)
     assert sched.schedule().num_scheduled_tokens == {"a": 3}
-    assert sched.schedule().is_empty
+    assert sched.schedule().num_scheduled_tokens == {"a": 1}
+    # With n-gram drafts (which run ahead), the worker could not catch such a request up.
+    sched = Scheduler(SchedulerConfig(async_scheduling=True), CacheConfig(block_size=BS), 64,
+                      256, SpeculativeConfig(method="ngram", num_speculative_tokens=2,
+                                             prompt_lookup_min=1, prompt_lookup_max=2))
+    add(sched, "a", [1, 2, 3], max_tokens=8, **params)
+    add(sched, "plain", [1, 2, 3], max_tokens=8)
+    assert sched.schedule().num_scheduled_tokens == {"a": 3, "plain": 3}
+    assert sched.schedule().num_scheduled_tokens == {"plain": 1}
 
 
 def test_min_tokens_with_nothing_to_mask_runs_ahead():

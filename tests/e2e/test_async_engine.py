@@ -24,30 +24,52 @@ def _mixed_params() -> list[SamplingParams]:
         SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),  # finishes early
         SamplingParams(temperature=0.0, max_tokens=10, min_tokens=4, logprobs=3,
                        ignore_eos=True),
-        SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[7, 8, 9, 10, 11]),
+        SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[7, 8, 9, 10, 11],
+                       min_tokens=3),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True,
+                       presence_penalty=1.5, frequency_penalty=0.5),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                       repetition_penalty=3.0),
     ]
+
+
+PROMPT_LENGTHS = (9, 21, 4, 30, 15, 6, 12, 18)
+READS_OUTPUTS = {"1", "4", "6", "7"}
+"""Requests whose sampling reads their outputs (penalties, min_tokens): they run ahead too,
+the worker reading their tokens in flight back before they sample."""
 
 
 def _run(path: str, device: str, async_scheduling: bool, **kw):
     llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device=device, max_model_len=256,
               async_scheduling=async_scheduling, **kw)
-    engine, depths, seeded_ahead = llm.engine, [], []
+    outs, ahead = run_spied(llm, _prompts(3, PROMPT_LENGTHS), _mixed_params(),
+                            2 if async_scheduling else 1)
+    # Seeded draws need only their output count.
+    assert ({"2"} | READS_OUTPUTS <= ahead) if async_scheduling else not ahead
+    return [(o.outputs[0].token_ids, o.outputs[0].finish_reason,
+             [sorted(d) for d in (o.outputs[0].logprobs or [])]) for o in outs]
+
+
+def run_spied(llm, prompts, params, depth: int):
+    """Generate (then shut the LLM down), checking that the engine kept `depth` steps in
+    flight at most and at some point; also return the ids of the requests scheduled while
+    a step of theirs was in flight."""
+    engine, depths, ahead = llm.engine, [], set()
     launch = engine._launch
 
     def spy(scheduler_output):
         launch(scheduler_output)
         depths.append(len(engine._in_flight))
-        seeded_ahead.extend(  # a seeded request scheduled while its last step is in flight
-            c for c in scheduler_output.cached_reqs if c.req_id == "2"
-            and engine.scheduler.requests["2"].num_output_placeholders > 1)
+        ahead.update(c.req_id for c in scheduler_output.cached_reqs
+                     if engine.scheduler.requests[c.req_id].num_output_placeholders > 1)
 
     engine._launch = spy
-    outs = llm.generate(_prompts(3, (9, 21, 4, 30, 15, 6)), _mixed_params(), use_tqdm=False)
-    llm.shutdown()
-    assert max(depths) == (2 if async_scheduling else 1)  # a step launched before a read-back
-    assert bool(seeded_ahead) == async_scheduling  # its draws need only its output count
-    return [(o.outputs[0].token_ids, o.outputs[0].finish_reason,
-             [sorted(d) for d in (o.outputs[0].logprobs or [])]) for o in outs]
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert max(depths) == depth  # steps launched before a read-back
+    return outs, ahead
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -57,6 +79,11 @@ def test_async_and_sync_scheduling_give_the_same_outputs(device, tiny_model_fact
     on = _run(path, device, True, max_num_batched_tokens=24)
     off = _run(path, device, False, max_num_batched_tokens=24)
     assert on == off
-    prompts = _prompts(3, (9, 21, 4, 30, 15, 6))
+    prompts = _prompts(3, PROMPT_LENGTHS)
     assert on[0][0] == hf_greedy(hf, prompts[0], 14)
     assert on[3][0] == hf_greedy(hf, prompts[3], 3)
+    if device == "cpu":  # run ahead, penalized by its whole output: transformers' tokens
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompts[7]]), max_new_tokens=12, do_sample=False,
+                              min_new_tokens=12, repetition_penalty=3.0, pad_token_id=0)
+        assert on[7][0] == out[0, len(prompts[7]):].tolist()

@@ -83,7 +83,8 @@ class TopOne(_ByIndex):
 
 class CountUp(AdapterLogitsProcessor):
     """extra_args {"count_from": t}: the request's k-th token is t + k, read off its own
-    output so far; {"after_prompt": true}: its k-th is its last prompt token + 1 + k."""
+    output so far; {"after_prompt": true}: its k-th is its last prompt token + 1 + k;
+    {"follow": true}: after its first (free) token, each is its last output token + 1."""
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -100,6 +101,10 @@ class CountUp(AdapterLogitsProcessor):
             def from_prompt(prompt_ids, output_ids, row):
                 return _only(row, prompt_ids[-1] + 1 + len(output_ids))
             return from_prompt
+        if args.get("follow"):
+            def follow(output_ids, row):
+                return _only(row, output_ids[-1] + 1) if output_ids else row
+            return follow
         return None
 
 

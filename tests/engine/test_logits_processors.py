@@ -16,6 +16,7 @@ from loom.speculative_config import SpeculativeConfig
 from loom.worker.input_batch import CachedRequestState
 from loom.worker.logits_processors import CustomProcessors, OutputIds
 from tests.conftest import hf_greedy
+from tests.e2e.test_async_engine import run_spied
 from tests.engine import logits_procs
 from tests.engine.logits_procs import CALLS, CountUp, TargetToken, TopOne
 
@@ -95,7 +96,7 @@ def test_requests_get_their_own_processing_as_the_batch_changes(llm, model):
     lengths = [3 + (i * 5) % 9 for i in range(12)]
     args = [{"target_token": 40 + i} if i % 3 == 0 else {"count_from": 100 + i} if i % 3 == 1
             else None for i in range(12)]
-    args[2] = {"after_prompt": True}
+    args[2], args[5] = {"after_prompt": True}, {"follow": True}
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args=a)
               for n, a in zip(lengths, args)]
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -107,6 +108,9 @@ def test_requests_get_their_own_processing_as_the_batch_changes(llm, model):
             assert tokens == [a["target_token"]] * n
         elif "count_from" in a:  # read off the request's own output ids, step by step
             assert tokens == list(range(a["count_from"], a["count_from"] + n))
+        elif "follow" in a:  # each read off the last (run ahead: the worker reads it back)
+            first = hf_greedy(hf, prompt, 1)[0]
+            assert tokens == [(first + k) % 256 for k in range(n)]
         else:
             assert tokens == [(prompt[-1] + 1 + k) % 256 for k in range(n)]
 
@@ -195,20 +199,21 @@ def test_a_bad_processor_name_is_one_line_before_serve_loads(capsys):
 
 def test_tensor_parallel_processors_run_on_the_driver_rank(model):
     """TP=2 (worker processes, gloo): the classes reach the driver rank's process pickled by
-    reference, and only it samples."""
+    reference, and only it samples. Requests run ahead of their sampled tokens, with up to
+    three steps in flight, and the processors still read their whole outputs."""
     path, hf = model
     llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=128,
               tensor_parallel_size=2, logits_processors=[TargetToken, CountUp])
-    try:
-        prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
-        args = [{"target_token": 42}, {"count_from": 100}, None]
-        outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=5,
-                                                     ignore_eos=True, extra_args=a)
-                                      for a in args], use_tqdm=False)
-    finally:
-        llm.shutdown()
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [20, 21, 22]]
+    args = [{"target_token": 42}, {"count_from": 100}, None, {"follow": True}]
+    outs, ahead = run_spied(llm, prompts, [SamplingParams(temperature=0, max_tokens=5,
+                                                          ignore_eos=True, extra_args=a)
+                                           for a in args], depth=3)
+    first = hf_greedy(hf, prompts[3], 1)[0]
     assert [o.outputs[0].token_ids for o in outs] == [
-        [42] * 5, [100, 101, 102, 103, 104], hf_greedy(hf, prompts[2], 5)]
+        [42] * 5, [100, 101, 102, 103, 104], hf_greedy(hf, prompts[2], 5),
+        [(first + k) % 256 for k in range(5)]]
+    assert ahead == {"0", "1", "2", "3"}
 
 
 def test_a_class_the_tp_workers_cannot_unpickle_is_refused_by_name(model):
