@@ -140,37 +140,30 @@ class RequestStates(dict[str, CachedRequestState]):
 
 
 class SampledSteps:
-    """The last few launched steps' sampled tokens, left on the device.
+    """The last few launched steps, for reading their sampled tokens back early.
 
     A request runs ahead of its sampled token (async scheduling): its next step is launched
     before that token is read back. Where the next step's sampling reads the request's
     outputs (penalties, bad words, min_tokens, custom logits processors), `catch_up` reads
-    the tokens in flight back first, as vLLM does. It waits only for those earlier steps,
-    which the device runs before the step being sampled, so the device keeps working."""
+    the steps still unread back first, as vLLM does. Each waits on its own step's event
+    (`StepHandle.sampled`), not on the step being sampled, so the device keeps working."""
 
     def __init__(self, depth: int = 2) -> None:
         self._steps: deque = deque(maxlen=depth)
-        """(tokens [R], the step's requests, its sampling rows, each request's position of
-        its sampled token), oldest first; depth covers every step launched and unread."""
+        """StepHandles, oldest first; depth covers every step launched and unread."""
 
-    def record(self, tokens: torch.Tensor, reqs: list[CachedRequestState],
-               rows: list[int], positions: list[int]) -> None:
-        self._steps.append((tokens, reqs, rows, positions))
+    def record(self, handle) -> None:
+        self._steps.append(handle)
 
     def catch_up(self, states: RequestStates, reqs: list[CachedRequestState],
                  lands: list[int], every: bool) -> None:
-        """Before `reqs` sample (each its token at lands), append their tokens in flight to
-        those that read their outputs (every: all of them, for custom logits processors)."""
+        """Before `reqs` sample (each its token at lands), read back the steps in flight if
+        one of them reads its outputs (every: all do, for custom logits processors)."""
         if not (every or states.num_reading):
             return
-        ids = {id(r) for r, n in zip(reqs, lands)
-               if len(r.token_ids) < n and (every or r.reads_outputs)}
-        for tokens, reqs, rows, positions in self._steps:
-            values = None
-            for k, i in enumerate(rows):
-                if id(reqs[i]) in ids and len(reqs[i].token_ids) == positions[i]:
-                    values = tokens.tolist() if values is None else values
-                    states.append_sampled(reqs[i], positions[i], [values[k]])
+        if any(len(r.token_ids) < n and (every or r.reads_outputs) for r, n in zip(reqs, lands)):
+            for handle in self._steps:
+                handle.sampled()
 
 
 @dataclass

@@ -310,13 +310,13 @@ class ModelRunner:
             tokens = self._share_tokens(tokens, batch.sampled_shape)
             self._pending = (tokens if tokens.dim() == 1 else tokens[:, 0],
                              {reqs[i].req_id: k for k, i in enumerate(batch.sample_rows)})
-            self._sampled.record(self._pending[0], reqs, batch.sample_rows, lands)
         else:
             self._pending = None
         drafts = None if self.drafter is None else \
             self.drafter.launch(self.requests, reqs, counts, batch, tokens)  # behind the step
         if tokens is not None:
             handle.read_back(tokens, drafts)
+            self._sampled.record(handle)
         if self.is_driver:
             handle.pooled = self._pool(reqs, batch, hidden)
         handle.prompt_logprobs = self._prompt_logprobs(batch, hidden)

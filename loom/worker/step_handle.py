@@ -30,6 +30,7 @@ class StepHandle:
         self._tokens: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         self._output: ModelRunnerOutput | None = None
+        self._sampled: tuple[list[list[int]], dict[str, list[int]]] | None = None
         self.logprobs: Callable[[], list[Logprobs]] | None = None
         self.draft_logprobs: Callable[[], list[Logprobs | None]] | None = None
         """Speculative decoding: each draft row's logprobs (`spec_verify.verify_step`)."""
@@ -69,13 +70,15 @@ class StepHandle:
             self._output = self._finish()
         return self._output
 
-    def _finish(self) -> ModelRunnerOutput:
+    def sampled(self) -> tuple[list[list[int]], dict[str, list[int]]]:
+        """Each request's sampled tokens ([] where it sampled none) and a draft model's
+        drafts, read back once (waiting for this step only, not for steps queued after it)
+        and recorded in the runner's request tables. Besides `output`, the runner reads a
+        step back early for requests that ran ahead of it (`SampledSteps.catch_up`)."""
+        if self._sampled is not None:
+            return self._sampled
         if self._event is not None:
             self._event.synchronize()
-        if self.layer_clock is not None:
-            line = self.layer_clock.report()
-            if line:
-                logger.info("%s", line)
         tokens = self._tokens.tolist() if self._tokens is not None else []
         states, reqs = self._runner.requests, self._reqs
         drafts = {}
@@ -88,6 +91,16 @@ class StepHandle:
         for i, token in zip(self._rows, tokens):
             sampled[i] = [t for t in token if t >= 0] if isinstance(token, list) else [token]
             states.append_sampled(reqs[i], self._positions[i], sampled[i])
+        self._sampled = sampled, drafts
+        return self._sampled
+
+    def _finish(self) -> ModelRunnerOutput:
+        sampled, drafts = self.sampled()
+        if self.layer_clock is not None:
+            line = self.layer_clock.report()
+            if line:
+                logger.info("%s", line)
+        reqs = self._reqs
         logprobs: list[Logprobs | None] = [None] * len(reqs)
         if self.logprobs is not None:
             for i, struct in zip(self._rows, self.logprobs()):
