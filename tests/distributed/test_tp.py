@@ -45,27 +45,20 @@ def test_tp2_equals_tp1(kind, tiny_model_factory):
 def test_tp2_async_scheduling_with_mixed_sampling_equals_tp1(tiny_model_factory):
     """Steps launched ahead on both ranks: rank 1 takes its decode inputs from the driver's
     sampled tokens (a broadcast), for greedy, seeded random, penalised and stop-token
-    requests alike."""
-    from tests.e2e.test_async_engine import _mixed_params
+    requests alike; those whose sampling reads their outputs run ahead too."""
+    from tests.e2e.test_async_engine import (PROMPT_LENGTHS, READS_OUTPUTS, _mixed_params,
+                                             run_spied)
+    from tests.e2e.test_correctness import _prompts
     path, _ = tiny_model_factory("llama")
     results = []
     for tp in (1, 2):
         llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu",
                   max_model_len=128, tensor_parallel_size=tp, max_num_batched_tokens=24)
-        engine, depths = llm.engine, []
-        launch = engine._launch
-
-        def spy(scheduler_output, launch=launch, engine=engine, depths=depths):
-            launch(scheduler_output)
-            depths.append(len(engine._in_flight))
-
-        engine._launch = spy
-        try:
-            outs = llm.generate(PROMPTS * 2, _mixed_params(), use_tqdm=False)
-            results.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
-        finally:
-            llm.shutdown()
-        assert max(depths) == (3 if tp == 2 else 2)  # ranks reply a step late: one more ahead
+        # TP=2: the ranks reply a step late, so one more step is launched ahead.
+        outs, ahead = run_spied(llm, _prompts(3, PROMPT_LENGTHS), _mixed_params(),
+                                3 if tp == 2 else 2)
+        assert READS_OUTPUTS <= ahead
+        results.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
     assert results[1] == results[0]
 
 
