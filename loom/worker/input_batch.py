@@ -7,6 +7,7 @@ Python loops).
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -150,10 +151,13 @@ class SampledSteps:
 
     def __init__(self, depth: int = 2) -> None:
         self._steps: deque = deque(maxlen=depth)
-        """StepHandles, oldest first; depth covers every step launched and unread."""
+        """Weak references to StepHandles, oldest first; depth covers every step launched
+        and unread. (A handle refers to the runner: strong ones would make a cycle, which
+        the collector never frees once start-up froze the runner, `heap.settle`, and the
+        runner holds the device's weights and KV cache.)"""
 
     def record(self, handle) -> None:
-        self._steps.append(handle)
+        self._steps.append(weakref.ref(handle))
 
     def catch_up(self, states: RequestStates, reqs: list[CachedRequestState],
                  lands: list[int], every: bool) -> None:
@@ -162,8 +166,10 @@ class SampledSteps:
         if not (every or states.num_reading):
             return
         if any(len(r.token_ids) < n and (every or r.reads_outputs) for r, n in zip(reqs, lands)):
-            for handle in self._steps:
-                handle.sampled()
+            for ref in self._steps:
+                handle = ref()  # None: read back and dropped already
+                if handle is not None:
+                    handle.sampled()
 
 
 @dataclass

@@ -5,6 +5,9 @@ finishes) must give identical outputs either way."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -67,6 +70,7 @@ def run_spied(llm, prompts, params, depth: int):
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
     finally:
+        del engine._launch  # (the spy and the engine would make a cycle)
         llm.shutdown()
     assert max(depths) == depth  # steps launched before a read-back
     return outs, ahead
@@ -87,3 +91,18 @@ def test_async_and_sync_scheduling_give_the_same_outputs(device, tiny_model_fact
             out = hf.generate(torch.tensor([prompts[7]]), max_new_tokens=12, do_sample=False,
                               min_new_tokens=12, repetition_penalty=3.0, pad_token_id=0)
         assert on[7][0] == out[0, len(prompts[7]):].tolist()
+
+
+def test_nothing_keeps_the_runner_after_requests_ran_ahead(tiny_model_factory):
+    """Steps read back early are held weakly: a cycle through the model runner outlives
+    shutdown (start-up freezes the heap, `loom.heap.settle`), and with it the device's
+    weights and KV cache; on CUDA the next LLM in the process found no room for a cache."""
+    path, _ = tiny_model_factory("llama")
+    llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256,
+              max_num_batched_tokens=24)
+    runner = weakref.ref(llm.engine.executor.worker.model_runner)
+    ahead = run_spied(llm, _prompts(3, PROMPT_LENGTHS), _mixed_params(), 2)[1]
+    assert READS_OUTPUTS <= ahead
+    del llm
+    gc.collect()
+    assert runner() is None
