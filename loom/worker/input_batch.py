@@ -149,7 +149,9 @@ class SampledSteps:
     the steps still unread back first, as vLLM does. Each waits on its own step's event
     (`StepHandle.sampled`), not on the step being sampled, so the device keeps working."""
 
-    def __init__(self, depth: int = 2) -> None:
+    def __init__(self, every: bool, depth: int = 2) -> None:
+        """every: all requests read their outputs (custom logits processors are loaded)."""
+        self.every = every
         self._steps: deque = deque(maxlen=depth)
         """Weak references to StepHandles, oldest first; depth covers every step launched
         and unread. (A handle refers to the runner: strong ones would make a cycle, which
@@ -160,9 +162,10 @@ class SampledSteps:
         self._steps.append(weakref.ref(handle))
 
     def catch_up(self, states: RequestStates, reqs: list[CachedRequestState],
-                 lands: list[int], every: bool) -> None:
+                 lands: list[int]) -> None:
         """Before `reqs` sample (each its token at lands), read back the steps in flight if
-        one of them reads its outputs (every: all do, for custom logits processors)."""
+        one of them reads its outputs."""
+        every = self.every
         if not (every or states.num_reading):
             return
         if any(len(r.token_ids) < n and (every or r.reads_outputs) for r, n in zip(reqs, lands)):

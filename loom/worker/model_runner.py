@@ -85,7 +85,7 @@ class ModelRunner:
         FULL_AND_PIECEWISE)."""
         self._pending: PendingTokens | None = None
         """The last launched step's sampled tokens: inputs of the next step's decodes."""
-        self._sampled = SampledSteps()
+        self._sampled = SampledSteps(every=self.logits_procs is not None)
         self.drafter = make_drafter(config, self.arch.vocab_size, self.requests.tokens.shape[1],
                                     device, self.backend, is_driver)
         self.sleep_memory = SleepMemory.for_runner(self) if config.model.enable_sleep_mode else None
@@ -364,17 +364,17 @@ class ModelRunner:
     def _sample(self, reqs, rows, logits, grammar_bitmask, seq_lens, lands):
         """The sampled tokens (on the device) and, for the handle, a function making the
         requested logprobs structs once the step is read back. A row samples output number
-        seq_len - prompt (after any drafts, and any tokens still in flight): its seed's.
-        Rows that read their outputs first read back their tokens in flight."""
+        seq_len - prompt (after any drafts, and any tokens in flight, read back first if it
+        reads its outputs): its seed's."""
         chosen = [reqs[i] for i in rows]
-        self._sampled.catch_up(self.requests, chosen, [lands[i] for i in rows],
-                               every=self.logits_procs is not None)
+        self._sampled.catch_up(self.requests, chosen, [lands[i] for i in rows])
         custom = self.logits_procs.step(chosen) if self.logits_procs is not None else None
         if not grammar_bitmask and custom is None and all(r.plain_greedy for r in chosen):
             # The common decode case needs no sampling metadata: one argmax.
             return greedy_argmax(logits), None
         meta = SamplingMetadata.for_requests(chosen, [seq_lens[i] for i in rows], self.device,
-                                             self.arch.vocab_size, grammar_bitmask, custom)
+                                             self.arch.vocab_size, grammar_bitmask, custom,
+                                             self.requests.tokens)
         out = self.sampler(logits, meta)
         if out.logprobs is None:
             return out.sampled_token_ids.long(), None

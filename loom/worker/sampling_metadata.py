@@ -126,16 +126,20 @@ class SamplingMetadata:
         grammar_bitmasks: list[bytes | None] | None = None,
         seed_index: list[int] | None = None,
         custom: StepProcessors | None = None,
+        histories: tuple[TokenSpans, TokenSpans] | None = None,
     ) -> SamplingMetadata:
         """seed_index: the output number each row samples, which seeds a seeded row's draw
-        (`derive_seed`); None: the length of its output_token_ids."""
+        (`derive_seed`); None: the length of its output_token_ids. histories: the rows'
+        outputs and prompts as spans of a token table, which the penalties read instead of
+        output_token_ids and prompt_token_ids."""
         greedy = [p.greedy for p in params]
         stop_rows, stop_cols = _masked_pairs(params, output_token_ids, stop_ids,
                                                  device, vocab_size, grammar_bitmasks)
         return cls(
             **_mode_fields(params, greedy, device),
             **_filter_fields(params, greedy, device, vocab_size),
-            **_penalty_fields(params, output_token_ids, prompt_token_ids, device, vocab_size),
+            **_penalty_fields(params, *(histories or (output_token_ids, prompt_token_ids)),
+                              device, vocab_size),
             stop_rows=stop_rows,
             stop_cols=stop_cols,
             generators=_generators(greedy, seeds, seed_index or [len(o) for o in output_token_ids],
@@ -152,20 +156,29 @@ class SamplingMetadata:
     def for_requests(cls, reqs: list[CachedRequestState], seq_lens: list[int],
                      device: torch.device | str, vocab_size: int,
                      grammar_bitmask: dict[str, bytes] | None,
-                     custom: StepProcessors | None) -> SamplingMetadata:
+                     custom: StepProcessors | None, table: np.ndarray) -> SamplingMetadata:
         """The model runner's step: `reqs` sample in this order, each after seq_lens of its
-        tokens (output number seq_len - prompt seeds a seeded row's draw)."""
-        # Token histories are copied only when a penalty reads them (long prompts make
-        # these copies the largest host cost of a step).
-        history = any(r.params.uses_penalties for r in reqs)
+        tokens (output number seq_len - prompt seeds a seeded row's draw); `table` holds
+        each request's tokens in its row (`RequestStates.tokens`)."""
         seeded = any(r.params.seed is not None for r in reqs)
         return cls.build(
-            [r.params for r in reqs], [r.output_token_ids for r in reqs],
-            [r.token_ids[:r.num_prompt_tokens] if history else [] for r in reqs],
+            [r.params for r in reqs], [r.output_token_ids for r in reqs], [],
             [r.stop_ids for r in reqs], [r.params.seed for r in reqs], device, vocab_size,
             [grammar_bitmask.get(r.req_id) for r in reqs] if grammar_bitmask else None,
             seed_index=[n - r.num_prompt_tokens for r, n in zip(reqs, seq_lens)]
-            if seeded else None, custom=custom)
+            if seeded else None, custom=custom,
+            histories=(_histories(reqs, table) if any(r.params.uses_penalties for r in reqs)
+                       else None))
+
+
+def _histories(reqs: list[CachedRequestState], table: np.ndarray) -> tuple[TokenSpans, ...]:
+    """The requests' outputs and prompts, as spans of their token table rows (long prompts
+    made copying them into lists the largest host cost of a penalized step)."""
+    rows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+    prompt = np.fromiter((r.num_prompt_tokens for r in reqs), dtype=np.int64, count=len(reqs))
+    known = np.fromiter((len(r.token_ids) for r in reqs), dtype=np.int64, count=len(reqs))
+    return (TokenSpans(table, rows, prompt, known),
+            TokenSpans(table, rows, np.zeros_like(prompt), prompt))
 
 
 def _mode_fields(
@@ -256,17 +269,41 @@ def _penalty_fields(
     return fields
 
 
+@dataclass
+class TokenSpans:
+    """Each row's tokens as a span of a token table's row: table[rows[i], starts[i]:ends[i]]
+    (the model runner's `RequestStates.tokens`), gathered with numpy rather than copied
+    into Python lists: a batch's prompts are its longest histories."""
+    table: np.ndarray
+    rows: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """(row of each token, the token), every row's tokens in order."""
+        lengths = self.ends - self.starts
+        row_of = np.repeat(np.arange(len(lengths)), lengths)
+        first = np.cumsum(lengths) - lengths
+        offsets = np.arange(int(lengths.sum())) - first[row_of]
+        return row_of, self.table[self.rows[row_of], self.starts[row_of] + offsets]
+
+
 def _token_counts(
-    token_lists: list[list[int]], device: torch.device | str, vocab_size: int
+    tokens: list[list[int]] | TokenSpans, device: torch.device | str, vocab_size: int
 ) -> torch.Tensor:
     """[B, V] float32 occurrence counts, from one flat index tensor (no per-row padding)."""
     # Row indices are expanded on the host: repeat_interleave on a device would sync on
     # its data-dependent output size.
-    lengths = torch.tensor([len(ids) for ids in token_lists], dtype=torch.long)
-    rows = _upload(torch.repeat_interleave(torch.arange(len(token_lists)), lengths), device)
-    cols = _upload(torch.tensor(list(itertools.chain.from_iterable(token_lists)),
-                                dtype=torch.long), device)
-    counts = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32, device=device)
+    if isinstance(tokens, TokenSpans):
+        row_of, flat = tokens.flat()
+        num_rows = len(tokens.rows)
+    else:
+        row_of = np.repeat(np.arange(len(tokens)), [len(ids) for ids in tokens])
+        flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64)
+        num_rows = len(tokens)
+    rows = _upload(torch.from_numpy(row_of.astype(np.int64)), device)
+    cols = _upload(torch.from_numpy(flat.astype(np.int64)), device)
+    counts = torch.zeros(num_rows, vocab_size, dtype=torch.float32, device=device)
     ones = torch.ones(cols.shape, dtype=torch.float32, device=device)
     return counts.index_put_((rows, cols), ones, accumulate=True)
 

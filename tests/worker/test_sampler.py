@@ -129,6 +129,29 @@ def test_penalties_equal_hand_computation():
     assert torch.allclose(out, expected)
 
 
+def test_penalties_read_token_table_spans_as_they_read_lists():
+    """The model runner hands the penalties each request's prompt and outputs as spans of
+    its token table (`for_requests`); counted with np.bincount row by row, they equal the
+    lists' counts, empty spans and rows in any order of the table included."""
+    from loom.worker.input_batch import CachedRequestState
+    rng = np.random.default_rng(0)
+    V, rows = 50, [3, 0, 5, 1]
+    table = rng.integers(0, V, (6, 40)).astype(np.int32)
+    lens, prompts = [12, 1, 40, 7], [5, 1, 30, 7]  # the last: no output yet
+    reqs = [CachedRequestState(str(i), table[r, :n].tolist(), p,
+                               SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5),
+                               [], None, row=r)
+            for i, (r, n, p) in enumerate(zip(rows, lens, prompts))]
+    md = SamplingMetadata.for_requests(reqs, lens, CPU, V, None, None, table)
+    for i, (r, n, p) in enumerate(zip(rows, lens, prompts)):
+        assert md.output_counts[i].tolist() == np.bincount(table[r, p:n], minlength=V).tolist()
+        assert md.prompt_mask[i].tolist() == (np.bincount(table[r, :p], minlength=V) > 0).tolist()
+    lists = build([r.params for r in reqs], outputs=[r.output_token_ids for r in reqs],
+                  prompts=[r.token_ids[:r.num_prompt_tokens] for r in reqs], vocab_size=V)
+    assert torch.equal(lists.output_counts, md.output_counts)
+    assert torch.equal(lists.prompt_mask, md.prompt_mask)
+
+
 def test_penalties_steer_greedy_rows():
     logits = torch.tensor([[2.0, 0.0, 3.0]])
     assert sample(logits, [SamplingParams(temperature=0.0)],
