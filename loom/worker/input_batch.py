@@ -57,9 +57,10 @@ class CachedRequestState:
     @property
     def reads_outputs(self) -> bool:
         """Whether its sampling reads its output tokens' values or count (penalties, bad
-        words, min_tokens), which must then include any still in flight."""
+        words, min_tokens masking stop tokens), which must then include any in flight."""
         p = self.params
-        return p.uses_penalties or bool(p.bad_words_token_ids) or p.min_tokens > 0
+        return (p.uses_penalties or bool(p.bad_words_token_ids)
+                or (p.min_tokens > 0 and bool(self.stop_ids)))
 
     @property
     def stop_ids(self) -> set[int]:

@@ -37,8 +37,8 @@ def _mixed_params() -> list[SamplingParams]:
 
 
 PROMPT_LENGTHS = (9, 21, 4, 30, 15, 6, 12, 18)
-READS_OUTPUTS = {"1", "4", "6", "7"}
-"""Requests whose sampling reads their outputs (penalties, min_tokens): they run ahead too,
+READS_OUTPUTS = {"1", "5", "6", "7"}
+"""Requests whose sampling reads their outputs (penalties, min_tokens masking stop tokens): they run ahead too,
 the worker reading their tokens in flight back before they sample."""
 
 
