@@ -38,8 +38,8 @@ def _mixed_params() -> list[SamplingParams]:
 
 PROMPT_LENGTHS = (9, 21, 4, 30, 15, 6, 12, 18)
 READS_OUTPUTS = {"1", "5", "6", "7"}
-"""Requests whose sampling reads their outputs (penalties, min_tokens masking stop tokens): they run ahead too,
-the worker reading their tokens in flight back before they sample."""
+"""Requests whose sampling reads their outputs (penalties, min_tokens masking stop tokens):
+they run ahead too, the worker reading their tokens in flight back before they sample."""
 
 
 def _run(path: str, device: str, async_scheduling: bool, **kw):
