@@ -175,13 +175,27 @@ def start_server(model: str, mode: str, log_dir: Path, extra_env: dict | None = 
     return server
 
 
+@pytest.fixture(scope="session")
+def server_pool():
+    """mode -> the session's shared server in that mode (`server` starts each at its first
+    test); every one is stopped at the end of the session, and must exit cleanly."""
+    pool: dict[str, Server] = {}
+    yield pool
+    failures = [f"{mode}: exited with {code} on SIGTERM:\n{s.log_tail()}"
+                for mode, s in pool.items() for code in [s.stop()] if code != 0]
+    assert not failures, "\n".join(failures)
+
+
 @pytest.fixture(scope="session", params=list(MODES))
-def server(request, tiny_chat_model, tmp_path_factory):
-    """A running server for each frontend mode, shared by every test that asks for one."""
-    s = start_server(tiny_chat_model, request.param, tmp_path_factory.mktemp("logs"))
-    yield s
-    code = s.stop()
-    assert code == 0, f"server exited with {code} on SIGTERM:\n{s.log_tail()}"
+def server(request, server_pool, tiny_chat_model, tmp_path_factory):
+    """A running server for each frontend mode, shared by every test that asks for one.
+    The servers outlive a switch of mode: under xdist's --dist loadfile each module runs
+    whole, every mode in turn, and stopping a mode's server at each switch started it
+    again in every module (~45 starts of ~5 s on the CI machine, against 8)."""
+    mode = request.param
+    if mode not in server_pool:
+        server_pool[mode] = start_server(tiny_chat_model, mode, tmp_path_factory.mktemp("logs"))
+    return server_pool[mode]
 
 
 @pytest.fixture(scope="session")
