@@ -163,13 +163,14 @@ class SampledSteps:
         self._steps.append(weakref.ref(handle))
 
     def catch_up(self, states: RequestStates, reqs: list[CachedRequestState],
-                 lands: list[int]) -> None:
-        """Before `reqs` sample (each its token at lands), read back the steps in flight if
-        one of them reads its outputs."""
+                 rows: list[int], lands: list[int]) -> None:
+        """Before `reqs` sample (the step's requests at rows; each request's token lands at
+        lands[row]), read back the steps in flight if one of them reads its outputs."""
         every = self.every
         if not (every or states.num_reading):
-            return
-        if any(len(r.token_ids) < n and (every or r.reads_outputs) for r, n in zip(reqs, lands)):
+            return  # the common step: nothing per row
+        if any(len(r.token_ids) < lands[i] and (every or r.reads_outputs)
+               for r, i in zip(reqs, rows)):
             for ref in self._steps:
                 handle = ref()  # None: read back and dropped already
                 if handle is not None:

@@ -367,7 +367,7 @@ class ModelRunner:
         seq_len - prompt (after any drafts, and any tokens in flight, read back first if it
         reads its outputs): its seed's."""
         chosen = [reqs[i] for i in rows]
-        self._sampled.catch_up(self.requests, chosen, [lands[i] for i in rows])
+        self._sampled.catch_up(self.requests, chosen, rows, lands)
         custom = self.logits_procs.step(chosen) if self.logits_procs is not None else None
         if not grammar_bitmask and custom is None and all(r.plain_greedy for r in chosen):
             # The common decode case needs no sampling metadata: one argmax.
